@@ -1,0 +1,416 @@
+//! The GPU handle: context, device facts, the loaded module of the matching PTX target, and
+//! validated kernel launches.
+
+use crate::error::{CudaContext, Error, Result};
+use crate::ptx::{Arch, KernelInfo};
+use cust::context::{Context, CurrentContext};
+use cust::device::{Device, DeviceAttribute};
+use cust::module::Module;
+use cust::stream::{Stream, StreamFlags};
+use cust::sys as cu;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Facts about the device that launches and reports need.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Device name, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// Largest dynamic shared memory one block may opt in to, in bytes.
+    pub max_shared_memory_per_block: usize,
+    /// L2 cache size in bytes.
+    pub l2_cache_bytes: usize,
+    /// Device memory in bytes.
+    pub total_memory: usize,
+    /// Driver version: the kernel module's ("580.159.04") where readable, else the CUDA
+    /// version the driver implements ("CUDA 13.0").
+    pub driver: String,
+}
+
+/// The device's state of one function: its handle and the dynamic shared memory limit set.
+struct FunctionEntry {
+    raw: cu::CUfunction,
+    smem_limit: usize,
+}
+
+/// A CUDA device with the kernels of one PTX target loaded.
+///
+/// Every method makes the context current on the calling thread first, so a `Gpu` can be shared
+/// between threads (the CUDA driver API is thread-safe).
+pub struct Gpu {
+    ctx: Context,
+    info: DeviceInfo,
+    arch: Arch,
+    module: Module,
+    functions: Mutex<HashMap<String, FunctionEntry>>,
+}
+
+// SAFETY: the raw CUfunction handles in `functions` are driver handles, valid from any thread
+// for the lifetime of `module`, which `Gpu` owns; all access to the map goes through the Mutex.
+unsafe impl Send for Gpu {}
+// SAFETY: as above; the driver API may be called concurrently from several threads.
+unsafe impl Sync for Gpu {}
+
+/// Environment variable selecting the PTX target (`sm_90a` or `sm_80`) instead of the best one
+/// for the device, e.g. to run the portable path on a Hopper GPU.
+pub const ARCH_ENV: &str = "KERNELS_ARCH";
+
+/// Environment variable with the watchdog limit in seconds for waiting on the GPU.
+pub const WATCHDOG_ENV: &str = "KERNELS_WATCHDOG_SECS";
+
+/// Default watchdog limit.
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
+
+impl Gpu {
+    /// Device 0 with the best PTX target for it (or the one named by `KERNELS_ARCH`).
+    pub fn new() -> Result<Gpu> {
+        let forced = match std::env::var(ARCH_ENV) {
+            Ok(name) => Some(Arch::from_name(&name).ok_or_else(|| {
+                Error::invalid(
+                    ARCH_ENV,
+                    format!("unknown target {name:?}; use sm_90a or sm_80"),
+                )
+            })?),
+            Err(_) => None,
+        };
+        Gpu::with_arch(0, forced)
+    }
+
+    /// Device `ordinal` with PTX target `arch` (or the best one for the device).
+    pub fn with_arch(ordinal: u32, arch: Option<Arch>) -> Result<Gpu> {
+        cust::init(cust::CudaFlags::empty()).map_err(|e| Error::NoDevice {
+            reason: format!("cuInit failed: {e}"),
+        })?;
+        let count = Device::num_devices().map_err(|e| Error::NoDevice {
+            reason: format!("cuDeviceGetCount failed: {e}"),
+        })?;
+        if ordinal >= count {
+            return Err(Error::NoDevice {
+                reason: format!("device {ordinal} requested, {count} present"),
+            });
+        }
+        let device = Device::get_device(ordinal).ctx("getting the device")?;
+        let ctx = Context::new(device).ctx("creating the primary context")?;
+        let info = device_info(device)?;
+        let (major, minor) = info.compute_capability;
+        let arch = match arch {
+            Some(a) if a.runs_on(major, minor) => a,
+            Some(a) => {
+                return Err(Error::unsupported(
+                    format!("PTX target {a}"),
+                    format!("{} has compute capability {major}.{minor}", info.name),
+                ));
+            }
+            None => Arch::for_device(major, minor).ok_or_else(|| Error::UnsupportedDevice {
+                device: info.name.clone(),
+                major,
+                minor,
+                available: Arch::ALL.map(|a| a.name()).join(", "),
+            })?,
+        };
+        let module = Module::from_ptx(arch.ptx(), &[])
+            .ctx(&format!("loading the {arch} PTX module (JIT compilation)"))?;
+        Ok(Gpu {
+            ctx,
+            info,
+            arch,
+            module,
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Device facts.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The PTX target in use.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// Make this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        CurrentContext::set_current(&self.ctx).ctx("making the context current")
+    }
+
+    /// A new stream (non-blocking with respect to the legacy default stream).
+    pub fn stream(&self) -> Result<Stream> {
+        self.bind()?;
+        Stream::new(StreamFlags::NON_BLOCKING, None).ctx("creating a stream")
+    }
+
+    /// Whether this target's PTX has kernel `name`.
+    pub fn has_kernel(&self, name: &str) -> bool {
+        self.arch.kernels().contains_key(name)
+    }
+
+    /// What the PTX declares about kernel `name`.
+    pub fn kernel_info(&self, name: &str) -> Result<&'static KernelInfo> {
+        self.arch
+            .kernels()
+            .get(name)
+            .ok_or_else(|| Error::InvalidLaunch {
+                kernel: name.to_string(),
+                reason: format!("not in the {} PTX", self.arch),
+            })
+    }
+
+    /// Launch kernel `name` with one parameter struct `params`, after checking the launch
+    /// against the PTX declaration and the device limits:
+    /// - the kernel exists and takes exactly one parameter of `size_of::<P>()` bytes;
+    /// - the block has at most the kernel's declared `.maxntid` threads (and 1024);
+    /// - grid and block dimensions are non-zero and within the device's limits;
+    /// - the dynamic shared memory fits the device (the opt-in limit is raised when needed).
+    ///
+    /// # Safety
+    /// `params` must satisfy the kernel's documented contract: its pointers refer to live device
+    /// allocations of the documented sizes, its sizes match them, and `cfg` is the launch shape
+    /// the kernel documents.
+    pub unsafe fn launch<P: Copy>(
+        &self,
+        stream: &Stream,
+        name: &str,
+        cfg: &LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
+        let info = self.kernel_info(name)?;
+        let invalid = |reason: String| Error::InvalidLaunch {
+            kernel: name.to_string(),
+            reason,
+        };
+        if info.params != [std::mem::size_of::<P>()] {
+            return Err(invalid(format!(
+                "the PTX declares parameters of {:?} bytes, the host passes one of {}",
+                info.params,
+                std::mem::size_of::<P>()
+            )));
+        }
+        let threads = cfg.block.0 * cfg.block.1 * cfg.block.2;
+        let max_threads = info.max_threads.unwrap_or(1024).min(1024);
+        if threads == 0 || threads > max_threads {
+            return Err(invalid(format!(
+                "{threads} threads per block; the kernel allows 1..={max_threads}"
+            )));
+        }
+        let (gx, gy, gz) = cfg.grid;
+        if gx == 0 || gy == 0 || gz == 0 || gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
+            return Err(invalid(format!("grid {:?} out of range", cfg.grid)));
+        }
+        if cfg.shared_mem_bytes > self.info.max_shared_memory_per_block {
+            return Err(invalid(format!(
+                "{} bytes of shared memory; the device allows {}",
+                cfg.shared_mem_bytes, self.info.max_shared_memory_per_block
+            )));
+        }
+        self.bind()?;
+        let func = self.function(name, cfg.shared_mem_bytes)?;
+        let mut arg = params as *const P as *mut c_void;
+        // SAFETY: the parameter list was checked against the PTX declaration (one parameter of
+        // exactly size_of::<P>() bytes, which the driver copies from `arg`), the launch shape
+        // against the kernel's bounds and the device's limits; the caller guarantees the
+        // contents of `params` (see `# Safety`).
+        let result = unsafe {
+            cu::cuLaunchKernel(
+                func,
+                gx,
+                gy,
+                gz,
+                cfg.block.0,
+                cfg.block.1,
+                cfg.block.2,
+                cfg.shared_mem_bytes as u32,
+                stream.as_inner(),
+                &mut arg as *mut *mut c_void,
+                std::ptr::null_mut(),
+            )
+        };
+        check(result, &format!("launching {name}"))
+    }
+
+    /// The function handle of `name`, with its dynamic shared memory limit raised to at least
+    /// `smem` bytes.
+    fn function(&self, name: &str, smem: usize) -> Result<cu::CUfunction> {
+        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if !map.contains_key(name) {
+            let f = self
+                .module
+                .get_function(name)
+                .ctx(&format!("looking up kernel {name}"))?;
+            map.insert(
+                name.to_string(),
+                FunctionEntry {
+                    raw: f.to_raw(),
+                    smem_limit: 48 * 1024,
+                },
+            );
+        }
+        let entry = map.get_mut(name).expect("inserted above");
+        if smem > entry.smem_limit {
+            // SAFETY: `entry.raw` is a live function of our module; the attribute value was
+            // checked against the device's opt-in limit by the caller.
+            let r = unsafe {
+                cu::cuFuncSetAttribute(
+                    entry.raw,
+                    cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            };
+            check(
+                r,
+                &format!("raising the shared memory limit of {name} to {smem} bytes"),
+            )?;
+            entry.smem_limit = smem;
+        }
+        Ok(entry.raw)
+    }
+
+    /// Wait for `stream` to finish, polling, and fail with [`Error::Timeout`] past the watchdog
+    /// limit (`KERNELS_WATCHDOG_SECS`, default 60 s) instead of hanging on a deadlocked kernel.
+    pub fn sync(&self, stream: &Stream, what: &str) -> Result<()> {
+        self.sync_within(stream, what, watchdog_limit())
+    }
+
+    /// As [`Gpu::sync`] with an explicit limit.
+    pub fn sync_within(&self, stream: &Stream, what: &str, limit: Duration) -> Result<()> {
+        self.bind()?;
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(20);
+        loop {
+            // SAFETY: querying a live stream of this context.
+            let r = unsafe { cu::cuStreamQuery(stream.as_inner()) };
+            match r {
+                cu::cudaError_enum::CUDA_SUCCESS => return Ok(()),
+                cu::cudaError_enum::CUDA_ERROR_NOT_READY => {}
+                other => return check(other, &format!("waiting for {what}")),
+            }
+            if start.elapsed() > limit {
+                return Err(Error::Timeout {
+                    what: what.to_string(),
+                    seconds: limit.as_secs_f64(),
+                });
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(5));
+        }
+    }
+}
+
+/// The watchdog limit from `KERNELS_WATCHDOG_SECS`, or [`DEFAULT_WATCHDOG`].
+pub fn watchdog_limit() -> Duration {
+    std::env::var(WATCHDOG_ENV)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(DEFAULT_WATCHDOG)
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory in bytes (including `kernel_abi::SMEM_ALIGN` slack).
+    pub shared_mem_bytes: usize,
+}
+
+impl LaunchConfig {
+    /// A one-dimensional block of `threads`, grid `grid`, `smem` bytes of shared memory.
+    pub fn new(grid: (u32, u32, u32), threads: u32, smem: usize) -> Self {
+        LaunchConfig {
+            grid,
+            block: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        }
+    }
+}
+
+/// Map a raw driver result to [`Error::Driver`], with the driver's name and description.
+pub(crate) fn check(result: cu::CUresult, context: &str) -> Result<()> {
+    if result == cu::cudaError_enum::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let text =
+        |f: unsafe extern "C" fn(cu::CUresult, *mut *const std::ffi::c_char) -> cu::CUresult| {
+            let mut p: *const std::ffi::c_char = std::ptr::null();
+            // SAFETY: `p` is a valid out-pointer; on success the driver points it at a static
+            // NUL-terminated string.
+            let ok = unsafe { f(result, &mut p) } == cu::cudaError_enum::CUDA_SUCCESS;
+            if ok && !p.is_null() {
+                // SAFETY: a static NUL-terminated string owned by the driver (see above).
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                "unknown".to_string()
+            }
+        };
+    Err(Error::Driver {
+        context: context.to_string(),
+        code: result as u32,
+        name: text(cu::cuGetErrorName),
+        message: text(cu::cuGetErrorString),
+    })
+}
+
+fn device_info(device: Device) -> Result<DeviceInfo> {
+    let attr = |a: DeviceAttribute| -> Result<u32> {
+        device
+            .get_attribute(a)
+            .map(|v| v as u32)
+            .ctx("reading a device attribute")
+    };
+    let mut optin: i32 = 0;
+    // SAFETY: `optin` is a valid out-pointer and `device` a valid device handle.
+    let r = unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut optin,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            device.as_raw(),
+        )
+    };
+    check(r, "reading the shared memory opt-in limit")?;
+    Ok(DeviceInfo {
+        name: device.name().ctx("reading the device name")?,
+        compute_capability: (
+            attr(DeviceAttribute::ComputeCapabilityMajor)?,
+            attr(DeviceAttribute::ComputeCapabilityMinor)?,
+        ),
+        multiprocessors: attr(DeviceAttribute::MultiprocessorCount)?,
+        max_shared_memory_per_block: optin as usize,
+        l2_cache_bytes: attr(DeviceAttribute::L2CacheSize)? as usize,
+        total_memory: device.total_memory().ctx("reading the memory size")?,
+        driver: driver_version(),
+    })
+}
+
+/// The driver's version: the kernel module's from `/proc/driver/nvidia/version` where
+/// readable, else the CUDA version the driver implements.
+pub fn driver_version() -> String {
+    if let Ok(text) = std::fs::read_to_string("/proc/driver/nvidia/version") {
+        // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..."
+        if let Some(v) = text
+            .split_whitespace()
+            .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))
+        {
+            return v.to_string();
+        }
+    }
+    let mut v: i32 = 0;
+    // SAFETY: `v` is a valid out-pointer.
+    let r = unsafe { cu::cuDriverGetVersion(&mut v) };
+    if r == cu::cudaError_enum::CUDA_SUCCESS {
+        format!("CUDA {}.{}", v / 1000, (v % 1000) / 10)
+    } else {
+        "unknown".to_string()
+    }
+}

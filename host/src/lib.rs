@@ -1,0 +1,26 @@
+//! Safe host API for the project's GPU kernels.
+//!
+//! Kernels are written in Rust (`gpu-kernels/`), compiled to PTX by rustc's NVPTX backend at
+//! build time (`build.rs` through `ptx-builder`), embedded in this crate, and launched through
+//! `cust`. At run time [`Gpu::new`] picks the PTX target that matches the device.
+//!
+//! Every kernel family has the same shape: a module with a typed problem description that is
+//! validated before anything is launched, the launcher, and an f64 CPU reference, which is the
+//! specification. Errors are one enum, [`Error`].
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
+
+pub mod data;
+pub mod error;
+pub mod gpu;
+pub mod memory;
+pub mod ptx;
+pub mod smoke;
+pub mod tensor_map;
+pub mod timing;
+
+pub use error::{Error, Result};
+pub use gpu::{DeviceInfo, Gpu, LaunchConfig};
+pub use ptx::Arch;
+
+pub use half::{bf16, f16};

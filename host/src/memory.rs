@@ -1,0 +1,38 @@
+//! Device memory helpers: upload, download, poison.
+
+use crate::error::{CudaContext, Result};
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
+
+/// Copy a host slice to a new device buffer.
+pub fn upload<T: DeviceCopy>(data: &[T]) -> Result<DeviceBuffer<T>> {
+    DeviceBuffer::from_slice(data).ctx("copying to the device")
+}
+
+/// Copy a device buffer to a new host vector.
+pub fn download<T: DeviceCopy + Default + Clone>(buf: &DeviceBuffer<T>) -> Result<Vec<T>> {
+    let mut v = vec![T::default(); buf.len()];
+    buf.copy_to(&mut v[..]).ctx("copying from the device")?;
+    Ok(v)
+}
+
+/// A device buffer of `len` elements with every byte 0xFF: NaN for f32/f16/bf16 and all ones
+/// for integers, so an output element a kernel fails to write is detectable.
+pub fn poisoned<T: DeviceCopy>(len: usize) -> Result<DeviceBuffer<T>> {
+    // SAFETY: the allocation is fully initialized by the memset below before it is returned;
+    // every bit pattern is a valid value of the plain-old-data element types used here.
+    let buf = unsafe { DeviceBuffer::<T>::uninitialized(len) }.ctx("allocating device memory")?;
+    let bytes = len * std::mem::size_of::<T>();
+    if bytes > 0 {
+        // SAFETY: writes exactly the `bytes` bytes of the allocation.
+        let r = unsafe { cust::sys::cuMemsetD8_v2(buf.as_device_ptr().as_raw(), 0xff, bytes) };
+        crate::gpu::check(r, "poisoning an output buffer")?;
+    }
+    Ok(buf)
+}
+
+/// A zeroed device buffer.
+pub fn zeroed<T: DeviceCopy + cust::memory::bytemuck::Zeroable>(
+    len: usize,
+) -> Result<DeviceBuffer<T>> {
+    DeviceBuffer::zeroed(len).ctx("allocating device memory")
+}

@@ -1,0 +1,332 @@
+//! Smoke kernels (see `gpu-kernels/src/smoke`): launchers and CPU references. Each proves one
+//! group of device-layer primitives on a GPU.
+
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, LaunchConfig};
+use crate::memory::{download, poisoned, zeroed};
+use crate::tensor_map::{MapDtype, MapSwizzle, TiledMap};
+use cust::memory::{DeviceBuffer, DeviceCopy};
+use cust::stream::Stream;
+use half::bf16;
+use kernel_abi::smoke::*;
+
+fn require_hopper(gpu: &Gpu, what: &str) -> Result<()> {
+    if gpu.arch().has_hopper_kernels() {
+        Ok(())
+    } else {
+        Err(Error::unsupported(
+            what,
+            format!(
+                "needs the sm_90a kernels; this GPU runs the {} PTX",
+                gpu.arch()
+            ),
+        ))
+    }
+}
+
+fn device_ptr<T: DeviceCopy>(buf: &DeviceBuffer<T>) -> u64 {
+    buf.as_device_ptr().as_raw()
+}
+
+fn check_len(what: &str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            what,
+            format!("{expected} elements"),
+            format!("{got}"),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Per-block sums of `input` by `smoke_block_reduce` with `blocks` blocks (grid-stride).
+pub fn block_reduce(
+    gpu: &Gpu,
+    stream: &Stream,
+    input: &DeviceBuffer<f32>,
+    blocks: u32,
+) -> Result<Vec<f32>> {
+    if blocks == 0 {
+        return Err(Error::invalid("blocks", "must be at least 1"));
+    }
+    let n = u32::try_from(input.len())
+        .map_err(|_| Error::invalid("input", "more than 2^32 - 1 elements"))?;
+    let partial = poisoned::<f32>(blocks as usize)?;
+    let params = ReduceParams {
+        input: device_ptr(input) as *const f32,
+        partial: device_ptr(&partial) as *mut f32,
+        n,
+    };
+    let cfg = LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, reduce_smem_bytes());
+    // SAFETY: `input` holds n f32 and `partial` `blocks` f32, as the kernel's grid needs.
+    unsafe { gpu.launch(stream, "smoke_block_reduce", &cfg, &params)? };
+    gpu.sync(stream, "smoke_block_reduce")?;
+    download(&partial)
+}
+
+/// The f64 sums each block of [`block_reduce`] computes, and for each the sum of the absolute
+/// values of its terms and its number of terms (for the error bound).
+pub fn block_reduce_reference(input: &[f32], blocks: u32) -> Vec<(f64, f64, usize)> {
+    let per_pass = blocks as usize * REDUCE_THREADS as usize;
+    let mut out = vec![(0.0, 0.0, 0usize); blocks as usize];
+    for (i, &x) in input.iter().enumerate() {
+        let b = (i % per_pass) / REDUCE_THREADS as usize;
+        out[b].0 += x as f64;
+        out[b].1 += (x as f64).abs();
+        out[b].2 += 1;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// `c = a b^T` for one 64x64x64 tile (`a`, `b` `[64, 64]` bf16 row-major) by `smoke_mma_tile`.
+pub fn mma_tile(
+    gpu: &Gpu,
+    stream: &Stream,
+    a: &DeviceBuffer<bf16>,
+    b: &DeviceBuffer<bf16>,
+) -> Result<Vec<f32>> {
+    let elems = (MMA_TILE * MMA_TILE) as usize;
+    check_len("a", elems, a.len())?;
+    check_len("b", elems, b.len())?;
+    let c = poisoned::<f32>(elems)?;
+    let params = MmaTileParams {
+        a: device_ptr(a) as *const u16,
+        b: device_ptr(b) as *const u16,
+        c: device_ptr(&c) as *mut f32,
+    };
+    let cfg = LaunchConfig::new((1, 1, 1), MMA_THREADS, mma_smem_bytes());
+    // SAFETY: a, b hold 64x64 bf16 and c 64x64 f32; cust allocations are 256-byte aligned.
+    unsafe { gpu.launch(stream, "smoke_mma_tile", &cfg, &params)? };
+    gpu.sync(stream, "smoke_mma_tile")?;
+    download(&c)
+}
+
+/// `c[i][j] = sum_k a[i][k] b[j][k]` in f64 (`a [m, k]`, `b [n, k]`, row-major), together with
+/// `sum_k |a[i][k] b[j][k]|` for error bounds.
+pub fn matmul_nt_reference(
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let a: Vec<f64> = a.iter().map(|x| x.to_f64()).collect();
+    let b: Vec<f64> = b.iter().map(|x| x.to_f64()).collect();
+    let mut c = vec![0.0; m * n];
+    let mut abs = vec![0.0; m * n];
+    for i in 0..m {
+        let ar = &a[i * k..(i + 1) * k];
+        for j in 0..n {
+            let br = &b[j * k..(j + 1) * k];
+            let (mut s, mut sa) = (0.0, 0.0);
+            for (x, y) in ar.iter().zip(br) {
+                s += x * y;
+                sa += (x * y).abs();
+            }
+            c[i * n + j] = s;
+            abs[i * n + j] = sa;
+        }
+    }
+    (c, abs)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Load the `[TMA_BOX_ROWS, TMA_BOX_COLS]` box at column `x`, row `y` of the row-major bf16
+/// matrix `tensor [rows, cols]` with `smoke_tma_load`, returning the shared-memory image of the
+/// box (u16 words in shared-memory order).
+#[allow(clippy::too_many_arguments)]
+pub fn tma_load(
+    gpu: &Gpu,
+    stream: &Stream,
+    tensor: &DeviceBuffer<bf16>,
+    rows: u64,
+    cols: u64,
+    x: i32,
+    y: i32,
+    swizzle: MapSwizzle,
+) -> Result<Vec<u16>> {
+    require_hopper(gpu, "smoke_tma_load")?;
+    check_len("tensor", (rows * cols) as usize, tensor.len())?;
+    let tmap = TiledMap {
+        address: device_ptr(tensor),
+        dtype: MapDtype::Bf16,
+        dims: &[cols, rows],
+        strides_bytes: &[cols * 2],
+        box_dims: &[TMA_BOX_COLS, TMA_BOX_ROWS],
+        swizzle,
+    }
+    .encode()?;
+    let out = poisoned::<u16>((TMA_BOX_BYTES / 2) as usize)?;
+    let params = TmaLoadParams {
+        tmap,
+        out: device_ptr(&out) as *mut u16,
+        x,
+        y,
+    };
+    let cfg = LaunchConfig::new((1, 1, 1), TMA_THREADS, tma_smem_bytes());
+    // SAFETY: the tensor map describes `tensor` (checked size), `out` holds the box.
+    unsafe { gpu.launch(stream, "smoke_tma_load", &cfg, &params)? };
+    gpu.sync(stream, "smoke_tma_load")?;
+    download(&out)
+}
+
+/// Byte offset in shared memory of byte `offset` of a row-major box with 128-byte rows, under
+/// TMA swizzle `swizzle` (CUTLASS's `Swizzle<B, 4, 3>`: the 16-byte chunk index XOR the row
+/// index modulo 2^B, B = 3, 2, 1 for 128, 64, 32 bytes), box base 1024-byte aligned.
+pub fn swizzled_offset(offset: usize, swizzle: MapSwizzle) -> usize {
+    let bits = match swizzle {
+        MapSwizzle::None => return offset,
+        MapSwizzle::B32 => 1,
+        MapSwizzle::B64 => 2,
+        MapSwizzle::B128 => 3,
+    };
+    let mask = (1 << bits) - 1;
+    offset ^ (((offset >> 7) & mask) << 4)
+}
+
+/// The shared-memory image [`tma_load`] must return: the box, zero outside the tensor, placed
+/// by [`swizzled_offset`].
+pub fn tma_load_reference(
+    tensor: &[bf16],
+    rows: i64,
+    cols: i64,
+    x: i32,
+    y: i32,
+    swizzle: MapSwizzle,
+) -> Vec<u16> {
+    let (br, bc) = (TMA_BOX_ROWS as usize, TMA_BOX_COLS as usize);
+    let mut img = vec![0u16; br * bc];
+    for r in 0..br {
+        for c in 0..bc {
+            let (gr, gc) = (y as i64 + r as i64, x as i64 + c as i64);
+            let v = if (0..rows).contains(&gr) && (0..cols).contains(&gc) {
+                tensor[(gr * cols + gc) as usize].to_bits()
+            } else {
+                0
+            };
+            let off = swizzled_offset((r * bc + c) * 2, swizzle);
+            img[off / 2] = v;
+        }
+    }
+    img
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// The N values `smoke_wgmma_n*` exists for.
+pub const WGMMA_SMOKE_N: [u32; 3] = [64, 128, 256];
+
+/// `c = a b^T` with `a [64, 64]` and `b [n, 64]` bf16 by `smoke_wgmma_n{n}` (TMA with 128-byte
+/// swizzle, wgmma from shared-memory descriptors). `c` is `[64, n]` f32.
+pub fn wgmma_tile(
+    gpu: &Gpu,
+    stream: &Stream,
+    n: u32,
+    a: &DeviceBuffer<bf16>,
+    b: &DeviceBuffer<bf16>,
+) -> Result<Vec<f32>> {
+    require_hopper(gpu, "smoke_wgmma")?;
+    if !WGMMA_SMOKE_N.contains(&n) {
+        return Err(Error::unsupported(
+            "wgmma smoke N",
+            format!("{n}; built for 64, 128, 256"),
+        ));
+    }
+    check_len("a", (WGMMA_M * WGMMA_K) as usize, a.len())?;
+    check_len("b", (n * WGMMA_K) as usize, b.len())?;
+    let map = |buf: &DeviceBuffer<bf16>, rows: u32| {
+        TiledMap {
+            address: device_ptr(buf),
+            dtype: MapDtype::Bf16,
+            dims: &[WGMMA_K as u64, rows as u64],
+            strides_bytes: &[WGMMA_K as u64 * 2],
+            box_dims: &[WGMMA_K, rows],
+            swizzle: MapSwizzle::B128,
+        }
+        .encode()
+    };
+    let c = poisoned::<f32>((WGMMA_M * n) as usize)?;
+    let params = WgmmaTileParams {
+        tmap_a: map(a, WGMMA_M)?,
+        tmap_b: map(b, n)?,
+        c: device_ptr(&c) as *mut f32,
+    };
+    let cfg = LaunchConfig::new((1, 1, 1), WGMMA_THREADS, wgmma_smem_bytes(n));
+    let name = format!("smoke_wgmma_n{n}");
+    // SAFETY: the maps describe a [64, 64] and b [n, 64]; c holds 64 x n f32.
+    unsafe { gpu.launch(stream, &name, &cfg, &params)? };
+    gpu.sync(stream, &name)?;
+    download(&c)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Output of [`pingpong`].
+#[derive(Clone, Debug)]
+pub struct PingpongOutput {
+    /// `[num_tiles * 4096]`: `2 x + t` for each element `x` of tile `t`.
+    pub out: Vec<f32>,
+    /// `[num_tiles]`: the order in which tiles entered the ordered section.
+    pub order: Vec<u32>,
+}
+
+/// Stream `num_tiles` tiles of `[64, 64]` bf16 (rows `64 t ..` of `input`) through the
+/// producer/consumer ring of `smoke_pingpong`.
+pub fn pingpong(
+    gpu: &Gpu,
+    stream: &Stream,
+    input: &DeviceBuffer<bf16>,
+    num_tiles: u32,
+) -> Result<PingpongOutput> {
+    require_hopper(gpu, "smoke_pingpong")?;
+    if num_tiles == 0 {
+        return Err(Error::invalid("num_tiles", "must be at least 1"));
+    }
+    let elems = num_tiles as usize * PINGPONG_TILE_ELEMS as usize;
+    check_len("input", elems, input.len())?;
+    let tmap = TiledMap {
+        address: device_ptr(input),
+        dtype: MapDtype::Bf16,
+        dims: &[
+            PINGPONG_TILE_COLS as u64,
+            num_tiles as u64 * PINGPONG_TILE_ROWS as u64,
+        ],
+        strides_bytes: &[PINGPONG_TILE_COLS as u64 * 2],
+        box_dims: &[PINGPONG_TILE_COLS, PINGPONG_TILE_ROWS],
+        swizzle: MapSwizzle::None,
+    }
+    .encode()?;
+    let out = poisoned::<f32>(elems)?;
+    let order = poisoned::<u32>(num_tiles as usize)?;
+    let counter = zeroed::<u32>(1)?;
+    let params = PingpongParams {
+        tmap,
+        out: device_ptr(&out) as *mut f32,
+        order: device_ptr(&order) as *mut u32,
+        counter: device_ptr(&counter) as *mut u32,
+        num_tiles,
+    };
+    let cfg = LaunchConfig::new((1, 1, 1), PINGPONG_THREADS, pingpong_smem_bytes());
+    // SAFETY: the map covers num_tiles tiles of `input`; out, order and counter are sized as
+    // the kernel documents; counter is zero.
+    unsafe { gpu.launch(stream, "smoke_pingpong", &cfg, &params)? };
+    gpu.sync(stream, "smoke_pingpong")?;
+    Ok(PingpongOutput {
+        out: download(&out)?,
+        order: download(&order)?,
+    })
+}
+
+/// What [`pingpong`] must produce in `out` (computed in f32, as the kernel does: exact).
+pub fn pingpong_reference(input: &[bf16], num_tiles: u32) -> Vec<f32> {
+    let per = PINGPONG_TILE_ELEMS as usize;
+    (0..num_tiles as usize * per)
+        .map(|i| 2.0 * input[i].to_f32() + (i / per) as f32)
+        .collect()
+}
