@@ -34,7 +34,7 @@ fn main() {
             }
         },
     );
-    let boxes = [(0, 0), (16, 40), (48, 90), (-8, -5), (70, 3)];
+    let boxes = [(0, 0), (16, 40), (48, 90), (-8, -5), (72, 3)];
     for swizzle in [MapSwizzle::None, MapSwizzle::B128] {
         for (x, y) in boxes {
             s.gpu(
@@ -44,6 +44,14 @@ fn main() {
             );
         }
     }
+    s.gpu("tma_load/rejects_unaligned_column", Needs::Gpu, |g| {
+        let stream = gpu_ok(g.stream())?;
+        let buf = gpu_ok(upload(&vec![bf16::ZERO; 100 * 80]))?;
+        match smoke::tma_load(g, &stream, &buf, 100, 80, 70, 3, MapSwizzle::None) {
+            Err(kernels::Error::InvalidArgument { .. }) => Ok(()),
+            other => Err(format!("x = 70 (140 bytes) must be rejected, got {other:?}").into()),
+        }
+    });
     for n in WGMMA_SMOKE_N {
         s.gpu(&format!("wgmma_tile/n{n}"), Needs::Hopper, move |g| {
             wgmma_tile(g, n)

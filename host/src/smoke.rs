@@ -151,6 +151,12 @@ pub fn tma_load(
     y: i32,
     swizzle: MapSwizzle,
 ) -> Result<Vec<u16>> {
+    if (x as i64 * 2) % 16 != 0 {
+        return Err(Error::invalid(
+            "TMA box column",
+            format!("{x}: the innermost coordinate must be a multiple of 16 bytes (8 bf16)"),
+        ));
+    }
     require_hopper(gpu, "smoke_tma_load")?;
     check_len("tensor", (rows * cols) as usize, tensor.len())?;
     let tmap = TiledMap {

@@ -8,8 +8,7 @@
 //! 1. a nested `cargo rustc --release --target nvptx64-nvidia-cuda -Zbuild-std=core -- --emit=asm`
 //!    with its own target directory (one per target CPU) and a scrubbed environment: nothing of
 //!    the outer build (`RUSTFLAGS`, wrappers such as clippy-driver, `CARGO_TARGET_DIR`, ...) leaks
-//!    into the kernel build, and `RUSTFLAGS` is set to exactly `-C target-cpu=<cpu>
-//!    -C target-feature=+<ptx isa>`;
+//!    into the kernel build, and `RUSTFLAGS` is exactly [`kernel_rustflags`];
 //! 2. the emitted `.s` file (which is PTX) is post-processed by [`postprocess`];
 //! 3. the result is written to `<out_dir>/gpu_kernels.<cpu>.ptx`.
 
@@ -23,8 +22,6 @@ use std::process::Command;
 pub struct Target {
     /// `-C target-cpu` (and the `.target` line of the PTX).
     pub cpu: &'static str,
-    /// PTX ISA version feature, e.g. `ptx80` for ISA 8.0.
-    pub ptx_isa: &'static str,
     /// What the target is for, for humans.
     pub role: &'static str,
 }
@@ -33,7 +30,6 @@ pub struct Target {
 /// devices of compute capability exactly 9.0.
 pub const SM_90A: Target = Target {
     cpu: "sm_90a",
-    ptx_isa: "ptx80",
     role: "Hopper (compute capability 9.0): TMA, wgmma, warp specialization",
 };
 
@@ -41,7 +37,6 @@ pub const SM_90A: Target = Target {
 /// capability 8.0 or newer.
 pub const SM_80: Target = Target {
     cpu: "sm_80",
-    ptx_isa: "ptx80",
     role: "Ampere or newer (compute capability >= 8.0): cp.async, ldmatrix, mma.sync",
 };
 
@@ -163,7 +158,8 @@ impl Builder {
 }
 
 /// The `RUSTFLAGS` of a kernel build (applied to `core` as well as the kernel crate):
-/// - `-C target-cpu`, `-C target-feature=+ptxNN`: the target and PTX ISA version;
+/// - `-C target-cpu`: the target; LLVM emits the lowest PTX ISA version that supports it (8.0
+///   for `sm_90a`, which wgmma, setmaxnreg and TMA need);
 /// - `-C panic=immediate-abort`: a panic (a failed bounds check) becomes an inline `trap`
 ///   instead of a call into `core`'s panic machinery, which is not part of the emitted PTX;
 /// - `-C llvm-args=-unroll-threshold=2000`: fully unroll loops with constant trip counts (what
@@ -172,9 +168,9 @@ impl Builder {
 ///   a loop that did not unroll shows up.
 pub fn kernel_rustflags(target: &Target) -> String {
     format!(
-        "-C target-cpu={} -C target-feature=+{} -Zunstable-options -C panic=immediate-abort \
+        "-C target-cpu={} -Zunstable-options -C panic=immediate-abort \
          -C llvm-args=-unroll-threshold=2000",
-        target.cpu, target.ptx_isa
+        target.cpu
     )
 }
 

@@ -15,7 +15,9 @@ pub const LN_2: f32 = core::f32::consts::LN_2;
 pub fn exp2(x: f32) -> f32 {
     let r: f32;
     // SAFETY: register-only arithmetic.
-    unsafe { asm!("ex2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack))
+    };
     r
 }
 
@@ -24,7 +26,9 @@ pub fn exp2(x: f32) -> f32 {
 pub fn log2(x: f32) -> f32 {
     let r: f32;
     // SAFETY: register-only arithmetic.
-    unsafe { asm!("lg2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack))
+    };
     r
 }
 
@@ -45,6 +49,8 @@ pub fn ln(x: f32) -> f32 {
 pub fn rcp(x: f32) -> f32 {
     let r: f32;
     // SAFETY: register-only arithmetic.
-    unsafe { asm!("rcp.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("rcp.approx.ftz.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack))
+    };
     r
 }

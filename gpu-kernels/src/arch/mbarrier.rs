@@ -117,7 +117,9 @@ impl Mbarrier {
     #[inline(always)]
     pub unsafe fn inval(self) {
         // SAFETY: forwarded to the caller (no later use).
-        unsafe { asm!("mbarrier.inval.shared::cta.b64 [{0}];", in(reg32) self.0, options(nostack)) };
+        unsafe {
+            asm!("mbarrier.inval.shared::cta.b64 [{0}];", in(reg32) self.0, options(nostack))
+        };
     }
 }
 
@@ -137,16 +139,25 @@ impl<const STAGES: u32> RingPos<STAGES> {
     /// The position of the `i`th tile through the ring.
     #[inline(always)]
     pub const fn of(i: u32) -> Self {
-        RingPos { stage: i % STAGES, phase: (i / STAGES) & 1 }
+        RingPos {
+            stage: i % STAGES,
+            phase: (i / STAGES) & 1,
+        }
     }
 
     /// The next position.
     #[inline(always)]
     pub const fn next(self) -> Self {
         if self.stage + 1 == STAGES {
-            RingPos { stage: 0, phase: self.phase ^ 1 }
+            RingPos {
+                stage: 0,
+                phase: self.phase ^ 1,
+            }
         } else {
-            RingPos { stage: self.stage + 1, phase: self.phase }
+            RingPos {
+                stage: self.stage + 1,
+                phase: self.phase,
+            }
         }
     }
 }

@@ -125,7 +125,11 @@ impl<T: SmemValue> SmemArray<T> {
     /// A view of `len` values at `addr`, which must be aligned for `T`.
     #[inline(always)]
     pub const fn new(addr: u32, len: u32) -> Self {
-        SmemArray { addr, len, _ty: PhantomData }
+        SmemArray {
+            addr,
+            len,
+            _ty: PhantomData,
+        }
     }
 
     /// Shared-window address of element `i`.

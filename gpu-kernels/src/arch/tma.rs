@@ -3,7 +3,9 @@
 //!
 //! Loads complete on an mbarrier (`complete_tx::bytes`); out-of-bounds box elements are filled
 //! with zeros. Coordinates are element indices, innermost dimension first, and may be negative
-//! or past the end. The destination of a load is 128-byte aligned (1024 for 128B swizzle).
+//! or past the end, but the innermost coordinate times the element size must be a multiple of
+//! 16 bytes (otherwise the copy raises an illegal-instruction error). The destination of a load
+//! is 128-byte aligned (1024 for 128B swizzle).
 //!
 //! Tensor maps are passed by value inside a kernel's parameter struct; [`tensor_map_ptr!`]
 //! yields the generic address of one (in the `.param` space) for these functions.
@@ -61,6 +63,7 @@ impl TensorMapPtr {
     /// load the box at `(x, y)` into `dst`, signalling `bar` with the box's bytes.
     ///
     /// # Safety
+    /// `x` times the element size is a multiple of 16 bytes;
     /// `dst` is aligned as the map's swizzle requires and holds the box; `bar` is initialized and
     /// expects these bytes (`arrive_expect_tx`) in its current phase; nothing reads or writes
     /// `dst` until that phase completes.

@@ -50,7 +50,12 @@ pub enum Swizzle {
 impl Descriptor {
     /// A descriptor from its fields (byte values; offsets must be multiples of 16).
     #[inline(always)]
-    pub const fn new(start: u32, leading_byte_offset: u32, stride_byte_offset: u32, swizzle: Swizzle) -> Self {
+    pub const fn new(
+        start: u32,
+        leading_byte_offset: u32,
+        stride_byte_offset: u32,
+        swizzle: Swizzle,
+    ) -> Self {
         let start = ((start & 0x3_ffff) >> 4) as u64;
         let lbo = ((leading_byte_offset & 0x3_ffff) >> 4) as u64;
         let sbo = ((stride_byte_offset & 0x3_ffff) >> 4) as u64;
@@ -189,7 +194,6 @@ macro_rules! wgmma_rs {
         }
     };
 }
-
 
 fence_operands!(
     /// Pin a 64x64 accumulator (see the module documentation).

@@ -139,7 +139,9 @@ pub unsafe extern "ptx-kernel" fn smoke_pingpong(p: PingpongParams) {
             while i < PINGPONG_TILE_ELEMS {
                 // SAFETY: i < tile length; the tile was published by the completed `full`
                 // phase; out[t * 4096 + i] is inside `out` (t < num_tiles).
-                unsafe { *out.add(i as usize) = 2.0 * convert::bf16_to_f32(tile.load(i)) + t as f32 };
+                unsafe {
+                    *out.add(i as usize) = 2.0 * convert::bf16_to_f32(tile.load(i)) + t as f32
+                };
                 i += WARPGROUP_SIZE;
             }
             // SAFETY: this thread's last read of the stage is above; 128 arrivals per phase.

@@ -127,6 +127,24 @@ macro_rules! wgmma_smoke {
     };
 }
 
-wgmma_smoke!(smoke_wgmma_n64, 64, 32, m64n64k16_bf16_ss, fence_operands_32);
-wgmma_smoke!(smoke_wgmma_n128, 128, 64, m64n128k16_bf16_ss, fence_operands_64);
-wgmma_smoke!(smoke_wgmma_n256, 256, 128, m64n256k16_bf16_ss, fence_operands_128);
+wgmma_smoke!(
+    smoke_wgmma_n64,
+    64,
+    32,
+    m64n64k16_bf16_ss,
+    fence_operands_32
+);
+wgmma_smoke!(
+    smoke_wgmma_n128,
+    128,
+    64,
+    m64n128k16_bf16_ss,
+    fence_operands_64
+);
+wgmma_smoke!(
+    smoke_wgmma_n256,
+    256,
+    128,
+    m64n256k16_bf16_ss,
+    fence_operands_128
+);

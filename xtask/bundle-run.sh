@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Runs everything in this bundle on a machine with an NVIDIA driver; no Rust needed.
+#   1. tests: every test executable, each under a time limit (GPU tests also have an
+#      in-process watchdog that fails a hung kernel within KERNELS_WATCHDOG_SECS);
+#   2. compute-sanitizer memcheck, racecheck and synccheck over the GPU test executables;
+#   3. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
+#      (peers run through python3 on the same inputs).
+# Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
+#                           [--tests "smoke host"] [--bench-args "..."]
+# Prints a summary table last; full logs go to RESULTS_DIR/logs.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:?usage: run.sh RESULTS_DIR [options]}"
+shift
+do_tests=1 do_san=1 do_bench=1 families="smoke" only_tests="" bench_args=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-tests) do_tests=0 ;;
+    --no-sanitizer) do_san=0 ;;
+    --no-bench) do_bench=0 ;;
+    --families) families="$2"; shift ;;
+    --tests) only_tests="$2"; shift ;;
+    --bench-args) bench_args="$2"; shift ;;
+    *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+mkdir -p "$out/logs"
+summary="$out/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+status=0
+
+note "bundle: $(tr '\n' ' ' < "$here/MANIFEST")"
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
+export KERNELS_WATCHDOG_SECS="${KERNELS_WATCHDOG_SECS:-60}"
+
+test_bins=()
+for b in "$here"/bin/test-*; do
+  name="${b##*/test-}"
+  if [ -n "$only_tests" ] && ! grep -qw "$name" <<<"$only_tests"; then continue; fi
+  test_bins+=("$b")
+done
+
+if [ "$do_tests" = 1 ]; then
+  for b in "${test_bins[@]}"; do
+    name="${b##*/test-}"
+    log="$out/logs/test-$name.log"
+    start=$(date +%s)
+    timeout -k 10 "${TEST_TIMEOUT:-600}" "$b" > "$log" 2>&1
+    rc=$?
+    line=$(grep -E '^test result:' "$log" | tail -1)
+    note "test $name: rc=$rc $(( $(date +%s) - start ))s ${line:-no result line}"
+    grep -E '^(SKIP|WATCHDOG)|FAILED|failed' "$log" | head -20 | sed 's/^/    /' | tee -a "$summary"
+    [ "$rc" = 0 ] || status=1
+  done
+fi
+
+if [ "$do_san" = 1 ]; then
+  if ! command -v compute-sanitizer >/dev/null; then
+    note "sanitizer: compute-sanitizer not found"
+    status=1
+  else
+    for tool in memcheck racecheck synccheck; do
+      for b in "${test_bins[@]}"; do
+        name="${b##*/test-}"
+        [ "$name" = host ] && continue
+        log="$out/logs/sanitizer-$tool-$name.log"
+        extra=()
+        [ "$tool" = racecheck ] && extra=(--racecheck-report all)
+        start=$(date +%s)
+        KERNELS_WATCHDOG_SECS=900 timeout -k 10 "${SANITIZER_TIMEOUT:-1200}" \
+          compute-sanitizer --tool "$tool" --error-exitcode 86 "${extra[@]}" \
+          "$b" --test-threads 1 ${SANITIZER_SKIP:+--skip "$SANITIZER_SKIP"} > "$log" 2>&1
+        rc=$?
+        errors=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/=* *//')
+        tests=$(grep -E '^test result:' "$log" | tail -1)
+        note "sanitizer $tool $name: rc=$rc $(( $(date +%s) - start ))s ${errors:-no summary} | ${tests:-no result line}"
+        [ "$rc" = 0 ] || status=1
+      done
+    done
+  fi
+fi
+
+if [ "$do_bench" = 1 ]; then
+  export KERNELS_PEERS_DIR="$here/peers"
+  for fam in $families; do
+    log="$out/logs/bench-$fam.log"
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    timeout -k 10 "${BENCH_TIMEOUT:-1200}" "$here/bin/kbench" "$fam" --out "$out" $bench_args > "$log" 2>&1
+    rc=$?
+    note "bench $fam: rc=$rc $(( $(date +%s) - start ))s -> $out/$fam.json"
+    sed -n '/^== table/,$p' "$log" | tee -a "$summary"
+    [ "$rc" = 0 ] || status=1
+  done
+fi
+
+echo
+echo "===== summary ($out/summary.txt) ====="
+cat "$summary"
+exit $status

@@ -1,0 +1,126 @@
+//! `bundle`: a self-contained folder to run everything on a GPU machine that has no Rust.
+
+use crate::setup;
+use crate::util::{self, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The bundle's runner, copied into the bundle as `run.sh`.
+const RUN_SH: &str = include_str!("../bundle-run.sh");
+
+/// Build release test and benchmark executables and lay out `bundle/`:
+/// `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`, `MANIFEST`.
+pub fn bundle() -> Result {
+    let (env, _) = setup::setup()?;
+    let root = util::root();
+    let dir = root.join("bundle");
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["bin", "ptx", "peers"] {
+        util::create_dir(&dir.join(sub))?;
+    }
+
+    let mut tests = Command::new(util::cargo());
+    tests
+        .current_dir(&root)
+        .args(["test", "--release", "--no-run", "--package", "kernel-tests"])
+        .arg("--message-format=json-render-diagnostics");
+    env.apply(&mut tests);
+    let mut bins = executables(&util::output(&mut tests)?, true);
+    let mut bench = Command::new(util::cargo());
+    bench
+        .current_dir(&root)
+        .args(["build", "--release", "--package", "kernel-bench", "--bins"])
+        .arg("--message-format=json-render-diagnostics");
+    env.apply(&mut bench);
+    bins.extend(executables(&util::output(&mut bench)?, false));
+    for (name, path, is_test) in &bins {
+        let dest = dir.join("bin").join(if *is_test {
+            format!("test-{name}")
+        } else {
+            name.clone()
+        });
+        copy(path, &dest)?;
+        util::run(Command::new("strip").arg("--strip-debug").arg(&dest))?;
+    }
+    for (t, path) in crate::ptx::build()? {
+        copy(&path, &dir.join("ptx").join(ptx_builder::ptx_file_name(&t)))?;
+    }
+    let peers = root.join("bench").join("peers");
+    if let Ok(entries) = std::fs::read_dir(&peers) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "py") {
+                copy(&e.path(), &dir.join("peers").join(e.file_name()))?;
+            }
+        }
+    }
+    let run_sh = dir.join("run.sh");
+    util::write(&run_sh, RUN_SH)?;
+    util::run(Command::new("chmod").arg("+x").arg(&run_sh))?;
+    util::write(&dir.join("MANIFEST"), &manifest(&root)?)?;
+    let size = util::output(Command::new("du").arg("-sh").arg(&dir))?;
+    eprintln!(
+        "bundle: {} executables in {} ({}); on the GPU machine: bundle/run.sh <results-dir>",
+        bins.len(),
+        dir.display(),
+        size.split_whitespace().next().unwrap_or("?")
+    );
+    Ok(())
+}
+
+/// (name, path, is_test) of the executables in cargo's JSON messages.
+fn executables(json: &str, tests: bool) -> Vec<(String, PathBuf, bool)> {
+    let mut out = Vec::new();
+    for line in json.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let is_test = msg["profile"]["test"].as_bool().unwrap_or(false);
+        let kind_is_test = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|x| x == "test"));
+        if tests && !kind_is_test {
+            continue;
+        }
+        let name = msg["target"]["name"].as_str().unwrap_or("bin").to_string();
+        out.push((name, PathBuf::from(exe), is_test));
+    }
+    out
+}
+
+fn copy(from: &Path, to: &Path) -> Result {
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+}
+
+fn manifest(root: &Path) -> Result<String> {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let rustc = Command::new("rustc")
+        .current_dir(root)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    Ok(format!(
+        "commit={}{}\nbuilt={}\nrustc={rustc}\n",
+        git(&["rev-parse", "HEAD"]),
+        if dirty { "-dirty" } else { "" },
+        util::output(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]))?.trim(),
+    ))
+}
