@@ -35,6 +35,7 @@ fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
     ];
     if arch.has_hopper_kernels() {
         k.extend([
+            ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
             ("smoke_tma_load", size_of::<TmaLoadParams>()),
             ("smoke_wgmma_n64", size_of::<WgmmaTileParams>()),
             ("smoke_wgmma_n128", size_of::<WgmmaTileParams>()),
@@ -75,6 +76,7 @@ fn ptx_launch_bounds() -> TestResult {
         ("smoke_block_reduce", REDUCE_THREADS),
         ("smoke_mma_tile", MMA_THREADS),
         ("smoke_pingpong", PINGPONG_THREADS),
+        ("gemm_bf16_tn", kernel_abi::gemm::THREADS),
     ];
     for (name, threads) in bounds {
         for arch in Arch::ALL {
@@ -93,7 +95,12 @@ fn ptx_launch_bounds() -> TestResult {
 
 fn ptx_tensor_map_alignment() -> TestResult {
     let ptx = Arch::Sm90a.ptx();
-    for kernel in ["smoke_tma_load", "smoke_wgmma_n64", "smoke_pingpong"] {
+    for kernel in [
+        "smoke_tma_load",
+        "smoke_wgmma_n64",
+        "smoke_pingpong",
+        "gemm_bf16_tn",
+    ] {
         let decl = format!(".param .align 64 .b8 {kernel}_param_0[");
         ensure(ptx.contains(&decl), || {
             format!("{kernel}: parameter not declared .align 64")

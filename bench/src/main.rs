@@ -1,6 +1,101 @@
-//! `kbench`: the benchmark runner and the main job. Work in progress: see the README.
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    eprintln!("kbench {args:?}: not implemented yet");
-    std::process::exit(2);
+//! `kbench`: the benchmark runner (one family at a time, peers side by side), the report
+//! generator, and the main job.
+//!
+//! ```text
+//! kbench main [--quick]                 every kernel on default sizes, validated and timed
+//! kbench <family> --out DIR [--quick]   benchmark a family, write DIR/<family>.json
+//! kbench report [--results DIR] [--out FILE]
+//! ```
+
+mod harness;
+mod main_job;
+mod report;
+mod smoke;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(about = "Benchmarks, report and main job of the kernel library")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Every kernel on default sizes, validated against the references and timed. Without a
+    /// GPU: says so and runs the CPU references.
+    Main {
+        /// Smaller problems.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Smoke kernels and the Hopper GEMM (beside cuBLAS).
+    Smoke(FamilyArgs),
+    /// Render bench/results/*.json into BENCHMARKS.md.
+    Report {
+        /// Directory of results files.
+        #[arg(long, default_value = "bench/results")]
+        results: PathBuf,
+        /// Output markdown file.
+        #[arg(long, default_value = "BENCHMARKS.md")]
+        out: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct FamilyArgs {
+    /// Directory for `<family>.json`.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Fewer runs, smaller problems (to check the runner itself).
+    #[arg(long)]
+    quick: bool,
+}
+
+fn family(
+    name: &str,
+    args: &FamilyArgs,
+    body: fn(&mut harness::Bench) -> kernels::Result<()>,
+) -> ExitCode {
+    let result = harness::Bench::new(name, args.quick).and_then(|mut b| {
+        body(&mut b)?;
+        b.finish(&args.out)
+    });
+    match result {
+        Ok(path) => {
+            eprintln!("kbench {name}: wrote {}", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kbench {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Main { quick } => main_job::run(quick),
+        Command::Smoke(args) => family("smoke", &args, smoke::run),
+        Command::Report { results, out } => match report::render(&results) {
+            Ok(md) => match std::fs::write(&out, md) {
+                Ok(()) => {
+                    eprintln!("kbench report: wrote {}", out.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("kbench report: writing {}: {e}", out.display());
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => {
+                eprintln!("kbench report: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
 }

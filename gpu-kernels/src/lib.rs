@@ -13,6 +13,8 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod arch;
+#[cfg(target_feature = "sm_90a")]
+pub mod gemm;
 pub mod smoke;
 
 /// A panic in a kernel (an index out of bounds, an overflow in a checked operation) traps: the

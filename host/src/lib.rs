@@ -12,6 +12,7 @@
 
 pub mod data;
 pub mod error;
+pub mod gemm;
 pub mod gpu;
 pub mod memory;
 pub mod ptx;
@@ -24,3 +25,7 @@ pub use gpu::{DeviceInfo, Gpu, LaunchConfig};
 pub use ptx::Arch;
 
 pub use half::{bf16, f16};
+
+/// The `cust` types that appear in this crate's API.
+pub use cust::memory::DeviceBuffer;
+pub use cust::stream::Stream;

@@ -42,6 +42,30 @@ fn check_len(what: &str, expected: usize, got: usize) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 
+/// Launch `smoke_block_reduce` (asynchronous): one sum per element of `partial`, whose length
+/// is the number of blocks.
+pub fn block_reduce_launch(
+    gpu: &Gpu,
+    stream: &Stream,
+    input: &DeviceBuffer<f32>,
+    partial: &mut DeviceBuffer<f32>,
+) -> Result<()> {
+    let blocks = u32::try_from(partial.len())
+        .ok()
+        .filter(|b| *b > 0)
+        .ok_or_else(|| Error::invalid("partial", "needs 1..2^32 elements (one per block)"))?;
+    let n = u32::try_from(input.len())
+        .map_err(|_| Error::invalid("input", "more than 2^32 - 1 elements"))?;
+    let params = ReduceParams {
+        input: device_ptr(input) as *const f32,
+        partial: device_ptr(partial) as *mut f32,
+        n,
+    };
+    let cfg = LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, reduce_smem_bytes());
+    // SAFETY: `input` holds n f32 and `partial` `blocks` f32, as the kernel's grid needs.
+    unsafe { gpu.launch(stream, "smoke_block_reduce", &cfg, &params) }
+}
+
 /// Per-block sums of `input` by `smoke_block_reduce` with `blocks` blocks (grid-stride).
 pub fn block_reduce(
     gpu: &Gpu,
@@ -52,17 +76,8 @@ pub fn block_reduce(
     if blocks == 0 {
         return Err(Error::invalid("blocks", "must be at least 1"));
     }
-    let n = u32::try_from(input.len())
-        .map_err(|_| Error::invalid("input", "more than 2^32 - 1 elements"))?;
-    let partial = poisoned::<f32>(blocks as usize)?;
-    let params = ReduceParams {
-        input: device_ptr(input) as *const f32,
-        partial: device_ptr(&partial) as *mut f32,
-        n,
-    };
-    let cfg = LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, reduce_smem_bytes());
-    // SAFETY: `input` holds n f32 and `partial` `blocks` f32, as the kernel's grid needs.
-    unsafe { gpu.launch(stream, "smoke_block_reduce", &cfg, &params)? };
+    let mut partial = poisoned::<f32>(blocks as usize)?;
+    block_reduce_launch(gpu, stream, input, &mut partial)?;
     gpu.sync(stream, "smoke_block_reduce")?;
     download(&partial)
 }
@@ -106,34 +121,8 @@ pub fn mma_tile(
     download(&c)
 }
 
-/// `c[i][j] = sum_k a[i][k] b[j][k]` in f64 (`a [m, k]`, `b [n, k]`, row-major), together with
-/// `sum_k |a[i][k] b[j][k]|` for error bounds.
-pub fn matmul_nt_reference(
-    a: &[bf16],
-    b: &[bf16],
-    m: usize,
-    n: usize,
-    k: usize,
-) -> (Vec<f64>, Vec<f64>) {
-    let a: Vec<f64> = a.iter().map(|x| x.to_f64()).collect();
-    let b: Vec<f64> = b.iter().map(|x| x.to_f64()).collect();
-    let mut c = vec![0.0; m * n];
-    let mut abs = vec![0.0; m * n];
-    for i in 0..m {
-        let ar = &a[i * k..(i + 1) * k];
-        for j in 0..n {
-            let br = &b[j * k..(j + 1) * k];
-            let (mut s, mut sa) = (0.0, 0.0);
-            for (x, y) in ar.iter().zip(br) {
-                s += x * y;
-                sa += (x * y).abs();
-            }
-            c[i * n + j] = s;
-            abs[i * n + j] = sa;
-        }
-    }
-    (c, abs)
-}
+/// The f64 reference of [`mma_tile`] and [`wgmma_tile`] (see [`crate::gemm::reference`]).
+pub use crate::gemm::reference as matmul_nt_reference;
 
 // ---------------------------------------------------------------------------------------------
 
@@ -237,6 +226,21 @@ pub fn wgmma_tile(
     a: &DeviceBuffer<bf16>,
     b: &DeviceBuffer<bf16>,
 ) -> Result<Vec<f32>> {
+    let mut c = poisoned::<f32>((WGMMA_M * n) as usize)?;
+    wgmma_tile_launch(gpu, stream, n, a, b, &mut c)?;
+    gpu.sync(stream, "smoke_wgmma")?;
+    download(&c)
+}
+
+/// Launch `smoke_wgmma_n{n}` (asynchronous) into `c` (`[64, n]` f32).
+pub fn wgmma_tile_launch(
+    gpu: &Gpu,
+    stream: &Stream,
+    n: u32,
+    a: &DeviceBuffer<bf16>,
+    b: &DeviceBuffer<bf16>,
+    c: &mut DeviceBuffer<f32>,
+) -> Result<()> {
     require_hopper(gpu, "smoke_wgmma")?;
     if !WGMMA_SMOKE_N.contains(&n) {
         return Err(Error::unsupported(
@@ -246,6 +250,7 @@ pub fn wgmma_tile(
     }
     check_len("a", (WGMMA_M * WGMMA_K) as usize, a.len())?;
     check_len("b", (n * WGMMA_K) as usize, b.len())?;
+    check_len("c", (WGMMA_M * n) as usize, c.len())?;
     let map = |buf: &DeviceBuffer<bf16>, rows: u32| {
         TiledMap {
             address: device_ptr(buf),
@@ -257,18 +262,15 @@ pub fn wgmma_tile(
         }
         .encode()
     };
-    let c = poisoned::<f32>((WGMMA_M * n) as usize)?;
     let params = WgmmaTileParams {
         tmap_a: map(a, WGMMA_M)?,
         tmap_b: map(b, n)?,
-        c: device_ptr(&c) as *mut f32,
+        c: device_ptr(c) as *mut f32,
     };
     let cfg = LaunchConfig::new((1, 1, 1), WGMMA_THREADS, wgmma_smem_bytes(n));
     let name = format!("smoke_wgmma_n{n}");
     // SAFETY: the maps describe a [64, 64] and b [n, 64]; c holds 64 x n f32.
-    unsafe { gpu.launch(stream, &name, &cfg, &params)? };
-    gpu.sync(stream, &name)?;
-    download(&c)
+    unsafe { gpu.launch(stream, &name, &cfg, &params) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,12 +292,45 @@ pub fn pingpong(
     input: &DeviceBuffer<bf16>,
     num_tiles: u32,
 ) -> Result<PingpongOutput> {
+    let elems = num_tiles as usize * PINGPONG_TILE_ELEMS as usize;
+    let mut out = poisoned::<f32>(elems)?;
+    let mut order = poisoned::<u32>(num_tiles as usize)?;
+    let mut counter = zeroed::<u32>(1)?;
+    pingpong_launch(
+        gpu,
+        stream,
+        input,
+        num_tiles,
+        &mut out,
+        &mut order,
+        &mut counter,
+    )?;
+    gpu.sync(stream, "smoke_pingpong")?;
+    Ok(PingpongOutput {
+        out: download(&out)?,
+        order: download(&order)?,
+    })
+}
+
+/// Launch `smoke_pingpong` (asynchronous). `counter` must hold zero.
+pub fn pingpong_launch(
+    gpu: &Gpu,
+    stream: &Stream,
+    input: &DeviceBuffer<bf16>,
+    num_tiles: u32,
+    out: &mut DeviceBuffer<f32>,
+    order: &mut DeviceBuffer<u32>,
+    counter: &mut DeviceBuffer<u32>,
+) -> Result<()> {
     require_hopper(gpu, "smoke_pingpong")?;
     if num_tiles == 0 {
         return Err(Error::invalid("num_tiles", "must be at least 1"));
     }
     let elems = num_tiles as usize * PINGPONG_TILE_ELEMS as usize;
     check_len("input", elems, input.len())?;
+    check_len("out", elems, out.len())?;
+    check_len("order", num_tiles as usize, order.len())?;
+    check_len("counter", 1, counter.len())?;
     let tmap = TiledMap {
         address: device_ptr(input),
         dtype: MapDtype::Bf16,
@@ -308,25 +343,17 @@ pub fn pingpong(
         swizzle: MapSwizzle::None,
     }
     .encode()?;
-    let out = poisoned::<f32>(elems)?;
-    let order = poisoned::<u32>(num_tiles as usize)?;
-    let counter = zeroed::<u32>(1)?;
     let params = PingpongParams {
         tmap,
-        out: device_ptr(&out) as *mut f32,
-        order: device_ptr(&order) as *mut u32,
-        counter: device_ptr(&counter) as *mut u32,
+        out: device_ptr(out) as *mut f32,
+        order: device_ptr(order) as *mut u32,
+        counter: device_ptr(counter) as *mut u32,
         num_tiles,
     };
     let cfg = LaunchConfig::new((1, 1, 1), PINGPONG_THREADS, pingpong_smem_bytes());
     // SAFETY: the map covers num_tiles tiles of `input`; out, order and counter are sized as
-    // the kernel documents; counter is zero.
-    unsafe { gpu.launch(stream, "smoke_pingpong", &cfg, &params)? };
-    gpu.sync(stream, "smoke_pingpong")?;
-    Ok(PingpongOutput {
-        out: download(&out)?,
-        order: download(&order)?,
-    })
+    // the kernel documents (checked); the caller guarantees counter is zero.
+    unsafe { gpu.launch(stream, "smoke_pingpong", &cfg, &params) }
 }
 
 /// What [`pingpong`] must produce in `out` (computed in f32, as the kernel does: exact).

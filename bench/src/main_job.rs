@@ -1,0 +1,285 @@
+//! The main job (`./x run`): every kernel on a default problem, validated against its f64 CPU
+//! reference and timed. Without a usable GPU it says so and runs the CPU references instead.
+
+use half::bf16;
+use kernels::data::{rng, uniform_bf16, uniform_f32};
+use kernels::gemm::{self, GemmProblem};
+use kernels::memory::{download, poisoned, upload, zeroed};
+use kernels::timing::time_on_stream;
+use kernels::{Gpu, Result, smoke};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// One validated, timed kernel run.
+struct Line {
+    name: &'static str,
+    config: String,
+    ms: f64,
+    rate: String,
+    max_err: f64,
+    passed: bool,
+}
+
+/// Run the main job; the exit code is non-zero if any kernel fails validation.
+pub fn run(quick: bool) -> ExitCode {
+    match Gpu::new() {
+        Ok(gpu) => match gpu_jobs(&gpu, quick) {
+            Ok(lines) => report(&gpu, &lines),
+            Err(e) => {
+                eprintln!("main job failed: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            println!("No usable CUDA GPU on this machine ({e}).");
+            println!(
+                "Running the CPU references (the specification of each kernel) on small problems \
+                 instead. To run the kernels, build the GPU bundle (`./x bundle`) and run \
+                 `bundle/run.sh <results-dir>` on a machine with an NVIDIA GPU (see README)."
+            );
+            cpu_references();
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn report(gpu: &Gpu, lines: &[Line]) -> ExitCode {
+    let info = gpu.info();
+    println!(
+        "{} (compute capability {}.{}, {} SMs, driver {}), PTX target {}\n",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.multiprocessors,
+        info.driver,
+        gpu.arch()
+    );
+    println!(
+        "{:<16} {:<28} {:>10} {:>16} {:>10}  result",
+        "kernel", "problem", "median ms", "rate", "max err"
+    );
+    for l in lines {
+        println!(
+            "{:<16} {:<28} {:>10.4} {:>16} {:>10.2e}  {}",
+            l.name,
+            l.config,
+            l.ms,
+            l.rate,
+            l.max_err,
+            if l.passed { "ok" } else { "FAILED" }
+        );
+    }
+    if lines.iter().all(|l| l.passed) {
+        println!("\nall {} kernels match their references", lines.len());
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
+    let stream = gpu.stream()?;
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        Ok(time_on_stream(gpu, &stream, 3, if quick { 5 } else { 20 }, f)?.median_ms())
+    };
+    let mut lines = Vec::new();
+
+    // Block reduction.
+    let n = 1 << 24;
+    let blocks = 4 * gpu.info().multiprocessors;
+    let input = uniform_f32(&mut rng(1), n, -1.0, 1.0);
+    let d_in = upload(&input)?;
+    let mut partial = poisoned::<f32>(blocks as usize)?;
+    let ms = time(&mut || smoke::block_reduce_launch(gpu, &stream, &d_in, &mut partial))?;
+    let got = download(&partial)?;
+    let want = smoke::block_reduce_reference(&input, blocks);
+    let per_thread = n.div_ceil(blocks as usize * 256) as f64;
+    let (mut err, mut ok) = (0.0f64, true);
+    for (g, w) in got.iter().zip(&want) {
+        let e = (*g as f64 - w.0).abs();
+        err = err.max(e);
+        ok &= e <= (per_thread + 8.0) * f64::from(f32::EPSILON) / 2.0 * w.1;
+    }
+    lines.push(Line {
+        name: "block_reduce",
+        config: format!("n={n} blocks={blocks}"),
+        ms,
+        rate: format!("{:.0} GB/s", 4.0 * n as f64 / ms / 1e6),
+        max_err: err,
+        passed: ok,
+    });
+
+    // mma.sync tile.
+    let mut r = rng(2);
+    let a = uniform_bf16(&mut r, 64 * 64, -1.0, 1.0);
+    let b = uniform_bf16(&mut r, 64 * 64, -1.0, 1.0);
+    let got = smoke::mma_tile(gpu, &stream, &upload(&a)?, &upload(&b)?)?;
+    let (want, abs) = gemm::reference(&a, &b, 64, 64, 64);
+    let (err, ok) = check(&got, &want, |i| {
+        64.0 * f64::from(f32::EPSILON) / 2.0 * abs[i]
+    });
+    lines.push(Line {
+        name: "mma_tile",
+        config: "64x64x64".into(),
+        ms: f64::NAN,
+        rate: "-".into(),
+        max_err: err,
+        passed: ok,
+    });
+
+    if gpu.arch().has_hopper_kernels() {
+        // wgmma tile.
+        let bn = uniform_bf16(&mut r, 256 * 64, -1.0, 1.0);
+        let (da, db) = (upload(&a)?, upload(&bn)?);
+        let mut c = poisoned::<f32>(64 * 256)?;
+        let ms = time(&mut || smoke::wgmma_tile_launch(gpu, &stream, 256, &da, &db, &mut c))?;
+        let got = download(&c)?;
+        let (want, abs) = gemm::reference(&a, &bn, 64, 256, 64);
+        let (err, ok) = check(&got, &want, |i| {
+            64.0 * f64::from(f32::EPSILON) / 2.0 * abs[i]
+        });
+        lines.push(Line {
+            name: "wgmma_tile",
+            config: "64x256x64".into(),
+            ms,
+            rate: "-".into(),
+            max_err: err,
+            passed: ok,
+        });
+
+        // Producer/consumer ring.
+        let tiles = 512u32;
+        let input = uniform_bf16(&mut r, tiles as usize * 4096, -100.0, 100.0);
+        let d_in = upload(&input)?;
+        let mut out = poisoned::<f32>(tiles as usize * 4096)?;
+        let mut order = poisoned::<u32>(tiles as usize)?;
+        let mut counter = zeroed::<u32>(1)?;
+        smoke::pingpong_launch(
+            gpu,
+            &stream,
+            &d_in,
+            tiles,
+            &mut out,
+            &mut order,
+            &mut counter,
+        )?;
+        gpu.sync(&stream, "smoke_pingpong")?;
+        let in_order = download(&order)?
+            .iter()
+            .enumerate()
+            .all(|(t, o)| *o as usize == t);
+        let got = download(&out)?;
+        let want: Vec<f64> = smoke::pingpong_reference(&input, tiles)
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let (err, ok) = check(&got, &want, |_| 0.0);
+        lines.push(Line {
+            name: "pingpong_ring",
+            config: format!("{tiles} tiles, 3 stages"),
+            ms: f64::NAN,
+            rate: "-".into(),
+            max_err: err,
+            passed: ok && in_order,
+        });
+
+        // GEMM.
+        let s = if quick { 1024 } else { 4096 };
+        let p = GemmProblem { m: s, n: s, k: s };
+        let a = uniform_bf16(&mut r, s * s, -1.0, 1.0);
+        let b = uniform_bf16(&mut r, s * s, -1.0, 1.0);
+        let (da, db) = (upload(&a)?, upload(&b)?);
+        let mut dc = poisoned::<bf16>(s * s)?;
+        let ms = time(&mut || gemm::gemm_bf16(gpu, &stream, &p, &da, &db, &mut dc))?;
+        let c = download(&dc)?;
+        let (mut err, mut ok) = (0.0f64, true);
+        for t in 0..256 {
+            let (i, j) = ((t * 7919) % s, (t * 104_729) % s);
+            let (mut want, mut abs) = (0.0f64, 0.0f64);
+            for k in 0..s {
+                let x = a[i * s + k].to_f64() * b[j * s + k].to_f64();
+                want += x;
+                abs += x.abs();
+            }
+            let e = (c[i * s + j].to_f64() - want).abs();
+            err = err.max(e);
+            ok &= e <= gemm::tolerance(want, abs, s);
+        }
+        lines.push(Line {
+            name: "gemm_bf16",
+            config: format!("{s}x{s}x{s} (256 sampled)"),
+            ms,
+            rate: format!("{:.0} TFLOP/s", p.flops() / ms / 1e9),
+            max_err: err,
+            passed: ok,
+        });
+    } else {
+        println!(
+            "(no sm_90a kernels on {}: wgmma, ping-pong and GEMM skipped)",
+            gpu.arch()
+        );
+    }
+    Ok(lines)
+}
+
+/// Max error and whether every element is within `tol(i)` (NaN fails).
+fn check(got: &[f32], want: &[f64], tol: impl Fn(usize) -> f64) -> (f64, bool) {
+    let mut err = 0.0f64;
+    let mut ok = got.len() == want.len();
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let e = (*g as f64 - w).abs();
+        if !(e <= tol(i)) {
+            ok = false;
+        }
+        err = if e.is_nan() {
+            f64::INFINITY
+        } else {
+            err.max(e)
+        };
+    }
+    (err, ok)
+}
+
+fn cpu_references() {
+    println!(
+        "\n{:<28} {:<28} {:>12}  result",
+        "reference", "problem", "time"
+    );
+    let timed = |name: &str, problem: &str, f: &mut dyn FnMut() -> String| {
+        let start = Instant::now();
+        let result = f();
+        println!(
+            "{name:<28} {problem:<28} {:>10.1} ms  {result}",
+            start.elapsed().as_secs_f64() * 1e3
+        );
+    };
+    let mut r = rng(1);
+    let input = uniform_f32(&mut r, 1 << 20, -1.0, 1.0);
+    timed("block_reduce (f64)", "n=2^20, 132 blocks", &mut || {
+        let sums = smoke::block_reduce_reference(&input, 132);
+        format!("total {:.6}", sums.iter().map(|s| s.0).sum::<f64>())
+    });
+    let (m, n, k) = (256, 256, 256);
+    let a = uniform_bf16(&mut r, m * k, -1.0, 1.0);
+    let b = uniform_bf16(&mut r, n * k, -1.0, 1.0);
+    timed("gemm (f64)", "256x256x256", &mut || {
+        let (c, _) = gemm::reference(&a, &b, m, n, k);
+        format!("c[0][0] = {:.6}", c[0])
+    });
+    let tensor = uniform_bf16(&mut r, 100 * 80, -4.0, 4.0);
+    timed("tma box image", "box 32x64 at (16, 40), 128B", &mut || {
+        let img = smoke::tma_load_reference(
+            &tensor,
+            100,
+            80,
+            16,
+            40,
+            kernels::tensor_map::MapSwizzle::B128,
+        );
+        format!("{} words", img.len())
+    });
+    let x = uniform_bf16(&mut r, 4 * 4096, -1.0, 1.0);
+    timed("pingpong ring output", "4 tiles", &mut || {
+        format!("{} values", smoke::pingpong_reference(&x, 4).len())
+    });
+}
