@@ -33,6 +33,18 @@ fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
         ("smoke_block_reduce", size_of::<ReduceParams>()),
         ("smoke_mma_tile", size_of::<MmaTileParams>()),
     ];
+    let attention = size_of::<kernel_abi::attention::AttentionParams>();
+    for dtype in ["bf16", "f16"] {
+        for d in kernel_abi::attention::HEAD_DIMS {
+            k.push((leak(format!("attention_fwd_{dtype}_d{d}")), attention));
+        }
+    }
+    for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
+        k.push((
+            leak(format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim)),
+            attention,
+        ));
+    }
     if arch.has_hopper_kernels() {
         k.extend([
             ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
@@ -71,7 +83,22 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
     )
 }
 
+/// A kernel name for the expected-kernel table (test-only, a handful of small strings).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
 fn ptx_launch_bounds() -> TestResult {
+    for d in kernel_abi::attention::HEAD_DIMS {
+        let cfg = kernel_abi::attention::tile_config(d).ok_or("missing tile config")?;
+        for arch in Arch::ALL {
+            let name = format!("attention_fwd_bf16_d{d}");
+            let info = arch.kernels().get(&name).ok_or(format!("{name} missing"))?;
+            ensure(info.max_threads == Some(cfg.threads()), || {
+                format!("{arch} {name}: .maxntid {:?}", info.max_threads)
+            })?;
+        }
+    }
     let bounds = [
         ("smoke_block_reduce", REDUCE_THREADS),
         ("smoke_mma_tile", MMA_THREADS),

@@ -6,6 +6,7 @@
 //! that `size_of` of the struct it passes equals the parameter size declared in the PTX.
 #![no_std]
 
+pub mod attention;
 pub mod gemm;
 pub mod smoke;
 

@@ -208,21 +208,14 @@ impl Bench {
             serde_json::to_string_pretty(&spec).expect("json"),
         )
         .map_err(|e| io_err(&spec_path, e))?;
-        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-            .iter()
-            .map(|(name, t)| {
-                let (dtype, shape, bytes): (_, &Vec<usize>, &[u8]) = match t {
-                    Tensor::Bf16(d, s) => (safetensors::Dtype::BF16, s, bytemuck_bytes(d)),
-                };
-                let view = safetensors::tensor::TensorView::new(dtype, shape.clone(), bytes)
-                    .expect("shape matches data");
-                (name.to_string(), view)
-            })
-            .collect();
-        let path = dir.join("tensors.safetensors");
-        safetensors::serialize_to_file(views, &None, &path).map_err(|e| {
-            kernels::Error::invalid("peer case file", format!("{}: {e}", path.display()))
-        })
+        write_tensors(&dir.join("tensors.safetensors"), tensors)
+    }
+
+    /// Write tensors that several cases share to `<work>/shared.safetensors` (peers load it
+    /// once; a case's spec may refer to its tensors by name).
+    pub fn shared(&mut self, tensors: &[(&str, Tensor)]) -> Result<()> {
+        let path = self.work.join("shared.safetensors");
+        write_tensors(&path, tensors)
     }
 
     /// Run the family's Python peers over the cases written so far and record their rows.
@@ -294,6 +287,22 @@ impl Bench {
         }
         Ok(path)
     }
+}
+
+fn write_tensors(path: &Path, tensors: &[(&str, Tensor)]) -> Result<()> {
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let (dtype, shape, bytes): (_, &Vec<usize>, &[u8]) = match t {
+                Tensor::Bf16(d, s) => (safetensors::Dtype::BF16, s, bytemuck_bytes(d)),
+            };
+            let view = safetensors::tensor::TensorView::new(dtype, shape.clone(), bytes)
+                .expect("shape matches data");
+            (name.to_string(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, &None, path)
+        .map_err(|e| kernels::Error::invalid("peer case file", format!("{}: {e}", path.display())))
 }
 
 fn bytemuck_bytes<T: Copy>(data: &[T]) -> &[u8] {

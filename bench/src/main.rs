@@ -7,6 +7,7 @@
 //! kbench report [--results DIR] [--out FILE]
 //! ```
 
+mod attention;
 mod harness;
 mod main_job;
 mod report;
@@ -34,6 +35,8 @@ enum Command {
     },
     /// Smoke kernels and the Hopper GEMM (beside cuBLAS).
     Smoke(FamilyArgs),
+    /// Attention forward (beside PyTorch SDPA FLASH and CUDNN).
+    Attention(FamilyArgs),
     /// Render bench/results/*.json into BENCHMARKS.md.
     Report {
         /// Directory of results files.
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Main { quick } => main_job::run(quick),
         Command::Smoke(args) => family("smoke", &args, smoke::run),
+        Command::Attention(args) => family("attention", &args, attention::run),
         Command::Report { results, out } => match report::render(&results) {
             Ok(md) => match std::fs::write(&out, md) {
                 Ok(()) => {

@@ -127,6 +127,54 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
         passed: ok,
     });
 
+    // Attention forward (any GPU with compute capability >= 8.0).
+    {
+        use kernels::attention::{self, AttentionProblem, Dtype, View};
+        let s = if quick { 1024 } else { 4096 };
+        let p = AttentionProblem::new(16384 / s, s, s, 16, 16, 128, Dtype::Bf16).causal();
+        let n = p.batch * p.seq_q * p.heads_q * p.head_dim;
+        let (q, k, v) = (
+            uniform_bf16(&mut r, n, -1.0, 1.0),
+            uniform_bf16(&mut r, n, -1.0, 1.0),
+            uniform_bf16(&mut r, n, -1.0, 1.0),
+        );
+        let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+        let out = poisoned::<bf16>(n)?;
+        let mut lse = poisoned::<f32>(p.lse_len())?;
+        let (qv, kv, vv) = (
+            View::contiguous(&dq, p.q_shape()),
+            View::contiguous(&dk, p.kv_shape()),
+            View::contiguous(&dv, p.kv_shape()),
+        );
+        let mut ov = View::contiguous(&out, p.q_shape());
+        let ms =
+            time(&mut || attention::forward(gpu, &stream, &p, &qv, &kv, &vv, &mut ov, &mut lse))?;
+        let o = download(&out)?;
+        let rows: Vec<(usize, usize, usize)> = (0..16)
+            .map(|i| (i % p.batch, (i * 977) % p.seq_q, (i * 3) % p.heads_q))
+            .collect();
+        let mut err = 0.0f64;
+        for (&(b, i, h), (want, _)) in rows
+            .iter()
+            .zip(attention::reference_rows(&p, &q, &k, &v, &rows))
+        {
+            let start = ((b * p.seq_q + i) * p.heads_q + h) * p.head_dim;
+            for (x, y) in o[start..start + p.head_dim].iter().zip(&want) {
+                err = err.max((x.to_f64() - y).abs());
+            }
+        }
+        lines.push(Line {
+            name: "attention_fwd",
+            config: format!("b{} s{s} h16 d128 causal", p.batch),
+            ms,
+            rate: format!("{:.0} TFLOP/s", p.flops() / ms / 1e9),
+            max_err: err,
+            // bf16 output: half an ulp of values below 1 is 2^-9; the test suite applies the
+            // full rule (2 x the naive error + 1e-3) on smaller problems.
+            passed: err < 1e-2,
+        });
+    }
+
     if gpu.arch().has_hopper_kernels() {
         // wgmma tile.
         let bn = uniform_bf16(&mut r, 256 * 64, -1.0, 1.0);
@@ -281,4 +329,18 @@ fn cpu_references() {
     timed("pingpong ring output", "4 tiles", &mut || {
         format!("{} values", smoke::pingpong_reference(&x, 4).len())
     });
+    {
+        use kernels::attention::{self, AttentionProblem, Dtype};
+        let p = AttentionProblem::new(1, 256, 256, 4, 2, 128, Dtype::Bf16).causal();
+        let q = uniform_bf16(&mut r, 256 * 4 * 128, -1.0, 1.0);
+        let kv = uniform_bf16(&mut r, 256 * 2 * 128, -1.0, 1.0);
+        timed(
+            "attention forward (f64)",
+            "b1 s256 h4/2 d128 causal",
+            &mut || {
+                let out = attention::reference(&p, &q, &kv, &kv);
+                format!("lse[0] = {:.6}", out.lse[0])
+            },
+        );
+    }
 }

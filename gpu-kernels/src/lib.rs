@@ -16,6 +16,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod arch;
+pub mod attention;
 #[cfg(target_feature = "sm_90a")]
 pub mod gemm;
 pub mod smoke;

@@ -43,13 +43,20 @@ struct Resources {
     notes: Vec<String>,
 }
 
+/// Largest stack frame a kernel may have. A register array that LLVM left in local memory (a
+/// loop over it that did not unroll) makes a frame of its whole size, hundreds of bytes; a few
+/// registers that ptxas spills under pressure at the 255-register limit make a frame of a few
+/// words, which the table shows for review.
+pub const MAX_STACK_FRAME: u32 = 64;
+
 /// The committed resource table.
 pub fn table_path() -> PathBuf {
     util::root().join("gpu-kernels").join("RESOURCES.md")
 }
 
 /// Assemble every PTX with ptxas; write the resource table; fail on assembler errors,
-/// performance warnings (ignored `setmaxnreg`, serialized `wgmma`), stack frames or spills.
+/// performance warnings (ignored `setmaxnreg`, serialized `wgmma`), or stack frames over
+/// [`MAX_STACK_FRAME`] bytes.
 pub fn check() -> Result {
     let ptxas = setup::ensure_ptxas()?;
     let built = build()?;
@@ -102,12 +109,17 @@ pub fn check() -> Result {
                 r.spill_loads,
                 r.notes.join("; ")
             ));
-            if r.stack_frame > 0 || r.spill_stores > 0 || r.spill_loads > 0 {
+            if r.stack_frame > MAX_STACK_FRAME {
                 problems.push(format!(
                     "{} {kernel}: {} bytes stack frame, {} / {} bytes spilled (a register array \
                      indexed by a loop that did not unroll?)",
                     target.cpu, r.stack_frame, r.spill_stores, r.spill_loads
                 ));
+            } else if r.stack_frame > 0 {
+                eprintln!(
+                    "check-ptx: note: {} {kernel} spills {} bytes (register pressure; listed in the table)",
+                    target.cpu, r.spill_stores
+                );
             }
             for n in &r.notes {
                 problems.push(format!("{} {kernel}: {n}", target.cpu));

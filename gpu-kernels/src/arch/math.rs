@@ -54,3 +54,15 @@ pub fn rcp(x: f32) -> f32 {
     };
     r
 }
+
+/// `a * b + c` with one rounding (`fma.rn.f32`).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("fma.rn.f32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c,
+             options(pure, nomem, nostack))
+    };
+    r
+}

@@ -1,0 +1,274 @@
+//! Attention forward (FlashAttention-2 style, `ldmatrix` + `mma.sync`, `cp.async` pipeline):
+//! `O = softmax(scale Q K^T + mask) V` and the row log-sum-exp.
+
+use crate::{SMEM_ALIGN, WARP_SIZE};
+
+/// Head dimensions with a kernel.
+pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
+
+/// Query rows of one `mma.sync` m16 tile; a warp owns `warp_m_tiles` of them.
+pub const M_TILE: u32 = 16;
+
+/// The tile shape for one head dimension: the single table kernel and host share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileConfig {
+    /// Head dimension D.
+    pub head_dim: u32,
+    /// Query rows per block.
+    pub block_m: u32,
+    /// Keys per pipeline step.
+    pub block_n: u32,
+    /// K/V stages of the `cp.async` pipeline.
+    pub stages: u32,
+    /// m16 tiles of query rows per warp: each K/V fragment a warp loads feeds this many
+    /// products, so shared-memory traffic per product falls as it grows (registers permitting).
+    pub warp_m_tiles: u32,
+    /// Resident blocks per SM the launch bounds ask for (the register cap is 64K / (threads x
+    /// this)); shared memory must allow it too.
+    pub blocks_per_sm: u32,
+    /// Software-pipelined steps: each warp issues the products S = Q K^T of the next step
+    /// before the softmax and P V of the current one (S double-buffered in registers), so the
+    /// tensor cores have independent work while a warp does its softmax. Needs `stages >= 3`
+    /// (K runs one step ahead of V).
+    pub pipelined: bool,
+    /// Whether each warp keeps its Q fragments in registers for the whole kernel (else it
+    /// reloads them from shared memory with `ldmatrix` every step: at D = 256 the registers are
+    /// needed for the output accumulator).
+    pub q_in_registers: bool,
+}
+
+impl TileConfig {
+    /// Warps per block (each owns `warp_m_tiles * 16` query rows).
+    pub const fn warps(&self) -> u32 {
+        self.block_m / (M_TILE * self.warp_m_tiles)
+    }
+
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        self.warps() * WARP_SIZE
+    }
+
+    /// Bytes of one row of a tile in shared memory: `D` 16-bit elements plus 16 bytes of
+    /// padding, so consecutive rows start 16 bytes apart modulo 128 (distinct bank groups for
+    /// the 8 rows of an `ldmatrix` phase and for the 16-byte `cp.async` writes).
+    pub const fn row_bytes(&self) -> u32 {
+        self.head_dim * 2 + 16
+    }
+
+    /// Bytes of one `[rows, D]` tile in shared memory (padded rows).
+    pub const fn tile_bytes(&self, rows: u32) -> usize {
+        (rows * self.row_bytes()) as usize
+    }
+
+    /// Offset of the Q tile (`[block_m, D]`).
+    pub const fn q_offset(&self) -> usize {
+        0
+    }
+
+    /// Offset of stage `s`'s K tile (`[block_n, D]`).
+    pub const fn k_offset(&self, s: u32) -> usize {
+        self.tile_bytes(self.block_m) + 2 * s as usize * self.tile_bytes(self.block_n)
+    }
+
+    /// Offset of stage `s`'s V tile (`[block_n, D]`).
+    pub const fn v_offset(&self, s: u32) -> usize {
+        self.k_offset(s) + self.tile_bytes(self.block_n)
+    }
+
+    /// Dynamic shared memory of the kernel.
+    pub const fn smem_bytes(&self) -> usize {
+        self.k_offset(self.stages) + SMEM_ALIGN
+    }
+}
+
+/// The tile configuration for head dimension `d`, if supported.
+pub const fn tile_config(d: u32) -> Option<TileConfig> {
+    match d {
+        64 => Some(TileConfig {
+            head_dim: 64,
+            block_m: 128,
+            block_n: 64,
+            stages: 3,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            pipelined: false,
+        }),
+        128 => Some(TileConfig {
+            head_dim: 128,
+            block_m: 128,
+            block_n: 64,
+            stages: 2,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            pipelined: false,
+        }),
+        256 => Some(TileConfig {
+            head_dim: 256,
+            block_m: 128,
+            block_n: 64,
+            stages: 2,
+            warp_m_tiles: 1,
+            blocks_per_sm: 1,
+            q_in_registers: false,
+            pipelined: false,
+        }),
+        _ => None,
+    }
+}
+
+/// Alternative tile configurations, compiled for bf16 as `attention_fwd_bf16_d{D}_{name}` and
+/// timed beside the defaults by the benchmark (`impl` = `ours-{name}`), so that the table of
+/// [`tile_config`] is chosen from measurements.
+pub const TUNING_VARIANTS: [(&str, TileConfig); 6] = [
+    // The first design: one m16 tile per warp, 8 warps, Q in registers, one block per SM.
+    (
+        "mt1",
+        TileConfig {
+            head_dim: 128,
+            block_m: 128,
+            block_n: 64,
+            stages: 3,
+            warp_m_tiles: 1,
+            blocks_per_sm: 1,
+            q_in_registers: true,
+            pipelined: false,
+        },
+    ),
+    (
+        "n32",
+        TileConfig {
+            head_dim: 128,
+            block_m: 128,
+            block_n: 32,
+            stages: 2,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            pipelined: false,
+        },
+    ),
+    (
+        "pipe",
+        TileConfig {
+            head_dim: 128,
+            block_m: 128,
+            block_n: 32,
+            stages: 4,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            pipelined: true,
+        },
+    ),
+    (
+        "pipe",
+        TileConfig {
+            head_dim: 64,
+            block_m: 128,
+            block_n: 32,
+            stages: 4,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            pipelined: true,
+        },
+    ),
+    (
+        "n32",
+        TileConfig {
+            head_dim: 256,
+            block_m: 128,
+            block_n: 32,
+            stages: 2,
+            warp_m_tiles: 1,
+            blocks_per_sm: 1,
+            q_in_registers: false,
+            pipelined: false,
+        },
+    ),
+    (
+        "pipe",
+        TileConfig {
+            head_dim: 256,
+            block_m: 128,
+            block_n: 32,
+            stages: 4,
+            warp_m_tiles: 1,
+            blocks_per_sm: 1,
+            q_in_registers: false,
+            pipelined: true,
+        },
+    ),
+];
+
+/// The tuning variant `name` for head dimension `d`.
+pub fn tuning_variant(d: u32, name: &str) -> Option<TileConfig> {
+    TUNING_VARIANTS
+        .iter()
+        .find(|(n, c)| *n == name && c.head_dim == d)
+        .map(|(_, c)| *c)
+}
+
+/// [`tile_config`] for a head dimension known to be supported (compile-time use in kernels).
+pub const fn tile_config_of(d: u32) -> TileConfig {
+    match tile_config(d) {
+        Some(c) => c,
+        None => panic!("unsupported head dimension"),
+    }
+}
+
+/// A window bound that does not restrict (`window_left`/`window_right`).
+pub const UNBOUNDED: i32 = -1;
+
+/// Parameters of `attention_fwd_{bf16,f16}_d{64,128,256}`.
+///
+/// Masking (FlashAttention >= 2.1 convention, aligned to the bottom-right when
+/// `seq_q != seq_k`): query `i` may attend key `j` iff `j < seq_k`,
+/// `j >= i + (seq_k - seq_q) - window_left` (when `window_left >= 0`) and
+/// `j <= i + (seq_k - seq_q) + window_right` (when `window_right >= 0`). Causal masking is
+/// `window_right = 0`. A row with no allowed key gets `O = 0` and `LSE = -inf`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionParams {
+    /// Q `[batch, seq_q, heads_q, D]` (16-bit elements), strides `q_strides`.
+    pub q: *const u16,
+    /// K `[batch, seq_k, heads_kv, D]`.
+    pub k: *const u16,
+    /// V `[batch, seq_k, heads_kv, D]`.
+    pub v: *const u16,
+    /// O `[batch, seq_q, heads_q, D]`.
+    pub o: *mut u16,
+    /// LSE `[batch, heads_q, seq_q]` f32, contiguous (natural log).
+    pub lse: *mut f32,
+    /// Element strides of Q for batch, sequence, head (the head dimension is contiguous).
+    pub q_strides: [u64; 3],
+    /// Element strides of K.
+    pub k_strides: [u64; 3],
+    /// Element strides of V.
+    pub v_strides: [u64; 3],
+    /// Element strides of O.
+    pub o_strides: [u64; 3],
+    /// Batch size.
+    pub batch: u32,
+    /// Query length.
+    pub seq_q: u32,
+    /// Key/value length.
+    pub seq_k: u32,
+    /// Query heads (a multiple of `heads_kv`).
+    pub heads_q: u32,
+    /// Key/value heads.
+    pub heads_kv: u32,
+    /// Softmax scale times log2(e) (the kernel works in base 2).
+    pub scale_log2: f32,
+    /// Left window size, or [`UNBOUNDED`].
+    pub window_left: i32,
+    /// Right window size (0 for causal), or [`UNBOUNDED`].
+    pub window_right: i32,
+    /// Query blocks per (batch, head): `ceil(seq_q / block_m)`.
+    pub num_m_blocks: u32,
+    /// 1 to walk query blocks from the last (under causal masking the last rows see the most
+    /// keys, so the longest blocks start first), 0 otherwise.
+    pub reverse_m: u32,
+}

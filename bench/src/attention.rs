@@ -1,0 +1,147 @@
+//! Family `attention`: the forward pass over the grid of the issue (batch x seq = 16k tokens,
+//! heads x D = 2048, seq 512..16k, D 64/128/256, causal and not) plus the seed's configuration,
+//! beside PyTorch SDPA with the FLASH (FlashAttention-2) and CUDNN backends on the same inputs.
+//!
+//! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking.
+
+use crate::config;
+use crate::harness::{Bench, Row, Tensor};
+use kernel_abi::attention::TUNING_VARIANTS;
+use kernels::attention::{self, AttentionProblem, Dtype, View};
+use kernels::data::{rng, uniform_bf16};
+use kernels::memory::{download, poisoned, upload};
+use kernels::{Result, bf16};
+
+/// Elements of each of Q, K, V, O (the same for every configuration of the grid).
+const ELEMS: usize = 16384 * 2048;
+
+/// Run the family.
+pub fn run(b: &mut Bench) -> Result<()> {
+    let mut r = rng(2024);
+    let q = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    let k = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    let v = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+    b.shared(&[
+        ("q", Tensor::Bf16(&q, vec![ELEMS])),
+        ("k", Tensor::Bf16(&k, vec![ELEMS])),
+        ("v", Tensor::Bf16(&v, vec![ELEMS])),
+    ])?;
+    let seqs: &[usize] = if b.quick {
+        &[512, 2048]
+    } else {
+        &[512, 1024, 2048, 4096, 8192, 16384]
+    };
+    let dims: &[usize] = if b.quick { &[128] } else { &[64, 128, 256] };
+    let mut configs = Vec::new();
+    for &d in dims {
+        for &s in seqs {
+            for causal in [false, true] {
+                configs.push((16384 / s, s, 2048 / d, d, causal));
+            }
+        }
+    }
+    // The seed's configuration (B = 16, H = 16, S = 2048, D = 64, causal): 16 * 2048 * 16 * 64
+    // elements, exactly ELEMS.
+    configs.push((16, 2048, 16, 64, true));
+    for (batch, s, h, d, causal) in configs {
+        let mut p = AttentionProblem::new(batch, s, s, h, h, d, Dtype::Bf16);
+        p.causal = causal;
+        one(b, &p, &q, &k, &v, (&dq, &dk, &dv), None)?;
+    }
+    // The tuning variants of the tile table, on a few configurations of the same grid.
+    let tuning_seqs: &[usize] = if b.quick { &[2048] } else { &[4096, 16384] };
+    for (name, cfg) in TUNING_VARIANTS {
+        let d = cfg.head_dim as usize;
+        for &s in tuning_seqs {
+            for causal in [false, true] {
+                let mut p =
+                    AttentionProblem::new(16384 / s, s, s, 2048 / d, 2048 / d, d, Dtype::Bf16);
+                p.causal = causal;
+                one(b, &p, &q, &k, &v, (&dq, &dk, &dv), Some(name))?;
+            }
+        }
+    }
+    b.run_peers();
+    Ok(())
+}
+
+fn one(
+    b: &mut Bench,
+    p: &AttentionProblem,
+    q: &[bf16],
+    k: &[bf16],
+    v: &[bf16],
+    dev: (
+        &kernels::DeviceBuffer<bf16>,
+        &kernels::DeviceBuffer<bf16>,
+        &kernels::DeviceBuffer<bf16>,
+    ),
+    variant: Option<&str>,
+) -> Result<()> {
+    let (qv, kv, vv) = (
+        View::contiguous(dev.0, p.q_shape()),
+        View::contiguous(dev.1, p.kv_shape()),
+        View::contiguous(dev.2, p.kv_shape()),
+    );
+    let out = poisoned::<bf16>(ELEMS)?;
+    let mut lse = poisoned::<f32>(p.lse_len())?;
+    let mut ov = View::contiguous(&out, p.q_shape());
+    let t = b.time(|| {
+        attention::forward_variant(
+            &b.gpu, &b.stream, p, &qv, &kv, &vv, &mut ov, &mut lse, variant,
+        )
+    })?;
+    let o = download(&out)?;
+    // Validate 24 rows spread over batch, sequence and heads against the f64 reference.
+    let rows: Vec<(usize, usize, usize)> = (0..24)
+        .map(|i| {
+            (
+                (i * 7) % p.batch,
+                (i * 104_729 + i * i * 31) % p.seq_q,
+                (i * 5) % p.heads_q,
+            )
+        })
+        .collect();
+    let want = attention::reference_rows(p, q, k, v, &rows);
+    let mut err = 0.0f64;
+    for ((bi, i, h), (ref_o, _)) in rows.iter().zip(&want) {
+        let start = ((bi * p.seq_q + i) * p.heads_q + h) * p.head_dim;
+        for (x, y) in o[start..start + p.head_dim].iter().zip(ref_o) {
+            let e = (x.to_f64() - y).abs();
+            err = if e.is_nan() {
+                f64::INFINITY
+            } else {
+                err.max(e)
+            };
+        }
+    }
+    if err > 2e-2 {
+        return Err(kernels::Error::invalid(
+            "attention result",
+            format!("{p:?}: max error {err:.3e} on sampled rows exceeds 2e-2"),
+        ));
+    }
+    let cfg = config!(
+        "batch": p.batch, "seq": p.seq_q, "heads": p.heads_q, "d": p.head_dim,
+        "causal": p.causal, "dtype": "bf16"
+    );
+    let mut row = Row::ours("attention_fwd", cfg.clone(), &t)
+        .flops(p.flops())
+        .err(err);
+    if let Some(v) = variant {
+        row.implementation = format!("ours-{v}");
+        b.push(row);
+        return Ok(());
+    }
+    b.push(row);
+    b.case(
+        "attention_fwd",
+        &cfg,
+        config!("flops": p.flops()),
+        &[(
+            "ours",
+            Tensor::Bf16(&o, vec![p.batch, p.seq_q, p.heads_q, p.head_dim]),
+        )],
+    )
+}

@@ -1,0 +1,650 @@
+//! `attention_fwd_{bf16,f16}_d{64,128,256}`: fused attention forward, FlashAttention-2 style,
+//! on `mma.sync` tensor cores (runs on any GPU of compute capability >= 8.0).
+//!
+//! # Parameters
+//! [`AttentionParams`]: Q, K, V, O with arbitrary batch/sequence/head strides (head dimension
+//! contiguous, every row 16-byte aligned), LSE `[batch, heads_q, seq_q]` f32, sizes, the softmax
+//! scale (times log2 e), the bottom-right-aligned window (`window_right = 0` is causal).
+//!
+//! # Tiling
+//! One block computes `block_m` = 128 query rows of one (batch, head), walking the keys its rows
+//! may attend in steps of `block_n` through a `stages`-deep ring of K/V tiles in shared memory
+//! ([`kernel_abi::attention::tile_config`] is the table, per head dimension). Blocks whose keys
+//! all lie outside every row's window are skipped entirely (causal: the upper triangle). Rows
+//! in shared memory are `D * 2 + 16` bytes: the padding puts consecutive rows 16 bytes apart
+//! modulo 128, so the 8 rows an `ldmatrix` phase reads, and the 16-byte `cp.async` writes, hit
+//! distinct bank groups, while offsets along a row stay compile-time constants (an XOR swizzle
+//! would make them per-thread values, costing registers).
+//!
+//! # Thread mapping
+//! `block_m / (16 warp_m_tiles)` warps; warp `w` owns `warp_m_tiles` m16 tiles of query rows
+//! (rows `16 MT w .. 16 MT (w + 1)`): S = Q K^T in `block_n / 8` f32 accumulators per m-tile, the
+//! online softmax on its rows (each row is held by the 4 lanes of a quad: max and sum reduce with
+//! 2 shuffles), P converted in registers to the A fragments of O += P V (`D / 8` accumulators per
+//! m-tile). Every K or V fragment a warp loads with `ldmatrix` feeds `warp_m_tiles` products,
+//! which sets the shared-memory traffic per product (the bound of this design). Loads: every
+//! thread issues an equal share of the 16-byte `cp.async` copies of each tile (every warp does
+//! the same work; no warp specialization in this path).
+//!
+//! # Barrier protocol
+//! Group accounting: the Q tile and K/V step 0 form `cp.async` group 0, steps `1 .. stages - 1`
+//! one group each (a thread commits an empty group where there is no step), then one group per
+//! loop iteration. At iteration `i`:
+//! 1. `cp.async.wait_group(stages - 2)`: this thread's copies of step `i` (and Q) are complete.
+//! 2. `sync_threads`: every thread's copies of step `i` are complete and visible to all; and
+//!    every thread has finished iteration `i - 1`, i.e. its reads of stage `(i - 1) % stages`.
+//! 3. Copies of step `i + stages - 1` are issued into stage `(i + stages - 1) % stages`, which
+//!    is `(i - 1) % stages`: free by step 2.
+//! 4. Compute from stage `i % stages` (and Q), reads only.
+//!
+//! Q's shared tile is written only by group 0 and never again. Registers hold everything else,
+//! so no other barrier is needed. The block waits for all its copies before exiting.
+//!
+//! Pipelined configurations (`TileConfig::pipelined`) run K one step ahead of V:
+//! - P1 (before the loop): `wait_group(stages - 2)` and `sync_threads`: Q and step 0 are
+//!   visible; the products S of step 0 are issued.
+//! - P2 (iteration `i`, if a step `i + 1` exists): `wait_group(stages - 3)`: this thread's
+//!   copies of step `i + 1` are complete (groups `0 ..= i + 1` of the `stages - 1 + i`
+//!   committed); `sync_threads`: everyone's are visible, and every thread has finished iteration
+//!   `i - 1`, i.e. the P V of step `i - 1` (the last reader of stage `(i - 1) % stages`; its K
+//!   was read one iteration earlier still).
+//! - Then copies of step `i + stages - 1` go into stage `(i - 1) % stages`, S of step `i + 1`
+//!   reads stage `(i + 1) % stages`, P V of step `i` reads stage `i % stages` (published by P2
+//!   of iteration `i - 1`, or by P1). In the last iteration nothing is loaded and no barrier
+//!   is needed.
+//!
+//! NaN safety (seed 004's bug): masked logits are -inf; a row whose running maximum is still
+//! -inf uses 0 as its reference, so `exp2(-inf - ref) = 0` and no `-inf - -inf` is ever formed;
+//! the output divides by the row sum only when it is positive (else O = 0, LSE = -inf).
+
+use crate::arch::{convert, cp_async, index, ldmatrix, math, mma, smem, sync, warp};
+use kernel_abi::attention::{AttentionParams, TUNING_VARIANTS, TileConfig, tile_config_of};
+
+/// The 16-bit input format: its tensor-core product and f32 packing.
+pub trait Elem {
+    /// `d += a b` on `mma.sync.m16n8k16` fragments.
+    ///
+    /// # Safety
+    /// Whole warp, uniform control flow.
+    unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]);
+    /// Two f32 to a packed pair (low first), rounding to nearest even.
+    fn pack(lo: f32, hi: f32) -> u32;
+}
+
+/// bf16 inputs and output.
+pub struct Bf16;
+/// f16 inputs and output.
+pub struct F16;
+
+impl Elem for Bf16 {
+    #[inline(always)]
+    unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+        // SAFETY: forwarded to the caller (whole warp, uniform control flow).
+        unsafe { mma::m16n8k16_bf16(d, a, b) }
+    }
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        convert::pack_bf16x2(lo, hi)
+    }
+}
+
+impl Elem for F16 {
+    #[inline(always)]
+    unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+        // SAFETY: forwarded to the caller (whole warp, uniform control flow).
+        unsafe { mma::m16n8k16_f16(d, a, b) }
+    }
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        convert::pack_f16x2(lo, hi)
+    }
+}
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of `D`-element rows padded by
+/// 16 bytes (`TileConfig::row_bytes`). Along a row the offset is linear, so the k-slices of an
+/// `ldmatrix` sequence are compile-time offsets from one per-thread base address.
+#[inline(always)]
+fn tile_offset<const D: u32>(row: u32, chunk: u32) -> u32 {
+    row * (D * 2 + 16) + (chunk << 4)
+}
+
+/// Issue the `cp.async` copies of `rows` rows of a `[rows, D]` tile whose row `r` starts at
+/// global element offset `row_offset(r)` of `base`; rows at or past `valid` are zero-filled
+/// (nothing is read for them).
+#[inline(always)]
+fn load_tile<const D: u32, const THREADS: u32>(
+    dst: u32,
+    base: *const u16,
+    rows: u32,
+    valid: u32,
+    row_offset: impl Fn(u32) -> u64,
+) {
+    let chunks_per_row = D / 8;
+    let mut c = index::thread_idx_x();
+    while c < rows * chunks_per_row {
+        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+        let addr = dst + tile_offset::<D>(r, chunk);
+        if r < valid {
+            let src = base.wrapping_add((row_offset(r) + 8 * chunk as u64) as usize);
+            // SAFETY: r < valid rows of the tensor, chunk < D / 8: 16 readable bytes, 16-byte
+            // aligned (host-checked strides and base); addr is inside the tile (r < rows).
+            unsafe { cp_async::copy_16(addr, src as *const u8) };
+        } else {
+            // SAFETY: nothing is read (0 source bytes); addr is inside the tile.
+            unsafe { cp_async::copy_16_zfill(addr, base as *const u8, 0) };
+        }
+        c += THREADS;
+    }
+}
+
+/// A warp's place in the problem: everything the step functions need besides the tiles.
+#[derive(Clone, Copy)]
+struct Warp {
+    lane: u32,
+    /// `lane / 4`: the row within an m16 half-tile a thread holds accumulators for.
+    g: u32,
+    /// `lane % 4`: which column pair of each n8 tile a thread holds.
+    t: u32,
+    /// First row of this warp within the block.
+    warp_row: u32,
+    /// First query row of the block.
+    m0: u32,
+    /// Query rows of the block that exist (`<= block_m`).
+    rows_valid: u32,
+    /// `seq_k - seq_q` (the diagonal offset of the bottom-right alignment).
+    offset: i32,
+    window_left: i32,
+    window_right: i32,
+    seq_k: i32,
+    /// Softmax scale times log2(e).
+    scale_log2: f32,
+}
+
+/// The A fragment of m-tile `mt`, k-slice `kk` of the Q tile at `q_s`.
+#[inline(always)]
+fn q_fragment<const D: u32>(w: &Warp, q_s: u32, mt: usize, kk: usize) -> [u32; 4] {
+    let addr = q_s
+        + tile_offset::<D>(
+            w.warp_row + 16 * mt as u32 + w.lane % 16,
+            2 * kk as u32 + w.lane / 16,
+        );
+    // SAFETY: whole warp, uniform control flow (callers); Q was published by the first barrier
+    // of the block and is never written again.
+    unsafe { ldmatrix::x4(addr) }
+}
+
+/// S = Q K^T for the warp's `MT` m-tiles and the `BN` keys of the K tile at `k_s`; each K
+/// fragment feeds `MT` products.
+///
+/// # Safety
+/// Whole warp, uniform control flow; the K tile (and Q) were published by a barrier and are not
+/// overwritten before the caller's next barrier.
+#[inline(always)]
+unsafe fn qk<
+    E: Elem,
+    const D: u32,
+    const MT: usize,
+    const DK: usize,
+    const NT: usize,
+    const NK: usize,
+    const Q_REGS: bool,
+>(
+    w: &Warp,
+    q_s: u32,
+    q_frag: &[[[u32; 4]; DK]; MT],
+    k_s: u32,
+) -> [[[f32; 4]; NT]; MT] {
+    let mut s = [[[0.0f32; 4]; NT]; MT];
+    for kk in 0..DK {
+        let mut a = [[0u32; 4]; MT];
+        for mt in 0..MT {
+            a[mt] = if Q_REGS {
+                q_frag[mt][kk]
+            } else {
+                q_fragment::<D>(w, q_s, mt, kk)
+            };
+        }
+        for jj in 0..NK {
+            let key = 16 * jj as u32 + w.lane % 8 + (w.lane / 16) * 8;
+            let addr = k_s + tile_offset::<D>(key, 2 * kk as u32 + (w.lane / 8) % 2);
+            // SAFETY: forwarded to the caller (tile published, whole warp).
+            let b = unsafe { ldmatrix::x4(addr) };
+            for mt in 0..MT {
+                // SAFETY: whole warp, uniform control flow.
+                unsafe {
+                    E::mma(&mut s[mt][2 * jj], a[mt], [b[0], b[1]]);
+                    E::mma(&mut s[mt][2 * jj + 1], a[mt], [b[2], b[3]]);
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Mask the logits of keys `n0 .. n0 + BN` where this step crosses a window edge or `seq_k`
+/// (-inf = masked), then scale to base-2 logits. Scaling before the maximum keeps the maximum's
+/// own exponent exactly 0 (folding the scale into an FFMA would leave the product's rounding
+/// residual, which overflows `exp2` for logits near 1e36).
+#[inline(always)]
+fn mask_and_scale<const MT: usize, const NT: usize, const BM: u32, const BN: u32>(
+    w: &Warp,
+    s: &mut [[[f32; 4]; NT]; MT],
+    n0: u32,
+) {
+    // i32 is exact here: the host keeps sequence lengths and windows below 2^30.
+    let (off, wl, wr, sk) = (w.offset, w.window_left, w.window_right, w.seq_k);
+    let row_lo = w.m0 as i32;
+    let row_hi = (w.m0 + BM - 1) as i32;
+    let (key_lo, key_hi) = (n0 as i32, (n0 + BN - 1) as i32);
+    let needs_mask = key_hi >= sk
+        || (wr >= 0 && key_hi > row_lo + off + wr)
+        || (wl >= 0 && key_lo < row_hi + off - wl);
+    if needs_mask {
+        for mt in 0..MT {
+            for j in 0..NT {
+                for e in 0..4 {
+                    let row =
+                        (w.m0 + w.warp_row + 16 * mt as u32 + w.g + 8 * (e as u32 / 2)) as i32;
+                    let key = (n0 + 8 * j as u32 + 2 * w.t + (e as u32 % 2)) as i32;
+                    let allowed = key < sk
+                        && (wl < 0 || key >= row + off - wl)
+                        && (wr < 0 || key <= row + off + wr);
+                    if !allowed {
+                        s[mt][j][e] = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+    for mt in 0..MT {
+        for j in 0..NT {
+            for e in 0..4 {
+                s[mt][j][e] *= w.scale_log2;
+            }
+        }
+    }
+}
+
+/// The online-softmax update in base 2 for each m-tile and row half `h` (rows `g`, `g + 8`):
+/// new running maximum (a row whose maximum is still -inf uses 0 as its reference, so no
+/// `-inf - -inf` is formed), rescale of `o` and the running sum, and `s` turned into P.
+#[inline(always)]
+fn softmax_update<const MT: usize, const NT: usize, const DT: usize>(
+    s: &mut [[[f32; 4]; NT]; MT],
+    o: &mut [[[f32; 4]; DT]; MT],
+    row_max: &mut [[f32; 2]; MT],
+    row_sum: &mut [[f32; 2]; MT],
+) {
+    for mt in 0..MT {
+        for h in 0..2 {
+            let mut mx = f32::NEG_INFINITY;
+            for j in 0..NT {
+                mx = mx.max(s[mt][j][2 * h]).max(s[mt][j][2 * h + 1]);
+            }
+            // SAFETY: all 32 lanes execute these shuffles (the callers' control flow is uniform).
+            unsafe {
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+            }
+            let new_max = row_max[mt][h].max(mx);
+            let reference = if new_max == f32::NEG_INFINITY {
+                0.0
+            } else {
+                new_max
+            };
+            let correction = math::exp2(row_max[mt][h] - reference);
+            row_max[mt][h] = new_max;
+            row_sum[mt][h] *= correction;
+            for d in 0..DT {
+                o[mt][d][2 * h] *= correction;
+                o[mt][d][2 * h + 1] *= correction;
+            }
+            for j in 0..NT {
+                let p0 = math::exp2(s[mt][j][2 * h] - reference);
+                let p1 = math::exp2(s[mt][j][2 * h + 1] - reference);
+                row_sum[mt][h] += p0 + p1;
+                s[mt][j][2 * h] = p0;
+                s[mt][j][2 * h + 1] = p1;
+            }
+        }
+    }
+}
+
+/// O += P V for the `BN` keys of the V tile at `v_s`: P from the S accumulators (converted in
+/// registers to A fragments), V through `ldmatrix.trans`; each V fragment feeds `MT` products.
+///
+/// # Safety
+/// As for [`qk`], for the V tile.
+#[inline(always)]
+unsafe fn pv<
+    E: Elem,
+    const D: u32,
+    const MT: usize,
+    const DT: usize,
+    const DK: usize,
+    const NT: usize,
+    const NK: usize,
+>(
+    w: &Warp,
+    s: &[[[f32; 4]; NT]; MT],
+    o: &mut [[[f32; 4]; DT]; MT],
+    v_s: u32,
+) {
+    for kk in 0..NK {
+        let mut a = [[0u32; 4]; MT];
+        for mt in 0..MT {
+            a[mt] = [
+                E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]),
+                E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]),
+                E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]),
+                E::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]),
+            ];
+        }
+        for dj in 0..DK {
+            let addr =
+                v_s + tile_offset::<D>(16 * kk as u32 + w.lane % 16, 2 * dj as u32 + w.lane / 16);
+            // SAFETY: forwarded to the caller (tile published, whole warp).
+            let b = unsafe { ldmatrix::x4_trans(addr) };
+            for mt in 0..MT {
+                // SAFETY: whole warp, uniform control flow.
+                unsafe {
+                    E::mma(&mut o[mt][2 * dj], a[mt], [b[0], b[1]]);
+                    E::mma(&mut o[mt][2 * dj + 1], a[mt], [b[2], b[3]]);
+                }
+            }
+        }
+    }
+}
+
+/// Finish the row sums across the quad, normalize, store O and LSE (rows with no allowed key
+/// get O = 0 and LSE = -inf).
+#[inline(always)]
+fn store_output<E: Elem, const MT: usize, const DT: usize>(
+    p: &AttentionParams,
+    w: &Warp,
+    o: &[[[f32; 4]; DT]; MT],
+    row_max: &[[f32; 2]; MT],
+    row_sum: &[[f32; 2]; MT],
+) {
+    let (head, batch) = (index::block_idx_y(), index::block_idx_z());
+    let o_base =
+        p.o.wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
+    for mt in 0..MT {
+        for h in 0..2 {
+            let mut sum = row_sum[mt][h];
+            // SAFETY: all 32 lanes execute these shuffles.
+            unsafe {
+                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 1);
+                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 2);
+            }
+            let (inv, lse) = if sum > 0.0 {
+                (1.0 / sum, (row_max[mt][h] + math::log2(sum)) * math::LN_2)
+            } else {
+                (0.0, f32::NEG_INFINITY)
+            };
+            let row = w.warp_row + 16 * mt as u32 + w.g + 8 * h as u32;
+            if row < w.rows_valid {
+                let i = w.m0 + row;
+                let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
+                for d in 0..DT {
+                    let v = E::pack(o[mt][d][2 * h] * inv, o[mt][d][2 * h + 1] * inv);
+                    // SAFETY: row i < seq_q and column 8 d + 2 t + 1 < D: inside O; the address
+                    // is 4-byte aligned (16-byte aligned rows, even column).
+                    unsafe { *(dst.wrapping_add(8 * d + 2 * w.t as usize) as *mut u32) = v };
+                }
+                if w.t == 0 {
+                    let idx =
+                        (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
+                    // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
+                    unsafe { *p.lse.add(idx as usize) = lse };
+                }
+            }
+        }
+    }
+}
+
+/// The forward pass; see the module documentation. `MT` m16 tiles per warp, `DT = D / 8`,
+/// `DK = D / 16`, `NT = BN / 8`, `NK = BN / 16`; `WAIT_FIRST = STAGES - 2` and, when
+/// `PIPE`, `WAIT_NEXT = STAGES - 3` (the `cp.async` groups that may stay in flight).
+///
+/// # Safety
+/// Launched as documented on [`AttentionParams`], with the tile configuration `cfg`, whose
+/// fields the const parameters repeat.
+#[inline(always)]
+unsafe fn forward<
+    E: Elem,
+    const D: u32,
+    const MT: usize,
+    const DT: usize,
+    const DK: usize,
+    const BM: u32,
+    const BN: u32,
+    const NT: usize,
+    const NK: usize,
+    const STAGES: u32,
+    const WAIT_FIRST: u32,
+    const WAIT_NEXT: u32,
+    const Q_REGS: bool,
+    const PIPE: bool,
+    const THREADS: u32,
+>(
+    p: &AttentionParams,
+    cfg: &TileConfig,
+) {
+    const { assert!(DT as u32 * 8 == D && DK as u32 * 16 == D) };
+    const {
+        assert!(
+            NT as u32 * 8 == BN && NK as u32 * 16 == BN && BM / (16 * MT as u32) * 32 == THREADS
+        )
+    };
+    const { assert!(STAGES >= 2 && WAIT_FIRST == STAGES - 2) };
+    const { assert!(!PIPE || (STAGES >= 3 && WAIT_NEXT == STAGES - 3)) };
+    let lane = index::lane_id();
+    let m_block = if p.reverse_m != 0 {
+        p.num_m_blocks - 1 - index::block_idx_x()
+    } else {
+        index::block_idx_x()
+    };
+    let (head, batch) = (index::block_idx_y(), index::block_idx_z());
+    let head_kv = head / (p.heads_q / p.heads_kv);
+    let m0 = m_block * BM;
+    let w = Warp {
+        lane,
+        g: lane / 4,
+        t: lane % 4,
+        warp_row: index::warp_id() * 16 * MT as u32,
+        m0,
+        rows_valid: (p.seq_q - m0).min(BM),
+        offset: p.seq_k as i32 - p.seq_q as i32,
+        window_left: p.window_left,
+        window_right: p.window_right,
+        seq_k: p.seq_k as i32,
+        scale_log2: p.scale_log2,
+    };
+
+    // Keys any row of this block may attend: [n_lo, n_hi).
+    let first_row = m0 as i64;
+    let last_row = (m0 + w.rows_valid - 1) as i64;
+    let offset = w.offset as i64;
+    let n_lo = if p.window_left >= 0 {
+        (first_row + offset - p.window_left as i64).max(0)
+    } else {
+        0
+    };
+    let n_hi = if p.window_right >= 0 {
+        (last_row + offset + p.window_right as i64 + 1).min(p.seq_k as i64)
+    } else {
+        p.seq_k as i64
+    };
+
+    let mut o = [[[0.0f32; 4]; DT]; MT];
+    let mut row_max = [[f32::NEG_INFINITY; 2]; MT];
+    let mut row_sum = [[0.0f32; 2]; MT];
+
+    if n_hi > n_lo {
+        let q_base = p
+            .q
+            .wrapping_add((batch as u64 * p.q_strides[0] + head as u64 * p.q_strides[2]) as usize);
+        let k_base = p.k.wrapping_add(
+            (batch as u64 * p.k_strides[0] + head_kv as u64 * p.k_strides[2]) as usize,
+        );
+        let v_base = p.v.wrapping_add(
+            (batch as u64 * p.v_strides[0] + head_kv as u64 * p.v_strides[2]) as usize,
+        );
+        let smem = smem::aligned_base();
+        let q_s = smem + cfg.q_offset() as u32;
+        let k_s = |stage: u32| smem + cfg.k_offset(stage) as u32;
+        let v_s = |stage: u32| smem + cfg.v_offset(stage) as u32;
+        let nb_lo = (n_lo as u32) / BN;
+        let steps = (n_hi as u32).div_ceil(BN) - nb_lo;
+        let n0 = |step: u32| (nb_lo + step) * BN;
+        let load_kv = |step: u32, stage: u32| {
+            let first = n0(step);
+            let valid = (p.seq_k - first).min(BN);
+            let (ks, vs) = (p.k_strides[1], p.v_strides[1]);
+            load_tile::<D, THREADS>(k_s(stage), k_base, BN, valid, |r| (first + r) as u64 * ks);
+            load_tile::<D, THREADS>(v_s(stage), v_base, BN, valid, |r| (first + r) as u64 * vs);
+        };
+
+        // Prologue: Q and steps 0 .. STAGES - 2, one cp.async group each (empty past the end).
+        let qs = p.q_strides[1];
+        load_tile::<D, THREADS>(q_s, q_base, BM, w.rows_valid, |r| (m0 + r) as u64 * qs);
+        for s in 0..STAGES - 1 {
+            if s < steps {
+                load_kv(s, s);
+            }
+            cp_async::commit_group();
+        }
+        let mut q_frag = [[[0u32; 4]; DK]; MT];
+
+        if PIPE {
+            // Software-pipelined: S of step i + 1 is issued before the softmax and P V of step i.
+            cp_async::wait_group::<WAIT_FIRST>();
+            // SAFETY: barrier protocol step P1; all threads reach it once.
+            unsafe { sync::sync_threads() };
+            if Q_REGS {
+                for mt in 0..MT {
+                    for kk in 0..DK {
+                        q_frag[mt][kk] = q_fragment::<D>(&w, q_s, mt, kk);
+                    }
+                }
+            }
+            // SAFETY: step 0's K tile was published by the barrier above.
+            let mut s_cur = unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS>(&w, q_s, &q_frag, k_s(0)) };
+            mask_and_scale::<MT, NT, BM, BN>(&w, &mut s_cur, n0(0));
+            for step in 0..steps {
+                let has_next = step + 1 < steps;
+                if has_next {
+                    cp_async::wait_group::<WAIT_NEXT>();
+                    // SAFETY: barrier protocol step P2; uniform across the block (`steps` is).
+                    unsafe { sync::sync_threads() };
+                }
+                let issue = step + STAGES - 1;
+                if issue < steps {
+                    load_kv(issue, issue % STAGES);
+                }
+                cp_async::commit_group();
+                let mut s_next = [[[0.0f32; 4]; NT]; MT];
+                if has_next {
+                    // SAFETY: step + 1's K tile was published by the barrier above.
+                    s_next = unsafe {
+                        qk::<E, D, MT, DK, NT, NK, Q_REGS>(
+                            &w,
+                            q_s,
+                            &q_frag,
+                            k_s((step + 1) % STAGES),
+                        )
+                    };
+                }
+                softmax_update::<MT, NT, DT>(&mut s_cur, &mut o, &mut row_max, &mut row_sum);
+                // SAFETY: this step's V tile was published by an earlier barrier (P1 or P2 of
+                // the previous iteration) and its stage is not reloaded before the next barrier.
+                unsafe { pv::<E, D, MT, DT, DK, NT, NK>(&w, &s_cur, &mut o, v_s(step % STAGES)) };
+                if has_next {
+                    mask_and_scale::<MT, NT, BM, BN>(&w, &mut s_next, n0(step + 1));
+                }
+                s_cur = s_next;
+            }
+        } else {
+            for step in 0..steps {
+                cp_async::wait_group::<WAIT_FIRST>();
+                // SAFETY: barrier protocol step 2; every thread reaches it `steps` times.
+                unsafe { sync::sync_threads() };
+                let issue = step + STAGES - 1;
+                if issue < steps {
+                    load_kv(issue, issue % STAGES);
+                }
+                cp_async::commit_group();
+                if Q_REGS && step == 0 {
+                    for mt in 0..MT {
+                        for kk in 0..DK {
+                            q_frag[mt][kk] = q_fragment::<D>(&w, q_s, mt, kk);
+                        }
+                    }
+                }
+                let stage = step % STAGES;
+                // SAFETY: the stage was published by the barrier of this iteration and is not
+                // overwritten before the next one.
+                let mut s =
+                    unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS>(&w, q_s, &q_frag, k_s(stage)) };
+                mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
+                softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
+                // SAFETY: as for K above.
+                unsafe { pv::<E, D, MT, DT, DK, NT, NK>(&w, &s, &mut o, v_s(stage)) };
+            }
+        }
+        cp_async::wait_all();
+    }
+    store_output::<E, MT, DT>(p, &w, &o, &row_max, &row_sum);
+}
+
+macro_rules! attention_kernel {
+    ($name:ident, $elem:ty, $cfg:expr) => {
+        /// See the module documentation (the tile configuration named in the macro call).
+        ///
+        /// # Safety
+        /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's threads and
+        /// shared memory, and parameters satisfying [`AttentionParams`]'s contract (validated
+        /// by the host).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams) {
+            const CFG: kernel_abi::attention::TileConfig = $cfg;
+            crate::launch_bounds!($name, CFG.threads(), CFG.blocks_per_sm);
+            // SAFETY: forwarded to the caller.
+            unsafe {
+                forward::<
+                    $elem,
+                    { CFG.head_dim },
+                    { CFG.warp_m_tiles as usize },
+                    { (CFG.head_dim / 8) as usize },
+                    { (CFG.head_dim / 16) as usize },
+                    { CFG.block_m },
+                    { CFG.block_n },
+                    { (CFG.block_n / 8) as usize },
+                    { (CFG.block_n / 16) as usize },
+                    { CFG.stages },
+                    { CFG.stages - 2 },
+                    { if CFG.pipelined { CFG.stages - 3 } else { 0 } },
+                    { CFG.q_in_registers },
+                    { CFG.pipelined },
+                    { CFG.threads() },
+                >(&p, &CFG)
+            }
+        }
+    };
+}
+
+attention_kernel!(attention_fwd_bf16_d64, Bf16, tile_config_of(64));
+attention_kernel!(attention_fwd_bf16_d128, Bf16, tile_config_of(128));
+attention_kernel!(attention_fwd_bf16_d256, Bf16, tile_config_of(256));
+attention_kernel!(attention_fwd_f16_d64, F16, tile_config_of(64));
+attention_kernel!(attention_fwd_f16_d128, F16, tile_config_of(128));
+attention_kernel!(attention_fwd_f16_d256, F16, tile_config_of(256));
+
+// Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
+attention_kernel!(attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1);
+attention_kernel!(attention_fwd_bf16_d128_n32, Bf16, TUNING_VARIANTS[1].1);
+attention_kernel!(attention_fwd_bf16_d128_pipe, Bf16, TUNING_VARIANTS[2].1);
+attention_kernel!(attention_fwd_bf16_d64_pipe, Bf16, TUNING_VARIANTS[3].1);
+attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[4].1);
+attention_kernel!(attention_fwd_bf16_d256_pipe, Bf16, TUNING_VARIANTS[5].1);

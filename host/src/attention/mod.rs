@@ -1,0 +1,486 @@
+//! Attention forward: `O = softmax(scale Q K^T + mask) V`, plus the row log-sum-exp.
+//!
+//! - Q `[batch, seq_q, heads_q, D]`, K and V `[batch, seq_k, heads_kv, D]` in bf16 or f16, any
+//!   strides with the head dimension contiguous (so views into a packed QKV tensor work); O
+//!   `[batch, seq_q, heads_q, D]` in the input type, LSE `[batch, heads_q, seq_q]` f32
+//!   (natural log).
+//! - D in {64, 128, 256}; grouped-query attention with `heads_q` a multiple of `heads_kv`.
+//! - `scale` defaults to `1 / sqrt(D)`.
+//! - Masking follows FlashAttention >= 2.1: with `seq_q != seq_k` the causal diagonal is
+//!   aligned to the **bottom-right** corner, i.e. query `i` may attend key `j` iff
+//!   `j <= i + seq_k - seq_q`. A sliding window `(left, right)` allows
+//!   `i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right`; causal is `right = 0`.
+//!   A row with no allowed key (possible when `seq_q > seq_k` under causal masking, or with a
+//!   window) gets `O = 0` and `LSE = -inf`, never NaN.
+//! - Softmax and accumulation in f32.
+//!
+//! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
+//! the way a straightforward implementation in the input precision would (for the tolerance
+//! rule of the tests).
+
+pub mod reference;
+
+pub use reference::{naive_same_precision, reference, reference_rows};
+
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, LaunchConfig};
+use cust::memory::{DeviceBuffer, DeviceCopy};
+use cust::stream::Stream;
+use half::{bf16, f16};
+use kernel_abi::attention::{
+    AttentionParams, HEAD_DIMS, TileConfig, UNBOUNDED, tile_config, tuning_variant,
+};
+
+/// Element type of Q, K, V and O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+}
+
+impl Dtype {
+    fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        }
+    }
+}
+
+/// A 16-bit element type the kernels take.
+pub trait AttentionElem: DeviceCopy + Copy + Default + Send + Sync + 'static {
+    /// Its [`Dtype`].
+    const DTYPE: Dtype;
+    /// To f32 (exact).
+    fn to_f32(self) -> f32;
+    /// From f32, rounding to nearest even.
+    fn from_f32(x: f32) -> Self;
+}
+
+impl AttentionElem for bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+impl AttentionElem for f16 {
+    const DTYPE: Dtype = Dtype::F16;
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
+/// An attention problem: sizes and options. Tensors come as [`View`]s at launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionProblem {
+    /// Batch size.
+    pub batch: usize,
+    /// Query length.
+    pub seq_q: usize,
+    /// Key/value length.
+    pub seq_k: usize,
+    /// Query heads.
+    pub heads_q: usize,
+    /// Key/value heads (divides `heads_q`; 1 is multi-query attention).
+    pub heads_kv: usize,
+    /// Head dimension (64, 128 or 256).
+    pub head_dim: usize,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// Causal masking (bottom-right aligned).
+    pub causal: bool,
+    /// Sliding window `(left, right)`; `None` on a side is unbounded.
+    pub window: (Option<usize>, Option<usize>),
+}
+
+impl AttentionProblem {
+    /// A problem without masking, contiguous tensors assumed by the convenience constructors.
+    pub fn new(
+        batch: usize,
+        seq_q: usize,
+        seq_k: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        head_dim: usize,
+        dtype: Dtype,
+    ) -> Self {
+        AttentionProblem {
+            batch,
+            seq_q,
+            seq_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+            dtype,
+            scale: None,
+            causal: false,
+            window: (None, None),
+        }
+    }
+
+    /// With causal masking.
+    pub fn causal(mut self) -> Self {
+        self.causal = true;
+        self
+    }
+
+    /// With a sliding window.
+    pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.window = (left, right);
+        self
+    }
+
+    /// With an explicit softmax scale.
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// The softmax scale in effect.
+    pub fn softmax_scale(&self) -> f32 {
+        self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// The window the kernel applies, combining `causal` and `window` (`None` = unbounded).
+    pub fn effective_window(&self) -> (Option<usize>, Option<usize>) {
+        let right = match (self.causal, self.window.1) {
+            (true, _) => Some(0),
+            (false, r) => r,
+        };
+        (self.window.0, right)
+    }
+
+    /// Whether query `i` may attend key `j` (the mask, for references and tests).
+    pub fn allowed(&self, i: usize, j: usize) -> bool {
+        let diag = i as i64 + self.seq_k as i64 - self.seq_q as i64;
+        let (left, right) = self.effective_window();
+        j < self.seq_k
+            && left.is_none_or(|l| j as i64 >= diag - l as i64)
+            && right.is_none_or(|r| j as i64 <= diag + r as i64)
+    }
+
+    /// Check sizes and options.
+    pub fn validate(&self) -> Result<()> {
+        let dims = [
+            ("batch", self.batch),
+            ("seq_q", self.seq_q),
+            ("seq_k", self.seq_k),
+            ("heads_q", self.heads_q),
+            ("heads_kv", self.heads_kv),
+            ("head_dim", self.head_dim),
+        ];
+        for (what, v) in dims {
+            if v == 0 {
+                return Err(Error::invalid(what, "must be at least 1"));
+            }
+            if v >= 1 << 30 {
+                return Err(Error::invalid(what, "must be below 2^30"));
+            }
+        }
+        if !HEAD_DIMS.contains(&(self.head_dim as u32)) {
+            return Err(Error::unsupported(
+                format!("head dimension {}", self.head_dim),
+                format!("supported: {HEAD_DIMS:?}"),
+            ));
+        }
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
+            return Err(Error::invalid(
+                "heads",
+                format!(
+                    "heads_q = {} is not a multiple of heads_kv = {}",
+                    self.heads_q, self.heads_kv
+                ),
+            ));
+        }
+        let scale = self.softmax_scale();
+        if !scale.is_finite() || scale <= 0.0 {
+            return Err(Error::invalid(
+                "scale",
+                format!("{scale} is not a positive finite number"),
+            ));
+        }
+        for (side, w) in [("left", self.window.0), ("right", self.window.1)] {
+            if w.is_some_and(|w| w > i32::MAX as usize / 2) {
+                return Err(Error::invalid(
+                    format!("window {side}"),
+                    "must be below 2^30 (use None for unbounded)",
+                ));
+            }
+        }
+        let lse_len = self.batch as u128 * self.heads_q as u128 * self.seq_q as u128;
+        if lse_len > u32::MAX as u128 {
+            return Err(Error::unsupported(
+                "problem size",
+                "batch * heads_q * seq_q must be below 2^32",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Floating-point operations: `4 batch heads_q seq_q seq_k D`, halved under causal masking
+    /// (the benchmark convention of FlashAttention).
+    pub fn flops(&self) -> f64 {
+        let f = 4.0
+            * (self.batch * self.heads_q) as f64
+            * self.seq_q as f64
+            * self.seq_k as f64
+            * self.head_dim as f64;
+        if self.causal { f / 2.0 } else { f }
+    }
+
+    /// The shape of Q and O: `[batch, seq_q, heads_q, D]`.
+    pub fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.seq_q, self.heads_q, self.head_dim]
+    }
+
+    /// The shape of K and V: `[batch, seq_k, heads_kv, D]`.
+    pub fn kv_shape(&self) -> [usize; 4] {
+        [self.batch, self.seq_k, self.heads_kv, self.head_dim]
+    }
+
+    /// Elements of LSE: `batch * heads_q * seq_q`.
+    pub fn lse_len(&self) -> usize {
+        self.batch * self.heads_q * self.seq_q
+    }
+}
+
+/// Element strides of a contiguous `[b, s, h, d]` tensor.
+pub fn contiguous_strides(shape: [usize; 4]) -> [usize; 4] {
+    [
+        shape[1] * shape[2] * shape[3],
+        shape[2] * shape[3],
+        shape[3],
+        1,
+    ]
+}
+
+/// A 4-dimensional view `[batch, seq, heads, head_dim]` into a device buffer.
+pub struct View<'a, T: DeviceCopy> {
+    buffer: &'a DeviceBuffer<T>,
+    offset: usize,
+    shape: [usize; 4],
+    strides: [usize; 4],
+}
+
+impl<'a, T: DeviceCopy> View<'a, T> {
+    /// A view of `buffer` from element `offset` with `shape` and element `strides` (rank 4).
+    pub fn new(
+        buffer: &'a DeviceBuffer<T>,
+        offset: usize,
+        shape: &[usize],
+        strides: &[usize],
+    ) -> Result<Self> {
+        let shape: [usize; 4] = shape
+            .try_into()
+            .map_err(|_| Error::shape("tensor rank", 4, shape.len()))?;
+        let strides: [usize; 4] = strides
+            .try_into()
+            .map_err(|_| Error::shape("stride count", 4, strides.len()))?;
+        Ok(View {
+            buffer,
+            offset,
+            shape,
+            strides,
+        })
+    }
+
+    /// A contiguous view of the whole buffer with `shape`.
+    pub fn contiguous(buffer: &'a DeviceBuffer<T>, shape: [usize; 4]) -> Self {
+        View {
+            buffer,
+            offset: 0,
+            shape,
+            strides: contiguous_strides(shape),
+        }
+    }
+
+    fn check(&self, what: &str, shape: [usize; 4]) -> Result<()> {
+        if self.shape != shape {
+            return Err(Error::shape(
+                format!("{what} shape"),
+                format!("{shape:?}"),
+                format!("{:?}", self.shape),
+            ));
+        }
+        if self.strides[3] != 1 {
+            return Err(Error::unsupported(
+                format!("{what} head-dimension stride {}", self.strides[3]),
+                "the head dimension must be contiguous (stride 1)",
+            ));
+        }
+        for i in 0..3 {
+            if !self.strides[i].is_multiple_of(8) {
+                return Err(Error::Misaligned {
+                    what: format!(
+                        "{what} stride of dimension {i} ({} elements)",
+                        self.strides[i]
+                    ),
+                    required: 16,
+                    actual: (self.strides[i] * 2 % 16) as u64,
+                });
+            }
+        }
+        let addr = self.buffer.as_device_ptr().as_raw() + 2 * self.offset as u64;
+        if !addr.is_multiple_of(16) {
+            return Err(Error::Misaligned {
+                what: format!("{what} start"),
+                required: 16,
+                actual: addr % 16,
+            });
+        }
+        let last: usize = self.offset
+            + (0..4)
+                .map(|i| (self.shape[i] - 1) * self.strides[i])
+                .sum::<usize>();
+        if last >= self.buffer.len() {
+            return Err(Error::shape(
+                format!("{what} buffer"),
+                format!("at least {} elements for this view", last + 1),
+                self.buffer.len(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn ptr(&self) -> u64 {
+        self.buffer.as_device_ptr().as_raw() + 2 * self.offset as u64
+    }
+
+    fn strides3(&self) -> [u64; 3] {
+        [
+            self.strides[0] as u64,
+            self.strides[1] as u64,
+            self.strides[2] as u64,
+        ]
+    }
+}
+
+/// The kernel for a dtype and head dimension.
+pub fn kernel_name(dtype: Dtype, head_dim: usize) -> String {
+    format!("attention_fwd_{}_d{head_dim}", dtype.name())
+}
+
+/// Launch the forward pass on `stream` (asynchronous): O into `o`, LSE into `lse`.
+///
+/// `o` is a view like Q's (it may have its own strides). The output must not overlap the
+/// inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionProblem,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+) -> Result<()> {
+    forward_variant(gpu, stream, problem, q, k, v, o, lse, None)
+}
+
+/// [`forward`] with one of the tuning variants of the tile configuration
+/// (`kernel_abi::attention::TUNING_VARIANTS`, bf16 only), for benchmarks.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_variant<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionProblem,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+    variant: Option<&str>,
+) -> Result<()> {
+    problem.validate()?;
+    if T::DTYPE != problem.dtype {
+        return Err(Error::invalid(
+            "dtype",
+            format!(
+                "the problem is {:?} but the tensors are {:?}",
+                problem.dtype,
+                T::DTYPE
+            ),
+        ));
+    }
+    q.check("Q", problem.q_shape())?;
+    k.check("K", problem.kv_shape())?;
+    v.check("V", problem.kv_shape())?;
+    o.check("O", problem.q_shape())?;
+    if lse.len() != problem.lse_len() {
+        return Err(Error::shape(
+            "LSE",
+            format!("{} elements", problem.lse_len()),
+            lse.len(),
+        ));
+    }
+    let (cfg, name): (TileConfig, String) = match variant {
+        None => (
+            tile_config(problem.head_dim as u32).expect("validated head dimension"),
+            kernel_name(problem.dtype, problem.head_dim),
+        ),
+        Some(v) => {
+            let cfg = tuning_variant(problem.head_dim as u32, v)
+                .filter(|_| problem.dtype == Dtype::Bf16)
+                .ok_or_else(|| {
+                    Error::unsupported(
+                        format!("tuning variant {v}"),
+                        "not built for this dtype and head dimension",
+                    )
+                })?;
+            (
+                cfg,
+                format!("{}_{v}", kernel_name(problem.dtype, problem.head_dim)),
+            )
+        }
+    };
+    let (left, right) = problem.effective_window();
+    let num_m_blocks = (problem.seq_q as u32).div_ceil(cfg.block_m);
+    let params = AttentionParams {
+        q: q.ptr() as *const u16,
+        k: k.ptr() as *const u16,
+        v: v.ptr() as *const u16,
+        o: o.ptr() as *mut u16,
+        lse: lse.as_device_ptr().as_raw() as *mut f32,
+        q_strides: q.strides3(),
+        k_strides: k.strides3(),
+        v_strides: v.strides3(),
+        o_strides: o.strides3(),
+        batch: problem.batch as u32,
+        seq_q: problem.seq_q as u32,
+        seq_k: problem.seq_k as u32,
+        heads_q: problem.heads_q as u32,
+        heads_kv: problem.heads_kv as u32,
+        scale_log2: problem.softmax_scale() * std::f32::consts::LOG2_E,
+        window_left: left.map_or(UNBOUNDED, |l| l as i32),
+        window_right: right.map_or(UNBOUNDED, |r| r as i32),
+        num_m_blocks,
+        reverse_m: u32::from(problem.causal),
+    };
+    if problem.batch > 65535 || problem.heads_q > 65535 {
+        return Err(Error::unsupported(
+            "grid",
+            "batch and heads_q must be at most 65535",
+        ));
+    }
+    let launch = LaunchConfig::new(
+        (num_m_blocks, problem.heads_q as u32, problem.batch as u32),
+        cfg.threads(),
+        cfg.smem_bytes(),
+    );
+    // SAFETY: every view was checked (shape, contiguous head dimension, 16-byte aligned rows,
+    // in bounds of its buffer), LSE has batch * heads_q * seq_q elements, the sizes and window
+    // were validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
+    unsafe { gpu.launch(stream, &name, &launch, &params) }
+}

@@ -1,0 +1,489 @@
+//! Attention forward against the f64 reference.
+//!
+//! Tolerance (FlashAttention's rule): `max |O - ref| <= 2 * max |O_naive - ref| + 1e-3`, where
+//! `O_naive` is a straightforward implementation in the input precision
+//! (`attention::naive_same_precision`); LSE within `1e-3 * max(1, |ref|)` (absolute below 1,
+//! relative above: LSE grows with the logits), and `-inf` exactly where the reference has it.
+
+use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
+use kernels::attention::{self, AttentionElem, AttentionProblem, Dtype, View};
+use kernels::data::rng;
+use kernels::memory::{download, poisoned, upload};
+use kernels::{Error, Gpu, bf16, f16};
+use rand::Rng;
+
+#[derive(Clone, Debug)]
+struct Case {
+    p: AttentionProblem,
+    /// Inputs uniform in `[-range, range)`.
+    range: f32,
+    seed: u64,
+}
+
+fn case(b: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize, dtype: Dtype) -> Case {
+    Case {
+        p: AttentionProblem::new(b, sq, sk, hq, hkv, d, dtype),
+        range: 1.0,
+        seed: (b * 1_000_003 + sq * 7919 + sk * 131 + hq * 17 + hkv * 5 + d) as u64,
+    }
+}
+
+fn name(c: &Case) -> String {
+    let p = &c.p;
+    let mut s = format!(
+        "{:?}_d{}_b{}_sq{}_sk{}_h{}x{}",
+        p.dtype, p.head_dim, p.batch, p.seq_q, p.seq_k, p.heads_q, p.heads_kv
+    )
+    .to_lowercase();
+    if p.causal {
+        s.push_str("_causal");
+    }
+    if p.window != (None, None) {
+        s.push_str(
+            &format!("_win{:?}_{:?}", p.window.0, p.window.1)
+                .replace("Some(", "")
+                .replace(')', "")
+                .replace("None", "inf"),
+        );
+    }
+    if let Some(sc) = p.scale {
+        s.push_str(&format!("_scale{sc}"));
+    }
+    if c.range != 1.0 {
+        s.push_str(&format!("_range{:e}", c.range));
+    }
+    s
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for d in [64, 128, 256] {
+        for (sq, sk) in [(1, 1), (113, 203), (239, 1), (799, 3), (1023, 1024)] {
+            for causal in [false, true] {
+                let b = if sq * sk < 100_000 { 2 } else { 1 };
+                let mut c = case(b, sq, sk, 4, 2, d, Dtype::Bf16);
+                c.p.causal = causal;
+                v.push(c);
+            }
+        }
+    }
+    for causal in [false, true] {
+        let mut c = case(1, 2048, 2048, 2, 2, 128, Dtype::Bf16);
+        c.p.causal = causal;
+        v.push(c);
+    }
+    // Grouped-query and multi-query attention.
+    for hkv in [8, 2, 1] {
+        v.push(case(2, 257, 300, 8, hkv, 128, Dtype::Bf16));
+    }
+    // Sliding windows, and rows with no allowed key.
+    let mut w = case(1, 500, 700, 4, 4, 64, Dtype::Bf16);
+    w.p.window = (Some(64), Some(32));
+    v.push(w);
+    let mut w = case(2, 300, 300, 2, 1, 128, Dtype::Bf16);
+    w.p.window = (Some(100), None);
+    v.push(w);
+    let mut w = case(1, 256, 256, 2, 2, 256, Dtype::Bf16);
+    w.p.window = (Some(17), Some(0));
+    v.push(w);
+    let mut m = case(2, 300, 100, 2, 2, 64, Dtype::Bf16); // causal, seq_q > seq_k: 200 empty rows
+    m.p.causal = true;
+    v.push(m);
+    let mut m = case(1, 200, 180, 2, 2, 128, Dtype::Bf16); // window entirely left of some rows
+    m.p.window = (Some(0), Some(0));
+    v.push(m);
+    // Extreme logits: scale 10 with inputs up to 1e17 (logits near 1e36), and tiny inputs.
+    let mut big = case(1, 129, 257, 2, 2, 64, Dtype::Bf16);
+    big.p.scale = Some(10.0);
+    big.range = 1e17;
+    v.push(big);
+    let mut small = case(1, 129, 257, 2, 2, 128, Dtype::Bf16);
+    small.range = 1e-20;
+    v.push(small);
+    // f16.
+    for (d, sq, sk, causal) in [
+        (64, 1023, 1024, false),
+        (128, 113, 203, true),
+        (256, 239, 1, false),
+    ] {
+        let mut c = case(2, sq, sk, 4, 2, d, Dtype::F16);
+        c.p.causal = causal;
+        v.push(c);
+    }
+    v
+}
+
+fn main() {
+    let mut s = Suite::new();
+    for c in cases() {
+        let n = format!("attention/{}", name(&c));
+        s.gpu(&n, Needs::Gpu, move |g| match c.p.dtype {
+            Dtype::Bf16 => run::<bf16>(g, &c),
+            Dtype::F16 => run::<f16>(g, &c),
+        });
+    }
+    s.gpu(
+        "attention/sm_80_target",
+        Needs::Gpu,
+        |_| match portable_gpu() {
+            None => {
+                println!("the default target is already sm_80");
+                Ok(())
+            }
+            Some(g) => {
+                let mut c = case(1, 1023, 1024, 4, 1, 128, Dtype::Bf16);
+                c.p.causal = true;
+                run::<bf16>(g, &c)?;
+                run::<bf16>(g, &case(2, 113, 203, 4, 2, 64, Dtype::Bf16))
+            }
+        },
+    );
+    for (variant, cfg) in kernel_abi::attention::TUNING_VARIANTS {
+        let d = cfg.head_dim as usize;
+        let mut causal = case(2, 1023, 1024, 4, 2, d, Dtype::Bf16);
+        causal.p.causal = true;
+        let mut window = case(1, 500, 700, 4, 4, d, Dtype::Bf16);
+        window.p.window = (Some(64), Some(32));
+        let plain = case(2, 113, 203, 4, 2, d, Dtype::Bf16);
+        let one_step = case(1, 17, 9, 2, 1, d, Dtype::Bf16);
+        for c in [causal, window, plain, one_step] {
+            let n = format!("attention/variant_{variant}/{}", name(&c));
+            s.gpu(&n, Needs::Gpu, move |g| run_variant(g, &c, variant));
+        }
+    }
+    s.gpu("attention/packed_qkv_views", Needs::Gpu, packed_qkv);
+    s.gpu("attention/deterministic", Needs::Gpu, deterministic);
+    s.cpu("attention/rejects_bad_problems", rejects_bad_problems);
+    s.gpu(
+        "attention/rejects_bad_tensors",
+        Needs::Gpu,
+        rejects_bad_tensors,
+    );
+    s.cpu("attention/mask_convention", mask_convention);
+    s.run()
+}
+
+fn inputs<T: AttentionElem>(c: &Case) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let p = &c.p;
+    let mut r = rng(c.seed);
+    let mut draw = |n: usize| -> Vec<T> {
+        (0..n)
+            .map(|_| T::from_f32(r.random_range(-c.range..c.range)))
+            .collect()
+    };
+    let qn = p.batch * p.seq_q * p.heads_q * p.head_dim;
+    let kn = p.batch * p.seq_k * p.heads_kv * p.head_dim;
+    (draw(qn), draw(kn), draw(kn))
+}
+
+/// Run on the GPU with contiguous tensors; returns O and LSE.
+fn gpu_forward<T: AttentionElem>(
+    g: &Gpu,
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> kernels::Result<(Vec<T>, Vec<f32>)> {
+    let stream = g.stream()?;
+    let (dq, dk, dv) = (upload(q)?, upload(k)?, upload(v)?);
+    let dout = poisoned::<T>(q.len())?;
+    let mut dlse = poisoned::<f32>(p.lse_len())?;
+    let (qv, kv, vv) = (
+        View::contiguous(&dq, p.q_shape()),
+        View::contiguous(&dk, p.kv_shape()),
+        View::contiguous(&dv, p.kv_shape()),
+    );
+    let mut ov = View::contiguous(&dout, p.q_shape());
+    attention::forward(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse)?;
+    g.sync(&stream, "attention forward")?;
+    Ok((download(&dout)?, download(&dlse)?))
+}
+
+fn compare<T: AttentionElem>(
+    what: &str,
+    c: &Case,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    lse: &[f32],
+) -> TestResult {
+    let want = attention::reference(&c.p, q, k, v);
+    let naive = attention::naive_same_precision(&c.p, q, k, v);
+    let max_diff = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    };
+    let naive_err = max_diff(&naive.o, &want.o);
+    let tol = 2.0 * naive_err + 1e-3;
+    let got: Vec<f64> = o.iter().map(|x| x.to_f32() as f64).collect();
+    ensure(got.iter().all(|x| x.is_finite()), || {
+        format!("{what}: O has NaN or inf (or an unwritten element)")
+    })?;
+    let err = max_diff(&got, &want.o);
+    let mut lse_err = 0.0f64;
+    for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
+        if w == f64::NEG_INFINITY {
+            ensure(g == f32::NEG_INFINITY, || {
+                format!("{what}: LSE[{i}] = {g}, the row has no allowed key")
+            })?;
+            continue;
+        }
+        ensure(g.is_finite(), || {
+            format!("{what}: LSE[{i}] = {g}, want {w}")
+        })?;
+        let e = (g as f64 - w).abs() / w.abs().max(1.0);
+        lse_err = lse_err.max(e);
+    }
+    let empty_rows = want.lse.iter().filter(|x| **x == f64::NEG_INFINITY).count();
+    println!(
+        "{what}: max |O - ref| = {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3), LSE rel err {lse_err:.3e}, {empty_rows} empty rows"
+    );
+    ensure(err <= tol, || {
+        format!("{what}: max |O - ref| {err:.3e} > {tol:.3e}")
+    })?;
+    ensure(lse_err <= 1e-3, || {
+        format!("{what}: LSE error {lse_err:.3e} > 1e-3")
+    })
+}
+
+/// A tuning variant of the tile table (bf16), against the same reference and tolerance.
+fn run_variant(g: &Gpu, c: &Case, variant: &str) -> TestResult {
+    let (q, k, v) = inputs::<bf16>(c);
+    let p = &c.p;
+    let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>)> {
+        let stream = g.stream()?;
+        let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+        let dout = poisoned::<bf16>(q.len())?;
+        let mut dlse = poisoned::<f32>(p.lse_len())?;
+        let (qv, kv, vv) = (
+            View::contiguous(&dq, p.q_shape()),
+            View::contiguous(&dk, p.kv_shape()),
+            View::contiguous(&dv, p.kv_shape()),
+        );
+        let mut ov = View::contiguous(&dout, p.q_shape());
+        attention::forward_variant(
+            g,
+            &stream,
+            p,
+            &qv,
+            &kv,
+            &vv,
+            &mut ov,
+            &mut dlse,
+            Some(variant),
+        )?;
+        g.sync(&stream, "attention forward")?;
+        Ok((download(&dout)?, download(&dlse)?))
+    })();
+    let (o, lse) = gpu_ok(out)?;
+    compare(
+        &format!("variant {variant}: {} (seed {})", name(c), c.seed),
+        c,
+        &q,
+        &k,
+        &v,
+        &o,
+        &lse,
+    )
+}
+
+fn run<T: AttentionElem>(g: &Gpu, c: &Case) -> TestResult {
+    let (q, k, v) = inputs::<T>(c);
+    let (o, lse) = gpu_ok(gpu_forward(g, &c.p, &q, &k, &v))?;
+    compare(
+        &format!("{} on {} (seed {})", name(c), g.arch(), c.seed),
+        c,
+        &q,
+        &k,
+        &v,
+        &o,
+        &lse,
+    )
+}
+
+/// Q, K, V as strided views into one packed `[b, s, 3, h, d]` buffer.
+fn packed_qkv(g: &Gpu) -> TestResult {
+    let (b, s, h, d) = (2, 300, 4, 64);
+    let p = AttentionProblem::new(b, s, s, h, h, d, Dtype::Bf16).causal();
+    let mut r = rng(77);
+    let packed: Vec<bf16> = (0..b * s * 3 * h * d)
+        .map(|_| bf16::from_f32(r.random_range(-1.0..1.0)))
+        .collect();
+    let unpack = |which: usize| -> Vec<bf16> {
+        let mut out = Vec::with_capacity(b * s * h * d);
+        for bi in 0..b {
+            for si in 0..s {
+                let start = ((bi * s + si) * 3 + which) * h * d;
+                out.extend_from_slice(&packed[start..start + h * d]);
+            }
+        }
+        out
+    };
+    let (q, k, v) = (unpack(0), unpack(1), unpack(2));
+    let strides = [s * 3 * h * d, 3 * h * d, d, 1];
+    let shape = [b, s, h, d];
+    let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>)> {
+        let stream = g.stream()?;
+        let dp = upload(&packed)?;
+        let dout = poisoned::<bf16>(b * s * h * d)?;
+        let mut dlse = poisoned::<f32>(p.lse_len())?;
+        let qv = View::new(&dp, 0, &shape, &strides)?;
+        let kv = View::new(&dp, h * d, &shape, &strides)?;
+        let vv = View::new(&dp, 2 * h * d, &shape, &strides)?;
+        let mut ov = View::contiguous(&dout, shape);
+        attention::forward(g, &stream, &p, &qv, &kv, &vv, &mut ov, &mut dlse)?;
+        g.sync(&stream, "attention forward")?;
+        Ok((download(&dout)?, download(&dlse)?))
+    })();
+    let (o, lse) = gpu_ok(out)?;
+    let c = Case {
+        p,
+        range: 1.0,
+        seed: 77,
+    };
+    compare("packed qkv views", &c, &q, &k, &v, &o, &lse)
+}
+
+fn deterministic(g: &Gpu) -> TestResult {
+    let mut c = case(2, 777, 1111, 4, 2, 128, Dtype::Bf16);
+    c.p.causal = true;
+    let (q, k, v) = inputs::<bf16>(&c);
+    let first = gpu_ok(gpu_forward(g, &c.p, &q, &k, &v))?;
+    let second = gpu_ok(gpu_forward(g, &c.p, &q, &k, &v))?;
+    let same_o = first
+        .0
+        .iter()
+        .zip(&second.0)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    let same_lse = first
+        .1
+        .iter()
+        .zip(&second.1)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    ensure(same_o && same_lse, || {
+        "two runs on the same inputs differ".into()
+    })
+}
+
+fn expect_err(what: &str, r: kernels::Result<()>, ok: impl Fn(&Error) -> bool) -> TestResult {
+    match r {
+        Err(e) if ok(&e) => {
+            println!("{what}: {e}");
+            Ok(())
+        }
+        other => Err(format!("{what}: expected a typed error, got {other:?}").into()),
+    }
+}
+
+fn rejects_bad_problems() -> TestResult {
+    let base = AttentionProblem::new(1, 16, 16, 4, 2, 64, Dtype::Bf16);
+    let bad = |f: fn(&mut AttentionProblem)| {
+        let mut p = base.clone();
+        f(&mut p);
+        p.validate()
+    };
+    expect_err("head dim 96", bad(|p| p.head_dim = 96), |e| {
+        matches!(e, Error::Unsupported { .. })
+    })?;
+    expect_err("heads 4 vs 3", bad(|p| p.heads_kv = 3), |e| {
+        matches!(e, Error::InvalidArgument { .. })
+    })?;
+    expect_err("seq_q 0", bad(|p| p.seq_q = 0), |e| {
+        matches!(e, Error::InvalidArgument { .. })
+    })?;
+    expect_err("batch 0", bad(|p| p.batch = 0), |e| {
+        matches!(e, Error::InvalidArgument { .. })
+    })?;
+    expect_err("scale NaN", bad(|p| p.scale = Some(f32::NAN)), |e| {
+        matches!(e, Error::InvalidArgument { .. })
+    })?;
+    expect_err("scale -1", bad(|p| p.scale = Some(-1.0)), |e| {
+        matches!(e, Error::InvalidArgument { .. })
+    })
+}
+
+fn rejects_bad_tensors(g: &Gpu) -> TestResult {
+    let p = AttentionProblem::new(1, 64, 64, 2, 2, 64, Dtype::Bf16);
+    let n = 64 * 2 * 64;
+    let stream = gpu_ok(g.stream())?;
+    let buf = gpu_ok(upload(&vec![bf16::ONE; n + 64]))?;
+    let hbuf = gpu_ok(upload(&vec![f16::ONE; n]))?;
+    let out = gpu_ok(poisoned::<bf16>(n))?;
+    let mut lse = gpu_ok(poisoned::<f32>(p.lse_len()))?;
+    let shape = p.q_shape();
+    let good = || View::contiguous(&buf, shape);
+    let mut o = View::contiguous(&out, shape);
+    let run = |q: &View<bf16>, o: &mut View<bf16>, lse: &mut kernels::DeviceBuffer<f32>| {
+        attention::forward(g, &stream, &p, q, &good(), &good(), o, lse)
+    };
+    expect_err(
+        "wrong rank",
+        View::new(&buf, 0, &[64, 2, 64], &[128, 64, 1]).map(|_| ()),
+        |e| matches!(e, Error::ShapeMismatch { .. }),
+    )?;
+    let strided = gpu_ok(View::new(&buf, 0, &shape, &[n, 128, 64, 2]))?;
+    expect_err(
+        "non-contiguous head dim",
+        run(&strided, &mut o, &mut lse),
+        |e| matches!(e, Error::Unsupported { .. }),
+    )?;
+    let shifted = gpu_ok(View::new(&buf, 1, &shape, &[n, 128, 64, 1]))?;
+    expect_err("misaligned start", run(&shifted, &mut o, &mut lse), |e| {
+        matches!(e, Error::Misaligned { .. })
+    })?;
+    let odd = gpu_ok(View::new(&buf, 0, &shape, &[n, 132, 64, 1]))?;
+    expect_err("misaligned stride", run(&odd, &mut o, &mut lse), |e| {
+        matches!(e, Error::Misaligned { .. })
+    })?;
+    let wrong_shape = View::contiguous(&buf, [1, 64, 4, 32]);
+    expect_err("wrong shape", run(&wrong_shape, &mut o, &mut lse), |e| {
+        matches!(e, Error::ShapeMismatch { .. })
+    })?;
+    let overrun = gpu_ok(View::new(&buf, 128, &shape, &[n, 128, 64, 1]))?;
+    expect_err(
+        "view past the buffer",
+        run(&overrun, &mut o, &mut lse),
+        |e| matches!(e, Error::ShapeMismatch { .. }),
+    )?;
+    let mut short_lse = gpu_ok(poisoned::<f32>(3))?;
+    expect_err("short LSE", run(&good(), &mut o, &mut short_lse), |e| {
+        matches!(e, Error::ShapeMismatch { .. })
+    })?;
+    let hq = View::contiguous(&hbuf, shape);
+    let r = attention::forward(
+        g,
+        &stream,
+        &p,
+        &hq,
+        &hq,
+        &hq,
+        &mut View::contiguous(&hbuf, shape),
+        &mut lse,
+    );
+    expect_err("f16 tensors for a bf16 problem", r, |e| {
+        matches!(e, Error::InvalidArgument { .. })
+    })
+}
+
+fn mask_convention() -> TestResult {
+    // Bottom-right alignment: with seq_q = 2, seq_k = 5, causal, query 0 sees keys 0..=3.
+    let p = AttentionProblem::new(1, 2, 5, 1, 1, 64, Dtype::Bf16).causal();
+    ensure(
+        p.allowed(0, 3) && !p.allowed(0, 4) && p.allowed(1, 4),
+        || "causal diagonal not bottom-right".into(),
+    )?;
+    // seq_q > seq_k: the first seq_q - seq_k rows see nothing.
+    let p = AttentionProblem::new(1, 5, 2, 1, 1, 64, Dtype::Bf16).causal();
+    ensure(
+        !p.allowed(2, 0) && p.allowed(3, 0) && !p.allowed(3, 1),
+        || "rows above the diagonal must be empty".into(),
+    )?;
+    let p = AttentionProblem::new(1, 4, 4, 1, 1, 64, Dtype::Bf16).window(Some(1), Some(1));
+    ensure(
+        !p.allowed(2, 0) && p.allowed(2, 1) && p.allowed(2, 3) && !p.allowed(0, 2),
+        || "window".into(),
+    )
+}
