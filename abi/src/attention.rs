@@ -26,11 +26,6 @@ pub struct TileConfig {
     /// Resident blocks per SM the launch bounds ask for (the register cap is 64K / (threads x
     /// this)); shared memory must allow it too.
     pub blocks_per_sm: u32,
-    /// Software-pipelined steps: each warp issues the products S = Q K^T of the next step
-    /// before the softmax and P V of the current one (S double-buffered in registers), so the
-    /// tensor cores have independent work while a warp does its softmax. Needs `stages >= 3`
-    /// (K runs one step ahead of V).
-    pub pipelined: bool,
     /// Whether each warp keeps its Q fragments in registers for the whole kernel (else it
     /// reloads them from shared memory with `ldmatrix` every step: at D = 256 the registers are
     /// needed for the output accumulator).
@@ -92,7 +87,6 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             warp_m_tiles: 2,
             blocks_per_sm: 2,
             q_in_registers: false,
-            pipelined: false,
         }),
         128 => Some(TileConfig {
             head_dim: 128,
@@ -102,7 +96,6 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             warp_m_tiles: 2,
             blocks_per_sm: 2,
             q_in_registers: false,
-            pipelined: false,
         }),
         256 => Some(TileConfig {
             head_dim: 256,
@@ -112,7 +105,6 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             warp_m_tiles: 1,
             blocks_per_sm: 1,
             q_in_registers: false,
-            pipelined: false,
         }),
         _ => None,
     }
@@ -121,7 +113,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
 /// Alternative tile configurations, compiled for bf16 as `attention_fwd_bf16_d{D}_{name}` and
 /// timed beside the defaults by the benchmark (`impl` = `ours-{name}`), so that the table of
 /// [`tile_config`] is chosen from measurements.
-pub const TUNING_VARIANTS: [(&str, TileConfig); 6] = [
+pub const TUNING_VARIANTS: [(&str, TileConfig); 3] = [
     // The first design: one m16 tile per warp, 8 warps, Q in registers, one block per SM.
     (
         "mt1",
@@ -133,7 +125,6 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 6] = [
             warp_m_tiles: 1,
             blocks_per_sm: 1,
             q_in_registers: true,
-            pipelined: false,
         },
     ),
     (
@@ -146,33 +137,6 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 6] = [
             warp_m_tiles: 2,
             blocks_per_sm: 2,
             q_in_registers: false,
-            pipelined: false,
-        },
-    ),
-    (
-        "pipe",
-        TileConfig {
-            head_dim: 128,
-            block_m: 128,
-            block_n: 32,
-            stages: 4,
-            warp_m_tiles: 2,
-            blocks_per_sm: 2,
-            q_in_registers: false,
-            pipelined: true,
-        },
-    ),
-    (
-        "pipe",
-        TileConfig {
-            head_dim: 64,
-            block_m: 128,
-            block_n: 32,
-            stages: 4,
-            warp_m_tiles: 2,
-            blocks_per_sm: 2,
-            q_in_registers: false,
-            pipelined: true,
         },
     ),
     (
@@ -185,20 +149,6 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 6] = [
             warp_m_tiles: 1,
             blocks_per_sm: 1,
             q_in_registers: false,
-            pipelined: false,
-        },
-    ),
-    (
-        "pipe",
-        TileConfig {
-            head_dim: 256,
-            block_m: 128,
-            block_n: 32,
-            stages: 4,
-            warp_m_tiles: 1,
-            blocks_per_sm: 1,
-            q_in_registers: false,
-            pipelined: true,
         },
     ),
 ];

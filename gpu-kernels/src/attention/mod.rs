@@ -40,19 +40,6 @@
 //! Q's shared tile is written only by group 0 and never again. Registers hold everything else,
 //! so no other barrier is needed. The block waits for all its copies before exiting.
 //!
-//! Pipelined configurations (`TileConfig::pipelined`) run K one step ahead of V:
-//! - P1 (before the loop): `wait_group(stages - 2)` and `sync_threads`: Q and step 0 are
-//!   visible; the products S of step 0 are issued.
-//! - P2 (iteration `i`, if a step `i + 1` exists): `wait_group(stages - 3)`: this thread's
-//!   copies of step `i + 1` are complete (groups `0 ..= i + 1` of the `stages - 1 + i`
-//!   committed); `sync_threads`: everyone's are visible, and every thread has finished iteration
-//!   `i - 1`, i.e. the P V of step `i - 1` (the last reader of stage `(i - 1) % stages`; its K
-//!   was read one iteration earlier still).
-//! - Then copies of step `i + stages - 1` go into stage `(i - 1) % stages`, S of step `i + 1`
-//!   reads stage `(i + 1) % stages`, P V of step `i` reads stage `i % stages` (published by P2
-//!   of iteration `i - 1`, or by P1). In the last iteration nothing is loaded and no barrier
-//!   is needed.
-//!
 //! NaN safety (seed 004's bug): masked logits are -inf; a row whose running maximum is still
 //! -inf uses 0 as its reference, so `exp2(-inf - ref) = 0` and no `-inf - -inf` is ever formed;
 //! the output divides by the row sum only when it is positive (else O = 0, LSE = -inf).
@@ -108,32 +95,39 @@ fn tile_offset<const D: u32>(row: u32, chunk: u32) -> u32 {
     row * (D * 2 + 16) + (chunk << 4)
 }
 
-/// Issue the `cp.async` copies of `rows` rows of a `[rows, D]` tile whose row `r` starts at
-/// global element offset `row_offset(r)` of `base`; rows at or past `valid` are zero-filled
-/// (nothing is read for them).
+/// Issue the `cp.async` copies of a `[ROWS, D]` tile whose row `r` starts at global element
+/// `base + first_row_offset + r * stride`; rows at or past `valid` are zero-filled (nothing is
+/// read for them). Thread `t` copies 16-byte chunk `t % (D / 8)` of rows
+/// `t / (D / 8) + k (THREADS / (D / 8))`: a compile-time trip count and one address add per
+/// copy.
 #[inline(always)]
-fn load_tile<const D: u32, const THREADS: u32>(
+fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
     dst: u32,
     base: *const u16,
-    rows: u32,
+    first_row_offset: u64,
+    stride: u64,
     valid: u32,
-    row_offset: impl Fn(u32) -> u64,
 ) {
-    let chunks_per_row = D / 8;
-    let mut c = index::thread_idx_x();
-    while c < rows * chunks_per_row {
-        let (r, chunk) = (c / chunks_per_row, c % chunks_per_row);
+    const { assert!(THREADS.is_multiple_of(D / 8) && (ROWS * (D / 8)).is_multiple_of(THREADS)) };
+    let chunks = D / 8;
+    let row_step = THREADS / chunks;
+    let tid = index::thread_idx_x();
+    let (row0, chunk) = (tid / chunks, tid % chunks);
+    let mut src =
+        base.wrapping_add((first_row_offset + row0 as u64 * stride + 8 * chunk as u64) as usize);
+    let step = (row_step as u64 * stride) as usize;
+    for k in 0..ROWS / row_step {
+        let r = row0 + k * row_step;
         let addr = dst + tile_offset::<D>(r, chunk);
         if r < valid {
-            let src = base.wrapping_add((row_offset(r) + 8 * chunk as u64) as usize);
             // SAFETY: r < valid rows of the tensor, chunk < D / 8: 16 readable bytes, 16-byte
-            // aligned (host-checked strides and base); addr is inside the tile (r < rows).
+            // aligned (host-checked strides and base); addr is inside the tile (r < ROWS).
             unsafe { cp_async::copy_16(addr, src as *const u8) };
         } else {
             // SAFETY: nothing is read (0 source bytes); addr is inside the tile.
             unsafe { cp_async::copy_16_zfill(addr, base as *const u8, 0) };
         }
-        c += THREADS;
+        src = src.wrapping_add(step);
     }
 }
 
@@ -404,8 +398,8 @@ fn store_output<E: Elem, const MT: usize, const DT: usize>(
 }
 
 /// The forward pass; see the module documentation. `MT` m16 tiles per warp, `DT = D / 8`,
-/// `DK = D / 16`, `NT = BN / 8`, `NK = BN / 16`; `WAIT_FIRST = STAGES - 2` and, when
-/// `PIPE`, `WAIT_NEXT = STAGES - 3` (the `cp.async` groups that may stay in flight).
+/// `DK = D / 16`, `NT = BN / 8`, `NK = BN / 16`, `WAIT = STAGES - 2` (the `cp.async` groups
+/// that may stay in flight).
 ///
 /// # Safety
 /// Launched as documented on [`AttentionParams`], with the tile configuration `cfg`, whose
@@ -422,10 +416,8 @@ unsafe fn forward<
     const NT: usize,
     const NK: usize,
     const STAGES: u32,
-    const WAIT_FIRST: u32,
-    const WAIT_NEXT: u32,
+    const WAIT: u32,
     const Q_REGS: bool,
-    const PIPE: bool,
     const THREADS: u32,
 >(
     p: &AttentionParams,
@@ -437,8 +429,7 @@ unsafe fn forward<
             NT as u32 * 8 == BN && NK as u32 * 16 == BN && BM / (16 * MT as u32) * 32 == THREADS
         )
     };
-    const { assert!(STAGES >= 2 && WAIT_FIRST == STAGES - 2) };
-    const { assert!(!PIPE || (STAGES >= 3 && WAIT_NEXT == STAGES - 3)) };
+    const { assert!(STAGES >= 2 && WAIT == STAGES - 2) };
     let lane = index::lane_id();
     let m_block = if p.reverse_m != 0 {
         p.num_m_blocks - 1 - index::block_idx_x()
@@ -498,17 +489,17 @@ unsafe fn forward<
         let nb_lo = (n_lo as u32) / BN;
         let steps = (n_hi as u32).div_ceil(BN) - nb_lo;
         let n0 = |step: u32| (nb_lo + step) * BN;
+        let (ks, vs) = (p.k_strides[1], p.v_strides[1]);
         let load_kv = |step: u32, stage: u32| {
             let first = n0(step);
             let valid = (p.seq_k - first).min(BN);
-            let (ks, vs) = (p.k_strides[1], p.v_strides[1]);
-            load_tile::<D, THREADS>(k_s(stage), k_base, BN, valid, |r| (first + r) as u64 * ks);
-            load_tile::<D, THREADS>(v_s(stage), v_base, BN, valid, |r| (first + r) as u64 * vs);
+            load_tile::<D, BN, THREADS>(k_s(stage), k_base, first as u64 * ks, ks, valid);
+            load_tile::<D, BN, THREADS>(v_s(stage), v_base, first as u64 * vs, vs, valid);
         };
 
         // Prologue: Q and steps 0 .. STAGES - 2, one cp.async group each (empty past the end).
         let qs = p.q_strides[1];
-        load_tile::<D, THREADS>(q_s, q_base, BM, w.rows_valid, |r| (m0 + r) as u64 * qs);
+        load_tile::<D, BM, THREADS>(q_s, q_base, m0 as u64 * qs, qs, w.rows_valid);
         for s in 0..STAGES - 1 {
             if s < steps {
                 load_kv(s, s);
@@ -517,57 +508,9 @@ unsafe fn forward<
         }
         let mut q_frag = [[[0u32; 4]; DK]; MT];
 
-        if PIPE {
-            // Software-pipelined: S of step i + 1 is issued before the softmax and P V of step i.
-            cp_async::wait_group::<WAIT_FIRST>();
-            // SAFETY: barrier protocol step P1; all threads reach it once.
-            unsafe { sync::sync_threads() };
-            if Q_REGS {
-                for mt in 0..MT {
-                    for kk in 0..DK {
-                        q_frag[mt][kk] = q_fragment::<D>(&w, q_s, mt, kk);
-                    }
-                }
-            }
-            // SAFETY: step 0's K tile was published by the barrier above.
-            let mut s_cur = unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS>(&w, q_s, &q_frag, k_s(0)) };
-            mask_and_scale::<MT, NT, BM, BN>(&w, &mut s_cur, n0(0));
+        {
             for step in 0..steps {
-                let has_next = step + 1 < steps;
-                if has_next {
-                    cp_async::wait_group::<WAIT_NEXT>();
-                    // SAFETY: barrier protocol step P2; uniform across the block (`steps` is).
-                    unsafe { sync::sync_threads() };
-                }
-                let issue = step + STAGES - 1;
-                if issue < steps {
-                    load_kv(issue, issue % STAGES);
-                }
-                cp_async::commit_group();
-                let mut s_next = [[[0.0f32; 4]; NT]; MT];
-                if has_next {
-                    // SAFETY: step + 1's K tile was published by the barrier above.
-                    s_next = unsafe {
-                        qk::<E, D, MT, DK, NT, NK, Q_REGS>(
-                            &w,
-                            q_s,
-                            &q_frag,
-                            k_s((step + 1) % STAGES),
-                        )
-                    };
-                }
-                softmax_update::<MT, NT, DT>(&mut s_cur, &mut o, &mut row_max, &mut row_sum);
-                // SAFETY: this step's V tile was published by an earlier barrier (P1 or P2 of
-                // the previous iteration) and its stage is not reloaded before the next barrier.
-                unsafe { pv::<E, D, MT, DT, DK, NT, NK>(&w, &s_cur, &mut o, v_s(step % STAGES)) };
-                if has_next {
-                    mask_and_scale::<MT, NT, BM, BN>(&w, &mut s_next, n0(step + 1));
-                }
-                s_cur = s_next;
-            }
-        } else {
-            for step in 0..steps {
-                cp_async::wait_group::<WAIT_FIRST>();
+                cp_async::wait_group::<WAIT>();
                 // SAFETY: barrier protocol step 2; every thread reaches it `steps` times.
                 unsafe { sync::sync_threads() };
                 let issue = step + STAGES - 1;
@@ -624,9 +567,7 @@ macro_rules! attention_kernel {
                     { (CFG.block_n / 16) as usize },
                     { CFG.stages },
                     { CFG.stages - 2 },
-                    { if CFG.pipelined { CFG.stages - 3 } else { 0 } },
                     { CFG.q_in_registers },
-                    { CFG.pipelined },
                     { CFG.threads() },
                 >(&p, &CFG)
             }
@@ -644,7 +585,4 @@ attention_kernel!(attention_fwd_f16_d256, F16, tile_config_of(256));
 // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
 attention_kernel!(attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1);
 attention_kernel!(attention_fwd_bf16_d128_n32, Bf16, TUNING_VARIANTS[1].1);
-attention_kernel!(attention_fwd_bf16_d128_pipe, Bf16, TUNING_VARIANTS[2].1);
-attention_kernel!(attention_fwd_bf16_d64_pipe, Bf16, TUNING_VARIANTS[3].1);
-attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[4].1);
-attention_kernel!(attention_fwd_bf16_d256_pipe, Bf16, TUNING_VARIANTS[5].1);
+attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[2].1);
