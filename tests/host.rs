@@ -52,6 +52,7 @@ fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
             ("smoke_wgmma_n64", size_of::<WgmmaTileParams>()),
             ("smoke_wgmma_n128", size_of::<WgmmaTileParams>()),
             ("smoke_wgmma_n256", size_of::<WgmmaTileParams>()),
+            ("smoke_wgmma_mn", size_of::<WgmmaMnParams>()),
             ("smoke_pingpong", size_of::<PingpongParams>()),
         ]);
     }

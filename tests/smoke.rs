@@ -57,6 +57,7 @@ fn main() {
             wgmma_tile(g, n)
         });
     }
+    s.gpu("wgmma_tile/mn_major_b", Needs::Hopper, wgmma_mn);
     for tiles in [1u32, 2, 3, 4, 5, 7, 1000] {
         s.gpu(&format!("pingpong/tiles{tiles}"), Needs::Hopper, move |g| {
             pingpong(g, tiles)
@@ -142,6 +143,27 @@ fn wgmma_tile(g: &Gpu, n: u32) -> TestResult {
     let (want, abs) = smoke::matmul_nt_reference(&a, &b, 64, n as usize, 64);
     check_close(
         &format!("wgmma m64n{n}k64 (seed {seed})"),
+        &got,
+        &want,
+        |i| 64.0 * F32_EPS * abs[i] + 1e-30,
+    )
+}
+
+fn wgmma_mn(g: &Gpu) -> TestResult {
+    let seed = 41;
+    let mut r = rng(seed);
+    let a = uniform_bf16(&mut r, 64 * 64, -1.0, 1.0);
+    let b = uniform_bf16(&mut r, 64 * 128, -1.0, 1.0);
+    let stream = gpu_ok(g.stream())?;
+    let got = gpu_ok(smoke::wgmma_mn(
+        g,
+        &stream,
+        &gpu_ok(upload(&a))?,
+        &gpu_ok(upload(&b))?,
+    ))?;
+    let (want, abs) = smoke::matmul_nn_reference(&a, &b, 64, 128, 64);
+    check_close(
+        &format!("wgmma m64n128k64, MN-major B (seed {seed})"),
         &got,
         &want,
         |i| 64.0 * F32_EPS * abs[i] + 1e-30,

@@ -131,6 +131,36 @@ pub const fn wgmma_smem_bytes(n: u32) -> usize {
     wgmma_smem_bar_offset(n) + 8 + crate::SMEM_ALIGN
 }
 
+/// N of `smoke_wgmma_mn`: two 64-column swizzle atoms of B along N.
+pub const WGMMA_MN_N: u32 = 128;
+
+/// Parameters of `smoke_wgmma_mn`: `c = a b` with `a [64, 64]` K-major (as above) and
+/// `b [64 (k), 128 (n)]` row-major, i.e. **MN-major** (N contiguous), loaded by TMA as two
+/// column blocks `[64 k-rows, 64 n]` with 128-byte swizzle and read with `trans-b = 1`. This is
+/// the layout of V in attention's `P V`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WgmmaMnParams {
+    /// A, box `[64 rows, 64 cols]`, 128B swizzle.
+    pub tmap_a: TensorMap,
+    /// B `[64, 128]`, box `[64 rows, 64 cols]`, 128B swizzle (loaded at columns 0 and 64).
+    pub tmap_b: TensorMap,
+    /// `[64, 128]` f32, row-major.
+    pub c: *mut f32,
+}
+
+/// Bytes of one column block of B in `smoke_wgmma_mn` (64 k-rows of 128 bytes): the
+/// descriptor's leading byte offset (distance between swizzle atoms along N).
+pub const WGMMA_MN_BLOCK_BYTES: u32 = WGMMA_K * 128;
+
+/// Byte offset of the mbarrier in `smoke_wgmma_mn`'s shared memory.
+pub const WGMMA_MN_BAR_OFFSET: usize = WGMMA_SMEM_B_OFFSET + 2 * WGMMA_MN_BLOCK_BYTES as usize;
+
+/// Dynamic shared memory of `smoke_wgmma_mn`.
+pub const fn wgmma_mn_smem_bytes() -> usize {
+    WGMMA_MN_BAR_OFFSET + 8 + crate::SMEM_ALIGN
+}
+
 // ---------------------------------------------------------------------------------------------
 // Producer/consumer ping-pong over a 3-stage mbarrier ring.
 

@@ -273,6 +273,58 @@ pub fn wgmma_tile_launch(
     unsafe { gpu.launch(stream, &name, &cfg, &params) }
 }
 
+/// `c = a b` with `a [64, 64]` (K-major) and `b [64, 128]` row-major (MN-major B) by
+/// `smoke_wgmma_mn`; `c` is `[64, 128]` f32.
+pub fn wgmma_mn(
+    gpu: &Gpu,
+    stream: &Stream,
+    a: &DeviceBuffer<bf16>,
+    b: &DeviceBuffer<bf16>,
+) -> Result<Vec<f32>> {
+    require_hopper(gpu, "smoke_wgmma_mn")?;
+    check_len("a", (WGMMA_M * WGMMA_K) as usize, a.len())?;
+    check_len("b", (WGMMA_K * WGMMA_MN_N) as usize, b.len())?;
+    let map = |buf: &DeviceBuffer<bf16>, rows: u32, cols: u32| {
+        TiledMap {
+            address: device_ptr(buf),
+            dtype: MapDtype::Bf16,
+            dims: &[cols as u64, rows as u64],
+            strides_bytes: &[cols as u64 * 2],
+            box_dims: &[64, rows],
+            swizzle: MapSwizzle::B128,
+        }
+        .encode()
+    };
+    let c = poisoned::<f32>((WGMMA_M * WGMMA_MN_N) as usize)?;
+    let params = WgmmaMnParams {
+        tmap_a: map(a, WGMMA_M, WGMMA_K)?,
+        tmap_b: map(b, WGMMA_K, WGMMA_MN_N)?,
+        c: device_ptr(&c) as *mut f32,
+    };
+    let cfg = LaunchConfig::new((1, 1, 1), WGMMA_THREADS, wgmma_mn_smem_bytes());
+    // SAFETY: the maps describe a [64, 64] and b [64, 128]; c holds 64 x 128 f32.
+    unsafe { gpu.launch(stream, "smoke_wgmma_mn", &cfg, &params)? };
+    gpu.sync(stream, "smoke_wgmma_mn")?;
+    download(&c)
+}
+
+/// `c[i][j] = sum_k a[i][k] b[k][j]` in f64 (`a [m, k]`, `b [k, n]`, row-major).
+pub fn matmul_nn_reference(
+    a: &[bf16],
+    b: &[bf16],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut bt = vec![bf16::ZERO; n * k];
+    for kk in 0..k {
+        for j in 0..n {
+            bt[j * k + kk] = b[kk * n + j];
+        }
+    }
+    crate::gemm::reference(a, &bt, m, n, k)
+}
+
 // ---------------------------------------------------------------------------------------------
 
 /// Output of [`pingpong`].

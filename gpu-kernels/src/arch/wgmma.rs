@@ -71,6 +71,16 @@ impl Descriptor {
         Descriptor::new(start, 16, 1024, Swizzle::B128)
     }
 
+    /// MN-major operand (M or N contiguous; `imm-trans = 1`), 128-byte swizzle: each K row of a
+    /// swizzle atom holds 64 16-bit elements along M/N (128 bytes), 8-row K groups are 1024
+    /// bytes apart (stride byte offset), and consecutive 64-element atoms along M/N are
+    /// `atom_stride` bytes apart (leading byte offset). `start` is the first atom's base plus
+    /// `2048 k` bytes for the k-th 16-row K slice.
+    #[inline(always)]
+    pub const fn mn_major_sw128(start: u32, atom_stride: u32) -> Self {
+        Descriptor::new(start, atom_stride, 1024, Swizzle::B128)
+    }
+
     /// The descriptor advanced by `bytes` (a multiple of 16) of start address.
     #[inline(always)]
     pub const fn offset(self, bytes: u32) -> Self {

@@ -25,7 +25,8 @@ use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{fence, index, mbarrier::Mbarrier, smem, sync};
 use crate::tensor_map_ptr;
 use kernel_abi::smoke::{
-    WGMMA_K, WGMMA_M, WGMMA_SMEM_B_OFFSET, WGMMA_THREADS, WgmmaTileParams, wgmma_smem_bar_offset,
+    WGMMA_K, WGMMA_M, WGMMA_MN_BAR_OFFSET, WGMMA_MN_BLOCK_BYTES, WGMMA_SMEM_B_OFFSET,
+    WGMMA_THREADS, WgmmaMnParams, WgmmaTileParams, wgmma_smem_bar_offset,
 };
 
 /// Load both tiles and wait for them (steps 1-3). Returns the shared addresses of A and B.
@@ -148,3 +149,65 @@ wgmma_smoke!(
     m64n256k16_bf16_ss,
     fence_operands_128
 );
+
+/// `smoke_wgmma_mn`: `c [64, 128] = a [64, 64] b [64, 128]` with B **MN-major** (row-major
+/// `[k, n]`, N contiguous), loaded by TMA as two 128B-swizzled column blocks and read with
+/// `trans-b = 1` through [`Descriptor::mn_major_sw128`].
+///
+/// Barrier protocol: as the module's, with three loads (A and the two column blocks of B) on
+/// the one mbarrier phase.
+///
+/// # Safety
+/// One block of `WGMMA_THREADS` threads, `wgmma_mn_smem_bytes()` of dynamic shared memory,
+/// valid tensor maps as documented, `c` holding 64 x 128 f32.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn smoke_wgmma_mn(p: WgmmaMnParams) {
+    crate::launch_bounds!(smoke_wgmma_mn, WGMMA_THREADS, 1);
+    let tmap_a = tensor_map_ptr!(smoke_wgmma_mn, 0, WgmmaMnParams, tmap_a);
+    let tmap_b = tensor_map_ptr!(smoke_wgmma_mn, 0, WgmmaMnParams, tmap_b);
+    let tid = index::thread_idx_x();
+    let base = smem::aligned_base();
+    let (a_s, b_s) = (base, base + WGMMA_SMEM_B_OFFSET as u32);
+    let bar = Mbarrier::at(base + WGMMA_MN_BAR_OFFSET as u32);
+    if tid == 0 {
+        // SAFETY: single initializer before any use.
+        unsafe { bar.init(1) };
+        fence::fence_mbarrier_init();
+    }
+    // SAFETY: all threads reach this barrier once.
+    unsafe { sync::sync_threads() };
+    if tid == 0 {
+        let bytes = WGMMA_M * WGMMA_K * 2 + 2 * WGMMA_MN_BLOCK_BYTES;
+        // SAFETY: the barrier expects exactly the three boxes' bytes; destinations are
+        // 1024-aligned and sized by wgmma_mn_smem_bytes(); column coordinates 0 and 64 are
+        // multiples of 16 bytes.
+        unsafe {
+            bar.arrive_expect_tx(bytes);
+            tmap_a.load_2d(a_s, 0, 0, bar);
+            tmap_b.load_2d(b_s, 0, 0, bar);
+            tmap_b.load_2d(b_s + WGMMA_MN_BLOCK_BYTES, 64, 0, bar);
+        }
+    }
+    // SAFETY: phase 0 is completed by the copies above.
+    unsafe { bar.wait_parity(0) };
+    let mut acc = [0.0f32; 64];
+    // SAFETY: whole warpgroup, uniform control flow; operands published by the phase.
+    unsafe {
+        wgmma::fence();
+        for k in 0..WGMMA_K / 16 {
+            let da = Descriptor::k_major_sw128(a_s + 32 * k);
+            let db = Descriptor::mn_major_sw128(b_s + 2048 * k, WGMMA_MN_BLOCK_BYTES);
+            wgmma::m64n128k16_bf16_ss::<0, 1>(&mut acc, da, db, k > 0);
+        }
+        wgmma::commit_group();
+        wgmma::wait_group::<0>();
+    }
+    wgmma::fence_operands_64(&mut acc);
+    store_acc(&acc, p.c);
+    // SAFETY: all threads reach this barrier once.
+    unsafe { sync::sync_threads() };
+    if tid == 0 {
+        // SAFETY: nobody uses the barrier after the barrier above.
+        unsafe { bar.inval() };
+    }
+}
