@@ -43,7 +43,11 @@ pub const fn padded_labels(c: u32) -> u32 {
 
 /// Largest power of two `<= x` (1 for 0).
 pub const fn pow2_floor(x: u32) -> u32 {
-    if x <= 1 { 1 } else { 1 << (31 - x.leading_zeros()) }
+    if x <= 1 {
+        1
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
 }
 
 /// Threads that cooperate on one label (`G`): a power of two dividing 32, with
@@ -71,7 +75,11 @@ pub const fn isqrt(x: u64) -> u64 {
     let mut hi = if x < (1 << 32) { x } else { 1 << 32 };
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
-        if mid <= x / mid { lo = mid } else { hi = mid - 1 }
+        if mid <= x / mid {
+            lo = mid
+        } else {
+            hi = mid - 1
+        }
     }
     lo
 }

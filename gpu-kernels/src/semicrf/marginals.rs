@@ -73,7 +73,10 @@ pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
         while from + e / c < end_rows {
             let row = (from + e / c) as usize;
             // SAFETY: row <= T, e % c < C.
-            unsafe { *p.grad_cumsum.add((b as usize * (tz + 1) + row) * cz + (e % c) as usize) = 0.0 };
+            unsafe {
+                *p.grad_cumsum
+                    .add((b as usize * (tz + 1) + row) * cz + (e % c) as usize) = 0.0
+            };
             e += THREADS;
         }
         if !p.marginals.is_null() {

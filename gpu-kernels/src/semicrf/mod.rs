@@ -179,7 +179,16 @@ impl Sweep {
     /// The view for this thread; `g = lanes_per_label(k, c)`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub fn new(k: u32, c: u32, g: u32, dur: u32, trans: u32, ring: u32, prow: u32, qrow: u32) -> Self {
+    pub fn new(
+        k: u32,
+        c: u32,
+        g: u32,
+        dur: u32,
+        trans: u32,
+        ring: u32,
+        prow: u32,
+        qrow: u32,
+    ) -> Self {
         let tid = index::thread_idx_x();
         let label = tid / g;
         Sweep {

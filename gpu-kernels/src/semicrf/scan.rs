@@ -132,7 +132,11 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
         };
         let at = pos(r);
         if at % p.ckpt == 0 && (!reverse || at >= p.ckpt) {
-            let j = if reverse { at / p.ckpt - 1 } else { at / p.ckpt } as usize;
+            let j = if reverse {
+                at / p.ckpt - 1
+            } else {
+                at / p.ckpt
+            } as usize;
             let seg = b as usize * nseg + j;
             // Rows per checkpoint: K ring rows, plus the alpha row in the forward direction.
             let (ckpt, norms, stride) = if reverse {
@@ -184,7 +188,12 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
         })
     };
     if sw.tid == 0 {
-        let z = norm + if lse == NEG_INF { f64::NEG_INFINITY } else { lse as f64 };
+        let z = norm
+            + if lse == NEG_INF {
+                f64::NEG_INFINITY
+            } else {
+                lse as f64
+            };
         let d = reverse as usize;
         // SAFETY: b < B; log_z64 holds 2 B values, log_z B.
         unsafe {
