@@ -93,6 +93,7 @@ fn main() {
         finite_differences,
     );
     s.cpu("reference/viterbi_is_valid_and_best", viterbi_reference);
+    s.cpu("reference/kernel_algorithm_model", kernel_model);
     s.cpu("host/rejects_bad_input", rejects_bad_input);
     s.cpu("host/checkpoint_defaults_and_layouts", checkpoint_defaults);
     s.cpu("host/cumulative_scores", cumulative_scores);
@@ -720,4 +721,354 @@ fn scale(g: &Gpu) -> TestResult {
         nt,
         1e-4,
     )
+}
+
+// ----------------------------------------------------------------------------------------
+// CPU model of the kernels' algorithm: the same steps, ring slots, checkpoint layouts (ages),
+// rebase schedule, segment ranges and combination as `gpu-kernels/src/semicrf`, in f64. It
+// checks the algorithm and its indexing against the reference without a GPU.
+
+mod model {
+    use kernel_abi::semicrf::CHUNK;
+    use kernels::semicrf::reference::{Model, lse};
+
+    const NEG: f64 = f64::NEG_INFINITY;
+
+    /// One scan: ring [C][K] (slot = step % K), P row, normalizer.
+    struct Scan<'a> {
+        m: &'a Model,
+        b: usize,
+        len: usize,
+        reverse: bool,
+        ring: Vec<f64>,
+        prow: Vec<f64>,
+        qrow: Vec<f64>,
+        norm: f64,
+    }
+
+    impl<'a> Scan<'a> {
+        fn new(m: &'a Model, b: usize, reverse: bool) -> Self {
+            Scan {
+                m,
+                b,
+                len: m.lengths[b],
+                reverse,
+                ring: vec![NEG; m.k * m.c],
+                prow: vec![0.0; m.c],
+                qrow: vec![NEG; m.c],
+                norm: 0.0,
+            }
+        }
+        fn pos(&self, r: usize) -> usize {
+            if self.reverse { self.len - r } else { r }
+        }
+        fn table(&self, label: usize, cin: usize) -> f64 {
+            let c = self.m.c;
+            if self.reverse {
+                self.m.trans[label * c + cin]
+            } else {
+                self.m.trans[cin * c + label]
+            }
+        }
+        /// Step r (the kernel's `first_forward`, `first_reverse` or `step`).
+        fn step(&mut self, r: usize) {
+            let (k, c) = (self.m.k, self.m.c);
+            let sgn = if self.reverse { -1.0 } else { 1.0 };
+            let at = self.pos(r);
+            let s = |l: usize| self.m.s(self.b, at, l);
+            if r == 0 && self.reverse {
+                for l in 0..c {
+                    self.ring[l * k] = s(l);
+                    self.qrow[l] = s(l);
+                }
+                return;
+            }
+            if r == 0 {
+                self.prow = vec![0.0; c];
+            } else {
+                let base = r % k;
+                self.prow = (0..c)
+                    .map(|l| {
+                        lse((1..=k.min(r)).map(|kk| {
+                            let slot = (base + k - kk) % k;
+                            self.ring[l * k + slot] + self.m.dur[(kk - 1) * c + l]
+                        })) + sgn * s(l)
+                    })
+                    .collect();
+            }
+            for l in 0..c {
+                let q = lse((0..c).map(|ci| self.prow[ci] + self.table(l, ci))) - sgn * s(l);
+                self.ring[l * k + r % k] = q;
+                self.qrow[l] = q;
+            }
+        }
+        fn rebase(&mut self) {
+            let mut d = self.qrow.iter().copied().fold(NEG, f64::max);
+            if d == NEG {
+                d = 0.0;
+            }
+            self.ring.iter_mut().for_each(|x| *x -= d);
+            self.norm += d;
+        }
+        /// Ring rows by age at step r: [K][C].
+        fn by_age(&self, r: usize) -> Vec<f64> {
+            let (k, c) = (self.m.k, self.m.c);
+            let mut out = vec![NEG; k * c];
+            for l in 0..c {
+                for slot in 0..k {
+                    let age = (r % k + k - slot) % k;
+                    out[age * c + l] = self.ring[l * k + slot];
+                }
+            }
+            out
+        }
+        fn load_by_age(&mut self, r: usize, rows: &[f64]) {
+            let (k, c) = (self.m.k, self.m.c);
+            for l in 0..c {
+                for slot in 0..k {
+                    let age = (r % k + k - slot) % k;
+                    self.ring[l * k + slot] = rows[age * c + l];
+                }
+                self.qrow[l] = rows[l];
+            }
+        }
+    }
+
+    /// Checkpoints of one direction: per segment index, (rows, normalizer).
+    pub type Ckpts = Vec<Option<(Vec<f64>, f64)>>;
+
+    /// `semicrf_scan` for sequence b: (log Z, checkpoints).
+    pub fn scan(m: &Model, b: usize, reverse: bool, ckpt: usize) -> (f64, Ckpts) {
+        let mut sc = Scan::new(m, b, reverse);
+        let nseg = m.t / ckpt + 1;
+        let mut ck: Ckpts = vec![None; nseg];
+        let len = sc.len;
+        for r in 0..=len {
+            sc.step(r);
+            let at = sc.pos(r);
+            if at % ckpt == 0 && (!reverse || at >= ckpt) {
+                let mut rows = sc.by_age(r);
+                if !reverse {
+                    rows.extend_from_slice(&sc.prow);
+                }
+                let j = if reverse { at / ckpt - 1 } else { at / ckpt };
+                ck[j] = Some((rows, sc.norm));
+            }
+            if r == len {
+                break;
+            }
+            if (r + 1) % CHUNK as usize == 0 {
+                sc.rebase();
+            }
+        }
+        let z = if reverse {
+            sc.norm + lse((0..m.c).map(|l| sc.qrow[l] - m.s(b, 0, l)))
+        } else {
+            sc.norm + lse(sc.prow.iter().copied())
+        };
+        (z, ck)
+    }
+
+    /// What `semicrf_marginals` writes for segment j of sequence b: grad rows, marginal rows
+    /// (positions s0..), duration and transition counts.
+    pub struct SegmentOut {
+        pub grad: Vec<(usize, usize, f64)>,
+        pub mu: Vec<(usize, usize, usize, f64)>,
+        pub dur: Vec<f64>,
+        pub trans: Vec<f64>,
+    }
+
+    pub fn segment(
+        m: &Model,
+        b: usize,
+        j: usize,
+        ckpt: usize,
+        log_z: f64,
+        a: &Ckpts,
+        be: &Ckpts,
+    ) -> SegmentOut {
+        let (k, c, len) = (m.k, m.c, m.lengths[b]);
+        let s0 = j * ckpt;
+        let mut out = SegmentOut {
+            grad: vec![],
+            mu: vec![],
+            dur: vec![0.0; k * c],
+            trans: vec![0.0; c * c],
+        };
+        if s0 > len {
+            return out;
+        }
+        let s1 = (s0 + ckpt).min(len + 1);
+        let n = s1 - s0;
+        let (mut alpha, mut v, mut na) =
+            (vec![vec![0.0; c]; n], vec![vec![0.0; c]; n], vec![0.0; n]);
+        let mut w = vec![vec![NEG; c]; n + k];
+        let mut nb = vec![0.0; n + k];
+        // Alpha sweep from checkpoint j (rows by age, then alpha).
+        let (rows, norm) = a[j].clone().expect("forward checkpoint written");
+        let mut sc = Scan::new(m, b, false);
+        sc.load_by_age(s0, &rows[..k * c]);
+        sc.norm = norm;
+        alpha[0] = rows[k * c..].to_vec();
+        v[0] = rows[..c].to_vec();
+        na[0] = norm;
+        if (s0 + 1) % CHUNK as usize == 0 && s0 + 1 < s1 {
+            sc.rebase();
+        }
+        for r in s0 + 1..s1 {
+            sc.step(r);
+            alpha[r - s0] = sc.prow.clone();
+            v[r - s0] = sc.qrow.clone();
+            na[r - s0] = sc.norm;
+            if (r + 1) % CHUNK as usize == 0 && r + 1 < s1 {
+                sc.rebase();
+            }
+        }
+        // Beta sweep from checkpoint j at s1, or from L.
+        let mut sc = Scan::new(m, b, true);
+        if s1 <= len {
+            let (rows, norm) = be[j].clone().expect("reverse checkpoint written");
+            let r1 = len - s1;
+            sc.load_by_age(r1, &rows);
+            sc.norm = norm;
+            for i in 0..k {
+                w[n + i] = rows[i * c..(i + 1) * c].to_vec();
+                nb[n + i] = norm;
+            }
+            if (r1 + 1) % CHUNK as usize == 0 {
+                sc.rebase();
+            }
+        }
+        for pos in (s0..s1).rev() {
+            let r = len - pos;
+            sc.step(r);
+            w[pos - s0] = sc.qrow.clone();
+            nb[pos - s0] = sc.norm;
+            if (r + 1) % CHUNK as usize == 0 && pos > s0 {
+                sc.rebase();
+            }
+        }
+        // Combine.
+        for pos in s0..s1 {
+            let i = pos - s0;
+            for l in 0..c {
+                let mut st = 0.0;
+                for kk in 1..=k {
+                    let mu = if kk <= k.min(len - pos) {
+                        let x = v[i][l]
+                            + w[i + kk][l]
+                            + m.dur[(kk - 1) * c + l]
+                            + (na[i] - log_z + nb[i + kk]);
+                        x.exp()
+                    } else {
+                        0.0
+                    };
+                    if kk <= k.min(len - pos) {
+                        out.dur[(kk - 1) * c + l] += mu;
+                    }
+                    st += mu;
+                    out.mu.push((pos, kk, l, mu));
+                }
+                let e = if pos == 0 {
+                    0.0
+                } else {
+                    (alpha[i][l] + w[i][l] - m.s(b, pos, l) + (na[i] - log_z + nb[i])).exp()
+                };
+                out.grad.push((pos, l, e - st));
+                if st > 0.0 {
+                    let u = v[i][l] + m.s(b, pos, l);
+                    for ci in 0..c {
+                        out.trans[ci * c + l] +=
+                            (alpha[i][ci] + m.trans[ci * c + l] - u).exp() * st;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn kernel_model() -> TestResult {
+    for (b, t, k, c, s, varied) in [
+        (1, 1, 1, 1, 1, false),
+        (3, 50, 4, 2, 7, true),
+        (2, 9, 12, 3, 3, false),
+        (2, 70, 5, 3, 16, true),
+        (3, 61, 20, 4, 17, true),
+        (1, 40, 3, 2, 40, false),
+        (2, 70, 5, 3, 5, true),
+        (2, 100, 7, 2, 31, true),
+    ] {
+        let p = SemiCrfProblem::new(b, t, k, c).with_checkpoint(s);
+        let inp = semicrf::random_inputs(&p, (t + k + c) as u64, varied);
+        let m = Model::new(&p, &inp.view());
+        let want = reference::posterior(&m);
+        let mut dur = vec![0.0; k * c];
+        let mut trans = vec![0.0; c * c];
+        let mut seen = vec![false; b * (t + 1) * c];
+        for bi in 0..b {
+            let (z, a) = model::scan(&m, bi, false, s);
+            let (zr, be) = model::scan(&m, bi, true, s);
+            let tol = 1e-10 * z.abs().max(1.0);
+            ensure(
+                (z - want.log_z[bi]).abs() <= tol && (zr - z).abs() <= tol,
+                || {
+                    format!(
+                        "b{bi}: model log Z {z} / reverse {zr}, reference {}",
+                        want.log_z[bi]
+                    )
+                },
+            )?;
+            for j in 0..p.num_segments() {
+                let o = model::segment(&m, bi, j, s, z, &a, &be);
+                for (pos, l, g) in o.grad {
+                    let i = (bi * (t + 1) + pos) * c + l;
+                    ensure(!seen[i], || {
+                        format!("b{bi}: position {pos} written by two segments")
+                    })?;
+                    seen[i] = true;
+                    ensure((g - want.grad_cumsum[i]).abs() <= 1e-10, || {
+                        format!(
+                            "b{bi} segment {j} position {pos} label {l}: grad {g} vs {}",
+                            want.grad_cumsum[i]
+                        )
+                    })?;
+                }
+                for (pos, kk, l, mu) in o.mu {
+                    if pos < t {
+                        let w = want.marginals[((bi * t + pos) * k + kk - 1) * c + l];
+                        ensure((mu - w).abs() <= 1e-10, || {
+                            format!("b{bi} mu[{pos},{kk},{l}] {mu} vs {w}")
+                        })?;
+                    }
+                }
+                dur.iter_mut().zip(&o.dur).for_each(|(x, y)| *x += y);
+                trans.iter_mut().zip(&o.trans).for_each(|(x, y)| *x += y);
+            }
+            // Positions past the length are the kernels' zero rows.
+            for pos in m.lengths[bi] + 1..=t {
+                for l in 0..c {
+                    seen[(bi * (t + 1) + pos) * c + l] = true;
+                }
+            }
+        }
+        ensure(seen.iter().all(|x| *x), || {
+            "a position no segment wrote".into()
+        })?;
+        for (what, got, want) in [
+            ("dur", &dur, &want.grad_dur),
+            ("trans", &trans, &want.grad_trans),
+        ] {
+            let err = got
+                .iter()
+                .zip(want.iter())
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            ensure(err <= 1e-10, || {
+                format!("{what} counts differ by {err:.3e}")
+            })?;
+        }
+        println!("model B{b} T{t} K{k} C{c} S{s}: matches the reference to 1e-10");
+    }
+    Ok(())
 }
