@@ -10,6 +10,7 @@
 mod harness;
 mod main_job;
 mod report;
+mod semicrf;
 mod smoke;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +35,9 @@ enum Command {
     },
     /// Smoke kernels and the Hopper GEMM (beside cuBLAS).
     Smoke(FamilyArgs),
+    /// Semi-Markov CRF forward and forward+backward beside flash-semicrf, torch-struct and a
+    /// PyTorch autograd baseline.
+    Semicrf(FamilyArgs),
     /// Render bench/results/*.json into BENCHMARKS.md.
     Report {
         /// Directory of results files.
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Main { quick } => main_job::run(quick),
         Command::Smoke(args) => family("smoke", &args, smoke::run),
+        Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Report { results, out } => match report::render(&results) {
             Ok(md) => match std::fs::write(&out, md) {
                 Ok(()) => {
