@@ -10,6 +10,9 @@
 //! Every GPU output buffer and the forward state (checkpoints) start poisoned with NaN, so an
 //! element that is not written, or a checkpoint slot read before it is written, fails.
 
+// Index loops over (sequence, position, label) mirror the kernels and the formulas.
+#![allow(clippy::needless_range_loop)]
+
 use kernel_tests::{Needs, Suite, TestResult, check_close, ensure, gpu_ok, portable_gpu};
 use kernels::memory::download;
 use kernels::semicrf::reference::{self, Model};
@@ -535,7 +538,9 @@ fn fused(g: &Gpu, c: Case) -> TestResult {
     let inp = inputs(&c);
     let stream = gpu_ok(g.stream())?;
     let dev = gpu_ok(semicrf::DeviceInputs::upload(&p, &inp.view()))?;
-    let run = |fused: bool| -> kernels::Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f64>, Vec<f64>)> {
+    // log Z, dS, ddur, dtrans, forward and reverse log Z (f64).
+    type Outputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f64>, Vec<f64>);
+    let run = |fused: bool| -> kernels::Result<Outputs> {
         let mut st = semicrf::ForwardState::new(&p)?;
         let mut gr = semicrf::Gradients::new(&p, false)?;
         if fused {
@@ -846,7 +851,7 @@ mod model {
         for r in 0..=len {
             sc.step(r);
             let at = sc.pos(r);
-            if at % ckpt == 0 && (!reverse || at >= ckpt) {
+            if at.is_multiple_of(ckpt) && (!reverse || at >= ckpt) {
                 let mut rows = sc.by_age(r);
                 if !reverse {
                     rows.extend_from_slice(&sc.prow);
@@ -857,7 +862,7 @@ mod model {
             if r == len {
                 break;
             }
-            if (r + 1) % CHUNK as usize == 0 {
+            if (r + 1).is_multiple_of(CHUNK as usize) {
                 sc.rebase();
             }
         }
@@ -912,7 +917,7 @@ mod model {
         alpha[0] = rows[k * c..].to_vec();
         v[0] = rows[..c].to_vec();
         na[0] = norm;
-        if (s0 + 1) % CHUNK as usize == 0 && s0 + 1 < s1 {
+        if (s0 + 1).is_multiple_of(CHUNK as usize) && s0 + 1 < s1 {
             sc.rebase();
         }
         for r in s0 + 1..s1 {
@@ -920,7 +925,7 @@ mod model {
             alpha[r - s0] = sc.prow.clone();
             v[r - s0] = sc.qrow.clone();
             na[r - s0] = sc.norm;
-            if (r + 1) % CHUNK as usize == 0 && r + 1 < s1 {
+            if (r + 1).is_multiple_of(CHUNK as usize) && r + 1 < s1 {
                 sc.rebase();
             }
         }
@@ -935,7 +940,7 @@ mod model {
                 w[n + i] = rows[i * c..(i + 1) * c].to_vec();
                 nb[n + i] = norm;
             }
-            if (r1 + 1) % CHUNK as usize == 0 {
+            if (r1 + 1).is_multiple_of(CHUNK as usize) {
                 sc.rebase();
             }
         }
@@ -944,7 +949,7 @@ mod model {
             sc.step(r);
             w[pos - s0] = sc.qrow.clone();
             nb[pos - s0] = sc.norm;
-            if (r + 1) % CHUNK as usize == 0 && pos > s0 {
+            if (r + 1).is_multiple_of(CHUNK as usize) && pos > s0 {
                 sc.rebase();
             }
         }

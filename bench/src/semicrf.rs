@@ -92,7 +92,7 @@ fn case(b: &mut Bench, (bs, t, k, c): (usize, usize, usize, usize), varied: bool
     for (i, w) in want.iter().enumerate() {
         let e = (z[i] as f64 - w).abs();
         z_err = z_err.max(e);
-        if !(e <= 1e-4 * w.abs().max(1.0)) {
+        if e.is_nan() || e > 1e-4 * w.abs().max(1.0) {
             return Err(Error::invalid(
                 "semicrf benchmark",
                 format!("log Z of sequence {i}: {} vs f64 {w}", z[i]),
@@ -121,7 +121,7 @@ fn case(b: &mut Bench, (bs, t, k, c): (usize, usize, usize, usize), varied: bool
         gt.iter().map(|&x| x as f64).sum(),
     );
     ident = ident.max((nd - nt).abs() / nd.max(1.0));
-    if !(ident <= 1e-3) {
+    if ident.is_nan() || ident > 1e-3 {
         return Err(Error::invalid(
             "semicrf benchmark",
             format!("gradient identities off by {ident:.3e}"),

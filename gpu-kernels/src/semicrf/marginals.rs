@@ -173,7 +173,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
     unsafe { sync::sync_threads() };
 
     // 2. Alpha sweep (the scan's steps, including its rebase schedule, so values match it).
-    if (s0 + 1) % CHUNK == 0 && s0 + 1 < s1 {
+    if (s0 + 1).is_multiple_of(CHUNK) && s0 + 1 < s1 {
         // SAFETY: qrow and the ring were published by C0; own entries.
         let d = unsafe { sw.rebase(s0) };
         // SAFETY: uniform (block-uniform condition).
@@ -201,7 +201,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
             // SAFETY: i < S.
             unsafe { norm_a.store(i, norm) };
         }
-        if (r + 1) % CHUNK == 0 && r + 1 < s1 {
+        if (r + 1).is_multiple_of(CHUNK) && r + 1 < s1 {
             // SAFETY: qrow published by B2; own entries.
             let d = unsafe { sw.rebase(r) };
             // SAFETY: uniform.
@@ -257,7 +257,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
     unsafe { sync::sync_threads() };
 
     // 4. Beta sweep.
-    if from_ckpt && (r1 + 1) % CHUNK == 0 {
+    if from_ckpt && (r1 + 1).is_multiple_of(CHUNK) {
         // SAFETY: qrow and ring published by C1; own entries.
         let d = unsafe { sw.rebase(r1) };
         // SAFETY: uniform.
@@ -291,7 +291,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
             // SAFETY: i < S + K.
             unsafe { norm_b.store(i, norm) };
         }
-        if (r + 1) % CHUNK == 0 && pos > s0 {
+        if (r + 1).is_multiple_of(CHUNK) && pos > s0 {
             // SAFETY: qrow published by B2; own entries.
             let d = unsafe { sw.rebase(r) };
             // SAFETY: uniform.

@@ -108,7 +108,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
     let mut norm = 0.0f64;
     let mut r = 0u32;
     loop {
-        if r % CHUNK == 0 {
+        if r.is_multiple_of(CHUNK) {
             stage(r / CHUNK + 1);
         }
         let row = (r / CHUNK % 2) * CHUNK * c + (r % CHUNK) * c;
@@ -131,7 +131,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
             }
         };
         let at = pos(r);
-        if at % p.ckpt == 0 && (!reverse || at >= p.ckpt) {
+        if at.is_multiple_of(p.ckpt) && (!reverse || at >= p.ckpt) {
             let j = if reverse {
                 at / p.ckpt - 1
             } else {
@@ -163,7 +163,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
         if r == len {
             break;
         }
-        if (r + 1) % CHUNK == 0 {
+        if (r + 1).is_multiple_of(CHUNK) {
             cp_async::wait_all();
             // SAFETY: qrow published by B2; the thread's own ring entries.
             let d = unsafe { sw.rebase(r) };

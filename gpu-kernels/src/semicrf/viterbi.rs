@@ -93,7 +93,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_viterbi(p: ViterbiParams) {
     let mut norm = 0.0f64;
     let mut r = 0u32;
     loop {
-        if r % CHUNK == 0 {
+        if r.is_multiple_of(CHUNK) {
             stage(r / CHUNK + 1);
         }
         let row = (r / CHUNK % 2) * CHUNK * c + (r % CHUNK) * c;
@@ -121,7 +121,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_viterbi(p: ViterbiParams) {
         if r == len {
             break;
         }
-        if (r + 1) % CHUNK == 0 {
+        if (r + 1).is_multiple_of(CHUNK) {
             cp_async::wait_all();
             // SAFETY: qrow published by B2; own ring entries.
             let d = unsafe { sw.rebase(r) };

@@ -24,6 +24,9 @@
 //! - Viterbi: the same with max; ties go to the smallest `(k, c')` in the order the loops visit
 //!   them.
 
+// The formulas are written as index loops over (t, k, c', c), as on paper.
+#![allow(clippy::needless_range_loop)]
+
 use super::{SemiCrfInputs, SemiCrfProblem};
 
 /// A segment of a segmentation: positions `start .. start + dur`, label `label`.
@@ -281,6 +284,7 @@ pub struct BruteForce {
 pub fn brute_force(m: &Model, b: usize) -> BruteForce {
     let len = m.lengths[b];
     let mut scores: Vec<(f64, Vec<Segment>)> = Vec::new();
+    #[allow(clippy::too_many_arguments)]
     fn rec(
         m: &Model,
         b: usize,
