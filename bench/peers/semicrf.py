@@ -23,6 +23,9 @@ gradients), `rel_diff` (per tensor: max |peer - ours| / max |ours|, and for log 
 cross-check the issue asks for; the runner turns `agrees == false` into a MISMATCH note.
 
 Usage: python3 semicrf.py WORKDIR (cases from `kbench semicrf`). Writes WORKDIR/peer_rows.json.
+Needs flash-semicrf and torch-struct importable (their wheels installed with
+`pip install --no-index --no-deps --target DIR` and `PYTHONPATH=DIR`); a peer that cannot be
+imported or run is recorded as a note.
 Slow peers get a time budget: one warm-up run, then as many timed runs as fit in
 `SEMICRF_PEER_BUDGET_S` seconds (default 20; at least one, at most 20).
 """
@@ -37,6 +40,10 @@ import torch
 from safetensors.torch import load_file
 
 BUDGET_S = float(os.environ.get("SEMICRF_PEER_BUDGET_S", "20"))
+# The baseline runs one Python step per position (~10 kernel launches each, forward and
+# backward): at T = 100 000 one forward+backward takes tens of seconds, so it is skipped above
+# this length unless raised.
+BASELINE_MAX_T = int(os.environ.get("SEMICRF_BASELINE_MAX_T", "20000"))
 MAX_RUNS = 20
 REL_TOL = 1e-4
 
@@ -220,6 +227,11 @@ def main(work):
                         notes.append(f"{name} skipped on {cfg}: needs about {need / 2**30:.0f} GiB")
                         print(f"  peer {name}: skipped (needs about {need / 2**30:.0f} GiB)")
                         continue
+                if name == "pytorch-autograd" and cfg["T"] > BASELINE_MAX_T:
+                    notes.append(f"{name} skipped on {cfg}: T > SEMICRF_BASELINE_MAX_T = "
+                                 f"{BASELINE_MAX_T} (one Python step per position)")
+                    print(f"  peer {name}: skipped (T > {BASELINE_MAX_T})")
+                    continue
                 f = make(spec, lengths, K)
                 rows.extend(measure(name, spec, f, (cs, dur, trans), ours))
             except Exception as e:  # noqa: BLE001 (a peer failing is recorded, not fatal)
