@@ -1,6 +1,7 @@
 //! Tests that need no GPU: the PTX embedded in this build, host-side validation, references.
 
 use kernel_abi::TensorMap;
+use kernel_abi::semicrf;
 use kernel_abi::smoke::*;
 use kernel_tests::{Suite, TestResult, ensure};
 use kernels::tensor_map::{MapDtype, MapSwizzle, TiledMap};
@@ -32,6 +33,10 @@ fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
     let mut k = vec![
         ("smoke_block_reduce", size_of::<ReduceParams>()),
         ("smoke_mma_tile", size_of::<MmaTileParams>()),
+        ("semicrf_scan", size_of::<semicrf::ScanParams>()),
+        ("semicrf_viterbi", size_of::<semicrf::ViterbiParams>()),
+        ("semicrf_marginals", size_of::<semicrf::MarginalParams>()),
+        ("semicrf_reduce", size_of::<semicrf::ReduceParams>()),
     ];
     let attention = size_of::<kernel_abi::attention::AttentionParams>();
     for dtype in ["bf16", "f16"] {
@@ -105,6 +110,10 @@ fn ptx_launch_bounds() -> TestResult {
         ("smoke_mma_tile", MMA_THREADS),
         ("smoke_pingpong", PINGPONG_THREADS),
         ("gemm_bf16_tn", kernel_abi::gemm::THREADS),
+        ("semicrf_scan", semicrf::THREADS),
+        ("semicrf_viterbi", semicrf::THREADS),
+        ("semicrf_marginals", semicrf::THREADS),
+        ("semicrf_reduce", semicrf::REDUCE_THREADS),
     ];
     for (name, threads) in bounds {
         for arch in Arch::ALL {

@@ -8,7 +8,8 @@
 //! Peers: for each case the runner writes `<work>/<case>/case.json` (kernel, config, flop and
 //! byte counts) and `<work>/<case>/tensors.safetensors` (inputs and our outputs), then runs
 //! `python3 <peers>/<family>.py <work>`, which times the peers on the same inputs and writes
-//! `<work>/peer_rows.json` (rows in the format above, with `max_diff_vs_ours`).
+//! `<work>/peer_rows.json` (rows in the format above, with `max_diff_vs_ours`; a row of kernel
+//! `note` with a `note` field becomes a note of the results file).
 
 use half::bf16;
 use kernels::timing::{Timings, time_on_stream};
@@ -118,6 +119,10 @@ pub struct ResultsFile {
 pub enum Tensor<'a> {
     /// bf16 data with a shape.
     Bf16(&'a [bf16], Vec<usize>),
+    /// f32 data with a shape.
+    F32(&'a [f32], Vec<usize>),
+    /// i64 data with a shape.
+    I64(&'a [i64], Vec<usize>),
 }
 
 /// A running benchmark of one family.
@@ -218,6 +223,11 @@ impl Bench {
         write_tensors(&path, tensors)
     }
 
+    /// The rows recorded so far.
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
     /// Run the family's Python peers over the cases written so far and record their rows.
     /// A missing interpreter or peer is recorded as a note, not a failure of our rows.
     pub fn run_peers(&mut self) {
@@ -255,7 +265,18 @@ impl Bench {
             .map_err(|e| e.to_string())
             .and_then(|t| serde_json::from_str::<Vec<Row>>(&t).map_err(|e| e.to_string()))
         {
-            Ok(rows) => rows.into_iter().for_each(|r| self.push(r)),
+            Ok(rows) => {
+                for r in rows {
+                    // A peer script reports a peer it could not run as a row of kernel "note".
+                    match (
+                        r.kernel.as_str(),
+                        r.extra.get("note").and_then(|n| n.as_str()),
+                    ) {
+                        ("note", Some(n)) => self.note(n.to_string()),
+                        _ => self.push(r),
+                    }
+                }
+            }
             Err(e) => self.note(format!("reading {}: {e}", path.display())),
         }
     }
@@ -295,6 +316,8 @@ fn write_tensors(path: &Path, tensors: &[(&str, Tensor)]) -> Result<()> {
         .map(|(name, t)| {
             let (dtype, shape, bytes): (_, &Vec<usize>, &[u8]) = match t {
                 Tensor::Bf16(d, s) => (safetensors::Dtype::BF16, s, bytemuck_bytes(d)),
+                Tensor::F32(d, s) => (safetensors::Dtype::F32, s, bytemuck_bytes(d)),
+                Tensor::I64(d, s) => (safetensors::Dtype::I64, s, bytemuck_bytes(d)),
             };
             let view = safetensors::tensor::TensorView::new(dtype, shape.clone(), bytes)
                 .expect("shape matches data");

@@ -11,6 +11,7 @@ mod attention;
 mod harness;
 mod main_job;
 mod report;
+mod semicrf;
 mod smoke;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,9 @@ enum Command {
     Smoke(FamilyArgs),
     /// Attention forward (beside PyTorch SDPA FLASH and CUDNN).
     Attention(FamilyArgs),
+    /// Semi-Markov CRF forward and forward+backward beside flash-semicrf, torch-struct and a
+    /// PyTorch autograd baseline.
+    Semicrf(FamilyArgs),
     /// Render bench/results/*.json into BENCHMARKS.md.
     Report {
         /// Directory of results files.
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Main { quick } => main_job::run(quick),
         Command::Smoke(args) => family("smoke", &args, smoke::run),
         Command::Attention(args) => family("attention", &args, attention::run),
+        Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Report { results, out } => match report::render(&results) {
             Ok(md) => match std::fs::write(&out, md) {
                 Ok(()) => {

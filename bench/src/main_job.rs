@@ -5,6 +5,7 @@ use half::bf16;
 use kernels::data::{rng, uniform_bf16, uniform_f32};
 use kernels::gemm::{self, GemmProblem};
 use kernels::memory::{download, poisoned, upload, zeroed};
+use kernels::semicrf::{self, SemiCrfProblem};
 use kernels::timing::time_on_stream;
 use kernels::{Gpu, Result, smoke};
 use std::process::ExitCode;
@@ -174,6 +175,9 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
             passed: err < 1e-2,
         });
     }
+    // Semi-CRF forward+backward on the default problem (log Z against the factored f64
+    // reference; gradients through their identities, see `semicrf_line`).
+    lines.push(semicrf_line(gpu, &stream, quick, &time)?);
 
     if gpu.arch().has_hopper_kernels() {
         // wgmma tile.
@@ -270,6 +274,60 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
     Ok(lines)
 }
 
+/// Times a piece of GPU work (median milliseconds).
+type TimeFn<'a> = dyn Fn(&mut dyn FnMut() -> Result<()>) -> Result<f64> + 'a;
+
+/// The semi-CRF line: B = 16, T = 1000, K = 32, C = 16 (quick: T = 200), forward then
+/// backward, timed together; log Z within 1e-4 relative of the f64 reference, and
+/// `sum_c dlogZ/dS[t, c]` within 1e-3 of -1 at 0, +1 at the length and 0 between.
+fn semicrf_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn) -> Result<Line> {
+    let p = SemiCrfProblem::new(16, if quick { 200 } else { 1000 }, 32, 16);
+    let inp = semicrf::random_inputs(&p, 1, true);
+    let dev = semicrf::DeviceInputs::upload(&p, &inp.view())?;
+    let mut st = semicrf::ForwardState::new(&p)?;
+    let mut gr = semicrf::Gradients::new(&p, false)?;
+    let ms = time(&mut || {
+        semicrf::forward_launch(gpu, stream, &p, &dev, &mut st)?;
+        semicrf::backward_launch(gpu, stream, &p, &dev, &mut st, &mut gr)
+    })?;
+    let z = download(st.log_z())?;
+    let gs = download(&gr.grad_cumsum)?;
+    let want = semicrf::reference::log_partition_factored(&semicrf::reference::Model::new(
+        &p,
+        &inp.view(),
+    ));
+    let (mut err, mut ok) = (0.0f64, true);
+    for (g, w) in z.iter().zip(&want) {
+        let e = (*g as f64 - w).abs();
+        err = err.max(e);
+        ok &= e <= 1e-4 * w.abs().max(1.0);
+    }
+    for b in 0..p.batch {
+        for t in 0..=p.t {
+            let sum: f64 = (0..p.c)
+                .map(|c| gs[(b * (p.t + 1) + t) * p.c + c] as f64)
+                .sum();
+            let len = inp.lengths[b] as usize;
+            let w = if t == 0 {
+                -1.0
+            } else if t == len {
+                1.0
+            } else {
+                0.0
+            };
+            ok &= (sum - w).abs() <= 1e-3;
+        }
+    }
+    Ok(Line {
+        name: "semicrf_fwd_bwd",
+        config: format!("B{} T{} K{} C{}", p.batch, p.t, p.k, p.c),
+        ms,
+        rate: format!("{:.1} Gterm/s", 2.0 * p.scan_terms() / ms / 1e6),
+        max_err: err,
+        passed: ok,
+    })
+}
+
 /// Max error and whether every element is within `tol(i)` (NaN fails).
 fn check(got: &[f32], want: &[f64], tol: impl Fn(usize) -> f64) -> (f64, bool) {
     let mut err = 0.0f64;
@@ -324,6 +382,12 @@ fn cpu_references() {
             kernels::tensor_map::MapSwizzle::B128,
         );
         format!("{} words", img.len())
+    });
+    let p = SemiCrfProblem::new(4, 200, 16, 8);
+    let inp = semicrf::random_inputs(&p, 1, true);
+    timed("semicrf posterior (f64)", "B4 T200 K16 C8", &mut || {
+        let post = semicrf::reference::posterior(&semicrf::reference::Model::new(&p, &inp.view()));
+        format!("log Z[0] = {:.6}", post.log_z[0])
     });
     let x = uniform_bf16(&mut r, 4 * 4096, -1.0, 1.0);
     timed("pingpong ring output", "4 tiles", &mut || {

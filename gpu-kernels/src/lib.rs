@@ -19,6 +19,7 @@ pub mod arch;
 pub mod attention;
 #[cfg(target_feature = "sm_90a")]
 pub mod gemm;
+pub mod semicrf;
 pub mod smoke;
 
 /// A panic in a kernel (an index out of bounds, an overflow in a checked operation) traps: the

@@ -17,6 +17,7 @@ pub mod gemm;
 pub mod gpu;
 pub mod memory;
 pub mod ptx;
+pub mod semicrf;
 pub mod smoke;
 pub mod tensor_map;
 pub mod timing;

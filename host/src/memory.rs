@@ -36,3 +36,12 @@ pub fn zeroed<T: DeviceCopy + cust::memory::bytemuck::Zeroable>(
 ) -> Result<DeviceBuffer<T>> {
     DeviceBuffer::zeroed(len).ctx("allocating device memory")
 }
+
+/// Free device memory in bytes (`cuMemGetInfo`), for measuring what a computation allocates.
+pub fn free_device_memory() -> Result<usize> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: both are valid out-pointers; a context is current (callers hold a `Gpu`).
+    let r = unsafe { cust::sys::cuMemGetInfo_v2(&mut free, &mut total) };
+    crate::gpu::check(r, "reading free device memory")?;
+    Ok(free)
+}

@@ -33,6 +33,21 @@ pub unsafe fn copy_16_zfill(dst: u32, src: *const u8, src_bytes: u32) {
     };
 }
 
+/// `cp.async.ca.shared.global [dst], [src], 4`: copy one 4-byte word (cached in L1), for rows
+/// whose length is not a multiple of 16 bytes.
+///
+/// # Safety
+/// `dst` is a 4-byte aligned shared-window address of 4 writable bytes; `src` is a 4-byte aligned
+/// pointer to 4 readable bytes of global memory.
+#[inline(always)]
+pub unsafe fn copy_4(dst: u32, src: *const u8) {
+    // SAFETY: the caller guarantees both addresses (alignment, bounds).
+    unsafe {
+        asm!("cp.async.ca.shared.global [{0}], [{1}], 4;", in(reg32) dst, in(reg64) src,
+             options(nostack))
+    };
+}
+
 /// `cp.async.commit_group`: close the group of this thread's copies issued since the last commit.
 #[inline(always)]
 pub fn commit_group() {

@@ -84,6 +84,7 @@ smem_scalar!(u16, reg16, "b16");
 smem_scalar!(u32, reg32, "b32");
 smem_scalar!(f32, reg32, "f32");
 smem_scalar!(u64, reg64, "b64");
+smem_scalar!(f64, reg64, "f64");
 
 impl SmemValue for [u32; 4] {
     #[inline(always)]
