@@ -6,7 +6,7 @@
 //! relative above: LSE grows with the logits), and `-inf` exactly where the reference has it.
 
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
-use kernels::attention::{self, AttentionElem, AttentionProblem, Dtype, View};
+use kernels::attention::{self, AttentionElem, AttentionProblem, Dtype, Path, View};
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Error, Gpu, bf16, f16};
@@ -115,13 +115,38 @@ fn cases() -> Vec<Case> {
 
 fn main() {
     let mut s = Suite::new();
+    // Every case on both paths: the Hopper path (TMA + wgmma, Hopper GPUs) and the mma.sync
+    // tensor-core path (every GPU; also what Auto picks elsewhere).
     for c in cases() {
-        let n = format!("attention/{}", name(&c));
-        s.gpu(&n, Needs::Gpu, move |g| match c.p.dtype {
-            Dtype::Bf16 => run::<bf16>(g, &c),
-            Dtype::F16 => run::<f16>(g, &c),
-        });
+        for (path, needs, tag) in [
+            (Path::Hopper, Needs::Hopper, "hopper"),
+            (Path::MmaSync, Needs::Gpu, "mma"),
+        ] {
+            let mut c = c.clone();
+            c.p.path = path;
+            let n = format!("attention/{tag}/{}", name(&c));
+            s.gpu(&n, needs, move |g| match c.p.dtype {
+                Dtype::Bf16 => run::<bf16>(g, &c),
+                Dtype::F16 => run::<f16>(g, &c),
+            });
+        }
     }
+    // Hopper pipeline stress: K/V of 1, 2, 3 ring tiles and partial tiles (wrap-around of the
+    // 2-stage ring), every head dimension.
+    for d in [64usize, 128, 256] {
+        let bn = kernel_abi::attention::hopper_config(d as u32).map_or(64, |c| c.block_n as usize);
+        for sk in [1, bn, 2 * bn, 3 * bn, 3 * bn + 5, 7 * bn + 1] {
+            let mut c = case(1, 129, sk, 2, 1, d, Dtype::Bf16);
+            c.p.path = Path::Hopper;
+            let n = format!("attention/hopper_ring/{}", name(&c));
+            s.gpu(&n, Needs::Hopper, move |g| run::<bf16>(g, &c));
+        }
+    }
+    s.gpu(
+        "attention/concurrent_streams",
+        Needs::Gpu,
+        concurrent_streams,
+    );
     s.gpu(
         "attention/sm_80_target",
         Needs::Gpu,
@@ -345,6 +370,70 @@ fn packed_qkv(g: &Gpu) -> TestResult {
         seed: 77,
     };
     compare("packed qkv views", &c, &q, &k, &v, &o, &lse)
+}
+
+/// Two different problems launched on two streams at once give the same results as alone.
+fn concurrent_streams(g: &Gpu) -> TestResult {
+    let mut a = case(2, 1000, 1200, 8, 2, 128, Dtype::Bf16);
+    a.p.causal = true;
+    let b = case(3, 700, 500, 4, 4, 64, Dtype::Bf16);
+    let (qa, ka, va) = inputs::<bf16>(&a);
+    let (qb, kb, vb) = inputs::<bf16>(&b);
+    let alone_a = gpu_ok(gpu_forward(g, &a.p, &qa, &ka, &va))?;
+    let alone_b = gpu_ok(gpu_forward(g, &b.p, &qb, &kb, &vb))?;
+    let together = (|| -> kernels::Result<_> {
+        let (sa, sb) = (g.stream()?, g.stream()?);
+        let dev = |q: &[bf16], k: &[bf16], v: &[bf16]| -> kernels::Result<_> {
+            Ok((upload(q)?, upload(k)?, upload(v)?))
+        };
+        let (da, db) = (dev(&qa, &ka, &va)?, dev(&qb, &kb, &vb)?);
+        let (oa, ob) = (poisoned::<bf16>(qa.len())?, poisoned::<bf16>(qb.len())?);
+        let (mut la, mut lb) = (
+            poisoned::<f32>(a.p.lse_len())?,
+            poisoned::<f32>(b.p.lse_len())?,
+        );
+        for _ in 0..3 {
+            let mut ova = View::contiguous(&oa, a.p.q_shape());
+            let mut ovb = View::contiguous(&ob, b.p.q_shape());
+            attention::forward(
+                g,
+                &sa,
+                &a.p,
+                &View::contiguous(&da.0, a.p.q_shape()),
+                &View::contiguous(&da.1, a.p.kv_shape()),
+                &View::contiguous(&da.2, a.p.kv_shape()),
+                &mut ova,
+                &mut la,
+            )?;
+            attention::forward(
+                g,
+                &sb,
+                &b.p,
+                &View::contiguous(&db.0, b.p.q_shape()),
+                &View::contiguous(&db.1, b.p.kv_shape()),
+                &View::contiguous(&db.2, b.p.kv_shape()),
+                &mut ovb,
+                &mut lb,
+            )?;
+        }
+        g.sync(&sa, "attention on stream a")?;
+        g.sync(&sb, "attention on stream b")?;
+        Ok((
+            download(&oa)?,
+            download(&la)?,
+            download(&ob)?,
+            download(&lb)?,
+        ))
+    })();
+    let (oa, la, ob, lb) = gpu_ok(together)?;
+    let same = |x: &[bf16], y: &[bf16]| x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
+    let same_f = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
+    ensure(same(&oa, &alone_a.0) && same_f(&la, &alone_a.1), || {
+        "stream a differs from its lone run".into()
+    })?;
+    ensure(same(&ob, &alone_b.0) && same_f(&lb, &alone_b.1), || {
+        "stream b differs from its lone run".into()
+    })
 }
 
 fn deterministic(g: &Gpu) -> TestResult {

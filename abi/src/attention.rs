@@ -222,3 +222,153 @@ pub struct AttentionParams {
     /// keys, so the longest blocks start first), 0 otherwise.
     pub reverse_m: u32,
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hopper path (sm_90a): TMA, mbarrier ring, wgmma, warp specialization.
+
+/// Query rows per consumer warpgroup (one `wgmma` m64 tile).
+pub const HOPPER_WG_ROWS: u32 = 64;
+/// Consumer warpgroups per block.
+pub const HOPPER_CONSUMERS: u32 = 2;
+/// Query rows per block.
+pub const HOPPER_BLOCK_M: u32 = HOPPER_WG_ROWS * HOPPER_CONSUMERS;
+/// Threads per block: one producer warpgroup and the consumers.
+pub const HOPPER_THREADS: u32 = (1 + HOPPER_CONSUMERS) * crate::WARPGROUP_SIZE;
+/// Registers per thread of the producer warpgroup after `setmaxnreg`.
+pub const HOPPER_PRODUCER_REGS: u32 = 24;
+/// Registers per thread of the consumer warpgroups after `setmaxnreg`.
+pub const HOPPER_CONSUMER_REGS: u32 = 240;
+/// Elements along D of one TMA box / 128-byte swizzle atom.
+pub const HOPPER_ATOM: u32 = 64;
+
+/// The Hopper path's tile shape for one head dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperConfig {
+    /// Head dimension D.
+    pub head_dim: u32,
+    /// Keys per pipeline step (the N of `S = Q K^T`).
+    pub block_n: u32,
+    /// Stages of the K/V ring.
+    pub stages: u32,
+}
+
+impl HopperConfig {
+    /// 128-byte column blocks along D (`D / 64`): tiles are stored as this many `[rows, 64]`
+    /// blocks, each a stack of 128-byte swizzled rows (what TMA writes with a 64-wide box).
+    pub const fn column_blocks(&self) -> u32 {
+        self.head_dim / HOPPER_ATOM
+    }
+
+    /// Bytes of one column block of `rows` rows.
+    pub const fn block_bytes(&self, rows: u32) -> u32 {
+        rows * 128
+    }
+
+    /// Offset of the Q tile (`column_blocks` blocks of `HOPPER_BLOCK_M` rows).
+    pub const fn q_offset(&self) -> usize {
+        0
+    }
+
+    /// Offset of stage `s`'s K tile (`column_blocks` blocks of `block_n` rows).
+    pub const fn k_offset(&self, s: u32) -> usize {
+        (self.column_blocks() * self.block_bytes(HOPPER_BLOCK_M)
+            + 2 * s * self.column_blocks() * self.block_bytes(self.block_n)) as usize
+    }
+
+    /// Offset of stage `s`'s V tile.
+    pub const fn v_offset(&self, s: u32) -> usize {
+        self.k_offset(s) + (self.column_blocks() * self.block_bytes(self.block_n)) as usize
+    }
+
+    /// Bytes one stage's TMA loads deliver (K and V).
+    pub const fn stage_bytes(&self) -> u32 {
+        2 * self.column_blocks() * self.block_bytes(self.block_n)
+    }
+
+    /// Bytes the Q loads deliver.
+    pub const fn q_bytes(&self) -> u32 {
+        self.column_blocks() * self.block_bytes(HOPPER_BLOCK_M)
+    }
+
+    /// Offset of the mbarriers: `q_full`, then `full[stages]`, then `empty[stages]`.
+    pub const fn barriers_offset(&self) -> usize {
+        self.k_offset(self.stages)
+    }
+
+    /// Dynamic shared memory of the kernel.
+    pub const fn smem_bytes(&self) -> usize {
+        crate::align_up(
+            self.barriers_offset() + 8 * (1 + 2 * self.stages as usize),
+            16,
+        ) + SMEM_ALIGN
+    }
+}
+
+/// The Hopper tile configuration for head dimension `d`, if supported.
+pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
+    match d {
+        64 => Some(HopperConfig {
+            head_dim: 64,
+            block_n: 128,
+            stages: 2,
+        }),
+        128 => Some(HopperConfig {
+            head_dim: 128,
+            block_n: 128,
+            stages: 2,
+        }),
+        256 => Some(HopperConfig {
+            head_dim: 256,
+            block_n: 64,
+            stages: 2,
+        }),
+        _ => None,
+    }
+}
+
+/// [`hopper_config`] for a supported head dimension (compile-time use in kernels).
+pub const fn hopper_config_of(d: u32) -> HopperConfig {
+    match hopper_config(d) {
+        Some(c) => c,
+        None => panic!("unsupported head dimension"),
+    }
+}
+
+/// Parameters of `attention_fwd_hopper_{bf16,f16}_d{64,128,256}`: the tensor maps of Q, K, V
+/// (4-D, dims `[D, heads, seq, batch]` innermost first, box `[64, 1, rows, 1]`, 128-byte
+/// swizzle) and everything of [`AttentionParams`] the kernel still needs. Masking and outputs
+/// are as documented there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HopperParams {
+    /// Q map, box rows `HOPPER_BLOCK_M`.
+    pub tmap_q: crate::TensorMap,
+    /// K map, box rows `block_n`.
+    pub tmap_k: crate::TensorMap,
+    /// V map, box rows `block_n`.
+    pub tmap_v: crate::TensorMap,
+    /// O `[batch, seq_q, heads_q, D]` (16-bit elements), strides `o_strides`.
+    pub o: *mut u16,
+    /// LSE `[batch, heads_q, seq_q]` f32, contiguous.
+    pub lse: *mut f32,
+    /// Element strides of O for batch, sequence, head.
+    pub o_strides: [u64; 3],
+    /// Query length.
+    pub seq_q: u32,
+    /// Key/value length.
+    pub seq_k: u32,
+    /// Query heads.
+    pub heads_q: u32,
+    /// Key/value heads.
+    pub heads_kv: u32,
+    /// Softmax scale times log2(e).
+    pub scale_log2: f32,
+    /// Left window size, or [`UNBOUNDED`].
+    pub window_left: i32,
+    /// Right window size (0 for causal), or [`UNBOUNDED`].
+    pub window_right: i32,
+    /// Query blocks per (batch, head).
+    pub num_m_blocks: u32,
+    /// 1 to walk query blocks from the last (causal), 0 otherwise.
+    pub reverse_m: u32,
+}

@@ -7,7 +7,7 @@
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernel_abi::attention::TUNING_VARIANTS;
-use kernels::attention::{self, AttentionProblem, Dtype, View};
+use kernels::attention::{self, AttentionProblem, Dtype, Path, View};
 use kernels::data::{rng, uniform_bf16};
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
@@ -47,7 +47,13 @@ pub fn run(b: &mut Bench) -> Result<()> {
     for (batch, s, h, d, causal) in configs {
         let mut p = AttentionProblem::new(batch, s, s, h, h, d, Dtype::Bf16);
         p.causal = causal;
+        // "ours": the automatic choice (the Hopper path on Hopper GPUs); "ours-mma": the
+        // mma.sync tensor-core path on the same inputs.
         one(b, &p, &q, &k, &v, (&dq, &dk, &dv), None)?;
+        if b.gpu.arch().has_hopper_kernels() {
+            p.path = Path::MmaSync;
+            one(b, &p, &q, &k, &v, (&dq, &dk, &dv), Some("mma"))?;
+        }
     }
     // The tuning variants of the tile table, on a few configurations of the same grid.
     let tuning_seqs: &[usize] = if b.quick { &[2048] } else { &[4096, 16384] };
@@ -87,9 +93,19 @@ fn one(
     let out = poisoned::<bf16>(ELEMS)?;
     let mut lse = poisoned::<f32>(p.lse_len())?;
     let mut ov = View::contiguous(&out, p.q_shape());
+    // "mma" names the path (set in `p`), not a tile variant of it.
+    let tile_variant = variant.filter(|v| *v != "mma");
     let t = b.time(|| {
         attention::forward_variant(
-            &b.gpu, &b.stream, p, &qv, &kv, &vv, &mut ov, &mut lse, variant,
+            &b.gpu,
+            &b.stream,
+            p,
+            &qv,
+            &kv,
+            &vv,
+            &mut ov,
+            &mut lse,
+            tile_variant,
         )
     })?;
     let o = download(&out)?;

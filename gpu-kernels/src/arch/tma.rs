@@ -95,6 +95,23 @@ impl TensorMapPtr {
         };
     }
 
+    /// As [`TensorMapPtr::load_2d`] for a 4-dimensional map, box at `(x, y, z, w)`.
+    ///
+    /// # Safety
+    /// As for [`TensorMapPtr::load_2d`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn load_4d(self, dst: u32, x: i32, y: i32, z: i32, w: i32, bar: Mbarrier) {
+        // SAFETY: forwarded to the caller (destination, barrier and phase contract).
+        unsafe {
+            asm!(
+                "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{0}], [{1}, {{{2}, {3}, {4}, {5}}}], [{6}];",
+                in(reg32) dst, in(reg64) self.0, in(reg32) x, in(reg32) y, in(reg32) z,
+                in(reg32) w, in(reg32) bar.addr(), options(nostack)
+            )
+        };
+    }
+
     /// `cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group`: store the box at `src` to
     /// `(x, y)`; out-of-bounds elements are not written. Complete with [`bulk_commit_group`] and
     /// [`bulk_wait_group_read`].

@@ -44,6 +44,9 @@
 //! -inf uses 0 as its reference, so `exp2(-inf - ref) = 0` and no `-inf - -inf` is ever formed;
 //! the output divides by the row sum only when it is positive (else O = 0, LSE = -inf).
 
+#[cfg(target_feature = "sm_90a")]
+pub mod hopper;
+
 use crate::arch::{convert, cp_async, index, ldmatrix, math, mma, smem, sync, warp};
 use kernel_abi::attention::{AttentionParams, TUNING_VARIANTS, TileConfig, tile_config_of};
 

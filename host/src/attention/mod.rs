@@ -24,11 +24,13 @@ pub use reference::{naive_same_precision, reference, reference_rows};
 
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, LaunchConfig};
+use crate::tensor_map::{MapDtype, MapSwizzle, TiledMap};
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::stream::Stream;
 use half::{bf16, f16};
 use kernel_abi::attention::{
-    AttentionParams, HEAD_DIMS, TileConfig, UNBOUNDED, tile_config, tuning_variant,
+    AttentionParams, HEAD_DIMS, HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_THREADS, HopperParams,
+    TileConfig, UNBOUNDED, hopper_config, tile_config, tuning_variant,
 };
 
 /// Element type of Q, K, V and O.
@@ -79,6 +81,20 @@ impl AttentionElem for f16 {
     }
 }
 
+/// Which kernel computes the forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Path {
+    /// The Hopper path on GPUs that have it (sm_90a: TMA, wgmma, warp specialization), else the
+    /// `mma.sync` path. If the tensors' strides cannot be described by a TMA tensor map, the
+    /// `mma.sync` path is used.
+    #[default]
+    Auto,
+    /// The `mma.sync` tensor-core path (any GPU of compute capability >= 8.0).
+    MmaSync,
+    /// The Hopper path; an error on other GPUs.
+    Hopper,
+}
+
 /// An attention problem: sizes and options. Tensors come as [`View`]s at launch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionProblem {
@@ -102,6 +118,8 @@ pub struct AttentionProblem {
     pub causal: bool,
     /// Sliding window `(left, right)`; `None` on a side is unbounded.
     pub window: (Option<usize>, Option<usize>),
+    /// Which kernel to use.
+    pub path: Path,
 }
 
 impl AttentionProblem {
@@ -126,6 +144,7 @@ impl AttentionProblem {
             scale: None,
             causal: false,
             window: (None, None),
+            path: Path::Auto,
         }
     }
 
@@ -138,6 +157,12 @@ impl AttentionProblem {
     /// With a sliding window.
     pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
         self.window = (left, right);
+        self
+    }
+
+    /// With an explicit kernel choice.
+    pub fn path(mut self, path: Path) -> Self {
+        self.path = path;
         self
     }
 
@@ -425,6 +450,33 @@ pub fn forward_variant<T: AttentionElem>(
             lse.len(),
         ));
     }
+    if problem.batch > 65535 || problem.heads_q > 65535 {
+        return Err(Error::unsupported(
+            "grid",
+            "batch and heads_q must be at most 65535",
+        ));
+    }
+    let hopper = match (problem.path, variant) {
+        (_, Some(_)) | (Path::MmaSync, None) => false,
+        (Path::Hopper, None) => {
+            if !gpu.arch().has_hopper_kernels() {
+                return Err(Error::unsupported(
+                    "attention path Hopper",
+                    format!("needs the sm_90a kernels; this GPU runs {}", gpu.arch()),
+                ));
+            }
+            true
+        }
+        (Path::Auto, None) => gpu.arch().has_hopper_kernels(),
+    };
+    if hopper {
+        match hopper_params(problem, q, k, v, o, lse) {
+            Ok(params) => return launch_hopper(gpu, stream, problem, &params),
+            Err(e) if problem.path == Path::Hopper => return Err(e),
+            // Strides a tensor map cannot describe: the mma.sync path handles any.
+            Err(_) => {}
+        }
+    }
     let (cfg, name): (TileConfig, String) = match variant {
         None => (
             tile_config(problem.head_dim as u32).expect("validated head dimension"),
@@ -468,12 +520,6 @@ pub fn forward_variant<T: AttentionElem>(
         num_m_blocks,
         reverse_m: u32::from(problem.causal),
     };
-    if problem.batch > 65535 || problem.heads_q > 65535 {
-        return Err(Error::unsupported(
-            "grid",
-            "batch and heads_q must be at most 65535",
-        ));
-    }
     let launch = LaunchConfig::new(
         (num_m_blocks, problem.heads_q as u32, problem.batch as u32),
         cfg.threads(),
@@ -483,4 +529,78 @@ pub fn forward_variant<T: AttentionElem>(
     // in bounds of its buffer), LSE has batch * heads_q * seq_q elements, the sizes and window
     // were validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
     unsafe { gpu.launch(stream, &name, &launch, &params) }
+}
+
+/// The Hopper kernel's parameters: tensor maps over the (already checked) views.
+fn hopper_params<T: AttentionElem>(
+    problem: &AttentionProblem,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &View<T>,
+    lse: &DeviceBuffer<f32>,
+) -> Result<HopperParams> {
+    let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
+    let dtype = match problem.dtype {
+        Dtype::Bf16 => MapDtype::Bf16,
+        Dtype::F16 => MapDtype::F16,
+    };
+    let map = |view: &View<T>, rows: u32| {
+        let [b, s, h, d] = view.shape;
+        let st = view.strides;
+        TiledMap {
+            address: view.ptr(),
+            dtype,
+            dims: &[d as u64, h as u64, s as u64, b as u64],
+            strides_bytes: &[2 * st[2] as u64, 2 * st[1] as u64, 2 * st[0] as u64],
+            box_dims: &[HOPPER_ATOM, 1, rows, 1],
+            swizzle: MapSwizzle::B128,
+        }
+        .encode()
+    };
+    let (left, right) = problem.effective_window();
+    Ok(HopperParams {
+        tmap_q: map(q, HOPPER_BLOCK_M)?,
+        tmap_k: map(k, cfg.block_n)?,
+        tmap_v: map(v, cfg.block_n)?,
+        o: o.ptr() as *mut u16,
+        lse: lse.as_device_ptr().as_raw() as *mut f32,
+        o_strides: o.strides3(),
+        seq_q: problem.seq_q as u32,
+        seq_k: problem.seq_k as u32,
+        heads_q: problem.heads_q as u32,
+        heads_kv: problem.heads_kv as u32,
+        scale_log2: problem.softmax_scale() * std::f32::consts::LOG2_E,
+        window_left: left.map_or(UNBOUNDED, |l| l as i32),
+        window_right: right.map_or(UNBOUNDED, |r| r as i32),
+        num_m_blocks: (problem.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
+        reverse_m: u32::from(problem.causal),
+    })
+}
+
+fn launch_hopper(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionProblem,
+    params: &HopperParams,
+) -> Result<()> {
+    let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
+    let launch = LaunchConfig::new(
+        (
+            params.num_m_blocks,
+            problem.heads_q as u32,
+            problem.batch as u32,
+        ),
+        HOPPER_THREADS,
+        cfg.smem_bytes(),
+    );
+    let name = format!(
+        "attention_fwd_hopper_{}_d{}",
+        problem.dtype.name(),
+        problem.head_dim
+    );
+    // SAFETY: the tensor maps describe the checked views of Q, K, V (shape, 16-byte aligned
+    // rows and strides, in bounds), O and LSE were checked by the caller, the sizes and window
+    // validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
+    unsafe { gpu.launch(stream, &name, &launch, params) }
 }

@@ -1,0 +1,377 @@
+//! `attention_fwd_hopper_{bf16,f16}_d{64,128,256}`: the attention forward pass on Hopper
+//! (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
+//! `mma.sync` path ([`AttentionParams`](kernel_abi::attention::AttentionParams) documents the
+//! masking and the outputs); chosen automatically on Hopper GPUs.
+//!
+//! # Parameters
+//! [`HopperParams`]: 4-D tensor maps of Q, K, V (dims `[D, heads, seq, batch]`, box
+//! `[64, 1, rows, 1]`, 128-byte swizzle; any strides with D contiguous), O with its strides,
+//! LSE, sizes, scale, window.
+//!
+//! # Tiling
+//! A block computes 128 query rows of one (batch, head) and walks the keys its rows may attend
+//! in steps of `block_n` ([`kernel_abi::attention::hopper_config`]). Every tile is stored as
+//! `D / 64` column blocks of 128-byte swizzled rows (one TMA box each). S = Q K^T reads Q and
+//! K as K-major `wgmma` operands (the 16-wide K slice `kk` is column block `kk / 4` advanced by
+//! `32 (kk % 4)` bytes); O += P V reads V as an MN-major operand (`trans-b`, the 16-row K slice
+//! `kk` at `2048 kk` bytes, column blocks one swizzle atom apart), P from registers.
+//!
+//! # Thread mapping
+//! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, and its
+//! thread 0 issues the TMA loads (Q once, then K and V of each step). Warpgroups 1 and 2
+//! consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
+//! of the block; per step it issues `wgmma.m64n{block_n}k16` for S (`block_n / 2` f32
+//! registers), does the online softmax on its accumulators (a row is held by the 4 lanes of a
+//! quad), converts P to A fragments in registers, and issues `wgmma.m64n{D}k16` (register A)
+//! into O (`D / 2` f32 registers).
+//!
+//! # Barrier protocol
+//! - Start: thread 0 initializes `q_full` (count 1), `full[s]` (count 1) and `empty[s]` (count
+//!   8: one arrival per consumer warp), `fence.mbarrier_init`, then `sync_threads` publishes
+//!   them. The warpgroups never meet at a block barrier again.
+//! - `q_full`: the producer arrives with the Q tile's bytes and issues its loads; consumers
+//!   wait on parity 0 before the first `wgmma` (only if the block has a step at all).
+//! - `full[s]` (stage `s = i % stages`, parity `(i / stages) % 2`): the producer waits until
+//!   `empty[s]` completed the stage's previous use (parity `^ 1`: the first pass does not wait),
+//!   arrives expecting the K and V bytes, and issues their loads; consumers wait on it before
+//!   their `wgmma`s read the stage.
+//! - `empty[s]`: after `wgmma.wait_group 0` of its P V product (the last read of the stage by
+//!   the tensor cores), lane 0 of every consumer warp arrives.
+//! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
+//!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
+//!   (the O rescale).
+//!
+//! NaN safety: as in the `mma.sync` path (masked logits -inf; a row whose maximum is -inf uses
+//! 0 as its reference; O = 0 and LSE = -inf for rows with no allowed key).
+
+use super::{Bf16, Elem, F16};
+use crate::arch::mbarrier::{Mbarrier, RingPos};
+use crate::arch::wgmma::{self, Descriptor};
+use crate::arch::{fence, index, math, regs, smem, sync, warp};
+use crate::tensor_map_ptr;
+use kernel_abi::WARPGROUP_SIZE;
+use kernel_abi::attention::{
+    HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
+    HOPPER_THREADS, HOPPER_WG_ROWS, HopperConfig, HopperParams, hopper_config_of,
+};
+
+/// Consumer warps arriving on an `empty` barrier per phase.
+const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
+
+/// The forward pass; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
+/// accumulator registers of S and O; `NK = block_n / 16`, `DK = D / 16`. The `wgmma` shapes
+/// come in as functions so one body serves every head dimension and type.
+///
+/// # Safety
+/// Launched as documented on [`HopperParams`] with the configuration `cfg`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn forward<
+    E: Elem,
+    const D: u32,
+    const BN: u32,
+    const STAGES: u32,
+    const SR: usize,
+    const OR: usize,
+    const NK: usize,
+    const DK: usize,
+>(
+    p: &HopperParams,
+    cfg: &HopperConfig,
+    tmaps: [crate::arch::tma::TensorMapPtr; 3],
+    s_mma: impl Fn(&mut [f32; SR], Descriptor, Descriptor, bool),
+    o_mma: impl Fn(&mut [f32; OR], [u32; 4], Descriptor),
+    s_fence: impl Fn(&mut [f32; SR]),
+    o_fence: impl Fn(&mut [f32; OR]),
+) {
+    const { assert!(SR as u32 * 2 == BN && OR as u32 * 2 == D && NK as u32 * 16 == BN && DK as u32 * 16 == D) };
+    let [tmap_q, tmap_k, tmap_v] = tmaps;
+    let tid = index::thread_idx_x();
+    let wg = index::warpgroup_id();
+    let base = smem::aligned_base();
+    let bars = base + cfg.barriers_offset() as u32;
+    let q_full = Mbarrier::at(bars);
+    let full = |s: u32| Mbarrier::at(bars + 8 * (1 + s));
+    let empty = |s: u32| Mbarrier::at(bars + 8 * (1 + STAGES + s));
+    let q_s = base + cfg.q_offset() as u32;
+    let k_s = |s: u32| base + cfg.k_offset(s) as u32;
+    let v_s = |s: u32| base + cfg.v_offset(s) as u32;
+    let cblocks = cfg.column_blocks();
+
+    let m_block = if p.reverse_m != 0 { p.num_m_blocks - 1 - index::block_idx_x() } else { index::block_idx_x() };
+    let (head, batch) = (index::block_idx_y(), index::block_idx_z());
+    let head_kv = head / (p.heads_q / p.heads_kv);
+    let m0 = m_block * HOPPER_BLOCK_M;
+    let rows_valid = (p.seq_q - m0).min(HOPPER_BLOCK_M);
+    let offset = p.seq_k as i64 - p.seq_q as i64;
+    let n_lo = if p.window_left >= 0 { (m0 as i64 + offset - p.window_left as i64).max(0) } else { 0 };
+    let n_hi = if p.window_right >= 0 {
+        ((m0 + rows_valid - 1) as i64 + offset + p.window_right as i64 + 1).min(p.seq_k as i64)
+    } else {
+        p.seq_k as i64
+    };
+    let (nb_lo, steps) = if n_hi > n_lo {
+        let lo = n_lo as u32 / BN;
+        (lo, (n_hi as u32).div_ceil(BN) - lo)
+    } else {
+        (0, 0)
+    };
+
+    if tid == 0 {
+        for t in tmaps {
+            t.prefetch();
+        }
+        // SAFETY: single initializer before any use; published by the barrier below.
+        unsafe {
+            q_full.init(1);
+            for s in 0..STAGES {
+                full(s).init(1);
+                empty(s).init(CONSUMER_WARPS);
+            }
+        }
+        fence::fence_mbarrier_init();
+    }
+    // SAFETY: all threads reach this barrier once, before the role split.
+    unsafe { sync::sync_threads() };
+
+    if wg == 0 {
+        // SAFETY: the whole producer warpgroup executes this, uniformly.
+        unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
+        if tid == 0 && steps > 0 {
+            // SAFETY: `q_full` expects exactly the Q boxes' bytes; the destinations are
+            // 1024-aligned column blocks sized by the ABI, read only after the phase completes;
+            // the D coordinates are multiples of 64 elements (TMA's 16-byte rule holds).
+            unsafe {
+                q_full.arrive_expect_tx(cfg.q_bytes());
+                for cb in 0..cblocks {
+                    let dst = q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M);
+                    tmap_q.load_4d(dst, (cb * HOPPER_ATOM) as i32, head as i32, m0 as i32, batch as i32, q_full);
+                }
+            }
+            let mut pos = RingPos::<STAGES>::of(0);
+            for step in 0..steps {
+                let n0 = ((nb_lo + step) * BN) as i32;
+                // SAFETY: ring protocol (module docs): the stage is free once `empty` completed
+                // its previous phase; `full` expects exactly the K and V boxes' bytes; the
+                // destinations are untouched until that phase completes.
+                unsafe {
+                    empty(pos.stage).wait_parity(pos.phase ^ 1);
+                    full(pos.stage).arrive_expect_tx(cfg.stage_bytes());
+                    for cb in 0..cblocks {
+                        let x = (cb * HOPPER_ATOM) as i32;
+                        let kd = k_s(pos.stage) + cb * cfg.block_bytes(BN);
+                        let vd = v_s(pos.stage) + cb * cfg.block_bytes(BN);
+                        tmap_k.load_4d(kd, x, head_kv as i32, n0, batch as i32, full(pos.stage));
+                        tmap_v.load_4d(vd, x, head_kv as i32, n0, batch as i32, full(pos.stage));
+                    }
+                }
+                pos = pos.next();
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    // SAFETY: the whole consumer warpgroup executes this, uniformly.
+    unsafe { regs::increase::<HOPPER_CONSUMER_REGS>() };
+    let c = wg - 1;
+    let lane = index::lane_id();
+    let (g, t) = (lane / 4, lane % 4);
+    let warp_row = c * HOPPER_WG_ROWS + (index::warp_id() % 4) * 16;
+    let (wl, wr, sk, off) = (p.window_left, p.window_right, p.seq_k as i32, offset as i32);
+    let mut o = [0.0f32; OR];
+    let mut row_max = [f32::NEG_INFINITY; 2];
+    let mut row_sum = [0.0f32; 2];
+
+    if steps > 0 {
+        // SAFETY: the producer issues Q when `steps > 0`, completing phase 0.
+        unsafe { q_full.wait_parity(0) };
+    }
+    let mut pos = RingPos::<STAGES>::of(0);
+    for step in 0..steps {
+        let n0 = (nb_lo + step) * BN;
+        // SAFETY: the producer issues every step, so this phase completes.
+        unsafe { full(pos.stage).wait_parity(pos.phase) };
+
+        // S = Q K^T (K-major Q and K, 16-wide K slices through the column blocks).
+        let mut s = [0.0f32; SR];
+        // SAFETY: whole warpgroup, uniform control flow; Q and the stage were published by the
+        // completed mbarrier phases and are not overwritten before `empty` is arrived on.
+        unsafe {
+            wgmma::fence();
+            for kk in 0..DK as u32 {
+                let (cb, within) = (kk / 4, 32 * (kk % 4));
+                let a = Descriptor::k_major_sw128(
+                    q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M) + c * HOPPER_WG_ROWS * 128 + within,
+                );
+                let b = Descriptor::k_major_sw128(k_s(pos.stage) + cb * cfg.block_bytes(BN) + within);
+                s_mma(&mut s, a, b, kk > 0);
+            }
+            wgmma::commit_group();
+            wgmma::wait_group::<0>();
+        }
+        s_fence(&mut s);
+
+        // Mask where needed, scale to base-2 logits (i32 exact: lengths and windows < 2^30).
+        let row_lo = m0 as i32;
+        let row_hi = (m0 + HOPPER_BLOCK_M - 1) as i32;
+        let (key_lo, key_hi) = (n0 as i32, (n0 + BN - 1) as i32);
+        let needs_mask = key_hi >= sk || (wr >= 0 && key_hi > row_lo + off + wr) || (wl >= 0 && key_lo < row_hi + off - wl);
+        for j in 0..SR / 4 {
+            for e in 0..4 {
+                let mut x = s[4 * j + e] * p.scale_log2;
+                if needs_mask {
+                    let row = (m0 + warp_row + g + 8 * (e as u32 / 2)) as i32;
+                    let key = (n0 + 8 * j as u32 + 2 * t + (e as u32 % 2)) as i32;
+                    let allowed = key < sk && (wl < 0 || key >= row + off - wl) && (wr < 0 || key <= row + off + wr);
+                    if !allowed {
+                        x = f32::NEG_INFINITY;
+                    }
+                }
+                s[4 * j + e] = x;
+            }
+        }
+
+        // Online softmax per row half h (rows g and g + 8 of the warp's 16).
+        for h in 0..2 {
+            let mut mx = f32::NEG_INFINITY;
+            for j in 0..SR / 4 {
+                mx = mx.max(s[4 * j + 2 * h]).max(s[4 * j + 2 * h + 1]);
+            }
+            // SAFETY: all 32 lanes execute these shuffles (uniform control flow).
+            unsafe {
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+            }
+            let new_max = row_max[h].max(mx);
+            let reference = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
+            let correction = math::exp2(row_max[h] - reference);
+            row_max[h] = new_max;
+            row_sum[h] *= correction;
+            for j in 0..OR / 4 {
+                o[4 * j + 2 * h] *= correction;
+                o[4 * j + 2 * h + 1] *= correction;
+            }
+            for j in 0..SR / 4 {
+                let p0 = math::exp2(s[4 * j + 2 * h] - reference);
+                let p1 = math::exp2(s[4 * j + 2 * h + 1] - reference);
+                row_sum[h] += p0 + p1;
+                s[4 * j + 2 * h] = p0;
+                s[4 * j + 2 * h + 1] = p1;
+            }
+        }
+
+        // O += P V: P as register A fragments (the accumulator layout of two n8 tiles is the A
+        // fragment of a k16 slice), V MN-major.
+        let mut pa = [[0u32; 4]; NK];
+        for kk in 0..NK {
+            pa[kk] = [
+                E::pack(s[8 * kk], s[8 * kk + 1]),
+                E::pack(s[8 * kk + 2], s[8 * kk + 3]),
+                E::pack(s[8 * kk + 4], s[8 * kk + 5]),
+                E::pack(s[8 * kk + 6], s[8 * kk + 7]),
+            ];
+        }
+        // SAFETY: whole warpgroup, uniform control flow; V published by the same `full` phase;
+        // `wgmma.fence` orders the rescale of `o` above before the products.
+        unsafe {
+            wgmma::fence();
+            for kk in 0..NK {
+                let b = Descriptor::mn_major_sw128(v_s(pos.stage) + 2048 * kk as u32, cfg.block_bytes(BN));
+                o_mma(&mut o, pa[kk], b);
+            }
+            wgmma::commit_group();
+            wgmma::wait_group::<0>();
+        }
+        o_fence(&mut o);
+        if lane == 0 {
+            // SAFETY: the products reading this stage are complete (wait_group 0 above); one
+            // arrival per consumer warp and phase.
+            unsafe { empty(pos.stage).arrive() };
+        }
+        pos = pos.next();
+    }
+
+    // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
+    let o_base = p.o.wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
+    for h in 0..2 {
+        let mut sum = row_sum[h];
+        // SAFETY: all 32 lanes execute these shuffles.
+        unsafe {
+            sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 1);
+            sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 2);
+        }
+        let (inv, lse) = if sum > 0.0 {
+            (1.0 / sum, (row_max[h] + math::log2(sum)) * math::LN_2)
+        } else {
+            (0.0, f32::NEG_INFINITY)
+        };
+        let row = warp_row + g + 8 * h as u32;
+        if row < rows_valid {
+            let i = m0 + row;
+            let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
+            for j in 0..OR / 4 {
+                let v = E::pack(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+                // SAFETY: row i < seq_q, column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
+                // (16-byte aligned rows, even column).
+                unsafe { *(dst.wrapping_add(8 * j + 2 * t as usize) as *mut u32) = v };
+            }
+            if t == 0 {
+                let idx = (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
+                // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
+                unsafe { *p.lse.add(idx as usize) = lse };
+            }
+        }
+    }
+}
+
+macro_rules! hopper_kernel {
+    ($name:ident, $elem:ty, $d:literal, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
+        /// See the module documentation (head dimension
+        #[doc = stringify!($d)]
+        /// ).
+        ///
+        /// # Safety
+        /// Grid `(num_m_blocks, heads_q, batch)`, `HOPPER_THREADS` threads, the configuration's
+        /// shared memory, parameters as documented on [`HopperParams`] (validated by the host).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: HopperParams) {
+            const CFG: HopperConfig = hopper_config_of($d);
+            crate::launch_bounds!($name, HOPPER_THREADS, 1);
+            let tmaps = [
+                tensor_map_ptr!($name, 0, HopperParams, tmap_q),
+                tensor_map_ptr!($name, 0, HopperParams, tmap_k),
+                tensor_map_ptr!($name, 0, HopperParams, tmap_v),
+            ];
+            // SAFETY: forwarded to the caller; the closures are the wgmma shapes of this
+            // configuration, called by whole warpgroups in uniform control flow.
+            unsafe {
+                forward::<
+                    $elem,
+                    $d,
+                    { CFG.block_n },
+                    { CFG.stages },
+                    { (CFG.block_n / 2) as usize },
+                    { $d / 2 },
+                    { (CFG.block_n / 16) as usize },
+                    { $d / 16 },
+                >(
+                    &p,
+                    &CFG,
+                    tmaps,
+                    |acc, a, b, accumulate| wgmma::$s_mma::<0, 0>(acc, a, b, accumulate),
+                    |acc, a, b| wgmma::$o_mma::<1>(acc, a, b, true),
+                    wgmma::$s_fence,
+                    wgmma::$o_fence,
+                )
+            }
+        }
+    };
+}
+
+hopper_kernel!(attention_fwd_hopper_bf16_d64, Bf16, 64, m64n128k16_bf16_ss, fence_operands_64, m64n64k16_bf16_rs, fence_operands_32);
+hopper_kernel!(attention_fwd_hopper_bf16_d128, Bf16, 128, m64n128k16_bf16_ss, fence_operands_64, m64n128k16_bf16_rs, fence_operands_64);
+hopper_kernel!(attention_fwd_hopper_bf16_d256, Bf16, 256, m64n64k16_bf16_ss, fence_operands_32, m64n256k16_bf16_rs, fence_operands_128);
+hopper_kernel!(attention_fwd_hopper_f16_d64, F16, 64, m64n128k16_f16_ss, fence_operands_64, m64n64k16_f16_rs, fence_operands_32);
+hopper_kernel!(attention_fwd_hopper_f16_d128, F16, 128, m64n128k16_f16_ss, fence_operands_64, m64n128k16_f16_rs, fence_operands_64);
+hopper_kernel!(attention_fwd_hopper_f16_d256, F16, 256, m64n64k16_f16_ss, fence_operands_32, m64n256k16_f16_rs, fence_operands_128);
