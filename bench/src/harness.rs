@@ -126,11 +126,13 @@ pub enum Tensor<'a> {
 }
 
 /// A running benchmark of one family.
+///
+/// Fields drop in declaration order: the stream before the GPU (its context).
 pub struct Bench {
-    /// The GPU.
-    pub gpu: Gpu,
     /// The stream everything runs on.
     pub stream: kernels::Stream,
+    /// The GPU.
+    pub gpu: Gpu,
     /// Fewer runs and smaller problems (smoke runs of the runner itself).
     pub quick: bool,
     family: String,
@@ -164,8 +166,8 @@ impl Bench {
             gpu.arch()
         );
         Ok(Bench {
-            gpu,
             stream,
+            gpu,
             quick,
             family: family.to_string(),
             work,

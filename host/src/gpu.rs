@@ -43,12 +43,15 @@ struct FunctionEntry {
 ///
 /// Every method makes the context current on the calling thread first, so a `Gpu` can be shared
 /// between threads (the CUDA driver API is thread-safe).
+///
+/// Fields drop in declaration order: the module (and the function table) before the context
+/// they live in.
 pub struct Gpu {
-    ctx: Context,
+    functions: Mutex<HashMap<String, FunctionEntry>>,
+    module: Module,
     info: DeviceInfo,
     arch: Arch,
-    module: Module,
-    functions: Mutex<HashMap<String, FunctionEntry>>,
+    ctx: Context,
 }
 
 // SAFETY: the raw CUfunction handles in `functions` are driver handles, valid from any thread
@@ -117,11 +120,11 @@ impl Gpu {
         let module = Module::from_ptx(arch.ptx(), &[])
             .ctx(&format!("loading the {arch} PTX module (JIT compilation)"))?;
         Ok(Gpu {
-            ctx,
+            functions: Mutex::new(HashMap::new()),
+            module,
             info,
             arch,
-            module,
-            functions: Mutex::new(HashMap::new()),
+            ctx,
         })
     }
 

@@ -119,6 +119,19 @@ pub unsafe fn wait_group<const N: u32>() {
     unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) };
 }
 
+/// Pin a register A fragment of a `wgmma` until after its `wait_group` (call it after the
+/// wait): the registers of an in-flight `wgmma` must not be reused, and the compiler does not
+/// know they are still being read.
+#[inline(always)]
+pub fn pin_fragment(a: &mut [u32; 4]) {
+    // SAFETY: an asm statement that is only a comment naming the registers (no instruction, no
+    // memory).
+    unsafe {
+        asm!("// wgmma pin fragment {0} {1} {2} {3}", inout(reg32) a[0], inout(reg32) a[1],
+             inout(reg32) a[2], inout(reg32) a[3], options(nomem, nostack))
+    };
+}
+
 macro_rules! fence_operands {
     ($(#[$doc:meta])* $name:ident, $regs:literal, [$($i:literal),*]) => {
         $(#[$doc])*
@@ -139,14 +152,15 @@ macro_rules! wgmma_ss {
         $(#[$doc])*
         ///
         /// `TRANS_A`/`TRANS_B` are the instruction's `imm-trans` operands: 0 for K-major
-        /// operands, 1 for M/N-major ones. With `accumulate == false` the product overwrites
-        /// `acc` (`scale-d = 0`).
+        /// operands, 1 for M/N-major ones. With `ACC == false` the product overwrites `acc`
+        /// (`scale-d = 0`). The flag is an immediate, not a register: a register defined between
+        /// the `wgmma`s of one batch would make ptxas serialize them.
         ///
         /// # Safety
         /// See the module documentation.
         #[inline(always)]
-        pub unsafe fn $name<const TRANS_A: u32, const TRANS_B: u32>(
-            acc: &mut [f32; $regs], a: Descriptor, b: Descriptor, accumulate: bool,
+        pub unsafe fn $name<const TRANS_A: u32, const TRANS_B: u32, const ACC: bool>(
+            acc: &mut [f32; $regs], a: Descriptor, b: Descriptor,
         ) {
             // SAFETY: forwarded to the caller (module contract).
             unsafe {
@@ -160,7 +174,7 @@ macro_rules! wgmma_ss {
                     "}}",
                     inout(reg32) acc[$first], $(inout(reg32) acc[$i],)*
                     desc_a = in(reg64) a.0, desc_b = in(reg64) b.0,
-                    scale_d = in(reg32) accumulate as u32,
+                    scale_d = const ACC as u32,
                     ta = const TRANS_A, tb = const TRANS_B,
                     options(nostack)
                 )
@@ -174,14 +188,14 @@ macro_rules! wgmma_rs {
         $(#[$doc])*
         ///
         /// A comes from registers: `a` is this thread's fragment of the 64x16 A tile, laid out
-        /// as the `mma.sync` m16n8k16 A fragment of its warp's 16 rows. `TRANS_B` as for the
-        /// shared-memory form.
+        /// as the `mma.sync` m16n8k16 A fragment of its warp's 16 rows. `TRANS_B` and `ACC` as
+        /// for the shared-memory form.
         ///
         /// # Safety
         /// See the module documentation.
         #[inline(always)]
-        pub unsafe fn $name<const TRANS_B: u32>(
-            acc: &mut [f32; $regs], a: [u32; 4], b: Descriptor, accumulate: bool,
+        pub unsafe fn $name<const TRANS_B: u32, const ACC: bool>(
+            acc: &mut [f32; $regs], a: [u32; 4], b: Descriptor,
         ) {
             // SAFETY: forwarded to the caller (module contract).
             unsafe {
@@ -196,8 +210,42 @@ macro_rules! wgmma_rs {
                     inout(reg32) acc[$first], $(inout(reg32) acc[$i],)*
                     a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
                     desc_b = in(reg64) b.0,
-                    scale_d = in(reg32) accumulate as u32,
+                    scale_d = const ACC as u32,
                     tb = const TRANS_B,
+                    options(nostack)
+                )
+            };
+        }
+    };
+}
+
+macro_rules! wgmma_ss_zero {
+    ($(#[$doc:meta])* $name:ident, $n:literal, $ty:literal, $regs:literal, [$first:literal $(, $i:literal)*]) => {
+        $(#[$doc])*
+        ///
+        /// `D = A B` with `scale-d = 0`: the accumulators are outputs only, so nothing has to be
+        /// written to them before (a zero-initialized `inout` operand would put instructions
+        /// that define `wgmma` inputs into the pipeline, which serializes it).
+        ///
+        /// # Safety
+        /// See the module documentation.
+        #[inline(always)]
+        pub unsafe fn $name<const TRANS_A: u32, const TRANS_B: u32>(
+            acc: &mut [f32; $regs], a: Descriptor, b: Descriptor,
+        ) {
+            // SAFETY: forwarded to the caller (module contract).
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, 0, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, " {{",
+                            "{", $first, "}", $(", {", $i, "}",)*
+                            "}}, {desc_a}, {desc_b}, p, 1, 1, {ta}, {tb};"),
+                    "}}",
+                    out(reg32) acc[$first], $(out(reg32) acc[$i],)*
+                    desc_a = in(reg64) a.0, desc_b = in(reg64) b.0,
+                    ta = const TRANS_A, tb = const TRANS_B,
                     options(nostack)
                 )
             };
@@ -272,4 +320,34 @@ wgmma_ss!(
 wgmma_rs!(
     /// `D (+)= A B`, m64n256k16, f16, A in registers.
     m64n256k16_f16_rs, 256, "f16", 128, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127]
+);
+
+wgmma_ss_zero!(
+    /// `D = A B`, m64n64k16, bf16, both operands in shared memory, accumulators overwritten.
+    m64n64k16_bf16_ss_zero, 64, "bf16", 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]
+);
+
+wgmma_ss_zero!(
+    /// `D = A B`, m64n64k16, f16, both operands in shared memory, accumulators overwritten.
+    m64n64k16_f16_ss_zero, 64, "f16", 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]
+);
+
+wgmma_ss_zero!(
+    /// `D = A B`, m64n128k16, bf16, both operands in shared memory, accumulators overwritten.
+    m64n128k16_bf16_ss_zero, 128, "bf16", 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63]
+);
+
+wgmma_ss_zero!(
+    /// `D = A B`, m64n128k16, f16, both operands in shared memory, accumulators overwritten.
+    m64n128k16_f16_ss_zero, 128, "f16", 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63]
+);
+
+wgmma_ss_zero!(
+    /// `D = A B`, m64n256k16, bf16, both operands in shared memory, accumulators overwritten.
+    m64n256k16_bf16_ss_zero, 256, "bf16", 128, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127]
+);
+
+wgmma_ss_zero!(
+    /// `D = A B`, m64n256k16, f16, both operands in shared memory, accumulators overwritten.
+    m64n256k16_f16_ss_zero, 256, "f16", 128, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127]
 );

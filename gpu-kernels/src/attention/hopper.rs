@@ -35,8 +35,12 @@
 //!   `empty[s]` completed the stage's previous use (parity `^ 1`: the first pass does not wait),
 //!   arrives expecting the K and V bytes, and issues their loads; consumers wait on it before
 //!   their `wgmma`s read the stage.
-//! - `empty[s]`: after `wgmma.wait_group 0` of its P V product (the last read of the stage by
-//!   the tensor cores), lane 0 of every consumer warp arrives.
+//! - `empty[s]`: consumers issue S of step `i` and P V of step `i - 1` together
+//!   (intra-warpgroup overlap); after `wgmma.wait_group 0` of that batch, the last read of
+//!   stage `(i - 1) % stages` by the tensor cores is complete, and lane 0 of every consumer warp
+//!   arrives on its `empty`. The P fragments of an in-flight product are pinned in their
+//!   registers until that wait; the next P is packed into fragments, and O rescaled, only
+//!   after it (the softmax itself runs on f32 registers while the product is in flight).
 //! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
@@ -79,12 +83,20 @@ unsafe fn forward<
     p: &HopperParams,
     cfg: &HopperConfig,
     tmaps: [crate::arch::tma::TensorMapPtr; 3],
-    s_mma: impl Fn(&mut [f32; SR], Descriptor, Descriptor, bool),
+    s_zero: impl Fn(&mut [f32; SR], Descriptor, Descriptor),
+    s_mma: impl Fn(&mut [f32; SR], Descriptor, Descriptor),
     o_mma: impl Fn(&mut [f32; OR], [u32; 4], Descriptor),
     s_fence: impl Fn(&mut [f32; SR]),
     o_fence: impl Fn(&mut [f32; OR]),
 ) {
-    const { assert!(SR as u32 * 2 == BN && OR as u32 * 2 == D && NK as u32 * 16 == BN && DK as u32 * 16 == D) };
+    const {
+        assert!(
+            SR as u32 * 2 == BN
+                && OR as u32 * 2 == D
+                && NK as u32 * 16 == BN
+                && DK as u32 * 16 == D
+        )
+    };
     let [tmap_q, tmap_k, tmap_v] = tmaps;
     let tid = index::thread_idx_x();
     let wg = index::warpgroup_id();
@@ -98,13 +110,21 @@ unsafe fn forward<
     let v_s = |s: u32| base + cfg.v_offset(s) as u32;
     let cblocks = cfg.column_blocks();
 
-    let m_block = if p.reverse_m != 0 { p.num_m_blocks - 1 - index::block_idx_x() } else { index::block_idx_x() };
+    let m_block = if p.reverse_m != 0 {
+        p.num_m_blocks - 1 - index::block_idx_x()
+    } else {
+        index::block_idx_x()
+    };
     let (head, batch) = (index::block_idx_y(), index::block_idx_z());
     let head_kv = head / (p.heads_q / p.heads_kv);
     let m0 = m_block * HOPPER_BLOCK_M;
     let rows_valid = (p.seq_q - m0).min(HOPPER_BLOCK_M);
     let offset = p.seq_k as i64 - p.seq_q as i64;
-    let n_lo = if p.window_left >= 0 { (m0 as i64 + offset - p.window_left as i64).max(0) } else { 0 };
+    let n_lo = if p.window_left >= 0 {
+        (m0 as i64 + offset - p.window_left as i64).max(0)
+    } else {
+        0
+    };
     let n_hi = if p.window_right >= 0 {
         ((m0 + rows_valid - 1) as i64 + offset + p.window_right as i64 + 1).min(p.seq_k as i64)
     } else {
@@ -145,7 +165,14 @@ unsafe fn forward<
                 q_full.arrive_expect_tx(cfg.q_bytes());
                 for cb in 0..cblocks {
                     let dst = q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M);
-                    tmap_q.load_4d(dst, (cb * HOPPER_ATOM) as i32, head as i32, m0 as i32, batch as i32, q_full);
+                    tmap_q.load_4d(
+                        dst,
+                        (cb * HOPPER_ATOM) as i32,
+                        head as i32,
+                        m0 as i32,
+                        batch as i32,
+                        q_full,
+                    );
                 }
             }
             let mut pos = RingPos::<STAGES>::of(0);
@@ -178,122 +205,126 @@ unsafe fn forward<
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
     let warp_row = c * HOPPER_WG_ROWS + (index::warp_id() % 4) * 16;
-    let (wl, wr, sk, off) = (p.window_left, p.window_right, p.seq_k as i32, offset as i32);
+    let rows = Rows {
+        m0,
+        warp_row,
+        g,
+        t,
+        window_left: p.window_left,
+        window_right: p.window_right,
+        seq_k: p.seq_k as i32,
+        offset: offset as i32,
+        scale_log2: p.scale_log2,
+    };
     let mut o = [0.0f32; OR];
     let mut row_max = [f32::NEG_INFINITY; 2];
     let mut row_sum = [0.0f32; 2];
+    // S = Q K^T of stage `stage` (K-major Q and K; 16-wide K slices through the column blocks).
+    let issue_s = |s: &mut [f32; SR], stage: u32| {
+        for kk in 0..DK as u32 {
+            let (cb, within) = (kk / 4, 32 * (kk % 4));
+            let a = Descriptor::k_major_sw128(
+                q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M) + c * HOPPER_WG_ROWS * 128 + within,
+            );
+            let b = Descriptor::k_major_sw128(k_s(stage) + cb * cfg.block_bytes(BN) + within);
+            if kk == 0 {
+                s_zero(s, a, b);
+            } else {
+                s_mma(s, a, b);
+            }
+        }
+    };
+    // O += P V of stage `stage` (P from registers, V MN-major).
+    let issue_pv = |o: &mut [f32; OR], pa: &[[u32; 4]; NK], stage: u32| {
+        for kk in 0..NK {
+            let b = Descriptor::mn_major_sw128(v_s(stage) + 2048 * kk as u32, cfg.block_bytes(BN));
+            o_mma(o, pa[kk], b);
+        }
+    };
 
     if steps > 0 {
-        // SAFETY: the producer issues Q when `steps > 0`, completing phase 0.
-        unsafe { q_full.wait_parity(0) };
-    }
-    let mut pos = RingPos::<STAGES>::of(0);
-    for step in 0..steps {
-        let n0 = (nb_lo + step) * BN;
-        // SAFETY: the producer issues every step, so this phase completes.
-        unsafe { full(pos.stage).wait_parity(pos.phase) };
-
-        // S = Q K^T (K-major Q and K, 16-wide K slices through the column blocks).
+        // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
+        // iteration i issues S_i and O += P_{i-1} V_{i-1} together, runs the softmax of S_i
+        // while the P V product is in flight, and rescales O only after it completed.
+        // SAFETY: the producer issues Q and every step, so these phases complete.
+        unsafe {
+            q_full.wait_parity(0);
+            full(0).wait_parity(0);
+        }
         let mut s = [0.0f32; SR];
-        // SAFETY: whole warpgroup, uniform control flow; Q and the stage were published by the
-        // completed mbarrier phases and are not overwritten before `empty` is arrived on.
+        // SAFETY: whole warpgroup, uniform control flow; Q and stage 0 were published by the
+        // completed phases.
         unsafe {
             wgmma::fence();
-            for kk in 0..DK as u32 {
-                let (cb, within) = (kk / 4, 32 * (kk % 4));
-                let a = Descriptor::k_major_sw128(
-                    q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M) + c * HOPPER_WG_ROWS * 128 + within,
-                );
-                let b = Descriptor::k_major_sw128(k_s(pos.stage) + cb * cfg.block_bytes(BN) + within);
-                s_mma(&mut s, a, b, kk > 0);
-            }
+            issue_s(&mut s, 0);
             wgmma::commit_group();
             wgmma::wait_group::<0>();
         }
         s_fence(&mut s);
-
-        // Mask where needed, scale to base-2 logits (i32 exact: lengths and windows < 2^30).
-        let row_lo = m0 as i32;
-        let row_hi = (m0 + HOPPER_BLOCK_M - 1) as i32;
-        let (key_lo, key_hi) = (n0 as i32, (n0 + BN - 1) as i32);
-        let needs_mask = key_hi >= sk || (wr >= 0 && key_hi > row_lo + off + wr) || (wl >= 0 && key_lo < row_hi + off - wl);
-        for j in 0..SR / 4 {
-            for e in 0..4 {
-                let mut x = s[4 * j + e] * p.scale_log2;
-                if needs_mask {
-                    let row = (m0 + warp_row + g + 8 * (e as u32 / 2)) as i32;
-                    let key = (n0 + 8 * j as u32 + 2 * t + (e as u32 % 2)) as i32;
-                    let allowed = key < sk && (wl < 0 || key >= row + off - wl) && (wr < 0 || key <= row + off + wr);
-                    if !allowed {
-                        x = f32::NEG_INFINITY;
-                    }
-                }
-                s[4 * j + e] = x;
-            }
-        }
-
-        // Online softmax per row half h (rows g and g + 8 of the warp's 16).
-        for h in 0..2 {
-            let mut mx = f32::NEG_INFINITY;
-            for j in 0..SR / 4 {
-                mx = mx.max(s[4 * j + 2 * h]).max(s[4 * j + 2 * h + 1]);
-            }
-            // SAFETY: all 32 lanes execute these shuffles (uniform control flow).
+        softmax_step::<SR, BN>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
+        let mut pa = pack_p::<E, SR, NK>(&s);
+        let mut prev = RingPos::<STAGES>::of(0);
+        for step in 1..steps {
+            let pos = prev.next();
+            let mut s_next = [0.0f32; SR];
+            // SAFETY: the producer issues every step, so this phase completes.
+            unsafe { full(pos.stage).wait_parity(pos.phase) };
+            // SAFETY: whole warpgroup, uniform control flow. The fence orders the earlier
+            // rescale of `o` and the writes of `pa` before the products; the stages read were
+            // published by their `full` phases and are released only after `wait_group 0`.
             unsafe {
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+                wgmma::fence();
+                issue_s(&mut s_next, pos.stage);
+                wgmma::commit_group();
+                issue_pv(&mut o, &pa, prev.stage);
+                wgmma::commit_group();
+                // Groups complete in order: at most one pending means S_next is complete (the
+                // P V product may still run).
+                wgmma::wait_group::<1>();
             }
-            let new_max = row_max[h].max(mx);
-            let reference = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-            let correction = math::exp2(row_max[h] - reference);
-            row_max[h] = new_max;
-            row_sum[h] *= correction;
+            s_fence(&mut s_next);
+            let n0 = (nb_lo + step) * BN;
+            let correction =
+                softmax_step::<SR, BN>(&rows, &mut s_next, n0, &mut row_max, &mut row_sum);
+            // SAFETY: whole warpgroup.
+            unsafe { wgmma::wait_group::<0>() };
+            o_fence(&mut o);
+            for kk in 0..NK {
+                // The P V product read `pa` until the wait above: keep its registers until here.
+                wgmma::pin_fragment(&mut pa[kk]);
+            }
+            if lane == 0 {
+                // SAFETY: every product reading stage `prev` (S at the previous step, P V
+                // now) is complete; one arrival per consumer warp and phase.
+                unsafe { empty(prev.stage).arrive() };
+            }
             for j in 0..OR / 4 {
-                o[4 * j + 2 * h] *= correction;
-                o[4 * j + 2 * h + 1] *= correction;
+                for h in 0..2 {
+                    o[4 * j + 2 * h] *= correction[h];
+                    o[4 * j + 2 * h + 1] *= correction[h];
+                }
             }
-            for j in 0..SR / 4 {
-                let p0 = math::exp2(s[4 * j + 2 * h] - reference);
-                let p1 = math::exp2(s[4 * j + 2 * h + 1] - reference);
-                row_sum[h] += p0 + p1;
-                s[4 * j + 2 * h] = p0;
-                s[4 * j + 2 * h + 1] = p1;
-            }
+            pa = pack_p::<E, SR, NK>(&s_next);
+            prev = pos;
         }
-
-        // O += P V: P as register A fragments (the accumulator layout of two n8 tiles is the A
-        // fragment of a k16 slice), V MN-major.
-        let mut pa = [[0u32; 4]; NK];
-        for kk in 0..NK {
-            pa[kk] = [
-                E::pack(s[8 * kk], s[8 * kk + 1]),
-                E::pack(s[8 * kk + 2], s[8 * kk + 3]),
-                E::pack(s[8 * kk + 4], s[8 * kk + 5]),
-                E::pack(s[8 * kk + 6], s[8 * kk + 7]),
-            ];
-        }
-        // SAFETY: whole warpgroup, uniform control flow; V published by the same `full` phase;
-        // `wgmma.fence` orders the rescale of `o` above before the products.
+        // The last step's P V.
+        // SAFETY: as in the loop (whole warpgroup; stage published; released after the wait).
         unsafe {
             wgmma::fence();
-            for kk in 0..NK {
-                let b = Descriptor::mn_major_sw128(v_s(pos.stage) + 2048 * kk as u32, cfg.block_bytes(BN));
-                o_mma(&mut o, pa[kk], b);
-            }
+            issue_pv(&mut o, &pa, prev.stage);
             wgmma::commit_group();
             wgmma::wait_group::<0>();
         }
         o_fence(&mut o);
         if lane == 0 {
-            // SAFETY: the products reading this stage are complete (wait_group 0 above); one
-            // arrival per consumer warp and phase.
-            unsafe { empty(pos.stage).arrive() };
+            // SAFETY: the last products reading stage `prev` are complete.
+            unsafe { empty(prev.stage).arrive() };
         }
-        pos = pos.next();
     }
 
     // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
-    let o_base = p.o.wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
+    let o_base =
+        p.o.wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
     for h in 0..2 {
         let mut sum = row_sum[h];
         // SAFETY: all 32 lanes execute these shuffles.
@@ -317,7 +348,8 @@ unsafe fn forward<
                 unsafe { *(dst.wrapping_add(8 * j + 2 * t as usize) as *mut u32) = v };
             }
             if t == 0 {
-                let idx = (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
+                let idx =
+                    (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
                 // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
                 unsafe { *p.lse.add(idx as usize) = lse };
             }
@@ -325,8 +357,108 @@ unsafe fn forward<
     }
 }
 
+/// Where a thread's accumulator rows and columns are, and the masking parameters.
+#[derive(Clone, Copy)]
+struct Rows {
+    m0: u32,
+    warp_row: u32,
+    g: u32,
+    t: u32,
+    window_left: i32,
+    window_right: i32,
+    seq_k: i32,
+    offset: i32,
+    scale_log2: f32,
+}
+
+/// Mask (where the step crosses a window edge or `seq_k`) and scale the logits of keys
+/// `n0 .. n0 + BN`, update the running maximum and sum of the thread's two rows, turn `s` into
+/// P (in f32, in place), and return the factor by which O must be rescaled (applied by the
+/// caller once the previous P V product completed). A row whose maximum is still -inf uses 0
+/// as its reference, so no `-inf - -inf` is formed.
+#[inline(always)]
+fn softmax_step<const SR: usize, const BN: u32>(
+    r: &Rows,
+    s: &mut [f32; SR],
+    n0: u32,
+    row_max: &mut [f32; 2],
+    row_sum: &mut [f32; 2],
+) -> [f32; 2] {
+    let (wl, wr, sk, off) = (r.window_left, r.window_right, r.seq_k, r.offset);
+    let row_lo = r.m0 as i32;
+    let row_hi = (r.m0 + HOPPER_BLOCK_M - 1) as i32;
+    let (key_lo, key_hi) = (n0 as i32, (n0 + BN - 1) as i32);
+    // i32 is exact: the host keeps lengths and windows below 2^30.
+    let needs_mask = key_hi >= sk
+        || (wr >= 0 && key_hi > row_lo + off + wr)
+        || (wl >= 0 && key_lo < row_hi + off - wl);
+    for j in 0..SR / 4 {
+        for e in 0..4 {
+            let mut x = s[4 * j + e] * r.scale_log2;
+            if needs_mask {
+                let row = (r.m0 + r.warp_row + r.g + 8 * (e as u32 / 2)) as i32;
+                let key = (n0 + 8 * j as u32 + 2 * r.t + (e as u32 % 2)) as i32;
+                let allowed = key < sk
+                    && (wl < 0 || key >= row + off - wl)
+                    && (wr < 0 || key <= row + off + wr);
+                if !allowed {
+                    x = f32::NEG_INFINITY;
+                }
+            }
+            s[4 * j + e] = x;
+        }
+    }
+    let mut correction = [1.0f32; 2];
+    for h in 0..2 {
+        let mut mx = f32::NEG_INFINITY;
+        for j in 0..SR / 4 {
+            mx = mx.max(s[4 * j + 2 * h]).max(s[4 * j + 2 * h + 1]);
+        }
+        // SAFETY: all 32 lanes execute these shuffles (the callers' control flow is uniform).
+        unsafe {
+            mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
+            mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+        }
+        let new_max = row_max[h].max(mx);
+        let reference = if new_max == f32::NEG_INFINITY {
+            0.0
+        } else {
+            new_max
+        };
+        correction[h] = math::exp2(row_max[h] - reference);
+        row_max[h] = new_max;
+        row_sum[h] *= correction[h];
+        for j in 0..SR / 4 {
+            let p0 = math::exp2(s[4 * j + 2 * h] - reference);
+            let p1 = math::exp2(s[4 * j + 2 * h + 1] - reference);
+            row_sum[h] += p0 + p1;
+            s[4 * j + 2 * h] = p0;
+            s[4 * j + 2 * h + 1] = p1;
+        }
+    }
+    correction
+}
+
+/// P (the exponentiated scores in `s`) as register A fragments of the P V product: the
+/// accumulator layout of two n8 tiles is the A fragment of a k16 slice. Call it only when no
+/// `wgmma` that reads the previous fragments is in flight (defining `wgmma` input registers
+/// while one runs makes ptxas serialize the pipeline).
+#[inline(always)]
+fn pack_p<E: Elem, const SR: usize, const NK: usize>(s: &[f32; SR]) -> [[u32; 4]; NK] {
+    let mut pa = [[0u32; 4]; NK];
+    for kk in 0..NK {
+        pa[kk] = [
+            E::pack(s[8 * kk], s[8 * kk + 1]),
+            E::pack(s[8 * kk + 2], s[8 * kk + 3]),
+            E::pack(s[8 * kk + 4], s[8 * kk + 5]),
+            E::pack(s[8 * kk + 6], s[8 * kk + 7]),
+        ];
+    }
+    pa
+}
+
 macro_rules! hopper_kernel {
-    ($name:ident, $elem:ty, $d:literal, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
+    ($name:ident, $elem:ty, $d:literal, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
         /// See the module documentation (head dimension
         #[doc = stringify!($d)]
         /// ).
@@ -359,8 +491,9 @@ macro_rules! hopper_kernel {
                     &p,
                     &CFG,
                     tmaps,
-                    |acc, a, b, accumulate| wgmma::$s_mma::<0, 0>(acc, a, b, accumulate),
-                    |acc, a, b| wgmma::$o_mma::<1>(acc, a, b, true),
+                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                    |acc, a, b| wgmma::$o_mma::<1, true>(acc, a, b),
                     wgmma::$s_fence,
                     wgmma::$o_fence,
                 )
@@ -369,9 +502,63 @@ macro_rules! hopper_kernel {
     };
 }
 
-hopper_kernel!(attention_fwd_hopper_bf16_d64, Bf16, 64, m64n128k16_bf16_ss, fence_operands_64, m64n64k16_bf16_rs, fence_operands_32);
-hopper_kernel!(attention_fwd_hopper_bf16_d128, Bf16, 128, m64n128k16_bf16_ss, fence_operands_64, m64n128k16_bf16_rs, fence_operands_64);
-hopper_kernel!(attention_fwd_hopper_bf16_d256, Bf16, 256, m64n64k16_bf16_ss, fence_operands_32, m64n256k16_bf16_rs, fence_operands_128);
-hopper_kernel!(attention_fwd_hopper_f16_d64, F16, 64, m64n128k16_f16_ss, fence_operands_64, m64n64k16_f16_rs, fence_operands_32);
-hopper_kernel!(attention_fwd_hopper_f16_d128, F16, 128, m64n128k16_f16_ss, fence_operands_64, m64n128k16_f16_rs, fence_operands_64);
-hopper_kernel!(attention_fwd_hopper_f16_d256, F16, 256, m64n64k16_f16_ss, fence_operands_32, m64n256k16_f16_rs, fence_operands_128);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d64,
+    Bf16,
+    64,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d128,
+    Bf16,
+    128,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d256,
+    Bf16,
+    256,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_f16_d64,
+    F16,
+    64,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_f16_d128,
+    F16,
+    128,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_f16_d256,
+    F16,
+    256,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n256k16_f16_rs,
+    fence_operands_128
+);

@@ -138,11 +138,11 @@ pub unsafe extern "ptx-kernel" fn gemm_bf16_tn(p: GemmParams) {
             unsafe {
                 wgmma::fence();
                 for k in 0..BK / 16 {
-                    wgmma::m64n256k16_bf16_ss::<0, 0>(
+                    // `acc` starts at zero (set before the loop, outside any wgmma batch).
+                    wgmma::m64n256k16_bf16_ss::<0, 0, true>(
                         &mut acc,
                         a.offset(32 * k),
                         b.offset(32 * k),
-                        i > 0 || k > 0,
                     );
                 }
                 wgmma::commit_group();

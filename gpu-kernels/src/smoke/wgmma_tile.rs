@@ -116,7 +116,7 @@ macro_rules! wgmma_smoke {
                 for k in 0..WGMMA_K / 16 {
                     let da = Descriptor::k_major_sw128(a_s + 32 * k);
                     let db = Descriptor::k_major_sw128(b_s + 32 * k);
-                    wgmma::$mma::<0, 0>(&mut acc, da, db, k > 0);
+                    wgmma::$mma::<0, 0, true>(&mut acc, da, db);
                 }
                 wgmma::commit_group();
                 wgmma::wait_group::<0>();
@@ -197,7 +197,7 @@ pub unsafe extern "ptx-kernel" fn smoke_wgmma_mn(p: WgmmaMnParams) {
         for k in 0..WGMMA_K / 16 {
             let da = Descriptor::k_major_sw128(a_s + 32 * k);
             let db = Descriptor::mn_major_sw128(b_s + 2048 * k, WGMMA_MN_BLOCK_BYTES);
-            wgmma::m64n128k16_bf16_ss::<0, 1>(&mut acc, da, db, k > 0);
+            wgmma::m64n128k16_bf16_ss::<0, 1, true>(&mut acc, da, db);
         }
         wgmma::commit_group();
         wgmma::wait_group::<0>();

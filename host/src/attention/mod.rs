@@ -84,9 +84,9 @@ impl AttentionElem for f16 {
 /// Which kernel computes the forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Path {
-    /// The Hopper path on GPUs that have it (sm_90a: TMA, wgmma, warp specialization), else the
-    /// `mma.sync` path. If the tensors' strides cannot be described by a TMA tensor map, the
-    /// `mma.sync` path is used.
+    /// The Hopper path on GPUs that have it (sm_90a: TMA, wgmma, warp specialization) for head
+    /// dimensions 128 and 256, else the `mma.sync` path (measured faster at D = 64). If the
+    /// tensors' strides cannot be described by a TMA tensor map, the `mma.sync` path is used.
     #[default]
     Auto,
     /// The `mma.sync` tensor-core path (any GPU of compute capability >= 8.0).
@@ -467,7 +467,8 @@ pub fn forward_variant<T: AttentionElem>(
             }
             true
         }
-        (Path::Auto, None) => gpu.arch().has_hopper_kernels(),
+        // Measured on an H200 (bench/NOTES.md): at D = 64 the mma.sync path is faster.
+        (Path::Auto, None) => gpu.arch().has_hopper_kernels() && problem.head_dim >= 128,
     };
     if hopper {
         match hopper_params(problem, q, k, v, o, lse) {
