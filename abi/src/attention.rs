@@ -250,6 +250,10 @@ pub struct HopperConfig {
     pub block_n: u32,
     /// Stages of the K/V ring.
     pub stages: u32,
+    /// Intra-warpgroup overlap (FlashAttention-3): issue S of step `i` with P V of step `i - 1`
+    /// and run the softmax while P V is in flight. Measured on an H200 (bench/NOTES.md): +1-3%
+    /// at D = 128, -25% at D = 256, where it is off.
+    pub overlap: bool,
 }
 
 impl HopperConfig {
@@ -311,16 +315,19 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
             head_dim: 64,
             block_n: 128,
             stages: 2,
+            overlap: true,
         }),
         128 => Some(HopperConfig {
             head_dim: 128,
             block_n: 128,
             stages: 2,
+            overlap: true,
         }),
         256 => Some(HopperConfig {
             head_dim: 256,
             block_n: 64,
             stages: 2,
+            overlap: false,
         }),
         _ => None,
     }

@@ -63,8 +63,9 @@ use kernel_abi::attention::{
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 
 /// The forward pass; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
-/// accumulator registers of S and O; `NK = block_n / 16`, `DK = D / 16`. The `wgmma` shapes
-/// come in as functions so one body serves every head dimension and type.
+/// accumulator registers of S and O; `NK = block_n / 16`, `DK = D / 16`; `OVERLAP` selects the
+/// intra-warpgroup software pipeline (`HopperConfig::overlap`). The `wgmma` shapes come in as
+/// functions so one body serves every head dimension and type.
 ///
 /// # Safety
 /// Launched as documented on [`HopperParams`] with the configuration `cfg`.
@@ -79,6 +80,7 @@ unsafe fn forward<
     const OR: usize,
     const NK: usize,
     const DK: usize,
+    const OVERLAP: bool,
 >(
     p: &HopperParams,
     cfg: &HopperConfig,
@@ -242,7 +244,56 @@ unsafe fn forward<
         }
     };
 
-    if steps > 0 {
+    if steps > 0 && !OVERLAP {
+        // One step after the other: S, softmax, P V, each product waited for.
+        // SAFETY: the producer issues Q when `steps > 0`, completing phase 0.
+        unsafe { q_full.wait_parity(0) };
+        let mut pos = RingPos::<STAGES>::of(0);
+        for step in 0..steps {
+            // SAFETY: the producer issues every step, so this phase completes.
+            unsafe { full(pos.stage).wait_parity(pos.phase) };
+            let mut s = [0.0f32; SR];
+            // SAFETY: whole warpgroup, uniform control flow; Q and the stage were published by
+            // the completed mbarrier phases and are not overwritten before `empty` is arrived on.
+            unsafe {
+                wgmma::fence();
+                issue_s(&mut s, pos.stage);
+                wgmma::commit_group();
+                wgmma::wait_group::<0>();
+            }
+            s_fence(&mut s);
+            let correction = softmax_step::<SR, BN>(
+                &rows,
+                &mut s,
+                (nb_lo + step) * BN,
+                &mut row_max,
+                &mut row_sum,
+            );
+            for j in 0..OR / 4 {
+                for h in 0..2 {
+                    o[4 * j + 2 * h] *= correction[h];
+                    o[4 * j + 2 * h + 1] *= correction[h];
+                }
+            }
+            let pa = pack_p::<E, SR, NK>(&s);
+            // SAFETY: as above; `wgmma.fence` orders the rescale of `o` and the writes of `pa`
+            // before the products.
+            unsafe {
+                wgmma::fence();
+                issue_pv(&mut o, &pa, pos.stage);
+                wgmma::commit_group();
+                wgmma::wait_group::<0>();
+            }
+            o_fence(&mut o);
+            if lane == 0 {
+                // SAFETY: the products reading this stage are complete (wait_group 0 above);
+                // one arrival per consumer warp and phase.
+                unsafe { empty(pos.stage).arrive() };
+            }
+            pos = pos.next();
+        }
+    }
+    if steps > 0 && OVERLAP {
         // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
         // iteration i issues S_i and O += P_{i-1} V_{i-1} together, runs the softmax of S_i
         // while the P V product is in flight, and rescales O only after it completed.
@@ -487,6 +538,7 @@ macro_rules! hopper_kernel {
                     { $d / 2 },
                     { (CFG.block_n / 16) as usize },
                     { $d / 16 },
+                    { CFG.overlap },
                 >(
                     &p,
                     &CFG,
