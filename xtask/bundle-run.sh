@@ -6,13 +6,17 @@
 #   3. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
 #      (peers run through python3 on the same inputs).
 # Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
-#                           [--tests "smoke host"] [--bench-args "..."]
+#                           [--tests "smoke host"] [--tools "memcheck racecheck synccheck"]
+#                           [--bench-args "..."]
+# Environment: SANITIZER_SKIP (comma-separated test-name substrings left out of the sanitizer
+# passes), SANITIZER_THREADS, SANITIZER_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT.
 # Prints a summary table last; full logs go to RESULTS_DIR/logs.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: run.sh RESULTS_DIR [options]}"
 shift
 do_tests=1 do_san=1 do_bench=1 families="smoke" only_tests="" bench_args=""
+tools="memcheck racecheck synccheck"
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) do_tests=0 ;;
@@ -21,6 +25,7 @@ while [ $# -gt 0 ]; do
     --families) families="$2"; shift ;;
     --tests) only_tests="$2"; shift ;;
     --bench-args) bench_args="$2"; shift ;;
+    --tools) tools="$2"; shift ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -61,17 +66,20 @@ if [ "$do_san" = 1 ]; then
     note "sanitizer: compute-sanitizer not found"
     status=1
   else
-    for tool in memcheck racecheck synccheck; do
+    for tool in $tools; do
       for b in "${test_bins[@]}"; do
         name="${b##*/test-}"
         [ "$name" = host ] && continue
         log="$out/logs/sanitizer-$tool-$name.log"
         extra=()
         [ "$tool" = racecheck ] && extra=(--racecheck-report all)
+        skips=()
+        IFS=',' read -ra patterns <<< "${SANITIZER_SKIP:-}"
+        for pat in "${patterns[@]}"; do [ -n "$pat" ] && skips+=(--skip "$pat"); done
         start=$(date +%s)
         KERNELS_WATCHDOG_SECS=900 timeout -k 10 "${SANITIZER_TIMEOUT:-1200}" \
           compute-sanitizer --tool "$tool" --error-exitcode 86 "${extra[@]}" \
-          "$b" --test-threads 1 ${SANITIZER_SKIP:+--skip "$SANITIZER_SKIP"} > "$log" 2>&1
+          "$b" --test-threads "${SANITIZER_THREADS:-1}" "${skips[@]}" > "$log" 2>&1
         rc=$?
         errors=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/=* *//')
         tests=$(grep -E '^test result:' "$log" | tail -1)
