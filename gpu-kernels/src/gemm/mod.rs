@@ -130,7 +130,8 @@ pub unsafe extern "ptx-kernel" fn gemm_bf16_tn(p: GemmParams) {
         for i in 0..k_steps {
             // SAFETY: the producer issues every k-step, so this phase completes.
             unsafe { full(pos.stage).wait_parity(pos.phase) };
-            let a = Descriptor::k_major_sw128(base + a_offset(pos.stage) as u32 + c * WG_ROWS * 128);
+            let a =
+                Descriptor::k_major_sw128(base + a_offset(pos.stage) as u32 + c * WG_ROWS * 128);
             let b = Descriptor::k_major_sw128(base + b_offset(pos.stage) as u32);
             // SAFETY: whole warpgroup, uniform control flow; the stage was published by the
             // completed `full` phase and is not released before `wait_group` retires these.
