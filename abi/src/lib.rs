@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod gemm;
+pub mod mhc;
 pub mod smoke;
 
 /// Threads in a warp.
