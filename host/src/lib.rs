@@ -15,6 +15,7 @@ pub mod error;
 pub mod gemm;
 pub mod gpu;
 pub mod memory;
+pub mod mhc;
 pub mod ptx;
 pub mod smoke;
 pub mod tensor_map;
