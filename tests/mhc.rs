@@ -1,0 +1,1026 @@
+//! mHC: the f64 reference checked by finite differences; the kernels executed on the CPU (in
+//! the emulator) and on the GPU against the reference, every output on its own (dbias_pre,
+//! dbias_post and dbias_res separately); bitwise determinism; bad input -> typed errors.
+//!
+//! Tolerances (stated once, in `kernels::mhc::reference`): bf16 outputs (`x_in`, `x_next`,
+//! `dx`, `dy`): `|err| <= 2^-8 |ref| + 2^-13 sum|terms|`; f32 outputs (coefficients, saved
+//! `h~` and `r`, weight gradients): relative error `<= 1e-3` with the denominator floored at 1%
+//! of the tensor's largest magnitude (per token for per-token tensors). Outputs start poisoned
+//! (NaN), so an element a kernel does not write fails.
+
+use kernel_abi::mhc as abi;
+use kernel_tests::emu::{Emulator, HostBuf};
+use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
+use kernels::memory::{download, poisoned, upload};
+use kernels::mhc::reference::{self, MhcData, ParamGrads, tol_bf16, tol_f32};
+use kernels::mhc::{
+    self, MhcCoefficients, MhcGradients, MhcProblem, MhcWeights, MhcWorkspace, RawCoefficients,
+    RawGradients, RawScratch, RawWeights,
+};
+use kernels::{Error, Gpu, bf16};
+
+/// One configuration: `(B, S, n, C)`, gamma, Sinkhorn iterations, seed.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    s: usize,
+    n: usize,
+    c: usize,
+    gamma: bool,
+    iters: u32,
+    seed: u64,
+}
+
+const fn case(b: usize, s: usize, n: usize, c: usize, gamma: bool, iters: u32) -> Case {
+    Case {
+        b,
+        s,
+        n,
+        c,
+        gamma,
+        iters,
+        seed: (b * 1_000_003 + s * 1009 + n * 101 + c) as u64 + iters as u64 + gamma as u64,
+    }
+}
+
+impl Case {
+    fn problem(&self) -> MhcProblem {
+        MhcProblem::new(self.b, self.s, self.n, self.c)
+            .with_gamma(self.gamma)
+            .with_iters(self.iters)
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "b{}_s{}_n{}_c{}{}_t{}",
+            self.b,
+            self.s,
+            self.n,
+            self.c,
+            if self.gamma { "_gamma" } else { "" },
+            self.iters
+        )
+    }
+}
+
+/// GPU configurations: the seed's three, every n from 2 to 8, C = 8 mod 16, token counts that
+/// fill no tile, 1 and 100 iterations, one token.
+const GPU_CASES: [Case; 13] = [
+    case(2, 64, 4, 128, false, 20),
+    case(1, 256, 4, 256, false, 20),
+    case(4, 512, 8, 128, false, 20),
+    case(2, 64, 4, 128, true, 20),
+    case(2, 100, 2, 72, true, 20),
+    case(3, 37, 3, 40, true, 7),
+    case(1, 129, 5, 24, false, 20),
+    case(2, 33, 6, 16, true, 20),
+    case(1, 70, 7, 56, false, 1),
+    case(1, 300, 8, 64, true, 20),
+    case(1, 96, 4, 64, true, 100),
+    case(1, 1, 4, 8, false, 20),
+    case(3, 333, 4, 1000, true, 20),
+];
+
+/// The realistic size (B x S = 16k, n = 4, C = 4096); `large` in its name lets the sanitizer
+/// pass skip it (`SANITIZER_SKIP=large`).
+const LARGE: Case = case(4, 4096, 4, 4096, true, 20);
+
+/// Configurations run in the CPU emulator (every kernel's own code; small, it is slow).
+const EMULATED_CASES: [Case; 7] = [
+    case(1, 5, 2, 8, false, 3),
+    case(1, 20, 3, 24, true, 5),
+    case(2, 9, 4, 40, false, 4),
+    case(1, 18, 5, 16, true, 2),
+    case(1, 12, 6, 8, false, 3),
+    case(1, 7, 7, 24, true, 2),
+    case(1, 17, 8, 8, true, 3),
+];
+
+/// Tiny configurations for the finite-difference check of the reference's backward.
+const FD_CASES: [Case; 4] = [
+    case(1, 3, 2, 8, true, 3),
+    case(2, 2, 3, 8, false, 5),
+    case(1, 2, 4, 16, true, 20),
+    case(1, 1, 8, 8, true, 4),
+];
+
+fn main() {
+    let mut s = Suite::new();
+    for c in FD_CASES {
+        s.cpu(
+            &format!("mhc/reference/finite_differences_{}", c.name()),
+            move || finite_differences(c),
+        );
+    }
+    s.cpu(
+        "mhc/reference/sinkhorn_is_doubly_stochastic",
+        sinkhorn_converges,
+    );
+    s.cpu("mhc/layout/packings_cover_each_entry_once", packings);
+    s.cpu("mhc/validation/rejects_bad_problems", rejects_bad_problems);
+    s.cpu("mhc/validation/rejects_bad_buffers", rejects_bad_buffers);
+    for c in EMULATED_CASES {
+        s.cpu(&format!("mhc/emulated/{}", c.name()), move || emulated(c));
+    }
+    for c in GPU_CASES {
+        s.gpu(&format!("mhc/gpu/{}", c.name()), Needs::Gpu, move |g| {
+            on_gpu(g, c)
+        });
+    }
+    s.gpu(
+        &format!("mhc/gpu/large_{}", LARGE.name()),
+        Needs::Gpu,
+        |g| on_gpu(g, LARGE),
+    );
+    s.gpu("mhc/gpu/deterministic", Needs::Gpu, deterministic);
+    s.gpu("mhc/gpu/sm_80_target", Needs::Gpu, |_| {
+        match portable_gpu() {
+            Some(g) => on_gpu(g, case(2, 64, 4, 128, true, 20)),
+            None => {
+                println!("the default target is already sm_80");
+                Ok(())
+            }
+        }
+    });
+    s.gpu(
+        "mhc/gpu/rejects_mismatched_buffers",
+        Needs::Gpu,
+        rejects_mismatched_buffers,
+    );
+    s.run()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outputs and their comparison with the reference.
+
+/// Everything the kernels produce.
+#[derive(Clone)]
+struct Outputs {
+    x_in: Vec<bf16>,
+    x_next: Vec<bf16>,
+    h_pre: Vec<f32>,
+    h_post: Vec<f32>,
+    h_res: Vec<f32>,
+    hproj: Vec<f32>,
+    rms: Vec<f32>,
+    dx: Vec<bf16>,
+    dy: Vec<bf16>,
+    dphi: Vec<f32>,
+    dgamma: Option<Vec<f32>>,
+    dalpha: Vec<f32>,
+    dbias: Vec<f32>,
+}
+
+impl Outputs {
+    /// Bitwise equality (NaN-safe).
+    fn same_bits(&self, o: &Outputs) -> bool {
+        fn f(a: &[f32], b: &[f32]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        }
+        fn h(a: &[bf16], b: &[bf16]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        }
+        h(&self.x_in, &o.x_in)
+            && h(&self.x_next, &o.x_next)
+            && h(&self.dx, &o.dx)
+            && h(&self.dy, &o.dy)
+            && f(&self.h_pre, &o.h_pre)
+            && f(&self.h_post, &o.h_post)
+            && f(&self.h_res, &o.h_res)
+            && f(&self.hproj, &o.hproj)
+            && f(&self.rms, &o.rms)
+            && f(&self.dphi, &o.dphi)
+            && f(&self.dalpha, &o.dalpha)
+            && f(&self.dbias, &o.dbias)
+            && match (&self.dgamma, &o.dgamma) {
+                (Some(a), Some(b)) => f(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+/// Error statistics of one output tensor.
+#[derive(Clone, Default)]
+struct Stat {
+    values: usize,
+    max_err: f64,
+    bad: usize,
+    worst: Option<(f64, String)>,
+}
+
+impl Stat {
+    fn add(&mut self, got: f64, want: f64, tol: f64, at: impl FnOnce() -> String) {
+        self.values += 1;
+        let err = (got - want).abs();
+        let err = if err.is_finite() { err } else { f64::INFINITY };
+        self.max_err = self.max_err.max(err);
+        if !(err <= tol) {
+            self.bad += 1;
+            let ratio = err / tol;
+            if self.worst.as_ref().is_none_or(|(r, _)| ratio > *r) {
+                self.worst = Some((
+                    ratio,
+                    format!(
+                        "{}: got {got}, want {want}, |err| {err:.3e} > tol {tol:.3e}",
+                        at()
+                    ),
+                ));
+            }
+        }
+    }
+
+    fn merge(&mut self, o: &Stat) {
+        self.values += o.values;
+        self.max_err = self.max_err.max(o.max_err);
+        self.bad += o.bad;
+        if let Some((r, w)) = &o.worst {
+            if self.worst.as_ref().is_none_or(|(s, _)| r > s) {
+                self.worst = Some((*r, w.clone()));
+            }
+        }
+    }
+}
+
+const NAMES: [&str; 15] = [
+    "x_in",
+    "x_next",
+    "h_pre",
+    "h_post",
+    "h_res",
+    "hproj",
+    "rms",
+    "dx",
+    "dy",
+    "dphi",
+    "dgamma",
+    "dalpha",
+    "dbias_pre",
+    "dbias_post",
+    "dbias_res",
+];
+
+fn idx(name: &str) -> usize {
+    NAMES.iter().position(|n| *n == name).expect("known output")
+}
+
+struct Acc {
+    stats: Vec<Stat>,
+    grads: ParamGrads,
+}
+
+fn max_abs(v: &[f64]) -> f64 {
+    v.iter().fold(0.0, |m, x| m.max(x.abs()))
+}
+
+/// Compare every output with the f64 reference (tokens in parallel; weight gradients summed per
+/// thread), print one line per output, fail on any element out of tolerance.
+fn check_outputs(data: &MhcData, out: &Outputs, label: &str) -> TestResult {
+    let p = &data.problem;
+    let w = data.weights();
+    let (n, c, k, m) = (p.n, p.c, p.k(), p.m());
+    let bf = |v: bf16| v.to_f64();
+    let accs = reference::fold_tokens(
+        p.tokens(),
+        || Acc {
+            stats: vec![Stat::default(); NAMES.len()],
+            grads: ParamGrads::zeros(p),
+        },
+        |acc, t| {
+            let x = MhcData::token(&data.x, t, k);
+            let y = MhcData::token(&data.y, t, c);
+            let f = reference::token_forward(p, &w, &x, &y);
+            let b = reference::token_backward(
+                p,
+                &w,
+                &x,
+                &y,
+                &MhcData::token(&data.d_xin, t, c),
+                &MhcData::token(&data.d_xnext, t, k),
+                &f,
+            );
+            acc.grads.add_token(p, &w, &x, &b);
+            let st = &mut acc.stats;
+            for i in 0..c {
+                st[idx("x_in")].add(
+                    bf(out.x_in[t * c + i]),
+                    f.x_in[i],
+                    tol_bf16(f.x_in[i], f.x_in_abs[i]),
+                    || format!("token {t} channel {i}"),
+                );
+                st[idx("dy")].add(
+                    bf(out.dy[t * c + i]),
+                    b.dy[i],
+                    tol_bf16(b.dy[i], b.dy_abs[i]),
+                    || format!("token {t} channel {i}"),
+                );
+            }
+            for i in 0..k {
+                st[idx("x_next")].add(
+                    bf(out.x_next[t * k + i]),
+                    f.x_next[i],
+                    tol_bf16(f.x_next[i], f.x_next_abs[i]),
+                    || format!("token {t} element {i}"),
+                );
+                st[idx("dx")].add(
+                    bf(out.dx[t * k + i]),
+                    b.dx[i],
+                    tol_bf16(b.dx[i], b.dx_abs[i]),
+                    || format!("token {t} element {i}"),
+                );
+            }
+            let per_token = |st: &mut Stat, got: &[f32], want: &[f64]| {
+                let scale = max_abs(want);
+                for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
+                    st.add(g as f64, r, tol_f32(r, scale), || {
+                        format!("token {t} index {i}")
+                    });
+                }
+            };
+            per_token(
+                &mut st[idx("h_pre")],
+                &out.h_pre[t * n..(t + 1) * n],
+                &f.h_pre,
+            );
+            per_token(
+                &mut st[idx("h_post")],
+                &out.h_post[t * n..(t + 1) * n],
+                &f.h_post,
+            );
+            per_token(
+                &mut st[idx("h_res")],
+                &out.h_res[t * n * n..(t + 1) * n * n],
+                &f.h_res,
+            );
+            per_token(
+                &mut st[idx("hproj")],
+                &out.hproj[t * m..(t + 1) * m],
+                &f.hproj,
+            );
+            per_token(&mut st[idx("rms")], &out.rms[t..t + 1], &[f.rms]);
+        },
+    );
+    let mut stats = vec![Stat::default(); NAMES.len()];
+    let mut grads = ParamGrads::zeros(p);
+    for a in &accs {
+        for (s, o) in stats.iter_mut().zip(&a.stats) {
+            s.merge(o);
+        }
+        grads.merge(&a.grads);
+    }
+    let whole = |st: &mut Stat, got: &[f32], want: &[f64], what: &str| {
+        let scale = max_abs(want);
+        for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
+            st.add(g as f64, r, tol_f32(r, scale), || {
+                format!("{what} index {i}")
+            });
+        }
+    };
+    whole(&mut stats[idx("dphi")], &out.dphi, &grads.dphi, "dphi");
+    if let (Some(got), Some(want)) = (&out.dgamma, &grads.dgamma) {
+        whole(&mut stats[idx("dgamma")], got, want, "dgamma");
+    }
+    whole(
+        &mut stats[idx("dalpha")],
+        &out.dalpha,
+        &grads.dalpha,
+        "dalpha",
+    );
+    // dbias in its three parts, each on its own (the seed's bug was confined to dbias_res).
+    whole(
+        &mut stats[idx("dbias_pre")],
+        &out.dbias[..n],
+        &grads.dbias[..n],
+        "dbias_pre",
+    );
+    whole(
+        &mut stats[idx("dbias_post")],
+        &out.dbias[n..2 * n],
+        &grads.dbias[n..2 * n],
+        "dbias_post",
+    );
+    whole(
+        &mut stats[idx("dbias_res")],
+        &out.dbias[2 * n..],
+        &grads.dbias[2 * n..],
+        "dbias_res",
+    );
+
+    let mut failures = Vec::new();
+    for (name, st) in NAMES.iter().zip(&stats) {
+        if st.values == 0 {
+            continue;
+        }
+        println!(
+            "{label} {name}: max |err| = {:.3e} over {} values",
+            st.max_err, st.values
+        );
+        if let Some((_, w)) = &st.worst {
+            failures.push(format!(
+                "{name}: {} of {} out of tolerance; worst {w}",
+                st.bad, st.values
+            ));
+        }
+    }
+    ensure(stats[idx("dgamma")].values > 0 || !p.gamma, || {
+        "dgamma was not checked".into()
+    })?;
+    ensure(failures.is_empty(), || {
+        format!("{label}:\n  {}", failures.join("\n  "))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running the kernels.
+
+fn run_gpu(g: &Gpu, data: &MhcData) -> kernels::Result<Outputs> {
+    let p = &data.problem;
+    let (t, c, k) = (p.tokens(), p.c, p.k());
+    let stream = g.stream()?;
+    let (d_x, d_y) = (upload(&data.x)?, upload(&data.y)?);
+    let (d_phi, d_alpha, d_bias) = (
+        upload(&data.phi)?,
+        upload(&data.alpha)?,
+        upload(&data.bias)?,
+    );
+    let d_gamma = data.gamma.as_deref().map(upload).transpose()?;
+    let (d_dxin, d_dxnext) = (upload(&data.d_xin)?, upload(&data.d_xnext)?);
+    let weights = MhcWeights {
+        phi: &d_phi,
+        gamma: d_gamma.as_ref(),
+        alpha: &d_alpha,
+        bias: &d_bias,
+    };
+    let mut ws = MhcWorkspace::new(p)?;
+    let mut coeffs = MhcCoefficients::new(p)?;
+    let mut grads = MhcGradients::new(p)?;
+    let mut x_in = poisoned::<bf16>(t * c)?;
+    let mut x_next = poisoned::<bf16>(t * k)?;
+    mhc::forward_pre(
+        g,
+        &stream,
+        p,
+        &weights,
+        &d_x,
+        &mut ws,
+        &mut coeffs,
+        &mut x_in,
+    )?;
+    mhc::forward_post(g, &stream, p, &d_x, &d_y, &coeffs, &mut x_next)?;
+    mhc::backward(
+        g, &stream, p, &weights, &d_x, &d_y, &coeffs, &d_dxin, &d_dxnext, &mut ws, &mut grads,
+    )?;
+    g.sync(&stream, "mhc forward and backward")?;
+    Ok(Outputs {
+        x_in: download(&x_in)?,
+        x_next: download(&x_next)?,
+        h_pre: download(&coeffs.h_pre)?,
+        h_post: download(&coeffs.h_post)?,
+        h_res: download(&coeffs.h_res)?,
+        hproj: download(&coeffs.hproj)?,
+        rms: download(&coeffs.rms)?,
+        dx: download(&grads.dx)?,
+        dy: download(&grads.dy)?,
+        dphi: download(&grads.dphi)?,
+        dgamma: grads.dgamma.as_ref().map(download).transpose()?,
+        dalpha: download(&grads.dalpha)?,
+        dbias: download(&grads.dbias)?,
+    })
+}
+
+/// Host buffers standing in for every device tensor of one problem.
+struct HostProblem {
+    x: HostBuf<bf16>,
+    y: HostBuf<bf16>,
+    phi: HostBuf<f32>,
+    gamma: Option<HostBuf<f32>>,
+    alpha: HostBuf<f32>,
+    bias: HostBuf<f32>,
+    d_xin: HostBuf<bf16>,
+    d_xnext: HostBuf<bf16>,
+    scratch: [HostBuf<f32>; 7],
+    packed: [HostBuf<u32>; 2],
+    coeffs: [HostBuf<f32>; 5],
+    x_in: HostBuf<bf16>,
+    x_next: HostBuf<bf16>,
+    dx: HostBuf<bf16>,
+    dy: HostBuf<bf16>,
+    dphi: HostBuf<f32>,
+    dgamma: Option<HostBuf<f32>>,
+    dalpha: HostBuf<f32>,
+    dbias: HostBuf<f32>,
+}
+
+impl HostProblem {
+    fn new(data: &MhcData) -> Self {
+        let p = &data.problem;
+        let plan = p.plan();
+        let (t, n, c, k, m) = (p.tokens(), p.n, p.c, p.k(), p.m());
+        let nan = |len| HostBuf::filled(len, f32::NAN);
+        let nan16 = |len| HostBuf::filled(len, bf16::NAN);
+        HostProblem {
+            x: HostBuf::from_slice(&data.x),
+            y: HostBuf::from_slice(&data.y),
+            phi: HostBuf::from_slice(&data.phi),
+            gamma: data.gamma.as_deref().map(HostBuf::from_slice),
+            alpha: HostBuf::from_slice(&data.alpha),
+            bias: HostBuf::from_slice(&data.bias),
+            d_xin: HostBuf::from_slice(&data.d_xin),
+            d_xnext: HostBuf::from_slice(&data.d_xnext),
+            scratch: [
+                nan(plan.part_proj),
+                nan(plan.part_sumsq),
+                nan(plan.dh),
+                nan(plan.u),
+                nan(t),
+                nan(plan.part_coef),
+                nan(plan.part_w),
+            ],
+            packed: [
+                HostBuf::filled(plan.packed_f1, u32::MAX),
+                HostBuf::filled(plan.packed_b2, u32::MAX),
+            ],
+            coeffs: [nan(t * n), nan(t * n), nan(t * n * n), nan(t * m), nan(t)],
+            x_in: nan16(t * c),
+            x_next: nan16(t * k),
+            dx: nan16(t * k),
+            dy: nan16(t * c),
+            dphi: nan(k * m),
+            dgamma: p.gamma.then(|| nan(k)),
+            dalpha: nan(3),
+            dbias: nan(m),
+        }
+    }
+}
+
+fn run_emulated(data: &MhcData) -> kernels::Result<Outputs> {
+    let p = &data.problem;
+    let mut h = HostProblem::new(data);
+    let HostProblem {
+        x,
+        y,
+        phi,
+        gamma,
+        alpha,
+        bias,
+        d_xin,
+        d_xnext,
+        scratch,
+        packed,
+        coeffs,
+        x_in,
+        x_next,
+        dx,
+        dy,
+        dphi,
+        dgamma,
+        dalpha,
+        dbias,
+    } = &mut h;
+    let weights = RawWeights {
+        phi: phi.view(),
+        gamma: gamma.as_mut().map(|g| g.view()),
+        alpha: alpha.view(),
+        bias: bias.view(),
+    };
+    let [part_proj, part_sumsq, dh, u, xcoef, part_coef, part_w] = scratch;
+    let [packed_f1, packed_b2] = packed;
+    let raw_scratch = RawScratch {
+        packed_f1: packed_f1.view(),
+        packed_b2: packed_b2.view(),
+        part_proj: part_proj.view(),
+        part_sumsq: part_sumsq.view(),
+        dh: dh.view(),
+        u: u.view(),
+        xcoef: xcoef.view(),
+        part_coef: part_coef.view(),
+        part_w: part_w.view(),
+    };
+    let [h_pre, h_post, h_res, hproj, rms] = coeffs;
+    let raw_coeffs = RawCoefficients {
+        h_pre: h_pre.view(),
+        h_post: h_post.view(),
+        h_res: h_res.view(),
+        hproj: hproj.view(),
+        rms: rms.view(),
+    };
+    let raw_grads = RawGradients {
+        dx: dx.view(),
+        dy: dy.view(),
+        dphi: dphi.view(),
+        dgamma: dgamma.as_mut().map(|g| g.view()),
+        dalpha: dalpha.view(),
+        dbias: dbias.view(),
+    };
+    // SAFETY: every view is a distinct host buffer of the problem's size, alive for the calls;
+    // the emulator runs on host memory.
+    unsafe {
+        mhc::forward_pre_raw(
+            &Emulator,
+            p,
+            &weights,
+            x.view(),
+            &raw_scratch,
+            &raw_coeffs,
+            x_in.view(),
+        )?;
+        mhc::forward_post_raw(&Emulator, p, x.view(), y.view(), &raw_coeffs, x_next.view())?;
+        mhc::backward_raw(
+            &Emulator,
+            p,
+            &weights,
+            x.view(),
+            y.view(),
+            &raw_coeffs,
+            d_xin.view(),
+            d_xnext.view(),
+            &raw_scratch,
+            &raw_grads,
+        )?;
+    }
+    Ok(Outputs {
+        x_in: x_in.to_vec(),
+        x_next: x_next.to_vec(),
+        h_pre: h_pre.to_vec(),
+        h_post: h_post.to_vec(),
+        h_res: h_res.to_vec(),
+        hproj: hproj.to_vec(),
+        rms: rms.to_vec(),
+        dx: dx.to_vec(),
+        dy: dy.to_vec(),
+        dphi: dphi.to_vec(),
+        dgamma: dgamma.as_ref().map(|g| g.to_vec()),
+        dalpha: dalpha.to_vec(),
+        dbias: dbias.to_vec(),
+    })
+}
+
+fn fail(e: Error) -> kernel_tests::TestFailure {
+    format!("{e}").into()
+}
+
+fn emulated(c: Case) -> TestResult {
+    let data = MhcData::random(&c.problem(), c.seed);
+    let out = run_emulated(&data).map_err(fail)?;
+    check_outputs(
+        &data,
+        &out,
+        &format!("emulated {} (seed {})", c.name(), c.seed),
+    )
+}
+
+fn on_gpu(g: &Gpu, c: Case) -> TestResult {
+    let data = MhcData::random(&c.problem(), c.seed);
+    let out = gpu_ok(run_gpu(g, &data))?;
+    check_outputs(
+        &data,
+        &out,
+        &format!("{} {} (seed {})", g.arch(), c.name(), c.seed),
+    )
+}
+
+fn deterministic(g: &Gpu) -> TestResult {
+    let c = case(2, 300, 4, 512, true, 20);
+    let data = MhcData::random(&c.problem(), c.seed);
+    let first = gpu_ok(run_gpu(g, &data))?;
+    let second = gpu_ok(run_gpu(g, &data))?;
+    ensure(first.same_bits(&second), || {
+        "two runs on the same inputs differ in some output".into()
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference.
+
+/// The reference's backward against central differences of its loss, for every weight, bias
+/// (pre, post, res separately), gain, `gamma` entry, and every element of `x` and `y`.
+fn finite_differences(c: Case) -> TestResult {
+    let p = c.problem();
+    let data = MhcData::random(&p, c.seed);
+    let w = data.weights();
+    let f64s = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let (x, y, dxin, dxn) = (
+        f64s(&data.x),
+        f64s(&data.y),
+        f64s(&data.d_xin),
+        f64s(&data.d_xnext),
+    );
+    let r = reference::reference(&data);
+    let loss =
+        |w: &reference::Weights, x: &[f64], y: &[f64]| reference::loss(&p, w, x, y, &dxin, &dxn);
+    let (n, cc, k) = (p.n, p.c, p.k());
+    let step = 1e-5;
+    let mut worst = 0.0f64;
+    let mut check =
+        |what: &str, analytic: &[f64], perturb: &dyn Fn(usize, f64) -> f64| -> TestResult {
+            let scale = max_abs(analytic).max(1e-12);
+            for (i, &a) in analytic.iter().enumerate() {
+                let fd = (perturb(i, step) - perturb(i, -step)) / (2.0 * step);
+                let err = (fd - a).abs() / (a.abs() + scale);
+                worst = worst.max(err);
+                ensure(err < 1e-6, || {
+                    format!("{what}[{i}]: analytic {a}, finite difference {fd} (rel {err:.2e})")
+                })?;
+            }
+            Ok(())
+        };
+    let with_w = |edit: &dyn Fn(&mut reference::Weights)| {
+        let mut w2 = w.clone();
+        edit(&mut w2);
+        loss(&w2, &x, &y)
+    };
+    check("dphi", &r.grads.dphi, &|i, h| {
+        with_w(&|w: &mut reference::Weights| w.phi[i] += h)
+    })?;
+    if let Some(dg) = &r.grads.dgamma {
+        check("dgamma", dg, &|i, h| {
+            with_w(&|w: &mut reference::Weights| w.gamma.as_mut().unwrap()[i] += h)
+        })?;
+    }
+    check("dalpha", &r.grads.dalpha, &|i, h| {
+        with_w(&|w: &mut reference::Weights| w.alpha[i] += h)
+    })?;
+    for (part, range) in [
+        ("dbias_pre", 0..n),
+        ("dbias_post", n..2 * n),
+        ("dbias_res", 2 * n..p.m()),
+    ] {
+        let start = range.start;
+        check(part, &r.grads.dbias[range], &|i, h| {
+            with_w(&|w: &mut reference::Weights| w.bias[start + i] += h)
+        })?;
+    }
+    let dx: Vec<f64> = r.backward.iter().flat_map(|b| b.dx.clone()).collect();
+    check("dx", &dx, &|i, h| {
+        let mut x2 = x.clone();
+        x2[i] += h;
+        loss(&w, &x2, &y)
+    })?;
+    let dy: Vec<f64> = r.backward.iter().flat_map(|b| b.dy.clone()).collect();
+    check("dy", &dy, &|i, h| {
+        let mut y2 = y.clone();
+        y2[i] += h;
+        loss(&w, &x, &y2)
+    })?;
+    println!(
+        "{} (T = {}, K = {k}, C = {cc}): worst relative difference analytic vs finite difference {worst:.2e}",
+        c.name(),
+        p.tokens()
+    );
+    Ok(())
+}
+
+/// With many iterations the reference's Sinkhorn output is doubly stochastic.
+fn sinkhorn_converges() -> TestResult {
+    let n = 5;
+    let p0: Vec<f64> = (0..n * n)
+        .map(|i| ((i * 7919 % 13) as f64 / 4.0 - 1.5).exp())
+        .collect();
+    let it = reference::sinkhorn(&p0, n, 200);
+    let h = &it.last().expect("iterates").1;
+    for i in 0..n {
+        let row: f64 = (0..n).map(|j| h[i * n + j]).sum();
+        let col: f64 = (0..n).map(|j| h[j * n + i]).sum();
+        ensure(
+            (row - 1.0).abs() < 1e-9 && (col - 1.0).abs() < 1e-12,
+            || format!("row {i} sums to {row}, column to {col}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// The fragment packings of `phi'` place every `(k, m)` entry exactly once per half, and the
+/// input-gradient permutation gives lane `t` the channels `4 t .. 4 t + 4`.
+fn packings() -> TestResult {
+    for n in abi::MIN_N..=abi::MAX_N {
+        let (m8, m16) = (8 * abi::nt_of(n), abi::m16_of(n));
+        for k in [8u32, 40, 96] {
+            let chunks = abi::f1_chunks(k);
+            let mut seen = vec![0u8; (chunks * 32 * m8) as usize];
+            for chunk in 0..chunks {
+                for j in 0..abi::nt_of(n) {
+                    for lane in 0..32 {
+                        for w in 0..4 {
+                            let (kk, m) = abi::f1_word_source(chunk, j, lane, w);
+                            let at = abi::f1_word_index(n, chunk, j, 0, lane, w);
+                            ensure(at < abi::f1_words(n, k), || {
+                                format!("f1 index {at} out of range")
+                            })?;
+                            for e in 0..2 {
+                                seen[((kk + e) * m8 + m) as usize] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            ensure(seen.iter().all(|&s| s == 1), || {
+                format!("f1 packing n {n} K {k}: an entry is not covered once")
+            })?;
+        }
+        for c in [8u32, 16, 40] {
+            let groups = abi::b2_groups(c);
+            let mut seen = vec![0u8; (groups * 16 * m16) as usize];
+            for group in 0..groups {
+                for s in 0..abi::s16_of(n) {
+                    for lane in 0..32 {
+                        for w in 0..4 {
+                            let (ch, m) = abi::b2_word_source(group, s, lane, w);
+                            for e in 0..2 {
+                                seen[(ch * m16 + m + e) as usize] += 1;
+                            }
+                        }
+                    }
+                }
+                for q in 0..2 {
+                    for t in 0..4 {
+                        for e in 0..2 {
+                            let ch = abi::b2_channel(group, q, 2 * t + e);
+                            ensure(ch == 16 * group + 4 * t + 2 * q + e, || {
+                                "b2 column permutation".into()
+                            })?;
+                        }
+                    }
+                }
+            }
+            ensure(seen.iter().all(|&s| s == 1), || {
+                format!("b2 packing n {n} C {c}: an entry is not covered once")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input.
+
+fn rejects_bad_problems() -> TestResult {
+    let ok = MhcProblem::new(2, 8, 4, 64);
+    ensure(ok.validate().is_ok(), || {
+        "a valid problem was rejected".into()
+    })?;
+    let cases: Vec<(&str, MhcProblem)> = vec![
+        ("n = 1", MhcProblem { n: 1, ..ok }),
+        ("n = 9", MhcProblem { n: 9, ..ok }),
+        ("C = 0", MhcProblem { c: 0, ..ok }),
+        ("C = 12", MhcProblem { c: 12, ..ok }),
+        ("batch = 0", MhcProblem { batch: 0, ..ok }),
+        ("seq = 0", MhcProblem { seq: 0, ..ok }),
+        ("0 iterations", ok.with_iters(0)),
+        ("101 iterations", ok.with_iters(abi::MAX_SINKHORN_ITERS + 1)),
+        ("eps < 0", ok.with_eps(-1.0)),
+        ("eps NaN", ok.with_eps(f32::NAN)),
+        ("eps inf", ok.with_eps(f32::INFINITY)),
+        (
+            "n C > 2^20",
+            MhcProblem {
+                c: (1 << 18) + 8,
+                ..ok
+            },
+        ),
+    ];
+    for (what, p) in cases {
+        match p.validate() {
+            Err(Error::InvalidArgument { .. } | Error::Unsupported { .. }) => {}
+            other => return Err(format!("{what}: expected a typed error, got {other:?}").into()),
+        }
+        for r in [
+            MhcWorkspace::new(&p).err(),
+            MhcCoefficients::new(&p).err(),
+            MhcGradients::new(&p).err(),
+        ] {
+            ensure(
+                matches!(
+                    r,
+                    Some(Error::InvalidArgument { .. } | Error::Unsupported { .. })
+                ),
+                || {
+                    format!(
+                        "{what}: allocating for an invalid problem must fail with a typed error"
+                    )
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Wrong sizes, misaligned tensors and a gamma mismatch are rejected before any launch (the
+/// emulator executor would run the kernels otherwise).
+fn rejects_bad_buffers() -> TestResult {
+    let p = MhcProblem::new(1, 4, 4, 16);
+    let data = MhcData::random(&p, 3);
+    let expect = |what: &str, r: kernels::Result<()>, ok: fn(&Error) -> bool| -> TestResult {
+        match r {
+            Err(e) if ok(&e) => Ok(()),
+            other => Err(format!("{what}: expected a validation error, got {other:?}").into()),
+        }
+    };
+    let shape = |e: &Error| matches!(e, Error::ShapeMismatch { .. });
+    let misaligned = |e: &Error| matches!(e, Error::Misaligned { .. });
+    let invalid = |e: &Error| matches!(e, Error::InvalidArgument { .. });
+    for (what, short, offset, gamma, check) in [
+        (
+            "x one element short",
+            1usize,
+            0usize,
+            false,
+            shape as fn(&Error) -> bool,
+        ),
+        ("x misaligned by 2 bytes", 0, 2, false, misaligned),
+        ("gamma given without problem.gamma", 0, 0, true, invalid),
+    ] {
+        let mut h = HostProblem::new(&data);
+        let mut extra_gamma = HostBuf::filled(p.k(), 1.0f32);
+        let [part_proj, part_sumsq, dh, u, xcoef, part_coef, part_w] = &mut h.scratch;
+        let [packed_f1, packed_b2] = &mut h.packed;
+        let [h_pre, h_post, h_res, hproj, rms] = &mut h.coeffs;
+        let weights = RawWeights {
+            phi: h.phi.view(),
+            gamma: gamma.then(|| extra_gamma.view()),
+            alpha: h.alpha.view(),
+            bias: h.bias.view(),
+        };
+        let scratch = RawScratch {
+            packed_f1: packed_f1.view(),
+            packed_b2: packed_b2.view(),
+            part_proj: part_proj.view(),
+            part_sumsq: part_sumsq.view(),
+            dh: dh.view(),
+            u: u.view(),
+            xcoef: xcoef.view(),
+            part_coef: part_coef.view(),
+            part_w: part_w.view(),
+        };
+        let coeffs = RawCoefficients {
+            h_pre: h_pre.view(),
+            h_post: h_post.view(),
+            h_res: h_res.view(),
+            hproj: hproj.view(),
+            rms: rms.view(),
+        };
+        let x = if short > 0 || offset > 0 {
+            h.x.view_at(offset, short)
+        } else {
+            h.x.view()
+        };
+        // SAFETY: validation rejects these views before any launch (what the test checks); had
+        // it not, the views are host buffers the emulator could access.
+        let r = unsafe {
+            mhc::forward_pre_raw(&Emulator, &p, &weights, x, &scratch, &coeffs, h.x_in.view())
+        };
+        expect(what, r, check)?;
+    }
+    Ok(())
+}
+
+fn rejects_mismatched_buffers(g: &Gpu) -> TestResult {
+    let p = MhcProblem::new(1, 16, 4, 64);
+    let data = MhcData::random(&p, 9);
+    let stream = gpu_ok(g.stream())?;
+    let d_x = gpu_ok(upload(&data.x))?;
+    let short = gpu_ok(upload(&data.x[1..]))?;
+    let (d_phi, d_alpha, d_bias) = (
+        gpu_ok(upload(&data.phi))?,
+        gpu_ok(upload(&data.alpha))?,
+        gpu_ok(upload(&data.bias))?,
+    );
+    let weights = MhcWeights {
+        phi: &d_phi,
+        gamma: None,
+        alpha: &d_alpha,
+        bias: &d_bias,
+    };
+    let mut ws = gpu_ok(MhcWorkspace::new(&p))?;
+    let mut coeffs = gpu_ok(MhcCoefficients::new(&p))?;
+    let mut x_in = gpu_ok(poisoned::<bf16>(p.tokens() * p.c))?;
+    match mhc::forward_pre(
+        g,
+        &stream,
+        &p,
+        &weights,
+        &short,
+        &mut ws,
+        &mut coeffs,
+        &mut x_in,
+    ) {
+        Err(Error::ShapeMismatch { .. }) => {}
+        other => return Err(format!("a short x must be rejected, got {other:?}").into()),
+    }
+    let other = MhcProblem::new(1, 16, 4, 72);
+    let mut ws_other = gpu_ok(MhcWorkspace::new(&other))?;
+    match mhc::forward_pre(
+        g,
+        &stream,
+        &p,
+        &weights,
+        &d_x,
+        &mut ws_other,
+        &mut coeffs,
+        &mut x_in,
+    ) {
+        Err(Error::ShapeMismatch { .. }) => Ok(()),
+        other => {
+            Err(format!("a workspace of another problem must be rejected, got {other:?}").into())
+        }
+    }
+}
