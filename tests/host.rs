@@ -28,19 +28,89 @@ fn main() {
 }
 
 /// The kernels the host launches, per target, with the parameter struct each takes.
-fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
-    let mut k = vec![
-        ("smoke_block_reduce", size_of::<ReduceParams>()),
-        ("smoke_mma_tile", size_of::<MmaTileParams>()),
+fn expected_kernels(arch: Arch) -> Vec<(String, usize)> {
+    let mut k: Vec<(String, usize)> = vec![
+        ("smoke_block_reduce".into(), size_of::<ReduceParams>()),
+        ("smoke_mma_tile".into(), size_of::<MmaTileParams>()),
     ];
+    k.extend(
+        mhc_kernels()
+            .into_iter()
+            .map(|(name, params, _)| (name, params)),
+    );
     if arch.has_hopper_kernels() {
+        k.extend(
+            [
+                ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
+                ("smoke_tma_load", size_of::<TmaLoadParams>()),
+                ("smoke_wgmma_n64", size_of::<WgmmaTileParams>()),
+                ("smoke_wgmma_n128", size_of::<WgmmaTileParams>()),
+                ("smoke_wgmma_n256", size_of::<WgmmaTileParams>()),
+                ("smoke_pingpong", size_of::<PingpongParams>()),
+            ]
+            .map(|(name, bytes)| (name.to_string(), bytes)),
+        );
+    }
+    k
+}
+
+/// The mHC kernels (portable: in every target), with their parameter struct and block size.
+fn mhc_kernels() -> Vec<(String, usize, u32)> {
+    use kernel_abi::mhc::*;
+    let mut k = vec![
+        (
+            "mhc_prep".to_string(),
+            size_of::<PrepParams>(),
+            PREP_THREADS,
+        ),
+        (
+            "mhc_fwd_coeff".to_string(),
+            size_of::<FwdCoeffParams>(),
+            COEFF_THREADS,
+        ),
+        (
+            "mhc_bwd_coeff".to_string(),
+            size_of::<BwdCoeffParams>(),
+            COEFF_THREADS,
+        ),
+        (
+            "mhc_bwd_finalize".to_string(),
+            size_of::<FinalizeParams>(),
+            FIN_THREADS,
+        ),
+    ];
+    for n in MIN_N..=MAX_N {
         k.extend([
-            ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
-            ("smoke_tma_load", size_of::<TmaLoadParams>()),
-            ("smoke_wgmma_n64", size_of::<WgmmaTileParams>()),
-            ("smoke_wgmma_n128", size_of::<WgmmaTileParams>()),
-            ("smoke_wgmma_n256", size_of::<WgmmaTileParams>()),
-            ("smoke_pingpong", size_of::<PingpongParams>()),
+            (
+                format!("mhc_fwd_proj_n{n}"),
+                size_of::<ProjParams>(),
+                PROJ_THREADS,
+            ),
+            (
+                format!("mhc_fwd_pre_n{n}"),
+                size_of::<PreParams>(),
+                APPLY_THREADS,
+            ),
+            (
+                format!("mhc_fwd_post_n{n}"),
+                size_of::<PostParams>(),
+                APPLY_THREADS,
+            ),
+            (
+                format!("mhc_bwd_dh_n{n}"),
+                size_of::<DhParams>(),
+                DH_THREADS,
+            ),
+            (
+                format!("mhc_bwd_dx_n{n}"),
+                size_of::<DxParams>(),
+                DX_THREADS,
+            ),
+            (
+                format!("mhc_bwd_wgrad_n{n}"),
+                size_of::<WgradParams>(),
+                WG_THREADS,
+            ),
         ]);
     }
     k
@@ -51,7 +121,7 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
         let kernels = arch.kernels();
         for (name, bytes) in expected_kernels(arch) {
             let info = kernels
-                .get(name)
+                .get(&name)
                 .ok_or(format!("{name} missing from the {arch} PTX"))?;
             ensure(info.params == [bytes], || {
                 format!(
@@ -72,15 +142,22 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
 }
 
 fn ptx_launch_bounds() -> TestResult {
-    let bounds = [
+    let mut bounds: Vec<(String, u32)> = [
         ("smoke_block_reduce", REDUCE_THREADS),
         ("smoke_mma_tile", MMA_THREADS),
         ("smoke_pingpong", PINGPONG_THREADS),
         ("gemm_bf16_tn", kernel_abi::gemm::THREADS),
-    ];
+    ]
+    .map(|(name, threads)| (name.to_string(), threads))
+    .into();
+    bounds.extend(
+        mhc_kernels()
+            .into_iter()
+            .map(|(name, _, threads)| (name, threads)),
+    );
     for (name, threads) in bounds {
         for arch in Arch::ALL {
-            if let Some(info) = arch.kernels().get(name) {
+            if let Some(info) = arch.kernels().get(&name) {
                 ensure(info.max_threads == Some(threads), || {
                     format!(
                         "{arch} {name}: .maxntid {:?}, expected {threads}",

@@ -11,11 +11,11 @@
 use kernel_abi::mhc as abi;
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
-use kernels::memory::{download, poisoned, upload};
-use kernels::mhc::reference::{self, MhcData, ParamGrads, tol_bf16, tol_f32};
+use kernels::memory::{poisoned, upload};
+use kernels::mhc::reference::{self, MhcData};
 use kernels::mhc::{
-    self, MhcCoefficients, MhcGradients, MhcProblem, MhcWeights, MhcWorkspace, RawCoefficients,
-    RawGradients, RawScratch, RawWeights,
+    self, MhcCoefficients, MhcDeviceRun, MhcGradients, MhcHostOutputs, MhcProblem, MhcWeights,
+    MhcWorkspace, RawCoefficients, RawGradients, RawScratch, RawWeights,
 };
 use kernels::{Error, Gpu, bf16};
 
@@ -153,278 +153,21 @@ fn main() {
 // ---------------------------------------------------------------------------------------------
 // Outputs and their comparison with the reference.
 
-/// Everything the kernels produce.
-#[derive(Clone)]
-struct Outputs {
-    x_in: Vec<bf16>,
-    x_next: Vec<bf16>,
-    h_pre: Vec<f32>,
-    h_post: Vec<f32>,
-    h_res: Vec<f32>,
-    hproj: Vec<f32>,
-    rms: Vec<f32>,
-    dx: Vec<bf16>,
-    dy: Vec<bf16>,
-    dphi: Vec<f32>,
-    dgamma: Option<Vec<f32>>,
-    dalpha: Vec<f32>,
-    dbias: Vec<f32>,
-}
-
-impl Outputs {
-    /// Bitwise equality (NaN-safe).
-    fn same_bits(&self, o: &Outputs) -> bool {
-        fn f(a: &[f32], b: &[f32]) -> bool {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-        }
-        fn h(a: &[bf16], b: &[bf16]) -> bool {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-        }
-        h(&self.x_in, &o.x_in)
-            && h(&self.x_next, &o.x_next)
-            && h(&self.dx, &o.dx)
-            && h(&self.dy, &o.dy)
-            && f(&self.h_pre, &o.h_pre)
-            && f(&self.h_post, &o.h_post)
-            && f(&self.h_res, &o.h_res)
-            && f(&self.hproj, &o.hproj)
-            && f(&self.rms, &o.rms)
-            && f(&self.dphi, &o.dphi)
-            && f(&self.dalpha, &o.dalpha)
-            && f(&self.dbias, &o.dbias)
-            && match (&self.dgamma, &o.dgamma) {
-                (Some(a), Some(b)) => f(a, b),
-                (None, None) => true,
-                _ => false,
-            }
+/// Compare every output with the f64 reference, print one line per output, fail on any
+/// element out of tolerance.
+fn check_outputs(data: &MhcData, out: &MhcHostOutputs, label: &str) -> TestResult {
+    let cmp = reference::compare(data, out, None);
+    for line in cmp.lines(label) {
+        println!("{line}");
     }
-}
-
-/// Error statistics of one output tensor.
-#[derive(Clone, Default)]
-struct Stat {
-    values: usize,
-    max_err: f64,
-    bad: usize,
-    worst: Option<(f64, String)>,
-}
-
-impl Stat {
-    fn add(&mut self, got: f64, want: f64, tol: f64, at: impl FnOnce() -> String) {
-        self.values += 1;
-        let err = (got - want).abs();
-        let err = if err.is_finite() { err } else { f64::INFINITY };
-        self.max_err = self.max_err.max(err);
-        if !(err <= tol) {
-            self.bad += 1;
-            let ratio = err / tol;
-            if self.worst.as_ref().is_none_or(|(r, _)| ratio > *r) {
-                self.worst = Some((
-                    ratio,
-                    format!(
-                        "{}: got {got}, want {want}, |err| {err:.3e} > tol {tol:.3e}",
-                        at()
-                    ),
-                ));
-            }
-        }
-    }
-
-    fn merge(&mut self, o: &Stat) {
-        self.values += o.values;
-        self.max_err = self.max_err.max(o.max_err);
-        self.bad += o.bad;
-        if let Some((r, w)) = &o.worst {
-            if self.worst.as_ref().is_none_or(|(s, _)| r > s) {
-                self.worst = Some((*r, w.clone()));
-            }
-        }
-    }
-}
-
-const NAMES: [&str; 15] = [
-    "x_in",
-    "x_next",
-    "h_pre",
-    "h_post",
-    "h_res",
-    "hproj",
-    "rms",
-    "dx",
-    "dy",
-    "dphi",
-    "dgamma",
-    "dalpha",
-    "dbias_pre",
-    "dbias_post",
-    "dbias_res",
-];
-
-fn idx(name: &str) -> usize {
-    NAMES.iter().position(|n| *n == name).expect("known output")
-}
-
-struct Acc {
-    stats: Vec<Stat>,
-    grads: ParamGrads,
-}
-
-fn max_abs(v: &[f64]) -> f64 {
-    v.iter().fold(0.0, |m, x| m.max(x.abs()))
-}
-
-/// Compare every output with the f64 reference (tokens in parallel; weight gradients summed per
-/// thread), print one line per output, fail on any element out of tolerance.
-fn check_outputs(data: &MhcData, out: &Outputs, label: &str) -> TestResult {
     let p = &data.problem;
-    let w = data.weights();
-    let (n, c, k, m) = (p.n, p.c, p.k(), p.m());
-    let bf = |v: bf16| v.to_f64();
-    let accs = reference::fold_tokens(
-        p.tokens(),
-        || Acc {
-            stats: vec![Stat::default(); NAMES.len()],
-            grads: ParamGrads::zeros(p),
-        },
-        |acc, t| {
-            let x = MhcData::token(&data.x, t, k);
-            let y = MhcData::token(&data.y, t, c);
-            let f = reference::token_forward(p, &w, &x, &y);
-            let b = reference::token_backward(
-                p,
-                &w,
-                &x,
-                &y,
-                &MhcData::token(&data.d_xin, t, c),
-                &MhcData::token(&data.d_xnext, t, k),
-                &f,
-            );
-            acc.grads.add_token(p, &w, &x, &b);
-            let st = &mut acc.stats;
-            for i in 0..c {
-                st[idx("x_in")].add(
-                    bf(out.x_in[t * c + i]),
-                    f.x_in[i],
-                    tol_bf16(f.x_in[i], f.x_in_abs[i]),
-                    || format!("token {t} channel {i}"),
-                );
-                st[idx("dy")].add(
-                    bf(out.dy[t * c + i]),
-                    b.dy[i],
-                    tol_bf16(b.dy[i], b.dy_abs[i]),
-                    || format!("token {t} channel {i}"),
-                );
-            }
-            for i in 0..k {
-                st[idx("x_next")].add(
-                    bf(out.x_next[t * k + i]),
-                    f.x_next[i],
-                    tol_bf16(f.x_next[i], f.x_next_abs[i]),
-                    || format!("token {t} element {i}"),
-                );
-                st[idx("dx")].add(
-                    bf(out.dx[t * k + i]),
-                    b.dx[i],
-                    tol_bf16(b.dx[i], b.dx_abs[i]),
-                    || format!("token {t} element {i}"),
-                );
-            }
-            let per_token = |st: &mut Stat, got: &[f32], want: &[f64]| {
-                let scale = max_abs(want);
-                for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
-                    st.add(g as f64, r, tol_f32(r, scale), || {
-                        format!("token {t} index {i}")
-                    });
-                }
-            };
-            per_token(
-                &mut st[idx("h_pre")],
-                &out.h_pre[t * n..(t + 1) * n],
-                &f.h_pre,
-            );
-            per_token(
-                &mut st[idx("h_post")],
-                &out.h_post[t * n..(t + 1) * n],
-                &f.h_post,
-            );
-            per_token(
-                &mut st[idx("h_res")],
-                &out.h_res[t * n * n..(t + 1) * n * n],
-                &f.h_res,
-            );
-            per_token(
-                &mut st[idx("hproj")],
-                &out.hproj[t * m..(t + 1) * m],
-                &f.hproj,
-            );
-            per_token(&mut st[idx("rms")], &out.rms[t..t + 1], &[f.rms]);
-        },
-    );
-    let mut stats = vec![Stat::default(); NAMES.len()];
-    let mut grads = ParamGrads::zeros(p);
-    for a in &accs {
-        for (s, o) in stats.iter_mut().zip(&a.stats) {
-            s.merge(o);
-        }
-        grads.merge(&a.grads);
+    for name in reference::OUTPUTS {
+        let expected = !(name == "dgamma" && !p.gamma);
+        ensure(!expected || cmp.get(name).values > 0, || {
+            format!("{label}: {name} was not compared")
+        })?;
     }
-    let whole = |st: &mut Stat, got: &[f32], want: &[f64], what: &str| {
-        let scale = max_abs(want);
-        for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
-            st.add(g as f64, r, tol_f32(r, scale), || {
-                format!("{what} index {i}")
-            });
-        }
-    };
-    whole(&mut stats[idx("dphi")], &out.dphi, &grads.dphi, "dphi");
-    if let (Some(got), Some(want)) = (&out.dgamma, &grads.dgamma) {
-        whole(&mut stats[idx("dgamma")], got, want, "dgamma");
-    }
-    whole(
-        &mut stats[idx("dalpha")],
-        &out.dalpha,
-        &grads.dalpha,
-        "dalpha",
-    );
-    // dbias in its three parts, each on its own (the seed's bug was confined to dbias_res).
-    whole(
-        &mut stats[idx("dbias_pre")],
-        &out.dbias[..n],
-        &grads.dbias[..n],
-        "dbias_pre",
-    );
-    whole(
-        &mut stats[idx("dbias_post")],
-        &out.dbias[n..2 * n],
-        &grads.dbias[n..2 * n],
-        "dbias_post",
-    );
-    whole(
-        &mut stats[idx("dbias_res")],
-        &out.dbias[2 * n..],
-        &grads.dbias[2 * n..],
-        "dbias_res",
-    );
-
-    let mut failures = Vec::new();
-    for (name, st) in NAMES.iter().zip(&stats) {
-        if st.values == 0 {
-            continue;
-        }
-        println!(
-            "{label} {name}: max |err| = {:.3e} over {} values",
-            st.max_err, st.values
-        );
-        if let Some((_, w)) = &st.worst {
-            failures.push(format!(
-                "{name}: {} of {} out of tolerance; worst {w}",
-                st.bad, st.values
-            ));
-        }
-    }
-    ensure(stats[idx("dgamma")].values > 0 || !p.gamma, || {
-        "dgamma was not checked".into()
-    })?;
+    let failures = cmp.failures();
     ensure(failures.is_empty(), || {
         format!("{label}:\n  {}", failures.join("\n  "))
     })
@@ -433,59 +176,13 @@ fn check_outputs(data: &MhcData, out: &Outputs, label: &str) -> TestResult {
 // ---------------------------------------------------------------------------------------------
 // Running the kernels.
 
-fn run_gpu(g: &Gpu, data: &MhcData) -> kernels::Result<Outputs> {
-    let p = &data.problem;
-    let (t, c, k) = (p.tokens(), p.c, p.k());
+fn run_gpu(g: &Gpu, data: &MhcData) -> kernels::Result<MhcHostOutputs> {
     let stream = g.stream()?;
-    let (d_x, d_y) = (upload(&data.x)?, upload(&data.y)?);
-    let (d_phi, d_alpha, d_bias) = (
-        upload(&data.phi)?,
-        upload(&data.alpha)?,
-        upload(&data.bias)?,
-    );
-    let d_gamma = data.gamma.as_deref().map(upload).transpose()?;
-    let (d_dxin, d_dxnext) = (upload(&data.d_xin)?, upload(&data.d_xnext)?);
-    let weights = MhcWeights {
-        phi: &d_phi,
-        gamma: d_gamma.as_ref(),
-        alpha: &d_alpha,
-        bias: &d_bias,
-    };
-    let mut ws = MhcWorkspace::new(p)?;
-    let mut coeffs = MhcCoefficients::new(p)?;
-    let mut grads = MhcGradients::new(p)?;
-    let mut x_in = poisoned::<bf16>(t * c)?;
-    let mut x_next = poisoned::<bf16>(t * k)?;
-    mhc::forward_pre(
-        g,
-        &stream,
-        p,
-        &weights,
-        &d_x,
-        &mut ws,
-        &mut coeffs,
-        &mut x_in,
-    )?;
-    mhc::forward_post(g, &stream, p, &d_x, &d_y, &coeffs, &mut x_next)?;
-    mhc::backward(
-        g, &stream, p, &weights, &d_x, &d_y, &coeffs, &d_dxin, &d_dxnext, &mut ws, &mut grads,
-    )?;
+    let mut run = MhcDeviceRun::upload(data)?;
+    run.forward(g, &stream)?;
+    run.backward(g, &stream)?;
     g.sync(&stream, "mhc forward and backward")?;
-    Ok(Outputs {
-        x_in: download(&x_in)?,
-        x_next: download(&x_next)?,
-        h_pre: download(&coeffs.h_pre)?,
-        h_post: download(&coeffs.h_post)?,
-        h_res: download(&coeffs.h_res)?,
-        hproj: download(&coeffs.hproj)?,
-        rms: download(&coeffs.rms)?,
-        dx: download(&grads.dx)?,
-        dy: download(&grads.dy)?,
-        dphi: download(&grads.dphi)?,
-        dgamma: grads.dgamma.as_ref().map(download).transpose()?,
-        dalpha: download(&grads.dalpha)?,
-        dbias: download(&grads.dbias)?,
-    })
+    run.download()
 }
 
 /// Host buffers standing in for every device tensor of one problem.
@@ -553,7 +250,7 @@ impl HostProblem {
     }
 }
 
-fn run_emulated(data: &MhcData) -> kernels::Result<Outputs> {
+fn run_emulated(data: &MhcData) -> kernels::Result<MhcHostOutputs> {
     let p = &data.problem;
     let mut h = HostProblem::new(data);
     let HostProblem {
@@ -638,7 +335,7 @@ fn run_emulated(data: &MhcData) -> kernels::Result<Outputs> {
             &raw_grads,
         )?;
     }
-    Ok(Outputs {
+    Ok(MhcHostOutputs {
         x_in: x_in.to_vec(),
         x_next: x_next.to_vec(),
         h_pre: h_pre.to_vec(),
@@ -713,7 +410,7 @@ fn finite_differences(c: Case) -> TestResult {
     let mut worst = 0.0f64;
     let mut check =
         |what: &str, analytic: &[f64], perturb: &dyn Fn(usize, f64) -> f64| -> TestResult {
-            let scale = max_abs(analytic).max(1e-12);
+            let scale = analytic.iter().fold(1e-12f64, |m, a| m.max(a.abs()));
             for (i, &a) in analytic.iter().enumerate() {
                 let fd = (perturb(i, step) - perturb(i, -step)) / (2.0 * step);
                 let err = (fd - a).abs() / (a.abs() + scale);
