@@ -499,7 +499,7 @@ fn packings() -> TestResult {
                     for lane in 0..32 {
                         for w in 0..4 {
                             let (kk, m) = abi::f1_word_source(chunk, j, lane, w);
-                            let at = abi::f1_word_index(n, chunk, j, 0, lane, w);
+                            let at = abi::lane_word(abi::f1_block(n, chunk, j, 0), lane, w);
                             ensure(at < abi::f1_words(n, k), || {
                                 format!("f1 index {at} out of range")
                             })?;

@@ -86,10 +86,18 @@ pub const fn f1_words(n: u32, k: u32) -> u32 {
     f1_chunks(k) * nt_of(n) * 2 * WARP_SIZE * 4
 }
 
-/// Index of word `w` (0..4) of lane `lane` in block `(chunk, j, hl)` of the projection packing.
+/// Index of block `(chunk, j, hl)` of the projection packing: a block is one 16-byte vector per
+/// lane (`lane_word`).
 #[inline]
-pub const fn f1_word_index(n: u32, chunk: u32, j: u32, hl: u32, lane: u32, w: u32) -> u32 {
-    (((chunk * nt_of(n) + j) * 2 + hl) * WARP_SIZE + lane) * 4 + w
+pub const fn f1_block(n: u32, chunk: u32, j: u32, hl: u32) -> u32 {
+    (chunk * nt_of(n) + j) * 2 + hl
+}
+
+/// Index of word `w` (0..4) of lane `lane` in packed block `block` (the packings store each
+/// block lane-major, 16 bytes per lane, so a warp reads a block with one coalesced load).
+#[inline]
+pub const fn lane_word(block: u32, lane: u32, w: u32) -> u32 {
+    (block * WARP_SIZE + lane) * 4 + w
 }
 
 /// What the projection packing holds: word `w` of lane `(g, t)` of block `(chunk, j, hl)` is the
@@ -117,19 +125,10 @@ pub const fn b2_words(n: u32, c: u32) -> u32 {
     n * b2_groups(c) * s16_of(n) * 2 * WARP_SIZE * 4
 }
 
-/// Index of word `w` of lane `lane` in block `(i, group, s, hl)` of the input-gradient packing.
+/// Index of block `(i, group, s, hl)` of the input-gradient packing (see [`lane_word`]).
 #[inline]
-pub const fn b2_word_index(
-    n: u32,
-    c: u32,
-    i: u32,
-    group: u32,
-    s: u32,
-    hl: u32,
-    lane: u32,
-    w: u32,
-) -> u32 {
-    ((((i * b2_groups(c) + group) * s16_of(n) + s) * 2 + hl) * WARP_SIZE + lane) * 4 + w
+pub const fn b2_block(n: u32, c: u32, i: u32, group: u32, s: u32, hl: u32) -> u32 {
+    ((i * b2_groups(c) + group) * s16_of(n) + s) * 2 + hl
 }
 
 /// Channel (within stream `i`, group `group`) of column `col` (0..8) of `n8` tile `q` (0..2) in
@@ -588,7 +587,7 @@ pub const fn finalize_blocks(k: u32) -> u32 {
 const _: () = {
     assert!(m_of(MAX_N) + 3 == COEF_PARTIAL);
     assert!(COEF_PARTIAL <= FIN_THREADS);
-    assert!(COEFF_THREADS % WARP_SIZE == 0 && WARP_SIZE % GROUP == 0);
+    assert!(COEFF_THREADS.is_multiple_of(WARP_SIZE) && WARP_SIZE.is_multiple_of(GROUP));
     assert!(MAX_N <= GROUP);
-    assert!(dx_coef_stride(4) % 2 == 1 && dx_coef_stride(8) % 2 == 1);
+    assert!(!dx_coef_stride(4).is_multiple_of(2) && !dx_coef_stride(8).is_multiple_of(2));
 };

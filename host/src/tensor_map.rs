@@ -127,7 +127,7 @@ impl TiledMap<'_> {
                 self.box_dims.len()
             )));
         }
-        if self.address % 16 != 0 {
+        if !self.address.is_multiple_of(16) {
             return Err(Error::Misaligned {
                 what: "tensor map base address".into(),
                 required: 16,
@@ -142,7 +142,7 @@ impl TiledMap<'_> {
             }
         }
         for (i, &s) in self.strides_bytes.iter().enumerate() {
-            if s % 16 != 0 || s >= (1 << 40) {
+            if !s.is_multiple_of(16) || s >= (1 << 40) {
                 return Err(Error::Misaligned {
                     what: format!("tensor map stride of dimension {} ({s} bytes)", i + 1),
                     required: 16,
@@ -156,17 +156,17 @@ impl TiledMap<'_> {
             }
         }
         let inner_bytes = self.box_dims[0] as u64 * self.dtype.bytes();
-        if inner_bytes % 16 != 0 {
+        if !inner_bytes.is_multiple_of(16) {
             return Err(bad(format!(
                 "box inner extent is {inner_bytes} bytes, not a multiple of 16"
             )));
         }
-        if let Some(span) = self.swizzle.span() {
-            if inner_bytes > span {
-                return Err(bad(format!(
-                    "box inner extent of {inner_bytes} bytes exceeds the {span}-byte swizzle"
-                )));
-            }
+        if let Some(span) = self.swizzle.span()
+            && inner_bytes > span
+        {
+            return Err(bad(format!(
+                "box inner extent of {inner_bytes} bytes exceeds the {span}-byte swizzle"
+            )));
         }
         let elem_strides = [1u32; 5];
         let mut map = AlignedMap([0; 16]);

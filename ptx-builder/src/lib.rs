@@ -280,12 +280,12 @@ pub fn postprocess(ptx: &str) -> Result<String, String> {
             let Some((kernel, threads, blocks)) = parsed else {
                 return Err(format!("malformed launch-bounds marker: {}", line.trim()));
             };
-            if let Some(&(t, b, _)) = bounds.get(&kernel) {
-                if (t, b) != (threads, blocks) {
-                    return Err(format!(
-                        "kernel {kernel} declares two different launch bounds"
-                    ));
-                }
+            if let Some(&(t, b, _)) = bounds.get(&kernel)
+                && (t, b) != (threads, blocks)
+            {
+                return Err(format!(
+                    "kernel {kernel} declares two different launch bounds"
+                ));
             }
             bounds.insert(kernel, (threads, blocks, false));
         }
@@ -323,15 +323,14 @@ pub fn postprocess(ptx: &str) -> Result<String, String> {
         // The parameter list of an entry ends with a line holding `)` (or `()` on the entry line).
         let closes =
             t == ")" || (t.ends_with(')') && in_entry.is_some() && !t.starts_with(".param"));
-        if closes {
-            if let Some(kernel) = in_entry.take() {
-                if let Some((threads, blocks, seen)) = bounds.get_mut(&kernel) {
-                    out.push_str(&format!(
-                        ".maxntid {threads}, 1, 1\n.minnctapersm {blocks}\n"
-                    ));
-                    *seen = true;
-                }
-            }
+        if closes
+            && let Some(kernel) = in_entry.take()
+            && let Some((threads, blocks, seen)) = bounds.get_mut(&kernel)
+        {
+            out.push_str(&format!(
+                ".maxntid {threads}, 1, 1\n.minnctapersm {blocks}\n"
+            ));
+            *seen = true;
         }
     }
     if let Some((missing, _)) = params.iter().find(|(_, found)| !**found) {

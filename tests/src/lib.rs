@@ -134,10 +134,8 @@ pub fn check_close(
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g as f64 - w).abs();
         let t = tol(i);
-        if !err.is_finite() || err > t {
-            if worst.is_none_or(|(_, e, tt)| err / t > e / tt) {
-                worst = Some((i, err, t));
-            }
+        if (!err.is_finite() || err > t) && worst.is_none_or(|(_, e, tt)| err / t > e / tt) {
+            worst = Some((i, err, t));
         }
         if err.is_finite() {
             max_err = max_err.max(err);

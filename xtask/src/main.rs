@@ -181,13 +181,13 @@ fn ci() -> Result {
         .args(["diff", "--exit-code", "--stat", "--"])
         .arg(&table)
         .status();
-    if let Ok(s) = diff {
-        if !s.success() {
-            return Err(format!(
-                "{} changed: commit the regenerated table (`cargo xtask check-ptx`)",
-                table.display()
-            ));
-        }
+    if let Ok(s) = diff
+        && !s.success()
+    {
+        return Err(format!(
+            "{} changed: commit the regenerated table (`cargo xtask check-ptx`)",
+            table.display()
+        ));
     }
     eprintln!(
         "ci: all checks passed (PTX targets: {})",

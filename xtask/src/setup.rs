@@ -150,17 +150,16 @@ fn debian_mirror() -> String {
         if let Ok(text) = std::fs::read_to_string(f) {
             for line in text.lines() {
                 let line = line.trim();
-                if let Some(uri) = line.strip_prefix("URIs:") {
-                    if let Some(u) = uri.split_whitespace().find(|u| !u.contains("security")) {
-                        return u.to_string();
-                    }
+                if let Some(uri) = line.strip_prefix("URIs:")
+                    && let Some(u) = uri.split_whitespace().find(|u| !u.contains("security"))
+                {
+                    return u.to_string();
                 }
-                if line.starts_with("deb ") {
-                    if let Some(u) = line.split_whitespace().find(|w| w.starts_with("http")) {
-                        if !u.contains("security") {
-                            return u.to_string();
-                        }
-                    }
+                if line.starts_with("deb ")
+                    && let Some(u) = line.split_whitespace().find(|w| w.starts_with("http"))
+                    && !u.contains("security")
+                {
+                    return u.to_string();
                 }
             }
         }

@@ -316,23 +316,23 @@ pub unsafe fn backward(p: BwdCoeffParams) {
     let valid = tok < p.tokens;
     let (n, mm, m16) = (p.n, m_of(p.n), m16_of(p.n));
     let tu = tok as usize;
-    // SAFETY: tok < T: inside `rms`.
     let r = if valid {
+        // SAFETY: tok < T: inside `rms`.
         unsafe { *p.rms.add(tu) }
     } else {
         1.0
     };
     let h = |m: u32| -> f32 {
-        // SAFETY: tok < T, m < M: inside `hproj [T, M]`.
         if valid && m < mm {
+            // SAFETY: tok < T, m < M: inside `hproj [T, M]`.
             unsafe { *p.hproj.add(tu * mm as usize + m as usize) }
         } else {
             0.0
         }
     };
     let dh = |m: u32| -> f32 {
-        // SAFETY: tok < T, m < M: inside `dh [T, M]`.
         if valid && m < mm {
+            // SAFETY: tok < T, m < M: inside `dh [T, M]`.
             unsafe { *p.dh.add(tu * mm as usize + m as usize) }
         } else {
             0.0

@@ -163,8 +163,9 @@ pub unsafe fn run<const N: usize, const S: usize>(p: DxParams) {
             }
             let mut acc = [[0.0f32; 4]; 2];
             for s in 0..S {
-                let at =
-                    |hl: u32| b2_word_index(n, c, i as u32, group, s as u32, hl, lane, 0) as usize;
+                let at = |hl: u32| {
+                    lane_word(b2_block(n, c, i as u32, group, s as u32, hl), lane, 0) as usize
+                };
                 // SAFETY: i < N, group < b2_groups(C), s < S: inside `packed_b2`; the index is
                 // a multiple of 4 words (16-byte aligned); read-only during the kernel.
                 let (bh, bl) = unsafe {

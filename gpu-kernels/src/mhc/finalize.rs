@@ -33,10 +33,10 @@ pub unsafe fn run(p: FinalizeParams) {
         if k >= kk {
             return;
         }
-        // SAFETY: k < K: inside `gamma` when it is given.
         let g = if p.gamma.is_null() {
             1.0
         } else {
+            // SAFETY: k < K: inside `gamma`, which is given.
             unsafe { *p.gamma.add(k) }
         };
         let mut dg = 0.0f32;

@@ -96,8 +96,8 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
 
     let mut acc = [[[0.0f32; 4]; NT]; MT];
     let mut sq = [[0.0f32; 2]; MT];
-    // SAFETY: bounds are checked inside (rows < T, k < K).
     let mut cur = if first < last {
+        // SAFETY: bounds are checked inside (rows < T, k < K).
         unsafe { load_chunk::<MT>(&p, &rows, first, t) }
     } else {
         [[[0; 4]; 2]; MT]
@@ -119,7 +119,7 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
             }
         }
         for j in 0..NT {
-            let at = |hl: u32| f1_word_index(N as u32, chunk, j as u32, hl, lane, 0) as usize;
+            let at = |hl: u32| lane_word(f1_block(N as u32, chunk, j as u32, hl), lane, 0) as usize;
             // SAFETY: chunk < f1_chunks(K) and j < NT: inside `packed_f1`; the index is a
             // multiple of 4 words (16-byte aligned); nothing writes it during the kernel.
             let (bhi, blo) = unsafe {

@@ -22,12 +22,14 @@
 //! - `empty[s]`: init count 128. Each of the 128 threads of the tile's consumer arrives after its
 //!   last read of the stage. The producer waits with parity `phase ^ 1` (so the first pass over
 //!   the ring does not wait: see `arch::mbarrier`).
+//!
 //! Ordered section (named barriers `ORDER + c`, 256 threads each: 128 syncing + 128 arriving):
 //! - Consumer `c` enters with `named_sync(ORDER + c)` and leaves with
 //!   `named_arrive(ORDER + (1 - c))`, only if a tile `t + 1` exists (its other consumer will
 //!   sync once for it).
 //! - Consumer 1 pre-arrives once on `ORDER + 0` (if tile 0 exists), which admits consumer 0 to
 //!   tile 0.
+//!
 //! Count check: consumer `c` syncs once per tile `t` it owns; the matching arrival is the other
 //! consumer's leave after tile `t - 1` (or the pre-arrival for `t = 0`), which happens exactly
 //! when tile `t` exists. So every phase gets 256 threads and none is left half-arrived.

@@ -124,7 +124,7 @@ impl MhcProblem {
         if self.c == 0 {
             return Err(Error::invalid("mHC C", "must be at least 8"));
         }
-        if self.c % abi::C_MULTIPLE as usize != 0 {
+        if !self.c.is_multiple_of(abi::C_MULTIPLE as usize) {
             return Err(Error::unsupported(
                 format!("mHC C = {}", self.c),
                 format!(
@@ -416,7 +416,7 @@ fn check<T>(what: &str, view: &DevView<'_, T>, len: usize, align: u64) -> Result
     if view.len != len {
         return Err(Error::shape(what, format!("{len} elements"), view.len));
     }
-    if view.addr % align != 0 {
+    if !view.addr.is_multiple_of(align) {
         return Err(Error::Misaligned {
             what: what.to_string(),
             required: align,

@@ -338,8 +338,8 @@ pub fn token_backward(
     for kk in 0..k {
         let mut v = xcoef * x[kk];
         let mut a = v.abs();
-        for j in 0..m {
-            let t = w.phi_eff(m, kk, j) * dproj[j];
+        for (j, u) in dproj.iter().enumerate() {
+            let t = w.phi_eff(m, kk, j) * u;
             v += t;
             a += t.abs();
         }
@@ -570,7 +570,9 @@ impl Stat {
         let err = (got - want).abs();
         let err = if err.is_finite() { err } else { f64::INFINITY };
         self.max_err = self.max_err.max(err);
-        if !(err <= tol) {
+        // `err > tol` is false for NaN; a NaN error (never from `err` above, but from `tol`)
+        // must fail too.
+        if err > tol || tol.is_nan() {
             self.bad += 1;
             let ratio = err / tol;
             if self.worst.as_ref().is_none_or(|(r, _)| ratio > *r) {
@@ -590,10 +592,10 @@ impl Stat {
         self.values += o.values;
         self.max_err = self.max_err.max(o.max_err);
         self.bad += o.bad;
-        if let Some((r, w)) = &o.worst {
-            if self.worst.as_ref().is_none_or(|(s, _)| r > s) {
-                self.worst = Some((*r, w.clone()));
-            }
+        if let Some((r, w)) = &o.worst
+            && self.worst.as_ref().is_none_or(|(s, _)| r > s)
+        {
+            self.worst = Some((*r, w.clone()));
         }
     }
 }
