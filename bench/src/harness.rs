@@ -118,6 +118,8 @@ pub struct ResultsFile {
 pub enum Tensor<'a> {
     /// bf16 data with a shape.
     Bf16(&'a [bf16], Vec<usize>),
+    /// f32 data with a shape.
+    F32(&'a [f32], Vec<usize>),
 }
 
 /// A running benchmark of one family.
@@ -213,6 +215,7 @@ impl Bench {
             .map(|(name, t)| {
                 let (dtype, shape, bytes): (_, &Vec<usize>, &[u8]) = match t {
                     Tensor::Bf16(d, s) => (safetensors::Dtype::BF16, s, bytemuck_bytes(d)),
+                    Tensor::F32(d, s) => (safetensors::Dtype::F32, s, bytemuck_bytes(d)),
                 };
                 let view = safetensors::tensor::TensorView::new(dtype, shape.clone(), bytes)
                     .expect("shape matches data");

@@ -3,12 +3,13 @@
 //!
 //! ```text
 //! kbench main [--quick]                 every kernel on default sizes, validated and timed
-//! kbench <family> --out DIR [--quick]   benchmark a family, write DIR/<family>.json
+//! kbench <family> --out DIR [--quick]   benchmark a family (smoke, mhc), write DIR/<family>.json
 //! kbench report [--results DIR] [--out FILE]
 //! ```
 
 mod harness;
 mod main_job;
+mod mhc;
 mod report;
 mod smoke;
 
@@ -34,6 +35,8 @@ enum Command {
     },
     /// Smoke kernels and the Hopper GEMM (beside cuBLAS).
     Smoke(FamilyArgs),
+    /// mHC forward and backward (beside PyTorch eager and torch.compile).
+    Mhc(FamilyArgs),
     /// Render bench/results/*.json into BENCHMARKS.md.
     Report {
         /// Directory of results files.
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Main { quick } => main_job::run(quick),
         Command::Smoke(args) => family("smoke", &args, smoke::run),
+        Command::Mhc(args) => family("mhc", &args, mhc::run),
         Command::Report { results, out } => match report::render(&results) {
             Ok(md) => match std::fs::write(&out, md) {
                 Ok(()) => {

@@ -1,7 +1,8 @@
 //! Device memory helpers: upload, download, poison.
 
-use crate::error::{CudaContext, Result};
+use crate::error::{CudaContext, Error, Result};
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
+use cust::stream::Stream;
 
 /// Copy a host slice to a new device buffer.
 pub fn upload<T: DeviceCopy>(data: &[T]) -> Result<DeviceBuffer<T>> {
@@ -35,4 +36,31 @@ pub fn zeroed<T: DeviceCopy + cust::memory::bytemuck::Zeroable>(
     len: usize,
 ) -> Result<DeviceBuffer<T>> {
     DeviceBuffer::zeroed(len).ctx("allocating device memory")
+}
+
+/// Copy `src` into `dst` (same length) on `stream`, asynchronously (`cuMemcpyDtoDAsync`).
+pub fn copy_async<T: DeviceCopy>(
+    stream: &Stream,
+    dst: &mut DeviceBuffer<T>,
+    src: &DeviceBuffer<T>,
+) -> Result<()> {
+    if dst.len() != src.len() {
+        return Err(Error::shape(
+            "copy destination",
+            format!("{} elements", src.len()),
+            dst.len(),
+        ));
+    }
+    let bytes = src.len() * std::mem::size_of::<T>();
+    // SAFETY: both are live allocations of `bytes` bytes (same length and type), distinct
+    // (one is borrowed mutably); the copy is ordered on `stream`.
+    let r = unsafe {
+        cust::sys::cuMemcpyDtoDAsync_v2(
+            dst.as_device_ptr().as_raw(),
+            src.as_device_ptr().as_raw(),
+            bytes,
+            stream.as_inner(),
+        )
+    };
+    crate::gpu::check(r, "copying device memory")
 }
