@@ -178,11 +178,11 @@ pub const PROJ_WARPS: u32 = 4;
 /// Threads per block of `mhc_fwd_proj_n*`.
 pub const PROJ_THREADS: u32 = PROJ_WARPS * WARP_SIZE;
 
-/// `m16` token tiles per warp of the projection (fewer for large `n`: the accumulators are
-/// `mt x nt x 4` registers).
+/// `m16` token tiles per warp of the projection: two, so that the accumulators (`2 nt 4`) and
+/// three chunks of `x` in registers leave room for several blocks per SM.
 #[inline]
-pub const fn proj_mt(n: u32) -> u32 {
-    if n <= 4 { 4 } else { 2 }
+pub const fn proj_mt(_n: u32) -> u32 {
+    2
 }
 
 /// Tokens per block of the projection.
@@ -191,10 +191,11 @@ pub const fn proj_tokens(n: u32) -> u32 {
     PROJ_WARPS * proj_mt(n) * 16
 }
 
-/// The projection aims for at least this many blocks (token blocks x K splits), so the machine
-/// is full at the benchmark shape; the split depends only on the problem, never on the device,
-/// so results are identical on every GPU.
-pub const PROJ_TARGET_BLOCKS: u32 = 256;
+/// The projection aims for at least this many blocks (token blocks x K splits): at the
+/// benchmark shape (128 token blocks) that is 3 K splits, one wave of 3 blocks per SM on 132 SMs
+/// (134 registers x 128 threads allow 3). The split depends only on the problem, never on the
+/// device, so results are identical on every GPU.
+pub const PROJ_TARGET_BLOCKS: u32 = 384;
 
 /// Parameters of `mhc_fwd_proj_n{N}`: for the `proj_tokens(n)` tokens of block `blockIdx.x` and
 /// the chunks `[blockIdx.y * chunks_per_split, +chunks_per_split)` of K, write the partial
@@ -400,7 +401,7 @@ pub struct BwdCoeffParams {
 // Backward, step 3: dx (`mhc_bwd_dx_n{N}`).
 
 /// Warps per block of `mhc_bwd_dx_n*` (one m16 token tile each).
-pub const DX_WARPS: u32 = 8;
+pub const DX_WARPS: u32 = 4;
 /// Threads per block of `mhc_bwd_dx_n*`.
 pub const DX_THREADS: u32 = DX_WARPS * WARP_SIZE;
 /// Tokens per block of `mhc_bwd_dx_n*`.

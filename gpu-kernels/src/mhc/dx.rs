@@ -8,7 +8,7 @@
 //! `dx [T, N, C]` bf16.
 //!
 //! # Tiling
-//! A block owns `DX_TOKENS` = 128 tokens; warp `w` owns the m16 tile of tokens `16 w .. +16` (the
+//! A block owns `DX_TOKENS` = 64 tokens; warp `w` owns the m16 tile of tokens `16 w .. +16` (the
 //! `mma` M dimension) and walks the channels in groups of 16 (two n8 tiles, the N dimension),
 //! doing all `N` streams of a group before the next, since `dx` of stream `i` needs
 //! `d_xnext` of every stream at the same channels. The contraction is over the `M`
@@ -26,9 +26,9 @@
 //! accumulation, then the other terms in f32 and one rounding to bf16.
 //!
 //! # Thread mapping
-//! `DX_THREADS` = 8 warps. Lane `(g, t)` handles tokens `16 w + g` and `16 w + g + 8` of the
+//! `DX_THREADS` = 4 warps. Lane `(g, t)` handles tokens `16 w + g` and `16 w + g + 8` of the
 //! block. Rows past `T` and channels past `C` (when `C = 8 mod 16`) load zeros and are not
-//! written.
+//! written. The loads of channel group `g + 1` are issued before group `g` is computed.
 //!
 //! # Barrier protocol
 //! 1. Every thread copies part of the block's coefficient table (`H_res`, `H_pre`, `xcoef` of its
@@ -128,15 +128,18 @@ pub unsafe fn run<const N: usize, const S: usize>(p: DxParams) {
         xc[r] = unsafe { table.load(local[r] * stride + nn + n) };
     }
 
-    // The stream loop `i` is not unrolled (its body is large): nothing in it indexes a
-    // register array by `i`; `x_i`, `H_pre[i]` and `H_res[.][i]` are loaded inside it.
-    for group in 0..b2_groups(c) {
+    // The loads of a channel group: `d_xin`, `d_xnext` of every stream and, for N <= 4, `x`
+    // of every stream (for larger N the stream loop below is not unrolled, so nothing may index
+    // a register array by `i`, and `x_i` is loaded inside it). Rows past T or channels past C
+    // load zeros (`ok` false) and are not stored.
+    let load_group = |group: u32| {
         let ch = B2_GROUP * group + 4 * t;
         let mut ok = [false; 2];
         let mut di = [[0u32; 2]; 2];
         let mut dn = [[[0u32; 2]; 2]; N];
+        let mut xs = [[[0u32; 2]; 2]; N];
         for r in 0..2 {
-            ok[r] = ch < c && toks[r] < tokens;
+            ok[r] = group < b2_groups(c) && ch < c && toks[r] < tokens;
             if ok[r] {
                 let tok = toks[r] as usize;
                 // SAFETY: tok < T, ch + 4 <= C (C and ch are multiples of 4, ch < C): every
@@ -148,16 +151,29 @@ pub unsafe fn run<const N: usize, const S: usize>(p: DxParams) {
                     for j in 0..N {
                         let at = (tok * N + j) * c as usize + ch as usize;
                         dn[j][r] = global::load_cg_v2(p.d_xnext.add(at) as *const u32);
+                        if N <= 4 {
+                            xs[j][r] = global::load_cg_v2(p.x.add(at) as *const u32);
+                        }
                     }
                 }
             }
         }
+        (ch, ok, di, dn, xs)
+    };
+
+    // Group `g + 1` is loaded before group `g` is computed (register double buffer).
+    let mut cur = load_group(0);
+    for group in 0..b2_groups(c) {
+        let next = load_group(group + 1);
+        let (ch, ok, di, dn, xs) = cur;
         for i in 0..N {
             let mut xv = [[0u32; 2]; 2];
             for r in 0..2 {
-                if ok[r] {
+                if N <= 4 {
+                    xv[r] = xs[i][r];
+                } else if ok[r] {
                     let at = (toks[r] as usize * N + i) * c as usize + ch as usize;
-                    // SAFETY: as for the loads above.
+                    // SAFETY: as for the loads of `load_group`.
                     xv[r] = unsafe { global::load_cg_v2(p.x.add(at) as *const u32) };
                 }
             }
@@ -216,5 +232,6 @@ pub unsafe fn run<const N: usize, const S: usize>(p: DxParams) {
                 unsafe { global::store_v2(p.dx.add(at) as *mut u32, words) };
             }
         }
+        cur = next;
     }
 }

@@ -94,9 +94,9 @@ macro_rules! kernels {
 kernels! {
     mhc_prep(PrepParams), PREP_THREADS => prep::run;
 
-    mhc_fwd_proj_n2(ProjParams), PROJ_THREADS => proj::run::<2, 1, 4>;
-    mhc_fwd_proj_n3(ProjParams), PROJ_THREADS => proj::run::<3, 2, 4>;
-    mhc_fwd_proj_n4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 4>;
+    mhc_fwd_proj_n2(ProjParams), PROJ_THREADS => proj::run::<2, 1, 2>;
+    mhc_fwd_proj_n3(ProjParams), PROJ_THREADS => proj::run::<3, 2, 2>;
+    mhc_fwd_proj_n4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2>;
     mhc_fwd_proj_n5(ProjParams), PROJ_THREADS => proj::run::<5, 5, 2>;
     mhc_fwd_proj_n6(ProjParams), PROJ_THREADS => proj::run::<6, 6, 2>;
     mhc_fwd_proj_n7(ProjParams), PROJ_THREADS => proj::run::<7, 8, 2>;

@@ -96,20 +96,21 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
 
     let mut acc = [[[0.0f32; 4]; NT]; MT];
     let mut sq = [[0.0f32; 2]; MT];
-    let mut cur = if first < last {
-        // SAFETY: bounds are checked inside (rows < T, k < K).
-        unsafe { load_chunk::<MT>(&p, &rows, first, t) }
-    } else {
-        [[[0; 4]; 2]; MT]
-    };
-    let mut chunk = first;
-    while chunk < last {
-        let next = if chunk + 1 < last {
-            // SAFETY: as above.
-            unsafe { load_chunk::<MT>(&p, &rows, chunk + 1, t) }
+    // A ring of three register buffers: chunks `c + 1` and `c + 2` are in flight while `c` is
+    // multiplied (a warp keeps `2 MT` KB of loads outstanding).
+    let load = |c: u32| {
+        if c < last {
+            // SAFETY: bounds are checked inside (rows < T, k < K).
+            unsafe { load_chunk::<MT>(&p, &rows, c, t) }
         } else {
             [[[0; 4]; 2]; MT]
-        };
+        }
+    };
+    let mut cur = load(first);
+    let mut next = load(first + 1);
+    let mut chunk = first;
+    while chunk < last {
+        let after = load(chunk + 2);
         for mt in 0..MT {
             for r in 0..2 {
                 for w in 0..4 {
@@ -145,6 +146,7 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
             }
         }
         cur = next;
+        next = after;
         chunk += 1;
     }
 
