@@ -73,11 +73,6 @@ fn mhc_kernels() -> Vec<(String, usize, u32)> {
             size_of::<BwdCoeffParams>(),
             COEFF_THREADS,
         ),
-        (
-            "mhc_bwd_finalize".to_string(),
-            size_of::<FinalizeParams>(),
-            FIN_THREADS,
-        ),
     ];
     for n in MIN_N..=MAX_N {
         k.extend([
@@ -100,6 +95,11 @@ fn mhc_kernels() -> Vec<(String, usize, u32)> {
                 format!("mhc_bwd_dh_n{n}"),
                 size_of::<DhParams>(),
                 DH_THREADS,
+            ),
+            (
+                format!("mhc_bwd_finalize_n{n}"),
+                size_of::<FinalizeParams>(),
+                FIN_THREADS,
             ),
             (
                 format!("mhc_bwd_dx_n{n}"),

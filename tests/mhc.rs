@@ -98,7 +98,7 @@ const EMULATED_CASES: [Case; 10] = [
     case(1, 20, 3, 24, true, 5),
     case(2, 9, 4, 40, false, 4),
     case(1, 18, 5, 16, true, 2),
-    case(1, 12, 6, 8, false, 3),
+    case(1, 12, 6, 8, false, 100),
     case(1, 7, 7, 24, true, 2),
     case(1, 17, 8, 8, true, 3),
 ];

@@ -543,11 +543,11 @@ pub struct WgradParams {
 // ---------------------------------------------------------------------------------------------
 // Backward, step 5: the second, deterministic pass of every reduction (`mhc_bwd_finalize`).
 
-/// Threads per block of `mhc_bwd_finalize` (one K row each; the last block reduces the
-/// coefficient partials, one of the `M + 3` outputs per thread).
+/// Threads per block of `mhc_bwd_finalize_n*` (row blocks: one K row per thread; column blocks:
+/// one of the `M + 3` coefficient outputs per block).
 pub const FIN_THREADS: u32 = 128;
 
-/// Parameters of `mhc_bwd_finalize`: `W = sum_s part_w[s]` (split order), `dphi = diag(gamma) W`
+/// Parameters of `mhc_bwd_finalize_n{N}`: `W = sum_s part_w[s]` (split order), `dphi = diag(gamma) W`
 /// (or `W`), `dgamma[k] = sum_m phi[k][m] W[k][m]`, `dbias = sum_b part_coef[b][0..M]`,
 /// `dalpha = sum_b part_coef[b][M..M + 3]` (block order).
 #[repr(C)]
@@ -579,10 +579,17 @@ pub struct FinalizeParams {
     pub coef_blocks: u32,
 }
 
-/// Blocks of `mhc_bwd_finalize` for `K` rows: the row blocks, then one for the coefficients.
+/// Blocks of `mhc_bwd_finalize_n*`: the row blocks for `K` rows, then one block per
+/// coefficient output (`M + 3`).
 #[inline]
-pub const fn finalize_blocks(k: u32) -> u32 {
-    k.div_ceil(FIN_THREADS) + 1
+pub const fn finalize_blocks(n: u32, k: u32) -> u32 {
+    k.div_ceil(FIN_THREADS) + m_of(n) + 3
+}
+
+/// Dynamic shared memory of `mhc_bwd_finalize_n*` (one f32 per warp).
+#[inline]
+pub const fn finalize_smem_bytes() -> usize {
+    (FIN_THREADS / WARP_SIZE) as usize * 4 + crate::SMEM_ALIGN
 }
 
 const _: () = {

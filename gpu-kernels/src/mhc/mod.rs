@@ -21,7 +21,7 @@
 //! 3. [`dx`] `mhc_bwd_dx_n{N}`: `dx` (the applications' terms, the norm's, and `u phi'^T` on
 //!    tensor cores).
 //! 4. [`wgrad`] `mhc_bwd_wgrad_n{N}`: `W = x~^T u` on tensor cores, partial over token splits.
-//! 5. [`finalize`] `mhc_bwd_finalize`: second pass of every reduction, in a fixed order:
+//! 5. [`finalize`] `mhc_bwd_finalize_n{N}`: second pass of every reduction, in a fixed order:
 //!    `dphi = diag(gamma) W`, `dgamma = rowsum(phi * W)`, `dbias`, `dalpha`.
 //!
 //! No float atomics anywhere: every reduction over tokens or K is written as per-block partials
@@ -146,7 +146,13 @@ kernels! {
     mhc_bwd_wgrad_n7(WgradParams), WG_THREADS => wgrad::run::<7, 8, 2>;
     mhc_bwd_wgrad_n8(WgradParams), WG_THREADS => wgrad::run::<8, 10, 2>;
 
-    mhc_bwd_finalize(FinalizeParams), FIN_THREADS => finalize::run;
+    mhc_bwd_finalize_n2(FinalizeParams), FIN_THREADS => finalize::run::<2, 8>;
+    mhc_bwd_finalize_n3(FinalizeParams), FIN_THREADS => finalize::run::<3, 15>;
+    mhc_bwd_finalize_n4(FinalizeParams), FIN_THREADS => finalize::run::<4, 24>;
+    mhc_bwd_finalize_n5(FinalizeParams), FIN_THREADS => finalize::run::<5, 35>;
+    mhc_bwd_finalize_n6(FinalizeParams), FIN_THREADS => finalize::run::<6, 48>;
+    mhc_bwd_finalize_n7(FinalizeParams), FIN_THREADS => finalize::run::<7, 63>;
+    mhc_bwd_finalize_n8(FinalizeParams), FIN_THREADS => finalize::run::<8, 80>;
 }
 
 /// Unpack a bf16 pair (low half first) to f32.

@@ -767,9 +767,13 @@ pub unsafe fn backward_raw(
         w_splits: plan.w_splits,
         coef_blocks: plan.coef_blocks,
     };
-    let cfg = LaunchConfig::new((abi::finalize_blocks(k as u32), 1, 1), abi::FIN_THREADS, 0);
+    let cfg = LaunchConfig::new(
+        (abi::finalize_blocks(n as u32, k as u32), 1, 1),
+        abi::FIN_THREADS,
+        abi::finalize_smem_bytes(),
+    );
     // SAFETY: sizes validated; dgamma given exactly when gamma is.
-    unsafe { exec.launch("mhc_bwd_finalize", &cfg, &params) }
+    unsafe { exec.launch(&format!("mhc_bwd_finalize_n{n}"), &cfg, &params) }
 }
 
 // ---------------------------------------------------------------------------------------------
