@@ -7,6 +7,8 @@
 #      (peers run through python3 on the same inputs).
 # Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
 #                           [--tests "smoke host"] [--bench-args "..."]
+# Environment: SANITIZER_SKIP="pattern ..." leaves tests whose names contain a pattern out of
+# the compute-sanitizer passes; TEST_TIMEOUT, SANITIZER_TIMEOUT, BENCH_TIMEOUT (seconds).
 # Prints a summary table last; full logs go to RESULTS_DIR/logs.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -61,6 +63,10 @@ if [ "$do_san" = 1 ]; then
     note "sanitizer: compute-sanitizer not found"
     status=1
   else
+    # SANITIZER_SKIP: space-separated name filters of tests to leave out of the sanitizer
+    # passes (e.g. "large emulated": the largest GPU cases, and CPU-only emulator tests).
+    skips=()
+    for pattern in ${SANITIZER_SKIP:-}; do skips+=(--skip "$pattern"); done
     for tool in memcheck racecheck synccheck; do
       for b in "${test_bins[@]}"; do
         name="${b##*/test-}"
@@ -71,7 +77,7 @@ if [ "$do_san" = 1 ]; then
         start=$(date +%s)
         KERNELS_WATCHDOG_SECS=900 timeout -k 10 "${SANITIZER_TIMEOUT:-1200}" \
           compute-sanitizer --tool "$tool" --error-exitcode 86 "${extra[@]}" \
-          "$b" --test-threads 1 ${SANITIZER_SKIP:+--skip "$SANITIZER_SKIP"} > "$log" 2>&1
+          "$b" --test-threads 1 "${skips[@]}" > "$log" 2>&1
         rc=$?
         errors=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/=* *//')
         tests=$(grep -E '^test result:' "$log" | tail -1)
