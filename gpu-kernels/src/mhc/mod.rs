@@ -62,10 +62,11 @@ mod wgrad;
 
 use kernel_abi::mhc::*;
 
-/// Declare kernels: the PTX entry point of each (its launch bounds and parameter struct), and,
-/// in host builds, the emulator's table of the same bodies.
+/// Declare kernels: the PTX entry point of each (its launch bounds: `threads`, and `min B`
+/// resident blocks per SM where given, which caps registers so B blocks fit), and, in host
+/// builds, the emulator's table of the same bodies.
 macro_rules! kernels {
-    ($( $name:ident ($params:ty), $threads:expr => $body:expr; )*) => {
+    ($( $name:ident ($params:ty), $threads:expr $(, min $min_blocks:expr)? => $body:expr; )*) => {
         $(
             /// A PTX entry point; see the module of its body for the kernel's documentation.
             ///
@@ -74,7 +75,7 @@ macro_rules! kernels {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: $params) {
-                crate::launch_bounds!($name, $threads, 1);
+                crate::launch_bounds!($name, $threads, (1 $(* 0 + $min_blocks)?));
                 // SAFETY: forwarded to the launcher (the body's contract).
                 unsafe { $body(p) }
             }
@@ -121,9 +122,9 @@ kernels! {
     mhc_fwd_pre_n7(PreParams), APPLY_THREADS => apply::pre::<7>;
     mhc_fwd_pre_n8(PreParams), APPLY_THREADS => apply::pre::<8>;
 
-    mhc_fwd_post_n2(PostParams), APPLY_THREADS => apply::post::<2>;
-    mhc_fwd_post_n3(PostParams), APPLY_THREADS => apply::post::<3>;
-    mhc_fwd_post_n4(PostParams), APPLY_THREADS => apply::post::<4>;
+    mhc_fwd_post_n2(PostParams), APPLY_THREADS, min 3 => apply::post::<2>;
+    mhc_fwd_post_n3(PostParams), APPLY_THREADS, min 3 => apply::post::<3>;
+    mhc_fwd_post_n4(PostParams), APPLY_THREADS, min 3 => apply::post::<4>;
     mhc_fwd_post_n5(PostParams), APPLY_THREADS => apply::post::<5>;
     mhc_fwd_post_n6(PostParams), APPLY_THREADS => apply::post::<6>;
     mhc_fwd_post_n7(PostParams), APPLY_THREADS => apply::post::<7>;
