@@ -342,6 +342,45 @@ fn run_emulated(data: &MhcData) -> kernels::Result<MhcHostOutputs> {
             &raw_grads,
         )?;
     }
+    let guards = [
+        x.guards_intact(),
+        y.guards_intact(),
+        phi.guards_intact(),
+        gamma.as_ref().is_none_or(|g| g.guards_intact()),
+        alpha.guards_intact(),
+        bias.guards_intact(),
+        d_xin.guards_intact(),
+        d_xnext.guards_intact(),
+        [
+            &*part_proj,
+            &*part_sumsq,
+            &*dh,
+            &*u,
+            &*xcoef,
+            &*part_coef,
+            &*part_w,
+        ]
+        .iter()
+        .all(|b| b.guards_intact()),
+        packed_f1.guards_intact() && packed_b2.guards_intact(),
+        [&*h_pre, &*h_post, &*h_res, &*hproj, &*rms]
+            .iter()
+            .all(|b| b.guards_intact()),
+        x_in.guards_intact(),
+        x_next.guards_intact(),
+        dx.guards_intact(),
+        dy.guards_intact(),
+        dphi.guards_intact(),
+        dgamma.as_ref().is_none_or(|g| g.guards_intact()),
+        dalpha.guards_intact(),
+        dbias.guards_intact(),
+    ];
+    if let Some(i) = guards.iter().position(|ok| !ok) {
+        return Err(kernels::Error::invalid(
+            "emulated run",
+            format!("a kernel wrote outside buffer #{i} (its guard band changed)"),
+        ));
+    }
     Ok(MhcHostOutputs {
         x_in: x_in.to_vec(),
         x_next: x_next.to_vec(),

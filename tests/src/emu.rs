@@ -45,24 +45,33 @@ impl Exec for Emulator {
 }
 
 /// A host buffer of `len` values of `T`, 16-byte aligned (as device allocations are), standing
-/// in for device memory in the emulator.
+/// in for device memory in the emulator. It is surrounded by guard bands of [`GUARD`] bytes
+/// with a known pattern: [`HostBuf::guards_intact`] tells whether a kernel wrote outside it.
 pub struct HostBuf<T: Copy> {
     words: Vec<u128>,
     len: usize,
     _ty: std::marker::PhantomData<T>,
 }
 
+/// Bytes of each guard band (a multiple of 16, so the data stays 16-byte aligned).
+pub const GUARD: usize = 256;
+
+const PATTERN: u128 = 0xa5c3_5a3c_a5c3_5a3c_a5c3_5a3c_a5c3_5a3c;
+
 impl<T: Copy> HostBuf<T> {
     /// A buffer holding `data`.
     pub fn from_slice(data: &[T]) -> Self {
         assert!(std::mem::align_of::<T>() <= 16);
         let bytes = std::mem::size_of_val(data);
-        let mut words = vec![0u128; bytes.div_ceil(16).max(1)];
-        // SAFETY: `words` has at least `bytes` bytes; `T` is plain data (Copy).
+        let data_words = bytes.div_ceil(16);
+        let g = GUARD / 16;
+        let mut words = vec![PATTERN; g + data_words + g];
+        // SAFETY: `words` has `data_words * 16 >= bytes` bytes after the first guard; `T` is
+        // plain data (Copy).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr() as *const u8,
-                words.as_mut_ptr() as *mut u8,
+                words.as_mut_ptr().add(g) as *mut u8,
                 bytes,
             )
         };
@@ -78,29 +87,38 @@ impl<T: Copy> HostBuf<T> {
         HostBuf::from_slice(&vec![fill; len])
     }
 
+    fn data(&self) -> *const u128 {
+        // SAFETY: the first guard band is GUARD / 16 words long, inside `words`.
+        unsafe { self.words.as_ptr().add(GUARD / 16) }
+    }
+
     /// The contents.
     pub fn to_vec(&self) -> Vec<T> {
-        // SAFETY: the first `len` elements were initialized from values of `T` (or written by
-        // kernels as values of `T`); the storage is 16-byte aligned.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const T, self.len) }.to_vec()
+        // SAFETY: the `len` elements after the first guard were initialized from values of `T`
+        // (or written by kernels as values of `T`); the storage is 16-byte aligned.
+        unsafe { std::slice::from_raw_parts(self.data() as *const T, self.len) }.to_vec()
+    }
+
+    /// Whether both guard bands still hold their pattern (the bytes between the data's end and
+    /// the next 16-byte boundary are not checked).
+    pub fn guards_intact(&self) -> bool {
+        let g = GUARD / 16;
+        let n = self.words.len();
+        self.words[..g].iter().all(|w| *w == PATTERN)
+            && self.words[n - g..].iter().all(|w| *w == PATTERN)
     }
 
     /// A view for the emulator.
     pub fn view(&mut self) -> DevView<'_, T> {
         // SAFETY: the view covers this buffer's `len` elements, borrowed mutably for its
         // lifetime; the emulator accesses host memory directly.
-        unsafe { DevView::from_raw(self.words.as_mut_ptr() as u64, self.len) }
+        unsafe { DevView::from_raw(self.data() as u64, self.len) }
     }
 
     /// A view of the first `len - short` elements at byte offset `offset` (for validation
     /// tests: wrong sizes, misaligned addresses).
     pub fn view_at(&mut self, offset: usize, short: usize) -> DevView<'_, T> {
         // SAFETY: only used to exercise validation, which rejects the view before any launch.
-        unsafe {
-            DevView::from_raw(
-                self.words.as_mut_ptr() as u64 + offset as u64,
-                self.len - short,
-            )
-        }
+        unsafe { DevView::from_raw(self.data() as u64 + offset as u64, self.len - short) }
     }
 }
