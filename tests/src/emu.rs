@@ -1,5 +1,5 @@
 //! Running the kernels of this repository on the CPU: the kernel crate compiled for the host
-//! over its emulated device layer (`gpu_kernels::emu`), behind the same [`Exec`] interface the
+//! over its emulated device layer (`kernel_emulator::emu`), behind the same [`Exec`] interface the
 //! GPU launches use, and aligned host buffers standing in for device memory.
 
 use kernels::LaunchConfig;
@@ -15,7 +15,7 @@ impl Exec for Emulator {
             kernel: name.to_string(),
             reason,
         };
-        let kernel = gpu_kernels::mhc::EMU_KERNELS
+        let kernel = kernel_emulator::mhc::EMU_KERNELS
             .iter()
             .find(|k| k.name == name)
             .ok_or_else(|| invalid("no such kernel in the emulator's table".into()))?;
@@ -32,7 +32,7 @@ impl Exec for Emulator {
         // SAFETY: forwarded to the caller (the parameter struct's contract); its type's size
         // matches the kernel's.
         unsafe {
-            gpu_kernels::emu::launch(
+            kernel_emulator::emu::launch(
                 kernel,
                 cfg.grid,
                 cfg.block.0,

@@ -14,29 +14,17 @@
 //! - Functions whose misuse is undefined behaviour (memory access, collective operations) are
 //!   `unsafe` and document their contract; the rest are safe.
 
-#[cfg(target_arch = "nvptx64")]
 pub mod atomic;
-#[cfg(target_arch = "nvptx64")]
 pub mod convert;
-#[cfg(target_arch = "nvptx64")]
 pub mod cp_async;
-#[cfg(target_arch = "nvptx64")]
 pub mod fence;
-#[cfg(target_arch = "nvptx64")]
 pub mod global;
-#[cfg(target_arch = "nvptx64")]
 pub mod index;
-#[cfg(target_arch = "nvptx64")]
 pub mod ldmatrix;
-#[cfg(target_arch = "nvptx64")]
 pub mod math;
-#[cfg(target_arch = "nvptx64")]
 pub mod mma;
-#[cfg(target_arch = "nvptx64")]
 pub mod smem;
-#[cfg(target_arch = "nvptx64")]
 pub mod sync;
-#[cfg(target_arch = "nvptx64")]
 pub mod warp;
 
 #[cfg(target_feature = "sm_90a")]
@@ -48,51 +36,11 @@ pub mod tma;
 #[cfg(target_feature = "sm_90a")]
 pub mod wgmma;
 
-// Host builds (tests): the same functions, emulated on the CPU (see `crate::emu`). Only what
-// the portable kernels that are built for the host use is emulated.
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/convert.rs"]
-pub mod convert;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/cp_async.rs"]
-pub mod cp_async;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/global.rs"]
-pub mod global;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/index.rs"]
-pub mod index;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/ldmatrix.rs"]
-pub mod ldmatrix;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/math.rs"]
-pub mod math;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/mma.rs"]
-pub mod mma;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/smem.rs"]
-pub mod smem;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/sync.rs"]
-pub mod sync;
-#[cfg(not(target_arch = "nvptx64"))]
-#[path = "emu/warp.rs"]
-pub mod warp;
-
 /// Abort the kernel (`trap`): the launch fails and the host sees an error.
-#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn trap() -> ! {
     // SAFETY: `trap` has no preconditions; it ends the thread's execution with an error.
     unsafe { core::arch::nvptx::trap() }
-}
-
-/// Abort the kernel: in the emulator, the emulated thread panics and the launch fails.
-#[cfg(not(target_arch = "nvptx64"))]
-pub fn trap() -> ! {
-    panic!("trap")
 }
 
 /// Declare a kernel's launch bounds: at most `$max_threads` threads per block, and at least

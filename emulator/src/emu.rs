@@ -1,8 +1,8 @@
-//! CPU emulation of a kernel launch (host builds of this crate only, for tests).
+//! CPU emulation of a kernel launch.
 //!
-//! On a machine without a GPU the kernels of this crate can still be *executed*: when the crate
-//! is compiled for the host, `arch` is replaced by `arch/emu/`, which implements the same
-//! functions on the CPU, and [`launch`] runs a grid with one OS thread per GPU thread:
+//! On a machine without a GPU the portable kernels can still be *executed*: this crate compiles
+//! their sources over [`crate::arch`], which implements the device layer's functions on the CPU,
+//! and [`launch`] runs a grid with one OS thread per GPU thread:
 //!
 //! - blocks run one after the other; the threads of a block run concurrently;
 //! - `bar.sync` is a barrier over the block's threads; warp-collective operations (shuffles,
@@ -18,11 +18,9 @@
 //! not its timing, and it does not detect races (compute-sanitizer does, on the GPU).
 
 use core::cell::Cell;
-use std::string::{String, ToString};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
-use std::vec::Vec;
 
 /// A barrier that has waited this long reports a deadlock.
 pub const DEADLOCK_SECS: u64 = 60;
@@ -186,7 +184,7 @@ pub(crate) fn smem_ptr(addr: u32, bytes: u32, align: u32) -> *mut u8 {
         b.smem_end
     );
     assert!(
-        addr % align == 0,
+        addr.is_multiple_of(align),
         "shared memory access at {addr} not {align}-byte aligned"
     );
     // SAFETY: in bounds of the block's buffer (checked above).
@@ -197,7 +195,7 @@ pub(crate) fn smem_ptr(addr: u32, bytes: u32, align: u32) -> *mut u8 {
 pub(crate) fn check_global<T>(ptr: *const T, align: usize) {
     assert!(!ptr.is_null(), "global access through a null pointer");
     assert!(
-        (ptr as usize) % align == 0,
+        (ptr as usize).is_multiple_of(align),
         "global access at {ptr:p} not {align}-byte aligned"
     );
 }
@@ -236,11 +234,10 @@ pub unsafe fn launch(
     smem_bytes: usize,
     params: *const u8,
 ) -> Result<(), String> {
-    if threads == 0 || threads % 32 != 0 || threads > kernel.threads {
-        return Err(std::format!(
+    if threads == 0 || !threads.is_multiple_of(32) || threads > kernel.threads {
+        return Err(format!(
             "{}: {threads} threads per block (bound {}, whole warps only)",
-            kernel.name,
-            kernel.threads
+            kernel.name, kernel.threads
         ));
     }
     let smem_end = DYN_BASE as usize + smem_bytes;
@@ -248,7 +245,7 @@ pub unsafe fn launch(
     for bz in 0..grid.2 {
         for by in 0..grid.1 {
             for bx in 0..grid.0 {
-                let mut buffer: Vec<u128> = std::vec![0u128; smem_end.div_ceil(16)];
+                let mut buffer: Vec<u128> = vec![0u128; smem_end.div_ceil(16)];
                 let state = Block {
                     smem: buffer.as_mut_ptr() as *mut u8,
                     smem_end: smem_end as u32,
@@ -297,10 +294,7 @@ pub unsafe fn launch(
                     .find(|f| !f.starts_with("emulated block aborted"))
                     .or(failures.first())
                 {
-                    return Err(std::format!(
-                        "{} block ({bx}, {by}, {bz}): {first}",
-                        kernel.name
-                    ));
+                    return Err(format!("{} block ({bx}, {by}, {bz}): {first}", kernel.name));
                 }
             }
         }

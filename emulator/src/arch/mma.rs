@@ -22,7 +22,7 @@ fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2], elem: fn(u16) -> f32) {
     ];
     let out = warp_exchange(&words, |get| {
         let half = |w: u32, k: u32| {
-            elem(if k % 2 == 0 {
+            elem(if k.is_multiple_of(2) {
                 w as u16
             } else {
                 (w >> 16) as u16
