@@ -29,36 +29,115 @@ fn main() {
 }
 
 /// The kernels the host launches, per target, with the parameter struct each takes.
-fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
-    let mut k = vec![
-        ("smoke_block_reduce", size_of::<ReduceParams>()),
-        ("smoke_mma_tile", size_of::<MmaTileParams>()),
-        ("semicrf_scan", size_of::<semicrf::ScanParams>()),
-        ("semicrf_viterbi", size_of::<semicrf::ViterbiParams>()),
-        ("semicrf_marginals", size_of::<semicrf::MarginalParams>()),
-        ("semicrf_reduce", size_of::<semicrf::ReduceParams>()),
+fn expected_kernels(arch: Arch) -> Vec<(String, usize)> {
+    let mut k: Vec<(String, usize)> = vec![
+        ("smoke_block_reduce".into(), size_of::<ReduceParams>()),
+        ("smoke_mma_tile".into(), size_of::<MmaTileParams>()),
     ];
+    k.extend(
+        mhc_kernels()
+            .into_iter()
+            .map(|(name, params, _)| (name, params)),
+    );
+    k.extend(
+        [
+            ("semicrf_scan", size_of::<semicrf::ScanParams>()),
+            ("semicrf_viterbi", size_of::<semicrf::ViterbiParams>()),
+            ("semicrf_marginals", size_of::<semicrf::MarginalParams>()),
+            ("semicrf_reduce", size_of::<semicrf::ReduceParams>()),
+        ]
+        .map(|(name, bytes)| (name.to_string(), bytes)),
+    );
     let attention = size_of::<kernel_abi::attention::AttentionParams>();
+    let hopper = size_of::<kernel_abi::attention::HopperParams>();
     for dtype in ["bf16", "f16"] {
         for d in kernel_abi::attention::HEAD_DIMS {
-            k.push((leak(format!("attention_fwd_{dtype}_d{d}")), attention));
+            k.push((format!("attention_fwd_{dtype}_d{d}"), attention));
+            if arch.has_hopper_kernels() {
+                k.push((format!("attention_fwd_hopper_{dtype}_d{d}"), hopper));
+            }
         }
     }
     for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
         k.push((
-            leak(format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim)),
+            format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
             attention,
         ));
     }
     if arch.has_hopper_kernels() {
+        k.extend(
+            [
+                ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
+                ("smoke_tma_load", size_of::<TmaLoadParams>()),
+                ("smoke_wgmma_n64", size_of::<WgmmaTileParams>()),
+                ("smoke_wgmma_n128", size_of::<WgmmaTileParams>()),
+                ("smoke_wgmma_n256", size_of::<WgmmaTileParams>()),
+                ("smoke_wgmma_mn", size_of::<WgmmaMnParams>()),
+                ("smoke_pingpong", size_of::<PingpongParams>()),
+            ]
+            .map(|(name, bytes)| (name.to_string(), bytes)),
+        );
+    }
+    k
+}
+
+/// The mHC kernels (portable: in every target), with their parameter struct and block size.
+fn mhc_kernels() -> Vec<(String, usize, u32)> {
+    use kernel_abi::mhc::*;
+    let mut k = vec![
+        (
+            "mhc_prep".to_string(),
+            size_of::<PrepParams>(),
+            PREP_THREADS,
+        ),
+        (
+            "mhc_fwd_coeff".to_string(),
+            size_of::<FwdCoeffParams>(),
+            COEFF_THREADS,
+        ),
+        (
+            "mhc_bwd_coeff".to_string(),
+            size_of::<BwdCoeffParams>(),
+            COEFF_THREADS,
+        ),
+    ];
+    for n in MIN_N..=MAX_N {
         k.extend([
-            ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
-            ("smoke_tma_load", size_of::<TmaLoadParams>()),
-            ("smoke_wgmma_n64", size_of::<WgmmaTileParams>()),
-            ("smoke_wgmma_n128", size_of::<WgmmaTileParams>()),
-            ("smoke_wgmma_n256", size_of::<WgmmaTileParams>()),
-            ("smoke_wgmma_mn", size_of::<WgmmaMnParams>()),
-            ("smoke_pingpong", size_of::<PingpongParams>()),
+            (
+                format!("mhc_fwd_proj_n{n}"),
+                size_of::<ProjParams>(),
+                PROJ_THREADS,
+            ),
+            (
+                format!("mhc_fwd_pre_n{n}"),
+                size_of::<PreParams>(),
+                APPLY_THREADS,
+            ),
+            (
+                format!("mhc_fwd_post_n{n}"),
+                size_of::<PostParams>(),
+                APPLY_THREADS,
+            ),
+            (
+                format!("mhc_bwd_dh_n{n}"),
+                size_of::<DhParams>(),
+                DH_THREADS,
+            ),
+            (
+                format!("mhc_bwd_finalize_n{n}"),
+                size_of::<FinalizeParams>(),
+                FIN_THREADS,
+            ),
+            (
+                format!("mhc_bwd_dx_n{n}"),
+                size_of::<DxParams>(),
+                DX_THREADS,
+            ),
+            (
+                format!("mhc_bwd_wgrad_n{n}"),
+                size_of::<WgradParams>(),
+                WG_THREADS,
+            ),
         ]);
     }
     k
@@ -69,7 +148,7 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
         let kernels = arch.kernels();
         for (name, bytes) in expected_kernels(arch) {
             let info = kernels
-                .get(name)
+                .get(&name)
                 .ok_or(format!("{name} missing from the {arch} PTX"))?;
             ensure(info.params == [bytes], || {
                 format!(
@@ -89,23 +168,8 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
     )
 }
 
-/// A kernel name for the expected-kernel table (test-only, a handful of small strings).
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
-
 fn ptx_launch_bounds() -> TestResult {
-    for d in kernel_abi::attention::HEAD_DIMS {
-        let cfg = kernel_abi::attention::tile_config(d).ok_or("missing tile config")?;
-        for arch in Arch::ALL {
-            let name = format!("attention_fwd_bf16_d{d}");
-            let info = arch.kernels().get(&name).ok_or(format!("{name} missing"))?;
-            ensure(info.max_threads == Some(cfg.threads()), || {
-                format!("{arch} {name}: .maxntid {:?}", info.max_threads)
-            })?;
-        }
-    }
-    let bounds = [
+    let mut bounds: Vec<(String, u32)> = [
         ("smoke_block_reduce", REDUCE_THREADS),
         ("smoke_mma_tile", MMA_THREADS),
         ("smoke_pingpong", PINGPONG_THREADS),
@@ -114,10 +178,33 @@ fn ptx_launch_bounds() -> TestResult {
         ("semicrf_viterbi", semicrf::THREADS),
         ("semicrf_marginals", semicrf::THREADS),
         ("semicrf_reduce", semicrf::REDUCE_THREADS),
-    ];
+    ]
+    .map(|(name, threads)| (name.to_string(), threads))
+    .into();
+    for dtype in ["bf16", "f16"] {
+        for d in kernel_abi::attention::HEAD_DIMS {
+            let cfg = kernel_abi::attention::tile_config(d).ok_or("missing tile config")?;
+            bounds.push((format!("attention_fwd_{dtype}_d{d}"), cfg.threads()));
+            bounds.push((
+                format!("attention_fwd_hopper_{dtype}_d{d}"),
+                kernel_abi::attention::HOPPER_THREADS,
+            ));
+        }
+    }
+    for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
+        bounds.push((
+            format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
+            cfg.threads(),
+        ));
+    }
+    bounds.extend(
+        mhc_kernels()
+            .into_iter()
+            .map(|(name, _, threads)| (name, threads)),
+    );
     for (name, threads) in bounds {
         for arch in Arch::ALL {
-            if let Some(info) = arch.kernels().get(name) {
+            if let Some(info) = arch.kernels().get(&name) {
                 ensure(info.max_threads == Some(threads), || {
                     format!(
                         "{arch} {name}: .maxntid {:?}, expected {threads}",
@@ -135,8 +222,11 @@ fn ptx_tensor_map_alignment() -> TestResult {
     for kernel in [
         "smoke_tma_load",
         "smoke_wgmma_n64",
+        "smoke_wgmma_mn",
         "smoke_pingpong",
         "gemm_bf16_tn",
+        "attention_fwd_hopper_bf16_d128",
+        "attention_fwd_hopper_f16_d256",
     ] {
         let decl = format!(".param .align 64 .b8 {kernel}_param_0[");
         ensure(ptx.contains(&decl), || {

@@ -8,7 +8,7 @@
 # Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
 #                           [--tests "smoke host"] [--tools "memcheck racecheck synccheck"]
 #                           [--bench-args "..."]
-# Environment: SANITIZER_SKIP (comma-separated test-name substrings left out of the sanitizer
+# Environment: SANITIZER_SKIP (test-name substrings, separated by commas or spaces, left out of the sanitizer
 # passes), SANITIZER_THREADS, SANITIZER_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT.
 # Prints a summary table last; full logs go to RESULTS_DIR/logs.
 set -uo pipefail
@@ -74,7 +74,7 @@ if [ "$do_san" = 1 ]; then
         extra=()
         [ "$tool" = racecheck ] && extra=(--racecheck-report all)
         skips=()
-        IFS=',' read -ra patterns <<< "${SANITIZER_SKIP:-}"
+        IFS=', ' read -ra patterns <<< "${SANITIZER_SKIP:-}"
         for pat in "${patterns[@]}"; do [ -n "$pat" ] && skips+=(--skip "$pat"); done
         start=$(date +%s)
         KERNELS_WATCHDOG_SECS=900 timeout -k 10 "${SANITIZER_TIMEOUT:-1200}" \

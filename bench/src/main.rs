@@ -3,13 +3,14 @@
 //!
 //! ```text
 //! kbench main [--quick]                 every kernel on default sizes, validated and timed
-//! kbench <family> --out DIR [--quick]   benchmark a family, write DIR/<family>.json
+//! kbench <family> --out DIR [--quick]   benchmark a family (smoke, mhc), write DIR/<family>.json
 //! kbench report [--results DIR] [--out FILE]
 //! ```
 
 mod attention;
 mod harness;
 mod main_job;
+mod mhc;
 mod report;
 mod semicrf;
 mod smoke;
@@ -41,6 +42,8 @@ enum Command {
     /// Semi-Markov CRF forward and forward+backward beside flash-semicrf, torch-struct and a
     /// PyTorch autograd baseline.
     Semicrf(FamilyArgs),
+    /// mHC forward and backward (beside PyTorch eager and torch.compile).
+    Mhc(FamilyArgs),
     /// Render bench/results/*.json into BENCHMARKS.md.
     Report {
         /// Directory of results files.
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
         Command::Smoke(args) => family("smoke", &args, smoke::run),
         Command::Attention(args) => family("attention", &args, attention::run),
         Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
+        Command::Mhc(args) => family("mhc", &args, mhc::run),
         Command::Report { results, out } => match report::render(&results) {
             Ok(md) => match std::fs::write(&out, md) {
                 Ok(()) => {

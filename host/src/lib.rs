@@ -16,6 +16,7 @@ pub mod error;
 pub mod gemm;
 pub mod gpu;
 pub mod memory;
+pub mod mhc;
 pub mod ptx;
 pub mod semicrf;
 pub mod smoke;

@@ -1,7 +1,8 @@
 //! Device memory helpers: upload, download, poison.
 
-use crate::error::{CudaContext, Result};
+use crate::error::{CudaContext, Error, Result};
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
+use cust::stream::Stream;
 
 /// Copy a host slice to a new device buffer.
 pub fn upload<T: DeviceCopy>(data: &[T]) -> Result<DeviceBuffer<T>> {
@@ -44,4 +45,31 @@ pub fn free_device_memory() -> Result<usize> {
     let r = unsafe { cust::sys::cuMemGetInfo_v2(&mut free, &mut total) };
     crate::gpu::check(r, "reading free device memory")?;
     Ok(free)
+}
+
+/// Copy `src` into `dst` (same length) on `stream`, asynchronously (`cuMemcpyDtoDAsync`).
+pub fn copy_async<T: DeviceCopy>(
+    stream: &Stream,
+    dst: &mut DeviceBuffer<T>,
+    src: &DeviceBuffer<T>,
+) -> Result<()> {
+    if dst.len() != src.len() {
+        return Err(Error::shape(
+            "copy destination",
+            format!("{} elements", src.len()),
+            dst.len(),
+        ));
+    }
+    let bytes = src.len() * std::mem::size_of::<T>();
+    // SAFETY: both are live allocations of `bytes` bytes (same length and type), distinct
+    // (one is borrowed mutably); the copy is ordered on `stream`.
+    let r = unsafe {
+        cust::sys::cuMemcpyDtoDAsync_v2(
+            dst.as_device_ptr().as_raw(),
+            src.as_device_ptr().as_raw(),
+            bytes,
+            stream.as_inner(),
+        )
+    };
+    crate::gpu::check(r, "copying device memory")
 }

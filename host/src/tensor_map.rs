@@ -142,7 +142,7 @@ impl TiledMap<'_> {
             }
         }
         for (i, &s) in self.strides_bytes.iter().enumerate() {
-            if s % 16 != 0 || s >= (1 << 40) {
+            if !s.is_multiple_of(16) || s >= (1 << 40) {
                 return Err(Error::Misaligned {
                     what: format!("tensor map stride of dimension {} ({s} bytes)", i + 1),
                     required: 16,

@@ -5,6 +5,8 @@
 //! time: on a machine without a usable GPU they are reported as *ignored* (counted in the
 //! summary) after one line that says why.
 
+pub mod emu;
+
 use kernels::{Arch, Error, Gpu};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::OnceLock;

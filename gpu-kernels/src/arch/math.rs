@@ -66,3 +66,14 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     };
     r
 }
+
+/// sqrt(x), correctly rounded (`sqrt.rn.f32`).
+#[inline(always)]
+pub fn sqrt(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("sqrt.rn.f32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack))
+    };
+    r
+}

@@ -9,6 +9,11 @@
 //!
 //! # Safety (all functions)
 //! The whole warp executes the call in uniform control flow (`.aligned`).
+//!
+//! The asm is deliberately not `pure`: a pure asm may be sunk by LLVM into the (possibly
+//! divergent) branch that uses its result, or be removed when unused by some lanes' paths;
+//! without `pure` it stays where the source puts it, in uniform control flow. It touches no
+//! memory (`nomem`), so loads and stores still move freely around it.
 
 use core::arch::asm;
 
@@ -29,7 +34,7 @@ macro_rules! mma_m16n8k16 {
                     inout(reg32) d[0], inout(reg32) d[1], inout(reg32) d[2], inout(reg32) d[3],
                     in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3],
                     in(reg32) b[0], in(reg32) b[1],
-                    options(pure, nomem, nostack)
+                    options(nomem, nostack)
                 )
             };
         }

@@ -18,6 +18,7 @@ pub mod atomic;
 pub mod convert;
 pub mod cp_async;
 pub mod fence;
+pub mod global;
 pub mod index;
 pub mod ldmatrix;
 pub mod math;

@@ -1,0 +1,42 @@
+//! Emulated transcendental functions (libm's, more accurate than `ex2.approx`/`lg2.approx`).
+
+/// log2(e).
+pub const LOG2_E: f32 = core::f32::consts::LOG2_E;
+/// ln(2).
+pub const LN_2: f32 = core::f32::consts::LN_2;
+
+/// 2^x.
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    x.exp2()
+}
+
+/// log2(x).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    x.log2()
+}
+
+/// e^x through [`exp2`], as on the device.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    exp2(x * LOG2_E)
+}
+
+/// ln(x) through [`log2`].
+#[inline(always)]
+pub fn ln(x: f32) -> f32 {
+    log2(x) * LN_2
+}
+
+/// 1/x.
+#[inline(always)]
+pub fn rcp(x: f32) -> f32 {
+    1.0 / x
+}
+
+/// sqrt(x), correctly rounded.
+#[inline(always)]
+pub fn sqrt(x: f32) -> f32 {
+    x.sqrt()
+}
