@@ -21,6 +21,7 @@ pub mod fence;
 pub mod index;
 pub mod ldmatrix;
 pub mod math;
+pub mod math64;
 pub mod mma;
 pub mod smem;
 pub mod sync;
