@@ -8,6 +8,10 @@ use kernels::tensor_map::{MapDtype, MapSwizzle, TiledMap};
 use kernels::{Arch, Error};
 use std::mem::size_of;
 
+/// The kernels' f64 `exp` and `ln` (plain Rust over `fma`), compiled here from the same file.
+#[path = "../gpu-kernels/src/arch/math64.rs"]
+mod math64;
+
 fn main() {
     let mut s = Suite::new();
     s.cpu(
@@ -20,6 +24,7 @@ fn main() {
         ptx_tensor_map_alignment,
     );
     s.cpu("ptx/arch_selection", arch_selection);
+    s.cpu("arch/f64_exp_ln_accuracy", f64_exp_ln);
     s.cpu("tensor_map/rejects_bad_maps", tensor_map_validation);
     s.cpu(
         "smoke/swizzle_reference_is_a_permutation",
@@ -348,4 +353,66 @@ fn swizzle_permutation() -> TestResult {
     ensure(swizzled_offset(128 + 16, MapSwizzle::B128) == 128, || {
         "row 1 chunk 1 -> chunk 0".into()
     })
+}
+
+/// `arch::math64::{exp, ln}` against the standard library: within 4 ulp-sized relative errors
+/// (2^-50) over their ranges, and the special values.
+fn f64_exp_ln() -> TestResult {
+    let mut rng = kernels::data::rng(64);
+    let rel = |got: f64, want: f64| ((got - want) / want).abs();
+    let (mut worst_exp, mut worst_ln) = (0.0f64, 0.0f64);
+    for i in 0..200_000 {
+        let u = kernels::data::uniform_f32(&mut rng, 2, 0.0, 1.0);
+        let (a, b) = (u[0] as f64, u[1] as f64 * 1e-7);
+        // exp: the scans' arguments are x - max <= 0, mostly within [-40, 0]; cover the range.
+        let x = if i % 4 == 0 {
+            -708.0 * a
+        } else {
+            -40.0 * a + 2.0 * b - 1e-7
+        };
+        worst_exp = worst_exp.max(rel(math64::exp(x), x.exp()));
+        // ln: sums of exponentials are in [1, K]; cover (0, inf) too.
+        let y = if i % 4 == 0 {
+            (a * 1400.0 - 700.0).exp()
+        } else {
+            1.0 + 64.0 * a + b
+        };
+        if (y.ln()).abs() > 1e-300 {
+            worst_ln = worst_ln.max(rel(math64::ln(y), y.ln()));
+        }
+    }
+    for x in [
+        0.0, -1e-300, 1e-10, -0.5, 0.5, -1.0, 1.0, 700.0, -700.0, -708.0,
+    ] {
+        worst_exp = worst_exp.max(rel(math64::exp(x), x.exp()));
+    }
+    for y in [
+        f64::MIN_POSITIVE,
+        5e-324,
+        1e-310,
+        0.5,
+        2.0,
+        std::f64::consts::SQRT_2,
+        1e300,
+    ] {
+        worst_ln = worst_ln.max(rel(math64::ln(y), y.ln()));
+    }
+    println!("exp: max relative error {worst_exp:.3e}; ln: {worst_ln:.3e}");
+    let tol = 2f64.powi(-50);
+    ensure(worst_exp <= tol && worst_ln <= tol, || {
+        format!("exp {worst_exp:.3e}, ln {worst_ln:.3e} > {tol:.3e}")
+    })?;
+    ensure(
+        math64::exp(f64::NEG_INFINITY) == 0.0
+            && math64::exp(-800.0) == 0.0
+            && math64::exp(800.0) == f64::INFINITY
+            && math64::exp(f64::NAN).is_nan()
+            && math64::exp(0.0) == 1.0
+            && math64::ln(0.0) == f64::NEG_INFINITY
+            && math64::ln(-1.0).is_nan()
+            && math64::ln(f64::NAN).is_nan()
+            && math64::ln(f64::INFINITY) == f64::INFINITY
+            && math64::ln(1.0) == 0.0,
+        || "special values".into(),
+    )
 }

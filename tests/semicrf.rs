@@ -97,6 +97,10 @@ fn main() {
     );
     s.cpu("reference/viterbi_is_valid_and_best", viterbi_reference);
     s.cpu("reference/kernel_algorithm_model", kernel_model);
+    s.cpu(
+        "reference/kernel_precision_long_sequence",
+        long_sequence_precision,
+    );
     s.cpu("host/rejects_bad_input", rejects_bad_input);
     s.cpu("host/checkpoint_defaults_and_layouts", checkpoint_defaults);
     s.cpu("host/cumulative_scores", cumulative_scores);
@@ -219,7 +223,34 @@ fn factored_equals_literal() -> TestResult {
     for b in 0..3 {
         rel_close(&format!("log Z b{b}"), zf[b], z[b], 1e-12)?;
     }
+    let (lit, fac) = (reference::posterior(&m), reference::posterior_factored(&m));
+    rel_close(
+        "factored posterior log Z",
+        fac.log_z[2],
+        lit.log_z[2],
+        1e-12,
+    )?;
+    for (what, got, want) in [
+        ("dlogZ/dS", &fac.grad_cumsum, &lit.grad_cumsum),
+        ("end marginals", &fac.end, &lit.end),
+        ("start marginals", &fac.start, &lit.start),
+        ("dlogZ/ddur", &fac.grad_dur, &lit.grad_dur),
+        ("dlogZ/dtrans", &fac.grad_trans, &lit.grad_trans),
+    ] {
+        let err = max_abs_diff(got, want);
+        println!("factored posterior {what}: max |diff| {err:.3e}");
+        ensure(got.len() == want.len() && err <= 1e-12, || {
+            format!("factored posterior: {what} differs by {err:.3e}")
+        })?;
+    }
     Ok(())
+}
+
+fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 fn marginals_cover_positions() -> TestResult {
@@ -649,8 +680,10 @@ fn rejects_mismatched_buffers(g: &Gpu) -> TestResult {
     }
 }
 
-/// T = 100 000, K = 32, C = 16, B = 4: forward and backward fit, log Z matches the factored
-/// f64 reference, and the gradients satisfy the identities of a distribution over
+/// T = 100 000, K = 32, C = 16, B = 4: forward and backward fit, log Z and the gradients match
+/// the factored f64 reference with the small cases' tolerances (position by position: an
+/// error that accumulates along the sequence shows here, while the identities below only see
+/// it at the ends), and the gradients satisfy the identities of a distribution over
 /// segmentations. Skipped under compute-sanitizer (`--skip scale`).
 fn scale(g: &Gpu) -> TestResult {
     let p = SemiCrfProblem::new(4, 100_000, 32, 16);
@@ -684,15 +717,38 @@ fn scale(g: &Gpu) -> TestResult {
         free_before.saturating_sub(free_after)
     );
     let z = gpu_ok(download(st.log_z()))?;
-    let want = reference::log_partition_factored(&Model::new(&p, &inp.view()));
+    let (zf, zr) = gpu_ok(st.log_z_both())?;
+    let want = reference::posterior_factored(&Model::new(&p, &inp.view()));
     for b in 0..p.batch {
-        rel_close(&format!("log Z b{b}"), z[b] as f64, want[b], 1e-4)?;
+        rel_close(&format!("log Z b{b}"), z[b] as f64, want.log_z[b], 1e-4)?;
+        // The marginals combine both scans: their log Z must agree far better than 1e-4
+        // relative (the identity at t = 0 is -exp(reverse - forward)).
+        let d = (zf[b] - zr[b]).abs();
+        println!("b{b}: forward vs reverse log Z (f64) differ by {d:.3e}");
+        ensure(d <= 1e-5, || {
+            format!("b{b}: forward log Z {} vs reverse {}", zf[b], zr[b])
+        })?;
     }
     let gs = gpu_ok(download(&gr.grad_cumsum))?;
     let (gd, gt) = (
         gpu_ok(download(&gr.grad_dur))?,
         gpu_ok(download(&gr.grad_trans))?,
     );
+    for b in 0..p.batch {
+        let (g0, g1) = (b * (p.t + 1) * p.c, (b + 1) * (p.t + 1) * p.c);
+        check_close(
+            &format!("dlogZ/dS, sequence {b}"),
+            &gs[g0..g1],
+            &want.grad_cumsum[g0..g1],
+            |i| 1e-4 * (want.end[g0 + i] + want.start[g0 + i]) + 1e-7,
+        )?;
+    }
+    check_close("dlogZ/ddur", &gd, &want.grad_dur, |i| {
+        1e-4 * want.grad_dur[i].abs() + 1e-6
+    })?;
+    check_close("dlogZ/dtrans", &gt, &want.grad_trans, |i| {
+        1e-4 * want.grad_trans[i].abs() + 1e-6
+    })?;
     // sum_c dlogZ/dS[t, c] = P(boundary at t) - P(boundary at t) = 0 inside, -1 at 0, +1 at L.
     let mut worst = 0.0f64;
     for b in 0..p.batch {
@@ -729,269 +785,11 @@ fn scale(g: &Gpu) -> TestResult {
 }
 
 // ----------------------------------------------------------------------------------------
-// CPU model of the kernels' algorithm: the same steps, ring slots, checkpoint layouts (ages),
-// rebase schedule, segment ranges and combination as `gpu-kernels/src/semicrf`, in f64. It
-// checks the algorithm and its indexing against the reference without a GPU.
+// CPU model of the kernels' algorithm (`semicrf_model.rs`).
 
-mod model {
-    use kernel_abi::semicrf::CHUNK;
-    use kernels::semicrf::reference::{Model, lse};
-
-    const NEG: f64 = f64::NEG_INFINITY;
-
-    /// One scan: ring [C][K] (slot = step % K), P row, normalizer.
-    struct Scan<'a> {
-        m: &'a Model,
-        b: usize,
-        len: usize,
-        reverse: bool,
-        ring: Vec<f64>,
-        prow: Vec<f64>,
-        qrow: Vec<f64>,
-        norm: f64,
-    }
-
-    impl<'a> Scan<'a> {
-        fn new(m: &'a Model, b: usize, reverse: bool) -> Self {
-            Scan {
-                m,
-                b,
-                len: m.lengths[b],
-                reverse,
-                ring: vec![NEG; m.k * m.c],
-                prow: vec![0.0; m.c],
-                qrow: vec![NEG; m.c],
-                norm: 0.0,
-            }
-        }
-        fn pos(&self, r: usize) -> usize {
-            if self.reverse { self.len - r } else { r }
-        }
-        fn table(&self, label: usize, cin: usize) -> f64 {
-            let c = self.m.c;
-            if self.reverse {
-                self.m.trans[label * c + cin]
-            } else {
-                self.m.trans[cin * c + label]
-            }
-        }
-        /// Step r (the kernel's `first_forward`, `first_reverse` or `step`).
-        fn step(&mut self, r: usize) {
-            let (k, c) = (self.m.k, self.m.c);
-            let sgn = if self.reverse { -1.0 } else { 1.0 };
-            let at = self.pos(r);
-            let s = |l: usize| self.m.s(self.b, at, l);
-            if r == 0 && self.reverse {
-                for l in 0..c {
-                    self.ring[l * k] = s(l);
-                    self.qrow[l] = s(l);
-                }
-                return;
-            }
-            if r == 0 {
-                self.prow = vec![0.0; c];
-            } else {
-                let base = r % k;
-                self.prow = (0..c)
-                    .map(|l| {
-                        lse((1..=k.min(r)).map(|kk| {
-                            let slot = (base + k - kk) % k;
-                            self.ring[l * k + slot] + self.m.dur[(kk - 1) * c + l]
-                        })) + sgn * s(l)
-                    })
-                    .collect();
-            }
-            for l in 0..c {
-                let q = lse((0..c).map(|ci| self.prow[ci] + self.table(l, ci))) - sgn * s(l);
-                self.ring[l * k + r % k] = q;
-                self.qrow[l] = q;
-            }
-        }
-        fn rebase(&mut self) {
-            let mut d = self.qrow.iter().copied().fold(NEG, f64::max);
-            if d == NEG {
-                d = 0.0;
-            }
-            self.ring.iter_mut().for_each(|x| *x -= d);
-            self.norm += d;
-        }
-        /// Ring rows by age at step r: [K][C].
-        fn by_age(&self, r: usize) -> Vec<f64> {
-            let (k, c) = (self.m.k, self.m.c);
-            let mut out = vec![NEG; k * c];
-            for l in 0..c {
-                for slot in 0..k {
-                    let age = (r % k + k - slot) % k;
-                    out[age * c + l] = self.ring[l * k + slot];
-                }
-            }
-            out
-        }
-        fn load_by_age(&mut self, r: usize, rows: &[f64]) {
-            let (k, c) = (self.m.k, self.m.c);
-            for l in 0..c {
-                for slot in 0..k {
-                    let age = (r % k + k - slot) % k;
-                    self.ring[l * k + slot] = rows[age * c + l];
-                }
-                self.qrow[l] = rows[l];
-            }
-        }
-    }
-
-    /// Checkpoints of one direction: per segment index, (rows, normalizer).
-    pub type Ckpts = Vec<Option<(Vec<f64>, f64)>>;
-
-    /// `semicrf_scan` for sequence b: (log Z, checkpoints).
-    pub fn scan(m: &Model, b: usize, reverse: bool, ckpt: usize) -> (f64, Ckpts) {
-        let mut sc = Scan::new(m, b, reverse);
-        let nseg = m.t / ckpt + 1;
-        let mut ck: Ckpts = vec![None; nseg];
-        let len = sc.len;
-        for r in 0..=len {
-            sc.step(r);
-            let at = sc.pos(r);
-            if at.is_multiple_of(ckpt) && (!reverse || at >= ckpt) {
-                let mut rows = sc.by_age(r);
-                if !reverse {
-                    rows.extend_from_slice(&sc.prow);
-                }
-                let j = if reverse { at / ckpt - 1 } else { at / ckpt };
-                ck[j] = Some((rows, sc.norm));
-            }
-            if r == len {
-                break;
-            }
-            if (r + 1).is_multiple_of(CHUNK as usize) {
-                sc.rebase();
-            }
-        }
-        let z = if reverse {
-            sc.norm + lse((0..m.c).map(|l| sc.qrow[l] - m.s(b, 0, l)))
-        } else {
-            sc.norm + lse(sc.prow.iter().copied())
-        };
-        (z, ck)
-    }
-
-    /// What `semicrf_marginals` writes for segment j of sequence b: grad rows, marginal rows
-    /// (positions s0..), duration and transition counts.
-    pub struct SegmentOut {
-        pub grad: Vec<(usize, usize, f64)>,
-        pub mu: Vec<(usize, usize, usize, f64)>,
-        pub dur: Vec<f64>,
-        pub trans: Vec<f64>,
-    }
-
-    pub fn segment(
-        m: &Model,
-        b: usize,
-        j: usize,
-        ckpt: usize,
-        log_z: f64,
-        a: &Ckpts,
-        be: &Ckpts,
-    ) -> SegmentOut {
-        let (k, c, len) = (m.k, m.c, m.lengths[b]);
-        let s0 = j * ckpt;
-        let mut out = SegmentOut {
-            grad: vec![],
-            mu: vec![],
-            dur: vec![0.0; k * c],
-            trans: vec![0.0; c * c],
-        };
-        if s0 > len {
-            return out;
-        }
-        let s1 = (s0 + ckpt).min(len + 1);
-        let n = s1 - s0;
-        let (mut alpha, mut v, mut na) =
-            (vec![vec![0.0; c]; n], vec![vec![0.0; c]; n], vec![0.0; n]);
-        let mut w = vec![vec![NEG; c]; n + k];
-        let mut nb = vec![0.0; n + k];
-        // Alpha sweep from checkpoint j (rows by age, then alpha).
-        let (rows, norm) = a[j].clone().expect("forward checkpoint written");
-        let mut sc = Scan::new(m, b, false);
-        sc.load_by_age(s0, &rows[..k * c]);
-        sc.norm = norm;
-        alpha[0] = rows[k * c..].to_vec();
-        v[0] = rows[..c].to_vec();
-        na[0] = norm;
-        if (s0 + 1).is_multiple_of(CHUNK as usize) && s0 + 1 < s1 {
-            sc.rebase();
-        }
-        for r in s0 + 1..s1 {
-            sc.step(r);
-            alpha[r - s0] = sc.prow.clone();
-            v[r - s0] = sc.qrow.clone();
-            na[r - s0] = sc.norm;
-            if (r + 1).is_multiple_of(CHUNK as usize) && r + 1 < s1 {
-                sc.rebase();
-            }
-        }
-        // Beta sweep from checkpoint j at s1, or from L.
-        let mut sc = Scan::new(m, b, true);
-        if s1 <= len {
-            let (rows, norm) = be[j].clone().expect("reverse checkpoint written");
-            let r1 = len - s1;
-            sc.load_by_age(r1, &rows);
-            sc.norm = norm;
-            for i in 0..k {
-                w[n + i] = rows[i * c..(i + 1) * c].to_vec();
-                nb[n + i] = norm;
-            }
-            if (r1 + 1).is_multiple_of(CHUNK as usize) {
-                sc.rebase();
-            }
-        }
-        for pos in (s0..s1).rev() {
-            let r = len - pos;
-            sc.step(r);
-            w[pos - s0] = sc.qrow.clone();
-            nb[pos - s0] = sc.norm;
-            if (r + 1).is_multiple_of(CHUNK as usize) && pos > s0 {
-                sc.rebase();
-            }
-        }
-        // Combine.
-        for pos in s0..s1 {
-            let i = pos - s0;
-            for l in 0..c {
-                let mut st = 0.0;
-                for kk in 1..=k {
-                    let mu = if kk <= k.min(len - pos) {
-                        let x = v[i][l]
-                            + w[i + kk][l]
-                            + m.dur[(kk - 1) * c + l]
-                            + (na[i] - log_z + nb[i + kk]);
-                        x.exp()
-                    } else {
-                        0.0
-                    };
-                    if kk <= k.min(len - pos) {
-                        out.dur[(kk - 1) * c + l] += mu;
-                    }
-                    st += mu;
-                    out.mu.push((pos, kk, l, mu));
-                }
-                let e = if pos == 0 {
-                    0.0
-                } else {
-                    (alpha[i][l] + w[i][l] - m.s(b, pos, l) + (na[i] - log_z + nb[i])).exp()
-                };
-                out.grad.push((pos, l, e - st));
-                if st > 0.0 {
-                    let u = v[i][l] + m.s(b, pos, l);
-                    for ci in 0..c {
-                        out.trans[ci * c + l] +=
-                            (alpha[i][ci] + m.trans[ci * c + l] - u).exp() * st;
-                    }
-                }
-            }
-        }
-        out
-    }
-}
+#[path = "semicrf_model.rs"]
+mod model;
+use model::Numerics;
 
 fn kernel_model() -> TestResult {
     for (b, t, k, c, s, varied) in [
@@ -1012,8 +810,8 @@ fn kernel_model() -> TestResult {
         let mut trans = vec![0.0; c * c];
         let mut seen = vec![false; b * (t + 1) * c];
         for bi in 0..b {
-            let (z, a) = model::scan(&m, bi, false, s);
-            let (zr, be) = model::scan(&m, bi, true, s);
+            let (z, a) = model::scan(&m, Numerics::EXACT, bi, false, s);
+            let (zr, be) = model::scan(&m, Numerics::EXACT, bi, true, s);
             let tol = 1e-10 * z.abs().max(1.0);
             ensure(
                 (z - want.log_z[bi]).abs() <= tol && (zr - z).abs() <= tol,
@@ -1025,7 +823,7 @@ fn kernel_model() -> TestResult {
                 },
             )?;
             for j in 0..p.num_segments() {
-                let o = model::segment(&m, bi, j, s, z, &a, &be);
+                let o = model::segment(&m, Numerics::EXACT, bi, j, s, z, &a, &be, true);
                 for (pos, l, g) in o.grad {
                     let i = (bi * (t + 1) + pos) * c + l;
                     ensure(!seen[i], || {
@@ -1076,4 +874,84 @@ fn kernel_model() -> TestResult {
         println!("model B{b} T{t} K{k} C{c} S{s}: matches the reference to 1e-10");
     }
     Ok(())
+}
+
+/// The kernels' precision on a long sequence, in the model: with [`Numerics::KERNEL`] (f64
+/// scans, f32 combination, the f32 exponential's documented error bound taken fully biased, the
+/// worst case for accumulation) the gradient at T = 100 000 matches the f64 reference with the
+/// GPU tests' tolerances and its identities hold to 1e-5. With the scans in f32
+/// ([`Numerics::F32_SCAN`], the first kernels' numerics, which failed `scale/*` on the GPU) the
+/// same checks fail already at T = 20 000: the forward and reverse scans drift apart and every
+/// marginal with them, which is what this test guards against.
+fn long_sequence_precision() -> TestResult {
+    let (worst, report) = precision_case(100_000, Numerics::KERNEL.biased(1.0))?;
+    println!("kernel numerics, T = 100000: {report}");
+    if let Some(e) = worst {
+        return Err(e.into());
+    }
+    let (worst, report) = precision_case(20_000, Numerics::F32_SCAN)?;
+    println!("f32 scans, T = 20000: {report}");
+    ensure(worst.is_some(), || {
+        "the f32-scan model passes: the precision checks are not sensitive enough".into()
+    })
+}
+
+/// The model's forward+backward of one sequence of length `t` (K = 32, C = 16, the
+/// benchmark's data) checked against the f64 factored reference: returns the first failed check
+/// (if any) and a report of the measured errors.
+fn precision_case(t: usize, n: Numerics) -> Result<(Option<String>, String), String> {
+    let p = SemiCrfProblem::new(1, t, 32, 16);
+    let inp = semicrf::random_inputs(&p, 100, false);
+    let m = Model::new(&p, &inp.view());
+    let want = reference::posterior_factored(&m);
+    let got = model::run(&m, n, p.checkpoint);
+    let (ident, counts) = model::identity_error(&m, &got);
+    let (zf, zr) = got.log_z[0];
+    let mut checks = vec![
+        ("sum_c dlogZ/dS[t, c] identity", ident, 1e-5),
+        ("duration vs transition counts", counts, 1e-5),
+        ("forward vs reverse log Z", (zf - zr).abs(), 1e-6),
+        (
+            "log Z (relative)",
+            (zf - want.log_z[0]).abs() / want.log_z[0].abs(),
+            1e-9,
+        ),
+    ];
+    // Errors relative to the tests' tolerances (1 = at the tolerance).
+    let ratio = |got: &[f64], want: &[f64], tol: &dyn Fn(usize) -> f64| {
+        (0..want.len())
+            .map(|i| (got[i] - want[i]).abs() / tol(i))
+            .fold(0.0, f64::max)
+    };
+    checks.push((
+        "dlogZ/dS error / (1e-4 (end + start) + 1e-7)",
+        ratio(&got.grad_cumsum, &want.grad_cumsum, &|i| {
+            1e-4 * (want.end[i] + want.start[i]) + 1e-7
+        }),
+        1.0,
+    ));
+    checks.push((
+        "dlogZ/ddur error / (1e-4 |g| + 1e-6)",
+        ratio(&got.grad_dur, &want.grad_dur, &|i| {
+            1e-4 * want.grad_dur[i].abs() + 1e-6
+        }),
+        1.0,
+    ));
+    checks.push((
+        "dlogZ/dtrans error / (1e-4 |g| + 1e-6)",
+        ratio(&got.grad_trans, &want.grad_trans, &|i| {
+            1e-4 * want.grad_trans[i].abs() + 1e-6
+        }),
+        1.0,
+    ));
+    let report = checks
+        .iter()
+        .map(|(what, v, tol)| format!("{what} {v:.3e} (bound {tol:.0e})"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let failed = checks
+        .iter()
+        .find(|(_, v, tol)| v.is_nan() || v > tol)
+        .map(|(what, v, tol)| format!("T = {t}, {n:?}: {what} {v:.3e} > {tol:.0e}"));
+    Ok((failed, report))
 }

@@ -13,9 +13,19 @@
 //!   expected counts of durations and transitions.
 //! - `semicrf_reduce`: sums the partial counts over segments and sequences in a fixed order.
 //!
+//! # Precision
+//! The scans carry their state (the ring, the P and Q rows, their log-sum-exps) in f64 with an
+//! accurate f64 `exp`/`ln`: a scan is a chain of up to ~1e5 dependent steps, and the marginals
+//! combine a forward and a reverse scan, so their errors must not accumulate (in f32 the two
+//! directions drift apart by ~1e-2 in log space at T = 1e5, and every marginal with them).
+//! The checkpoints are f64. The per-position rows that `semicrf_marginals` keeps in shared
+//! memory are f32, stored relative to a per-position f64 shift that makes them small (so their
+//! rounding is ~1e-7 relative); the combination forms its exponents in f64 and evaluates one f32
+//! exponential per marginal.
+//!
 //! # Memory (device)
 //! With `nseg = T / S + 1` checkpoint segments of `S` positions, the workspace is
-//! `B nseg ((2K + 1) C f32 + 2 f64)` for the checkpoints plus `B nseg (K C + C^2)` f64 partial
+//! `B nseg ((2K + 1) C + 2) f64` for the checkpoints plus `B nseg (K C + C^2)` f64 partial
 //! counts, i.e. O(B (T / S) K C); the per-segment recomputation lives in on-chip shared memory,
 //! O(S C + K C + C^2) per resident block (see [`segment_layout`]). Inputs and outputs are
 //! `B (T + 1) C` f32 each for the cumulative scores and their gradient.
@@ -85,20 +95,20 @@ pub const fn isqrt(x: u64) -> u64 {
 }
 
 /// Shared-memory layout of `semicrf_scan` and `semicrf_viterbi` (byte offsets from the aligned
-/// base; f32 arrays, C-major so a label's terms are contiguous).
+/// base; label-major, so a label's terms are contiguous; the f64 state first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScanLayout {
-    /// `dur[c][k - 1]`, `[C][K]`.
-    pub dur: usize,
-    /// `m[c][c_in]`, `[C][C]`: `trans[c_in][c]` (forward) or `trans[c][c_in]` (reverse).
-    pub trans: usize,
-    /// The ring of the last K rows, `ring[c][step % K]`, `[C][K]`.
+    /// The ring of the last K rows, `ring[c][step % K]`, `[C][K]` f64.
     pub ring: usize,
-    /// The current "P" row (alpha, or g in reverse), `[C]`.
+    /// The current "P" row (alpha, or g in reverse), `[C]` f64.
     pub prow: usize,
-    /// A copy of the newest ring row, `[C]`.
+    /// A copy of the newest ring row, `[C]` f64.
     pub qrow: usize,
-    /// Staged cumulative scores, two buffers of `[CHUNK][C]`.
+    /// `dur[c][k - 1]`, `[C][K]` f32.
+    pub dur: usize,
+    /// `m[c][c_in]`, `[C][C]` f32: `trans[c_in][c]` (forward) or `trans[c][c_in]` (reverse).
+    pub trans: usize,
+    /// Staged cumulative scores, two buffers of `[CHUNK][C]` f32.
     pub srows: usize,
     /// Total, including the `SMEM_ALIGN` slack.
     pub bytes: usize,
@@ -107,54 +117,56 @@ pub struct ScanLayout {
 /// The layout of [`ScanLayout`] for `k` durations and `c` labels.
 pub const fn scan_layout(k: u32, c: u32) -> ScanLayout {
     let (k, c) = (k as usize, c as usize);
-    let dur = 0;
+    let ring = 0;
+    let prow = ring + 8 * k * c;
+    let qrow = prow + 8 * c;
+    let dur = qrow + 8 * c;
     let trans = dur + 4 * k * c;
-    let ring = trans + 4 * c * c;
-    let prow = ring + 4 * k * c;
-    let qrow = prow + 4 * c;
-    let srows = qrow + 4 * c;
+    let srows = trans + 4 * c * c;
     let end = srows + 4 * 2 * CHUNK as usize * c;
     ScanLayout {
-        dur,
-        trans,
         ring,
         prow,
         qrow,
+        dur,
+        trans,
         srows,
         bytes: align_up(end, 16) + SMEM_ALIGN,
     }
 }
 
 /// Shared-memory layout of `semicrf_marginals` for interval `s`, `k` durations, `c` labels.
-/// f64 arrays first (8-byte alignment), then f32 arrays.
+/// f64 arrays first (8-byte alignment), then f32 arrays. The f32 rows of a position hold
+/// values relative to that position's f64 normalizer (`norm_a`, `norm_b`), which includes a
+/// shift that makes them small (see the kernel's docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentLayout {
-    /// Alpha normalizers per segment position, `[S]` f64.
+    /// Normalizers of the alpha and u rows, `[S]` f64.
     pub norm_a: usize,
-    /// Beta normalizers, `[S + K]` f64 (positions `s0 .. s0 + S + K`).
+    /// Normalizers of the beta rows, `[S + K]` f64 (positions `s0 .. s0 + S + K`).
     pub norm_b: usize,
     /// Expected duration counts of this segment, `[C][K]` f64.
     pub dur_acc: usize,
     /// Expected transition counts of this segment, `[C (to)][C (from)]` f64.
     pub trans_acc: usize,
-    /// As in [`ScanLayout`]: `[C][K]` durations.
-    pub dur: usize,
-    /// `[C][C]` transitions (orientation of the sweep in progress).
-    pub trans: usize,
-    /// `[C][K]` ring of the sweep in progress.
+    /// As in [`ScanLayout`]: `[C][K]` f64 ring of the sweep in progress.
     pub ring: usize,
-    /// `[C]` current P row.
+    /// `[C]` f64 current P row.
     pub prow: usize,
-    /// `[C]` newest ring row.
+    /// `[C]` f64 newest ring row.
     pub qrow: usize,
-    /// Cumulative scores of the segment's positions, `[S][C]`.
+    /// As in [`ScanLayout`]: `[C][K]` f32 durations.
+    pub dur: usize,
+    /// `[C][C]` f32 transitions (orientation of the sweep in progress).
+    pub trans: usize,
+    /// Cumulative scores of positions `s0 .. s0 + S + K`, `[S + K][C]` f32.
     pub srows: usize,
-    /// Alpha rows, `[S][C]`.
+    /// alpha rows, `[S][C]` f32.
     pub alpha: usize,
-    /// `u - S` rows (forward ring values), `[S][C]`.
-    pub v: usize,
-    /// `S + beta` rows (reverse ring values), `[C][S + K]` (label-major).
-    pub w: usize,
+    /// u rows (`u[s, c] = lse_c' alpha[s, c'] + trans[c', c]`), `[S][C]` f32.
+    pub u: usize,
+    /// beta rows, `[C][S + K]` f32 (label-major).
+    pub beta: usize,
     /// Total, including the `SMEM_ALIGN` slack.
     pub bytes: usize,
 }
@@ -166,30 +178,30 @@ pub const fn segment_layout(s: u32, k: u32, c: u32) -> SegmentLayout {
     let norm_b = norm_a + 8 * s;
     let dur_acc = norm_b + 8 * (s + k);
     let trans_acc = dur_acc + 8 * k * c;
-    let dur = trans_acc + 8 * c * c;
+    let ring = trans_acc + 8 * c * c;
+    let prow = ring + 8 * k * c;
+    let qrow = prow + 8 * c;
+    let dur = qrow + 8 * c;
     let trans = dur + 4 * k * c;
-    let ring = trans + 4 * c * c;
-    let prow = ring + 4 * k * c;
-    let qrow = prow + 4 * c;
-    let srows = qrow + 4 * c;
-    let alpha = srows + 4 * s * c;
-    let v = alpha + 4 * s * c;
-    let w = v + 4 * s * c;
-    let end = w + 4 * c * (s + k);
+    let srows = trans + 4 * c * c;
+    let alpha = srows + 4 * (s + k) * c;
+    let u = alpha + 4 * s * c;
+    let beta = u + 4 * s * c;
+    let end = beta + 4 * c * (s + k);
     SegmentLayout {
         norm_a,
         norm_b,
         dur_acc,
         trans_acc,
-        dur,
-        trans,
         ring,
         prow,
         qrow,
+        dur,
+        trans,
         srows,
         alpha,
-        v,
-        w,
+        u,
+        beta,
         bytes: align_up(end, 16) + SMEM_ALIGN,
     }
 }
@@ -250,14 +262,15 @@ pub struct ScanParams {
     pub log_z: *mut f32,
     /// `[2, B]` log Z in f64: row `d` written by direction `d` (row 1 is a consistency check).
     pub log_z64: *mut f64,
-    /// `[B, nseg, K + 1, C]`: for segment `j` with `j S <= L`, rows `i < K` hold the ring value
-    /// (`u - S`) at position `j S - i`, row `K` alpha at `j S` (all relative to the normalizer).
-    pub alpha_ckpt: *mut f32,
+    /// `[B, nseg, K + 1, C]` f64: for segment `j` with `j S <= L`, rows `i < K` hold the ring
+    /// value (`u - S`) at position `j S - i`, row `K` alpha at `j S` (all relative to the
+    /// normalizer).
+    pub alpha_ckpt: *mut f64,
     /// `[B, nseg]` f64 normalizer of each alpha checkpoint.
     pub alpha_norm: *mut f64,
-    /// `[B, nseg, K, C]`: for segment `j` with `(j + 1) S <= L`, row `i` holds `S + beta` at
-    /// position `(j + 1) S + i` (relative to the normalizer).
-    pub beta_ckpt: *mut f32,
+    /// `[B, nseg, K, C]` f64: for segment `j` with `(j + 1) S <= L`, row `i` holds `S + beta`
+    /// at position `(j + 1) S + i` (relative to the normalizer).
+    pub beta_ckpt: *mut f64,
     /// `[B, nseg]` f64 normalizer of each beta checkpoint.
     pub beta_norm: *mut f64,
     /// Sequences `B`.
@@ -294,11 +307,11 @@ pub struct MarginalParams {
     /// `[B]` forward log Z in f64 (row 0 of the scan's `log_z64`).
     pub log_z64: *const f64,
     /// Alpha checkpoints written by the forward scan.
-    pub alpha_ckpt: *const f32,
+    pub alpha_ckpt: *const f64,
     /// Their normalizers.
     pub alpha_norm: *const f64,
     /// Beta checkpoints written by the reverse scan.
-    pub beta_ckpt: *const f32,
+    pub beta_ckpt: *const f64,
     /// Their normalizers.
     pub beta_norm: *const f64,
     /// `[B, T + 1, C]` d log Z_b / d S[b, t, c] (0 past the sequence's length).

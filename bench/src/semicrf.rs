@@ -9,9 +9,10 @@
 //! count: `B T (K C + C^2)` reduction terms per scan (the factored recurrence), reported as
 //! `terms_per_s`; peers that evaluate the unfactored recurrence do `B T K C^2`.
 //!
-//! Validation of our rows: log Z against the factored f64 reference, and the identities of the
-//! gradient (`sum_c d log Z / d S[t, c]` is -1 at 0, +1 at L, 0 between; duration and
-//! transition counts have the same total, the expected number of segments).
+//! Validation of our rows: log Z against the factored f64 reference (1e-4 relative, the tests'
+//! tolerance), and the identities of the gradient (`sum_c d log Z / d S[t, c]` is -1 at 0, +1
+//! at L, 0 between; duration and transition counts have the same total, the expected number of
+//! segments) to [`IDENTITY_TOL`].
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
@@ -28,6 +29,16 @@ pub const SHAPES: [(usize, usize, usize, usize); 5] = [
     (4, 100_000, 32, 16),
     (1, 1000, 8, 4),
 ];
+
+/// Bound on the gradient identities' error (absolute for the sums over labels, relative for
+/// the counts). What f32 outputs allow: every marginal is one f32 exponential of an exponent
+/// formed in f64 from f64 scans, so its relative error is ~1e-6 (the `ex2.approx` bound 2^-22
+/// plus the rounding of the exponent and of the workspace rows), and a sum over the K C
+/// marginals of a position inherits it: the identities hold to ~1e-6 at any length (~3e-7 in
+/// the CPU model of the kernels at T = 100 000). 1e-4 is the tests' tolerance, 100x that. The
+/// first kernels, whose scans were f32, missed it by 1.3e-3 at T = 1000 and 9.6e-2 at
+/// T = 100 000 (the two scans' log Z drift apart).
+pub const IDENTITY_TOL: f64 = 1e-4;
 
 /// Run the family.
 pub fn run(b: &mut Bench) -> Result<()> {
@@ -121,7 +132,7 @@ fn case(b: &mut Bench, (bs, t, k, c): (usize, usize, usize, usize), varied: bool
         gt.iter().map(|&x| x as f64).sum(),
     );
     ident = ident.max((nd - nt).abs() / nd.max(1.0));
-    if ident.is_nan() || ident > 1e-3 {
+    if ident.is_nan() || ident > IDENTITY_TOL {
         return Err(Error::invalid(
             "semicrf benchmark",
             format!("gradient identities off by {ident:.3e}"),

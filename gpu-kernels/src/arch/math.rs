@@ -77,3 +77,15 @@ pub fn sqrt(x: f32) -> f32 {
     };
     r
 }
+
+/// `a * b + c` in f64 with one rounding (`fma.rn.f64`).
+#[inline(always)]
+pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
+    let r: f64;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("fma.rn.f64 {0}, {1}, {2}, {3};", out(reg64) r, in(reg64) a, in(reg64) b, in(reg64) c,
+             options(pure, nomem, nostack))
+    };
+    r
+}

@@ -22,6 +22,7 @@ pub mod global;
 pub mod index;
 pub mod ldmatrix;
 pub mod math;
+pub mod math64;
 pub mod mma;
 pub mod smem;
 pub mod sync;

@@ -93,6 +93,24 @@ pub unsafe fn shfl_xor_f32(mask: u32, v: f32, lane_mask: u32) -> f32 {
     unsafe { nvvm_shfl_bfly_f32(mask, v, lane_mask, CLAMP_FULL) }
 }
 
+/// `shfl.sync.bfly` of an `f64` (two 32-bit shuffles of its halves): the value held by lane
+/// `lane ^ lane_mask`.
+///
+/// # Safety
+/// As for [`shfl_idx_u32`].
+#[inline(always)]
+pub unsafe fn shfl_xor_f64(mask: u32, v: f64, lane_mask: u32) -> f64 {
+    let bits = v.to_bits();
+    // SAFETY: forwarded to the caller (all lanes of mask participate in both shuffles).
+    let (lo, hi) = unsafe {
+        (
+            shfl_xor_u32(mask, bits as u32, lane_mask),
+            shfl_xor_u32(mask, (bits >> 32) as u32, lane_mask),
+        )
+    };
+    f64::from_bits(((hi as u64) << 32) | lo as u64)
+}
+
 /// `shfl.sync.down` of an `f32`.
 ///
 /// # Safety

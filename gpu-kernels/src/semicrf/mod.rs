@@ -16,25 +16,34 @@
 //! from the P row through the C x C transition table. [`Sweep`] implements one step for both.
 //!
 //! # Numerics
-//! f32, natural-log units, log-sum-exp as `m + ln(sum exp(x - m))` with `m` the exact maximum
-//! (a group of all `-inf` gives `-inf`, never `-inf - -inf`). alpha and beta grow linearly with
-//! the position (to ~1e5 at T = 1e5), far beyond f32's precision, so every `CHUNK` steps a scan
-//! subtracts the maximum `d` of its newest Q row from the whole ring and adds `d` to an f64
-//! normalizer `N` that every thread tracks identically ("rebase"): stored values are the true
-//! values minus `N`, and consumers add normalizers back in f64.
+//! The scans' state (ring, P and Q rows) and their log-sum-exps are f64, natural-log units,
+//! log-sum-exp as `m + ln(sum exp(x - m))` with `m` the exact maximum (a group of all `-inf`
+//! gives `-inf`, never `-inf - -inf`), with the accurate f64 `exp` and `ln` of
+//! [`crate::arch::math64`]. Why f64: a scan is a chain of up to ~1e5 dependent steps, and the
+//! backward combines the forward scan with the reverse one through `alpha + beta - log Z`;
+//! every step's rounding stays in both, so in f32 (with `ex2.approx`/`lg2.approx`) the two
+//! directions drift apart (the reverse scan's log Z differs from the forward one by ~1e-2 at
+//! T = 1e5), and every marginal is off by that factor. In f64 the drift is ~1e-9.
+//!
+//! alpha and beta grow linearly with the position (to ~1e5 at T = 1e5), so every `CHUNK` steps
+//! a scan subtracts the maximum `d` of its newest Q row from the whole ring and adds `d` to an
+//! f64 normalizer `N` that every thread tracks identically ("rebase"): stored values are the
+//! true values minus `N`, and consumers add normalizers back.
+//!
+//! Inputs (`S`, `dur`, `trans`) are f32 and enter the f64 sums exactly.
 
 mod marginals;
 mod reduce;
 mod scan;
 mod viterbi;
 
-use crate::arch::math::{exp, ln};
+use crate::arch::math64::{exp, ln};
 use crate::arch::smem::SmemArray;
 use crate::arch::{index, sync, warp};
 use core::cmp::min;
 use kernel_abi::semicrf::THREADS;
 
-pub(crate) const NEG_INF: f32 = f32::NEG_INFINITY;
+pub(crate) const NEG_INF: f64 = f64::NEG_INFINITY;
 
 /// Maximum over the `g` lanes of this lane's aligned group (butterfly; the result is in every
 /// lane of the group).
@@ -42,11 +51,11 @@ pub(crate) const NEG_INF: f32 = f32::NEG_INFINITY;
 /// # Safety
 /// All 32 lanes of the warp execute the call with the same `g` (a power of two dividing 32).
 #[inline(always)]
-unsafe fn group_max(mut v: f32, g: u32) -> f32 {
+unsafe fn group_max(mut v: f64, g: u32) -> f64 {
     let mut off = g / 2;
     while off > 0 {
         // SAFETY: forwarded to the caller (full warp).
-        v = v.max(unsafe { warp::shfl_xor_f32(warp::FULL_MASK, v, off) });
+        v = v.max(unsafe { warp::shfl_xor_f64(warp::FULL_MASK, v, off) });
         off /= 2;
     }
     v
@@ -57,7 +66,22 @@ unsafe fn group_max(mut v: f32, g: u32) -> f32 {
 /// # Safety
 /// As for [`group_max`].
 #[inline(always)]
-pub(crate) unsafe fn group_sum(mut v: f32, g: u32) -> f32 {
+unsafe fn group_sum(mut v: f64, g: u32) -> f64 {
+    let mut off = g / 2;
+    while off > 0 {
+        // SAFETY: forwarded to the caller (full warp).
+        v += unsafe { warp::shfl_xor_f64(warp::FULL_MASK, v, off) };
+        off /= 2;
+    }
+    v
+}
+
+/// Sum of an f32 over the group (butterfly).
+///
+/// # Safety
+/// As for [`group_max`].
+#[inline(always)]
+pub(crate) unsafe fn group_sum_f32(mut v: f32, g: u32) -> f32 {
     let mut off = g / 2;
     while off > 0 {
         // SAFETY: forwarded to the caller (full warp).
@@ -73,13 +97,13 @@ pub(crate) unsafe fn group_sum(mut v: f32, g: u32) -> f32 {
 /// # Safety
 /// As for [`group_max`].
 #[inline(always)]
-unsafe fn group_argmax(mut v: f32, mut i: u32, g: u32) -> (f32, u32) {
+unsafe fn group_argmax(mut v: f64, mut i: u32, g: u32) -> (f64, u32) {
     let mut off = g / 2;
     while off > 0 {
         // SAFETY: forwarded to the caller (full warp).
         let (ov, oi) = unsafe {
             (
-                warp::shfl_xor_f32(warp::FULL_MASK, v, off),
+                warp::shfl_xor_f64(warp::FULL_MASK, v, off),
                 warp::shfl_xor_u32(warp::FULL_MASK, i, off),
             )
         };
@@ -104,8 +128,8 @@ unsafe fn group_reduce<const MAX: bool>(
     sub: u32,
     g: u32,
     end: u32,
-    term: impl Fn(u32) -> f32,
-) -> (f32, u32) {
+    term: impl Fn(u32) -> f64,
+) -> (f64, u32) {
     let mut m = NEG_INF;
     let mut arg = u32::MAX;
     let mut i = sub;
@@ -123,7 +147,7 @@ unsafe fn group_reduce<const MAX: bool>(
     }
     // SAFETY: forwarded to the caller.
     let gm = unsafe { group_max(m, g) };
-    let mut s = 0.0f32;
+    let mut s = 0.0f64;
     if gm != NEG_INF {
         let mut i = sub;
         while i < end {
@@ -140,9 +164,12 @@ unsafe fn group_reduce<const MAX: bool>(
 #[derive(Clone, Copy)]
 pub(crate) struct Step {
     /// The P row's value for this label (alpha, or g in reverse).
-    pub p: f32,
+    pub p: f64,
     /// The Q row's value (v, or w in reverse), also stored into the ring.
-    pub q: f32,
+    pub q: f64,
+    /// With `PMAX`: the maximum of the P row over the labels (the same in every thread of
+    /// the block; `-inf` if all are, or at a step without a P row); otherwise `-inf`.
+    pub pmax: f64,
     /// Max semiring: the duration attaining P (0 at step 0).
     pub arg_k: u32,
     /// Max semiring: the previous label attaining Q.
@@ -168,11 +195,11 @@ pub(crate) struct Sweep {
     /// `[C][C]`: `m[label][c_in]`.
     pub trans: SmemArray<f32>,
     /// `[C][K]`: `ring[label][step % K]`.
-    pub ring: SmemArray<f32>,
+    pub ring: SmemArray<f64>,
     /// `[C]`: the current P row.
-    pub prow: SmemArray<f32>,
+    pub prow: SmemArray<f64>,
     /// `[C]`: the newest Q row.
-    pub qrow: SmemArray<f32>,
+    pub qrow: SmemArray<f64>,
 }
 
 impl Sweep {
@@ -286,7 +313,7 @@ impl Sweep {
     /// All threads of the block call it uniformly; the ring rows of steps `r - min(K, r)..r` were
     /// published by a barrier.
     #[inline(always)]
-    unsafe fn durations<const MAX: bool>(&self, r: u32) -> (f32, u32) {
+    unsafe fn durations<const MAX: bool>(&self, r: u32) -> (f64, u32) {
         let (k, label) = (self.k, self.label);
         let kmax = if self.valid { min(k, r) } else { 0 };
         let base = r % k;
@@ -294,7 +321,7 @@ impl Sweep {
             let kk = i + 1;
             let slot = if base >= kk { base - kk } else { base + k - kk };
             // SAFETY: label < C and slot, i < K: both indices are inside [C][K].
-            unsafe { self.ring.load(label * k + slot) + self.dur.load(label * k + i) }
+            unsafe { self.ring.load(label * k + slot) + self.dur.load(label * k + i) as f64 }
         };
         // SAFETY: forwarded to the caller (uniform call by the whole block).
         let (v, i) = unsafe { group_reduce::<MAX>(self.sub, self.g, kmax, term) };
@@ -306,22 +333,57 @@ impl Sweep {
     /// # Safety
     /// All threads call it uniformly; the P row was published by a barrier.
     #[inline(always)]
-    unsafe fn labels<const MAX: bool>(&self) -> (f32, u32) {
+    unsafe fn labels<const MAX: bool>(&self) -> (f64, u32) {
         let (c, label) = (self.c, self.label);
         let end = if self.valid { c } else { 0 };
         // SAFETY: label < C and i < C.
-        let term = |i: u32| unsafe { self.prow.load(i) + self.trans.load(label * c + i) };
+        let term = |i: u32| unsafe { self.prow.load(i) + self.trans.load(label * c + i) as f64 };
         // SAFETY: forwarded to the caller.
         unsafe { group_reduce::<MAX>(self.sub, self.g, end, term) }
     }
 
+    /// The maximum of the published P row over the labels, in every thread: each lane of a
+    /// group reads the labels `sub, sub + G, ...`, then a butterfly over the group (every group
+    /// covers all labels, so every thread gets the same value).
+    ///
+    /// # Safety
+    /// All threads call it uniformly, between the barrier that published the P row and the
+    /// next one.
+    #[inline(always)]
+    unsafe fn prow_max(&self) -> f64 {
+        let mut m = NEG_INF;
+        let mut i = self.sub;
+        while i < self.c {
+            // SAFETY: i < C.
+            m = m.max(unsafe { self.prow.load(i) });
+            i += self.g;
+        }
+        // SAFETY: forwarded to the caller (uniform call, full warps).
+        unsafe { group_max(m, self.g) }
+    }
+
     /// Phase B and the ring update of step `r`, given this label's P value; `sgn` is +1 forward
-    /// (Q = B - S) and -1 in reverse (Q = B + S). Ends with a barrier.
+    /// (Q = B - S) and -1 in reverse (Q = B + S); with `PMAX` also the maximum of the P row.
+    /// Ends with a barrier.
     ///
     /// # Safety
     /// All threads call it uniformly, after the P row was stored and published by a barrier.
     #[inline(always)]
-    unsafe fn finish<const MAX: bool>(&self, r: u32, p: f32, arg_k: u32, s: f32, sgn: f32) -> Step {
+    unsafe fn finish<const MAX: bool, const PMAX: bool>(
+        &self,
+        r: u32,
+        p: f64,
+        arg_k: u32,
+        s: f64,
+        sgn: f64,
+    ) -> Step {
+        let pmax = if PMAX {
+            // SAFETY: forwarded to the caller (uniform: PMAX is a constant); P was published
+            // and is not written before the barrier that ends this step.
+            unsafe { self.prow_max() }
+        } else {
+            NEG_INF
+        };
         // SAFETY: forwarded to the caller.
         let (b, arg_c) = unsafe { self.labels::<MAX>() };
         let q = if b == NEG_INF { NEG_INF } else { b - sgn * s };
@@ -336,17 +398,24 @@ impl Sweep {
         }
         // SAFETY: uniform: every thread of the block reaches this barrier once per step.
         unsafe { sync::sync_threads() };
-        Step { p, q, arg_k, arg_c }
+        Step {
+            p,
+            q,
+            pmax,
+            arg_k,
+            arg_c,
+        }
     }
 
     /// A regular step `r >= 1` with this label's cumulative score `s` at the step's position:
-    /// phase A, store P, barrier, phase B, store Q, barrier.
+    /// phase A, store P, barrier, phase B (and with `PMAX` the P row's maximum), store Q,
+    /// barrier.
     ///
     /// # Safety
     /// All threads call it uniformly; the ring holds steps `r - K..r` (published); no thread
     /// still reads the P row of the previous step.
     #[inline(always)]
-    pub unsafe fn step<const MAX: bool>(&self, r: u32, s: f32, sgn: f32) -> Step {
+    pub unsafe fn step<const MAX: bool, const PMAX: bool>(&self, r: u32, s: f64, sgn: f64) -> Step {
         // SAFETY: forwarded to the caller.
         let (a, arg_k) = unsafe { self.durations::<MAX>(r) };
         let p = if a == NEG_INF { NEG_INF } else { a + sgn * s };
@@ -357,7 +426,7 @@ impl Sweep {
         // SAFETY: uniform barrier; publishes the P row.
         unsafe { sync::sync_threads() };
         // SAFETY: forwarded to the caller; P published.
-        unsafe { self.finish::<MAX>(r, p, arg_k, s, sgn) }
+        unsafe { self.finish::<MAX, PMAX>(r, p, arg_k, s, sgn) }
     }
 
     /// Step 0 of the forward scan: alpha[0, .] = 0, then phase B (two barriers).
@@ -365,7 +434,7 @@ impl Sweep {
     /// # Safety
     /// As for [`Sweep::step`].
     #[inline(always)]
-    pub unsafe fn first_forward<const MAX: bool>(&self, s: f32) -> Step {
+    pub unsafe fn first_forward<const MAX: bool>(&self, s: f64) -> Step {
         if self.leader() {
             // SAFETY: label < C.
             unsafe { self.prow.store(self.label, 0.0) };
@@ -373,7 +442,7 @@ impl Sweep {
         // SAFETY: uniform barrier; publishes the P row.
         unsafe { sync::sync_threads() };
         // SAFETY: forwarded to the caller.
-        unsafe { self.finish::<MAX>(0, 0.0, 0, s, 1.0) }
+        unsafe { self.finish::<MAX, false>(0, 0.0, 0, s, 1.0) }
     }
 
     /// Step 0 of the reverse scan (position L): beta[L, .] = 0, so Q = S[L] (one barrier).
@@ -381,7 +450,7 @@ impl Sweep {
     /// # Safety
     /// As for [`Sweep::step`].
     #[inline(always)]
-    pub unsafe fn first_reverse(&self, s: f32) -> Step {
+    pub unsafe fn first_reverse(&self, s: f64) -> Step {
         if self.leader() {
             // SAFETY: label < C, slot 0 < K.
             unsafe {
@@ -394,6 +463,7 @@ impl Sweep {
         Step {
             p: NEG_INF,
             q: s,
+            pmax: NEG_INF,
             arg_k: 0,
             arg_c: 0,
         }
@@ -407,7 +477,7 @@ impl Sweep {
     /// The newest Q row was published by a barrier and is not written before the next one; no
     /// other thread accesses this thread's ring entries until the next barrier.
     #[inline(always)]
-    pub unsafe fn rebase(&self, r: u32) -> f32 {
+    pub unsafe fn rebase(&self, r: u32) -> f64 {
         let mut d = NEG_INF;
         for i in 0..self.c {
             // SAFETY: i < C.
@@ -429,7 +499,7 @@ impl Sweep {
     /// # Safety
     /// All 32 lanes of warp 0 call it (other warps may too); `row(c)` is safe for `c < C`.
     #[inline(always)]
-    pub unsafe fn lse_labels<const MAX: bool>(&self, row: impl Fn(u32) -> f32) -> (f32, u32) {
+    pub unsafe fn lse_labels<const MAX: bool>(&self, row: impl Fn(u32) -> f64) -> (f64, u32) {
         let lane = index::lane_id();
         let end = if index::warp_id() == 0 { self.c } else { 0 };
         // SAFETY: forwarded to the caller (the whole warp calls, g = 32).

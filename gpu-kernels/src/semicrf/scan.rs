@@ -39,7 +39,7 @@
 //! - End: warp 0 reads P (forward) or Q and the staged `S[0]` (reverse), published by the last
 //!   B2, and thread 0 writes log Z.
 
-use super::{NEG_INF, Step, Sweep};
+use super::{Step, Sweep};
 use crate::arch::{cp_async, index, smem, sync};
 use kernel_abi::semicrf::{CHUNK, ScanParams, THREADS, scan_layout};
 
@@ -70,7 +70,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
         base + lay.qrow as u32,
     );
     let srows = smem::SmemArray::<f32>::new(base + lay.srows as u32, 2 * CHUNK * c);
-    let sgn = if reverse { -1.0f32 } else { 1.0 };
+    let sgn = if reverse { -1.0f64 } else { 1.0 };
     let row_len = (p.t_max + 1) as usize * c as usize;
     // SAFETY: b < B, so the sequence's rows lie inside cumsum.
     let seq = unsafe { p.cumsum.add(b as usize * row_len) };
@@ -114,7 +114,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
         let row = (r / CHUNK % 2) * CHUNK * c + (r % CHUNK) * c;
         let s = if sw.valid {
             // SAFETY: row + label < 2 CHUNK C; the row was staged and published.
-            unsafe { srows.load(row + sw.label) }
+            unsafe { srows.load(row + sw.label) as f64 }
         } else {
             0.0
         };
@@ -127,7 +127,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
                     sw.first_forward::<false>(s)
                 }
             } else {
-                sw.step::<false>(r, s, sgn)
+                sw.step::<false, false>(r, s, sgn)
             }
         };
         let at = pos(r);
@@ -169,7 +169,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
             let d = unsafe { sw.rebase(r) };
             // SAFETY: B3, uniform (r and len are block-uniform).
             unsafe { sync::sync_threads() };
-            norm += d as f64;
+            norm += d;
         }
         r += 1;
     }
@@ -181,19 +181,14 @@ pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
     let (lse, _) = unsafe {
         sw.lse_labels::<false>(|i| {
             if reverse {
-                sw.qrow.load(i) - srows.load(row + i)
+                sw.qrow.load(i) - srows.load(row + i) as f64
             } else {
                 sw.prow.load(i)
             }
         })
     };
     if sw.tid == 0 {
-        let z = norm
-            + if lse == NEG_INF {
-                f64::NEG_INFINITY
-            } else {
-                lse as f64
-            };
+        let z = norm + lse;
         let d = reverse as usize;
         // SAFETY: b < B; log_z64 holds 2 B values, log_z B.
         unsafe {

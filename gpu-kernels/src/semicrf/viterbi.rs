@@ -99,7 +99,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_viterbi(p: ViterbiParams) {
         let row = (r / CHUNK % 2) * CHUNK * c + (r % CHUNK) * c;
         let s = if sw.valid {
             // SAFETY: staged and published.
-            unsafe { srows.load(row + sw.label) }
+            unsafe { srows.load(row + sw.label) as f64 }
         } else {
             0.0
         };
@@ -108,7 +108,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_viterbi(p: ViterbiParams) {
             if r == 0 {
                 sw.first_forward::<true>(s)
             } else {
-                sw.step::<true>(r, s, 1.0)
+                sw.step::<true, false>(r, s, 1.0)
             }
         };
         if sw.leader() {
@@ -127,7 +127,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_viterbi(p: ViterbiParams) {
             let d = unsafe { sw.rebase(r) };
             // SAFETY: B3, uniform.
             unsafe { sync::sync_threads() };
-            norm += d as f64;
+            norm += d;
         }
         r += 1;
     }
@@ -140,7 +140,7 @@ pub unsafe extern "ptx-kernel" fn semicrf_viterbi(p: ViterbiParams) {
     let out = b as usize * p.t_max as usize;
     if sw.tid == 0 {
         // SAFETY: b < B.
-        unsafe { *p.score.add(b as usize) = (norm + best as f64) as f32 };
+        unsafe { *p.score.add(b as usize) = (norm + best) as f32 };
         let (mut t, mut lab, mut count) = (len, label.min(c - 1), 0u32);
         while t > 0 && count < len {
             // SAFETY: t <= T, lab < C (clamped below).
