@@ -9,7 +9,8 @@ use std::process::Command;
 const RUN_SH: &str = include_str!("../bundle-run.sh");
 
 /// Build release test and benchmark executables and lay out `bundle/`:
-/// `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`, `MANIFEST`.
+/// `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`, `MANIFEST`; and a
+/// compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
     let root = util::root();
@@ -57,9 +58,21 @@ pub fn bundle() -> Result {
     util::write(&run_sh, RUN_SH)?;
     util::run(Command::new("chmod").arg("+x").arg(&run_sh))?;
     util::write(&dir.join("MANIFEST"), &manifest(&root)?)?;
+    // A compressed copy for transfers (the executables embed the PTX, which compresses ~25x).
+    let pack = root.join("target").join("bundle-pack");
+    util::create_dir(&pack)?;
+    util::run(
+        Command::new("tar")
+            .arg("-cJf")
+            .arg(pack.join("bundle.tar.xz"))
+            .arg("-C")
+            .arg(&root)
+            .arg("bundle"),
+    )?;
     let size = util::output(Command::new("du").arg("-sh").arg(&dir))?;
     eprintln!(
-        "bundle: {} executables in {} ({}); on the GPU machine: bundle/run.sh <results-dir>",
+        "bundle: {} executables in {} ({}), also target/bundle-pack/bundle.tar.xz; on the GPU \
+         machine: tar -xJf bundle.tar.xz && bundle/run.sh <results-dir>",
         bins.len(),
         dir.display(),
         size.split_whitespace().next().unwrap_or("?")
