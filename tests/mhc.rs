@@ -6,7 +6,8 @@
 //! `dx`, `dy`): `|err| <= 2^-7 |ref| + 2^-13 sum|terms|` (twice bf16's unit roundoff, plus the
 //! f32 coefficients' error); f32 outputs (coefficients, saved
 //! `h~` and `r`, weight gradients): relative error `<= 1e-3` with the denominator floored at 1%
-//! of the tensor's largest magnitude (per token for per-token tensors). Outputs start poisoned
+//! of the tensor's largest magnitude (per token for per-token tensors), and for the projection
+//! `h~` also `2^-15 sum|terms|` (`tol_proj`: the bf16 `hi + lo` split of `phi`). Outputs start poisoned
 //! (NaN), so an element a kernel does not write fails.
 
 use kernel_abi::mhc as abi;
