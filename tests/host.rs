@@ -44,6 +44,14 @@ fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
             k.push((leak(format!("attention_fwd_{dtype}_d{d}")), attention));
         }
     }
+    let gla = size_of::<kernel_abi::gla::GlaParams>();
+    for dk in kernel_abi::gla::HEAD_DIMS {
+        for dv in kernel_abi::gla::HEAD_DIMS {
+            k.push((leak(format!("gla_fwd_dk{dk}_dv{dv}")), gla));
+            k.push((leak(format!("gla_states_dk{dk}_dv{dv}")), gla));
+        }
+    }
+    k.push(("gla_combine", size_of::<kernel_abi::gla::CombineParams>()));
     for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
         k.push((
             leak(format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim)),
@@ -105,7 +113,22 @@ fn ptx_launch_bounds() -> TestResult {
             })?;
         }
     }
+    for dk in kernel_abi::gla::HEAD_DIMS {
+        for dv in kernel_abi::gla::HEAD_DIMS {
+            let cfg = kernel_abi::gla::config(dk, dv).ok_or("missing GLA config")?;
+            for kind in ["fwd", "states"] {
+                let name = format!("gla_{kind}_dk{dk}_dv{dv}");
+                for arch in Arch::ALL {
+                    let info = arch.kernels().get(&name).ok_or(format!("{name} missing"))?;
+                    ensure(info.max_threads == Some(cfg.threads()), || {
+                        format!("{arch} {name}: .maxntid {:?}", info.max_threads)
+                    })?;
+                }
+            }
+        }
+    }
     let bounds = [
+        ("gla_combine", kernel_abi::gla::COMBINE_THREADS),
         ("smoke_block_reduce", REDUCE_THREADS),
         ("smoke_mma_tile", MMA_THREADS),
         ("smoke_pingpong", PINGPONG_THREADS),

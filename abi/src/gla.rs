@@ -199,6 +199,56 @@ impl GlaConfig {
     }
 }
 
+/// The shared-memory layout of [`GlaConfig`] as plain offsets (for kernels: evaluated at
+/// compile time, so no layout function is called at run time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlaLayout {
+    /// Bytes between consecutive raw stages.
+    pub stage_bytes: u32,
+    /// Offsets of the q, k, g, v tiles of stage 0.
+    pub q: u32,
+    /// See `q`.
+    pub k: u32,
+    /// See `q`.
+    pub g: u32,
+    /// See `q`.
+    pub v: u32,
+    /// Bytes between the two variant buffers.
+    pub variant_bytes: u32,
+    /// Offsets of the tiles of variant buffer 0.
+    pub q_inter: u32,
+    /// See `q_inter`.
+    pub q_diag: u32,
+    /// See `q_inter`.
+    pub k_half0: u32,
+    /// See `q_inter`.
+    pub k_half1: u32,
+    /// See `q_inter`.
+    pub k_state: u32,
+    /// See `q_inter`.
+    pub decay: u32,
+}
+
+impl GlaConfig {
+    /// [`GlaLayout`] of this configuration.
+    pub const fn layout(&self) -> GlaLayout {
+        GlaLayout {
+            stage_bytes: self.stage_bytes() as u32,
+            q: self.q_offset(0) as u32,
+            k: self.k_offset(0) as u32,
+            g: self.g_offset(0) as u32,
+            v: self.v_offset(0) as u32,
+            variant_bytes: self.variant_bytes() as u32,
+            q_inter: self.q_inter_offset(0) as u32,
+            q_diag: self.q_diag_offset(0) as u32,
+            k_half0: self.k_half0_offset(0) as u32,
+            k_half1: self.k_half1_offset(0) as u32,
+            k_state: self.k_state_offset(0) as u32,
+            decay: self.decay_offset(0) as u32,
+        }
+    }
+}
+
 /// The configuration for head dimensions `(dk, dv)`, if supported.
 pub const fn config(dk: u32, dv: u32) -> Option<GlaConfig> {
     match (dk, dv) {
@@ -208,11 +258,19 @@ pub const fn config(dk: u32, dv: u32) -> Option<GlaConfig> {
             stages: 2,
             blocks_per_sm: 3,
         }),
-        (64, 128) | (128, 64) | (128, 128) => Some(GlaConfig {
+        (128, 64) => Some(GlaConfig {
             dk,
             dv,
             stages: 2,
             blocks_per_sm: 2,
+        }),
+        // 256 threads: 128 registers per thread would spill the state (64 f32 at dk = 128), so
+        // one block per SM, with a deeper ring instead.
+        (64, 128) | (128, 128) => Some(GlaConfig {
+            dk,
+            dv,
+            stages: 3,
+            blocks_per_sm: 1,
         }),
         _ => None,
     }

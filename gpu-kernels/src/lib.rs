@@ -19,6 +19,7 @@ pub mod arch;
 pub mod attention;
 #[cfg(target_feature = "sm_90a")]
 pub mod gemm;
+pub mod gla;
 pub mod semicrf;
 pub mod smoke;
 
