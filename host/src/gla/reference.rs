@@ -73,38 +73,81 @@ pub struct Exact {
 pub fn recurrence(p: &GlaProblem, inp: &HostInputs) -> Result<Exact> {
     inp.validate(p)?;
     let (h_n, dk, dv) = (p.heads, p.dk, p.dv);
-    let scale = p.output_scale() as f64;
     let mut o = vec![0.0f64; p.v_len()];
     let mut final_state = vec![0.0f64; p.state_len()];
-    let mut s = vec![0.0f64; dk * dv];
     for (n, (start, len)) in p.sequences().into_iter().enumerate() {
         for h in 0..h_n {
-            let state0 = (n * h_n + h) * dk * dv;
-            for i in 0..dk * dv {
-                s[i] = inp.init_state.map_or(0.0, |x| x[state0 + i] as f64);
+            let (rows, state) = walk_exact(p, inp, n, start, len, h);
+            for i in 0..len {
+                let at = ((start + i) * h_n + h) * dv;
+                o[at..at + dv].copy_from_slice(&rows[i * dv..(i + 1) * dv]);
             }
-            for t in start..start + len {
-                let qk = (t * h_n + h) * dk;
-                let vo = (t * h_n + h) * dv;
-                for d in 0..dk {
-                    let a = inp.g[qk + d].to_f64().exp();
-                    let kd = inp.k[qk + d].to_f64();
-                    for e in 0..dv {
-                        s[d * dv + e] = a * s[d * dv + e] + kd * inp.v[vo + e].to_f64();
-                    }
-                }
-                for e in 0..dv {
-                    let mut acc = 0.0f64;
-                    for d in 0..dk {
-                        acc += inp.q[qk + d].to_f64() * s[d * dv + e];
-                    }
-                    o[vo + e] = scale * acc;
-                }
-            }
-            final_state[state0..state0 + dk * dv].copy_from_slice(&s);
+            let s0 = (n * h_n + h) * dk * dv;
+            final_state[s0..s0 + dk * dv].copy_from_slice(&state);
         }
     }
     Ok(Exact { o, final_state })
+}
+
+/// The specification for one (sequence, head) only: its outputs `[len, dv]` (the sequence's
+/// rows of that head, in order) and its final state `[dk, dv]` (for spot checks of large
+/// problems).
+pub fn recurrence_head(
+    p: &GlaProblem,
+    inp: &HostInputs,
+    seq: usize,
+    head: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    inp.validate(p)?;
+    let seqs = p.sequences();
+    let (start, len) = *seqs.get(seq).ok_or_else(|| {
+        Error::invalid("GLA sequence", format!("{seq} >= {} sequences", seqs.len()))
+    })?;
+    if head >= p.heads {
+        return Err(Error::invalid(
+            "GLA head",
+            format!("{head} >= {} heads", p.heads),
+        ));
+    }
+    Ok(walk_exact(p, inp, seq, start, len, head))
+}
+
+/// The recurrence over one (sequence, head) (validated inputs).
+fn walk_exact(
+    p: &GlaProblem,
+    inp: &HostInputs,
+    seq: usize,
+    start: usize,
+    len: usize,
+    h: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let (h_n, dk, dv) = (p.heads, p.dk, p.dv);
+    let scale = p.output_scale() as f64;
+    let state0 = (seq * h_n + h) * dk * dv;
+    let mut s: Vec<f64> = (0..dk * dv)
+        .map(|i| inp.init_state.map_or(0.0, |x| x[state0 + i] as f64))
+        .collect();
+    let mut o = vec![0.0f64; len * dv];
+    for i in 0..len {
+        let t = start + i;
+        let qk = (t * h_n + h) * dk;
+        let vo = (t * h_n + h) * dv;
+        for d in 0..dk {
+            let a = inp.g[qk + d].to_f64().exp();
+            let kd = inp.k[qk + d].to_f64();
+            for e in 0..dv {
+                s[d * dv + e] = a * s[d * dv + e] + kd * inp.v[vo + e].to_f64();
+            }
+        }
+        for e in 0..dv {
+            let mut acc = 0.0f64;
+            for d in 0..dk {
+                acc += inp.q[qk + d].to_f64() * s[d * dv + e];
+            }
+            o[i * dv + e] = scale * acc;
+        }
+    }
+    (o, s)
 }
 
 /// The result of [`chunked`]: o as the kernels round it (bf16) and the final states (f32).
