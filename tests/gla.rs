@@ -258,7 +258,7 @@ fn compare(
 
 fn cpu_plan(p: &GlaProblem) -> kernels::Result<SegmentPlan> {
     // Without a GPU the automatic choice has no SM count: use 132 (an H100/H200).
-    plan_segments(p, p.effective_segment_len(132)?)
+    p.plan(132)
 }
 
 fn cpu_chunked(c: &Case) -> TestResult {
@@ -429,53 +429,84 @@ fn deterministic(g: &Gpu) -> TestResult {
 
 /// Every segment plan covers each sequence exactly, in order, with whole pipeline steps except
 /// at the end, flags on the first and last segments, and the combination table naming exactly
-/// the split sequences.
+/// the split sequences; the automatic plan also fills at most one wave of blocks.
 fn segment_plan() -> TestResult {
     let problems = [
         GlaProblem::new(3, 1000, 2, 64, 64),
         GlaProblem::varlen(vec![0, 1, 33, 64, 1000, 1001], 2, 128, 64),
         GlaProblem::new(1, 31, 1, 64, 64),
+        GlaProblem::new(4, 4096, 32, 64, 64),
+        GlaProblem::new(1, 16384, 16, 128, 128),
     ];
     for p in problems {
         for seg in [32usize, 64, 96, 256, 4096, usize::MAX] {
-            let plan = gpu_ok(plan_segments(&p, seg))?;
-            let mut i = 0;
-            for (n, (start, len)) in p.sequences().into_iter().enumerate() {
-                let first = i;
-                let mut at = start;
-                while at < start + len {
-                    let s = plan.segments.get(i).ok_or("segment table too short")?;
-                    ensure(
-                        s.start as usize == at && s.seq as usize == n && s.len >= 1,
-                        || format!("segment {i} = {s:?}, expected start {at}, seq {n}"),
-                    )?;
-                    let last = at + s.len as usize == start + len;
-                    ensure(last || s.len % 32 == 0, || {
-                        format!("segment {i} = {s:?}: not a multiple of 32")
-                    })?;
-                    ensure(
-                        (s.flags & 1 != 0) == (i == first) && (s.flags & 2 != 0) == last,
-                        || format!("segment {i} = {s:?}: flags"),
-                    )?;
-                    at += s.len as usize;
-                    i += 1;
-                }
-                let count = i - first;
-                let entry = plan.combine.iter().find(|e| e.seq as usize == n);
-                ensure(
-                    match entry {
-                        None => count == 1,
-                        Some(e) => e.first as usize == first && e.count as usize == count,
-                    },
-                    || format!("sequence {n}: combine entry {entry:?}, {count} segments"),
-                )?;
-            }
-            ensure(i == plan.segments.len(), || {
-                "segments past the sequences".into()
+            check_plan(&p, &gpu_ok(plan_segments(&p, seg))?)?;
+        }
+        for slots in [1usize, 132, 264, 396, 100_000] {
+            let plan = gpu_ok(gla::plan_auto(&p, slots))?;
+            check_plan(&p, &plan)?;
+            let blocks = plan.segments.len() * p.heads;
+            ensure(blocks <= slots.max(p.num_seqs() * p.heads), || {
+                format!("{p:?}: {blocks} blocks for {slots} slots")
             })?;
+            ensure(
+                plan.segments
+                    .iter()
+                    .all(|s| s.flags & 2 != 0 || s.len as usize >= gla::MIN_AUTO_SEGMENT),
+                || format!("{p:?}: a split segment shorter than the minimum"),
+            )?;
         }
     }
+    // The benchmark's configurations on an H100/H200 (132 SMs): one wave.
+    for (p, slots, want) in [
+        (GlaProblem::new(4, 4096, 32, 64, 64), 3 * 132, 3 * 128),
+        (GlaProblem::new(2, 8192, 16, 128, 128), 132, 128),
+        (GlaProblem::new(1, 16384, 16, 128, 128), 132, 128),
+    ] {
+        let blocks = gpu_ok(gla::plan_auto(&p, slots))?.segments.len() * p.heads;
+        println!("{p:?}: {blocks} blocks for {slots} slots");
+        ensure(blocks == want, || {
+            format!("{blocks} blocks, expected {want}")
+        })?;
+    }
     Ok(())
+}
+
+fn check_plan(p: &GlaProblem, plan: &SegmentPlan) -> TestResult {
+    let mut i = 0;
+    for (n, (start, len)) in p.sequences().into_iter().enumerate() {
+        let first = i;
+        let mut at = start;
+        while at < start + len {
+            let s = plan.segments.get(i).ok_or("segment table too short")?;
+            ensure(
+                s.start as usize == at && s.seq as usize == n && s.len >= 1,
+                || format!("segment {i} = {s:?}, expected start {at}, seq {n}"),
+            )?;
+            let last = at + s.len as usize == start + len;
+            ensure(last || s.len % 32 == 0, || {
+                format!("segment {i} = {s:?}: not a multiple of 32")
+            })?;
+            ensure(
+                (s.flags & 1 != 0) == (i == first) && (s.flags & 2 != 0) == last,
+                || format!("segment {i} = {s:?}: flags"),
+            )?;
+            at += s.len as usize;
+            i += 1;
+        }
+        let count = i - first;
+        let entry = plan.combine.iter().find(|e| e.seq as usize == n);
+        ensure(
+            match entry {
+                None => count == 1,
+                Some(e) => e.first as usize == first && e.count as usize == count,
+            },
+            || format!("sequence {n}: combine entry {entry:?}, {count} segments"),
+        )?;
+    }
+    ensure(i == plan.segments.len(), || {
+        "segments past the sequences".into()
+    })
 }
 
 fn expect_err(what: &str, r: kernels::Result<()>, ok: impl Fn(&Error) -> bool) -> TestResult {

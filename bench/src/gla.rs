@@ -109,7 +109,6 @@ fn one(
     let mut o = poisoned::<bf16>(p.v_len())?;
     let mut plan = GlaPlan::new(&b.gpu, p)?;
     let segments = plan.segments().segments.len();
-    let segment_len = plan.segment_len();
     let inputs = GlaInputs {
         q: &dq,
         k: &dk,
@@ -162,12 +161,8 @@ fn one(
     row.extra
         .insert("segments".into(), serde_json::json!(segments));
     row.extra.insert(
-        "segment_len".into(),
-        serde_json::json!(if segment_len == usize::MAX {
-            None
-        } else {
-            Some(segment_len)
-        }),
+        "longest_segment".into(),
+        serde_json::json!(plan.segments().segments.iter().map(|s| s.len).max()),
     );
     row.extra
         .insert("rel_l2_err".into(), serde_json::json!(err));

@@ -70,8 +70,8 @@ pub struct GlaProblem {
     pub scale: Option<f32>,
     /// Packed variable-length sequences: offsets `[0, ..., seq_len]` (strictly increasing).
     pub cu_seqlens: Option<Vec<usize>>,
-    /// Tokens per segment (a multiple of 32): `None` chooses from the problem and the GPU;
-    /// `Some(usize::MAX)` never splits a sequence.
+    /// Tokens per segment (a multiple of 32): `None` chooses from the problem and the GPU
+    /// ([`plan_auto`]); `Some(usize::MAX)` never splits a sequence.
     pub segment_len: Option<usize>,
 }
 
@@ -264,18 +264,14 @@ impl GlaProblem {
         Ok(())
     }
 
-    /// The segment length the launch uses: [`GlaProblem::segment_len`], or the automatic choice
-    /// for a GPU with `sms` multiprocessors: the token-heads of the problem spread over one wave
-    /// of resident blocks, at least [`MIN_AUTO_SEGMENT`], rounded up to a multiple of 32.
-    pub fn effective_segment_len(&self, sms: usize) -> Result<usize> {
-        if let Some(l) = self.segment_len {
-            return Ok(l);
+    /// The segments a launch on a GPU with `sms` multiprocessors uses: with
+    /// [`GlaProblem::segment_len`], [`plan_segments`]; else [`plan_auto`] for one wave of
+    /// `sms * blocks_per_sm` resident blocks.
+    pub fn plan(&self, sms: usize) -> Result<SegmentPlan> {
+        match self.segment_len {
+            Some(l) => plan_segments(self, l),
+            None => plan_auto(self, sms * self.config()?.blocks_per_sm as usize),
         }
-        let cfg = self.config()?;
-        let blocks = (sms * cfg.blocks_per_sm as usize).max(1);
-        let work = self.rows() * self.heads;
-        let len = work.div_ceil(blocks).max(MIN_AUTO_SEGMENT);
-        Ok(len.div_ceil(STEP as usize) * STEP as usize)
     }
 }
 
@@ -290,9 +286,7 @@ pub struct SegmentPlan {
 }
 
 /// Split every sequence into segments of about `segment_len` tokens: a sequence of `len`
-/// tokens gets `n = ceil(len / segment_len)` segments of `round_up(ceil(len / n), 32)` tokens
-/// (the last one shorter), so the segments of a sequence have about equal lengths and every
-/// segment but the last is a whole number of pipeline steps.
+/// tokens gets `n = ceil(len / segment_len)` segments (`usize::MAX`: one), see [`split`].
 pub fn plan_segments(problem: &GlaProblem, segment_len: usize) -> Result<SegmentPlan> {
     problem.validate()?;
     if segment_len == 0 || (segment_len != usize::MAX && !segment_len.is_multiple_of(STEP as usize))
@@ -302,14 +296,35 @@ pub fn plan_segments(problem: &GlaProblem, segment_len: usize) -> Result<Segment
             format!("{segment_len} is not a positive multiple of {STEP}"),
         ));
     }
+    split(problem, |len| len.div_ceil(segment_len))
+}
+
+/// The automatic split for `slots` resident blocks (one wave): sequence `i` of `len_i` tokens
+/// gets `n_i = floor(len_i * slots / (heads * sum_j len_j))` segments (blocks are
+/// `heads * sum n_i <= slots`), at least 1 and at most `len_i / MIN_AUTO_SEGMENT`. With
+/// `batch * heads >= slots` nothing is split (no state pass).
+pub fn plan_auto(problem: &GlaProblem, slots: usize) -> Result<SegmentPlan> {
+    problem.validate()?;
+    let work = (problem.rows() * problem.heads) as u128;
+    split(problem, |len| {
+        let fair = (len as u128 * slots as u128 / work) as usize;
+        fair.min(len / MIN_AUTO_SEGMENT).max(1)
+    })
+}
+
+/// Split sequence `i` of `len` tokens into `n = segments(len)` parts of
+/// `round_up(ceil(len / n), 32)` tokens (the last shorter; fewer parts if the rounding covers
+/// the sequence sooner), so the segments of a sequence have about equal lengths and every
+/// segment but the last is a whole number of pipeline steps.
+fn split(problem: &GlaProblem, segments: impl Fn(usize) -> usize) -> Result<SegmentPlan> {
     let step = STEP as usize;
-    let mut segments = Vec::new();
+    let mut out = Vec::new();
     let mut combine = Vec::new();
     for (seq, (start, len)) in problem.sequences().into_iter().enumerate() {
-        let n = len.div_ceil(segment_len);
+        let n = segments(len).clamp(1, len);
         let each = len.div_ceil(n).div_ceil(step) * step;
         let n = len.div_ceil(each);
-        let first = segments.len();
+        let first = out.len();
         for i in 0..n {
             let s = i * each;
             let mut flags = 0;
@@ -319,7 +334,7 @@ pub fn plan_segments(problem: &GlaProblem, segment_len: usize) -> Result<Segment
             if i + 1 == n {
                 flags |= SEG_LAST;
             }
-            segments.push(Segment {
+            out.push(Segment {
                 start: (start + s) as u32,
                 len: each.min(len - s) as u32,
                 seq: seq as u32,
@@ -335,13 +350,16 @@ pub fn plan_segments(problem: &GlaProblem, segment_len: usize) -> Result<Segment
             });
         }
     }
-    if segments.len() > i32::MAX as usize {
+    if out.len() > i32::MAX as usize {
         return Err(Error::unsupported(
             "GLA segments",
             "more than 2^31 - 1 segments (use longer segments)",
         ));
     }
-    Ok(SegmentPlan { segments, combine })
+    Ok(SegmentPlan {
+        segments: out,
+        combine,
+    })
 }
 
 /// The device tensors of one launch (contiguous).
@@ -373,7 +391,6 @@ pub struct GlaPlan {
     problem: GlaProblem,
     cfg: GlaConfig,
     plan: SegmentPlan,
-    segment_len: usize,
     /// The segment table as words (`[start, len, seq, flags]` per entry).
     segments: DeviceBuffer<u32>,
     /// `(combine table, seg_init, delta, decay_log2)` when some sequence has several segments.
@@ -395,8 +412,7 @@ impl GlaPlan {
     pub fn new(gpu: &Gpu, problem: &GlaProblem) -> Result<GlaPlan> {
         problem.validate()?;
         let cfg = problem.config()?;
-        let segment_len = problem.effective_segment_len(gpu.info().multiprocessors as usize)?;
-        let plan = plan_segments(problem, segment_len)?;
+        let plan = problem.plan(gpu.info().multiprocessors as usize)?;
         gpu.bind()?;
         let segments = upload_words(
             plan.segments
@@ -423,7 +439,6 @@ impl GlaPlan {
             problem: problem.clone(),
             cfg,
             plan,
-            segment_len,
             segments,
             split,
         })
@@ -432,11 +447,6 @@ impl GlaPlan {
     /// The problem.
     pub fn problem(&self) -> &GlaProblem {
         &self.problem
-    }
-
-    /// The segment length in use.
-    pub fn segment_len(&self) -> usize {
-        self.segment_len
     }
 
     /// The segment decomposition.
@@ -523,7 +533,7 @@ impl GlaPlan {
         let suffix = format!("dk{}_dv{}", p.dk, p.dv);
         if let Some(w) = &self.split {
             // SAFETY: q, k, g, v have the problem's sizes (checked above); the segment table
-            // covers exactly the problem's sequences (built by `plan_segments` from the
+            // covers exactly the problem's sequences (built by `split` from the
             // validated problem) and has gridDim.x entries; delta and decay_log2 hold
             // segments * heads * dk * dv and segments * heads * dk f32; the kernel writes only
             // the slices of the segments that are not last, each from its own block.
