@@ -241,6 +241,9 @@ fn compare(
         "{what}: rel L2 error o {o_err:.3e}, final state {} (tol {TOL:.0e})",
         s_err.map_or("not asked".to_string(), |e| format!("{e:.3e}"))
     );
+    if o_err > TOL {
+        diagnose(&c.p, o, &exact.o);
+    }
     ensure(o_err <= TOL, || {
         format!(
             "{what} ({}): o rel L2 error {o_err:.3e} > {TOL:.0e}",
@@ -254,6 +257,73 @@ fn compare(
             s_err.unwrap_or(f64::NAN)
         )
     })
+}
+
+/// On a failure, where the error is: the worst element, and the relative L2 error by token
+/// position in its 16-token chunk, by value-column group of 16 (one warp each), by value column
+/// within the group, and by eighth of the token rows (segments), to point at the mapping at
+/// fault.
+fn diagnose(p: &GlaProblem, got: &[bf16], want: &[f64]) {
+    let (h_n, dv, rows) = (p.heads, p.dv, p.rows());
+    // Sums of squared error and squared reference per bucket.
+    let mut by_pos = vec![[0.0f64; 2]; 16];
+    let mut by_warp = vec![[0.0f64; 2]; dv / 16];
+    let mut by_col = vec![[0.0f64; 2]; 16];
+    let mut by_eighth = vec![[0.0f64; 2]; 8];
+    let mut worst = (0usize, -1.0f64);
+    for (start, len) in p.sequences() {
+        for i in 0..len {
+            let t = start + i;
+            for h in 0..h_n {
+                for e in 0..dv {
+                    let at = (t * h_n + h) * dv + e;
+                    let (x, w) = (got[at].to_f64(), want[at]);
+                    let d = if x.is_finite() {
+                        (x - w) * (x - w)
+                    } else {
+                        f64::INFINITY
+                    };
+                    if d > worst.1 {
+                        worst = (at, d);
+                    }
+                    for bucket in [
+                        &mut by_pos[i % 16],
+                        &mut by_warp[e / 16],
+                        &mut by_col[e % 16],
+                        &mut by_eighth[t * 8 / rows],
+                    ] {
+                        bucket[0] += d;
+                        bucket[1] += w * w;
+                    }
+                }
+            }
+        }
+    }
+    let list = |v: &[[f64; 2]]| {
+        v.iter()
+            .map(|a| {
+                if a[1] > 0.0 {
+                    format!("{:.1e}", (a[0] / a[1]).sqrt())
+                } else {
+                    "-".to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let at = worst.0;
+    println!(
+        "  worst element: token row {}, head {}, value column {}: got {}, want {:.6}",
+        at / dv / h_n,
+        at / dv % h_n,
+        at % dv,
+        got[at],
+        want[at]
+    );
+    println!("  rel L2 by token position in the chunk: {}", list(&by_pos));
+    println!("  rel L2 by warp (value columns / 16): {}", list(&by_warp));
+    println!("  rel L2 by value column % 16: {}", list(&by_col));
+    println!("  rel L2 by eighth of the token rows: {}", list(&by_eighth));
 }
 
 fn cpu_plan(p: &GlaProblem) -> kernels::Result<SegmentPlan> {

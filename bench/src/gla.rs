@@ -4,14 +4,16 @@
 //!
 //! Configurations: the seed's (B = 4, H = 32, Dk = Dv = 64, T = 1024, 2048, 4096) and
 //! Dk = Dv = 128 at T = 8192 (B = 2, H = 16) and T = 16384 (B = 1, H = 16); every one holds
-//! `B T H D` = 2^25 elements per tensor, so one set of inputs serves them all. Log-decays are
+//! at most `B T H D` = 2^25 elements per tensor, so one set of inputs serves them all (each
+//! configuration takes prefixes). Log-decays are
 //! `g = log(sigmoid(x))`, `x` uniform in `[-3, 3)` (fla's tests use `logsigmoid(randn)`), no
 //! initial state, no final state (fla's defaults).
 //!
-//! Rows: `ours` (segments chosen automatically), `ours-noseg` (one segment per sequence, no
-//! state pass). Work counts: FLOPs `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products per
-//! token and head, the same for every implementation whatever its chunking), tokens/s
-//! `B T / time`, GB/s over the minimum traffic (q, k, g, v read once, o written once, bf16).
+//! Rows: `ours` (segments chosen automatically: one wave of blocks), `ours-noseg` (one segment
+//! per sequence, no state pass), `ours-split2x` (segments half as long as the automatic ones).
+//! Work counts: FLOPs `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products per token and
+//! head, the same for every implementation whatever its chunking), tokens/s `B T / time`, GB/s
+//! over the minimum traffic (q, k, g, v read once, o written once, bf16).
 //!
 //! Validation of our rows: the f64 recurrence on two (sequence, head) pairs per configuration,
 //! relative L2 error of their outputs <= 1e-2.
@@ -21,7 +23,7 @@ use crate::harness::{Bench, Row, Tensor};
 use kernels::gla::reference::{self, HostInputs, rel_l2};
 use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
 use kernels::memory::{download, poisoned, upload};
-use kernels::{Error, Result, bf16};
+use kernels::{Result, bf16};
 use rand::Rng;
 
 /// Elements of each input tensor (every configuration uses exactly this many).
@@ -70,8 +72,23 @@ pub fn run(b: &mut Bench) -> Result<()> {
             g: &g[..p.qk_len()],
             init_state: None,
         };
+        // The automatic split, no split, and twice as many segments as the automatic choice
+        // (two waves of blocks instead of one), to see where the balance lies.
+        let sms = b.gpu.info().multiprocessors as usize;
+        let longest = p
+            .plan(sms)?
+            .segments
+            .iter()
+            .map(|s| s.len)
+            .max()
+            .unwrap_or(1) as usize;
+        let half = (longest / 2).div_ceil(32).max(1) * 32;
         let mut o_auto = None;
-        for (variant, segment) in [(None, None), (Some("noseg"), Some(usize::MAX))] {
+        for (variant, segment) in [
+            (None, None),
+            (Some("noseg"), Some(usize::MAX)),
+            (Some("split2x"), Some(half)),
+        ] {
             let mut pv = p.clone();
             pv.segment_len = segment;
             let o = one(b, &pv, &host, variant)?;
@@ -141,10 +158,13 @@ fn one(
         });
         err = err.max(rel_l2(got, &want));
     }
-    if err.is_nan() || err > 1e-2 {
-        return Err(Error::invalid(
-            "GLA result",
-            format!("{p:?}: relative L2 error {err:.3e} on sampled heads exceeds 1e-2"),
+    // A wrong result is recorded (row marked invalid, and a note), not fatal, so that the
+    // other rows and the peers of the run are kept.
+    let valid = err <= 1e-2;
+    if !valid {
+        b.note(format!(
+            "MISMATCH: ours-{} on {p:?}: relative L2 error {err:.3e} on sampled heads exceeds 1e-2",
+            variant.unwrap_or("auto")
         ));
     }
     let cfg = config!(
@@ -166,6 +186,7 @@ fn one(
     );
     row.extra
         .insert("rel_l2_err".into(), serde_json::json!(err));
+    row.extra.insert("valid".into(), serde_json::json!(valid));
     if let Some(v) = variant {
         row.implementation = format!("ours-{v}");
     }
