@@ -63,6 +63,14 @@ fn expected_kernels(arch: Arch) -> Vec<(String, usize)> {
             }
         }
     }
+    let gla = size_of::<kernel_abi::gla::GlaParams>();
+    for dk in kernel_abi::gla::HEAD_DIMS {
+        for dv in kernel_abi::gla::HEAD_DIMS {
+            k.push((leak(format!("gla_fwd_dk{dk}_dv{dv}")), gla));
+            k.push((leak(format!("gla_states_dk{dk}_dv{dv}")), gla));
+        }
+    }
+    k.push(("gla_combine", size_of::<kernel_abi::gla::CombineParams>()));
     for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
         k.push((
             format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
@@ -175,6 +183,7 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
 
 fn ptx_launch_bounds() -> TestResult {
     let mut bounds: Vec<(String, u32)> = [
+        ("gla_combine", kernel_abi::gla::COMBINE_THREADS),
         ("smoke_block_reduce", REDUCE_THREADS),
         ("smoke_mma_tile", MMA_THREADS),
         ("smoke_pingpong", PINGPONG_THREADS),
@@ -201,6 +210,14 @@ fn ptx_launch_bounds() -> TestResult {
             format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
             cfg.threads(),
         ));
+    }
+    for dk in kernel_abi::gla::HEAD_DIMS {
+        for dv in kernel_abi::gla::HEAD_DIMS {
+            let cfg = kernel_abi::gla::config(dk, dv).ok_or("missing GLA config")?;
+            for kind in ["fwd", "states"] {
+                bounds.push((format!("gla_{kind}_dk{dk}_dv{dv}"), cfg.threads()));
+            }
+        }
     }
     bounds.extend(
         mhc_kernels()

@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod gemm;
+pub mod gla;
 pub mod mhc;
 pub mod semicrf;
 pub mod smoke;

@@ -8,6 +8,7 @@
 //! ```
 
 mod attention;
+mod gla;
 mod harness;
 mod main_job;
 mod mhc;
@@ -39,6 +40,9 @@ enum Command {
     Smoke(FamilyArgs),
     /// Attention forward (beside PyTorch SDPA FLASH and CUDNN).
     Attention(FamilyArgs),
+    /// Chunkwise gated linear attention forward beside fla's chunk_gla and a PyTorch chunked
+    /// reference.
+    Gla(FamilyArgs),
     /// Semi-Markov CRF forward and forward+backward beside flash-semicrf, torch-struct and a
     /// PyTorch autograd baseline.
     Semicrf(FamilyArgs),
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::Main { quick } => main_job::run(quick),
         Command::Smoke(args) => family("smoke", &args, smoke::run),
         Command::Attention(args) => family("attention", &args, attention::run),
+        Command::Gla(args) => family("gla", &args, gla::run),
         Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Mhc(args) => family("mhc", &args, mhc::run),
         Command::Report { results, out } => match report::render(&results) {

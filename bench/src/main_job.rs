@@ -180,6 +180,8 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
     // Semi-CRF forward+backward on the default problem (log Z against the factored f64
     // reference; gradients through their identities, see `semicrf_line`).
     lines.push(semicrf_line(gpu, &stream, quick, &time)?);
+    // GLA forward (chunkwise), two heads checked against the f64 recurrence.
+    lines.push(gla_line(gpu, &stream, quick, &time)?);
 
     if gpu.arch().has_hopper_kernels() {
         // wgmma tile.
@@ -360,6 +362,80 @@ fn semicrf_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn)
     })
 }
 
+/// The GLA line: B = 2, T = 4096 (quick: 1024), H = 16, Dk = Dv = 128, log-sigmoid decays,
+/// with initial and final states; outputs and final state of two (sequence, head) pairs within
+/// a relative L2 error of 1e-2 of the f64 recurrence (the test suite's bound).
+fn gla_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn) -> Result<Line> {
+    use kernels::gla::reference::{HostInputs, recurrence_head, rel_l2};
+    use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
+    let p = GlaProblem::new(2, if quick { 1024 } else { 4096 }, 16, 128, 128);
+    let mut r = rng(5);
+    let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+    let g = crate::gla::log_sigmoid_decays(&mut r, p.qk_len());
+    let init = uniform_f32(&mut r, p.state_len(), -1.0, 1.0);
+    let (dq, dk, dv, dg, di) = (
+        upload(&q)?,
+        upload(&k)?,
+        upload(&v)?,
+        upload(&g)?,
+        upload(&init)?,
+    );
+    let mut o = poisoned::<bf16>(p.v_len())?;
+    let mut fs = poisoned::<f32>(p.state_len())?;
+    let mut plan = GlaPlan::new(gpu, &p)?;
+    let inputs = GlaInputs {
+        q: &dq,
+        k: &dk,
+        v: &dv,
+        g: &dg,
+        init_state: Some(&di),
+    };
+    let ms = time(&mut || {
+        plan.forward(
+            gpu,
+            stream,
+            &inputs,
+            &mut GlaOutputs {
+                o: &mut o,
+                final_state: Some(&mut fs),
+            },
+        )
+    })?;
+    let (out, fin) = (download(&o)?, download(&fs)?);
+    let host = HostInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        init_state: Some(&init),
+    };
+    let mut err = 0.0f64;
+    for (seq, head) in [(0usize, 0usize), (1, 15)] {
+        let (want_o, want_s) = recurrence_head(&p, &host, seq, head)?;
+        let got = (0..p.seq_len).flat_map(|i| {
+            let at = ((seq * p.seq_len + i) * p.heads + head) * p.dv;
+            out[at..at + p.dv].iter().map(|x| x.to_f64())
+        });
+        let s0 = (seq * p.heads + head) * p.dk * p.dv;
+        let got_s = fin[s0..s0 + p.dk * p.dv].iter().map(|&x| x as f64);
+        err = err.max(rel_l2(got, &want_o)).max(rel_l2(got_s, &want_s));
+    }
+    Ok(Line {
+        name: "gla_fwd",
+        config: format!(
+            "B{} T{} H{} dk{} dv{}",
+            p.batch, p.seq_len, p.heads, p.dk, p.dv
+        ),
+        ms,
+        rate: format!("{:.1} Mtok/s", p.rows() as f64 / ms / 1e3),
+        // Relative L2 error (outputs and final state), not an absolute error.
+        max_err: err,
+        passed: err <= 1e-2,
+    })
+}
+
 /// Max error and whether every element is within `tol(i)` (NaN fails).
 fn check(got: &[f32], want: &[f64], tol: impl Fn(usize) -> f64) -> (f64, bool) {
     let mut err = 0.0f64;
@@ -427,6 +503,28 @@ fn cpu_references() {
     timed("pingpong ring output", "4 tiles", &mut || {
         format!("{} values", smoke::pingpong_reference(&x, 4).len())
     });
+    {
+        use kernels::gla::GlaProblem;
+        use kernels::gla::reference::{HostInputs, recurrence};
+        let p = GlaProblem::new(1, 256, 2, 64, 64);
+        let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+        let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+        let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+        let g = crate::gla::log_sigmoid_decays(&mut r, p.qk_len());
+        timed("gla recurrence (f64)", "B1 T256 H2 dk64 dv64", &mut || {
+            let host = HostInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                init_state: None,
+            };
+            match recurrence(&p, &host) {
+                Ok(out) => format!("o[0] = {:.6}", out.o[0]),
+                Err(e) => format!("error: {e}"),
+            }
+        });
+    }
     {
         use kernels::attention::{self, AttentionProblem, Dtype};
         let p = AttentionProblem::new(1, 256, 256, 4, 2, 128, Dtype::Bf16).causal();

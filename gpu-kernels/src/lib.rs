@@ -23,6 +23,7 @@ pub mod arch;
 pub mod attention;
 #[cfg(target_feature = "sm_90a")]
 pub mod gemm;
+pub mod gla;
 pub mod mhc;
 pub mod semicrf;
 pub mod smoke;

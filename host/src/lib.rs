@@ -14,6 +14,7 @@ pub mod attention;
 pub mod data;
 pub mod error;
 pub mod gemm;
+pub mod gla;
 pub mod gpu;
 pub mod memory;
 pub mod mhc;

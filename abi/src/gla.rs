@@ -1,0 +1,353 @@
+//! Gated linear attention (GLA) forward, chunkwise: what the kernels (`gpu-kernels/src/gla`) and
+//! the host (`host/src/gla`) share. The semantics are specified by the f64 recurrence in
+//! `host/src/gla/reference.rs`:
+//! `S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t`, `o_t = scale q_t S_t`, per sequence and head.
+//!
+//! # Kernels
+//! - `gla_fwd_dk{DK}_dv{DV}`: one block per (segment, head). A segment is a run of tokens of one
+//!   sequence; the block starts from the segment's initial state and walks its chunks of
+//!   [`CHUNK`] tokens in order, writing the outputs (and, for the last segment of a sequence,
+//!   the final state).
+//! - `gla_states_dk{DK}_dv{DV}`: the same walk without outputs, from a zero state: the state a
+//!   segment adds (`delta`) and its total log2-decay per key channel. Run for every segment that
+//!   is not the last of its sequence, only when a sequence is split into several segments.
+//! - `gla_combine`: per (sequence, head) and state element, the initial state of each later
+//!   segment: `S_{i+1} = exp2(D_i) S_i + delta_i` in f32.
+//!
+//! Splitting sequences into segments is what gives the GPU enough blocks when `batch * heads`
+//! is small (long sequences); with one segment per sequence only `gla_fwd` runs.
+
+use crate::{SMEM_ALIGN, WARP_SIZE, align_up};
+
+/// Tokens per chunk: the rows of one `mma.sync` m16 tile. The intra-chunk part is this one
+/// 16 x 16 block; everything before the chunk reaches it through the state.
+pub const CHUNK: u32 = 16;
+/// Tokens per half chunk: the diagonal blocks of the intra-chunk product are computed per half,
+/// each relative to its own reference point (see the kernel documentation).
+pub const HALF: u32 = 8;
+/// Tokens per pipeline step (one `cp.async` stage holds this many rows of q, k, g, v).
+pub const STEP: u32 = 32;
+/// Chunks per pipeline step.
+pub const CHUNKS_PER_STEP: u32 = STEP / CHUNK;
+/// Head dimensions (of keys and of values) with kernels.
+pub const HEAD_DIMS: [u32; 2] = [64, 128];
+/// Value columns per warp (the state columns a warp owns).
+pub const DV_PER_WARP: u32 = 16;
+/// The kernels clamp every log-decay below at this value (natural log): `g_eff = max(g, G_FLOOR)`.
+/// `exp(-20) = 2.1e-9`, so a token with `g < -20` forgets its past to within that factor
+/// instead of exactly as much as asked; in exchange every factor the kernels form stays within
+/// `exp(+-70)` (f32 and bf16 range; see the kernel documentation). `g` in `[-20, 0]` is used as
+/// given.
+pub const G_FLOOR: f32 = -20.0;
+/// Threads per block of `gla_combine`.
+pub const COMBINE_THREADS: u32 = 256;
+
+/// Segment flag: the first segment of its sequence (it starts from the user's initial state, or
+/// zero).
+pub const SEG_FIRST: u32 = 1;
+/// Segment flag: the last segment of its sequence (it writes the final state, if asked for).
+pub const SEG_LAST: u32 = 2;
+
+/// One segment of work: `len` tokens of one sequence starting at token row `start` of the
+/// flattened token axis (`batch * seq_len` rows, or the packed rows of `cu_seqlens`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    /// First token row.
+    pub start: u32,
+    /// Tokens (>= 1).
+    pub len: u32,
+    /// Sequence index (indexes the initial and final states).
+    pub seq: u32,
+    /// [`SEG_FIRST`] | [`SEG_LAST`].
+    pub flags: u32,
+}
+
+/// A sequence split into several segments, for `gla_combine`: segments `first .. first + count`
+/// (consecutive in the segment table, in token order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CombineEntry {
+    /// Sequence index.
+    pub seq: u32,
+    /// Its first segment.
+    pub first: u32,
+    /// Its number of segments (>= 2).
+    pub count: u32,
+    /// Unused (keeps the entry 16 bytes).
+    pub pad: u32,
+}
+
+/// The tile configuration of one (DK, DV) pair: the single table kernels and host share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlaConfig {
+    /// Key head dimension.
+    pub dk: u32,
+    /// Value head dimension.
+    pub dv: u32,
+    /// Stages of the `cp.async` ring (each [`STEP`] tokens of q, k, g and v).
+    pub stages: u32,
+    /// Resident blocks per SM the launch bounds ask for.
+    pub blocks_per_sm: u32,
+}
+
+impl GlaConfig {
+    /// Warps per block: each owns [`DV_PER_WARP`] value columns of the state and the output.
+    pub const fn warps(&self) -> u32 {
+        self.dv / DV_PER_WARP
+    }
+
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        self.warps() * WARP_SIZE
+    }
+
+    /// Threads that share one pair of key channels in the element-wise phase (`P`): thread `tid`
+    /// works on channels `2 (tid / P)`, `2 (tid / P) + 1` and tokens
+    /// `(tid % P) * tokens_per_thread ..` of the chunk.
+    pub const fn threads_per_pair(&self) -> u32 {
+        self.threads() / (self.dk / 2)
+    }
+
+    /// Tokens of a chunk each thread handles in the element-wise phase (`CHUNK / P`, at most
+    /// [`HALF`], so a thread's tokens lie in one half).
+    pub const fn tokens_per_thread(&self) -> u32 {
+        CHUNK / self.threads_per_pair()
+    }
+
+    /// Bytes of a shared-memory row of `d` 16-bit elements: 16 bytes of padding put consecutive
+    /// rows 16 bytes apart modulo 128, so the 8 rows of an `ldmatrix` phase hit distinct banks.
+    pub const fn row_bytes(d: u32) -> u32 {
+        d * 2 + 16
+    }
+
+    /// Bytes of one raw stage: q, k, g (`[STEP, dk]`) and v (`[STEP, dv]`).
+    pub const fn stage_bytes(&self) -> usize {
+        (STEP * (3 * Self::row_bytes(self.dk) + Self::row_bytes(self.dv))) as usize
+    }
+
+    /// Offset of stage `s`'s q tile.
+    pub const fn q_offset(&self, s: u32) -> usize {
+        s as usize * self.stage_bytes()
+    }
+
+    /// Offset of stage `s`'s k tile.
+    pub const fn k_offset(&self, s: u32) -> usize {
+        self.q_offset(s) + (STEP * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Offset of stage `s`'s g tile.
+    pub const fn g_offset(&self, s: u32) -> usize {
+        self.k_offset(s) + (STEP * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Offset of stage `s`'s v tile.
+    pub const fn v_offset(&self, s: u32) -> usize {
+        self.g_offset(s) + (STEP * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Rows (of `dk` elements) of one variant buffer: `q_inter` 16, `q_diag` 16, `k_half0` 8,
+    /// `k_half1` 16, `k_state` 16.
+    pub const VARIANT_ROWS: u32 = 72;
+
+    /// Bytes of one variant buffer (the bf16 tiles and the f32 decay row).
+    pub const fn variant_bytes(&self) -> usize {
+        align_up(
+            (Self::VARIANT_ROWS * Self::row_bytes(self.dk) + 4 * self.dk) as usize,
+            128,
+        )
+    }
+
+    /// Offset of variant buffer `b` (0 or 1).
+    pub const fn variant_offset(&self, b: u32) -> usize {
+        self.stages as usize * self.stage_bytes() + b as usize * self.variant_bytes()
+    }
+
+    /// Offset of `q_inter` (`[16, dk]`: `q_t exp(b_t)`) in buffer `b`.
+    pub const fn q_inter_offset(&self, b: u32) -> usize {
+        self.variant_offset(b)
+    }
+
+    /// Offset of `q_diag` (`[16, dk]`: `q_t exp(b_t - M_half(t))`) in buffer `b`.
+    pub const fn q_diag_offset(&self, b: u32) -> usize {
+        self.q_inter_offset(b) + (CHUNK * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Offset of `k_half0` (`[8, dk]`: `k_s exp(M_0 - b_s)`, first half) in buffer `b`.
+    pub const fn k_half0_offset(&self, b: u32) -> usize {
+        self.q_diag_offset(b) + (CHUNK * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Offset of `k_half1` (`[16, dk]`: `k_s exp(M_1 - b_s)`) in buffer `b`.
+    pub const fn k_half1_offset(&self, b: u32) -> usize {
+        self.k_half0_offset(b) + (HALF * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Offset of `k_state` (`[16, dk]`: `k_s exp(b_15 - b_s)`) in buffer `b`.
+    pub const fn k_state_offset(&self, b: u32) -> usize {
+        self.k_half1_offset(b) + (CHUNK * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Offset of `decay` (`[dk]` f32: `exp(b_15)`, the chunk's decay of the state) in buffer `b`.
+    pub const fn decay_offset(&self, b: u32) -> usize {
+        self.k_state_offset(b) + (CHUNK * Self::row_bytes(self.dk)) as usize
+    }
+
+    /// Dynamic shared memory of `gla_fwd` and `gla_states`.
+    pub const fn smem_bytes(&self) -> usize {
+        self.variant_offset(2) + SMEM_ALIGN
+    }
+}
+
+/// The shared-memory layout of [`GlaConfig`] as plain offsets (for kernels: evaluated at
+/// compile time, so no layout function is called at run time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlaLayout {
+    /// Bytes between consecutive raw stages.
+    pub stage_bytes: u32,
+    /// Offsets of the q, k, g, v tiles of stage 0.
+    pub q: u32,
+    /// See `q`.
+    pub k: u32,
+    /// See `q`.
+    pub g: u32,
+    /// See `q`.
+    pub v: u32,
+    /// Bytes between the two variant buffers.
+    pub variant_bytes: u32,
+    /// Offsets of the tiles of variant buffer 0.
+    pub q_inter: u32,
+    /// See `q_inter`.
+    pub q_diag: u32,
+    /// See `q_inter`.
+    pub k_half0: u32,
+    /// See `q_inter`.
+    pub k_half1: u32,
+    /// See `q_inter`.
+    pub k_state: u32,
+    /// See `q_inter`.
+    pub decay: u32,
+}
+
+impl GlaConfig {
+    /// [`GlaLayout`] of this configuration.
+    pub const fn layout(&self) -> GlaLayout {
+        GlaLayout {
+            stage_bytes: self.stage_bytes() as u32,
+            q: self.q_offset(0) as u32,
+            k: self.k_offset(0) as u32,
+            g: self.g_offset(0) as u32,
+            v: self.v_offset(0) as u32,
+            variant_bytes: self.variant_bytes() as u32,
+            q_inter: self.q_inter_offset(0) as u32,
+            q_diag: self.q_diag_offset(0) as u32,
+            k_half0: self.k_half0_offset(0) as u32,
+            k_half1: self.k_half1_offset(0) as u32,
+            k_state: self.k_state_offset(0) as u32,
+            decay: self.decay_offset(0) as u32,
+        }
+    }
+}
+
+/// The configuration for head dimensions `(dk, dv)`, if supported.
+pub const fn config(dk: u32, dv: u32) -> Option<GlaConfig> {
+    match (dk, dv) {
+        (64, 64) => Some(GlaConfig {
+            dk,
+            dv,
+            stages: 2,
+            blocks_per_sm: 3,
+        }),
+        (128, 64) => Some(GlaConfig {
+            dk,
+            dv,
+            stages: 2,
+            blocks_per_sm: 2,
+        }),
+        // 256 threads: 128 registers per thread would spill the state (64 f32 at dk = 128), so
+        // one block per SM, with a deeper ring instead.
+        (64, 128) | (128, 128) => Some(GlaConfig {
+            dk,
+            dv,
+            stages: 3,
+            blocks_per_sm: 1,
+        }),
+        _ => None,
+    }
+}
+
+/// [`config`] for a supported pair (compile-time use in kernels).
+pub const fn config_of(dk: u32, dv: u32) -> GlaConfig {
+    match config(dk, dv) {
+        Some(c) => c,
+        None => panic!("unsupported head dimensions"),
+    }
+}
+
+/// Parameters of `gla_fwd_dk{DK}_dv{DV}` and `gla_states_dk{DK}_dv{DV}` (grid
+/// `(segments, heads)`, [`GlaConfig::threads`] threads, [`GlaConfig::smem_bytes`]).
+///
+/// Tensors are contiguous: q, k, g `[rows, heads, dk]`, v and o `[rows, heads, dv]` (bf16
+/// bits), where `rows` is the flattened token axis; states are `[seqs, heads, dk, dv]` f32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GlaParams {
+    /// Queries (unused by `gla_states`).
+    pub q: *const u16,
+    /// Keys.
+    pub k: *const u16,
+    /// Values.
+    pub v: *const u16,
+    /// Log-decays (natural log, clamped below at [`G_FLOOR`] by the kernels).
+    pub g: *const u16,
+    /// Outputs (unused by `gla_states`).
+    pub o: *mut u16,
+    /// The segment table (`gridDim.x` entries).
+    pub segments: *const Segment,
+    /// Initial states `[seqs, heads, dk, dv]`, read by first segments when `has_init != 0`.
+    pub init_state: *const f32,
+    /// Final states `[seqs, heads, dk, dv]`, written by last segments when `has_final != 0`
+    /// (`gla_fwd` only).
+    pub final_state: *mut f32,
+    /// Initial states of segments that are not first, `[segments, heads, dk, dv]` (written by
+    /// `gla_combine`, read by `gla_fwd`).
+    pub seg_init: *const f32,
+    /// State added by each segment from a zero state, `[segments, heads, dk, dv]` (written by
+    /// `gla_states`).
+    pub delta: *mut f32,
+    /// Total log2-decay of each segment per key channel, `[segments, heads, dk]` (written by
+    /// `gla_states`).
+    pub decay_log2: *mut f32,
+    /// Heads.
+    pub heads: u32,
+    /// Output scale (usually `dk^-0.5`).
+    pub scale: f32,
+    /// Whether `init_state` is given.
+    pub has_init: u32,
+    /// Whether `final_state` is wanted.
+    pub has_final: u32,
+}
+
+/// Parameters of `gla_combine` (grid `(entries, heads, ceil(dk dv / COMBINE_THREADS))`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CombineParams {
+    /// The sequences with several segments.
+    pub entries: *const CombineEntry,
+    /// Initial states `[seqs, heads, dk, dv]` when `has_init != 0`.
+    pub init_state: *const f32,
+    /// Written: initial states of later segments, `[segments, heads, dk, dv]`.
+    pub seg_init: *mut f32,
+    /// Read: per-segment state from zero, `[segments, heads, dk, dv]`.
+    pub delta: *const f32,
+    /// Read: per-segment log2-decay, `[segments, heads, dk]`.
+    pub decay_log2: *const f32,
+    /// Heads.
+    pub heads: u32,
+    /// Key head dimension.
+    pub dk: u32,
+    /// Value head dimension.
+    pub dv: u32,
+    /// Whether `init_state` is given.
+    pub has_init: u32,
+}

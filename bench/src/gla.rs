@@ -1,0 +1,195 @@
+//! Family `gla`: the chunkwise GLA forward on the configurations, beside
+//! flash-linear-attention's `chunk_gla` (fla-core 0.6.0, Triton) and a PyTorch chunked reference
+//! on the same inputs (`bench/peers/gla.py`).
+//!
+//! Configurations: the seed's (B = 4, H = 32, Dk = Dv = 64, T = 1024, 2048, 4096) and
+//! Dk = Dv = 128 at T = 8192 (B = 2, H = 16) and T = 16384 (B = 1, H = 16); every one holds
+//! at most `B T H D` = 2^25 elements per tensor, so one set of inputs serves them all (each
+//! configuration takes prefixes). Log-decays are
+//! `g = log(sigmoid(x))`, `x` uniform in `[-3, 3)` (fla's tests use `logsigmoid(randn)`), no
+//! initial state, no final state (fla's defaults).
+//!
+//! Rows: `ours` (segments chosen automatically: one wave of blocks), `ours-noseg` (one segment
+//! per sequence, no state pass), `ours-split2x` (segments half as long as the automatic ones).
+//! Work counts: FLOPs `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products per token and
+//! head, the same for every implementation whatever its chunking), tokens/s `B T / time`, GB/s
+//! over the minimum traffic (q, k, g, v read once, o written once, bf16).
+//!
+//! Validation of our rows: the f64 recurrence on two (sequence, head) pairs per configuration,
+//! relative L2 error of their outputs <= 1e-2.
+
+use crate::config;
+use crate::harness::{Bench, Row, Tensor};
+use kernels::gla::reference::{self, HostInputs, rel_l2};
+use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
+use kernels::memory::{download, poisoned, upload};
+use kernels::{Result, bf16};
+use rand::Rng;
+
+/// Elements of each input tensor (every configuration uses exactly this many).
+const ELEMS: usize = 1 << 25;
+
+/// The configurations `(B, T, H, D)` (Dk = Dv = D).
+pub const CONFIGS: [(usize, usize, usize, usize); 5] = [
+    (4, 1024, 32, 64),
+    (4, 2048, 32, 64),
+    (4, 4096, 32, 64),
+    (2, 8192, 16, 128),
+    (1, 16384, 16, 128),
+];
+
+/// Log-decays `log(sigmoid(x))`, `x` uniform in `[-3, 3)`, rounded to bf16.
+pub fn log_sigmoid_decays(r: &mut impl Rng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| {
+            let x: f64 = r.random_range(-3.0..3.0);
+            bf16::from_f64(-(1.0 + (-x).exp()).ln())
+        })
+        .collect()
+}
+
+/// Run the family.
+pub fn run(b: &mut Bench) -> Result<()> {
+    let mut r = kernels::data::rng(2025);
+    let draw = |r: &mut rand::rngs::StdRng| kernels::data::uniform_bf16(r, ELEMS, -1.0, 1.0);
+    let (q, k, v) = (draw(&mut r), draw(&mut r), draw(&mut r));
+    let g = log_sigmoid_decays(&mut r, ELEMS);
+    b.shared(&[
+        ("q", Tensor::Bf16(&q, vec![ELEMS])),
+        ("k", Tensor::Bf16(&k, vec![ELEMS])),
+        ("v", Tensor::Bf16(&v, vec![ELEMS])),
+        ("g", Tensor::Bf16(&g, vec![ELEMS])),
+    ])?;
+    let quick: &[(usize, usize, usize, usize)] = &[(4, 1024, 32, 64), (1, 16384, 16, 128)];
+    let configs = if b.quick { quick } else { &CONFIGS };
+    for &(batch, t, heads, d) in configs {
+        let p = GlaProblem::new(batch, t, heads, d, d);
+        p.validate()?;
+        let host = HostInputs {
+            q: &q[..p.qk_len()],
+            k: &k[..p.qk_len()],
+            v: &v[..p.v_len()],
+            g: &g[..p.qk_len()],
+            init_state: None,
+        };
+        // The automatic split, no split, and twice as many segments as the automatic choice
+        // (two waves of blocks instead of one), to see where the balance lies.
+        let sms = b.gpu.info().multiprocessors as usize;
+        let longest = p
+            .plan(sms)?
+            .segments
+            .iter()
+            .map(|s| s.len)
+            .max()
+            .unwrap_or(1) as usize;
+        let half = (longest / 2).div_ceil(32).max(1) * 32;
+        let mut o_auto = None;
+        for (variant, segment) in [
+            (None, None),
+            (Some("noseg"), Some(usize::MAX)),
+            (Some("split2x"), Some(half)),
+        ] {
+            let mut pv = p.clone();
+            pv.segment_len = segment;
+            let o = one(b, &pv, &host, variant)?;
+            if variant.is_none() {
+                o_auto = Some(o);
+            }
+        }
+        let o = o_auto.expect("the automatic variant ran");
+        let cfg = config!("B": batch, "T": t, "H": heads, "dk": d, "dv": d, "dtype": "bf16");
+        b.case(
+            "gla_fwd",
+            &cfg,
+            config!("flops": p.flops(), "tokens": p.rows(), "bytes": p.min_bytes(false, false)),
+            &[("ours", Tensor::Bf16(&o, vec![batch, t, heads, d]))],
+        )?;
+    }
+    b.run_peers();
+    Ok(())
+}
+
+/// Time one variant on `p`, validate it, push its row; returns its output.
+fn one(
+    b: &mut Bench,
+    p: &GlaProblem,
+    host: &HostInputs,
+    variant: Option<&str>,
+) -> Result<Vec<bf16>> {
+    // The configuration's inputs: prefixes of the shared tensors.
+    let (dq, dk, dv, dg) = (
+        upload(host.q)?,
+        upload(host.k)?,
+        upload(host.v)?,
+        upload(host.g)?,
+    );
+    let mut o = poisoned::<bf16>(p.v_len())?;
+    let mut plan = GlaPlan::new(&b.gpu, p)?;
+    let segments = plan.segments().segments.len();
+    let inputs = GlaInputs {
+        q: &dq,
+        k: &dk,
+        v: &dv,
+        g: &dg,
+        init_state: None,
+    };
+    let t = {
+        let (gpu, stream) = (&b.gpu, &b.stream);
+        b.time(|| {
+            plan.forward(
+                gpu,
+                stream,
+                &inputs,
+                &mut GlaOutputs {
+                    o: &mut o,
+                    final_state: None,
+                },
+            )
+        })?
+    };
+    let out = download(&o)?;
+    let mut err = 0.0f64;
+    for (seq, head) in [(0usize, 0usize), (p.batch - 1, p.heads - 1)] {
+        let (want, _) = reference::recurrence_head(p, host, seq, head)?;
+        let (start, len) = p.sequences()[seq];
+        let got = (0..len).flat_map(|i| {
+            let at = ((start + i) * p.heads + head) * p.dv;
+            out[at..at + p.dv].iter().map(|x| x.to_f64())
+        });
+        err = err.max(rel_l2(got, &want));
+    }
+    // A wrong result is recorded (row marked invalid, and a note), not fatal, so that the
+    // other rows and the peers of the run are kept.
+    let valid = err <= 1e-2;
+    if !valid {
+        b.note(format!(
+            "MISMATCH: ours-{} on {p:?}: relative L2 error {err:.3e} on sampled heads exceeds 1e-2",
+            variant.unwrap_or("auto")
+        ));
+    }
+    let cfg = config!(
+        "B": p.batch, "T": p.seq_len, "H": p.heads, "dk": p.dk, "dv": p.dv, "dtype": "bf16"
+    );
+    let mut row = Row::ours("gla_fwd", cfg, &t)
+        .flops(p.flops())
+        .bytes(p.min_bytes(false, false))
+        .err(err);
+    row.extra.insert(
+        "tokens_per_s".into(),
+        serde_json::json!(p.rows() as f64 / (row.median_ms * 1e-3)),
+    );
+    row.extra
+        .insert("segments".into(), serde_json::json!(segments));
+    row.extra.insert(
+        "longest_segment".into(),
+        serde_json::json!(plan.segments().segments.iter().map(|s| s.len).max()),
+    );
+    row.extra
+        .insert("rel_l2_err".into(), serde_json::json!(err));
+    row.extra.insert("valid".into(), serde_json::json!(valid));
+    if let Some(v) = variant {
+        row.implementation = format!("ours-{v}");
+    }
+    b.push(row);
+    Ok(out)
+}

@@ -1,0 +1,792 @@
+//! Gated linear attention forward, chunkwise, on `mma.sync` tensor cores (sm_80 and newer):
+//! `gla_fwd_dk{DK}_dv{DV}` (outputs), `gla_states_dk{DK}_dv{DV}` (segment states) and
+//! `gla_combine` (segment initial states). Semantics: `kernel_abi::gla` and the f64 recurrence
+//! in `host/src/gla/reference.rs`.
+//!
+//! # Parameters
+//! [`GlaParams`] (and [`CombineParams`]): contiguous q, k, g `[rows, H, DK]`, v, o
+//! `[rows, H, DV]` in bf16, f32 states `[seqs, H, DK, DV]`, the segment table and the
+//! workspace of the segment passes.
+//!
+//! # The chunkwise form and its stability
+//! A block walks its segment in chunks of 16 tokens with the state `S` (`DK x DV`, f32) in
+//! registers. Inside a chunk let `b_t` be the cumulative log-decay from the chunk start,
+//! inclusive, in log2 units (`g` clamped below at `G_FLOOR`, times `log2 e`). Then
+//! - `o_t = scale [(q_t 2^{b_t}) S + sum_{s <= t} (q_t . k_s 2^{b_t - b_s}) v_s]`,
+//! - `S <- 2^{b_15} S + sum_s (k_s 2^{b_15 - b_s})^T v_s`.
+//!
+//! Every factor with an exponent `<= 0` is safe: it can underflow, but only when the exact
+//! product it belongs to is at least as small. The intra-chunk score `2^{b_t - b_s}` must be
+//! split into a row factor and a column factor for the tensor cores; relative to one reference
+//! point per 16 tokens, one of them can reach `2^{15 * 28.9}` and overflow. So the 16 x 16
+//! block is split in halves of 8 tokens with midpoints `M_h = (b_{8h} + b_{8h+7}) / 2`:
+//! - rows of half h use `q_diag_t = q_t 2^{b_t - M_h}`;
+//! - (half 0, half 0) scores pair it with `k_half0_s = k_s 2^{M_0 - b_s}`;
+//! - (half 1, any) scores pair it with `k_half1_s = k_s 2^{M_1 - b_s}` (`<= 1` for `s` in half
+//!   0, since `M_1 <= b_7 <= b_s`);
+//! - (half 0, half 1) is masked (future tokens).
+//!
+//! Within a half `|b_t - M_h| <= 3.5 * 20 * log2(e) = 101` (log2), so every factor lies in
+//! `[2^-101, 2^101]`, inside the normal range of f32 and bf16 (`2^+-126`). Kept scores are
+//! products with exponent `<= 0`; masked ones may overflow in the tensor cores and are replaced
+//! by 0 with a select (never a multiply), so an infinity or NaN there never propagates. The other
+//! operands are derived from these by factors `<= 1` only (safe as above): `q_inter = q_diag
+//! 2^{M_h}` (`= q 2^{b_t}`), `k_half1 = k_half0 2^{M_1 - M_0}` in half 0, `k_state = k_half1
+//! 2^{b_15 - M_1}`. Hence two `ex2` per (token, channel), plus five per channel and chunk.
+//!
+//! # Tiling
+//! One block per (segment, head); `DV / 16` warps, warp `w` owns value columns
+//! `16 w .. 16 w + 16` of the state (as `S^T` accumulators: m16 tiles over its 16 value
+//! columns, `DK / 8` n8 tiles over the key channels, `DK / 2` f32 per thread) and of the
+//! outputs. q, k, g, v stream through a `stages`-deep `cp.async` ring of [`STEP`] = 32 tokens
+//! (2 chunks); rows are padded by 16 bytes (conflict-free `ldmatrix`). The bf16 operand tiles
+//! of a chunk (`q_inter`, `q_diag`, `k_half0`, `k_half1`, `k_state`) and its decay row are
+//! double-buffered.
+//!
+//! # Thread mapping
+//! Element-wise phase: `P = threads / (DK / 2)` consecutive lanes share a pair of key channels
+//! (`2 (tid / P)`, `+ 1`) and split the chunk's 16 tokens into runs of `16 / P` (<= 8, so a run
+//! lies in one half); the cumulative sum is a local scan plus a shuffle scan over the `P` lanes,
+//! and `b_0, b_7, b_8, b_15` come by shuffles from the lanes that own them.
+//! Matrix phase, warp `w`, per chunk (every warp the same work, no specialization):
+//! 1. scores: `q_diag` x (`k_half0`, `k_half1`) over `DK / 16` k-slices (3 `mma` each), masked,
+//!    packed in registers to the A operand of `o += A v` (2 `mma`);
+//! 2. per k-slice: `o += q_inter S` with `S` packed from the thread's own `S^T` accumulators
+//!    (the accumulator layout of `S^T` is the B-operand layout of `S`), then
+//!    `S^T = decay * S^T + v^T k_state` (2 + 2 `mma`);
+//! 3. `o * scale` to bf16, stored for the chunk's valid tokens.
+//!
+//! # Barrier protocol (all `bar.sync 0`, reached uniformly by every thread of the block)
+//! - Step `s` (32 tokens): `cp.async.wait_group(stages - 2)` (this thread's copies of step `s`
+//!   landed), then barrier A: every thread's copies of step `s` are visible, and every thread
+//!   has finished step `s - 1` (its reads of stage `(s - 1) % stages`). Then the copies of step
+//!   `s + stages - 1` go into stage `(s - 1) % stages`.
+//! - Chunk `c` (global index in the segment): the element-wise phase reads the raw q, k, g rows
+//!   of the chunk (published by barrier A of its step) and writes variant buffer `c % 2`; barrier
+//!   B publishes it; the matrix phase reads buffer `c % 2` and the raw v rows. Buffer `c % 2` was
+//!   last read by the matrix phase of chunk `c - 2`, which every thread finished before it
+//!   arrived at barrier B of chunk `c - 1`, before any thread writes the buffer again.
+//! - Registers hold the state and the outputs; global memory is written only by its owner (a
+//!   block's own rows of o, its own state slices). The block waits for all its copies before
+//!   exiting.
+//!
+//! `gla_combine` shares nothing between threads (no barrier).
+
+use crate::arch::{convert, cp_async, index, ldmatrix, math, mma, smem, sync, warp};
+use kernel_abi::gla::{
+    CHUNK, CHUNKS_PER_STEP, CombineEntry, CombineParams, G_FLOOR, GlaConfig, GlaLayout, GlaParams,
+    HALF, SEG_FIRST, SEG_LAST, STEP, Segment, config_of,
+};
+use smem::SmemValue;
+
+/// `d += a b` (bf16 `mma.sync.m16n8k16`).
+///
+/// # Safety
+/// Whole warp, uniform control flow.
+#[inline(always)]
+unsafe fn mma_bf16(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+    // SAFETY: forwarded to the caller.
+    unsafe { mma::m16n8k16_bf16(d, a, b) }
+}
+
+/// Issue the `cp.async` copies of a `[ROWS, D]` tile whose row `r` starts at global element
+/// `base + first_row_offset + r * stride`; rows at or past `valid` are zero-filled (nothing is
+/// read for them). Thread `t` copies 16-byte chunk `t % (D / 8)` of rows
+/// `t / (D / 8) + k (THREADS / (D / 8))` (the attention kernels' loader).
+#[inline(always)]
+fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
+    dst: u32,
+    base: *const u16,
+    first_row_offset: u64,
+    stride: u64,
+    valid: u32,
+) {
+    const { assert!(THREADS.is_multiple_of(D / 8) && (ROWS * (D / 8)).is_multiple_of(THREADS)) };
+    let chunks = D / 8;
+    let row_step = THREADS / chunks;
+    let tid = index::thread_idx_x();
+    let (row0, chunk) = (tid / chunks, tid % chunks);
+    let mut src =
+        base.wrapping_add((first_row_offset + row0 as u64 * stride + 8 * chunk as u64) as usize);
+    let step = (row_step as u64 * stride) as usize;
+    for k in 0..ROWS / row_step {
+        let r = row0 + k * row_step;
+        let addr = dst + r * const { GlaConfig::row_bytes(D) } + (chunk << 4);
+        if r < valid {
+            // SAFETY: r < valid rows of the segment, chunk < D / 8: 16 readable bytes, 16-byte
+            // aligned (contiguous tensors, D a multiple of 8); addr is inside the tile.
+            unsafe { cp_async::copy_16(addr, src as *const u8) };
+        } else {
+            // SAFETY: nothing is read (0 source bytes); addr is inside the tile.
+            unsafe { cp_async::copy_16_zfill(addr, base as *const u8, 0) };
+        }
+        src = src.wrapping_add(step);
+    }
+}
+
+/// Shared-memory addresses of one variant buffer.
+#[derive(Clone, Copy)]
+struct Variants {
+    q_inter: u32,
+    q_diag: u32,
+    k_half0: u32,
+    k_half1: u32,
+    k_state: u32,
+    decay: u32,
+}
+
+impl Variants {
+    #[inline(always)]
+    fn new(base: u32, lay: &GlaLayout, b: u32) -> Variants {
+        let base = base + b * lay.variant_bytes;
+        Variants {
+            q_inter: base + lay.q_inter,
+            q_diag: base + lay.q_diag,
+            k_half0: base + lay.k_half0,
+            k_half1: base + lay.k_half1,
+            k_state: base + lay.k_state,
+            decay: base + lay.decay,
+        }
+    }
+}
+
+/// `shfl.sync.up` of an f32 over the full warp.
+///
+/// # Safety
+/// All 32 lanes execute the call.
+#[inline(always)]
+unsafe fn shfl_up_f32(v: f32, delta: u32) -> f32 {
+    // SAFETY: forwarded to the caller (full warp).
+    f32::from_bits(unsafe { warp::shfl_up_u32(warp::FULL_MASK, v.to_bits(), delta) })
+}
+
+/// `shfl.sync.idx` of an f32 over the full warp.
+///
+/// # Safety
+/// All 32 lanes execute the call.
+#[inline(always)]
+unsafe fn shfl_f32(v: f32, src: u32) -> f32 {
+    // SAFETY: forwarded to the caller (full warp).
+    unsafe { warp::shfl_idx_f32(warp::FULL_MASK, v, src) }
+}
+
+/// The element-wise phase of one chunk (see the module documentation): reads the raw q, k, g
+/// rows `row0 .. row0 + 16` of the stage, writes the operand tiles and the decay row of `var`.
+/// With `OUT = false` (`gla_states`) only `k_state` (directly, `k 2^{b_15 - b}`) and the decay
+/// are made. Returns `b_15` of the thread's two channels (log2).
+///
+/// # Safety
+/// Every thread of the block calls it (uniform control flow; whole warps shuffle); the raw rows
+/// were published by a barrier and `var` is not read by any thread until the next barrier.
+#[inline(always)]
+unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: bool>(
+    raw_q: u32,
+    raw_k: u32,
+    raw_g: u32,
+    var: &Variants,
+) -> [f32; 2] {
+    const { assert!(P * TPT as u32 == CHUNK && TPT as u32 <= HALF && 32 % P == 0) };
+    let rb = const { GlaConfig::row_bytes(DK) };
+    let tid = index::thread_idx_x();
+    let (pair, part) = (tid / P, tid % P);
+    let base_lane = index::lane_id() - part;
+    let col = 4 * pair;
+    let first = part * TPT as u32;
+    let floor2 = G_FLOOR * math::LOG2_E;
+
+    // Local inclusive cumulative sums of the thread's run, both channels.
+    let mut b = [[0.0f32; 2]; TPT];
+    let mut acc = [0.0f32; 2];
+    for i in 0..TPT {
+        // SAFETY: row first + i < 16 of the published raw g rows; 4-byte aligned.
+        let gw = unsafe { u32::load(raw_g + (first + i as u32) * rb + col) };
+        let (g0, g1) = convert::unpack_bf16x2(gw);
+        acc[0] += (g0 * math::LOG2_E).max(floor2);
+        acc[1] += (g1 * math::LOG2_E).max(floor2);
+        b[i] = acc;
+    }
+    // Scan of the run totals over the P lanes of the pair: exclusive prefix of this run.
+    let mut incl = acc;
+    let mut off = 1;
+    while off < P {
+        for c in 0..2 {
+            // SAFETY: every lane executes the shuffle (uniform loop bounds).
+            let v = unsafe { shfl_up_f32(incl[c], off) };
+            if part >= off {
+                incl[c] += v;
+            }
+        }
+        off *= 2;
+    }
+    let mut excl = [0.0f32; 2];
+    for c in 0..2 {
+        // SAFETY: every lane executes the shuffle.
+        let v = unsafe { shfl_up_f32(incl[c], 1) };
+        excl[c] = if part == 0 { 0.0 } else { v };
+    }
+    for i in 0..TPT {
+        for c in 0..2 {
+            b[i][c] += excl[c];
+        }
+    }
+    // b_0, b_7, b_8, b_15 of both channels, from the lanes whose runs hold them.
+    let mut edge = [[0.0f32; 2]; 4];
+    for c in 0..2 {
+        // SAFETY: every lane executes the shuffles; the sources are lanes of this pair.
+        unsafe {
+            edge[0][c] = shfl_f32(b[0][c], base_lane);
+            edge[1][c] = shfl_f32(b[TPT - 1][c], base_lane + P / 2 - 1);
+            edge[2][c] = shfl_f32(b[0][c], base_lane + P / 2);
+            edge[3][c] = shfl_f32(b[TPT - 1][c], base_lane + P - 1);
+        }
+    }
+    let b15 = edge[3];
+    if part == P - 1 {
+        let d = [math::exp2(b15[0]), math::exp2(b15[1])];
+        let bits = (d[0].to_bits() as u64) | ((d[1].to_bits() as u64) << 32);
+        // SAFETY: channels 2 pair, +1 < DK of the decay row; 8-byte aligned; this thread is
+        // the row's only writer (one part per pair) until the next barrier.
+        unsafe { u64::store(var.decay + 8 * pair, bits) };
+    }
+    if OUT {
+        let half = first / HALF;
+        let mut m = [[0.0f32; 2]; 2];
+        for c in 0..2 {
+            m[0][c] = 0.5 * (edge[0][c] + edge[1][c]);
+            m[1][c] = 0.5 * (edge[2][c] + edge[3][c]);
+        }
+        let mh = if half == 0 { m[0] } else { m[1] };
+        let mut f_inter = [0.0f32; 2];
+        let mut f_10 = [0.0f32; 2];
+        let mut f_state = [0.0f32; 2];
+        for c in 0..2 {
+            f_inter[c] = math::exp2(mh[c]);
+            f_10[c] = if half == 0 {
+                math::exp2(m[1][c] - m[0][c])
+            } else {
+                1.0
+            };
+            f_state[c] = math::exp2(b15[c] - m[1][c]);
+        }
+        for i in 0..TPT {
+            let row = first + i as u32;
+            let at = row * rb + col;
+            // SAFETY: row < 16 of the published raw q, k rows; 4-byte aligned.
+            let (qw, kw) = unsafe { (u32::load(raw_q + at), u32::load(raw_k + at)) };
+            let (q0, q1) = convert::unpack_bf16x2(qw);
+            let (k0, k1) = convert::unpack_bf16x2(kw);
+            let (q, k) = ([q0, q1], [k0, k1]);
+            let mut qd = [0.0f32; 2];
+            let mut kd = [0.0f32; 2];
+            let mut kh1 = [0.0f32; 2];
+            let mut ks = [0.0f32; 2];
+            let mut qi = [0.0f32; 2];
+            for c in 0..2 {
+                let x = b[i][c] - mh[c];
+                qd[c] = q[c] * math::exp2(x);
+                kd[c] = k[c] * math::exp2(-x);
+                qi[c] = qd[c] * f_inter[c];
+                kh1[c] = kd[c] * f_10[c];
+                ks[c] = kh1[c] * f_state[c];
+            }
+            // SAFETY: rows < 16 (8 for k_half0, written only by half-0 threads) of this
+            // buffer's tiles, channels 2 pair, +1: each (row, pair) has one writer; 4-byte
+            // aligned; nobody reads the buffer before the next barrier.
+            unsafe {
+                u32::store(var.q_diag + at, convert::pack_bf16x2(qd[0], qd[1]));
+                u32::store(var.q_inter + at, convert::pack_bf16x2(qi[0], qi[1]));
+                if half == 0 {
+                    u32::store(var.k_half0 + at, convert::pack_bf16x2(kd[0], kd[1]));
+                }
+                u32::store(var.k_half1 + at, convert::pack_bf16x2(kh1[0], kh1[1]));
+                u32::store(var.k_state + at, convert::pack_bf16x2(ks[0], ks[1]));
+            }
+        }
+    } else {
+        for i in 0..TPT {
+            let at = (first + i as u32) * rb + col;
+            // SAFETY: as above (raw k row < 16).
+            let kw = unsafe { u32::load(raw_k + at) };
+            let (k0, k1) = convert::unpack_bf16x2(kw);
+            let ks0 = k0 * math::exp2(b15[0] - b[i][0]);
+            let ks1 = k1 * math::exp2(b15[1] - b[i][1]);
+            // SAFETY: as above (k_state row < 16, one writer).
+            unsafe { u32::store(var.k_state + at, convert::pack_bf16x2(ks0, ks1)) };
+        }
+    }
+    b15
+}
+
+/// A warp's place: lane decomposition and its value columns.
+#[derive(Clone, Copy)]
+struct Lane {
+    lane: u32,
+    /// `lane / 4`: accumulator row (and `+ 8`).
+    g: u32,
+    /// `lane % 4`: accumulator column pair.
+    t: u32,
+    /// First value column of the warp.
+    dv0: u32,
+}
+
+/// The `[f32; 4]` accumulator tiles of `S^T` (m16 over the warp's value columns, n8 tile `j`
+/// over key channels `8 j ..`): element `e` is `S[8 j + 2 t + e % 2][dv0 + g + 8 (e / 2)]`.
+/// Offset (in elements) of that element in a `[DK, DV]` state.
+#[inline(always)]
+fn state_index<const DV: u32>(l: &Lane, j: usize, e: usize) -> usize {
+    let dk = 8 * j as u32 + 2 * l.t + (e as u32 % 2);
+    let dv = l.dv0 + l.g + 8 * (e as u32 / 2);
+    (dk * DV + dv) as usize
+}
+
+/// The matrix phase of one chunk for one warp (see the module documentation). `OUT = false`:
+/// only the state update.
+///
+/// # Safety
+/// Whole warp, uniform control flow; `var` and the raw v rows `v_rows ..+ 16` were published by
+/// a barrier and are not overwritten before the next one; with `OUT`, `o_rows` points at the
+/// chunk's first output row (element `dv0` of head `head` is added here) with `valid` rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matrix<
+    const DK: u32,
+    const DV: u32,
+    const NKK: usize,
+    const NJ: usize,
+    const OUT: bool,
+>(
+    l: &Lane,
+    var: &Variants,
+    v_rows: u32,
+    st: &mut [[f32; 4]; NJ],
+    o_rows: *mut u16,
+    row_stride: usize,
+    valid: u32,
+    scale: f32,
+) {
+    const { assert!(NKK as u32 * 16 == DK && NJ == 2 * NKK) };
+    let rb = const { GlaConfig::row_bytes(DK) };
+    let rbv = const { GlaConfig::row_bytes(DV) };
+    let lane = l.lane;
+    let wchunk = l.dv0 / 8;
+    // A operand v^T (m16 = the warp's value columns, k16 = the chunk's tokens).
+    // SAFETY: rows < 16 of the published v rows, 16-byte chunks of the warp's columns.
+    let va = unsafe {
+        ldmatrix::x4_trans(
+            v_rows + ((lane / 16) * 8 + lane % 8) * rbv + (wchunk + (lane / 8) % 2) * 16,
+        )
+    };
+    let mut o = [[0.0f32; 4]; 2];
+    if OUT {
+        // Intra-chunk scores.
+        let mut x = [0.0f32; 4];
+        let mut y = [0.0f32; 4];
+        let mut z = [0.0f32; 4];
+        for kk in 0..NKK {
+            let kc = 2 * kk as u32;
+            // SAFETY: published tiles (module contract), rows < 16 (8 for k_half0).
+            unsafe {
+                let qa = ldmatrix::x4(var.q_diag + (lane % 16) * rb + (kc + lane / 16) * 16);
+                let b0 = ldmatrix::x2(var.k_half0 + (lane % 8) * rb + (kc + (lane / 8) % 2) * 16);
+                let b1 = ldmatrix::x4(
+                    var.k_half1 + (lane % 8 + (lane / 16) * 8) * rb + (kc + (lane / 8) % 2) * 16,
+                );
+                mma_bf16(&mut x, qa, b0);
+                mma_bf16(&mut y, qa, [b1[0], b1[1]]);
+                mma_bf16(&mut z, qa, [b1[2], b1[3]]);
+            }
+        }
+        // Keep s <= t within each half (select, so masked infinities vanish); (half 1, half 0)
+        // from y; (half 0, half 1) is zero.
+        let keep0 = 2 * l.t <= l.g;
+        let keep1 = 2 * l.t < l.g;
+        let sel = |keep: bool, v: f32| if keep { v } else { 0.0 };
+        let pa = [
+            convert::pack_bf16x2(sel(keep0, x[0]), sel(keep1, x[1])),
+            convert::pack_bf16x2(y[2], y[3]),
+            convert::pack_bf16x2(0.0, 0.0),
+            convert::pack_bf16x2(sel(keep0, z[2]), sel(keep1, z[3])),
+        ];
+        // B operand v (k16 = tokens, n = the warp's 16 value columns as two n8 tiles).
+        // SAFETY: published v rows < 16, the warp's column chunks.
+        unsafe {
+            let vb = ldmatrix::x4_trans(v_rows + (lane % 16) * rbv + (wchunk + lane / 16) * 16);
+            mma_bf16(&mut o[0], pa, [vb[0], vb[1]]);
+            mma_bf16(&mut o[1], pa, [vb[2], vb[3]]);
+        }
+    }
+    for kk in 0..NKK {
+        let kc = 2 * kk as u32;
+        let (j0, j1) = (2 * kk, 2 * kk + 1);
+        if OUT {
+            // o += q_inter S, S from the (pre-update) accumulators.
+            let b_lo = [
+                convert::pack_bf16x2(st[j0][0], st[j0][1]),
+                convert::pack_bf16x2(st[j1][0], st[j1][1]),
+            ];
+            let b_hi = [
+                convert::pack_bf16x2(st[j0][2], st[j0][3]),
+                convert::pack_bf16x2(st[j1][2], st[j1][3]),
+            ];
+            // SAFETY: published q_inter rows < 16.
+            unsafe {
+                let qa = ldmatrix::x4(var.q_inter + (lane % 16) * rb + (kc + lane / 16) * 16);
+                mma_bf16(&mut o[0], qa, b_lo);
+                mma_bf16(&mut o[1], qa, b_hi);
+            }
+        }
+        // S^T = decay S^T + v^T k_state for key channels 16 kk .. 16 kk + 16.
+        // SAFETY: published decay row, channels < DK, 8-byte aligned.
+        let (d_lo, d_hi) = unsafe {
+            (
+                u64::load(var.decay + 4 * (16 * kk as u32 + 2 * l.t)),
+                u64::load(var.decay + 4 * (16 * kk as u32 + 8 + 2 * l.t)),
+            )
+        };
+        let dl = [
+            f32::from_bits(d_lo as u32),
+            f32::from_bits((d_lo >> 32) as u32),
+        ];
+        let dh = [
+            f32::from_bits(d_hi as u32),
+            f32::from_bits((d_hi >> 32) as u32),
+        ];
+        for e in 0..4 {
+            st[j0][e] *= dl[e % 2];
+            st[j1][e] *= dh[e % 2];
+        }
+        // SAFETY: published k_state rows < 16.
+        unsafe {
+            let kb = ldmatrix::x4_trans(var.k_state + (lane % 16) * rb + (kc + lane / 16) * 16);
+            mma_bf16(&mut st[j0], va, [kb[0], kb[1]]);
+            mma_bf16(&mut st[j1], va, [kb[2], kb[3]]);
+        }
+    }
+    if OUT {
+        for h in 0..2 {
+            let row = l.g + 8 * h as u32;
+            if row < valid {
+                let dst = o_rows.wrapping_add(row as usize * row_stride);
+                for n in 0..2 {
+                    let w = convert::pack_bf16x2(o[n][2 * h] * scale, o[n][2 * h + 1] * scale);
+                    let col = l.dv0 + 8 * n as u32 + 2 * l.t;
+                    // SAFETY: row < valid rows of the chunk, col + 1 < DV: inside o; 4-byte
+                    // aligned (even column, contiguous rows).
+                    unsafe { *(dst.wrapping_add(col as usize) as *mut u32) = w };
+                }
+            }
+        }
+    }
+}
+
+/// The walk of one segment (see the module documentation). `OUT`: `gla_fwd` (outputs, from the
+/// segment's initial state, final state at the end of a sequence); else `gla_states` (from
+/// zero, writes `delta` and `decay_log2`; blocks of last segments exit at once).
+///
+/// # Safety
+/// Launched as documented on [`GlaParams`] with the configuration whose layout is `lay` and whose
+/// fields the const parameters repeat.
+#[inline(always)]
+unsafe fn walk<
+    const DK: u32,
+    const DV: u32,
+    const THREADS: u32,
+    const STAGES: u32,
+    const WAIT: u32,
+    const P: u32,
+    const TPT: usize,
+    const NKK: usize,
+    const NJ: usize,
+    const OUT: bool,
+>(
+    p: &GlaParams,
+    lay: &GlaLayout,
+) {
+    const { assert!(STAGES >= 2 && WAIT == STAGES - 2 && THREADS == DV * 2) };
+    let (slot, head) = (index::block_idx_x(), index::block_idx_y());
+    // SAFETY: slot < gridDim.x = entries of the segment table.
+    let seg: Segment = unsafe { *p.segments.add(slot as usize) };
+    if !OUT && seg.flags & SEG_LAST != 0 {
+        return;
+    }
+    let lane = index::lane_id();
+    let l = Lane {
+        lane,
+        g: lane / 4,
+        t: lane % 4,
+        dv0: index::warp_id() * 16,
+    };
+    let heads = p.heads as u64;
+    let state_len = (DK * DV) as usize;
+    let pair_head = (seg.seq as u64 * heads + head as u64) as usize * state_len;
+    let slot_head = (slot as u64 * heads + head as u64) as usize;
+
+    // Initial state.
+    let mut st = [[0.0f32; 4]; NJ];
+    let init: *const f32 = if !OUT {
+        core::ptr::null()
+    } else if seg.flags & SEG_FIRST != 0 {
+        if p.has_init != 0 {
+            p.init_state.wrapping_add(pair_head)
+        } else {
+            core::ptr::null()
+        }
+    } else {
+        p.seg_init.wrapping_add(slot_head * state_len)
+    };
+    if !init.is_null() {
+        for j in 0..NJ {
+            for e in 0..4 {
+                // SAFETY: the state slice of (seq, head) or (slot, head) has DK * DV elements
+                // (host-checked sizes); state_index < DK * DV.
+                st[j][e] = unsafe { *init.add(state_index::<DV>(&l, j, e)) };
+            }
+        }
+    }
+
+    let smem = smem::aligned_base();
+    let raw = |s: u32| {
+        let at = smem + s * lay.stage_bytes;
+        (at + lay.q, at + lay.k, at + lay.g, at + lay.v)
+    };
+    let len = seg.len;
+    let steps = len.div_ceil(STEP);
+    let chunks = len.div_ceil(CHUNK);
+    let (sk, sv) = (heads * DK as u64, heads * DV as u64);
+    let off = head as usize;
+    let load = |step: u32, stage: u32| {
+        let first = seg.start as u64 + (step * STEP) as u64;
+        let valid = (len - step * STEP).min(STEP);
+        let (q_s, k_s, g_s, v_s) = raw(stage);
+        if OUT {
+            load_tile::<DK, STEP, THREADS>(
+                q_s,
+                p.q.wrapping_add(off * DK as usize),
+                first * sk,
+                sk,
+                valid,
+            );
+        }
+        load_tile::<DK, STEP, THREADS>(
+            k_s,
+            p.k.wrapping_add(off * DK as usize),
+            first * sk,
+            sk,
+            valid,
+        );
+        load_tile::<DK, STEP, THREADS>(
+            g_s,
+            p.g.wrapping_add(off * DK as usize),
+            first * sk,
+            sk,
+            valid,
+        );
+        load_tile::<DV, STEP, THREADS>(
+            v_s,
+            p.v.wrapping_add(off * DV as usize),
+            first * sv,
+            sv,
+            valid,
+        );
+    };
+    for s in 0..STAGES - 1 {
+        if s < steps {
+            load(s, s);
+        }
+        cp_async::commit_group();
+    }
+    let mut total = [0.0f32; 2];
+    let rb = const { GlaConfig::row_bytes(DK) };
+    let rbv = const { GlaConfig::row_bytes(DV) };
+    for step in 0..steps {
+        cp_async::wait_group::<WAIT>();
+        // SAFETY: barrier A of the protocol; every thread reaches it `steps` times.
+        unsafe { sync::sync_threads() };
+        let issue = step + STAGES - 1;
+        if issue < steps {
+            load(issue, issue % STAGES);
+        }
+        cp_async::commit_group();
+        let (q_s, k_s, g_s, v_s) = raw(step % STAGES);
+        for cc in 0..CHUNKS_PER_STEP {
+            let chunk = step * CHUNKS_PER_STEP + cc;
+            if chunk >= chunks {
+                break;
+            }
+            let var = Variants::new(smem, lay, chunk % 2);
+            let r0 = cc * CHUNK;
+            // SAFETY: all threads (uniform: chunk < chunks is block-uniform); raw rows
+            // published by barrier A; the buffer's last readers finished before barrier B of
+            // the previous chunk.
+            let b15 = unsafe {
+                elementwise::<DK, P, TPT, OUT>(q_s + r0 * rb, k_s + r0 * rb, g_s + r0 * rb, &var)
+            };
+            total[0] += b15[0];
+            total[1] += b15[1];
+            // SAFETY: barrier B of the protocol (uniform).
+            unsafe { sync::sync_threads() };
+            let token = seg.start as u64 + (chunk * CHUNK) as u64;
+            let o_rows = p
+                .o
+                .wrapping_add(((token * heads + head as u64) * DV as u64 + l.dv0 as u64) as usize);
+            let valid = (len - chunk * CHUNK).min(CHUNK);
+            // SAFETY: whole warps, uniform; tiles published by barrier B; o_rows is the chunk's
+            // first output row of this head (used only with OUT) and rows < valid exist.
+            unsafe {
+                matrix::<DK, DV, NKK, NJ, OUT>(
+                    &l,
+                    &var,
+                    v_s + r0 * rbv,
+                    &mut st,
+                    o_rows,
+                    (heads * DV as u64) as usize,
+                    valid,
+                    p.scale,
+                )
+            };
+        }
+    }
+    cp_async::wait_all();
+
+    let out: *mut f32 = if OUT {
+        if seg.flags & SEG_LAST != 0 && p.has_final != 0 {
+            p.final_state.wrapping_add(pair_head)
+        } else {
+            core::ptr::null_mut()
+        }
+    } else {
+        p.delta.wrapping_add(slot_head * state_len)
+    };
+    if !out.is_null() {
+        for j in 0..NJ {
+            for e in 0..4 {
+                // SAFETY: this block's own state slice (final state of its sequence, or its
+                // segment's delta), DK * DV elements; state_index < DK * DV.
+                unsafe { *out.add(state_index::<DV>(&l, j, e)) = st[j][e] };
+            }
+        }
+    }
+    if !OUT {
+        let tid = index::thread_idx_x();
+        if tid % P == P - 1 {
+            let dst = p
+                .decay_log2
+                .wrapping_add(slot_head * DK as usize + 2 * (tid / P) as usize);
+            // SAFETY: channels 2 (tid / P), +1 < DK of this segment's decay row; one writer.
+            unsafe {
+                *dst = total[0];
+                *dst.add(1) = total[1];
+            }
+        }
+    }
+}
+
+macro_rules! gla_kernels {
+    ($fwd:ident, $states:ident, $dk:expr, $dv:expr) => {
+        /// `gla_fwd` for this pair of head dimensions; see the module documentation.
+        ///
+        /// # Safety
+        /// Grid `(segments, heads)`, the configuration's threads and shared memory, parameters
+        /// satisfying [`GlaParams`]'s contract (validated by the host); for segments that are
+        /// not first, `seg_init` written by `gla_combine`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd(p: GlaParams) {
+            const CFG: GlaConfig = config_of($dk, $dv);
+            const LAYOUT: GlaLayout = CFG.layout();
+            crate::launch_bounds!($fwd, CFG.threads(), CFG.blocks_per_sm);
+            // SAFETY: forwarded to the caller.
+            unsafe {
+                walk::<
+                    { CFG.dk },
+                    { CFG.dv },
+                    { CFG.threads() },
+                    { CFG.stages },
+                    { CFG.stages - 2 },
+                    { CFG.threads_per_pair() },
+                    { CFG.tokens_per_thread() as usize },
+                    { (CFG.dk / 16) as usize },
+                    { (CFG.dk / 8) as usize },
+                    true,
+                >(&p, &LAYOUT)
+            }
+        }
+
+        /// `gla_states` for this pair of head dimensions; see the module documentation.
+        ///
+        /// # Safety
+        /// As for the `gla_fwd` kernel of the pair; `delta` and `decay_log2` hold a slice per
+        /// (segment, head).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $states(p: GlaParams) {
+            const CFG: GlaConfig = config_of($dk, $dv);
+            const LAYOUT: GlaLayout = CFG.layout();
+            crate::launch_bounds!($states, CFG.threads(), CFG.blocks_per_sm);
+            // SAFETY: forwarded to the caller.
+            unsafe {
+                walk::<
+                    { CFG.dk },
+                    { CFG.dv },
+                    { CFG.threads() },
+                    { CFG.stages },
+                    { CFG.stages - 2 },
+                    { CFG.threads_per_pair() },
+                    { CFG.tokens_per_thread() as usize },
+                    { (CFG.dk / 16) as usize },
+                    { (CFG.dk / 8) as usize },
+                    false,
+                >(&p, &LAYOUT)
+            }
+        }
+    };
+}
+
+gla_kernels!(gla_fwd_dk64_dv64, gla_states_dk64_dv64, 64, 64);
+gla_kernels!(gla_fwd_dk64_dv128, gla_states_dk64_dv128, 64, 128);
+gla_kernels!(gla_fwd_dk128_dv64, gla_states_dk128_dv64, 128, 64);
+gla_kernels!(gla_fwd_dk128_dv128, gla_states_dk128_dv128, 128, 128);
+
+/// `gla_combine`: the initial state of every later segment of a split sequence,
+/// `S_{i+1} = 2^{D_i} S_i + delta_i` from `S_0` = the initial state (or 0), in f32.
+///
+/// # Thread mapping
+/// Block `(entry, head, z)`, thread `tid`: state element `e = z * COMBINE_THREADS + tid` of
+/// `[dk, dv]`, walked through the sequence's segments in order. No barrier: threads share
+/// nothing.
+///
+/// # Safety
+/// Grid `(entries, heads, ceil(dk dv / COMBINE_THREADS))`, `COMBINE_THREADS` threads,
+/// parameters satisfying [`CombineParams`]'s contract, `delta` and `decay_log2` written by
+/// `gla_states` for every segment that is not last.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn gla_combine(p: CombineParams) {
+    crate::launch_bounds!(gla_combine, kernel_abi::gla::COMBINE_THREADS, 1);
+    let head = index::block_idx_y() as u64;
+    let e = index::block_idx_z() * kernel_abi::gla::COMBINE_THREADS + index::thread_idx_x();
+    let state_len = p.dk * p.dv;
+    if e >= state_len {
+        return;
+    }
+    // SAFETY: blockIdx.x < gridDim.x = entries.
+    let entry: CombineEntry = unsafe { *p.entries.add(index::block_idx_x() as usize) };
+    let heads = p.heads as u64;
+    let elem = |slot: u64| ((slot * heads + head) * state_len as u64 + e as u64) as usize;
+    let mut s = if p.has_init != 0 {
+        // SAFETY: (seq, head, e) inside the initial states (host-checked size).
+        unsafe { *p.init_state.add(elem(entry.seq as u64)) }
+    } else {
+        0.0
+    };
+    let channel = (e / p.dv) as u64;
+    for i in 0..entry.count - 1 {
+        let slot = (entry.first + i) as u64;
+        // SAFETY: slot and slot + 1 < segments (the entry's consecutive segments); element and
+        // channel inside the workspace slices.
+        unsafe {
+            let d = *p
+                .decay_log2
+                .add(((slot * heads + head) * p.dk as u64 + channel) as usize);
+            s = math::fma(math::exp2(d), s, *p.delta.add(elem(slot)));
+            *p.seg_init.add(elem(slot + 1)) = s;
+        }
+    }
+}

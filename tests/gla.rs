@@ -1,0 +1,759 @@
+//! GLA forward against the f64 recurrence (`gla::reference::recurrence`).
+//!
+//! Tolerance: relative L2 error `||x - ref|| / ||ref|| <= 1e-2` for the outputs and for the
+//! final states (the issue's bound for bf16 inputs; the kernels round q, k variants, the
+//! intra-chunk scores, the state operand and the output to bf16, each a relative 2^-9, so the
+//! expected error is a few 1e-3). Every output element must be finite (outputs are poisoned with
+//! NaN before the launch, so an unwritten element fails).
+//!
+//! The same cases run on the CPU through `gla::reference::chunked`, the kernels' algorithm in
+//! f32 (chunking, clamping, reference points, bf16 roundings, segment passes), so that the
+//! algorithm itself is checked here without a GPU.
+
+use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
+use kernels::data::rng;
+use kernels::gla::reference::{self, HostInputs, rel_l2};
+use kernels::gla::{
+    self, G_FLOOR, GlaInputs, GlaOutputs, GlaPlan, GlaProblem, SegmentPlan, plan_segments,
+};
+use kernels::memory::{download, poisoned, upload};
+use kernels::{Error, Gpu, bf16};
+use rand::Rng;
+
+/// The bound on the relative L2 errors.
+const TOL: f64 = 1e-2;
+
+/// How the log-decays are drawn.
+#[derive(Clone, Copy, Debug)]
+enum Decay {
+    /// Uniform in `[lo, hi)`.
+    Uniform(f32, f32),
+    /// Every element equal.
+    Const(f32),
+    /// Each element -20 with probability 1/4, else uniform in `[-0.1, 0)`: strong and weak
+    /// decays mixed within a chunk half.
+    Spiky,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    p: GlaProblem,
+    decay: Decay,
+    init: bool,
+    final_state: bool,
+    seed: u64,
+}
+
+fn case(batch: usize, t: usize, heads: usize, dk: usize, dv: usize, decay: Decay) -> Case {
+    Case {
+        p: GlaProblem::new(batch, t, heads, dk, dv),
+        decay,
+        init: true,
+        final_state: true,
+        seed: (batch * 1_000_003 + t * 7919 + heads * 131 + dk * 17 + dv) as u64,
+    }
+}
+
+fn name(c: &Case) -> String {
+    let p = &c.p;
+    let mut s = match &p.cu_seqlens {
+        Some(cu) => format!("varlen{}_t{}", cu.len() - 1, p.seq_len),
+        None => format!("b{}_t{}", p.batch, p.seq_len),
+    };
+    s.push_str(&format!("_h{}_dk{}_dv{}", p.heads, p.dk, p.dv));
+    s.push_str(&match c.decay {
+        Decay::Uniform(lo, hi) => format!("_g[{lo},{hi})"),
+        Decay::Const(x) => format!("_g{x}"),
+        Decay::Spiky => "_gspiky".to_string(),
+    });
+    if let Some(l) = p.segment_len {
+        s.push_str(&format!("_seg{l}"));
+    }
+    if !c.init {
+        s.push_str("_noinit");
+    }
+    s
+}
+
+fn cases() -> Vec<Case> {
+    let slow = Decay::Uniform(-0.05, 0.0);
+    let mut v = Vec::new();
+    // The issue's lengths, on every head-dimension pair (Dk != Dv included).
+    for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+        for t in [1, 63, 64, 65, 1000] {
+            v.push(case(2, t, 2, dk, dv, slow));
+        }
+    }
+    v.push(case(1, 4096, 2, 64, 64, slow));
+    v.push(case(1, 4096, 2, 128, 128, Decay::Uniform(-1.0, 0.0)));
+    // Decays: none, the strongest exact one, clamped ones, mixed, and positive (growth).
+    for d in [
+        Decay::Const(0.0),
+        Decay::Const(-20.0),
+        Decay::Const(-30.0),
+        Decay::Spiky,
+        Decay::Uniform(-3.0, 0.0),
+        Decay::Uniform(0.0, 0.1),
+    ] {
+        v.push(case(2, 333, 2, 128, 64, d));
+        v.push(case(1, 257, 3, 64, 128, d));
+    }
+    let mut c = case(1, 4096, 1, 128, 128, Decay::Const(0.0));
+    c.init = false;
+    v.push(c);
+    // Without an initial state, and without asking for the final state.
+    let mut c = case(2, 100, 2, 64, 64, slow);
+    c.init = false;
+    c.final_state = false;
+    v.push(c);
+    // Scale other than the default.
+    let mut c = case(1, 77, 2, 64, 64, slow);
+    c.p = c.p.with_scale(0.3);
+    v.push(c);
+    // Variable lengths (packed), with and without forced short segments.
+    let lens = [1usize, 15, 16, 17, 100, 333, 64, 1000, 31, 32, 33];
+    let mut cu = vec![0usize];
+    for l in lens {
+        cu.push(cu.last().unwrap() + l);
+    }
+    for (dk, dv) in [(64, 64), (128, 128), (64, 128)] {
+        for seg in [None, Some(64), Some(96)] {
+            let mut c = case(1, 0, 2, dk, dv, slow);
+            c.p = GlaProblem::varlen(cu.clone(), 2, dk, dv);
+            c.p.segment_len = seg;
+            c.seed = 4242 + dk as u64 + seg.unwrap_or(0) as u64;
+            v.push(c);
+        }
+    }
+    // Sequences split into many segments (the state pass and the combination), strong and no
+    // decay.
+    for (seg, d) in [
+        (32, slow),
+        (64, Decay::Const(0.0)),
+        (160, Decay::Spiky),
+        (320, Decay::Uniform(-1.0, 0.0)),
+    ] {
+        let mut c = case(2, 1000, 2, 128, 128, d);
+        c.p.segment_len = Some(seg);
+        v.push(c);
+        let mut c = case(3, 513, 2, 64, 64, d);
+        c.p.segment_len = Some(seg);
+        v.push(c);
+    }
+    v
+}
+
+struct Data {
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    g: Vec<bf16>,
+    init: Option<Vec<f32>>,
+}
+
+impl Data {
+    fn host(&self) -> HostInputs<'_> {
+        HostInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            init_state: self.init.as_deref(),
+        }
+    }
+}
+
+fn data(c: &Case) -> Data {
+    let p = &c.p;
+    let mut r = rng(c.seed);
+    let mut draw = |n: usize, lo: f32, hi: f32| -> Vec<bf16> {
+        (0..n)
+            .map(|_| bf16::from_f32(r.random_range(lo..hi)))
+            .collect()
+    };
+    let q = draw(p.qk_len(), -1.0, 1.0);
+    let k = draw(p.qk_len(), -1.0, 1.0);
+    let v = draw(p.v_len(), -1.0, 1.0);
+    let mut r = rng(c.seed ^ 0x9e37_79b9);
+    let g = (0..p.qk_len())
+        .map(|_| {
+            bf16::from_f32(match c.decay {
+                Decay::Uniform(lo, hi) => r.random_range(lo..hi),
+                Decay::Const(x) => x,
+                Decay::Spiky => {
+                    if r.random_range(0..4) == 0 {
+                        -20.0
+                    } else {
+                        r.random_range(-0.1..0.0)
+                    }
+                }
+            })
+        })
+        .collect();
+    let init = c.init.then(|| {
+        let mut r = rng(c.seed ^ 0x51ed);
+        (0..p.state_len())
+            .map(|_| r.random_range(-1.0..1.0))
+            .collect()
+    });
+    Data { q, k, v, g, init }
+}
+
+fn main() {
+    let mut s = Suite::new();
+    for c in cases() {
+        let n = name(&c);
+        let cc = c.clone();
+        s.cpu(&format!("gla/cpu_chunked/{n}"), move || cpu_chunked(&cc));
+        s.gpu(&format!("gla/gpu/{n}"), Needs::Gpu, move |g| run(g, &c));
+    }
+    s.cpu("gla/segment_plan", segment_plan);
+    s.cpu("gla/rejects_bad_problems", rejects_bad_problems);
+    s.gpu("gla/rejects_bad_tensors", Needs::Gpu, rejects_bad_tensors);
+    s.gpu("gla/state_round_trip", Needs::Gpu, state_round_trip);
+    s.gpu("gla/deterministic", Needs::Gpu, deterministic);
+    s.gpu("gla/sm_80_target", Needs::Gpu, |_| match portable_gpu() {
+        None => {
+            println!("the default target is already sm_80");
+            Ok(())
+        }
+        Some(g) => {
+            let mut c = case(2, 1000, 2, 128, 64, Decay::Uniform(-1.0, 0.0));
+            c.p.segment_len = Some(128);
+            run(g, &c)?;
+            run(g, &case(1, 65, 2, 64, 128, Decay::Spiky))
+        }
+    });
+    s.run()
+}
+
+/// Compare against the recurrence; `what` names the result in the printed line.
+fn compare(
+    what: &str,
+    c: &Case,
+    exact: &reference::Exact,
+    o: &[bf16],
+    final_state: Option<&[f32]>,
+) -> TestResult {
+    let o_err = rel_l2(o.iter().map(|x| x.to_f64()), &exact.o);
+    let s_err = final_state.map(|s| rel_l2(s.iter().map(|&x| x as f64), &exact.final_state));
+    println!(
+        "{what}: rel L2 error o {o_err:.3e}, final state {} (tol {TOL:.0e})",
+        s_err.map_or("not asked".to_string(), |e| format!("{e:.3e}"))
+    );
+    if o_err > TOL {
+        diagnose(&c.p, o, &exact.o);
+    }
+    ensure(o_err <= TOL, || {
+        format!(
+            "{what} ({}): o rel L2 error {o_err:.3e} > {TOL:.0e}",
+            name(c)
+        )
+    })?;
+    ensure(s_err.is_none_or(|e| e <= TOL), || {
+        format!(
+            "{what} ({}): final state rel L2 error {:.3e} > {TOL:.0e}",
+            name(c),
+            s_err.unwrap_or(f64::NAN)
+        )
+    })
+}
+
+/// On a failure, where the error is: the worst element, and the relative L2 error by token
+/// position in its 16-token chunk, by value-column group of 16 (one warp each), by value column
+/// within the group, and by eighth of the token rows (segments), to point at the mapping at
+/// fault.
+fn diagnose(p: &GlaProblem, got: &[bf16], want: &[f64]) {
+    let (h_n, dv, rows) = (p.heads, p.dv, p.rows());
+    // Sums of squared error and squared reference per bucket.
+    let mut by_pos = vec![[0.0f64; 2]; 16];
+    let mut by_warp = vec![[0.0f64; 2]; dv / 16];
+    let mut by_col = vec![[0.0f64; 2]; 16];
+    let mut by_eighth = vec![[0.0f64; 2]; 8];
+    let mut worst = (0usize, -1.0f64);
+    for (start, len) in p.sequences() {
+        for i in 0..len {
+            let t = start + i;
+            for h in 0..h_n {
+                for e in 0..dv {
+                    let at = (t * h_n + h) * dv + e;
+                    let (x, w) = (got[at].to_f64(), want[at]);
+                    let d = if x.is_finite() {
+                        (x - w) * (x - w)
+                    } else {
+                        f64::INFINITY
+                    };
+                    if d > worst.1 {
+                        worst = (at, d);
+                    }
+                    for bucket in [
+                        &mut by_pos[i % 16],
+                        &mut by_warp[e / 16],
+                        &mut by_col[e % 16],
+                        &mut by_eighth[t * 8 / rows],
+                    ] {
+                        bucket[0] += d;
+                        bucket[1] += w * w;
+                    }
+                }
+            }
+        }
+    }
+    let list = |v: &[[f64; 2]]| {
+        v.iter()
+            .map(|a| {
+                if a[1] > 0.0 {
+                    format!("{:.1e}", (a[0] / a[1]).sqrt())
+                } else {
+                    "-".to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let at = worst.0;
+    println!(
+        "  worst element: token row {}, head {}, value column {}: got {}, want {:.6}",
+        at / dv / h_n,
+        at / dv % h_n,
+        at % dv,
+        got[at],
+        want[at]
+    );
+    println!("  rel L2 by token position in the chunk: {}", list(&by_pos));
+    println!("  rel L2 by warp (value columns / 16): {}", list(&by_warp));
+    println!("  rel L2 by value column % 16: {}", list(&by_col));
+    println!("  rel L2 by eighth of the token rows: {}", list(&by_eighth));
+}
+
+fn cpu_plan(p: &GlaProblem) -> kernels::Result<SegmentPlan> {
+    // Without a GPU the automatic choice has no SM count: use 132 (an H100/H200).
+    p.plan(132)
+}
+
+fn cpu_chunked(c: &Case) -> TestResult {
+    let d = data(c);
+    let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
+    let plan = gpu_ok(cpu_plan(&c.p))?;
+    let got = gpu_ok(reference::chunked(&c.p, &d.host(), &plan))?;
+    compare(
+        &format!(
+            "CPU chunked, {} segments (seed {})",
+            plan.segments.len(),
+            c.seed
+        ),
+        c,
+        &exact,
+        &got.o,
+        Some(&got.final_state),
+    )
+}
+
+/// Upload, run on the GPU (outputs poisoned), download: (o, final state).
+fn gpu_forward(g: &Gpu, p: &GlaProblem, d: &Data, final_state: bool) -> kernels::Result<Run> {
+    let stream = g.stream()?;
+    let (dq, dk, dv, dg) = (upload(&d.q)?, upload(&d.k)?, upload(&d.v)?, upload(&d.g)?);
+    let dinit = d.init.as_deref().map(upload).transpose()?;
+    let mut o = poisoned::<bf16>(p.v_len())?;
+    let mut fs = if final_state {
+        Some(poisoned::<f32>(p.state_len())?)
+    } else {
+        None
+    };
+    let mut plan = GlaPlan::new(g, p)?;
+    plan.forward(
+        g,
+        &stream,
+        &GlaInputs {
+            q: &dq,
+            k: &dk,
+            v: &dv,
+            g: &dg,
+            init_state: dinit.as_ref(),
+        },
+        &mut GlaOutputs {
+            o: &mut o,
+            final_state: fs.as_mut(),
+        },
+    )?;
+    g.sync(&stream, "GLA forward")?;
+    Ok(Run {
+        o: download(&o)?,
+        final_state: fs.as_ref().map(download).transpose()?,
+        plan: plan.segments().clone(),
+    })
+}
+
+struct Run {
+    o: Vec<bf16>,
+    final_state: Option<Vec<f32>>,
+    plan: SegmentPlan,
+}
+
+fn run(g: &Gpu, c: &Case) -> TestResult {
+    let d = data(c);
+    let r = gpu_ok(gpu_forward(g, &c.p, &d, c.final_state))?;
+    let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
+    // Diagnostic: distance to the CPU run of the same algorithm on the same segments.
+    let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.plan))?;
+    let mirror_o: Vec<f64> = mirror.o.iter().map(|x| x.to_f64()).collect();
+    println!(
+        "  {}: {} segments; rel L2 distance of o to the CPU run of the algorithm {:.3e}",
+        name(c),
+        r.plan.segments.len(),
+        rel_l2(r.o.iter().map(|x| x.to_f64()), &mirror_o)
+    );
+    compare(
+        &format!("GPU {} (seed {})", g.arch(), c.seed),
+        c,
+        &exact,
+        &r.o,
+        r.final_state.as_deref(),
+    )
+}
+
+/// Running two halves with the state carried equals running the whole (and both match the
+/// recurrence): the final state of the first half is the initial state of the second.
+fn state_round_trip(g: &Gpu) -> TestResult {
+    for (dk, dv, t1, t2, seg) in [
+        (128, 128, 500, 500, None),
+        (64, 128, 77, 300, Some(64)),
+        (128, 64, 16, 1, None),
+    ] {
+        let heads = 2;
+        let mut whole = case(1, t1 + t2, heads, dk, dv, Decay::Uniform(-0.05, 0.0));
+        whole.p.segment_len = seg;
+        let d = data(&whole);
+        let full = gpu_ok(gpu_forward(g, &whole.p, &d, true))?;
+        let rows = |x: &[bf16], from: usize, to: usize, w: usize| x[from * w..to * w].to_vec();
+        let (wk, wv) = (heads * dk, heads * dv);
+        let mut p1 = GlaProblem::new(1, t1, heads, dk, dv);
+        p1.segment_len = seg;
+        let mut p2 = GlaProblem::new(1, t2, heads, dk, dv);
+        p2.segment_len = seg;
+        let first = Data {
+            q: rows(&d.q, 0, t1, wk),
+            k: rows(&d.k, 0, t1, wk),
+            v: rows(&d.v, 0, t1, wv),
+            g: rows(&d.g, 0, t1, wk),
+            init: d.init.clone(),
+        };
+        let a = gpu_ok(gpu_forward(g, &p1, &first, true))?;
+        let second = Data {
+            q: rows(&d.q, t1, t1 + t2, wk),
+            k: rows(&d.k, t1, t1 + t2, wk),
+            v: rows(&d.v, t1, t1 + t2, wv),
+            g: rows(&d.g, t1, t1 + t2, wk),
+            init: a.final_state.clone(),
+        };
+        let b = gpu_ok(gpu_forward(g, &p2, &second, true))?;
+        let joined: Vec<f64> = a.o.iter().chain(&b.o).map(|x| x.to_f64()).collect();
+        let whole_o: Vec<f64> = full.o.iter().map(|x| x.to_f64()).collect();
+        let whole_s: Vec<f64> = full
+            .final_state
+            .as_ref()
+            .ok_or("final state missing")?
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let b_state = b.final_state.as_ref().ok_or("final state missing")?;
+        let o_diff = rel_l2(joined, &whole_o);
+        let s_diff = rel_l2(b_state.iter().map(|&x| x as f64), &whole_s);
+        println!(
+            "dk {dk} dv {dv}: halves {t1} + {t2} vs whole: rel L2 difference o {o_diff:.3e}, \
+             final state {s_diff:.3e} (tol {TOL:.0e})"
+        );
+        ensure(o_diff <= TOL && s_diff <= TOL, || {
+            format!("halves differ from the whole: o {o_diff:.3e}, state {s_diff:.3e}")
+        })?;
+        let exact = gpu_ok(reference::recurrence(&whole.p, &d.host()))?;
+        let joined_o: Vec<bf16> = a.o.iter().chain(&b.o).copied().collect();
+        compare(
+            "halves joined",
+            &whole,
+            &exact,
+            &joined_o,
+            Some(b_state.as_slice()),
+        )?;
+    }
+    Ok(())
+}
+
+fn deterministic(g: &Gpu) -> TestResult {
+    let mut c = case(2, 777, 3, 128, 128, Decay::Uniform(-0.5, 0.0));
+    c.p.segment_len = Some(128);
+    let d = data(&c);
+    let a = gpu_ok(gpu_forward(g, &c.p, &d, true))?;
+    let b = gpu_ok(gpu_forward(g, &c.p, &d, true))?;
+    let same =
+        a.o.iter()
+            .zip(&b.o)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+            && a.final_state
+                .iter()
+                .flatten()
+                .zip(b.final_state.iter().flatten())
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+    ensure(same, || "two runs on the same inputs differ".into())
+}
+
+/// Every segment plan covers each sequence exactly, in order, with whole pipeline steps except
+/// at the end, flags on the first and last segments, and the combination table naming exactly
+/// the split sequences; the automatic plan also fills at most one wave of blocks.
+fn segment_plan() -> TestResult {
+    let problems = [
+        GlaProblem::new(3, 1000, 2, 64, 64),
+        GlaProblem::varlen(vec![0, 1, 33, 64, 1000, 1001], 2, 128, 64),
+        GlaProblem::new(1, 31, 1, 64, 64),
+        GlaProblem::new(4, 4096, 32, 64, 64),
+        GlaProblem::new(1, 16384, 16, 128, 128),
+    ];
+    for p in problems {
+        for seg in [32usize, 64, 96, 256, 4096, usize::MAX] {
+            check_plan(&p, &gpu_ok(plan_segments(&p, seg))?)?;
+        }
+        for slots in [1usize, 132, 264, 396, 100_000] {
+            let plan = gpu_ok(gla::plan_auto(&p, slots))?;
+            check_plan(&p, &plan)?;
+            let blocks = plan.segments.len() * p.heads;
+            ensure(blocks <= slots.max(p.num_seqs() * p.heads), || {
+                format!("{p:?}: {blocks} blocks for {slots} slots")
+            })?;
+            ensure(
+                plan.segments
+                    .iter()
+                    .all(|s| s.flags & 2 != 0 || s.len as usize >= gla::MIN_AUTO_SEGMENT),
+                || format!("{p:?}: a split segment shorter than the minimum"),
+            )?;
+        }
+    }
+    // The benchmark's configurations on an H100/H200 (132 SMs): one wave.
+    for (p, slots, want) in [
+        (GlaProblem::new(4, 4096, 32, 64, 64), 3 * 132, 3 * 128),
+        (GlaProblem::new(2, 8192, 16, 128, 128), 132, 128),
+        (GlaProblem::new(1, 16384, 16, 128, 128), 132, 128),
+    ] {
+        let blocks = gpu_ok(gla::plan_auto(&p, slots))?.segments.len() * p.heads;
+        println!("{p:?}: {blocks} blocks for {slots} slots");
+        ensure(blocks == want, || {
+            format!("{blocks} blocks, expected {want}")
+        })?;
+    }
+    Ok(())
+}
+
+fn check_plan(p: &GlaProblem, plan: &SegmentPlan) -> TestResult {
+    let mut i = 0;
+    for (n, (start, len)) in p.sequences().into_iter().enumerate() {
+        let first = i;
+        let mut at = start;
+        while at < start + len {
+            let s = plan.segments.get(i).ok_or("segment table too short")?;
+            ensure(
+                s.start as usize == at && s.seq as usize == n && s.len >= 1,
+                || format!("segment {i} = {s:?}, expected start {at}, seq {n}"),
+            )?;
+            let last = at + s.len as usize == start + len;
+            ensure(last || s.len % 32 == 0, || {
+                format!("segment {i} = {s:?}: not a multiple of 32")
+            })?;
+            ensure(
+                (s.flags & 1 != 0) == (i == first) && (s.flags & 2 != 0) == last,
+                || format!("segment {i} = {s:?}: flags"),
+            )?;
+            at += s.len as usize;
+            i += 1;
+        }
+        let count = i - first;
+        let entry = plan.combine.iter().find(|e| e.seq as usize == n);
+        ensure(
+            match entry {
+                None => count == 1,
+                Some(e) => e.first as usize == first && e.count as usize == count,
+            },
+            || format!("sequence {n}: combine entry {entry:?}, {count} segments"),
+        )?;
+    }
+    ensure(i == plan.segments.len(), || {
+        "segments past the sequences".into()
+    })
+}
+
+fn expect_err(what: &str, r: kernels::Result<()>, ok: impl Fn(&Error) -> bool) -> TestResult {
+    match r {
+        Err(e) if ok(&e) => {
+            println!("{what}: {e}");
+            Ok(())
+        }
+        other => Err(format!("{what}: expected a typed error, got {other:?}").into()),
+    }
+}
+
+fn rejects_bad_problems() -> TestResult {
+    let base = GlaProblem::new(2, 64, 2, 64, 64);
+    let bad = |f: fn(&mut GlaProblem)| {
+        let mut p = base.clone();
+        f(&mut p);
+        p.validate()
+    };
+    let unsupported = |e: &Error| matches!(e, Error::Unsupported { .. });
+    let invalid = |e: &Error| matches!(e, Error::InvalidArgument { .. });
+    expect_err("dk 96", bad(|p| p.dk = 96), unsupported)?;
+    expect_err("dv 256", bad(|p| p.dv = 256), unsupported)?;
+    expect_err("batch 0", bad(|p| p.batch = 0), invalid)?;
+    expect_err("seq_len 0", bad(|p| p.seq_len = 0), invalid)?;
+    expect_err("heads 0", bad(|p| p.heads = 0), invalid)?;
+    expect_err("scale NaN", bad(|p| p.scale = Some(f32::NAN)), invalid)?;
+    expect_err("segment 33", bad(|p| p.segment_len = Some(33)), invalid)?;
+    expect_err(
+        "cu_seqlens with batch 2",
+        bad(|p| p.cu_seqlens = Some(vec![0, 64])),
+        invalid,
+    )?;
+    let varlen = |cu: Vec<usize>| GlaProblem::varlen(cu, 2, 64, 64).validate();
+    expect_err("cu_seqlens not from 0", varlen(vec![1, 10]), invalid)?;
+    expect_err("empty sequence", varlen(vec![0, 10, 10, 20]), invalid)?;
+    let mut p = GlaProblem::varlen(vec![0, 10, 20], 2, 64, 64);
+    p.seq_len = 30;
+    expect_err("cu_seqlens end != seq_len", p.validate(), |e| {
+        matches!(e, Error::ShapeMismatch { .. })
+    })?;
+    // Host inputs of the wrong size.
+    let c = case(1, 40, 2, 64, 64, Decay::Const(0.0));
+    let d = data(&c);
+    let short = HostInputs {
+        q: &d.q[1..],
+        ..d.host()
+    };
+    expect_err(
+        "short q",
+        reference::recurrence(&c.p, &short).map(|_| ()),
+        |e| matches!(e, Error::ShapeMismatch { .. }),
+    )?;
+    let wrong_init = vec![0.0f32; 3];
+    let bad_init = HostInputs {
+        init_state: Some(&wrong_init),
+        ..d.host()
+    };
+    expect_err(
+        "short initial state",
+        reference::recurrence(&c.p, &bad_init).map(|_| ()),
+        |e| matches!(e, Error::ShapeMismatch { .. }),
+    )?;
+    // Positive decays are allowed (documented: computed, without the stability guarantees).
+    ensure(base.validate().is_ok() && G_FLOOR == -20.0, || {
+        "the base problem must validate".into()
+    })
+}
+
+fn rejects_bad_tensors(g: &Gpu) -> TestResult {
+    let p = GlaProblem::new(1, 64, 2, 64, 128);
+    let stream = gpu_ok(g.stream())?;
+    let qk = gpu_ok(upload(&vec![bf16::ONE; p.qk_len()]))?;
+    let vv = gpu_ok(upload(&vec![bf16::ONE; p.v_len()]))?;
+    let short = gpu_ok(upload(&vec![bf16::ONE; p.qk_len() - 1]))?;
+    let state_bad = gpu_ok(upload(&vec![0.0f32; p.state_len() + 1]))?;
+    let mut o = gpu_ok(poisoned::<bf16>(p.v_len()))?;
+    let mut o_short = gpu_ok(poisoned::<bf16>(p.v_len() - 8))?;
+    let mut fs_bad = gpu_ok(poisoned::<f32>(p.state_len() - 1))?;
+    let mut plan = gpu_ok(GlaPlan::new(g, &p))?;
+    let shape = |e: &Error| matches!(e, Error::ShapeMismatch { .. });
+    let inputs = |q, k, v, gg, init| GlaInputs {
+        q,
+        k,
+        v,
+        g: gg,
+        init_state: init,
+    };
+    expect_err(
+        "short k",
+        plan.forward(
+            g,
+            &stream,
+            &inputs(&qk, &short, &vv, &qk, None),
+            &mut GlaOutputs {
+                o: &mut o,
+                final_state: None,
+            },
+        ),
+        shape,
+    )?;
+    expect_err(
+        "v with dk elements",
+        plan.forward(
+            g,
+            &stream,
+            &inputs(&qk, &qk, &qk, &qk, None),
+            &mut GlaOutputs {
+                o: &mut o,
+                final_state: None,
+            },
+        ),
+        shape,
+    )?;
+    expect_err(
+        "short o",
+        plan.forward(
+            g,
+            &stream,
+            &inputs(&qk, &qk, &vv, &qk, None),
+            &mut GlaOutputs {
+                o: &mut o_short,
+                final_state: None,
+            },
+        ),
+        shape,
+    )?;
+    expect_err(
+        "initial state of the wrong size",
+        plan.forward(
+            g,
+            &stream,
+            &inputs(&qk, &qk, &vv, &qk, Some(&state_bad)),
+            &mut GlaOutputs {
+                o: &mut o,
+                final_state: None,
+            },
+        ),
+        shape,
+    )?;
+    expect_err(
+        "final state of the wrong size",
+        plan.forward(
+            g,
+            &stream,
+            &inputs(&qk, &qk, &vv, &qk, None),
+            &mut GlaOutputs {
+                o: &mut o,
+                final_state: Some(&mut fs_bad),
+            },
+        ),
+        shape,
+    )?;
+    expect_err(
+        "dk 96 plan",
+        GlaPlan::new(g, &GlaProblem::new(1, 64, 2, 96, 64)).map(|_| ()),
+        |e| matches!(e, Error::Unsupported { .. }),
+    )?;
+    // Nothing was launched by the rejected calls: o is still poisoned.
+    gpu_ok(g.sync(&stream, "GLA rejected launches"))?;
+    let o_host = gpu_ok(download(&o))?;
+    ensure(o_host.iter().all(|x| x.is_nan()), || {
+        "a rejected call wrote the output".into()
+    })?;
+    // gla::forward_sync validates the same way.
+    expect_err(
+        "forward_sync with a short q",
+        gla::forward_sync(
+            g,
+            &stream,
+            &p,
+            &inputs(&short, &qk, &vv, &qk, None),
+            &mut GlaOutputs {
+                o: &mut o,
+                final_state: None,
+            },
+        ),
+        shape,
+    )
+}
