@@ -66,11 +66,14 @@ fn expected_kernels(arch: Arch) -> Vec<(String, usize)> {
     let gla = size_of::<kernel_abi::gla::GlaParams>();
     for dk in kernel_abi::gla::HEAD_DIMS {
         for dv in kernel_abi::gla::HEAD_DIMS {
-            k.push((leak(format!("gla_fwd_dk{dk}_dv{dv}")), gla));
-            k.push((leak(format!("gla_states_dk{dk}_dv{dv}")), gla));
+            k.push((format!("gla_fwd_dk{dk}_dv{dv}"), gla));
+            k.push((format!("gla_states_dk{dk}_dv{dv}"), gla));
         }
     }
-    k.push(("gla_combine", size_of::<kernel_abi::gla::CombineParams>()));
+    k.push((
+        "gla_combine".into(),
+        size_of::<kernel_abi::gla::CombineParams>(),
+    ));
     for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
         k.push((
             format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
