@@ -18,6 +18,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
+/// A run longer than this (ms) is timed on a budget ([`Bench::time`]).
+pub const SLOW_RUN_MS: f64 = 20.0;
+/// Time budget of the timed runs of slow work (ms).
+pub const SLOW_BUDGET_MS: f64 = 2000.0;
 /// One measured implementation on one configuration.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
@@ -178,9 +182,20 @@ impl Bench {
     }
 
     /// Time `work` (enqueued on [`Bench::stream`]): 10 warm-up runs and 50 timed ones (2 and 5
-    /// with `quick`), each between CUDA events; returns all samples (use the median).
-    pub fn time(&self, work: impl FnMut() -> Result<()>) -> Result<Timings> {
-        let (warmup, runs) = if self.quick { (2, 5) } else { (10, 50) };
+    /// with `quick`), each between CUDA events; returns all samples (use the median). Work
+    /// whose first run takes more than [`SLOW_RUN_MS`] gets 1 more warm-up run and as many timed
+    /// runs as fit in [`SLOW_BUDGET_MS`], at least 10 (a 500 ms scan: 10 runs, not 50).
+    pub fn time(&self, mut work: impl FnMut() -> Result<()>) -> Result<Timings> {
+        if self.quick {
+            return time_on_stream(&self.gpu, &self.stream, 2, 5, work);
+        }
+        let probe = time_on_stream(&self.gpu, &self.stream, 0, 1, &mut work)?;
+        let first = probe.samples_ms[0];
+        let (warmup, runs) = if first > SLOW_RUN_MS {
+            (1, ((SLOW_BUDGET_MS / first) as usize).clamp(10, 50))
+        } else {
+            (9, 50)
+        };
         time_on_stream(&self.gpu, &self.stream, warmup, runs, work)
     }
 
