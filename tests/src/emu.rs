@@ -17,6 +17,7 @@ impl Exec for Emulator {
         };
         let kernel = kernel_emulator::mhc::EMU_KERNELS
             .iter()
+            .chain(kernel_emulator::gla::EMU_KERNELS)
             .find(|k| k.name == name)
             .ok_or_else(|| invalid("no such kernel in the emulator's table".into()))?;
         if kernel.params != std::mem::size_of::<P>() {

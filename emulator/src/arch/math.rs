@@ -51,3 +51,9 @@ pub fn rcp(x: f32) -> f32 {
 pub fn sqrt(x: f32) -> f32 {
     x.sqrt()
 }
+
+/// `a * b + c` with one rounding (`fma.rn.f32`).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    a.mul_add(b, c)
+}
