@@ -344,8 +344,9 @@ fn state_index<const DV: u32>(l: &Lane, j: usize, e: usize) -> usize {
 ///
 /// # Safety
 /// Whole warp, uniform control flow; `var` and the raw v rows `v_rows ..+ 16` were published by
-/// a barrier and are not overwritten before the next one; with `OUT`, `o_rows` points at the
-/// chunk's first output row (element `dv0` of head `head` is added here) with `valid` rows.
+/// a barrier and are not overwritten before the next one; with `OUT`, `o_rows` points at
+/// element `dv0` (the warp's first value column, already added by the caller) of head `head` in
+/// the chunk's first output row, and the chunk has `valid` rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn matrix<
@@ -632,8 +633,8 @@ unsafe fn walk<
                 .o
                 .wrapping_add(((token * heads + head as u64) * DV as u64 + l.dv0 as u64) as usize);
             let valid = (len - chunk * CHUNK).min(CHUNK);
-            // SAFETY: whole warps, uniform; tiles published by barrier B; o_rows is the chunk's
-            // first output row of this head (used only with OUT) and rows < valid exist.
+            // SAFETY: whole warps, uniform; tiles published by barrier B; o_rows is column dv0 of
+            // this head in the chunk's first output row (used only with OUT), rows < valid exist.
             unsafe {
                 matrix::<DK, DV, NKK, NJ, OUT>(
                     &l,
