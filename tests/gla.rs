@@ -8,13 +8,18 @@
 //!
 //! The same cases run on the CPU through `gla::reference::chunked`, the kernels' algorithm in
 //! f32 (chunking, clamping, reference points, bf16 roundings, segment passes), so that the
-//! algorithm itself is checked here without a GPU.
+//! algorithm itself is checked here without a GPU; and small cases (`gla/emulated/...`) run
+//! the kernels' own code in the CPU emulator (`kernel-emulator`), through `gla::forward_raw`,
+//! the launch sequence of the GPU path, with the same tolerance and guard bands around every
+//! buffer (a write outside one fails the test).
 
+use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::data::rng;
 use kernels::gla::reference::{self, HostInputs, rel_l2};
 use kernels::gla::{
-    self, G_FLOOR, GlaInputs, GlaOutputs, GlaPlan, GlaProblem, SegmentPlan, plan_segments,
+    self, G_FLOOR, GlaInputs, GlaOutputs, GlaPlan, GlaProblem, RawGlaTables, RawGlaTensors,
+    RawSplitWorkspace, SegmentPlan, plan_segments,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Error, Gpu, bf16};
@@ -143,6 +148,40 @@ fn cases() -> Vec<Case> {
     v
 }
 
+/// Cases run in the CPU emulator (the kernels' own code; one OS thread per GPU thread, so
+/// small): every head-dimension pair, one chunk, a partial step, whole and partial chunks and
+/// steps, a sequence split into segments (state pass and combination), variable lengths.
+fn emulated_cases() -> Vec<Case> {
+    let slow = Decay::Uniform(-0.05, 0.0);
+    let mut v = Vec::new();
+    for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+        v.push(case(2, 1, 2, dk, dv, slow));
+    }
+    v.push(case(1, 17, 2, 64, 64, Decay::Spiky));
+    v.push(case(1, 65, 1, 128, 64, Decay::Uniform(-1.0, 0.0)));
+    v.push(case(1, 100, 1, 128, 128, Decay::Uniform(-3.0, 0.0)));
+    let mut c = case(1, 64, 1, 64, 128, slow);
+    c.init = false;
+    c.final_state = false;
+    v.push(c);
+    // Three segments (32, 32, 1 tokens): gla_states, gla_combine, gla_fwd from seg_init.
+    for (dk, dv) in [(64, 64), (128, 128)] {
+        let mut c = case(1, 65, 1, dk, dv, slow);
+        c.p.segment_len = Some(32);
+        v.push(c);
+    }
+    // Segments of several pipeline steps (64, 64, 22 tokens), strong and mixed decays.
+    let mut c = case(1, 150, 1, 64, 64, Decay::Spiky);
+    c.p.segment_len = Some(64);
+    v.push(c);
+    let mut c = case(1, 0, 1, 64, 64, slow);
+    c.p = GlaProblem::varlen(vec![0, 1, 17, 50], 1, 64, 64);
+    c.p.segment_len = Some(32);
+    c.seed = 4343;
+    v.push(c);
+    v
+}
+
 struct Data {
     q: Vec<bf16>,
     k: Vec<bf16>,
@@ -206,6 +245,9 @@ fn main() {
         let cc = c.clone();
         s.cpu(&format!("gla/cpu_chunked/{n}"), move || cpu_chunked(&cc));
         s.gpu(&format!("gla/gpu/{n}"), Needs::Gpu, move |g| run(g, &c));
+    }
+    for c in emulated_cases() {
+        s.cpu(&format!("gla/emulated/{}", name(&c)), move || emulated(&c));
     }
     s.cpu("gla/segment_plan", segment_plan);
     s.cpu("gla/rejects_bad_problems", rejects_bad_problems);
@@ -347,6 +389,113 @@ fn cpu_chunked(c: &Case) -> TestResult {
         &got.o,
         Some(&got.final_state),
     )
+}
+
+fn fail(e: Error) -> kernel_tests::TestFailure {
+    format!("{e}").into()
+}
+
+/// Run in the CPU emulator through `gla::forward_raw` (the launch sequence of
+/// `GlaPlan::forward`): host buffers with guard bands, outputs and workspace poisoned with NaN.
+/// Also returns the buffers a kernel wrote outside of (their guard bands changed).
+fn emulator_forward(
+    p: &GlaProblem,
+    d: &Data,
+    final_state: bool,
+) -> kernels::Result<(Run, Vec<&'static str>)> {
+    let plan = cpu_plan(p)?;
+    let (seg_words, combine_words) = gla::table_words(&plan);
+    let (mut q, mut k, mut v, mut g) = (
+        HostBuf::from_slice(&d.q),
+        HostBuf::from_slice(&d.k),
+        HostBuf::from_slice(&d.v),
+        HostBuf::from_slice(&d.g),
+    );
+    let mut init = d.init.as_deref().map(HostBuf::from_slice);
+    let mut o = HostBuf::filled(p.v_len(), bf16::NAN);
+    let mut fs = final_state.then(|| HostBuf::filled(p.state_len(), f32::NAN));
+    let mut segments = HostBuf::from_slice(&seg_words);
+    let mut combine = HostBuf::from_slice(&combine_words);
+    let (state, decay) = gla::workspace_len(p, &plan).unwrap_or((0, 0));
+    let mut seg_init = HostBuf::filled(state, f32::NAN);
+    let mut delta = HostBuf::filled(state, f32::NAN);
+    let mut decay_log2 = HostBuf::filled(decay, f32::NAN);
+    let split = !plan.combine.is_empty();
+    let tables = RawGlaTables {
+        segments: segments.view(),
+        split: split.then(|| RawSplitWorkspace {
+            combine: combine.view(),
+            seg_init: seg_init.view(),
+            delta: delta.view(),
+            decay_log2: decay_log2.view(),
+        }),
+    };
+    let tensors = RawGlaTensors {
+        q: q.view(),
+        k: k.view(),
+        v: v.view(),
+        g: g.view(),
+        init_state: init.as_mut().map(|b| b.view()),
+        o: o.view(),
+        final_state: fs.as_mut().map(|b| b.view()),
+    };
+    // SAFETY: every view is a distinct host buffer of the size the problem and plan need,
+    // alive for the call; the emulator runs on host memory; the tables hold the plan's words.
+    unsafe { gla::forward_raw(&Emulator, p, &plan, &tables, &tensors)? };
+    let guards = [
+        ("q", q.guards_intact()),
+        ("k", k.guards_intact()),
+        ("v", v.guards_intact()),
+        ("g", g.guards_intact()),
+        (
+            "init_state",
+            init.as_ref().is_none_or(|b| b.guards_intact()),
+        ),
+        ("o", o.guards_intact()),
+        ("final_state", fs.as_ref().is_none_or(|b| b.guards_intact())),
+        ("segment table", segments.guards_intact()),
+        ("combination table", combine.guards_intact()),
+        ("seg_init", seg_init.guards_intact()),
+        ("delta", delta.guards_intact()),
+        ("decay_log2", decay_log2.guards_intact()),
+    ];
+    let outside: Vec<&str> = guards.iter().filter(|g| !g.1).map(|g| g.0).collect();
+    Ok((
+        Run {
+            o: o.to_vec(),
+            final_state: fs.as_ref().map(|b| b.to_vec()),
+            plan,
+        },
+        outside,
+    ))
+}
+
+fn emulated(c: &Case) -> TestResult {
+    let d = data(c);
+    let (r, outside) = emulator_forward(&c.p, &d, c.final_state).map_err(fail)?;
+    let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
+    let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.plan))?;
+    let mirror_o: Vec<f64> = mirror.o.iter().map(|x| x.to_f64()).collect();
+    println!(
+        "  {}: rel L2 distance of o to the CPU run of the algorithm {:.3e}",
+        name(c),
+        rel_l2(r.o.iter().map(|x| x.to_f64()), &mirror_o)
+    );
+    let checked = compare(
+        &format!(
+            "emulated, {} segments (seed {})",
+            r.plan.segments.len(),
+            c.seed
+        ),
+        c,
+        &exact,
+        &r.o,
+        r.final_state.as_deref(),
+    );
+    ensure(outside.is_empty(), || {
+        format!("a kernel wrote outside these buffers (guard bands changed): {outside:?}")
+    })?;
+    checked
 }
 
 /// Upload, run on the GPU (outputs poisoned), download: (o, final state).

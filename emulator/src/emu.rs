@@ -8,10 +8,14 @@
 //! - `bar.sync` is a barrier over the block's threads; warp-collective operations (shuffles,
 //!   votes, `mma.sync`, `ldmatrix`) exchange their operands through the warp's slots between two
 //!   barriers over its 32 threads, and compute what the PTX ISA specifies for each lane;
-//! - shared memory is one buffer per block; its dynamic base is deliberately not 1024-aligned,
-//!   so kernels must place buffers from `smem::aligned_base()`; every access is bounds- and
-//!   alignment-checked, as are global vector accesses and `cp.async` (copied at once, which is
-//!   one of the orders the hardware may choose);
+//! - shared memory is one buffer per block, poisoned (all bits set) at the start; its dynamic
+//!   base is deliberately not 1024-aligned, so kernels must place buffers from
+//!   `smem::aligned_base()`; every access is bounds- and alignment-checked, as are global vector
+//!   accesses and `cp.async` sources (inside a registered buffer when any is registered, see
+//!   [`register_buffer`]); a `cp.async` lands only when its thread's `wait_group` requires it
+//!   (the latest order the hardware may choose), and a thread must not exit with copies pending;
+//! - `ex2.approx.ftz` flushes subnormal inputs and results to zero, as on the device (its
+//!   rounding is libm's, more accurate);
 //! - a barrier that waits longer than [`DEADLOCK_SECS`] fails the launch (a real GPU would hang).
 //!
 //! It checks the logic of a kernel (indexing, fragment layouts, barrier counts, arithmetic),
@@ -191,12 +195,42 @@ pub(crate) fn smem_ptr(addr: u32, bytes: u32, align: u32) -> *mut u8 {
     unsafe { b.smem.add(addr as usize) }
 }
 
-/// Check a global access of `bytes` at `ptr` for alignment `align` (and null).
-pub(crate) fn check_global<T>(ptr: *const T, align: usize) {
+/// Host buffers standing in for device allocations (`[start, end)` byte ranges), registered by
+/// their owners while alive; empty when nobody registers.
+static BUFFERS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// Declare `bytes` bytes at `addr` a live "device allocation": while any is registered, every
+/// checked global access (`cp.async` sources, `arch::global` loads and stores) must lie inside
+/// one of them.
+pub fn register_buffer(addr: usize, bytes: usize) {
+    BUFFERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((addr, addr + bytes));
+}
+
+/// Withdraw the buffer registered at `addr`.
+pub fn unregister_buffer(addr: usize) {
+    let mut b = BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = b.iter().position(|r| r.0 == addr) {
+        b.swap_remove(i);
+    }
+}
+
+/// Check a global access of `bytes` at `ptr` for alignment `align`, null, and (when buffers
+/// are registered) for lying inside one registered buffer: out-of-bounds reads and writes fail
+/// the launch instead of touching other host memory (the device reports an illegal address).
+pub(crate) fn check_global<T>(ptr: *const T, align: usize, bytes: usize) {
     assert!(!ptr.is_null(), "global access through a null pointer");
     assert!(
         (ptr as usize).is_multiple_of(align),
         "global access at {ptr:p} not {align}-byte aligned"
+    );
+    let (start, end) = (ptr as usize, ptr as usize + bytes);
+    let b = BUFFERS.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        b.is_empty() || b.iter().any(|&(lo, hi)| lo <= start && end <= hi),
+        "global access of {bytes} bytes at {ptr:p} outside every live buffer"
     );
 }
 
@@ -245,7 +279,9 @@ pub unsafe fn launch(
     for bz in 0..grid.2 {
         for by in 0..grid.1 {
             for bx in 0..grid.0 {
-                let mut buffer: Vec<u128> = vec![0u128; smem_end.div_ceil(16)];
+                // Poisoned (all bits set: NaN as f32, bf16 and f16), as the device's shared
+                // memory holds garbage: a read of shared memory nobody wrote shows.
+                let mut buffer: Vec<u128> = vec![u128::MAX; smem_end.div_ceil(16)];
                 let state = Block {
                     smem: buffer.as_mut_ptr() as *mut u8,
                     smem_end: smem_end as u32,
@@ -279,6 +315,12 @@ pub unsafe fn launch(
                                     let _guard = PoisonOnPanic(state_ref);
                                     // SAFETY: forwarded to the caller (parameter struct contract).
                                     unsafe { (kernel.run)(params_addr as *const u8) };
+                                    let pending = crate::arch::cp_async::pending_at_exit();
+                                    assert!(
+                                        pending == 0,
+                                        "thread {tid} exited with {pending} cp.async copies \
+                                         never waited for"
+                                    );
                                 })
                                 .expect("spawning an emulated thread")
                         })

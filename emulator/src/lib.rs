@@ -36,3 +36,8 @@ pub mod arch {
 /// The mHC kernels (`gpu-kernels/src/mhc`), with their emulator table `mhc::EMU_KERNELS`.
 #[path = "../../gpu-kernels/src/mhc/mod.rs"]
 pub mod mhc;
+
+/// The GLA forward kernels (`gpu-kernels/src/gla`), with their emulator table
+/// `gla::EMU_KERNELS`.
+#[path = "../../gpu-kernels/src/gla/mod.rs"]
+pub mod gla;

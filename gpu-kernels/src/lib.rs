@@ -7,9 +7,9 @@
 //! Hopper-only kernels (TMA, wgmma, setmaxnreg) are compiled only when the target CPU is
 //! `sm_90a` (`cfg(target_feature = "sm_90a")`); the `sm_80` PTX holds the portable kernels.
 //!
-//! The portable `mhc` kernels are also compiled for the host, over an emulated device layer
-//! (`arch/emu/`, `emu.rs`), by the `kernel-emulator` crate, which includes those source files
-//! by path; this crate itself is only ever built for `nvptx64-nvidia-cuda`.
+//! The portable `mhc` and `gla` kernels are also compiled for the host, over an emulated device
+//! layer, by the `kernel-emulator` crate (`emulator/`), which includes those source files by
+//! path; this crate itself is only ever built for `nvptx64-nvidia-cuda`.
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)]
 #![allow(internal_features)]

@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod data;
 pub mod error;
+pub mod exec;
 pub mod gemm;
 pub mod gla;
 pub mod gpu;

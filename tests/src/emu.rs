@@ -17,6 +17,7 @@ impl Exec for Emulator {
         };
         let kernel = kernel_emulator::mhc::EMU_KERNELS
             .iter()
+            .chain(kernel_emulator::gla::EMU_KERNELS)
             .find(|k| k.name == name)
             .ok_or_else(|| invalid("no such kernel in the emulator's table".into()))?;
         if kernel.params != std::mem::size_of::<P>() {
@@ -47,10 +48,18 @@ impl Exec for Emulator {
 /// A host buffer of `len` values of `T`, 16-byte aligned (as device allocations are), standing
 /// in for device memory in the emulator. It is surrounded by guard bands of [`GUARD`] bytes
 /// with a known pattern: [`HostBuf::guards_intact`] tells whether a kernel wrote outside it.
+/// While alive it is registered with the emulator, whose checked global accesses (`cp.async`,
+/// `arch::global`) must fall inside a registered buffer.
 pub struct HostBuf<T: Copy> {
     words: Vec<u128>,
     len: usize,
     _ty: std::marker::PhantomData<T>,
+}
+
+impl<T: Copy> Drop for HostBuf<T> {
+    fn drop(&mut self) {
+        kernel_emulator::emu::unregister_buffer(self.data() as usize);
+    }
 }
 
 /// Bytes of each guard band (a multiple of 16, so the data stays 16-byte aligned).
@@ -75,11 +84,13 @@ impl<T: Copy> HostBuf<T> {
                 bytes,
             )
         };
-        HostBuf {
+        let buf = HostBuf {
             words,
             len: data.len(),
             _ty: std::marker::PhantomData,
-        }
+        };
+        kernel_emulator::emu::register_buffer(buf.data() as usize, bytes);
+        buf
     }
 
     /// `len` copies of `fill` (e.g. NaN: poisoned).

@@ -7,7 +7,7 @@ use crate::emu::check_global;
 /// # Safety
 /// As on the device.
 pub unsafe fn load_cg_v4(ptr: *const u32) -> [u32; 4] {
-    check_global(ptr, 16);
+    check_global(ptr, 16, 16);
     // SAFETY: forwarded (valid, aligned).
     unsafe { (ptr as *const [u32; 4]).read() }
 }
@@ -17,7 +17,7 @@ pub unsafe fn load_cg_v4(ptr: *const u32) -> [u32; 4] {
 /// # Safety
 /// As on the device.
 pub unsafe fn load_cg_v2(ptr: *const u32) -> [u32; 2] {
-    check_global(ptr, 8);
+    check_global(ptr, 8, 8);
     // SAFETY: forwarded (valid, aligned).
     unsafe { (ptr as *const [u32; 2]).read() }
 }
@@ -27,7 +27,7 @@ pub unsafe fn load_cg_v2(ptr: *const u32) -> [u32; 2] {
 /// # Safety
 /// As on the device.
 pub unsafe fn load_nc_v4(ptr: *const u32) -> [u32; 4] {
-    check_global(ptr, 16);
+    check_global(ptr, 16, 16);
     // SAFETY: forwarded (valid, aligned).
     unsafe { (ptr as *const [u32; 4]).read() }
 }
@@ -37,7 +37,7 @@ pub unsafe fn load_nc_v4(ptr: *const u32) -> [u32; 4] {
 /// # Safety
 /// As on the device.
 pub unsafe fn load_nc_v2_f32(ptr: *const f32) -> [f32; 2] {
-    check_global(ptr, 8);
+    check_global(ptr, 8, 8);
     // SAFETY: forwarded (valid, aligned).
     unsafe { (ptr as *const [f32; 2]).read() }
 }
@@ -47,7 +47,7 @@ pub unsafe fn load_nc_v2_f32(ptr: *const f32) -> [f32; 2] {
 /// # Safety
 /// As on the device.
 pub unsafe fn load_nc_f32(ptr: *const f32) -> f32 {
-    check_global(ptr, 4);
+    check_global(ptr, 4, 4);
     // SAFETY: forwarded (valid, aligned).
     unsafe { ptr.read() }
 }
@@ -57,7 +57,7 @@ pub unsafe fn load_nc_f32(ptr: *const f32) -> f32 {
 /// # Safety
 /// As on the device.
 pub unsafe fn store_v4(ptr: *mut u32, v: [u32; 4]) {
-    check_global(ptr, 16);
+    check_global(ptr, 16, 16);
     // SAFETY: forwarded (valid, aligned, not raced).
     unsafe { (ptr as *mut [u32; 4]).write(v) }
 }
@@ -67,7 +67,7 @@ pub unsafe fn store_v4(ptr: *mut u32, v: [u32; 4]) {
 /// # Safety
 /// As on the device.
 pub unsafe fn store_v2(ptr: *mut u32, v: [u32; 2]) {
-    check_global(ptr, 8);
+    check_global(ptr, 8, 8);
     // SAFETY: forwarded (valid, aligned, not raced).
     unsafe { (ptr as *mut [u32; 2]).write(v) }
 }

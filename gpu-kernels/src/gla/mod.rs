@@ -344,8 +344,9 @@ fn state_index<const DV: u32>(l: &Lane, j: usize, e: usize) -> usize {
 ///
 /// # Safety
 /// Whole warp, uniform control flow; `var` and the raw v rows `v_rows ..+ 16` were published by
-/// a barrier and are not overwritten before the next one; with `OUT`, `o_rows` points at the
-/// chunk's first output row (element `dv0` of head `head` is added here) with `valid` rows.
+/// a barrier and are not overwritten before the next one; with `OUT`, `o_rows` points at
+/// element `dv0` (the warp's first value column, already added by the caller) of head `head` in
+/// the chunk's first output row, and the chunk has `valid` rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn matrix<
@@ -469,9 +470,11 @@ unsafe fn matrix<
                 let dst = o_rows.wrapping_add(row as usize * row_stride);
                 for n in 0..2 {
                     let w = convert::pack_bf16x2(o[n][2 * h] * scale, o[n][2 * h + 1] * scale);
-                    let col = l.dv0 + 8 * n as u32 + 2 * l.t;
-                    // SAFETY: row < valid rows of the chunk, col + 1 < DV: inside o; 4-byte
-                    // aligned (even column, contiguous rows).
+                    // Relative to `o_rows`, which already points at the warp's first column
+                    // `dv0` (adding `dv0` again wrote past the row, into the next head or token).
+                    let col = 8 * n as u32 + 2 * l.t;
+                    // SAFETY: row < valid rows of the chunk, dv0 + col + 1 < DV: inside o;
+                    // 4-byte aligned (even column, contiguous rows).
                     unsafe { *(dst.wrapping_add(col as usize) as *mut u32) = w };
                 }
             }
@@ -630,8 +633,8 @@ unsafe fn walk<
                 .o
                 .wrapping_add(((token * heads + head as u64) * DV as u64 + l.dv0 as u64) as usize);
             let valid = (len - chunk * CHUNK).min(CHUNK);
-            // SAFETY: whole warps, uniform; tiles published by barrier B; o_rows is the chunk's
-            // first output row of this head (used only with OUT) and rows < valid exist.
+            // SAFETY: whole warps, uniform; tiles published by barrier B; o_rows is column dv0 of
+            // this head in the chunk's first output row (used only with OUT), rows < valid exist.
             unsafe {
                 matrix::<DK, DV, NKK, NJ, OUT>(
                     &l,
@@ -681,69 +684,121 @@ unsafe fn walk<
     }
 }
 
-macro_rules! gla_kernels {
-    ($fwd:ident, $states:ident, $dk:expr, $dv:expr) => {
-        /// `gla_fwd` for this pair of head dimensions; see the module documentation.
-        ///
-        /// # Safety
-        /// Grid `(segments, heads)`, the configuration's threads and shared memory, parameters
-        /// satisfying [`GlaParams`]'s contract (validated by the host); for segments that are
-        /// not first, `seg_init` written by `gla_combine`.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $fwd(p: GlaParams) {
-            const CFG: GlaConfig = config_of($dk, $dv);
-            const LAYOUT: GlaLayout = CFG.layout();
-            crate::launch_bounds!($fwd, CFG.threads(), CFG.blocks_per_sm);
-            // SAFETY: forwarded to the caller.
-            unsafe {
-                walk::<
-                    { CFG.dk },
-                    { CFG.dv },
-                    { CFG.threads() },
-                    { CFG.stages },
-                    { CFG.stages - 2 },
-                    { CFG.threads_per_pair() },
-                    { CFG.tokens_per_thread() as usize },
-                    { (CFG.dk / 16) as usize },
-                    { (CFG.dk / 8) as usize },
-                    true,
-                >(&p, &LAYOUT)
-            }
-        }
+/// The body of `gla_fwd` (`$out = true`) or `gla_states` (`false`) for one head-dimension pair:
+/// [`walk`] with the configuration's constants.
+macro_rules! gla_body {
+    ($p:expr, $dk:literal, $dv:literal, $out:literal) => {{
+        const CFG: GlaConfig = config_of($dk, $dv);
+        const LAYOUT: GlaLayout = CFG.layout();
+        walk::<
+            { CFG.dk },
+            { CFG.dv },
+            { CFG.threads() },
+            { CFG.stages },
+            { CFG.stages - 2 },
+            { CFG.threads_per_pair() },
+            { CFG.tokens_per_thread() as usize },
+            { (CFG.dk / 16) as usize },
+            { (CFG.dk / 8) as usize },
+            $out,
+        >(&$p, &LAYOUT)
+    }};
+}
 
-        /// `gla_states` for this pair of head dimensions; see the module documentation.
-        ///
-        /// # Safety
-        /// As for the `gla_fwd` kernel of the pair; `delta` and `decay_log2` hold a slice per
-        /// (segment, head).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $states(p: GlaParams) {
-            const CFG: GlaConfig = config_of($dk, $dv);
-            const LAYOUT: GlaLayout = CFG.layout();
-            crate::launch_bounds!($states, CFG.threads(), CFG.blocks_per_sm);
-            // SAFETY: forwarded to the caller.
-            unsafe {
-                walk::<
-                    { CFG.dk },
-                    { CFG.dv },
-                    { CFG.threads() },
-                    { CFG.stages },
-                    { CFG.stages - 2 },
-                    { CFG.threads_per_pair() },
-                    { CFG.tokens_per_thread() as usize },
-                    { (CFG.dk / 16) as usize },
-                    { (CFG.dk / 8) as usize },
-                    false,
-                >(&p, &LAYOUT)
+/// Declare the kernels of each head-dimension pair: the PTX entry points (with their launch
+/// bounds) and, in host builds, the emulator's table of the same bodies (`gla_combine`
+/// included).
+macro_rules! gla_kernels {
+    ($( $fwd:ident, $states:ident, $dk:literal, $dv:literal; )*) => {
+        $(
+            /// `gla_fwd` for this pair of head dimensions; see the module documentation.
+            ///
+            /// # Safety
+            /// Grid `(segments, heads)`, the configuration's threads and shared memory,
+            /// parameters satisfying [`GlaParams`]'s contract (validated by the host); for
+            /// segments that are not first, `seg_init` written by `gla_combine`.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $fwd(p: GlaParams) {
+                crate::launch_bounds!($fwd, config_of($dk, $dv).threads(),
+                                      config_of($dk, $dv).blocks_per_sm);
+                // SAFETY: forwarded to the caller.
+                unsafe { gla_body!(p, $dk, $dv, true) }
             }
-        }
+
+            /// `gla_states` for this pair of head dimensions; see the module documentation.
+            ///
+            /// # Safety
+            /// As for the `gla_fwd` kernel of the pair; `delta` and `decay_log2` hold a slice
+            /// per (segment, head).
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $states(p: GlaParams) {
+                crate::launch_bounds!($states, config_of($dk, $dv).threads(),
+                                      config_of($dk, $dv).blocks_per_sm);
+                // SAFETY: forwarded to the caller.
+                unsafe { gla_body!(p, $dk, $dv, false) }
+            }
+        )*
+
+        /// The kernels of this family, for the CPU emulator (`crate::emu`).
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
+            $(
+                crate::emu::EmuKernel {
+                    name: stringify!($fwd),
+                    params: core::mem::size_of::<GlaParams>(),
+                    threads: config_of($dk, $dv).threads(),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: the emulator passes a parameter struct of this kernel's
+                            // type (it checks the size), whose contract the caller upholds.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const GlaParams);
+                                gla_body!(p, $dk, $dv, true)
+                            }
+                        }
+                        run
+                    },
+                },
+                crate::emu::EmuKernel {
+                    name: stringify!($states),
+                    params: core::mem::size_of::<GlaParams>(),
+                    threads: config_of($dk, $dv).threads(),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: as for the `gla_fwd` entry.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const GlaParams);
+                                gla_body!(p, $dk, $dv, false)
+                            }
+                        }
+                        run
+                    },
+                },
+            )*
+            crate::emu::EmuKernel {
+                name: "gla_combine",
+                params: core::mem::size_of::<CombineParams>(),
+                threads: kernel_abi::gla::COMBINE_THREADS,
+                run: {
+                    unsafe fn run(p: *const u8) {
+                        // SAFETY: as for the `gla_fwd` entries.
+                        unsafe { combine(core::ptr::read_unaligned(p as *const CombineParams)) }
+                    }
+                    run
+                },
+            },
+        ];
     };
 }
 
-gla_kernels!(gla_fwd_dk64_dv64, gla_states_dk64_dv64, 64, 64);
-gla_kernels!(gla_fwd_dk64_dv128, gla_states_dk64_dv128, 64, 128);
-gla_kernels!(gla_fwd_dk128_dv64, gla_states_dk128_dv64, 128, 64);
-gla_kernels!(gla_fwd_dk128_dv128, gla_states_dk128_dv128, 128, 128);
+gla_kernels! {
+    gla_fwd_dk64_dv64, gla_states_dk64_dv64, 64, 64;
+    gla_fwd_dk64_dv128, gla_states_dk64_dv128, 64, 128;
+    gla_fwd_dk128_dv64, gla_states_dk128_dv64, 128, 64;
+    gla_fwd_dk128_dv128, gla_states_dk128_dv128, 128, 128;
+}
 
 /// `gla_combine`: the initial state of every later segment of a split sequence,
 /// `S_{i+1} = 2^{D_i} S_i + delta_i` from `S_0` = the initial state (or 0), in f32.
@@ -757,9 +812,20 @@ gla_kernels!(gla_fwd_dk128_dv128, gla_states_dk128_dv128, 128, 128);
 /// Grid `(entries, heads, ceil(dk dv / COMBINE_THREADS))`, `COMBINE_THREADS` threads,
 /// parameters satisfying [`CombineParams`]'s contract, `delta` and `decay_log2` written by
 /// `gla_states` for every segment that is not last.
+#[cfg(target_arch = "nvptx64")]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn gla_combine(p: CombineParams) {
     crate::launch_bounds!(gla_combine, kernel_abi::gla::COMBINE_THREADS, 1);
+    // SAFETY: forwarded to the caller.
+    unsafe { combine(p) }
+}
+
+/// The body of [`gla_combine`].
+///
+/// # Safety
+/// As for [`gla_combine`].
+#[inline(always)]
+unsafe fn combine(p: CombineParams) {
     let head = index::block_idx_y() as u64;
     let e = index::block_idx_z() * kernel_abi::gla::COMBINE_THREADS + index::thread_idx_x();
     let state_len = p.dk * p.dv;

@@ -37,6 +37,7 @@
 pub mod reference;
 
 use crate::error::{Error, Result};
+use crate::exec::{DevView, Exec, OnStream};
 use crate::gpu::{Gpu, LaunchConfig};
 use crate::memory::{poisoned, upload};
 use cust::memory::DeviceBuffer;
@@ -389,7 +390,6 @@ pub struct GlaOutputs<'a> {
 /// workspace is the plan's).
 pub struct GlaPlan {
     problem: GlaProblem,
-    cfg: GlaConfig,
     plan: SegmentPlan,
     /// The segment table as words (`[start, len, seq, flags]` per entry).
     segments: DeviceBuffer<u32>,
@@ -411,33 +411,21 @@ impl GlaPlan {
     /// split).
     pub fn new(gpu: &Gpu, problem: &GlaProblem) -> Result<GlaPlan> {
         problem.validate()?;
-        let cfg = problem.config()?;
         let plan = problem.plan(gpu.info().multiprocessors as usize)?;
         gpu.bind()?;
-        let segments = upload_words(
-            plan.segments
-                .iter()
-                .map(|s| [s.start, s.len, s.seq, s.flags]),
-        )?;
-        let split = if plan.combine.is_empty() {
-            None
-        } else {
-            let n = plan.segments.len() * problem.heads;
-            let state = n * problem.dk * problem.dv;
-            Some(SplitWorkspace {
-                combine: upload_words(
-                    plan.combine
-                        .iter()
-                        .map(|c| [c.seq, c.first, c.count, c.pad]),
-                )?,
+        let (segment_words, combine_words) = table_words(&plan);
+        let segments = upload(&segment_words)?;
+        let split = match workspace_len(problem, &plan) {
+            None => None,
+            Some((state, decay)) => Some(SplitWorkspace {
+                combine: upload(&combine_words)?,
                 seg_init: poisoned(state)?,
                 delta: poisoned(state)?,
-                decay_log2: poisoned(n * problem.dk)?,
-            })
+                decay_log2: poisoned(decay)?,
+            }),
         };
         Ok(GlaPlan {
             problem: problem.clone(),
-            cfg,
             plan,
             segments,
             split,
@@ -462,127 +450,233 @@ impl GlaPlan {
         inputs: &GlaInputs,
         outputs: &mut GlaOutputs,
     ) -> Result<()> {
-        let p = &self.problem;
-        for (what, buf, want) in [
-            ("q [B, T, H, dk]", inputs.q, p.qk_len()),
-            ("k [B, T, H, dk]", inputs.k, p.qk_len()),
-            ("g [B, T, H, dk]", inputs.g, p.qk_len()),
-            ("v [B, T, H, dv]", inputs.v, p.v_len()),
-        ] {
-            if buf.len() != want {
-                return Err(Error::shape(
-                    format!("GLA {what}"),
-                    format!("{want} elements"),
-                    buf.len(),
-                ));
-            }
-        }
-        if outputs.o.len() != p.v_len() {
-            return Err(Error::shape(
-                "GLA o [B, T, H, dv]",
-                format!("{} elements", p.v_len()),
-                outputs.o.len(),
-            ));
-        }
-        for (what, len) in [
-            (
-                "initial state [N, H, dk, dv]",
-                inputs.init_state.map(|b| b.len()),
-            ),
-            (
-                "final state [N, H, dk, dv]",
-                outputs.final_state.as_ref().map(|b| b.len()),
-            ),
-        ] {
-            if let Some(len) = len
-                && len != p.state_len()
-            {
-                return Err(Error::shape(
-                    format!("GLA {what}"),
-                    format!("{} elements", p.state_len()),
-                    len,
-                ));
-            }
-        }
-        let ptr = |b: &DeviceBuffer<bf16>| b.as_device_ptr().as_raw() as *const u16;
-        let fptr = |b: &DeviceBuffer<f32>| b.as_device_ptr().as_raw() as *mut f32;
-        let null = std::ptr::null_mut::<f32>();
-        let (seg_init, delta, decay_log2) = match &self.split {
-            Some(w) => (fptr(&w.seg_init), fptr(&w.delta), fptr(&w.decay_log2)),
-            None => (null, null, null),
+        let tables = RawGlaTables {
+            segments: (&self.segments).into(),
+            split: self.split.as_mut().map(|w| RawSplitWorkspace {
+                combine: (&w.combine).into(),
+                seg_init: (&mut w.seg_init).into(),
+                delta: (&mut w.delta).into(),
+                decay_log2: (&mut w.decay_log2).into(),
+            }),
         };
-        let params = GlaParams {
-            q: ptr(inputs.q),
-            k: ptr(inputs.k),
-            v: ptr(inputs.v),
-            g: ptr(inputs.g),
-            o: outputs.o.as_device_ptr().as_raw() as *mut u16,
-            segments: self.segments.as_device_ptr().as_raw() as *const Segment,
-            init_state: inputs.init_state.map_or(null, fptr) as *const f32,
-            final_state: outputs.final_state.as_ref().map_or(null, |b| fptr(b)),
-            seg_init: seg_init as *const f32,
-            delta,
-            decay_log2,
-            heads: p.heads as u32,
-            scale: p.output_scale(),
-            has_init: u32::from(inputs.init_state.is_some()),
-            has_final: u32::from(outputs.final_state.is_some()),
+        let tensors = RawGlaTensors {
+            q: inputs.q.into(),
+            k: inputs.k.into(),
+            v: inputs.v.into(),
+            g: inputs.g.into(),
+            init_state: inputs.init_state.map(|b| b.into()),
+            o: (&mut *outputs.o).into(),
+            final_state: outputs.final_state.as_mut().map(|b| (&mut **b).into()),
         };
-        let grid = (self.plan.segments.len() as u32, p.heads as u32, 1);
-        let launch = LaunchConfig::new(grid, self.cfg.threads(), self.cfg.smem_bytes());
-        let suffix = format!("dk{}_dv{}", p.dk, p.dv);
-        if let Some(w) = &self.split {
-            // SAFETY: q, k, g, v have the problem's sizes (checked above); the segment table
-            // covers exactly the problem's sequences (built by `split` from the
-            // validated problem) and has gridDim.x entries; delta and decay_log2 hold
-            // segments * heads * dk * dv and segments * heads * dk f32; the kernel writes only
-            // the slices of the segments that are not last, each from its own block.
-            unsafe {
-                gpu.launch(stream, &format!("gla_states_{suffix}"), &launch, &params)?;
-            }
-            let combine = CombineParams {
-                entries: w.combine.as_device_ptr().as_raw() as *const CombineEntry,
-                init_state: params.init_state,
-                seg_init: fptr(&w.seg_init),
-                delta: fptr(&w.delta) as *const f32,
-                decay_log2: fptr(&w.decay_log2) as *const f32,
-                heads: p.heads as u32,
-                dk: p.dk as u32,
-                dv: p.dv as u32,
-                has_init: params.has_init,
-            };
-            let elems = (p.dk * p.dv) as u32;
-            let claunch = LaunchConfig::new(
-                (
-                    self.plan.combine.len() as u32,
-                    p.heads as u32,
-                    elems.div_ceil(COMBINE_THREADS),
-                ),
-                COMBINE_THREADS,
-                0,
-            );
-            // SAFETY: the combine entries name consecutive segments of the table (count >= 2,
-            // all of one sequence, seq < N); every buffer has the size the parameters document
-            // (the initial state was checked above); each thread writes its own element of the
-            // later segments' initial states.
-            unsafe {
-                gpu.launch(stream, "gla_combine", &claunch, &combine)?;
-            }
+        // SAFETY: every view is a live allocation of this GPU's context (device buffers), the
+        // tables hold this plan's words (uploaded by `new`) and the workspace its sizes.
+        unsafe {
+            forward_raw(
+                &OnStream { gpu, stream },
+                &self.problem,
+                &self.plan,
+                &tables,
+                &tensors,
+            )
         }
-        // SAFETY: as for `gla_states`; o has rows * heads * dv elements; the initial and final
-        // states were checked to hold N * heads * dk * dv elements; seg_init was written by
-        // `gla_combine` (just before, on the same stream) for every segment that is not first,
-        // the only ones that read it; each block writes only its own rows of o and, if it is
-        // the last of its sequence, that sequence's final state.
-        unsafe { gpu.launch(stream, &format!("gla_fwd_{suffix}"), &launch, &params) }
     }
 }
 
-/// The words of a table of ABI entries (each a `#[repr(C)]` struct of four `u32`s, so the
-/// device reads the word buffer as the table).
-fn upload_words(words: impl Iterator<Item = [u32; 4]>) -> Result<DeviceBuffer<u32>> {
-    let flat: Vec<u32> = words.flatten().collect();
-    upload(&flat)
+/// The segment tables and workspace of a plan as device views (see [`GlaPlan`]; the
+/// emulator tests allocate them with [`table_words`] and [`workspace_len`]).
+pub struct RawGlaTables<'a> {
+    /// The segment table as words (`[start, len, seq, flags]` per segment).
+    pub segments: DevView<'a, u32>,
+    /// When some sequence has several segments: the combination table and the workspace.
+    pub split: Option<RawSplitWorkspace<'a>>,
+}
+
+/// The combination table and the workspace of the segment passes as device views.
+pub struct RawSplitWorkspace<'a> {
+    /// `[seq, first, count, 0]` per split sequence.
+    pub combine: DevView<'a, u32>,
+    /// `[segments, heads, dk, dv]` f32.
+    pub seg_init: DevView<'a, f32>,
+    /// `[segments, heads, dk, dv]` f32.
+    pub delta: DevView<'a, f32>,
+    /// `[segments, heads, dk]` f32.
+    pub decay_log2: DevView<'a, f32>,
+}
+
+/// The tensors of one launch as device views (contiguous; shapes as in [`GlaInputs`] and
+/// [`GlaOutputs`]).
+pub struct RawGlaTensors<'a> {
+    /// Queries `[B, T, H, dk]`.
+    pub q: DevView<'a, bf16>,
+    /// Keys `[B, T, H, dk]`.
+    pub k: DevView<'a, bf16>,
+    /// Values `[B, T, H, dv]`.
+    pub v: DevView<'a, bf16>,
+    /// Log-decays `[B, T, H, dk]`.
+    pub g: DevView<'a, bf16>,
+    /// Initial states `[N, H, dk, dv]`, or zero states.
+    pub init_state: Option<DevView<'a, f32>>,
+    /// Outputs `[B, T, H, dv]`.
+    pub o: DevView<'a, bf16>,
+    /// Final states `[N, H, dk, dv]`, if wanted.
+    pub final_state: Option<DevView<'a, f32>>,
+}
+
+/// The words of a plan's segment table and of its combination table (as [`GlaPlan`] uploads
+/// them).
+pub fn table_words(plan: &SegmentPlan) -> (Vec<u32>, Vec<u32>) {
+    let segments = plan
+        .segments
+        .iter()
+        .flat_map(|s| [s.start, s.len, s.seq, s.flags])
+        .collect();
+    let combine = plan
+        .combine
+        .iter()
+        .flat_map(|c| [c.seq, c.first, c.count, c.pad])
+        .collect();
+    (segments, combine)
+}
+
+/// Elements of the workspace of a plan, `(seg_init and delta each, decay_log2)`, when some
+/// sequence is split (else `None`: no workspace).
+pub fn workspace_len(problem: &GlaProblem, plan: &SegmentPlan) -> Option<(usize, usize)> {
+    if plan.combine.is_empty() {
+        return None;
+    }
+    let n = plan.segments.len() * problem.heads;
+    Some((n * problem.dk * problem.dv, n * problem.dk))
+}
+
+fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
+    if view.len() != want {
+        return Err(Error::shape(
+            format!("GLA {what}"),
+            format!("{want} elements"),
+            view.len(),
+        ));
+    }
+    if !view.addr().is_multiple_of(16) {
+        return Err(Error::Misaligned {
+            what: format!("GLA {what}"),
+            required: 16,
+            actual: view.addr() % 16,
+        });
+    }
+    Ok(())
+}
+
+/// The launch sequence of [`GlaPlan::forward`] on any executor, over raw views: checks every
+/// size against `problem` and `plan`, then launches `gla_states` and `gla_combine` (when a
+/// sequence is split) and `gla_fwd`.
+///
+/// # Safety
+/// Every view is memory of `exec`'s device, alive and not otherwise accessed until the launches
+/// completed; `tables` hold the words of `plan` ([`table_words`]), which was made for `problem`
+/// ([`GlaProblem::plan`] or [`plan_segments`]).
+pub unsafe fn forward_raw<E: Exec>(
+    exec: &E,
+    problem: &GlaProblem,
+    plan: &SegmentPlan,
+    tables: &RawGlaTables,
+    t: &RawGlaTensors,
+) -> Result<()> {
+    let p = problem;
+    p.validate()?;
+    let cfg = p.config()?;
+    check_view("q [B, T, H, dk]", &t.q, p.qk_len())?;
+    check_view("k [B, T, H, dk]", &t.k, p.qk_len())?;
+    check_view("g [B, T, H, dk]", &t.g, p.qk_len())?;
+    check_view("v [B, T, H, dv]", &t.v, p.v_len())?;
+    check_view("o [B, T, H, dv]", &t.o, p.v_len())?;
+    if let Some(s) = &t.init_state {
+        check_view("initial state [N, H, dk, dv]", s, p.state_len())?;
+    }
+    if let Some(s) = &t.final_state {
+        check_view("final state [N, H, dk, dv]", s, p.state_len())?;
+    }
+    check_view("segment table", &tables.segments, 4 * plan.segments.len())?;
+    let split = match (workspace_len(p, plan), &tables.split) {
+        (None, _) => None,
+        (Some((state, decay)), Some(w)) => {
+            check_view("combination table", &w.combine, 4 * plan.combine.len())?;
+            check_view("workspace seg_init", &w.seg_init, state)?;
+            check_view("workspace delta", &w.delta, state)?;
+            check_view("workspace decay_log2", &w.decay_log2, decay)?;
+            Some(w)
+        }
+        (Some(_), None) => {
+            return Err(Error::invalid(
+                "GLA workspace",
+                "the plan splits a sequence but no workspace was given",
+            ));
+        }
+    };
+    let null = std::ptr::null_mut::<f32>();
+    let (seg_init, delta, decay_log2) = match split {
+        Some(w) => (w.seg_init.ptr(), w.delta.ptr(), w.decay_log2.ptr()),
+        None => (null, null, null),
+    };
+    let params = GlaParams {
+        q: t.q.ptr(),
+        k: t.k.ptr(),
+        v: t.v.ptr(),
+        g: t.g.ptr(),
+        o: t.o.ptr(),
+        segments: tables.segments.ptr(),
+        init_state: t.init_state.map_or(null, |b| b.ptr()),
+        final_state: t.final_state.map_or(null, |b| b.ptr()),
+        seg_init,
+        delta,
+        decay_log2,
+        heads: p.heads as u32,
+        scale: p.output_scale(),
+        has_init: u32::from(t.init_state.is_some()),
+        has_final: u32::from(t.final_state.is_some()),
+    };
+    let grid = (plan.segments.len() as u32, p.heads as u32, 1);
+    let launch = LaunchConfig::new(grid, cfg.threads(), cfg.smem_bytes());
+    let suffix = format!("dk{}_dv{}", p.dk, p.dv);
+    if let Some(w) = split {
+        // SAFETY: q, k, g, v have the problem's sizes (checked above); the segment table
+        // covers exactly the problem's sequences (built by `split` from the validated problem,
+        // the caller's contract) and has gridDim.x entries; delta and decay_log2 hold
+        // segments * heads * dk * dv and segments * heads * dk f32 (checked); the kernel
+        // writes only the slices of the segments that are not last, each from its own block.
+        unsafe { exec.launch(&format!("gla_states_{suffix}"), &launch, &params)? };
+        let combine = CombineParams {
+            entries: w.combine.ptr(),
+            init_state: params.init_state,
+            seg_init: w.seg_init.ptr(),
+            delta: w.delta.ptr(),
+            decay_log2: w.decay_log2.ptr(),
+            heads: p.heads as u32,
+            dk: p.dk as u32,
+            dv: p.dv as u32,
+            has_init: params.has_init,
+        };
+        let elems = (p.dk * p.dv) as u32;
+        let claunch = LaunchConfig::new(
+            (
+                plan.combine.len() as u32,
+                p.heads as u32,
+                elems.div_ceil(COMBINE_THREADS),
+            ),
+            COMBINE_THREADS,
+            0,
+        );
+        // SAFETY: the combine entries name consecutive segments of the table (count >= 2,
+        // all of one sequence, seq < N); every buffer has the size the parameters document
+        // (checked above); each thread writes its own element of the later segments' initial
+        // states.
+        unsafe { exec.launch("gla_combine", &claunch, &combine)? };
+    }
+    // SAFETY: as for `gla_states`; o has rows * heads * dv elements; the initial and final
+    // states hold N * heads * dk * dv elements (checked); seg_init was written by `gla_combine`
+    // (just before, in order on the executor) for every segment that is not first, the only
+    // ones that read it; each block writes only its own rows of o and, if it is the last of its
+    // sequence, that sequence's final state.
+    unsafe { exec.launch(&format!("gla_fwd_{suffix}"), &launch, &params) }
 }
 
 /// Convenience: plan and launch `problem` on `stream`, then wait for it (tests, examples).
