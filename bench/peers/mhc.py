@@ -22,22 +22,7 @@ import traceback
 import torch
 from safetensors.torch import load_file
 
-
-def median_ms(fn, warmup=10, runs=50):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+from smoke import median_ms
 
 
 def mhc_forward(x, y, phi, gamma, alpha, bias, iters: int, eps: float):

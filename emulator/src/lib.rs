@@ -37,6 +37,10 @@ pub mod arch {
 #[path = "../../gpu-kernels/src/mhc/mod.rs"]
 pub mod mhc;
 
+/// The shared tile loaders (`gpu-kernels/src/tiles.rs`), used by the GLA kernels.
+#[path = "../../gpu-kernels/src/tiles.rs"]
+pub mod tiles;
+
 /// The GLA forward kernels (`gpu-kernels/src/gla`), with their emulator table
 /// `gla::EMU_KERNELS`.
 #[path = "../../gpu-kernels/src/gla/mod.rs"]

@@ -27,6 +27,7 @@ pub mod gla;
 pub mod mhc;
 pub mod semicrf;
 pub mod smoke;
+pub mod tiles;
 
 /// A panic in a kernel (an index out of bounds, an overflow in a checked operation) traps: the
 /// launch fails with `CUDA_ERROR_LAUNCH_FAILED`/`ILLEGAL_INSTRUCTION`, which the host reports.

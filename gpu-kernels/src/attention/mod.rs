@@ -98,11 +98,8 @@ fn tile_offset<const D: u32>(row: u32, chunk: u32) -> u32 {
     row * (D * 2 + 16) + (chunk << 4)
 }
 
-/// Issue the `cp.async` copies of a `[ROWS, D]` tile whose row `r` starts at global element
-/// `base + first_row_offset + r * stride`; rows at or past `valid` are zero-filled (nothing is
-/// read for them). Thread `t` copies 16-byte chunk `t % (D / 8)` of rows
-/// `t / (D / 8) + k (THREADS / (D / 8))`: a compile-time trip count and one address add per
-/// copy.
+/// Issue the `cp.async` copies of a `[ROWS, D]` tile into the swizzled layout of
+/// [`tile_offset`] ([`crate::tiles::load_rows`]; strides and base host-checked 16-byte aligned).
 #[inline(always)]
 fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
     dst: u32,
@@ -111,27 +108,14 @@ fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
     stride: u64,
     valid: u32,
 ) {
-    const { assert!(THREADS.is_multiple_of(D / 8) && (ROWS * (D / 8)).is_multiple_of(THREADS)) };
-    let chunks = D / 8;
-    let row_step = THREADS / chunks;
-    let tid = index::thread_idx_x();
-    let (row0, chunk) = (tid / chunks, tid % chunks);
-    let mut src =
-        base.wrapping_add((first_row_offset + row0 as u64 * stride + 8 * chunk as u64) as usize);
-    let step = (row_step as u64 * stride) as usize;
-    for k in 0..ROWS / row_step {
-        let r = row0 + k * row_step;
-        let addr = dst + tile_offset::<D>(r, chunk);
-        if r < valid {
-            // SAFETY: r < valid rows of the tensor, chunk < D / 8: 16 readable bytes, 16-byte
-            // aligned (host-checked strides and base); addr is inside the tile (r < ROWS).
-            unsafe { cp_async::copy_16(addr, src as *const u8) };
-        } else {
-            // SAFETY: nothing is read (0 source bytes); addr is inside the tile.
-            unsafe { cp_async::copy_16_zfill(addr, base as *const u8, 0) };
-        }
-        src = src.wrapping_add(step);
-    }
+    crate::tiles::load_rows::<D, ROWS, THREADS>(
+        dst,
+        tile_offset::<D>,
+        base,
+        first_row_offset,
+        stride,
+        valid,
+    )
 }
 
 /// A warp's place in the problem: everything the step functions need besides the tiles.

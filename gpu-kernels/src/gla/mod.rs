@@ -89,10 +89,9 @@ unsafe fn mma_bf16(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
     unsafe { mma::m16n8k16_bf16(d, a, b) }
 }
 
-/// Issue the `cp.async` copies of a `[ROWS, D]` tile whose row `r` starts at global element
-/// `base + first_row_offset + r * stride`; rows at or past `valid` are zero-filled (nothing is
-/// read for them). Thread `t` copies 16-byte chunk `t % (D / 8)` of rows
-/// `t / (D / 8) + k (THREADS / (D / 8))` (the attention kernels' loader).
+/// Issue the `cp.async` copies of a `[ROWS, D]` tile into rows of
+/// `GlaConfig::row_bytes(D)` bytes ([`crate::tiles::load_rows`]; contiguous tensors, D a
+/// multiple of 8, so every row starts 16-byte aligned).
 #[inline(always)]
 fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
     dst: u32,
@@ -101,27 +100,14 @@ fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
     stride: u64,
     valid: u32,
 ) {
-    const { assert!(THREADS.is_multiple_of(D / 8) && (ROWS * (D / 8)).is_multiple_of(THREADS)) };
-    let chunks = D / 8;
-    let row_step = THREADS / chunks;
-    let tid = index::thread_idx_x();
-    let (row0, chunk) = (tid / chunks, tid % chunks);
-    let mut src =
-        base.wrapping_add((first_row_offset + row0 as u64 * stride + 8 * chunk as u64) as usize);
-    let step = (row_step as u64 * stride) as usize;
-    for k in 0..ROWS / row_step {
-        let r = row0 + k * row_step;
-        let addr = dst + r * const { GlaConfig::row_bytes(D) } + (chunk << 4);
-        if r < valid {
-            // SAFETY: r < valid rows of the segment, chunk < D / 8: 16 readable bytes, 16-byte
-            // aligned (contiguous tensors, D a multiple of 8); addr is inside the tile.
-            unsafe { cp_async::copy_16(addr, src as *const u8) };
-        } else {
-            // SAFETY: nothing is read (0 source bytes); addr is inside the tile.
-            unsafe { cp_async::copy_16_zfill(addr, base as *const u8, 0) };
-        }
-        src = src.wrapping_add(step);
-    }
+    crate::tiles::load_rows::<D, ROWS, THREADS>(
+        dst,
+        |r, chunk| r * const { GlaConfig::row_bytes(D) } + (chunk << 4),
+        base,
+        first_row_offset,
+        stride,
+        valid,
+    )
 }
 
 /// Shared-memory addresses of one variant buffer.
