@@ -246,9 +246,14 @@ impl Bench {
     }
 
     /// Run the family's Python peers over the cases written so far and record their rows.
-    /// A missing interpreter or peer is recorded as a note, not a failure of our rows.
+    /// A missing interpreter or peer is recorded as a note, not a failure of our rows;
+    /// `KBENCH_PEERS=0` skips them (for profiling runs).
     pub fn run_peers(&mut self) {
         if self.cases == 0 {
+            return;
+        }
+        if std::env::var_os("KBENCH_PEERS").is_some_and(|v| v == "0") {
+            self.note("peers skipped (KBENCH_PEERS=0)".to_string());
             return;
         }
         let script = peers_dir().join(format!("{}.py", self.family));
