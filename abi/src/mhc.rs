@@ -191,9 +191,43 @@ pub const fn proj_tokens(n: u32) -> u32 {
     PROJ_WARPS * proj_mt(n) * 16
 }
 
+/// Chunks of `F1_CHUNK` K values per pipeline stage of the projection.
+pub const PROJ_STAGE_CHUNKS: u32 = 2;
+
+/// Pipeline stages of the projection (`cp.async` ring in shared memory).
+pub const PROJ_STAGES: u32 = 3;
+
+/// Bytes of one token row of a projection stage (`PROJ_STAGE_CHUNKS` chunks of 32 bf16).
+pub const PROJ_ROW_BYTES: u32 = PROJ_STAGE_CHUNKS * F1_CHUNK * 2;
+
+/// Bytes of the `x` tile of one projection stage (`[proj_tokens][PROJ_ROW_BYTES]`).
+#[inline]
+pub const fn proj_x_stage_bytes(n: u32) -> u32 {
+    proj_tokens(n) * PROJ_ROW_BYTES
+}
+
+/// Bytes of the `phi'` packing of one projection stage: blocks `f1_block(n, c, j, hl)` of its
+/// `PROJ_STAGE_CHUNKS` chunks, which are contiguous in the packing (512 bytes each).
+#[inline]
+pub const fn proj_phi_stage_bytes(n: u32) -> u32 {
+    PROJ_STAGE_CHUNKS * nt_of(n) * 2 * WARP_SIZE * 16
+}
+
+/// Bytes of one projection stage (`x` tile, then the `phi'` blocks).
+#[inline]
+pub const fn proj_stage_bytes(n: u32) -> u32 {
+    proj_x_stage_bytes(n) + proj_phi_stage_bytes(n)
+}
+
+/// Dynamic shared memory of `mhc_fwd_proj_n{n}` (with the alignment slack).
+#[inline]
+pub const fn proj_smem_bytes(n: u32) -> usize {
+    (PROJ_STAGES * proj_stage_bytes(n)) as usize + crate::SMEM_ALIGN
+}
+
 /// The projection aims for at least this many blocks (token blocks x K splits): at the
 /// benchmark shape (128 token blocks) that is 3 K splits, one wave of 3 blocks per SM on 132 SMs
-/// (134 registers x 128 threads allow 3). The split depends only on the problem, never on the
+/// (at `n = 4`, `proj_smem_bytes` is 67 KB: 3 blocks fit). The split depends only on the problem, never on the
 /// device, so results are identical on every GPU.
 pub const PROJ_TARGET_BLOCKS: u32 = 384;
 

@@ -9,8 +9,12 @@
 //! `COEFF_THREADS` = 128 threads = 16 groups of 8 lanes; group `q` of block `b` owns token
 //! `16 b + q` (groups past `T` compute on zeros and write nothing to global memory). Lane
 //! `i` of a group owns row `i` of the `n x n` matrices and `H_pre[i]`, `H_post[i]`; lanes
-//! `i >= n` hold zero rows. Column sums are butterflies over the group's 8 lanes (`shfl.xor` 1,
-//! 2, 4), so every lane holds the whole column vector.
+//! `i >= n` hold zero rows. A column step is a reduce-scatter over the group's 8 lanes (lane `j`
+//! ends with the sum of column `j`: 7 shuffles), one reciprocal per lane, and an all-gather (7
+//! shuffles), so every lane holds the whole column vector; each column is summed by one lane in
+//! a fixed order. Each lane loads its own coefficients (`H_pre[i]`, `H_post[i]`, row `i` of
+//! `H_res`: the `n + 2` columns it owns) and their biases before anything else, so a group's
+//! loads are one round trip to memory. Reciprocals are `rcp.approx` (within 1 ulp).
 //!
 //! Sinkhorn-Knopp is computed in its scaling form, which is the alternating normalisation of the
 //! specification exactly rewritten: with `P0 = exp(z - rowmax z)` (the row shift cancels in the
@@ -57,6 +61,76 @@ unsafe fn group_sum(mut v: f32) -> f32 {
     v
 }
 
+/// Column sums of the group's rows: lane `i` of the group passes its row `a` (8 values) and
+/// receives `sum over lanes l of a_l[i]`, the sum of column `i` (a reduce-scatter by halves:
+/// 4 + 2 + 1 shuffles instead of 8 butterflies of 3). Each column is summed by one lane, in a
+/// fixed order. All 32 lanes of the warp call it.
+#[inline(always)]
+unsafe fn group_column_sum(a: &[f32; G], lane: u32) -> f32 {
+    let (b2, b1, b0) = (lane & 4 != 0, lane & 2 != 0, lane & 1 != 0);
+    let mut q = [0.0f32; 4];
+    for k in 0..4 {
+        let (keep, send) = if b2 {
+            (a[k + 4], a[k])
+        } else {
+            (a[k], a[k + 4])
+        };
+        // SAFETY: forwarded to the caller (all lanes execute this).
+        q[k] = keep + unsafe { warp::shfl_xor_f32(warp::FULL_MASK, send, 4) };
+    }
+    let mut h = [0.0f32; 2];
+    for k in 0..2 {
+        let (keep, send) = if b1 {
+            (q[k + 2], q[k])
+        } else {
+            (q[k], q[k + 2])
+        };
+        // SAFETY: as above.
+        h[k] = keep + unsafe { warp::shfl_xor_f32(warp::FULL_MASK, send, 2) };
+    }
+    let (keep, send) = if b0 { (h[1], h[0]) } else { (h[0], h[1]) };
+    // SAFETY: as above.
+    keep + unsafe { warp::shfl_xor_f32(warp::FULL_MASK, send, 1) }
+}
+
+/// All-gather: lane `i` of the group passes `x`, every lane receives `[x_0, .., x_7]` (1 + 2 + 4
+/// shuffles). All 32 lanes of the warp call it.
+#[inline(always)]
+unsafe fn group_gather(x: f32, lane: u32) -> [f32; G] {
+    let mut out = [0.0f32; G];
+    out[0] = x;
+    let mut have = 1;
+    let mut bit = 1u32;
+    while bit < GROUP {
+        // `out[..have]` holds the values of the aligned block of `have` lanes that contains
+        // this lane, in lane order; the partner `lane ^ bit` holds the adjacent block.
+        let mut got = [0.0f32; G];
+        for k in 0..G / 2 {
+            if k < have {
+                // SAFETY: forwarded to the caller (uniform: `have` is the same on every lane).
+                got[k] = unsafe { warp::shfl_xor_f32(warp::FULL_MASK, out[k], bit) };
+            }
+        }
+        let upper = lane & bit != 0;
+        let mut next = [0.0f32; G];
+        for k in 0..G {
+            if k < 2 * have {
+                let (mine, other) = if k < have {
+                    (out[k], got[k])
+                } else {
+                    (out[k - have], got[k - have])
+                };
+                // The lower half of the doubled block is the lane with `bit` clear.
+                next[k] = if (k < have) != upper { mine } else { other };
+            }
+        }
+        out = next;
+        have *= 2;
+        bit *= 2;
+    }
+    out
+}
+
 #[inline(always)]
 fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + math::exp(-z))
@@ -87,21 +161,14 @@ impl Iterates {
     }
 }
 
-/// The logits `z[j] = a_res h~[res(i, j)] + b[res(i, j)]` of row `row` (zeros outside `n x n`).
+/// The logits `z[j] = a_res h~[res(row, j)] + b[res(row, j)]` of row `row` from the lane's own
+/// coefficients and biases (zeros outside `n x n`).
 #[inline(always)]
-unsafe fn res_logits(
-    n: u32,
-    row: u32,
-    a_res: f32,
-    bias: *const f32,
-    h: impl Fn(u32) -> f32,
-) -> [f32; G] {
+fn res_logits(n: u32, row: u32, a_res: f32, h: &[f32; OWN], bias: &[f32; OWN]) -> [f32; G] {
     let mut z = [0.0f32; G];
     for j in 0..G {
         if row < n && (j as u32) < n {
-            let c = res_col(n, row, j as u32);
-            // SAFETY: c < M = length of `bias` (row, j < n).
-            z[j] = a_res * h(c) + unsafe { *bias.add(c as usize) };
+            z[j] = a_res * h[2 + j] + bias[2 + j];
         }
     }
     z
@@ -140,16 +207,16 @@ unsafe fn sinkhorn(
         for j in 0..G {
             b += p0[j] * v[j];
         }
-        u = if row_ok { 1.0 / b } else { 0.0 };
-        let mut own_v = 0.0f32;
+        u = if row_ok { math::rcp(b) } else { 0.0 };
+        let mut pu = [0.0f32; G];
         for j in 0..G {
-            // SAFETY: all lanes execute this (uniform loop over `iters`).
-            let col = unsafe { group_sum(p0[j] * u) };
-            v[j] = if (j as u32) < n { 1.0 / col } else { 0.0 };
-            if j as u32 == row {
-                own_v = v[j];
-            }
+            pu[j] = p0[j] * u;
         }
+        // Lane `row` sums column `row` and normalises it; every lane gets all of `v`.
+        // SAFETY: all lanes execute these (uniform loop over `iters`).
+        let col = unsafe { group_column_sum(&pu, row) };
+        let own_v = if row_ok { math::rcp(col) } else { 0.0 };
+        v = unsafe { group_gather(own_v, row) };
         if let Some(s) = store {
             // SAFETY: it < iters and tid < COEFF_THREADS: inside the iterate area; each word
             // has this one writer (barrier protocol step 1).
@@ -175,14 +242,15 @@ unsafe fn sinkhorn_backward(
 ) -> [f32; G] {
     let group_base = store.tid - row;
     let mut dp = [0.0f32; G];
-    let mut dv = [0.0f32; G];
     let mut du = 0.0f32;
+    let mut gup = [0.0f32; G];
     for j in 0..G {
         dp[j] = g[j] * sk.u * sk.v[j];
         du += g[j] * sk.p0[j] * sk.v[j];
-        // SAFETY: all lanes execute this.
-        dv[j] = unsafe { group_sum(g[j] * sk.u * sk.p0[j]) };
+        gup[j] = g[j] * sk.u * sk.p0[j];
     }
+    // SAFETY: all lanes execute these.
+    let mut dv = unsafe { group_gather(group_column_sum(&gup, row), row) };
     let mut it = iters;
     while it > 0 {
         it -= 1;
@@ -214,14 +282,52 @@ unsafe fn sinkhorn_backward(
         }
         // Rows: u(t) = 1 / (P0 v(t - 1)).
         let db = if row < n { -du * ut * ut } else { 0.0 };
+        let mut pdb = [0.0f32; G];
         for j in 0..G {
-            // SAFETY: all lanes execute this.
-            dv[j] = unsafe { group_sum(sk.p0[j] * db) };
+            pdb[j] = sk.p0[j] * db;
             dp[j] += db * vprev[j];
         }
+        // SAFETY: all lanes execute these (uniform loop over `iters`).
+        dv = unsafe { group_gather(group_column_sum(&pdb, row), row) };
         du = 0.0;
     }
     dp
+}
+
+/// Column of entry `e` of a lane's coefficients (`e = 0`: `H_pre[row]`, `1`: `H_post[row]`,
+/// `2 + j`: `H_res[row][j]`), and whether it exists (`row < n`, `j < n`).
+#[inline(always)]
+fn own_col(n: u32, row: u32, e: usize) -> Option<u32> {
+    if row >= n {
+        None
+    } else if e == 0 {
+        Some(row)
+    } else if e == 1 {
+        Some(post_col(n, row))
+    } else if ((e - 2) as u32) < n {
+        Some(res_col(n, row, (e - 2) as u32))
+    } else {
+        None
+    }
+}
+
+/// Entries of a lane's coefficients: `pre`, `post`, and a row of `res`.
+const OWN: usize = G + 2;
+
+/// `bias` at the lane's coefficients (zeros where they do not exist).
+///
+/// # Safety
+/// `bias` holds `M` values.
+#[inline(always)]
+unsafe fn own_bias(bias: *const f32, n: u32, row: u32) -> [f32; OWN] {
+    let mut b = [0.0f32; OWN];
+    for e in 0..OWN {
+        if let Some(c) = own_col(n, row, e) {
+            // SAFETY: c < M (the caller's contract on `bias`).
+            b[e] = unsafe { *bias.add(c as usize) };
+        }
+    }
+    b
 }
 
 /// See the module documentation.
@@ -237,55 +343,51 @@ pub unsafe fn forward(p: FwdCoeffParams) {
     let valid = tok < p.tokens;
     let (n, mm) = (p.n, m_of(p.n));
     let tokens = p.tokens as usize;
+    // Every load first (one round trip to memory): the partial sums of squares, the split
+    // partials of the lane's own coefficients, the gains and biases.
     let mut sumsq = 0.0f32;
+    let mut h = [0.0f32; OWN];
     if valid {
         for s in 0..p.splits as usize {
             // SAFETY: s < splits and tok < T: inside `part_sumsq [splits, T]`.
             sumsq += unsafe { *p.part_sumsq.add(s * tokens + tok as usize) };
+            let at = (s * tokens + tok as usize) * mm as usize;
+            for e in 0..OWN {
+                if let Some(c) = own_col(n, row, e) {
+                    // SAFETY: s < splits, tok < T, c < M: inside `part_proj [splits, T, M]`.
+                    h[e] += unsafe { *p.part_proj.add(at + c as usize) };
+                }
+            }
         }
     }
-    let r = math::sqrt(sumsq / p.k as f32 + p.eps);
-    let h = |m: u32| -> f32 {
-        if !valid || m >= mm {
-            return 0.0;
-        }
-        let mut acc = 0.0f32;
-        for s in 0..p.splits as usize {
-            // SAFETY: s < splits, tok < T, m < M: inside `part_proj [splits, T, M]`.
-            acc += unsafe {
-                *p.part_proj
-                    .add((s * tokens + tok as usize) * mm as usize + m as usize)
-            };
-        }
-        acc / r
-    };
     // SAFETY: `alpha` holds 3 values, `bias` M (launch contract).
-    let (a, bias) = unsafe { ([*p.alpha, *p.alpha.add(1), *p.alpha.add(2)], p.bias) };
-
-    let mut m = row;
-    while m < mm {
-        if valid {
-            // SAFETY: tok < T, m < M: inside `hproj [T, M]`.
-            unsafe { *p.hproj.add(tok as usize * mm as usize + m as usize) = h(m) };
-        }
-        m += GROUP;
-    }
-    if valid && row < n {
-        let (i, c) = (
-            tok as usize * n as usize + row as usize,
-            post_col(n, row) as usize,
-        );
-        // SAFETY: row < n: i inside `h_pre`, `h_post [T, n]`; row, c < M: inside `bias`.
-        unsafe {
-            *p.h_pre.add(i) = sigmoid(a[0] * h(row) + *bias.add(row as usize));
-            *p.h_post.add(i) = 2.0 * sigmoid(a[1] * h(c as u32) + *bias.add(c));
-        }
-    }
-    // SAFETY: `bias` holds M values; all lanes reach the shuffles inside (uniform).
-    let sk = unsafe {
-        let z = res_logits(n, row, a[2], bias, h);
-        sinkhorn(&z, n, row, p.iters, None)
+    let (a, bias) = unsafe {
+        (
+            [*p.alpha, *p.alpha.add(1), *p.alpha.add(2)],
+            own_bias(p.bias, n, row),
+        )
     };
+    let r = math::sqrt(sumsq / p.k as f32 + p.eps);
+    for e in 0..OWN {
+        h[e] /= r;
+    }
+
+    if valid && row < n {
+        for e in 0..OWN {
+            if let Some(c) = own_col(n, row, e) {
+                // SAFETY: tok < T, c < M: inside `hproj [T, M]` (each column has one owner).
+                unsafe { *p.hproj.add(tok as usize * mm as usize + c as usize) = h[e] };
+            }
+        }
+        let i = tok as usize * n as usize + row as usize;
+        // SAFETY: row < n: i inside `h_pre`, `h_post [T, n]`.
+        unsafe {
+            *p.h_pre.add(i) = sigmoid(a[0] * h[0] + bias[0]);
+            *p.h_post.add(i) = 2.0 * sigmoid(a[1] * h[1] + bias[1]);
+        }
+    }
+    // SAFETY: all lanes reach the shuffles inside (uniform).
+    let sk = unsafe { sinkhorn(&res_logits(n, row, a[2], &h, &bias), n, row, p.iters, None) };
     if valid && row < n {
         for j in 0..G {
             if (j as u32) < n {
@@ -322,22 +424,22 @@ pub unsafe fn backward(p: BwdCoeffParams) {
     } else {
         1.0
     };
-    let h = |m: u32| -> f32 {
-        if valid && m < mm {
-            // SAFETY: tok < T, m < M: inside `hproj [T, M]`.
-            unsafe { *p.hproj.add(tu * mm as usize + m as usize) }
-        } else {
-            0.0
+    // Every load first (one round trip): the lane's own `h~` and `dL/dH` entries and biases.
+    let (mut h, mut dh) = ([0.0f32; OWN], [0.0f32; OWN]);
+    if valid {
+        for e in 0..OWN {
+            if let Some(c) = own_col(n, row, e) {
+                let at = tu * mm as usize + c as usize;
+                // SAFETY: tok < T, c < M: inside `hproj [T, M]` and `dh [T, M]`.
+                unsafe {
+                    h[e] = *p.hproj.add(at);
+                    dh[e] = *p.dh.add(at);
+                }
+            }
         }
-    };
-    let dh = |m: u32| -> f32 {
-        if valid && m < mm {
-            // SAFETY: tok < T, m < M: inside `dh [T, M]`.
-            unsafe { *p.dh.add(tu * mm as usize + m as usize) }
-        } else {
-            0.0
-        }
-    };
+    }
+    // SAFETY: `bias` holds M values (launch contract).
+    let bias = unsafe { own_bias(p.bias, n, row) };
     // SAFETY: `alpha` holds 3 values (launch contract).
     let a = unsafe { [*p.alpha, *p.alpha.add(1), *p.alpha.add(2)] };
     let base = smem::aligned_base();
@@ -352,27 +454,22 @@ pub unsafe fn backward(p: BwdCoeffParams) {
 
     let (mut dz_pre, mut dz_post) = (0.0f32, 0.0f32);
     if row < n {
-        let c = post_col(n, row);
-        // SAFETY: row, c < M: inside `bias`.
-        let (bp, bq) = unsafe { (*p.bias.add(row as usize), *p.bias.add(c as usize)) };
-        let s = sigmoid(a[0] * h(row) + bp);
-        dz_pre = dh(row) * s * (1.0 - s);
-        let s = sigmoid(a[1] * h(c) + bq);
-        dz_post = dh(c) * 2.0 * s * (1.0 - s);
+        let s = sigmoid(a[0] * h[0] + bias[0]);
+        dz_pre = dh[0] * s * (1.0 - s);
+        let s = sigmoid(a[1] * h[1] + bias[1]);
+        dz_post = dh[1] * 2.0 * s * (1.0 - s);
     }
-    // SAFETY: `bias` holds M values; all lanes reach the shuffles (uniform); the iterate area
-    // is `iters * 2 * COEFF_THREADS` words of the launch's shared memory.
+    // SAFETY: all lanes reach the shuffles (uniform); the iterate area is
+    // `iters * 2 * COEFF_THREADS` words of the launch's shared memory.
     let sk = unsafe {
-        let z = res_logits(n, row, a[2], p.bias, h);
+        let z = res_logits(n, row, a[2], &h, &bias);
         sinkhorn(&z, n, row, p.iters, Some(store))
     };
     // SAFETY: every thread reaches this barrier once (no early exit in this kernel).
     unsafe { sync::sync_threads() };
     let mut g = [0.0f32; G];
     for j in 0..G {
-        if row < n && (j as u32) < n {
-            g[j] = dh(res_col(n, row, j as u32));
-        }
+        g[j] = dh[2 + j];
     }
     // SAFETY: uniform control flow; iterates published by the barrier above.
     let dp0 = unsafe { sinkhorn_backward(&sk, &g, n, row, p.iters, store) };
@@ -385,8 +482,8 @@ pub unsafe fn backward(p: BwdCoeffParams) {
     let (mut da_pre, mut da_post, mut da_res) = (0.0f32, 0.0f32, 0.0f32);
     if row < n {
         let c = post_col(n, row);
-        da_pre = dz_pre * h(row);
-        da_post = dz_post * h(c);
+        da_pre = dz_pre * h[0];
+        da_post = dz_post * h[1];
         if valid {
             let out = tu * m16 as usize;
             // SAFETY: tok < T, row, c < M <= m16: inside `u [T, m16]`.
@@ -398,7 +495,7 @@ pub unsafe fn backward(p: BwdCoeffParams) {
         for j in 0..G {
             if (j as u32) < n {
                 let c = res_col(n, row, j as u32);
-                da_res += dz_res[j] * h(c);
+                da_res += dz_res[j] * h[2 + j];
                 if valid {
                     // SAFETY: c < M <= m16: inside `u`.
                     unsafe { *p.u.add(tu * m16 as usize + c as usize) = a[2] * dz_res[j] / r };

@@ -11,147 +11,221 @@
 //! tiles of tokens (the `mma` M dimension) and computes all `NT` n8 tiles of the coefficients
 //! (the N dimension); a chunk is two k16 steps.
 //!
-//! The contraction order inside a chunk is permuted so that every operand is a plain 16-byte
-//! load: lane `(g, t)` (`g = lane / 4`, `t = lane % 4`) loads `x[row][32 c + 8 t .. + 8]` for
+//! The contraction order inside a chunk is permuted so that every operand is one 16-byte
+//! vector: lane `(g, t)` (`g = lane / 4`, `t = lane % 4`) takes `x[row][32 c + 8 t .. + 8]` for
 //! its rows `g` and `g + 8` of each tile, and k16 step `h` uses words `2h, 2h + 1` of those
 //! vectors. In PTX terms, step `h`'s logical K index `2t + e` is the physical
 //! `32 c + 8 t + 4 h + e` and `2t + 8 + e` is `32 c + 8 t + 4 h + 2 + e`; A's and B's fragments
 //! agree on it because `mhc_prep` packed each lane's B words (`f1_word_source`) from the same
-//! physical positions. Each lane reads its `hi` and `lo` B words of tile `j` as one 16-byte load
-//! each (lane-contiguous, through L1: all warps of the block read the same words).
+//! physical positions.
 //!
 //! Precision: `x` is exact in bf16; `phi'` is `hi + lo` (two `mma`s), accurate to `2^-17`
 //! relative per term; accumulation is f32.
 //!
-//! # Thread mapping
-//! `PROJ_THREADS` = 4 warps. Lane `(g, t)` of warp `w` holds, for tile `mt`, the rows
-//! `tok = bx * proj_tokens + (w MT + mt) 16 + g (+8)`; the loads of chunk `c + 2` are issued
-//! before the products of chunk `c` (a ring of three register buffers), so each warp keeps two
-//! chunks (`2 MT` KB) in flight; at `n = 4` (134 registers) three blocks fit on an SM, 48 KB of
-//! loads in flight per SM, above what HBM needs (~26 KB at 4.3 TB/s and ~800 ns). The sum of
-//! squares accumulates
-//! per lane over its 8 values per row and chunk, then over the 4 lanes `t` (shuffles).
-//! Accumulator element `(row, 2t + e)` of tile `j` is coefficient `m = 8 j + 2 t + e`.
-//! Rows past `T` and chunks past `K` load zeros; only rows `< T` and `m < M` are written.
+//! # Pipeline
+//! `x` and the chunk's `phi'` blocks stream through a `PROJ_STAGES`-deep ring of `cp.async`
+//! stages of `PROJ_STAGE_CHUNKS` chunks: stage `s` holds the block's `proj_tokens` rows of
+//! `PROJ_ROW_BYTES` (row `r`'s 16-byte piece `p` at `r * PROJ_ROW_BYTES + 16 (p ^ 4 (r & 1))`:
+//! the XOR puts rows `g` and `g + 1`, read by one quarter-warp, in different bank halves), then
+//! the stage's `phi'` blocks as they lie in the packing. Copies do not hold registers, so each
+//! SM keeps `(PROJ_STAGES - 1)` stages per block in flight (~130 KB at `n = 4`), more than HBM
+//! needs (~26 KB per SM at 4.3 TB/s and ~800 ns). Pieces of rows past `T`, of K past `K`, or of
+//! chunks past the block's range are zero-filled without reading.
 //!
-//! # Barrier protocol
-//! No shared memory and no block barrier. The shuffles and `mma`s are executed by all 32 lanes
-//! of a warp in uniform control flow (a warp whose first row is past `T` returns at once, as a
-//! whole).
+//! # Thread mapping
+//! `PROJ_THREADS` = 4 warps. Copies: thread `tid` copies piece `tid % 8` of rows
+//! `tid / 8 + 16 i` (8 threads read 128 contiguous bytes of a row), then pieces `tid + 128 i`
+//! of the `phi'` blocks. Products: lane `(g, t)` of warp `w` holds, for tile `mt`, the rows
+//! `(w MT + mt) 16 + g (+8)` of the block; it reads its `x` vectors and its `hi`/`lo` B words
+//! with one `ld.shared.v4` each. The sum of squares accumulates per lane over its 8 values per
+//! row and chunk, then over the 4 lanes `t` (shuffles). Accumulator element `(row, 2t + e)` of
+//! tile `j` is coefficient `m = 8 j + 2 t + e`. Only rows `< T` and `m < M` are written.
+//!
+//! # Barrier protocol (all `bar.sync 0`, reached uniformly by every thread of the block)
+//! - Prologue: the copies of steps `0 .. PROJ_STAGES - 1` go to stages `0 ..`, one commit
+//!   group per step (empty groups past the last step).
+//! - Step `s`: `cp.async.wait_group(PROJ_STAGES - 2)` (this thread's copies of step `s` have
+//!   landed), then the barrier: every thread's copies of step `s` are visible, and every thread
+//!   has finished the products of step `s - 1`, the last reads of stage `(s - 1) % PROJ_STAGES`.
+//!   Then the copies of step `s + PROJ_STAGES - 1` go to that stage (one commit group), and the
+//!   products of step `s` read stage `s % PROJ_STAGES`.
+//! - The shuffles and `mma`s are executed by all 32 lanes of a warp in uniform control flow
+//!   (warps whose rows are all past `T` compute on zeros and write nothing). The block waits for
+//!   all its copies before it exits.
 
 use super::unpack;
-use crate::arch::{global, index, mma, warp};
+use crate::arch::{cp_async, index, mma, smem, sync, warp};
+use kernel_abi::WARP_SIZE;
 use kernel_abi::mhc::*;
+use smem::SmemValue;
 
-/// Load the lane's 16-byte vectors of chunk `chunk` for its `2 MT` rows (zeros outside).
+/// 16-byte pieces per row of a stage.
+const PIECES: u32 = PROJ_ROW_BYTES / 16;
+
+/// Byte offset of piece `piece` of row `row` in a stage's `x` tile.
 #[inline(always)]
-unsafe fn load_chunk<const MT: usize>(
-    p: &ProjParams,
-    rows: &[[u32; 2]; MT],
-    chunk: u32,
-    t: u32,
-) -> [[[u32; 4]; 2]; MT] {
-    let mut v = [[[0u32; 4]; 2]; MT];
-    let k = chunk * F1_CHUNK + 8 * t;
-    if k < p.k {
-        for mt in 0..MT {
-            for r in 0..2 {
-                let tok = rows[mt][r];
-                if tok < p.tokens {
-                    // SAFETY: tok < T and k + 8 <= K (K is a multiple of 8): inside x; the
-                    // offset is a multiple of 8 elements (K and k are), so 16-byte aligned.
-                    v[mt][r] = unsafe {
-                        global::load_cg_v4(
-                            p.x.add(tok as usize * p.k as usize + k as usize) as *const u32
-                        )
-                    };
-                }
-            }
+const fn x_piece(row: u32, piece: u32) -> u32 {
+    row * PROJ_ROW_BYTES + 16 * (piece ^ ((row & 1) << 2))
+}
+
+/// Issue this thread's copies of step `step` (chunks `first + step * PROJ_STAGE_CHUNKS ..`)
+/// into the stage at shared address `at`.
+///
+/// # Safety
+/// The launch contract of [`run`]; the stage at `at` is not read by any thread until the
+/// barrier that follows this thread's `wait_group` for these copies.
+#[inline(always)]
+unsafe fn copy_step<const N: usize>(p: &ProjParams, at: u32, tok0: u32, chunk0: u32, last: u32) {
+    const { assert!(PIECES == 8 && PROJ_THREADS % PIECES == 0) };
+    let tid = index::thread_idx_x();
+    let tokens = proj_tokens(N as u32);
+    let piece = tid % PIECES;
+    let chunk = chunk0 + piece / (F1_CHUNK / 8);
+    let k = chunk0 * F1_CHUNK + 8 * piece;
+    let col_ok = chunk < last && k < p.k;
+    let mut row = tid / PIECES;
+    while row < tokens {
+        let tok = tok0 + row;
+        let dst = at + x_piece(row, piece);
+        if col_ok && tok < p.tokens {
+            // SAFETY: tok < T and k + 8 <= K (K is a multiple of 8): 16 readable bytes of `x`,
+            // 16-byte aligned (K and k multiples of 8); dst is inside the stage (row < tokens).
+            unsafe {
+                cp_async::copy_16(
+                    dst,
+                    p.x.add(tok as usize * p.k as usize + k as usize) as *const u8,
+                )
+            };
+        } else {
+            // SAFETY: nothing is read (0 source bytes); dst is inside the stage.
+            unsafe { cp_async::copy_16_zfill(dst, p.x as *const u8, 0) };
         }
+        row += PROJ_THREADS / PIECES;
     }
-    v
+    let phi_at = at + proj_x_stage_bytes(N as u32);
+    let block_pieces = WARP_SIZE; // one 16-byte piece per lane and block
+    let blocks_per_chunk = nt_of(N as u32) * 2;
+    let mut i = tid;
+    while i < PROJ_STAGE_CHUNKS * blocks_per_chunk * block_pieces {
+        let c = chunk0 + i / (blocks_per_chunk * block_pieces);
+        let dst = phi_at + 16 * i;
+        if c < last {
+            // SAFETY: c < last <= f1_chunks(K): piece i of the stage is word
+            // 4 (chunk0 * blocks_per_chunk * 32 + i) of `packed_f1`, inside `f1_words(N, K)`,
+            // 16-byte aligned; dst is inside the stage's phi area.
+            unsafe {
+                cp_async::copy_16(
+                    dst,
+                    p.packed_f1
+                        .add(4 * (chunk0 * blocks_per_chunk * block_pieces + i) as usize)
+                        as *const u8,
+                )
+            };
+        } else {
+            // SAFETY: nothing is read; dst is inside the stage.
+            unsafe { cp_async::copy_16_zfill(dst, p.packed_f1 as *const u8, 0) };
+        }
+        i += PROJ_THREADS;
+    }
 }
 
 /// See the module documentation.
 ///
 /// # Safety
-/// Grid `(ceil(T / proj_tokens(N)), splits)` of `PROJ_THREADS` threads, no shared memory;
-/// `chunks_per_split * splits >= f1_chunks(K)`; the pointers hold the documented sizes.
+/// Grid `(ceil(T / proj_tokens(N)), splits)` of `PROJ_THREADS` threads, `proj_smem_bytes(N)`
+/// of dynamic shared memory; `chunks_per_split * splits >= f1_chunks(K)`; the pointers hold the
+/// documented sizes.
 #[inline(always)]
 pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParams) {
     const {
         assert!(NT == nt_of(N as u32) as usize && MT == proj_mt(N as u32) as usize);
+        assert!(PROJ_STAGES >= 2 && F1_CHUNK == 32);
     }
     let m_total = m_of(N as u32);
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
-    let tok0 = index::block_idx_x() * proj_tokens(N as u32) + index::warp_id() * MT as u32 * 16;
-    if tok0 >= p.tokens {
-        return;
-    }
+    let tok0 = index::block_idx_x() * proj_tokens(N as u32);
+    let row0 = index::warp_id() * MT as u32 * 16;
     let split = index::block_idx_y();
     let first = split * p.chunks_per_split;
     let last = (first + p.chunks_per_split).min(f1_chunks(p.k));
-    let mut rows = [[0u32; 2]; MT];
-    for mt in 0..MT {
-        rows[mt] = [tok0 + 16 * mt as u32 + g, tok0 + 16 * mt as u32 + g + 8];
+    let steps = last.saturating_sub(first).div_ceil(PROJ_STAGE_CHUNKS);
+    let smem = smem::aligned_base();
+    let stage_at = |s: u32| smem + (s % PROJ_STAGES) * proj_stage_bytes(N as u32);
+    let issue = |step: u32| {
+        if step < steps {
+            // SAFETY: the launch contract; the stage's previous contents were last read before
+            // the barrier that precedes this call (barrier protocol).
+            unsafe {
+                copy_step::<N>(
+                    &p,
+                    stage_at(step),
+                    tok0,
+                    first + step * PROJ_STAGE_CHUNKS,
+                    last,
+                )
+            };
+        }
+        cp_async::commit_group();
+    };
+    for s in 0..PROJ_STAGES - 1 {
+        issue(s);
     }
 
     let mut acc = [[[0.0f32; 4]; NT]; MT];
     let mut sq = [[0.0f32; 2]; MT];
-    // A ring of three register buffers: chunks `c + 1` and `c + 2` are in flight while `c` is
-    // multiplied (a warp keeps `2 MT` KB of loads outstanding).
-    let load = |c: u32| {
-        if c < last {
-            // SAFETY: bounds are checked inside (rows < T, k < K).
-            unsafe { load_chunk::<MT>(&p, &rows, c, t) }
-        } else {
-            [[[0; 4]; 2]; MT]
-        }
-    };
-    let mut cur = load(first);
-    let mut next = load(first + 1);
-    let mut chunk = first;
-    while chunk < last {
-        let after = load(chunk + 2);
-        for mt in 0..MT {
-            for r in 0..2 {
-                for w in 0..4 {
-                    let [a, b] = unpack(cur[mt][r][w]);
-                    sq[mt][r] += a * a + b * b;
+    let mut step = 0;
+    while step < steps {
+        cp_async::wait_group::<{ PROJ_STAGES - 2 }>();
+        // SAFETY: reached by every thread of the block (uniform loop over `steps`).
+        unsafe { sync::sync_threads() };
+        issue(step + PROJ_STAGES - 1);
+        let at = stage_at(step);
+        let phi_at = at + proj_x_stage_bytes(N as u32);
+        for cc in 0..PROJ_STAGE_CHUNKS {
+            let mut cur = [[[0u32; 4]; 2]; MT];
+            for mt in 0..MT {
+                for r in 0..2 {
+                    let row = row0 + 16 * mt as u32 + g + 8 * r as u32;
+                    // SAFETY: row < proj_tokens, piece < 8: inside the stage's x tile, 16-byte
+                    // aligned; published by the barrier above.
+                    cur[mt][r] = unsafe { <[u32; 4]>::load(at + x_piece(row, 4 * cc + t)) };
+                    for w in 0..4 {
+                        let [a, b] = unpack(cur[mt][r][w]);
+                        sq[mt][r] += a * a + b * b;
+                    }
                 }
             }
-        }
-        for j in 0..NT {
-            let at = |hl: u32| lane_word(f1_block(N as u32, chunk, j as u32, hl), lane, 0) as usize;
-            // SAFETY: chunk < f1_chunks(K) and j < NT: inside `packed_f1`; the index is a
-            // multiple of 4 words (16-byte aligned); nothing writes it during the kernel.
-            let (bhi, blo) = unsafe {
-                (
-                    global::load_nc_v4(p.packed_f1.add(at(0))),
-                    global::load_nc_v4(p.packed_f1.add(at(1))),
-                )
-            };
-            for h in 0..2 {
-                for mt in 0..MT {
-                    let a = [
-                        cur[mt][0][2 * h],
-                        cur[mt][1][2 * h],
-                        cur[mt][0][2 * h + 1],
-                        cur[mt][1][2 * h + 1],
-                    ];
-                    // SAFETY: the whole warp executes this in uniform control flow.
-                    unsafe {
-                        mma::m16n8k16_bf16(&mut acc[mt][j], a, [bhi[2 * h], bhi[2 * h + 1]]);
-                        mma::m16n8k16_bf16(&mut acc[mt][j], a, [blo[2 * h], blo[2 * h + 1]]);
+            for j in 0..NT {
+                let blk = |hl: u32| phi_at + 16 * ((cc * NT as u32 + j as u32) * 2 + hl) * 32;
+                // SAFETY: inside the stage's phi area (cc < PROJ_STAGE_CHUNKS, j < NT), 16-byte
+                // aligned; published by the barrier above.
+                let (bhi, blo) = unsafe {
+                    (
+                        <[u32; 4]>::load(blk(0) + 16 * lane),
+                        <[u32; 4]>::load(blk(1) + 16 * lane),
+                    )
+                };
+                for h in 0..2 {
+                    for mt in 0..MT {
+                        let a = [
+                            cur[mt][0][2 * h],
+                            cur[mt][1][2 * h],
+                            cur[mt][0][2 * h + 1],
+                            cur[mt][1][2 * h + 1],
+                        ];
+                        // SAFETY: the whole warp executes this in uniform control flow.
+                        unsafe {
+                            mma::m16n8k16_bf16(&mut acc[mt][j], a, [bhi[2 * h], bhi[2 * h + 1]]);
+                            mma::m16n8k16_bf16(&mut acc[mt][j], a, [blo[2 * h], blo[2 * h + 1]]);
+                        }
                     }
                 }
             }
         }
-        cur = next;
-        next = after;
-        chunk += 1;
+        step += 1;
     }
+    cp_async::wait_all();
 
     let base = split as usize * p.tokens as usize;
     for mt in 0..MT {
@@ -162,7 +236,7 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
                 s += warp::shfl_xor_f32(warp::FULL_MASK, s, 1);
                 s += warp::shfl_xor_f32(warp::FULL_MASK, s, 2);
             }
-            let tok = rows[mt][r];
+            let tok = tok0 + row0 + 16 * mt as u32 + g + 8 * r as u32;
             if tok >= p.tokens {
                 continue;
             }

@@ -455,10 +455,10 @@ pub unsafe fn forward_pre_raw(
     let cfg = LaunchConfig::new(
         (plan.token_blocks, plan.proj_splits, 1),
         abi::PROJ_THREADS,
-        0,
+        abi::proj_smem_bytes(n as u32),
     );
     // SAFETY: x [T, K] 16-byte aligned; partials of [proj_splits, T, (M)]; the grid covers T
-    // and every chunk (chunks_per_split * splits >= chunks).
+    // and every chunk (chunks_per_split * splits >= chunks); the kernel's shared memory size.
     unsafe { exec.launch(&format!("mhc_fwd_proj_n{n}"), &cfg, &params)? };
 
     let params = abi::FwdCoeffParams {
