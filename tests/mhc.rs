@@ -140,6 +140,20 @@ fn main() {
         Needs::Gpu,
         |g| on_gpu(g, LARGE),
     );
+    for (v, vn, _) in kernel_abi::mhc::PROJ_VARIANTS {
+        s.gpu(&format!("mhc/gpu/proj_variant_{v}"), Needs::Gpu, move |g| {
+            // 8 token blocks, several pipeline steps per block (the ring wraps).
+            let c = case(2, 512, vn as usize, 1000, true, 20);
+            let mut data = MhcData::random(&c.problem(), c.seed);
+            data.problem.proj_variant = Some(v);
+            let out = gpu_ok(run_gpu(g, &data))?;
+            check_outputs(
+                &data,
+                &out,
+                &format!("{} {} variant {v}", g.arch(), c.name()),
+            )
+        });
+    }
     s.gpu("mhc/gpu/deterministic", Needs::Gpu, deterministic);
     s.gpu("mhc/gpu/sm_80_target", Needs::Gpu, |_| {
         match portable_gpu() {
@@ -614,6 +628,21 @@ fn rejects_bad_problems() -> TestResult {
         ("eps < 0", ok.with_eps(-1.0)),
         ("eps NaN", ok.with_eps(f32::NAN)),
         ("eps inf", ok.with_eps(f32::INFINITY)),
+        (
+            "unknown projection variant",
+            MhcProblem {
+                proj_variant: Some("c9s9"),
+                ..ok
+            },
+        ),
+        (
+            "projection variant of another n",
+            MhcProblem {
+                n: 3,
+                proj_variant: Some("c4s2"),
+                ..ok
+            },
+        ),
         (
             "n C > 2^20",
             MhcProblem {

@@ -191,45 +191,101 @@ pub const fn proj_tokens(n: u32) -> u32 {
     PROJ_WARPS * proj_mt(n) * 16
 }
 
-/// Chunks of `F1_CHUNK` K values per pipeline stage of the projection.
-pub const PROJ_STAGE_CHUNKS: u32 = 2;
-
-/// Pipeline stages of the projection (`cp.async` ring in shared memory).
-pub const PROJ_STAGES: u32 = 3;
-
-/// Bytes of one token row of a projection stage (`PROJ_STAGE_CHUNKS` chunks of 32 bf16).
-pub const PROJ_ROW_BYTES: u32 = PROJ_STAGE_CHUNKS * F1_CHUNK * 2;
-
-/// Bytes of the `x` tile of one projection stage (`[proj_tokens][PROJ_ROW_BYTES]`).
-#[inline]
-pub const fn proj_x_stage_bytes(n: u32) -> u32 {
-    proj_tokens(n) * PROJ_ROW_BYTES
+/// Pipeline shape of the projection (`mhc_fwd_proj_n{n}`): a ring of `stages` `cp.async` stages
+/// of `stage_chunks` chunks of K, and how many blocks the K split aims for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProjConfig {
+    /// Chunks of `F1_CHUNK` K values per stage (2, 4 or 8: rows of 128 to 512 bytes).
+    pub stage_chunks: u32,
+    /// Stages of the ring (>= 2).
+    pub stages: u32,
+    /// The K split aims for at least this many blocks (token blocks x K splits); it depends
+    /// only on the problem, never on the device, so results are identical on every GPU.
+    pub target_blocks: u32,
 }
 
-/// Bytes of the `phi'` packing of one projection stage: blocks `f1_block(n, c, j, hl)` of its
-/// `PROJ_STAGE_CHUNKS` chunks, which are contiguous in the packing (512 bytes each).
-#[inline]
-pub const fn proj_phi_stage_bytes(n: u32) -> u32 {
-    PROJ_STAGE_CHUNKS * nt_of(n) * 2 * WARP_SIZE * 16
+impl ProjConfig {
+    /// Bytes of one token row of a stage.
+    pub const fn row_bytes(&self) -> u32 {
+        self.stage_chunks * F1_CHUNK * 2
+    }
+
+    /// Bytes of the `x` tile of one stage (`[proj_tokens][row_bytes]`).
+    pub const fn x_stage_bytes(&self, n: u32) -> u32 {
+        proj_tokens(n) * self.row_bytes()
+    }
+
+    /// Bytes of the `phi'` packing of one stage: blocks `f1_block(n, c, j, hl)` of its chunks,
+    /// which are contiguous in the packing (512 bytes each).
+    pub const fn phi_stage_bytes(&self, n: u32) -> u32 {
+        self.stage_chunks * nt_of(n) * 2 * WARP_SIZE * 16
+    }
+
+    /// Bytes of one stage (`x` tile, then the `phi'` blocks).
+    pub const fn stage_bytes(&self, n: u32) -> u32 {
+        self.x_stage_bytes(n) + self.phi_stage_bytes(n)
+    }
+
+    /// Dynamic shared memory of the kernel (with the alignment slack).
+    pub const fn smem_bytes(&self, n: u32) -> usize {
+        (self.stages * self.stage_bytes(n)) as usize + crate::SMEM_ALIGN
+    }
 }
 
-/// Bytes of one projection stage (`x` tile, then the `phi'` blocks).
+/// The projection's pipeline for `n` streams: 3 stages of 2 chunks (rows of 128 bytes; 67 KB
+/// of shared memory at `n = 4`, so 3 blocks fit on an SM), aiming for 384 blocks (at the
+/// benchmark shape, 128 token blocks: 3 K splits, one wave of 3 blocks per SM on 132 SMs).
 #[inline]
-pub const fn proj_stage_bytes(n: u32) -> u32 {
-    proj_x_stage_bytes(n) + proj_phi_stage_bytes(n)
+pub const fn proj_config(_n: u32) -> ProjConfig {
+    ProjConfig {
+        stage_chunks: 2,
+        stages: 3,
+        target_blocks: 384,
+    }
 }
 
-/// Dynamic shared memory of `mhc_fwd_proj_n{n}` (with the alignment slack).
-#[inline]
-pub const fn proj_smem_bytes(n: u32) -> usize {
-    (PROJ_STAGES * proj_stage_bytes(n)) as usize + crate::SMEM_ALIGN
-}
+/// Tuning variants of the projection (name, `n`, configuration): kernels
+/// `mhc_fwd_proj_n{n}_{name}`, measured beside the default by the benchmark.
+pub const PROJ_VARIANTS: [(&str, u32, ProjConfig); 3] = [
+    // Rows of 256 bytes, 2 stages (88 KB: 2 blocks per SM), one wave of 256 blocks.
+    (
+        "c4s2",
+        4,
+        ProjConfig {
+            stage_chunks: 4,
+            stages: 2,
+            target_blocks: 256,
+        },
+    ),
+    // Rows of 256 bytes, 3 stages (132 KB: 1 block per SM), one wave of 128 blocks.
+    (
+        "c4s3",
+        4,
+        ProjConfig {
+            stage_chunks: 4,
+            stages: 3,
+            target_blocks: 128,
+        },
+    ),
+    // Rows of 128 bytes, 4 stages (88 KB: 2 blocks per SM), one wave of 256 blocks.
+    (
+        "c2s4",
+        4,
+        ProjConfig {
+            stage_chunks: 2,
+            stages: 4,
+            target_blocks: 256,
+        },
+    ),
+];
 
-/// The projection aims for at least this many blocks (token blocks x K splits): at the
-/// benchmark shape (128 token blocks) that is 3 K splits, one wave of 3 blocks per SM on 132 SMs
-/// (at `n = 4`, `proj_smem_bytes` is 67 KB: 3 blocks fit). The split depends only on the problem, never on the
-/// device, so results are identical on every GPU.
-pub const PROJ_TARGET_BLOCKS: u32 = 384;
+/// The configuration of tuning variant `name` for `n` streams, if there is one.
+pub fn proj_variant(n: u32, name: &str) -> Option<ProjConfig> {
+    PROJ_VARIANTS
+        .iter()
+        .find(|(v, vn, _)| *v == name && *vn == n)
+        .map(|(_, _, c)| *c)
+}
 
 /// Parameters of `mhc_fwd_proj_n{N}`: for the `proj_tokens(n)` tokens of block `blockIdx.x` and
 /// the chunks `[blockIdx.y * chunks_per_split, +chunks_per_split)` of K, write the partial

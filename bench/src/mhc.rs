@@ -105,6 +105,45 @@ pub fn run(b: &mut Bench) -> Result<()> {
         fwd_bytes + bwd_bytes,
         fwd_err.max(bwd_err),
     );
+    // Tuning variants of the projection's pipeline (same inputs; validated like the default).
+    for (name, vn, _) in kernel_abi::mhc::PROJ_VARIANTS {
+        if vn as usize != n {
+            continue;
+        }
+        run.problem.proj_variant = Some(name);
+        run.workspace = kernels::mhc::MhcWorkspace::new(&run.problem)?;
+        run.forward(&b.gpu, &b.stream)?;
+        b.gpu.sync(&b.stream, "mhc forward (variant)")?;
+        let vout = run.download()?;
+        let vcmp = reference::compare(&data, &vout, Some(&tokens));
+        if !vcmp.ok() {
+            return Err(Error::invalid(
+                "mHC result (projection variant)",
+                format!("{name}: {}", vcmp.failures().join("; ")),
+            ));
+        }
+        let verr = ["x_in", "x_next"]
+            .iter()
+            .map(|n| vcmp.get(n).max_err)
+            .fold(0.0, f64::max);
+        for (kernel, pre) in [("mhc_fwd_pre", true), ("mhc_fwd", false)] {
+            let t = b.time(|| {
+                run.forward_pre(&b.gpu, &b.stream)?;
+                if !pre {
+                    run.forward_post(&b.gpu, &b.stream)?;
+                }
+                Ok(())
+            })?;
+            let bytes = if pre { pre_bytes } else { fwd_bytes };
+            let mut row = Row::ours(kernel, cfg.clone(), &t).bytes(bytes).err(verr);
+            row.implementation = format!("ours-{name}");
+            let pct = 100.0 * row.gbps.unwrap_or(0.0) / copy_gbps;
+            row.extra
+                .insert("pct_of_copy".into(), json!((pct * 10.0).round() / 10.0));
+            b.push(row);
+        }
+    }
+    run.problem.proj_variant = None;
     b.note(format!(
         "bytes per pass (bf16 activations, least each must move): forward {:.3} GB, backward {:.3} GB; \
          copy bandwidth measured as 2 |x| / time of a {:.0} MB device copy",

@@ -216,6 +216,7 @@ unsafe fn sinkhorn(
         // SAFETY: all lanes execute these (uniform loop over `iters`).
         let col = unsafe { group_column_sum(&pu, row) };
         let own_v = if row_ok { math::rcp(col) } else { 0.0 };
+        // SAFETY: as above.
         v = unsafe { group_gather(own_v, row) };
         if let Some(s) = store {
             // SAFETY: it < iters and tid < COEFF_THREADS: inside the iterate area; each word
@@ -468,9 +469,7 @@ pub unsafe fn backward(p: BwdCoeffParams) {
     // SAFETY: every thread reaches this barrier once (no early exit in this kernel).
     unsafe { sync::sync_threads() };
     let mut g = [0.0f32; G];
-    for j in 0..G {
-        g[j] = dh[2 + j];
-    }
+    g.copy_from_slice(&dh[2..]);
     // SAFETY: uniform control flow; iterates published by the barrier above.
     let dp0 = unsafe { sinkhorn_backward(&sk, &g, n, row, p.iters, store) };
     let mut dz_res = [0.0f32; G];

@@ -104,13 +104,16 @@ macro_rules! kernels {
 kernels! {
     mhc_prep(PrepParams), PREP_THREADS => prep::run;
 
-    mhc_fwd_proj_n2(ProjParams), PROJ_THREADS => proj::run::<2, 1, 2>;
-    mhc_fwd_proj_n3(ProjParams), PROJ_THREADS => proj::run::<3, 2, 2>;
-    mhc_fwd_proj_n4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2>;
-    mhc_fwd_proj_n5(ProjParams), PROJ_THREADS => proj::run::<5, 5, 2>;
-    mhc_fwd_proj_n6(ProjParams), PROJ_THREADS => proj::run::<6, 6, 2>;
-    mhc_fwd_proj_n7(ProjParams), PROJ_THREADS => proj::run::<7, 8, 2>;
-    mhc_fwd_proj_n8(ProjParams), PROJ_THREADS => proj::run::<8, 10, 2>;
+    mhc_fwd_proj_n2(ProjParams), PROJ_THREADS => proj::run::<2, 1, 2, { proj_config(2).stage_chunks }, { proj_config(2).stages }, { proj_config(2).stages - 2 }>;
+    mhc_fwd_proj_n3(ProjParams), PROJ_THREADS => proj::run::<3, 2, 2, { proj_config(3).stage_chunks }, { proj_config(3).stages }, { proj_config(3).stages - 2 }>;
+    mhc_fwd_proj_n4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { proj_config(4).stage_chunks }, { proj_config(4).stages }, { proj_config(4).stages - 2 }>;
+    mhc_fwd_proj_n4_c4s2(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[0].2.stage_chunks }, { PROJ_VARIANTS[0].2.stages }, { PROJ_VARIANTS[0].2.stages - 2 }>;
+    mhc_fwd_proj_n4_c4s3(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[1].2.stage_chunks }, { PROJ_VARIANTS[1].2.stages }, { PROJ_VARIANTS[1].2.stages - 2 }>;
+    mhc_fwd_proj_n4_c2s4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[2].2.stage_chunks }, { PROJ_VARIANTS[2].2.stages }, { PROJ_VARIANTS[2].2.stages - 2 }>;
+    mhc_fwd_proj_n5(ProjParams), PROJ_THREADS => proj::run::<5, 5, 2, { proj_config(5).stage_chunks }, { proj_config(5).stages }, { proj_config(5).stages - 2 }>;
+    mhc_fwd_proj_n6(ProjParams), PROJ_THREADS => proj::run::<6, 6, 2, { proj_config(6).stage_chunks }, { proj_config(6).stages }, { proj_config(6).stages - 2 }>;
+    mhc_fwd_proj_n7(ProjParams), PROJ_THREADS => proj::run::<7, 8, 2, { proj_config(7).stage_chunks }, { proj_config(7).stages }, { proj_config(7).stages - 2 }>;
+    mhc_fwd_proj_n8(ProjParams), PROJ_THREADS => proj::run::<8, 10, 2, { proj_config(8).stage_chunks }, { proj_config(8).stages }, { proj_config(8).stages - 2 }>;
 
     mhc_fwd_coeff(FwdCoeffParams), COEFF_THREADS => coeff::forward;
 
@@ -164,6 +167,33 @@ kernels! {
     mhc_bwd_finalize_n7(FinalizeParams), FIN_THREADS => finalize::run::<7, 63>;
     mhc_bwd_finalize_n8(FinalizeParams), FIN_THREADS => finalize::run::<8, 80>;
 }
+
+/// `a == b` at compile time.
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// The variant kernels above take their configuration by index: the names must match the table
+// the host launches them by.
+const _: () = assert!(
+    str_eq(PROJ_VARIANTS[0].0, "c4s2")
+        && str_eq(PROJ_VARIANTS[1].0, "c4s3")
+        && str_eq(PROJ_VARIANTS[2].0, "c2s4")
+        && PROJ_VARIANTS[0].1 == 4
+        && PROJ_VARIANTS[1].1 == 4
+        && PROJ_VARIANTS[2].1 == 4
+);
 
 /// Unpack a bf16 pair (low half first) to f32.
 #[inline(always)]

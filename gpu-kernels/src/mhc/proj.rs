@@ -23,32 +23,32 @@
 //! relative per term; accumulation is f32.
 //!
 //! # Pipeline
-//! `x` and the chunk's `phi'` blocks stream through a `PROJ_STAGES`-deep ring of `cp.async`
-//! stages of `PROJ_STAGE_CHUNKS` chunks: stage `s` holds the block's `proj_tokens` rows of
-//! `PROJ_ROW_BYTES` (row `r`'s 16-byte piece `p` at `r * PROJ_ROW_BYTES + 16 (p ^ 4 (r & 1))`:
-//! the XOR puts rows `g` and `g + 1`, read by one quarter-warp, in different bank halves), then
-//! the stage's `phi'` blocks as they lie in the packing. Copies do not hold registers, so each
-//! SM keeps `(PROJ_STAGES - 1)` stages per block in flight (~130 KB at `n = 4`), more than HBM
-//! needs (~26 KB per SM at 4.3 TB/s and ~800 ns). Pieces of rows past `T`, of K past `K`, or of
+//! `x` and the chunk's `phi'` blocks stream through a ring of `ST` `cp.async` stages of `SC`
+//! chunks ([`ProjConfig`]: `proj_config(n)`, or a tuning variant): stage `s` holds the block's
+//! `proj_tokens` rows of `row_bytes = 64 SC` (row `r`'s 16-byte piece `p` at
+//! `r * row_bytes + 16 (p ^ 4 (r & 1))`: the XOR puts rows `g` and `g + 1`, read by one
+//! quarter-warp, in different bank halves), then the stage's `phi'` blocks as they lie in the
+//! packing. Copies do not hold registers, so each SM keeps `ST - 1` stages per block in flight
+//! (~130 KB at `n = 4` by default), more than HBM needs (~26 KB per SM at 4.3 TB/s and ~800 ns). Pieces of rows past `T`, of K past `K`, or of
 //! chunks past the block's range are zero-filled without reading.
 //!
 //! # Thread mapping
-//! `PROJ_THREADS` = 4 warps. Copies: thread `tid` copies piece `tid % 8` of rows
-//! `tid / 8 + 16 i` (8 threads read 128 contiguous bytes of a row), then pieces `tid + 128 i`
-//! of the `phi'` blocks. Products: lane `(g, t)` of warp `w` holds, for tile `mt`, the rows
+//! `PROJ_THREADS` = 4 warps. Copies: thread `tid` copies piece `tid % P` of rows
+//! `tid / P + (128 / P) i` (`P = 4 SC` pieces per row: `P` threads read a row's `64 SC`
+//! contiguous bytes), then pieces `tid + 128 i` of the `phi'` blocks. Products: lane `(g, t)` of warp `w` holds, for tile `mt`, the rows
 //! `(w MT + mt) 16 + g (+8)` of the block; it reads its `x` vectors and its `hi`/`lo` B words
 //! with one `ld.shared.v4` each. The sum of squares accumulates per lane over its 8 values per
 //! row and chunk, then over the 4 lanes `t` (shuffles). Accumulator element `(row, 2t + e)` of
 //! tile `j` is coefficient `m = 8 j + 2 t + e`. Only rows `< T` and `m < M` are written.
 //!
 //! # Barrier protocol (all `bar.sync 0`, reached uniformly by every thread of the block)
-//! - Prologue: the copies of steps `0 .. PROJ_STAGES - 1` go to stages `0 ..`, one commit
-//!   group per step (empty groups past the last step).
-//! - Step `s`: `cp.async.wait_group(PROJ_STAGES - 2)` (this thread's copies of step `s` have
-//!   landed), then the barrier: every thread's copies of step `s` are visible, and every thread
-//!   has finished the products of step `s - 1`, the last reads of stage `(s - 1) % PROJ_STAGES`.
-//!   Then the copies of step `s + PROJ_STAGES - 1` go to that stage (one commit group), and the
-//!   products of step `s` read stage `s % PROJ_STAGES`.
+//! - Prologue: the copies of steps `0 .. ST - 1` go to stages `0 ..`, one commit group per
+//!   step (empty groups past the last step).
+//! - Step `s`: `cp.async.wait_group(ST - 2)` (this thread's copies of step `s` have landed),
+//!   then the barrier: every thread's copies of step `s` are visible, and every thread has
+//!   finished the products of step `s - 1`, the last reads of stage `(s - 1) % ST`. Then the
+//!   copies of step `s + ST - 1` go to that stage (one commit group), and the products of step
+//!   `s` read stage `s % ST`.
 //! - The shuffles and `mma`s are executed by all 32 lanes of a warp in uniform control flow
 //!   (warps whose rows are all past `T` compute on zeros and write nothing). The block waits for
 //!   all its copies before it exits.
@@ -59,34 +59,38 @@ use kernel_abi::WARP_SIZE;
 use kernel_abi::mhc::*;
 use smem::SmemValue;
 
-/// 16-byte pieces per row of a stage.
-const PIECES: u32 = PROJ_ROW_BYTES / 16;
-
-/// Byte offset of piece `piece` of row `row` in a stage's `x` tile.
+/// Byte offset of piece `piece` of row `row` in a stage's `x` tile of `SC` chunks per row.
 #[inline(always)]
-const fn x_piece(row: u32, piece: u32) -> u32 {
-    row * PROJ_ROW_BYTES + 16 * (piece ^ ((row & 1) << 2))
+const fn x_piece<const SC: u32>(row: u32, piece: u32) -> u32 {
+    row * (SC * F1_CHUNK * 2) + 16 * (piece ^ ((row & 1) << 2))
 }
 
-/// Issue this thread's copies of step `step` (chunks `first + step * PROJ_STAGE_CHUNKS ..`)
-/// into the stage at shared address `at`.
+/// Issue this thread's copies of the `SC` chunks `chunk0 ..` into the stage at shared address
+/// `at`.
 ///
 /// # Safety
 /// The launch contract of [`run`]; the stage at `at` is not read by any thread until the
 /// barrier that follows this thread's `wait_group` for these copies.
 #[inline(always)]
-unsafe fn copy_step<const N: usize>(p: &ProjParams, at: u32, tok0: u32, chunk0: u32, last: u32) {
-    const { assert!(PIECES == 8 && PROJ_THREADS % PIECES == 0) };
+unsafe fn copy_step<const N: usize, const SC: u32>(
+    p: &ProjParams,
+    at: u32,
+    tok0: u32,
+    chunk0: u32,
+    last: u32,
+) {
+    const { assert!(SC >= 2 && PROJ_THREADS.is_multiple_of(SC * F1_CHUNK / 8)) };
+    let pieces = SC * F1_CHUNK / 8;
     let tid = index::thread_idx_x();
     let tokens = proj_tokens(N as u32);
-    let piece = tid % PIECES;
+    let piece = tid % pieces;
     let chunk = chunk0 + piece / (F1_CHUNK / 8);
     let k = chunk0 * F1_CHUNK + 8 * piece;
     let col_ok = chunk < last && k < p.k;
-    let mut row = tid / PIECES;
+    let mut row = tid / pieces;
     while row < tokens {
         let tok = tok0 + row;
-        let dst = at + x_piece(row, piece);
+        let dst = at + x_piece::<SC>(row, piece);
         if col_ok && tok < p.tokens {
             // SAFETY: tok < T and k + 8 <= K (K is a multiple of 8): 16 readable bytes of `x`,
             // 16-byte aligned (K and k multiples of 8); dst is inside the stage (row < tokens).
@@ -100,13 +104,13 @@ unsafe fn copy_step<const N: usize>(p: &ProjParams, at: u32, tok0: u32, chunk0: 
             // SAFETY: nothing is read (0 source bytes); dst is inside the stage.
             unsafe { cp_async::copy_16_zfill(dst, p.x as *const u8, 0) };
         }
-        row += PROJ_THREADS / PIECES;
+        row += PROJ_THREADS / pieces;
     }
-    let phi_at = at + proj_x_stage_bytes(N as u32);
+    let phi_at = at + proj_tokens(N as u32) * SC * F1_CHUNK * 2;
     let block_pieces = WARP_SIZE; // one 16-byte piece per lane and block
     let blocks_per_chunk = nt_of(N as u32) * 2;
     let mut i = tid;
-    while i < PROJ_STAGE_CHUNKS * blocks_per_chunk * block_pieces {
+    while i < SC * blocks_per_chunk * block_pieces {
         let c = chunk0 + i / (blocks_per_chunk * block_pieces);
         let dst = phi_at + 16 * i;
         if c < last {
@@ -132,15 +136,29 @@ unsafe fn copy_step<const N: usize>(p: &ProjParams, at: u32, tok0: u32, chunk0: 
 /// See the module documentation.
 ///
 /// # Safety
-/// Grid `(ceil(T / proj_tokens(N)), splits)` of `PROJ_THREADS` threads, `proj_smem_bytes(N)`
-/// of dynamic shared memory; `chunks_per_split * splits >= f1_chunks(K)`; the pointers hold the
+/// Grid `(ceil(T / proj_tokens(N)), splits)` of `PROJ_THREADS` threads, `smem_bytes(N)` of
+/// dynamic shared memory for the [`ProjConfig`] of `SC` chunks and `ST` stages (`WAIT = ST - 2`); `chunks_per_split * splits >= f1_chunks(K)`; the pointers hold the
 /// documented sizes.
 #[inline(always)]
-pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParams) {
+pub unsafe fn run<
+    const N: usize,
+    const NT: usize,
+    const MT: usize,
+    const SC: u32,
+    const ST: u32,
+    const WAIT: u32,
+>(
+    p: ProjParams,
+) {
     const {
         assert!(NT == nt_of(N as u32) as usize && MT == proj_mt(N as u32) as usize);
-        assert!(PROJ_STAGES >= 2 && F1_CHUNK == 32);
+        assert!(ST >= 2 && WAIT == ST - 2 && F1_CHUNK == 32);
     }
+    let cfg = ProjConfig {
+        stage_chunks: SC,
+        stages: ST,
+        target_blocks: 0,
+    };
     let m_total = m_of(N as u32);
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
@@ -149,26 +167,18 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
     let split = index::block_idx_y();
     let first = split * p.chunks_per_split;
     let last = (first + p.chunks_per_split).min(f1_chunks(p.k));
-    let steps = last.saturating_sub(first).div_ceil(PROJ_STAGE_CHUNKS);
+    let steps = last.saturating_sub(first).div_ceil(SC);
     let smem = smem::aligned_base();
-    let stage_at = |s: u32| smem + (s % PROJ_STAGES) * proj_stage_bytes(N as u32);
+    let stage_at = |s: u32| smem + (s % ST) * cfg.stage_bytes(N as u32);
     let issue = |step: u32| {
         if step < steps {
             // SAFETY: the launch contract; the stage's previous contents were last read before
             // the barrier that precedes this call (barrier protocol).
-            unsafe {
-                copy_step::<N>(
-                    &p,
-                    stage_at(step),
-                    tok0,
-                    first + step * PROJ_STAGE_CHUNKS,
-                    last,
-                )
-            };
+            unsafe { copy_step::<N, SC>(&p, stage_at(step), tok0, first + step * SC, last) };
         }
         cp_async::commit_group();
     };
-    for s in 0..PROJ_STAGES - 1 {
+    for s in 0..ST - 1 {
         issue(s);
     }
 
@@ -176,20 +186,20 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
     let mut sq = [[0.0f32; 2]; MT];
     let mut step = 0;
     while step < steps {
-        cp_async::wait_group::<{ PROJ_STAGES - 2 }>();
+        cp_async::wait_group::<WAIT>();
         // SAFETY: reached by every thread of the block (uniform loop over `steps`).
         unsafe { sync::sync_threads() };
-        issue(step + PROJ_STAGES - 1);
+        issue(step + ST - 1);
         let at = stage_at(step);
-        let phi_at = at + proj_x_stage_bytes(N as u32);
-        for cc in 0..PROJ_STAGE_CHUNKS {
+        let phi_at = at + cfg.x_stage_bytes(N as u32);
+        for cc in 0..SC {
             let mut cur = [[[0u32; 4]; 2]; MT];
             for mt in 0..MT {
                 for r in 0..2 {
                     let row = row0 + 16 * mt as u32 + g + 8 * r as u32;
                     // SAFETY: row < proj_tokens, piece < 8: inside the stage's x tile, 16-byte
                     // aligned; published by the barrier above.
-                    cur[mt][r] = unsafe { <[u32; 4]>::load(at + x_piece(row, 4 * cc + t)) };
+                    cur[mt][r] = unsafe { <[u32; 4]>::load(at + x_piece::<SC>(row, 4 * cc + t)) };
                     for w in 0..4 {
                         let [a, b] = unpack(cur[mt][r][w]);
                         sq[mt][r] += a * a + b * b;
@@ -198,7 +208,7 @@ pub unsafe fn run<const N: usize, const NT: usize, const MT: usize>(p: ProjParam
             }
             for j in 0..NT {
                 let blk = |hl: u32| phi_at + 16 * ((cc * NT as u32 + j as u32) * 2 + hl) * 32;
-                // SAFETY: inside the stage's phi area (cc < PROJ_STAGE_CHUNKS, j < NT), 16-byte
+                // SAFETY: inside the stage's phi area (cc < SC, j < NT), 16-byte
                 // aligned; published by the barrier above.
                 let (bhi, blo) = unsafe {
                     (

@@ -57,6 +57,10 @@ pub struct MhcProblem {
     pub eps: f32,
     /// Whether an RMSNorm weight `gamma [n C]` is given (folded into `phi`).
     pub gamma: bool,
+    /// A tuning variant of the projection's pipeline (`kernel_abi::mhc::PROJ_VARIANTS`, for
+    /// this `n`), or `None` for the default `proj_config(n)`. Results may differ in the last
+    /// bits between variants (the K split changes the summation order).
+    pub proj_variant: Option<&'static str>,
 }
 
 impl MhcProblem {
@@ -70,6 +74,7 @@ impl MhcProblem {
             sinkhorn_iters: DEFAULT_SINKHORN_ITERS,
             eps: DEFAULT_EPS,
             gamma: false,
+            proj_variant: None,
         }
     }
 
@@ -150,6 +155,14 @@ impl MhcProblem {
                 format!("{} is not finite and >= 0", self.eps),
             ));
         }
+        if let Some(v) = self.proj_variant
+            && abi::proj_variant(self.n as u32, v).is_none()
+        {
+            return Err(Error::unsupported(
+                format!("mHC projection variant {v:?}"),
+                format!("no such variant for n = {}", self.n),
+            ));
+        }
         let (t, k) = (self.tokens(), self.k());
         if k > 1 << 20 || t > i32::MAX as usize || (t as u64) * (k as u64) > 1 << 40 {
             return Err(Error::unsupported(
@@ -178,15 +191,30 @@ impl MhcProblem {
         2.0 * (self.k() * self.m()) as f64 * self.tokens() as f64
     }
 
+    /// The projection's pipeline: the default for `n`, or the tuning variant (which
+    /// [`MhcProblem::validate`] checks exists; the default is used if it does not).
+    pub fn proj_config(&self) -> abi::ProjConfig {
+        self.proj_variant
+            .and_then(|v| abi::proj_variant(self.n as u32, v))
+            .unwrap_or(abi::proj_config(self.n as u32))
+    }
+
+    /// Name of the projection kernel.
+    pub fn proj_kernel(&self) -> String {
+        match self.proj_variant {
+            Some(v) => format!("mhc_fwd_proj_n{}_{v}", self.n),
+            None => format!("mhc_fwd_proj_n{}", self.n),
+        }
+    }
+
     /// Grid shapes, splits and scratch sizes (the problem must be valid).
     pub fn plan(&self) -> Plan {
         let (n, c) = (self.n as u32, self.c as u32);
         let (t, k) = (self.tokens() as u32, self.k() as u32);
+        let proj = self.proj_config();
         let token_blocks = t.div_ceil(abi::proj_tokens(n));
         let chunks = abi::f1_chunks(k);
-        let want = abi::PROJ_TARGET_BLOCKS
-            .div_ceil(token_blocks)
-            .clamp(1, chunks);
+        let want = proj.target_blocks.div_ceil(token_blocks).clamp(1, chunks);
         let chunks_per_split = chunks.div_ceil(want);
         let proj_splits = chunks.div_ceil(chunks_per_split);
         let k_tiles = k.div_ceil(abi::wg_ktile(n));
@@ -197,6 +225,7 @@ impl MhcProblem {
         let (m, m16) = (abi::m_of(n) as usize, abi::m16_of(n) as usize);
         let coef_blocks = t.div_ceil(abi::COEFF_TOKENS);
         Plan {
+            proj,
             token_blocks,
             chunks_per_split,
             proj_splits,
@@ -219,6 +248,8 @@ impl MhcProblem {
 /// How a valid problem is launched: splits, grids, scratch sizes (elements).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
+    /// The projection's pipeline.
+    pub proj: abi::ProjConfig,
     /// Token blocks of the projection.
     pub token_blocks: u32,
     /// K chunks (32 values) per projection split.
@@ -455,11 +486,11 @@ pub unsafe fn forward_pre_raw(
     let cfg = LaunchConfig::new(
         (plan.token_blocks, plan.proj_splits, 1),
         abi::PROJ_THREADS,
-        abi::proj_smem_bytes(n as u32),
+        plan.proj.smem_bytes(n as u32),
     );
     // SAFETY: x [T, K] 16-byte aligned; partials of [proj_splits, T, (M)]; the grid covers T
     // and every chunk (chunks_per_split * splits >= chunks); the kernel's shared memory size.
-    unsafe { exec.launch(&format!("mhc_fwd_proj_n{n}"), &cfg, &params)? };
+    unsafe { exec.launch(&problem.proj_kernel(), &cfg, &params)? };
 
     let params = abi::FwdCoeffParams {
         part_proj: scratch.part_proj.ptr(),
