@@ -639,7 +639,7 @@ fn rejects_bad_problems() -> TestResult {
             "projection variant of another n",
             MhcProblem {
                 n: 3,
-                proj_variant: Some("c4s2"),
+                proj_variant: Some("c4s3"),
                 ..ok
             },
         ),

@@ -232,29 +232,31 @@ impl ProjConfig {
     }
 }
 
-/// The projection's pipeline for `n` streams: 3 stages of 2 chunks (rows of 128 bytes; 67 KB
-/// of shared memory at `n = 4`, so 3 blocks fit on an SM), aiming for 384 blocks (at the
-/// benchmark shape, 128 token blocks: 3 K splits, one wave of 3 blocks per SM on 132 SMs).
+/// The projection's pipeline for `n` streams: 2 stages of 4 chunks (rows of 256 bytes; 88 KB of
+/// shared memory at `n = 4`, so 2 blocks fit on an SM), aiming for 256 blocks (at the
+/// benchmark shape, 128 token blocks: 2 K splits, one wave of 2 blocks per SM on 132 SMs).
+/// Measured on an H200 at B = 4, S = 4096, n = 4, C = 4096 beside the variants below
+/// (`bench/NOTES.md`): the fastest of them.
 #[inline]
 pub const fn proj_config(_n: u32) -> ProjConfig {
     ProjConfig {
-        stage_chunks: 2,
-        stages: 3,
-        target_blocks: 384,
+        stage_chunks: 4,
+        stages: 2,
+        target_blocks: 256,
     }
 }
 
 /// Tuning variants of the projection (name, `n`, configuration): kernels
 /// `mhc_fwd_proj_n{n}_{name}`, measured beside the default by the benchmark.
 pub const PROJ_VARIANTS: [(&str, u32, ProjConfig); 3] = [
-    // Rows of 256 bytes, 2 stages (88 KB: 2 blocks per SM), one wave of 256 blocks.
+    // Rows of 128 bytes, 3 stages (67 KB: 3 blocks per SM), one wave of 384 blocks.
     (
-        "c4s2",
+        "c2s3",
         4,
         ProjConfig {
-            stage_chunks: 4,
-            stages: 2,
-            target_blocks: 256,
+            stage_chunks: 2,
+            stages: 3,
+            target_blocks: 384,
         },
     ),
     // Rows of 256 bytes, 3 stages (132 KB: 1 block per SM), one wave of 128 blocks.
@@ -267,14 +269,14 @@ pub const PROJ_VARIANTS: [(&str, u32, ProjConfig); 3] = [
             target_blocks: 128,
         },
     ),
-    // Rows of 128 bytes, 4 stages (88 KB: 2 blocks per SM), one wave of 256 blocks.
+    // Rows of 512 bytes, 2 stages (176 KB: 1 block per SM), one wave of 128 blocks.
     (
-        "c2s4",
+        "c8s2",
         4,
         ProjConfig {
-            stage_chunks: 2,
-            stages: 4,
-            target_blocks: 256,
+            stage_chunks: 8,
+            stages: 2,
+            target_blocks: 128,
         },
     ),
 ];

@@ -107,9 +107,9 @@ kernels! {
     mhc_fwd_proj_n2(ProjParams), PROJ_THREADS => proj::run::<2, 1, 2, { proj_config(2).stage_chunks }, { proj_config(2).stages }, { proj_config(2).stages - 2 }>;
     mhc_fwd_proj_n3(ProjParams), PROJ_THREADS => proj::run::<3, 2, 2, { proj_config(3).stage_chunks }, { proj_config(3).stages }, { proj_config(3).stages - 2 }>;
     mhc_fwd_proj_n4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { proj_config(4).stage_chunks }, { proj_config(4).stages }, { proj_config(4).stages - 2 }>;
-    mhc_fwd_proj_n4_c4s2(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[0].2.stage_chunks }, { PROJ_VARIANTS[0].2.stages }, { PROJ_VARIANTS[0].2.stages - 2 }>;
+    mhc_fwd_proj_n4_c2s3(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[0].2.stage_chunks }, { PROJ_VARIANTS[0].2.stages }, { PROJ_VARIANTS[0].2.stages - 2 }>;
     mhc_fwd_proj_n4_c4s3(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[1].2.stage_chunks }, { PROJ_VARIANTS[1].2.stages }, { PROJ_VARIANTS[1].2.stages - 2 }>;
-    mhc_fwd_proj_n4_c2s4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[2].2.stage_chunks }, { PROJ_VARIANTS[2].2.stages }, { PROJ_VARIANTS[2].2.stages - 2 }>;
+    mhc_fwd_proj_n4_c8s2(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[2].2.stage_chunks }, { PROJ_VARIANTS[2].2.stages }, { PROJ_VARIANTS[2].2.stages - 2 }>;
     mhc_fwd_proj_n5(ProjParams), PROJ_THREADS => proj::run::<5, 5, 2, { proj_config(5).stage_chunks }, { proj_config(5).stages }, { proj_config(5).stages - 2 }>;
     mhc_fwd_proj_n6(ProjParams), PROJ_THREADS => proj::run::<6, 6, 2, { proj_config(6).stage_chunks }, { proj_config(6).stages }, { proj_config(6).stages - 2 }>;
     mhc_fwd_proj_n7(ProjParams), PROJ_THREADS => proj::run::<7, 8, 2, { proj_config(7).stage_chunks }, { proj_config(7).stages }, { proj_config(7).stages - 2 }>;
@@ -187,9 +187,9 @@ const fn str_eq(a: &str, b: &str) -> bool {
 // The variant kernels above take their configuration by index: the names must match the table
 // the host launches them by.
 const _: () = assert!(
-    str_eq(PROJ_VARIANTS[0].0, "c4s2")
+    str_eq(PROJ_VARIANTS[0].0, "c2s3")
         && str_eq(PROJ_VARIANTS[1].0, "c4s3")
-        && str_eq(PROJ_VARIANTS[2].0, "c2s4")
+        && str_eq(PROJ_VARIANTS[2].0, "c8s2")
         && PROJ_VARIANTS[0].1 == 4
         && PROJ_VARIANTS[1].1 == 4
         && PROJ_VARIANTS[2].1 == 4

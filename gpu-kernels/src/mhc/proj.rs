@@ -29,7 +29,9 @@
 //! `r * row_bytes + 16 (p ^ 4 (r & 1))`: the XOR puts rows `g` and `g + 1`, read by one
 //! quarter-warp, in different bank halves), then the stage's `phi'` blocks as they lie in the
 //! packing. Copies do not hold registers, so each SM keeps `ST - 1` stages per block in flight
-//! (~130 KB at `n = 4` by default), more than HBM needs (~26 KB per SM at 4.3 TB/s and ~800 ns). Pieces of rows past `T`, of K past `K`, or of
+//! (88 KB at `n = 4` by default: 2 blocks of 44 KB stages), more than HBM needs at its unloaded
+//! latency (~26 KB per SM at 4.3 TB/s and ~800 ns). Measured, the kernel stays near half of the
+//! DRAM peak with any of the configurations tried (`bench/NOTES.md`). Pieces of rows past `T`, of K past `K`, or of
 //! chunks past the block's range are zero-filled without reading.
 //!
 //! # Thread mapping
