@@ -15,24 +15,39 @@
 //! - `o_t = scale [(q_t 2^{b_t}) S + sum_{s <= t} (q_t . k_s 2^{b_t - b_s}) v_s]`,
 //! - `S <- 2^{b_15} S + sum_s (k_s 2^{b_15 - b_s})^T v_s`.
 //!
-//! Every factor with an exponent `<= 0` is safe: it can underflow, but only when the exact
-//! product it belongs to is at least as small. The intra-chunk score `2^{b_t - b_s}` must be
-//! split into a row factor and a column factor for the tensor cores; relative to one reference
-//! point per 16 tokens, one of them can reach `2^{15 * 28.9}` and overflow. So the 16 x 16
-//! block is split in halves of 8 tokens with midpoints `M_h = (b_{8h} + b_{8h+7}) / 2`:
+//! Values below `2^-126` may be lost: `ex2.approx.ftz` flushes them to 0 (and the tensor cores
+//! and the bf16 conversion need not keep subnormals). A lost value is harmless when every product
+//! it enters is itself negligible. The intra-chunk score `2^{b_t - b_s}` must be split into a
+//! row factor and a column factor for the tensor cores; relative to one reference point per 16
+//! tokens, one of them can reach `2^{15 * 28.9}` and overflow. So the 16 x 16 block is split in
+//! halves of 8 tokens with midpoints `M_h = (b_{8h} + b_{8h+7}) / 2`:
 //! - rows of half h use `q_diag_t = q_t 2^{b_t - M_h}`;
 //! - (half 0, half 0) scores pair it with `k_half0_s = k_s 2^{M_0 - b_s}`;
 //! - (half 1, any) scores pair it with `k_half1_s = k_s 2^{M_1 - b_s}` (`<= 1` for `s` in half
 //!   0, since `M_1 <= b_7 <= b_s`);
 //! - (half 0, half 1) is masked (future tokens).
 //!
-//! Within a half `|b_t - M_h| <= 3.5 * 20 * log2(e) = 101` (log2), so every factor lies in
-//! `[2^-101, 2^101]`, inside the normal range of f32 and bf16 (`2^+-126`). Kept scores are
-//! products with exponent `<= 0`; masked ones may overflow in the tensor cores and are replaced
-//! by 0 with a select (never a multiply), so an infinity or NaN there never propagates. The other
-//! operands are derived from these by factors `<= 1` only (safe as above): `q_inter = q_diag
-//! 2^{M_h}` (`= q 2^{b_t}`), `k_half1 = k_half0 2^{M_1 - M_0}` in half 0, `k_state = k_half1
-//! 2^{b_15 - M_1}`. Hence two `ex2` per (token, channel), plus five per channel and chunk.
+//! Within a half `|b_t - M_h| <= 3.5 * 20 * log2(e) = 101` (log2), so these factors lie in
+//! `[2^-101, 2^101]`, inside the normal range of f32 and bf16 (`2^+-126`), except `k_half1` in
+//! half 0, which may be tiny; when it is below `2^-126`, its scores (with `q_diag <= 2^101`) are
+//! below `2^-25`. Kept scores are products with exponent `<= 0`; masked ones may overflow in the
+//! tensor cores and are replaced by 0 with a select (never a multiply), so an infinity or NaN
+//! there never propagates. The other operands are derived from these by factors `<= 1`:
+//! - `q_inter = q_diag 2^{M_h}` (`= q 2^{b_t}`): the factor is flushed only if `M_h < -126`, and
+//!   then `q_inter < 2^{101 - 126}`: the inter-chunk term lost is below `2^-25 |q| |S|`;
+//! - `k_state = k_half1 2^{b_15 - M_1}` (`= k 2^{b_15 - b_s}`): likewise, a lost term is below
+//!   `2^-25 |k| |v|` (in half 1; in half 0 both factors are `<= 1`, so nothing is lost that is
+//!   not itself below `2^-126`);
+//! - `k_half1 = k_half0 2^{M_1 - M_0}` in half 0: this factor alone can lie far below `2^-126`
+//!   (down to `2^{-8 * 28.9}`) while `k_half1` does not (`k_half0` reaches `2^101`): flushed, it
+//!   would drop whole channels of the (half 1, half 0) scores, which are of order 1 at rows 8-9
+//!   (this happened on spiky decays: o rel L2 1.1e-2). So it is applied as two equal factors
+//!   `r = 2^{(M_1 - M_0) / 2} >= 2^{-4 * 28.9} = 2^-115.4`, normal: `k_half1 = (k_half0 r) r`,
+//!   whose intermediate is at least `k_half1`, so nothing is lost unless `k_half1 < 2^-126`.
+//!
+//! So every term the kernels drop is below `2^-25` times the magnitudes of its factors, for `g`
+//! down to `G_FLOOR = -20` (the larger bound, 115.4 < 126, is asserted at compile time).
+//! Hence two `ex2` per (token, channel), plus five per channel and chunk.
 //!
 //! # Tiling
 //! One block per (segment, head); `DV / 16` warps, warp `w` owns value columns
@@ -172,6 +187,9 @@ unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: 
     var: &Variants,
 ) -> [f32; 2] {
     const { assert!(P * TPT as u32 == CHUNK && TPT as u32 <= HALF && 32 % P == 0) };
+    // The exponent bounds of the module documentation: |b_t - M_h| <= 3.5 decays and
+    // |M_1 - M_0| / 2 <= 4 decays of at most -G_FLOOR log2(e) each, below 126 (normal range).
+    const { assert!(4.0 * -G_FLOOR * math::LOG2_E < 126.0) };
     let rb = const { GlaConfig::row_bytes(DK) };
     let tid = index::thread_idx_x();
     let (pair, part) = (tid / P, tid % P);
@@ -243,12 +261,14 @@ unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: 
         }
         let mh = if half == 0 { m[0] } else { m[1] };
         let mut f_inter = [0.0f32; 2];
-        let mut f_10 = [0.0f32; 2];
+        let mut f_10_root = [0.0f32; 2];
         let mut f_state = [0.0f32; 2];
         for c in 0..2 {
             f_inter[c] = math::exp2(mh[c]);
-            f_10[c] = if half == 0 {
-                math::exp2(m[1][c] - m[0][c])
+            // The square root of 2^{M_1 - M_0}: at least 2^-115.4, never flushed (see the module
+            // documentation: the factor itself may lie below 2^-126 while k_half1 does not).
+            f_10_root[c] = if half == 0 {
+                math::exp2(0.5 * (m[1][c] - m[0][c]))
             } else {
                 1.0
             };
@@ -272,7 +292,7 @@ unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: 
                 qd[c] = q[c] * math::exp2(x);
                 kd[c] = k[c] * math::exp2(-x);
                 qi[c] = qd[c] * f_inter[c];
-                kh1[c] = kd[c] * f_10[c];
+                kh1[c] = kd[c] * f_10_root[c] * f_10_root[c];
                 ks[c] = kh1[c] * f_state[c];
             }
             // SAFETY: rows < 16 (8 for k_half0, written only by half-0 threads) of this

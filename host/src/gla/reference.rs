@@ -5,7 +5,7 @@
 //!   `S[d][e] = exp(g[t][d]) S[d][e] + k[t][d] v[t][e]` and
 //!   `o[t][e] = scale sum_d q[t][d] S[d][e]`; the final state is the last `S`.
 //! - [`chunked`]: the kernels' algorithm on the CPU in f32, with the kernels' chunking, clamping,
-//!   reference points, bf16 roundings and segment passes, so the algorithm (not only its GPU
+//!   reference points, flushes to zero of `ex2`, bf16 roundings and segment passes, so the algorithm (not only its GPU
 //!   implementation) is checked against the recurrence; see `gpu-kernels/src/gla` for the
 //!   derivation of each factor.
 
@@ -186,6 +186,20 @@ fn round(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()
 }
 
+/// `2^x` as the kernels' `ex2.approx.ftz.f32` gives it (to within its rounding): subnormal
+/// inputs and results are flushed to zero. (Without the flush this model hid the kernels'
+/// former loss of the cross-half factor `2^{M_1 - M_0}` below `2^-126`.)
+fn exp2(x: f32) -> f32 {
+    let ftz = |v: f32| {
+        if v.is_subnormal() {
+            0.0f32.copysign(v)
+        } else {
+            v
+        }
+    };
+    ftz(ftz(x).exp2())
+}
+
 /// One chunk's factors and bf16 operand tiles, as the kernels' element-wise phase makes them
 /// (rows past the end of the segment are zero inputs with `g = 0`).
 struct ChunkTiles {
@@ -260,30 +274,32 @@ impl SegmentView<'_> {
                 b[i] = acc;
             }
             let b15 = b[ch - 1];
-            t.decay[d] = b15.exp2();
+            t.decay[d] = exp2(b15);
             t.decay_log2[d] = b15;
             let m = [0.5 * (b[0] + b[half - 1]), 0.5 * (b[half] + b[ch - 1])];
             for i in 0..ch {
                 let q = self.qk_at(self.inp.q, c0 + i, d);
                 let k = self.qk_at(self.inp.k, c0 + i, d);
                 if states_only {
-                    t.k_state[i * dk + d] = round(k * (b15 - b[i]).exp2());
+                    t.k_state[i * dk + d] = round(k * exp2(b15 - b[i]));
                     continue;
                 }
                 let hh = i / half;
                 let x = b[i] - m[hh];
-                let qd = q * x.exp2();
+                let qd = q * exp2(x);
                 t.q_diag[i * dk + d] = round(qd);
-                t.q_inter[i * dk + d] = round(qd * m[hh].exp2());
-                let kd = k * (-x).exp2();
+                t.q_inter[i * dk + d] = round(qd * exp2(m[hh]));
+                let kd = k * exp2(-x);
                 let k1 = if hh == 0 {
                     t.k_half0[i * dk + d] = round(kd);
-                    kd * (m[1] - m[0]).exp2()
+                    // 2^{M_1 - M_0} as two factors of at least 2^-115.4 (see the kernel).
+                    let r = exp2(0.5 * (m[1] - m[0]));
+                    kd * r * r
                 } else {
                     kd
                 };
                 t.k_half1[i * dk + d] = round(k1);
-                t.k_state[i * dk + d] = round(k1 * (b15 - m[1]).exp2());
+                t.k_state[i * dk + d] = round(k1 * exp2(b15 - m[1]));
             }
         }
         t
@@ -394,7 +410,7 @@ pub fn chunked(p: &GlaProblem, inp: &HostInputs, plan: &SegmentPlan) -> Result<C
             for i in 0..c.count as usize - 1 {
                 let slot = (c.first as usize + i) * h_n + h;
                 for e in 0..sz {
-                    let a = decay_log2[slot * dk + e / dv].exp2();
+                    let a = exp2(decay_log2[slot * dk + e / dv]);
                     s[e] = a * s[e] + delta[slot * sz + e];
                 }
                 let next = slot + h_n;
