@@ -6,6 +6,7 @@ use kernels::memory::upload;
 use kernels::smoke::{self, WGMMA_SMOKE_N};
 use kernels::tensor_map::MapSwizzle;
 use kernels::{Gpu, bf16};
+use rand::Rng;
 
 fn main() {
     let mut s = Suite::new();
@@ -58,6 +59,18 @@ fn main() {
         });
     }
     s.gpu("wgmma_tile/mn_major_b", Needs::Hopper, wgmma_mn);
+    s.gpu("numerics/default_target", Needs::Gpu, numerics);
+    s.gpu(
+        "numerics/sm_80_target",
+        Needs::Gpu,
+        |_| match portable_gpu() {
+            Some(g) => numerics(g),
+            None => {
+                println!("the default target is already sm_80");
+                Ok(())
+            }
+        },
+    );
     for tiles in [1u32, 2, 3, 4, 5, 7, 1000] {
         s.gpu(&format!("pingpong/tiles{tiles}"), Needs::Hopper, move |g| {
             pingpong(g, tiles)
@@ -199,5 +212,219 @@ fn pingpong(g: &Gpu, tiles: u32) -> TestResult {
         .collect();
     ensure(misordered.is_empty(), || {
         format!("ordered section not entered in tile order: (tile, ticket) {misordered:?}")
+    })
+}
+
+/// Whether `x` is a bf16 subnormal.
+fn subnormal(x: bf16) -> bool {
+    x.classify() == std::num::FpCategory::Subnormal
+}
+
+/// `2^e` as a bf16 (exact for e in [-133, 127]).
+fn pow2_bf16(e: i32) -> bf16 {
+    bf16::from_f64(2f64.powi(e))
+}
+
+/// The device's arithmetic on chosen values (`smoke_numerics`), printed next to exact values:
+/// what the CPU emulator assumes (and the GLA kernels' stability argument relies on) is
+/// asserted: `ex2.approx.ftz` within 2^-21 relative where the result is normal, round to nearest
+/// even to bf16 in the normal range, exact products of operands `2^+-101` apart summed in f32,
+/// and rows of an mma unaffected by infinities or NaNs in other rows. What the argument
+/// tolerates either way (subnormal results of `ex2`, subnormal bf16 conversions and mma inputs,
+/// the tensor cores' alignment of small products) is printed only.
+fn numerics(g: &Gpu) -> TestResult {
+    let x: Vec<f32> = vec![
+        0.0,
+        -0.5,
+        -101.0,
+        -115.4,
+        -125.9,
+        -126.0,
+        -126.5,
+        -130.0,
+        -149.0,
+        -202.0,
+        101.0,
+        2f32.powi(-127),
+        1.5 * 2f32.powi(-128),
+        2f32.powi(-133),
+        2f32.powi(-140),
+        1.0 + 2f32.powi(-8),
+        3.0 * 2f32.powi(-9) + 1.0,
+    ];
+    // Probe 0: A[r][k] = a 2^{E_k}, B[k][n] = b 2^{-E_k} with E_k from -101 to 101: order-1
+    // products of operands as far apart as the GLA operands.
+    let e: [i32; 16] = [
+        101, -101, 90, -90, 60, -60, 30, -30, 0, 100, -100, 75, -75, 45, -45, 15,
+    ];
+    let mut r = rng(11);
+    let mut wide = smoke::MmaProbe {
+        a: vec![bf16::ZERO; 256],
+        b_t: vec![bf16::ZERO; 128],
+        c: vec![0.0; 128],
+    };
+    for row in 0..16 {
+        for (k, &ek) in e.iter().enumerate() {
+            let v: f32 = r.random_range(0.5..1.0) * if (row + k) % 3 == 0 { -1.0 } else { 1.0 };
+            wide.a[row * 16 + k] = bf16::from_f64(v as f64 * 2f64.powi(ek));
+        }
+    }
+    for n in 0..8 {
+        for (k, &ek) in e.iter().enumerate() {
+            let v: f32 = r.random_range(0.5..1.0);
+            wide.b_t[n * 16 + k] = bf16::from_f64(v as f64 * 2f64.powi(-ek));
+        }
+    }
+    // Probe 1: bf16 subnormal B entries (2^-130, 2^-133, ...) times 2^100 in A, next to a
+    // normal product of 2^-26: kept, the sums include the 2^-30 and 2^-33 terms; flushed, not.
+    let mut sub = smoke::MmaProbe {
+        a: vec![pow2_bf16(100); 256],
+        b_t: vec![bf16::ZERO; 128],
+        c: vec![0.0; 128],
+    };
+    for n in 0..8 {
+        sub.b_t[n * 16] = pow2_bf16(-130);
+        sub.b_t[n * 16 + 1] = pow2_bf16(-133);
+        sub.b_t[n * 16 + 2] = pow2_bf16(-130 + n as i32);
+        sub.b_t[n * 16 + 3] = pow2_bf16(-126);
+    }
+    // Probe 2: rows 0-7 overflow (2^100 x 2^100, mixed signs: inf and NaN), rows 8-15 are
+    // ordinary; as the masked scores of the GLA kernels beside the kept ones.
+    let mut ovf = smoke::MmaProbe {
+        a: vec![bf16::ZERO; 256],
+        b_t: vec![bf16::ZERO; 128],
+        c: vec![0.0; 128],
+    };
+    for row in 0..16 {
+        for k in 0..16 {
+            ovf.a[row * 16 + k] = if row < 8 {
+                pow2_bf16(100) * bf16::from_f32(if k % 2 == 0 { 1.0 } else { -1.0 })
+            } else {
+                bf16::from_f32(r.random_range(-1.0..1.0))
+            };
+        }
+    }
+    for n in 0..8 {
+        for k in 0..16 {
+            ovf.b_t[n * 16 + k] = if k < 4 {
+                pow2_bf16(100)
+            } else {
+                bf16::from_f32(r.random_range(-1.0..1.0))
+            };
+        }
+    }
+    // Probe 3: the accumulator 1 plus products of 2^-20 .. 2^-35: how the tensor cores align
+    // small products to a large accumulator (printed only).
+    let mut align = smoke::MmaProbe {
+        a: vec![bf16::ZERO; 256],
+        b_t: vec![bf16::ZERO; 128],
+        c: vec![1.0; 128],
+    };
+    for row in 0..16 {
+        for k in 0..16 {
+            align.a[row * 16 + k] = pow2_bf16(-20 - (row as i32 + k as i32) % 16);
+        }
+    }
+    for n in 0..8 {
+        for k in 0..16 {
+            align.b_t[n * 16 + k] = bf16::from_f32(1.0 + n as f32 / 8.0);
+        }
+    }
+    let probes = [wide, sub, ovf, align];
+    let stream = gpu_ok(g.stream())?;
+    let got = gpu_ok(smoke::numerics(g, &stream, &x, &probes))?;
+    println!("device {}", g.arch());
+    let mut ok = true;
+    for (i, &xi) in x.iter().enumerate() {
+        let want = 2f64.powf(xi as f64);
+        let e2 = got.ex2[i];
+        let normal = want >= 2f64.powi(-126) && want < f32::MAX as f64;
+        let rel = (e2 as f64 - want).abs() / want;
+        let cvt_want = bf16::from_f32(xi);
+        println!(
+            "  x = {xi:e}: ex2 {e2:e} (2^x = {want:e}{}), bf16 {:#06x} (round to nearest {:#06x}{})",
+            if normal {
+                format!(", rel err {rel:.1e}")
+            } else if e2 == 0.0 {
+                ", flushed".to_string()
+            } else {
+                ", kept subnormal".to_string()
+            },
+            got.bf16[i].to_bits(),
+            cvt_want.to_bits(),
+            if subnormal(cvt_want) {
+                if got.bf16[i] == cvt_want {
+                    ", subnormal kept"
+                } else {
+                    ", subnormal NOT kept"
+                }
+            } else {
+                ""
+            },
+        );
+        ok &= !normal || rel <= 2f64.powi(-21);
+        ok &= subnormal(cvt_want) || got.bf16[i] == cvt_want;
+    }
+    let exact = |p: &smoke::MmaProbe, row: usize, n: usize, skip_sub: bool| -> (f64, f64) {
+        let (mut s, mut abs) = (p.c[row * 8 + n] as f64, (p.c[row * 8 + n] as f64).abs());
+        for k in 0..16 {
+            let (a, b) = (p.a[row * 16 + k], p.b_t[n * 16 + k]);
+            if skip_sub && (subnormal(a) || subnormal(b)) {
+                continue;
+            }
+            let prod = a.to_f64() * b.to_f64();
+            s += prod;
+            abs += prod.abs();
+        }
+        (s, abs)
+    };
+    // Probe 0: every element within 16 f32 roundings of the sum of |products|.
+    let mut worst = 0.0f64;
+    for row in 0..16 {
+        for n in 0..8 {
+            let (want, abs) = exact(&probes[0], row, n, false);
+            worst = worst.max((got.d[0][row * 8 + n] as f64 - want).abs() / abs);
+        }
+    }
+    println!("  mma, operands 2^+-101 apart: worst |d - exact| / sum|a b| = {worst:.1e}");
+    ok &= worst <= 16.0 * F32_EPS;
+    for n in 0..3 {
+        let d = got.d[1][n] as f64;
+        let (with, _) = exact(&probes[1], 0, n, false);
+        let (without, _) = exact(&probes[1], 0, n, true);
+        println!(
+            "  mma, bf16 subnormal inputs x 2^100 (column {n}): d = {d:e}, exact {with:e}, \
+             without the subnormal products {without:e}: subnormal inputs {}",
+            if (d - with).abs() <= (d - without).abs() {
+                "kept"
+            } else {
+                "flushed"
+            }
+        );
+    }
+    let mut rows_ok = true;
+    for row in 8..16 {
+        for n in 0..8 {
+            let (want, abs) = exact(&probes[2], row, n, false);
+            let d = got.d[2][row * 8 + n] as f64;
+            rows_ok &= d.is_finite() && (d - want).abs() <= 16.0 * F32_EPS * abs;
+        }
+    }
+    println!(
+        "  mma, rows 0-7 overflowing (d[0][0] = {}): rows 8-15 {}",
+        got.d[2][0],
+        if rows_ok { "exact" } else { "WRONG" }
+    );
+    ok &= rows_ok;
+    for row in [0usize, 5, 15] {
+        let (want, _) = exact(&probes[3], row, 1, false);
+        let d = got.d[3][row * 8 + 1] as f64;
+        println!(
+            "  mma, 1 + small products (row {row}): d - exact = {:.2} x 2^-24",
+            (d - want) / F32_EPS
+        );
+    }
+    ensure(ok, || {
+        "the device's arithmetic differs from what the emulator assumes (see above)".into()
     })
 }

@@ -213,3 +213,36 @@ pub const fn pingpong_smem_bytes() -> usize {
         16,
     ) + crate::SMEM_ALIGN
 }
+
+// ---------------------------------------------------------------------------------------------
+// Numerics probes: `ex2.approx.ftz.f32`, `cvt.rn.bf16x2.f32` and `mma.sync` bf16 on chosen
+// values (subnormals, operands far apart in magnitude, overflowing rows).
+
+/// Threads (one warp) of `smoke_numerics`.
+pub const NUMERICS_THREADS: u32 = 32;
+
+/// Parameters of `smoke_numerics`: for every `i < scalars`, `ex2[i] = ex2.approx.ftz(x[i])` and
+/// `bf16[i] = cvt.rn.bf16(x[i])`; for every `m < tiles`, `d_m = c_m + a_m b_m` by one
+/// `mma.sync.m16n8k16` bf16 (f32 accumulators).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NumericsParams {
+    /// `[scalars]` f32 inputs.
+    pub x: *const f32,
+    /// `[scalars]` f32 results of `ex2.approx.ftz.f32`.
+    pub ex2: *mut f32,
+    /// `[scalars]` bf16 bits, results of `cvt.rn.bf16x2.f32` (low half).
+    pub bf16: *mut u16,
+    /// Number of scalar inputs.
+    pub scalars: u32,
+    /// Number of mma tiles.
+    pub tiles: u32,
+    /// `[tiles, 16 (m), 16 (k)]` bf16 bits, row-major.
+    pub a: *const u16,
+    /// `[tiles, 8 (n), 16 (k)]` bf16 bits (B transposed, as the `.col` operand).
+    pub b: *const u16,
+    /// `[tiles, 16, 8]` f32 accumulators in, row-major.
+    pub c: *const f32,
+    /// `[tiles, 16, 8]` f32 results, row-major.
+    pub d: *mut f32,
+}

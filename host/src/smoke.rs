@@ -415,3 +415,91 @@ pub fn pingpong_reference(input: &[bf16], num_tiles: u32) -> Vec<f32> {
         .map(|i| 2.0 * input[i].to_f32() + (i / per) as f32)
         .collect()
 }
+
+// ---------------------------------------------------------------------------------------------
+
+/// One problem of [`numerics`]: `d = c + a b` by one bf16 `mma.sync.m16n8k16`.
+#[derive(Clone, Debug)]
+pub struct MmaProbe {
+    /// `[16 (m), 16 (k)]`, row-major.
+    pub a: Vec<bf16>,
+    /// `[8 (n), 16 (k)]`: B transposed.
+    pub b_t: Vec<bf16>,
+    /// `[16, 8]` accumulators, row-major.
+    pub c: Vec<f32>,
+}
+
+/// What `smoke_numerics` computed: `ex2.approx.ftz` and `cvt.rn.bf16` of each scalar, and
+/// `d` (`[16, 8]`, row-major) of each mma probe.
+#[derive(Clone, Debug)]
+pub struct NumericsResult {
+    /// `ex2.approx.ftz.f32(x)`.
+    pub ex2: Vec<f32>,
+    /// `cvt.rn.bf16x2.f32` of `x`.
+    pub bf16: Vec<bf16>,
+    /// `c + a b` per probe.
+    pub d: Vec<Vec<f32>>,
+}
+
+/// Run `smoke_numerics` on the scalars `x` and the mma probes.
+pub fn numerics(
+    gpu: &Gpu,
+    stream: &Stream,
+    x: &[f32],
+    probes: &[MmaProbe],
+) -> Result<NumericsResult> {
+    for p in probes {
+        check_len("mma probe a", 256, p.a.len())?;
+        check_len("mma probe b_t", 128, p.b_t.len())?;
+        check_len("mma probe c", 128, p.c.len())?;
+    }
+    let scalars =
+        u32::try_from(x.len()).map_err(|_| Error::invalid("x", "more than 2^32 - 1 values"))?;
+    let tiles = u32::try_from(probes.len())
+        .map_err(|_| Error::invalid("probes", "more than 2^32 - 1 probes"))?;
+    // Buffers of at least one element (cust does not allocate empty ones).
+    let pad = |mut v: Vec<f32>| {
+        if v.is_empty() {
+            v.push(0.0);
+        }
+        v
+    };
+    let x_dev = crate::memory::upload(&pad(x.to_vec()))?;
+    let a: Vec<bf16> = probes.iter().flat_map(|p| p.a.iter().copied()).collect();
+    let b: Vec<bf16> = probes.iter().flat_map(|p| p.b_t.iter().copied()).collect();
+    let c: Vec<f32> = probes.iter().flat_map(|p| p.c.iter().copied()).collect();
+    let a_dev = crate::memory::upload(&if a.is_empty() { vec![bf16::ZERO] } else { a })?;
+    let b_dev = crate::memory::upload(&if b.is_empty() { vec![bf16::ZERO] } else { b })?;
+    let c_dev = crate::memory::upload(&pad(c))?;
+    let ex2 = poisoned::<f32>(x.len().max(1))?;
+    let bf = poisoned::<bf16>(x.len().max(1))?;
+    let d = poisoned::<f32>((probes.len() * 128).max(1))?;
+    let params = NumericsParams {
+        x: device_ptr(&x_dev) as *const f32,
+        ex2: device_ptr(&ex2) as *mut f32,
+        bf16: device_ptr(&bf) as *mut u16,
+        scalars,
+        tiles,
+        a: device_ptr(&a_dev) as *const u16,
+        b: device_ptr(&b_dev) as *const u16,
+        c: device_ptr(&c_dev) as *const f32,
+        d: device_ptr(&d) as *mut f32,
+    };
+    let cfg = LaunchConfig::new((1, 1, 1), NUMERICS_THREADS, 0);
+    // SAFETY: x, ex2, bf16 hold `scalars` elements, a/b/c/d `tiles` tiles of the documented
+    // sizes (checked above); cust allocations are 256-byte aligned.
+    unsafe { gpu.launch(stream, "smoke_numerics", &cfg, &params)? };
+    gpu.sync(stream, "smoke_numerics")?;
+    let mut ex2_h = download(&ex2)?;
+    let mut bf_h = download(&bf)?;
+    ex2_h.truncate(x.len());
+    bf_h.truncate(x.len());
+    let d_h = download(&d)?;
+    Ok(NumericsResult {
+        ex2: ex2_h,
+        bf16: bf_h,
+        d: (0..probes.len())
+            .map(|m| d_h[m * 128..(m + 1) * 128].to_vec())
+            .collect(),
+    })
+}

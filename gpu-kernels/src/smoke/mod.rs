@@ -2,6 +2,7 @@
 //! checked by host tests against CPU references.
 
 mod mma_tile;
+mod numerics;
 mod reduce;
 
 #[cfg(target_feature = "sm_90a")]
