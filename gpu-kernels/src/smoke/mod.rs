@@ -2,7 +2,7 @@
 //! checked by host tests against CPU references.
 
 mod mma_tile;
-mod reduce;
+pub(crate) mod reduce;
 
 #[cfg(target_feature = "sm_90a")]
 mod pingpong;
