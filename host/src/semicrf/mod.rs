@@ -615,6 +615,7 @@ pub(crate) fn launch_marginals_and_reduce_of(
 }
 
 /// [`launch_scan`] for `crate::negative`.
+#[cfg(feature = "negative-controls")]
 pub(crate) fn launch_scans(
     gpu: &Gpu,
     stream: &Stream,
