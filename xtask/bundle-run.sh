@@ -2,11 +2,13 @@
 # Runs everything in this bundle on a machine with an NVIDIA driver; no Rust needed.
 #   1. tests: every test executable, each under a time limit (GPU tests also have an
 #      in-process watchdog that fails a hung kernel within KERNELS_WATCHDOG_SECS);
-#   2. compute-sanitizer memcheck, racecheck and synccheck over the GPU test executables;
+#   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck over the GPU test
+#      executables (the negative controls, test-reliability negative_*, are always left out:
+#      they race by design; bundle/reliability.sh runs them and expects the hazards);
 #   3. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
 #      (peers run through python3 on the same inputs).
 # Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
-#                           [--tests "smoke host"] [--tools "memcheck racecheck synccheck"]
+#                           [--tests "smoke host"] [--tools "memcheck racecheck synccheck initcheck"]
 #                           [--bench-args "..."]
 # Environment: SANITIZER_SKIP (test-name substrings, separated by commas or spaces, left out of the sanitizer
 # passes), SANITIZER_THREADS, SANITIZER_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT.
@@ -16,7 +18,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: run.sh RESULTS_DIR [options]}"
 shift
 do_tests=1 do_san=1 do_bench=1 families="smoke" only_tests="" bench_args=""
-tools="memcheck racecheck synccheck"
+tools="memcheck racecheck synccheck initcheck"
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) do_tests=0 ;;
@@ -73,7 +75,7 @@ if [ "$do_san" = 1 ]; then
         log="$out/logs/sanitizer-$tool-$name.log"
         extra=()
         [ "$tool" = racecheck ] && extra=(--racecheck-report all)
-        skips=()
+        skips=(--skip negative_)
         IFS=', ' read -ra patterns <<< "${SANITIZER_SKIP:-}"
         for pat in "${patterns[@]}"; do [ -n "$pat" ] && skips+=(--skip "$pat"); done
         start=$(date +%s)

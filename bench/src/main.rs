@@ -12,6 +12,7 @@ mod gla;
 mod harness;
 mod main_job;
 mod mhc;
+mod reliability;
 mod report;
 mod semicrf;
 mod smoke;

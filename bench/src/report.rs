@@ -14,6 +14,7 @@ pub fn render(dir: &Path) -> Result<String, String> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| !p.ends_with(crate::reliability::FILE))
         .collect();
     entries.sort();
     for path in entries {
@@ -46,6 +47,7 @@ pub fn render(dir: &Path) -> Result<String, String> {
             writeln!(md, "\n- note: {n}").unwrap();
         }
     }
+    md.extend(crate::reliability::section(dir)?);
     Ok(md)
 }
 

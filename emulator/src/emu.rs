@@ -16,13 +16,19 @@
 //!   (the latest order the hardware may choose), and a thread must not exit with copies pending;
 //! - `ex2.approx.ftz` flushes subnormal inputs and results to zero, as on the device (its
 //!   rounding is libm's, more accurate);
-//! - a barrier that waits longer than [`DEADLOCK_SECS`] fails the launch (a real GPU would hang).
+//! - a barrier that waits longer than [`DEADLOCK_SECS`] fails the launch (a real GPU would hang);
+//! - shared-memory hazards between warps are detected, whatever the order the threads happened
+//!   to run in (see [`track_smem`]): a typed load or store (`SmemValue`, `SmemArray`) of one
+//!   warp that conflicts with a store (or, for a store, a load) of another warp between the
+//!   same two block barriers fails the launch, as compute-sanitizer's racecheck reports it.
+//!   Accesses through generic pointers, `ldmatrix` and `cp.async` are not tracked.
 //!
-//! It checks the logic of a kernel (indexing, fragment layouts, barrier counts, arithmetic),
-//! not its timing, and it does not detect races (compute-sanitizer does, on the GPU).
+//! It checks the logic of a kernel (indexing, fragment layouts, barrier counts, arithmetic) and
+//! the barrier protocol of its typed shared-memory accesses, not its timing; racecheck covers
+//! the rest on the GPU.
 
 use core::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -112,7 +118,17 @@ pub(crate) struct Block {
     barrier: Barrier,
     warps: Vec<Warp>,
     poison: AtomicBool,
+    /// Per byte of shared memory: the last store `(epoch << 32) | (warp + 1)` (0: none).
+    last_store: Vec<AtomicU64>,
+    /// Per byte: the loads of the last epoch that loaded it, `(epoch << 32) | (warp + 1)`, or
+    /// `MANY_WARPS` in the low word when several warps did.
+    last_load: Vec<AtomicU64>,
+    /// The first hazard found, if any.
+    hazard: Mutex<Option<String>>,
 }
+
+/// Low word of a `last_load` entry read by more than one warp in its epoch.
+const MANY_WARPS: u64 = u32::MAX as u64;
 
 // SAFETY: the threads of a block share the shared-memory buffer as the threads of a GPU block
 // do: accesses of a correct kernel are ordered by its barriers (whose mutex gives the
@@ -131,6 +147,10 @@ pub(crate) struct Ctx {
 
 std::thread_local! {
     static CTX: Cell<Option<Ctx>> = const { Cell::new(None) };
+    /// Block barriers the calling emulated thread has passed: its epoch. A thread passes
+    /// barrier `e` only once every thread arrived there, so two accesses of the same epoch by
+    /// different threads are unordered, and accesses of different epochs are ordered.
+    static EPOCH: Cell<u32> = const { Cell::new(0) };
 }
 
 /// The calling thread's context; device code called outside [`launch`] panics.
@@ -149,6 +169,62 @@ fn block() -> &'static Block {
 pub(crate) fn sync_block() {
     let b = block();
     b.barrier.wait(&b.poison, "block");
+    EPOCH.with(|e| e.set(e.get() + 1));
+}
+
+/// Record a typed shared-memory access of `bytes` bytes at `addr` (in bounds, checked by
+/// [`smem_ptr`]) by the calling thread and check it against the other warps' accesses of the
+/// same epoch: a load after another warp's store (read-after-write), a store after another
+/// warp's load (write-after-read) or store (write-after-write), in either real order, is a
+/// hazard; the first one is reported as the launch's failure once the block finished.
+/// Accesses by lanes of one warp are not compared (warp-collective operations order them).
+pub(crate) fn track_smem(addr: u32, bytes: u32, store: bool) {
+    let c = ctx();
+    let b = block();
+    let warp = (c.tid / 32) as u64;
+    let epoch = EPOCH.with(|e| e.get()) as u64;
+    let me = (epoch << 32) | (warp + 1);
+    let other = |v: u64| v >> 32 == epoch && (v & 0xffff_ffff) != 0 && v != me;
+    let mut found: Option<&str> = None;
+    for i in addr..addr + bytes {
+        let i = i as usize;
+        let prev_store = if store {
+            b.last_store[i].swap(me, Relaxed)
+        } else {
+            b.last_store[i].load(Relaxed)
+        };
+        if other(prev_store) {
+            found = Some(if store {
+                "write-after-write"
+            } else {
+                "read-after-write"
+            });
+        }
+        if store {
+            if other(b.last_load[i].load(Relaxed)) {
+                found = Some("write-after-read");
+            }
+        } else {
+            let _ = b.last_load[i].fetch_update(Relaxed, Relaxed, |v| {
+                Some(if v >> 32 != epoch || v == me {
+                    me
+                } else {
+                    (epoch << 32) | MANY_WARPS
+                })
+            });
+        }
+    }
+    if let Some(kind) = found {
+        let mut h = b.hazard.lock().unwrap_or_else(|e| e.into_inner());
+        if h.is_none() {
+            *h = Some(format!(
+                "shared-memory {kind} hazard at window address {addr} ({bytes} bytes, {} by \
+                 thread {} of warp {warp}) with another warp, no barrier between them",
+                if store { "store" } else { "load" },
+                c.tid
+            ));
+        }
+    }
 }
 
 /// Wait at the calling thread's warp barrier.
@@ -295,6 +371,9 @@ pub unsafe fn launch(
                         })
                         .collect(),
                     poison: AtomicBool::new(false),
+                    last_store: (0..smem_end).map(|_| AtomicU64::new(0)).collect(),
+                    last_load: (0..smem_end).map(|_| AtomicU64::new(0)).collect(),
+                    hazard: Mutex::new(None),
                 };
                 let state_ref = &state;
                 let failures: Vec<String> = std::thread::scope(|s| {
@@ -303,6 +382,7 @@ pub unsafe fn launch(
                             std::thread::Builder::new()
                                 .stack_size(8 << 20)
                                 .spawn_scoped(s, move || {
+                                    EPOCH.with(|e| e.set(0));
                                     CTX.with(|c| {
                                         c.set(Some(Ctx {
                                             tid,
@@ -331,6 +411,14 @@ pub unsafe fn launch(
                         .collect()
                 });
                 drop(buffer);
+                let hazard = state
+                    .hazard
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                if let Some(h) = hazard.filter(|_| failures.is_empty()) {
+                    return Err(format!("{} block ({bx}, {by}, {bz}): {h}", kernel.name));
+                }
                 if let Some(first) = failures
                     .iter()
                     .find(|f| !f.starts_with("emulated block aborted"))

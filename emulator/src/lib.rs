@@ -45,3 +45,8 @@ pub mod tiles;
 /// `gla::EMU_KERNELS`.
 #[path = "../../gpu-kernels/src/gla/mod.rs"]
 pub mod gla;
+
+/// The block reduction of the smoke kernels (`gpu-kernels/src/smoke/reduce.rs`) and its
+/// negative control without the barrier, with their emulator table `smoke_reduce::EMU_KERNELS`.
+#[path = "../../gpu-kernels/src/smoke/reduce.rs"]
+pub mod smoke_reduce;

@@ -25,6 +25,7 @@ pub mod attention;
 pub mod gemm;
 pub mod gla;
 pub mod mhc;
+pub mod negative;
 pub mod semicrf;
 pub mod smoke;
 pub mod tiles;

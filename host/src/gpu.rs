@@ -183,35 +183,14 @@ impl Gpu {
         cfg: &LaunchConfig,
         params: &P,
     ) -> Result<()> {
-        let info = self.kernel_info(name)?;
-        let invalid = |reason: String| Error::InvalidLaunch {
-            kernel: name.to_string(),
-            reason,
-        };
-        if info.params != [std::mem::size_of::<P>()] {
-            return Err(invalid(format!(
-                "the PTX declares parameters of {:?} bytes, the host passes one of {}",
-                info.params,
-                std::mem::size_of::<P>()
-            )));
-        }
-        let threads = cfg.block.0 * cfg.block.1 * cfg.block.2;
-        let max_threads = info.max_threads.unwrap_or(1024).min(1024);
-        if threads == 0 || threads > max_threads {
-            return Err(invalid(format!(
-                "{threads} threads per block; the kernel allows 1..={max_threads}"
-            )));
-        }
+        check_launch(
+            self.arch,
+            name,
+            cfg,
+            std::mem::size_of::<P>(),
+            self.info.max_shared_memory_per_block,
+        )?;
         let (gx, gy, gz) = cfg.grid;
-        if gx == 0 || gy == 0 || gz == 0 || gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
-            return Err(invalid(format!("grid {:?} out of range", cfg.grid)));
-        }
-        if cfg.shared_mem_bytes > self.info.max_shared_memory_per_block {
-            return Err(invalid(format!(
-                "{} bytes of shared memory; the device allows {}",
-                cfg.shared_mem_bytes, self.info.max_shared_memory_per_block
-            )));
-        }
         self.bind()?;
         let func = self.function(name, cfg.shared_mem_bytes)?;
         let mut arg = params as *const P as *mut c_void;
@@ -313,6 +292,57 @@ pub fn watchdog_limit() -> Duration {
         .filter(|s| *s > 0.0)
         .map(Duration::from_secs_f64)
         .unwrap_or(DEFAULT_WATCHDOG)
+}
+
+/// The checks [`Gpu::launch`] makes before launching kernel `name` of `arch`'s PTX with a
+/// parameter struct of `param_bytes` bytes on a device allowing `max_smem` bytes of dynamic
+/// shared memory per block (without a device: tests check launch sequences with it):
+/// - the kernel exists and takes exactly one parameter of `param_bytes` bytes;
+/// - the block has at most the kernel's declared `.maxntid` threads (and 1024);
+/// - grid and block dimensions are non-zero and within the device's limits;
+/// - the dynamic shared memory fits `max_smem`.
+pub fn check_launch(
+    arch: Arch,
+    name: &str,
+    cfg: &LaunchConfig,
+    param_bytes: usize,
+    max_smem: usize,
+) -> Result<()> {
+    let info = arch
+        .kernels()
+        .get(name)
+        .ok_or_else(|| Error::InvalidLaunch {
+            kernel: name.to_string(),
+            reason: format!("not in the {arch} PTX"),
+        })?;
+    let invalid = |reason: String| Error::InvalidLaunch {
+        kernel: name.to_string(),
+        reason,
+    };
+    if info.params != [param_bytes] {
+        return Err(invalid(format!(
+            "the PTX declares parameters of {:?} bytes, the host passes one of {param_bytes}",
+            info.params
+        )));
+    }
+    let threads = cfg.block.0 as u64 * cfg.block.1 as u64 * cfg.block.2 as u64;
+    let max_threads = info.max_threads.unwrap_or(1024).min(1024);
+    if threads == 0 || threads > max_threads as u64 {
+        return Err(invalid(format!(
+            "{threads} threads per block; the kernel allows 1..={max_threads}"
+        )));
+    }
+    let (gx, gy, gz) = cfg.grid;
+    if gx == 0 || gy == 0 || gz == 0 || gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
+        return Err(invalid(format!("grid {:?} out of range", cfg.grid)));
+    }
+    if cfg.shared_mem_bytes > max_smem {
+        return Err(invalid(format!(
+            "{} bytes of shared memory; the device allows {max_smem}",
+            cfg.shared_mem_bytes
+        )));
+    }
+    Ok(())
 }
 
 /// Grid, block and dynamic shared memory of a launch.

@@ -19,6 +19,8 @@ pub mod gla;
 pub mod gpu;
 pub mod memory;
 pub mod mhc;
+#[cfg(feature = "negative-controls")]
+pub mod negative;
 pub mod ptx;
 pub mod semicrf;
 pub mod smoke;

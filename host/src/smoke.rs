@@ -50,6 +50,18 @@ pub fn block_reduce_launch(
     input: &DeviceBuffer<f32>,
     partial: &mut DeviceBuffer<f32>,
 ) -> Result<()> {
+    block_reduce_launch_of(gpu, stream, "smoke_block_reduce", input, partial)
+}
+
+/// [`block_reduce_launch`] of `kernel`, `smoke_block_reduce` or a negative control with its
+/// parameters (`crate::negative`).
+pub(crate) fn block_reduce_launch_of(
+    gpu: &Gpu,
+    stream: &Stream,
+    kernel: &str,
+    input: &DeviceBuffer<f32>,
+    partial: &mut DeviceBuffer<f32>,
+) -> Result<()> {
     let blocks = u32::try_from(partial.len())
         .ok()
         .filter(|b| *b > 0)
@@ -62,8 +74,9 @@ pub fn block_reduce_launch(
         n,
     };
     let cfg = LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, reduce_smem_bytes());
-    // SAFETY: `input` holds n f32 and `partial` `blocks` f32, as the kernel's grid needs.
-    unsafe { gpu.launch(stream, "smoke_block_reduce", &cfg, &params) }
+    // SAFETY: `input` holds n f32 and `partial` `blocks` f32, as the kernel's grid needs (the
+    // negative controls of this kernel have its contract).
+    unsafe { gpu.launch(stream, kernel, &cfg, &params) }
 }
 
 /// Per-block sums of `input` by `smoke_block_reduce` with `blocks` blocks (grid-stride).

@@ -7,9 +7,12 @@ use std::process::Command;
 
 /// The bundle's runner, copied into the bundle as `run.sh`.
 const RUN_SH: &str = include_str!("../bundle-run.sh");
+/// The reliability sweep (sanitizers and negative controls), copied as `reliability.sh`.
+const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
 /// Build release test and benchmark executables and lay out `bundle/`:
-/// `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`, `MANIFEST`; and a
+/// `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`, `reliability.sh`,
+/// `MANIFEST`; and a
 /// compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
@@ -54,9 +57,11 @@ pub fn bundle() -> Result {
             }
         }
     }
-    let run_sh = dir.join("run.sh");
-    util::write(&run_sh, RUN_SH)?;
-    util::run(Command::new("chmod").arg("+x").arg(&run_sh))?;
+    for (name, text) in [("run.sh", RUN_SH), ("reliability.sh", RELIABILITY_SH)] {
+        let script = dir.join(name);
+        util::write(&script, text)?;
+        util::run(Command::new("chmod").arg("+x").arg(&script))?;
+    }
     util::write(&dir.join("MANIFEST"), &manifest(&root)?)?;
     // A compressed copy for transfers (the executables embed the PTX, which compresses ~25x).
     let pack = root.join("target").join("bundle-pack");

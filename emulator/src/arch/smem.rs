@@ -1,6 +1,6 @@
 //! Emulated dynamic shared memory (one bounds-checked buffer per block, see `crate::emu`).
 
-use crate::emu::{DYN_BASE, smem_ptr};
+use crate::emu::{DYN_BASE, smem_ptr, track_smem};
 use core::marker::PhantomData;
 
 /// Shared-window address of the first byte of dynamic shared memory.
@@ -41,13 +41,17 @@ macro_rules! smem_value {
         impl SmemValue for $ty {
             unsafe fn load(addr: u32) -> Self {
                 let size = core::mem::size_of::<$ty>() as u32;
+                let ptr = smem_ptr(addr, size, size.min(16)) as *const $ty;
+                track_smem(addr, size, false);
                 // SAFETY: bounds and alignment checked by `smem_ptr`.
-                unsafe { (smem_ptr(addr, size, size.min(16)) as *const $ty).read() }
+                unsafe { ptr.read() }
             }
             unsafe fn store(addr: u32, value: Self) {
                 let size = core::mem::size_of::<$ty>() as u32;
+                let ptr = smem_ptr(addr, size, size.min(16)) as *mut $ty;
+                track_smem(addr, size, true);
                 // SAFETY: bounds and alignment checked by `smem_ptr`.
-                unsafe { (smem_ptr(addr, size, size.min(16)) as *mut $ty).write(value) }
+                unsafe { ptr.write(value) }
             }
         }
     )*};

@@ -83,6 +83,20 @@ fn shift(m: f64) -> f64 {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
     crate::launch_bounds!(semicrf_marginals, THREADS, 1);
+    // SAFETY: forwarded to the caller.
+    unsafe { marginals::<false>(p) }
+}
+
+/// The body of `semicrf_marginals`. `ALIAS_SEGMENTS = true` is the negative control
+/// `negative_semicrf_marginals_aliased` (`crate::negative`), never launched by the library:
+/// segments `2i` and `2i + 1` of a sequence share the `partials` slice of segment `2i` (the
+/// seed's shared workspace), so one segment's counts overwrite the other's and the slice of
+/// segment `2i + 1` is never written.
+///
+/// # Safety
+/// As for `semicrf_marginals`.
+#[inline(always)]
+pub(crate) unsafe fn marginals<const ALIAS_SEGMENTS: bool>(p: MarginalParams) {
     let j = index::block_idx_x();
     let b = index::block_idx_y();
     let (k, c, ckpt) = (p.k, p.c, p.ckpt);
@@ -447,7 +461,8 @@ pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
     }
 
     // Partials: each thread writes the accumulators it owns.
-    let part = seg * partial_len(k, c);
+    let slice = if ALIAS_SEGMENTS { seg & !1 } else { seg };
+    let part = slice * partial_len(k, c);
     if sw.valid {
         let mut kk = 1 + sw.sub;
         while kk <= k {

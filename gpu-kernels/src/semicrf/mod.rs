@@ -32,7 +32,7 @@
 //!
 //! Inputs (`S`, `dur`, `trans`) are f32 and enter the f64 sums exactly.
 
-mod marginals;
+pub(crate) mod marginals;
 mod reduce;
 mod scan;
 mod viterbi;

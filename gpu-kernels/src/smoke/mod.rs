@@ -3,7 +3,7 @@
 
 mod mma_tile;
 mod numerics;
-mod reduce;
+pub(crate) mod reduce;
 
 #[cfg(target_feature = "sm_90a")]
 mod pingpong;

@@ -24,9 +24,22 @@ use kernel_abi::smoke::{REDUCE_THREADS, ReduceParams};
 /// # Safety
 /// Launched with `REDUCE_THREADS` threads per block and `reduce_smem_bytes()` of dynamic shared
 /// memory; `input` holds `n` f32 and `partial` `gridDim.x` f32.
+#[cfg(target_arch = "nvptx64")]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn smoke_block_reduce(p: ReduceParams) {
     crate::launch_bounds!(smoke_block_reduce, REDUCE_THREADS, 1);
+    // SAFETY: forwarded to the caller.
+    unsafe { block_reduce::<true>(p) }
+}
+
+/// The body of `smoke_block_reduce`. `BARRIER = false` leaves out the barrier of step 2: the
+/// negative control `negative_block_reduce_no_barrier` (`crate::negative`), never launched by
+/// the library.
+///
+/// # Safety
+/// As for `smoke_block_reduce`.
+#[inline(always)]
+pub(crate) unsafe fn block_reduce<const BARRIER: bool>(p: ReduceParams) {
     let tid = index::thread_idx_x();
     let lane = index::lane_id();
     let wid = index::warp_id();
@@ -47,8 +60,10 @@ pub unsafe extern "ptx-kernel" fn smoke_block_reduce(p: ReduceParams) {
         // SAFETY: wid < REDUCE_THREADS / 32 = sums.len(); each warp writes its own word.
         unsafe { sums.store(wid, acc) };
     }
-    // SAFETY: all threads of the block reach this barrier once, in uniform control flow.
-    unsafe { sync::sync_threads() };
+    if BARRIER {
+        // SAFETY: all threads of the block reach this barrier once, in uniform control flow.
+        unsafe { sync::sync_threads() };
+    }
     if wid == 0 {
         let v = if lane < sums.len() {
             // SAFETY: lane < len; the stores were published by the barrier above.
@@ -64,3 +79,35 @@ pub unsafe extern "ptx-kernel" fn smoke_block_reduce(p: ReduceParams) {
         }
     }
 }
+
+/// The block reduction and its negative control, for the CPU emulator (`crate::emu`).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
+    crate::emu::EmuKernel {
+        name: "smoke_block_reduce",
+        params: core::mem::size_of::<ReduceParams>(),
+        threads: REDUCE_THREADS,
+        run: {
+            unsafe fn run(p: *const u8) {
+                // SAFETY: the emulator passes a parameter struct of this kernel's type (it
+                // checks the size), whose contract the caller upholds.
+                unsafe { block_reduce::<true>(core::ptr::read_unaligned(p as *const ReduceParams)) }
+            }
+            run
+        },
+    },
+    crate::emu::EmuKernel {
+        name: "negative_block_reduce_no_barrier",
+        params: core::mem::size_of::<ReduceParams>(),
+        threads: REDUCE_THREADS,
+        run: {
+            unsafe fn run(p: *const u8) {
+                // SAFETY: as above.
+                unsafe {
+                    block_reduce::<false>(core::ptr::read_unaligned(p as *const ReduceParams))
+                }
+            }
+            run
+        },
+    },
+];

@@ -243,6 +243,12 @@ impl AttentionProblem {
                 ));
             }
         }
+        if self.batch > 65535 || self.heads_q > 65535 {
+            return Err(Error::unsupported(
+                "grid",
+                "batch and heads_q must be at most 65535",
+            ));
+        }
         let lse_len = self.batch as u128 * self.heads_q as u128 * self.seq_q as u128;
         if lse_len > u32::MAX as u128 {
             return Err(Error::unsupported(
@@ -288,6 +294,17 @@ pub fn contiguous_strides(shape: [usize; 4]) -> [usize; 4] {
         shape[3],
         1,
     ]
+}
+
+/// The index of the last element a view reaches, `offset + sum (shape[i] - 1) strides[i]`,
+/// computed without overflow (`None` for an empty shape). [`View`]s are checked with it, so
+/// no stride, however large, can make a view wrap around to an in-bounds index.
+pub fn last_element(offset: usize, shape: [usize; 4], strides: [usize; 4]) -> Option<u128> {
+    let mut last = offset as u128;
+    for i in 0..4 {
+        last += (shape[i].checked_sub(1)? as u128) * strides[i] as u128;
+    }
+    Some(last)
 }
 
 /// A 4-dimensional view `[batch, seq, heads, head_dim]` into a device buffer.
@@ -364,14 +381,14 @@ impl<'a, T: DeviceCopy> View<'a, T> {
                 actual: addr % 16,
             });
         }
-        let last: usize = self.offset
-            + (0..4)
-                .map(|i| (self.shape[i] - 1) * self.strides[i])
-                .sum::<usize>();
-        if last >= self.buffer.len() {
+        let last = last_element(self.offset, self.shape, self.strides);
+        if last.is_none_or(|last| last >= self.buffer.len() as u128) {
             return Err(Error::shape(
                 format!("{what} buffer"),
-                format!("at least {} elements for this view", last + 1),
+                format!(
+                    "at least {} elements for this view",
+                    last.map_or("2^128".into(), |l| (l + 1).to_string())
+                ),
                 self.buffer.len(),
             ));
         }
@@ -450,12 +467,6 @@ pub fn forward_variant<T: AttentionElem>(
             lse.len(),
         ));
     }
-    if problem.batch > 65535 || problem.heads_q > 65535 {
-        return Err(Error::unsupported(
-            "grid",
-            "batch and heads_q must be at most 65535",
-        ));
-    }
     let hopper = match (problem.path, variant) {
         (_, Some(_)) | (Path::MmaSync, None) => false,
         (Path::Hopper, None) => {
@@ -499,7 +510,8 @@ pub fn forward_variant<T: AttentionElem>(
         }
     };
     let (left, right) = problem.effective_window();
-    let num_m_blocks = (problem.seq_q as u32).div_ceil(cfg.block_m);
+    let launch = mma_launch_config(problem, &cfg);
+    let num_m_blocks = launch.grid.0;
     let params = AttentionParams {
         q: q.ptr() as *const u16,
         k: k.ptr() as *const u16,
@@ -521,15 +533,67 @@ pub fn forward_variant<T: AttentionElem>(
         num_m_blocks,
         reverse_m: u32::from(problem.causal),
     };
-    let launch = LaunchConfig::new(
-        (num_m_blocks, problem.heads_q as u32, problem.batch as u32),
-        cfg.threads(),
-        cfg.smem_bytes(),
-    );
     // SAFETY: every view was checked (shape, contiguous head dimension, 16-byte aligned rows,
     // in bounds of its buffer), LSE has batch * heads_q * seq_q elements, the sizes and window
     // were validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
     unsafe { gpu.launch(stream, &name, &launch, &params) }
+}
+
+/// The `mma.sync` path's launch: one block per (query tile, head, batch).
+fn mma_launch_config(problem: &AttentionProblem, cfg: &TileConfig) -> LaunchConfig {
+    LaunchConfig::new(
+        (
+            (problem.seq_q as u32).div_ceil(cfg.block_m),
+            problem.heads_q as u32,
+            problem.batch as u32,
+        ),
+        cfg.threads(),
+        cfg.smem_bytes(),
+    )
+}
+
+/// The Hopper path's launch: one block per (query tile, head, batch).
+fn hopper_launch_config(problem: &AttentionProblem) -> LaunchConfig {
+    let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
+    LaunchConfig::new(
+        (
+            (problem.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
+            problem.heads_q as u32,
+            problem.batch as u32,
+        ),
+        HOPPER_THREADS,
+        cfg.smem_bytes(),
+    )
+}
+
+/// The Hopper kernel for a dtype and head dimension.
+pub fn hopper_kernel_name(dtype: Dtype, head_dim: usize) -> String {
+    format!("attention_fwd_hopper_{}_d{head_dim}", dtype.name())
+}
+
+/// The kernel name, parameter-struct size and launch shape [`forward`] uses for a problem on
+/// the `mma.sync` path (`hopper == false`) or the Hopper path; after validation. Tests check
+/// them against the PTX and the device limits without a GPU ([`crate::gpu::check_launch`]).
+pub fn launch_shape(
+    problem: &AttentionProblem,
+    hopper: bool,
+) -> Result<(String, usize, LaunchConfig)> {
+    problem.validate()?;
+    let d = problem.head_dim;
+    Ok(if hopper {
+        (
+            hopper_kernel_name(problem.dtype, d),
+            std::mem::size_of::<HopperParams>(),
+            hopper_launch_config(problem),
+        )
+    } else {
+        let cfg = tile_config(d as u32).expect("validated head dimension");
+        (
+            kernel_name(problem.dtype, d),
+            std::mem::size_of::<AttentionParams>(),
+            mma_launch_config(problem, &cfg),
+        )
+    })
 }
 
 /// The Hopper kernel's parameters: tensor maps over the (already checked) views.
@@ -574,7 +638,7 @@ fn hopper_params<T: AttentionElem>(
         scale_log2: problem.softmax_scale() * std::f32::consts::LOG2_E,
         window_left: left.map_or(UNBOUNDED, |l| l as i32),
         window_right: right.map_or(UNBOUNDED, |r| r as i32),
-        num_m_blocks: (problem.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
+        num_m_blocks: hopper_launch_config(problem).grid.0,
         reverse_m: u32::from(problem.causal),
     })
 }
@@ -585,21 +649,8 @@ fn launch_hopper(
     problem: &AttentionProblem,
     params: &HopperParams,
 ) -> Result<()> {
-    let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
-    let launch = LaunchConfig::new(
-        (
-            params.num_m_blocks,
-            problem.heads_q as u32,
-            problem.batch as u32,
-        ),
-        HOPPER_THREADS,
-        cfg.smem_bytes(),
-    );
-    let name = format!(
-        "attention_fwd_hopper_{}_d{}",
-        problem.dtype.name(),
-        problem.head_dim
-    );
+    let launch = hopper_launch_config(problem);
+    let name = hopper_kernel_name(problem.dtype, problem.head_dim);
     // SAFETY: the tensor maps describe the checked views of Q, K, V (shape, 16-byte aligned
     // rows and strides, in bounds), O and LSE were checked by the caller, the sizes and window
     // validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.

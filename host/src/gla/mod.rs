@@ -204,9 +204,12 @@ impl GlaProblem {
                 "at most 65535 (grid y)",
             ));
         }
-        if self.rows() as u128 * self.heads as u128 >= 1 << 31 {
+        if self.batch as u128 * self.seq_len as u128 * self.heads as u128 >= 1 << 31 {
             return Err(Error::unsupported(
-                format!("GLA problem of {} rows x {} heads", self.rows(), self.heads),
+                format!(
+                    "GLA problem of {} x {} rows x {} heads",
+                    self.batch, self.seq_len, self.heads
+                ),
                 "rows * heads must be below 2^31",
             ));
         }

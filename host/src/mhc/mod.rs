@@ -163,8 +163,12 @@ impl MhcProblem {
                 format!("no such variant for n = {}", self.n),
             ));
         }
-        let (t, k) = (self.tokens(), self.k());
-        if k > 1 << 20 || t > i32::MAX as usize || (t as u64) * (k as u64) > 1 << 40 {
+        // Products in u128 (a wrapped usize product could pass the limits).
+        let (t, k) = (
+            self.batch as u128 * self.seq as u128,
+            self.n as u128 * self.c as u128,
+        );
+        if k > 1 << 20 || t > i32::MAX as u128 || t * k > 1 << 40 {
             return Err(Error::unsupported(
                 format!("mHC size (T = {t}, n C = {k})"),
                 "n C must be at most 2^20, T below 2^31 and T n C at most 2^40".to_string(),

@@ -219,6 +219,36 @@ impl SemiCrfProblem {
         }
     }
 
+    /// The launch shape of each kernel of this problem: `semicrf_scan` (both directions in one
+    /// launch, the largest grid), `semicrf_marginals`, `semicrf_reduce`, `semicrf_viterbi`,
+    /// with the size of its parameter struct. The launchers use these shapes; tests check them
+    /// against the PTX and the device limits without a GPU ([`crate::gpu::check_launch`]).
+    pub fn launches(&self) -> [(&'static str, usize, LaunchConfig); 4] {
+        use std::mem::size_of;
+        [
+            (
+                "semicrf_scan",
+                size_of::<ScanParams>(),
+                scan_config(self, 2),
+            ),
+            (
+                "semicrf_marginals",
+                size_of::<MarginalParams>(),
+                marginals_config(self),
+            ),
+            (
+                "semicrf_reduce",
+                size_of::<ReduceParams>(),
+                reduce_config(self),
+            ),
+            (
+                "semicrf_viterbi",
+                size_of::<ViterbiParams>(),
+                viterbi_config(self),
+            ),
+        ]
+    }
+
     /// Element-operations of one scan step summed over positions (`B T (K C + C^2)`, the
     /// factored recurrence), for rates.
     pub fn scan_terms(&self) -> f64 {
@@ -460,6 +490,39 @@ fn scan_params(
     }
 }
 
+/// `semicrf_scan` over `directions` (1 or 2): one block per (sequence, direction).
+fn scan_config(p: &SemiCrfProblem, directions: u32) -> LaunchConfig {
+    LaunchConfig::new(
+        (p.batch as u32, directions, 1),
+        THREADS,
+        abi::scan_layout(p.k as u32, p.c as u32).bytes,
+    )
+}
+
+/// `semicrf_marginals`: one block per (segment, sequence).
+fn marginals_config(p: &SemiCrfProblem) -> LaunchConfig {
+    LaunchConfig::new(
+        (p.num_segments() as u32, p.batch as u32, 1),
+        THREADS,
+        abi::segment_layout(p.checkpoint as u32, p.k as u32, p.c as u32).bytes,
+    )
+}
+
+/// `semicrf_reduce`: one thread per partial count.
+fn reduce_config(p: &SemiCrfProblem) -> LaunchConfig {
+    let blocks = (abi::partial_len(p.k as u32, p.c as u32) as u32).div_ceil(REDUCE_THREADS);
+    LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, 0)
+}
+
+/// `semicrf_viterbi`: one block per sequence.
+fn viterbi_config(p: &SemiCrfProblem) -> LaunchConfig {
+    LaunchConfig::new(
+        (p.batch as u32, 1, 1),
+        THREADS,
+        abi::scan_layout(p.k as u32, p.c as u32).bytes,
+    )
+}
+
 /// Launch the scans: directions `first..=last` (0 forward, 1 reverse).
 fn launch_scan(
     gpu: &Gpu,
@@ -474,11 +537,7 @@ fn launch_scan(
     same_problem("device inputs", p, &inputs.problem)?;
     same_problem("forward state", p, &state.problem)?;
     let params = scan_params(p, inputs, state, first);
-    let cfg = LaunchConfig::new(
-        (p.batch as u32, last - first + 1, 1),
-        THREADS,
-        abi::scan_layout(p.k as u32, p.c as u32).bytes,
-    );
+    let cfg = scan_config(p, last - first + 1);
     // SAFETY: every buffer was allocated for this (validated) problem: inputs (lengths
     // validated in 1..=T at upload), checkpoints [B, nseg, K(+1), C], normalizers [B, nseg],
     // log Z [B] and [2, B]; grid rows first..=last <= 1.
@@ -488,6 +547,20 @@ fn launch_scan(
 fn launch_marginals_and_reduce(
     gpu: &Gpu,
     stream: &Stream,
+    p: &SemiCrfProblem,
+    inputs: &DeviceInputs,
+    state: &mut ForwardState,
+    grads: &mut Gradients,
+) -> Result<()> {
+    launch_marginals_and_reduce_of(gpu, stream, "semicrf_marginals", p, inputs, state, grads)
+}
+
+/// [`launch_marginals_and_reduce`] with `marginals_kernel`: `semicrf_marginals` or its
+/// negative control (`crate::negative`), which has its parameters and launch shape.
+pub(crate) fn launch_marginals_and_reduce_of(
+    gpu: &Gpu,
+    stream: &Stream,
+    marginals_kernel: &str,
     p: &SemiCrfProblem,
     inputs: &DeviceInputs,
     state: &mut ForwardState,
@@ -520,14 +593,10 @@ fn launch_marginals_and_reduce(
         lanes: p.lanes(),
         pad: 0,
     };
-    let cfg = LaunchConfig::new(
-        (p.num_segments() as u32, p.batch as u32, 1),
-        THREADS,
-        abi::segment_layout(p.checkpoint as u32, k, c).bytes,
-    );
+    let cfg = marginals_config(p);
     // SAFETY: buffers allocated for this problem (checked above); the scans of both
     // directions were enqueued before on the same stream with the same state.
-    unsafe { gpu.launch(stream, "semicrf_marginals", &cfg, &params)? };
+    unsafe { gpu.launch(stream, marginals_kernel, &cfg, &params)? };
     let reduce = ReduceParams {
         partials: ptr(&state.partials) as *const f64,
         lengths: ptr(&inputs.lengths) as *const u32,
@@ -540,10 +609,21 @@ fn launch_marginals_and_reduce(
         nseg: p.num_segments() as u32,
         pad: 0,
     };
-    let blocks = (abi::partial_len(k, c) as u32).div_ceil(REDUCE_THREADS);
-    let cfg = LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, 0);
+    let cfg = reduce_config(p);
     // SAFETY: partials [B, nseg, K C + C C] written by the launch above; outputs [K, C], [C, C].
     unsafe { gpu.launch(stream, "semicrf_reduce", &cfg, &reduce) }
+}
+
+/// [`launch_scan`] for `crate::negative`.
+#[cfg(feature = "negative-controls")]
+pub(crate) fn launch_scans(
+    gpu: &Gpu,
+    stream: &Stream,
+    p: &SemiCrfProblem,
+    inputs: &DeviceInputs,
+    state: &mut ForwardState,
+) -> Result<()> {
+    launch_scan(gpu, stream, p, inputs, state, 0, 1)
 }
 
 /// Forward (asynchronous): log Z into `state.log_z()` and the alpha checkpoints.
@@ -693,11 +773,7 @@ pub fn viterbi_launch(
         lanes: problem.lanes(),
         pad: 0,
     };
-    let cfg = LaunchConfig::new(
-        (problem.batch as u32, 1, 1),
-        THREADS,
-        abi::scan_layout(problem.k as u32, problem.c as u32).bytes,
-    );
+    let cfg = viterbi_config(problem);
     // SAFETY: buffers allocated for this validated problem (lengths validated at upload).
     unsafe { gpu.launch(stream, "semicrf_viterbi", &cfg, &params) }
 }
