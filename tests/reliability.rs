@@ -1094,6 +1094,8 @@ fn bits_bf16(x: &[bf16]) -> Vec<u32> {
 }
 
 fn concurrent(g: &'static Gpu) -> TestResult {
+    // Uploads need the context current on this (test) thread.
+    gpu_ok(g.bind())?;
     // Inputs and device buffers of each family, prepared once; `launch` enqueues a family's
     // work on a stream (no synchronization); `collect` downloads its outputs.
     let att = AttentionProblem::new(2, 300, 300, 4, 2, 128, Dtype::Bf16).causal();
