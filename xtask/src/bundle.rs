@@ -8,9 +8,9 @@ use std::process::Command;
 /// The bundle's runner, copied into the bundle as `run.sh`.
 const RUN_SH: &str = include_str!("../bundle-run.sh");
 
-/// Build release test and benchmark executables and lay out `bundle/`:
-/// `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`, `MANIFEST`; and a
-/// compressed copy, `target/bundle-pack/bundle.tar.xz`.
+/// Build release test and benchmark executables and the command-line tool (`kernels-cli`), and
+/// lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`,
+/// `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
     let root = util::root();
@@ -30,7 +30,15 @@ pub fn bundle() -> Result {
     let mut bench = Command::new(util::cargo());
     bench
         .current_dir(&root)
-        .args(["build", "--release", "--package", "kernel-bench", "--bins"])
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "kernel-bench",
+            "--package",
+            "kernels-cli",
+            "--bins",
+        ])
         .arg("--message-format=json-render-diagnostics");
     env.apply(&mut bench);
     bins.extend(executables(&util::output(&mut bench)?, false));
