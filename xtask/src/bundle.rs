@@ -10,10 +10,9 @@ const RUN_SH: &str = include_str!("../bundle-run.sh");
 /// The reliability sweep (sanitizers and negative controls), copied as `reliability.sh`.
 const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
-/// Build release test and benchmark executables and lay out `bundle/`:
-/// `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`, `reliability.sh`,
-/// `MANIFEST`; and a
-/// compressed copy, `target/bundle-pack/bundle.tar.xz`.
+/// Build release test and benchmark executables and the command-line tool (`kernels-cli`), and
+/// lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`,
+/// `reliability.sh`, `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
     let root = util::root();
@@ -33,7 +32,15 @@ pub fn bundle() -> Result {
     let mut bench = Command::new(util::cargo());
     bench
         .current_dir(&root)
-        .args(["build", "--release", "--package", "kernel-bench", "--bins"])
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "kernel-bench",
+            "--package",
+            "kernels-cli",
+            "--bins",
+        ])
         .arg("--message-format=json-render-diagnostics");
     env.apply(&mut bench);
     bins.extend(executables(&util::output(&mut bench)?, false));

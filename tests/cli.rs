@@ -1,0 +1,1459 @@
+//! `kernels-cli` end to end through its library entry point (argument parsing, input files,
+//! problem checks, the run, the output file): every subcommand in `--reference` mode against
+//! the library's references called directly, bad inputs (one-line typed errors, no output
+//! left behind), and on a GPU every subcommand in `--check` mode.
+//!
+//! Inputs are written and outputs read with the `safetensors` crate directly, not with the
+//! tool's own reader and writer, so a layout mistake cannot cancel out.
+
+use clap::Parser;
+use kernel_tests::{Needs, Suite, TestFailure, TestResult, ensure};
+use kernels::data::{rng, uniform_bf16, uniform_f16, uniform_f32};
+use kernels::{Gpu, bf16, f16};
+use kernels_cli::{Cli, CliError, Report};
+use safetensors::Dtype;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn main() {
+    let mut s = Suite::new();
+    s.cpu("reference/attention_bf16_causal_gqa", attention_bf16_causal);
+    s.cpu("reference/attention_f16_window_mqa", attention_f16_window);
+    s.cpu("reference/gla_varlen_initial_state", gla_varlen);
+    s.cpu("reference/gla_batch", gla_batch);
+    s.cpu("reference/semicrf_forward_viterbi", semicrf_forward_viterbi);
+    s.cpu("reference/semicrf_backward_marginals", semicrf_backward);
+    s.cpu(
+        "reference/semicrf_backward_grad_scores_finite_differences",
+        semicrf_grad_scores,
+    );
+    s.cpu("reference/mhc_forward", mhc_forward);
+    s.cpu("reference/mhc_backward", mhc_backward);
+    s.cpu("info/lists_ptx_targets", info);
+    s.cpu("args/conflicts_and_ranges", args);
+    s.cpu("errors/missing_tensor", err_missing_tensor);
+    s.cpu("errors/wrong_dtype", err_wrong_dtype);
+    s.cpu("errors/wrong_shape", err_wrong_shape);
+    s.cpu("errors/unreadable_file", err_unreadable);
+    s.cpu("errors/not_safetensors", err_not_safetensors);
+    s.cpu("errors/unexpected_tensor", err_unexpected_tensor);
+    s.cpu("errors/invalid_values", err_invalid_values);
+    s.cpu("errors/unsupported_problem", err_unsupported);
+    s.cpu("errors/existing_output_untouched", err_existing_output);
+    s.cpu("errors/output_dir_missing", err_output_dir);
+    if kernel_tests::gpu().is_err() {
+        s.cpu("no_gpu/kernel_path_fails_cleanly", no_gpu);
+    }
+    s.gpu("gpu/attention_check", Needs::Gpu, gpu_attention);
+    s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
+    s.gpu("gpu/semicrf_check", Needs::Gpu, gpu_semicrf);
+    s.gpu("gpu/mhc_check", Needs::Gpu, gpu_mhc);
+    s.run()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files.
+
+/// A scratch directory under the system's temporary directory, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(test: &str) -> Dir {
+        let p =
+            std::env::temp_dir().join(format!("kernels-cli-test-{}-{}", std::process::id(), test));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("creating a scratch directory");
+        Dir(p)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+
+    fn s(&self, file: &str) -> String {
+        self.path(file).display().to_string()
+    }
+
+    /// The names of the files in the directory, sorted.
+    fn files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Values of an input tensor.
+#[derive(Clone)]
+enum V {
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+}
+
+impl V {
+    fn dtype(&self) -> Dtype {
+        match self {
+            V::Bf16(_) => Dtype::BF16,
+            V::F16(_) => Dtype::F16,
+            V::F32(_) => Dtype::F32,
+            V::I32(_) => Dtype::I32,
+            V::I64(_) => Dtype::I64,
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            V::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            V::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            V::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            V::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            V::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
+
+type Named = (&'static str, Vec<usize>, V);
+
+fn write_inputs(path: &Path, tensors: &[Named]) -> TestResult {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| t.2.bytes()).collect();
+    let mut views = Vec::new();
+    for (t, b) in tensors.iter().zip(&bytes) {
+        let view = safetensors::tensor::TensorView::new(t.2.dtype(), t.1.clone(), b)
+            .map_err(|e| format!("test input {}: {e}", t.0))?;
+        views.push((t.0.to_string(), view));
+    }
+    safetensors::serialize_to_file(views, &None, path)
+        .map_err(|e| format!("writing {}: {e}", path.display()).into())
+}
+
+/// One output tensor, values widened to f64.
+struct Out {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    values: Vec<f64>,
+}
+
+fn read_outputs(path: &Path) -> Result<BTreeMap<String, Out>, TestFailure> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.iter() {
+        let d = view.data();
+        let values: Vec<f64> = match view.dtype() {
+            Dtype::BF16 => d
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            Dtype::F16 => d
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            Dtype::F32 => d
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
+                .collect(),
+            Dtype::F64 => d
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+            Dtype::I64 => d
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) as f64)
+                .collect(),
+            other => return Err(format!("output {name}: unexpected dtype {other:?}").into()),
+        };
+        out.insert(
+            name.to_string(),
+            Out {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                values,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Parse `args` as the command line and run it (on `gpu` for the GPU paths, if given).
+fn cli_on(args: &[&str], gpu: Option<&Gpu>) -> Result<Report, CliError> {
+    let cli = Cli::try_parse_from(std::iter::once("kernels-cli").chain(args.iter().copied()))
+        .map_err(|e| CliError::Internal(format!("argument parsing: {e}")))?;
+    kernels_cli::run_with(&cli, gpu)
+}
+
+fn cli(args: &[&str]) -> Result<Report, CliError> {
+    cli_on(args, None)
+}
+
+fn ok(args: &[&str]) -> Result<Report, TestFailure> {
+    cli(args).map_err(|e| format!("kernels-cli {}: {e}", args.join(" ")).into())
+}
+
+/// `name` has `dtype` and `shape`, and its values equal `want` exactly (the tool and the test
+/// call the same reference function on the same inputs).
+fn exact(
+    out: &BTreeMap<String, Out>,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+    want: &[f64],
+) -> TestResult {
+    let o = out
+        .get(name)
+        .ok_or_else(|| format!("output `{name}` missing; have {:?}", out.keys()))?;
+    ensure(o.dtype == dtype, || {
+        format!("{name}: dtype {:?}, expected {dtype:?}", o.dtype)
+    })?;
+    ensure(o.shape == shape, || {
+        format!("{name}: shape {:?}, expected {shape:?}", o.shape)
+    })?;
+    ensure(o.values.len() == want.len(), || {
+        format!("{name}: {} values, expected {}", o.values.len(), want.len())
+    })?;
+    match o.values.iter().zip(want).position(|(g, w)| g != w) {
+        None => Ok(()),
+        Some(i) => Err(format!("{name}[{i}]: {} != reference {}", o.values[i], want[i]).into()),
+    }
+}
+
+/// As [`exact`] within `tol` times the largest `|want|` (sums the tool forms in another order).
+fn close(
+    out: &BTreeMap<String, Out>,
+    name: &str,
+    shape: &[usize],
+    want: &[f64],
+    tol: f64,
+) -> TestResult {
+    let o = out
+        .get(name)
+        .ok_or_else(|| format!("output `{name}` missing; have {:?}", out.keys()))?;
+    ensure(o.shape == shape, || {
+        format!("{name}: shape {:?}, expected {shape:?}", o.shape)
+    })?;
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-300);
+    let err = o
+        .values
+        .iter()
+        .zip(want)
+        .fold(0.0f64, |m, (g, w)| m.max((g - w).abs()));
+    println!("{name}: max |err| = {err:.3e} (scale {scale:.3e})");
+    ensure(o.values.len() == want.len() && err <= tol * scale, || {
+        format!("{name}: max |err| {err:.3e} > {tol:e} x {scale:.3e}")
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference mode, every subcommand.
+
+use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
+
+fn attention_inputs_bf16(p: &AttentionProblem, seed: u64) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
+    let mut r = rng(seed);
+    let nq: usize = p.q_shape().iter().product();
+    let nk: usize = p.kv_shape().iter().product();
+    (
+        uniform_bf16(&mut r, nq, -1.0, 1.0),
+        uniform_bf16(&mut r, nk, -1.0, 1.0),
+        uniform_bf16(&mut r, nk, -1.0, 1.0),
+    )
+}
+
+fn attention_bf16_causal() -> TestResult {
+    let d = Dir::new("attention_bf16");
+    // Sq > Sk under causal masking: the first Sq - Sk rows attend no key (O = 0, LSE = -inf).
+    let p = AttentionProblem::new(2, 9, 6, 4, 2, 64, AttnDtype::Bf16).causal();
+    let (q, k, v) = attention_inputs_bf16(&p, 11);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", p.q_shape().to_vec(), V::Bf16(q.clone())),
+            ("k", p.kv_shape().to_vec(), V::Bf16(k.clone())),
+            ("v", p.kv_shape().to_vec(), V::Bf16(v.clone())),
+        ],
+    )?;
+    let report = ok(&[
+        "attention",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+        "--causal",
+    ])?;
+    print!("{report}");
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = kernels::attention::reference(&p, &q, &k, &v);
+    exact(&out, "o", Dtype::F64, &p.q_shape(), &want.o)?;
+    exact(&out, "lse", Dtype::F64, &[2, 4, 9], &want.lse)?;
+    ensure(out["lse"].values.contains(&f64::NEG_INFINITY), || {
+        "expected rows with no allowed key (LSE = -inf)".into()
+    })?;
+    ensure(d.files() == ["in.safetensors", "out.safetensors"], || {
+        format!("left in the directory: {:?}", d.files())
+    })
+}
+
+fn attention_f16_window() -> TestResult {
+    let d = Dir::new("attention_f16");
+    let p = AttentionProblem::new(1, 7, 7, 2, 1, 128, AttnDtype::F16)
+        .window(Some(2), Some(1))
+        .scale(0.3);
+    let mut r = rng(12);
+    let nq: usize = p.q_shape().iter().product();
+    let nk: usize = p.kv_shape().iter().product();
+    let (q, k, v) = (
+        uniform_f16(&mut r, nq, -1.0, 1.0),
+        uniform_f16(&mut r, nk, -1.0, 1.0),
+        uniform_f16(&mut r, nk, -1.0, 1.0),
+    );
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", p.q_shape().to_vec(), V::F16(q.clone())),
+            ("k", p.kv_shape().to_vec(), V::F16(k.clone())),
+            ("v", p.kv_shape().to_vec(), V::F16(v.clone())),
+        ],
+    )?;
+    ok(&[
+        "attention",
+        &d.s("in.safetensors"),
+        "--output",
+        &d.s("out.safetensors"),
+        "--reference",
+        "--window-left",
+        "2",
+        "--window-right",
+        "1",
+        "--scale",
+        "0.3",
+    ])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = kernels::attention::reference(&p, &q, &k, &v);
+    exact(&out, "o", Dtype::F64, &p.q_shape(), &want.o)?;
+    exact(&out, "lse", Dtype::F64, &[1, 2, 7], &want.lse)
+}
+
+use kernels::gla::GlaProblem;
+use kernels::gla::reference::{HostInputs, recurrence};
+
+fn gla_varlen() -> TestResult {
+    let d = Dir::new("gla_varlen");
+    let cu = vec![0usize, 3, 8, 13];
+    let p = GlaProblem::varlen(cu.clone(), 2, 64, 128).with_scale(0.25);
+    let mut r = rng(21);
+    let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let g = uniform_bf16(&mut r, p.qk_len(), -1.0, 0.0);
+    let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+    let init = uniform_f32(&mut r, p.state_len(), -1.0, 1.0);
+    let qk = vec![1, 13, 2, 64];
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", qk.clone(), V::Bf16(q.clone())),
+            ("k", qk.clone(), V::Bf16(k.clone())),
+            ("g", qk, V::Bf16(g.clone())),
+            ("v", vec![1, 13, 2, 128], V::Bf16(v.clone())),
+            ("initial_state", vec![3, 2, 64, 128], V::F32(init.clone())),
+            (
+                "cu_seqlens",
+                vec![4],
+                V::I32(cu.iter().map(|&x| x as i32).collect()),
+            ),
+        ],
+    )?;
+    ok(&[
+        "gla",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+        "--scale",
+        "0.25",
+    ])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = recurrence(
+        &p,
+        &HostInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            init_state: Some(&init),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    exact(&out, "o", Dtype::F64, &[1, 13, 2, 128], &want.o)?;
+    exact(
+        &out,
+        "final_state",
+        Dtype::F64,
+        &[3, 2, 64, 128],
+        &want.final_state,
+    )
+}
+
+fn gla_batch() -> TestResult {
+    let d = Dir::new("gla_batch");
+    let p = GlaProblem::new(2, 5, 1, 64, 64);
+    let mut r = rng(22);
+    let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let g = uniform_bf16(&mut r, p.qk_len(), -2.0, 0.0);
+    let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+    let shape = vec![2, 5, 1, 64];
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", shape.clone(), V::Bf16(q.clone())),
+            ("k", shape.clone(), V::Bf16(k.clone())),
+            ("g", shape.clone(), V::Bf16(g.clone())),
+            ("v", shape.clone(), V::Bf16(v.clone())),
+        ],
+    )?;
+    ok(&[
+        "gla",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+    ])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = recurrence(
+        &p,
+        &HostInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            init_state: None,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    exact(&out, "o", Dtype::F64, &shape, &want.o)?;
+    exact(
+        &out,
+        "final_state",
+        Dtype::F64,
+        &[2, 1, 64, 64],
+        &want.final_state,
+    )
+}
+
+use kernels::semicrf::reference::{self as sref, Model};
+use kernels::semicrf::{SemiCrfInputs, SemiCrfProblem, cumulative_scores};
+
+fn semicrf_forward_viterbi() -> TestResult {
+    let d = Dir::new("semicrf_forward");
+    let (b, t, k, c) = (3, 12, 4, 3);
+    let mut r = rng(31);
+    let scores = uniform_f32(&mut r, b * t * c, -1.0, 1.0);
+    let dur = uniform_f32(&mut r, k * c, -0.5, 0.5);
+    let trans = uniform_f32(&mut r, c * c, -0.5, 0.5);
+    let lengths = vec![12u32, 7, 1];
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("scores", vec![b, t, c], V::F32(scores.clone())),
+            ("dur", vec![k, c], V::F32(dur.clone())),
+            ("trans", vec![c, c], V::F32(trans.clone())),
+            (
+                "lengths",
+                vec![b],
+                V::I64(lengths.iter().map(|&l| l as i64).collect()),
+            ),
+        ],
+    )?;
+    ok(&[
+        "semicrf",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+        "--viterbi",
+    ])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let cumsum = cumulative_scores(&scores, b, t, c).map_err(|e| e.to_string())?;
+    let p = SemiCrfProblem::new(b, t, k, c);
+    let m = Model::new(
+        &p,
+        &SemiCrfInputs {
+            cumsum: &cumsum,
+            dur: &dur,
+            trans: &trans,
+            lengths: &lengths,
+        },
+    );
+    exact(&out, "log_z", Dtype::F64, &[b], &sref::log_partition(&m))?;
+    let best = sref::viterbi(&m);
+    let scores_want: Vec<f64> = best.iter().map(|x| x.0).collect();
+    exact(&out, "viterbi_score", Dtype::F64, &[b], &scores_want)?;
+    let counts: Vec<f64> = best.iter().map(|x| x.1.len() as f64).collect();
+    exact(&out, "viterbi_count", Dtype::I64, &[b], &counts)?;
+    let field = |f: fn(&sref::Segment) -> usize| -> Vec<f64> {
+        best.iter()
+            .flat_map(|(_, segs)| (0..t).map(move |j| segs.get(j).map_or(-1.0, |s| f(s) as f64)))
+            .collect()
+    };
+    exact(
+        &out,
+        "viterbi_start",
+        Dtype::I64,
+        &[b, t],
+        &field(|s| s.start),
+    )?;
+    exact(&out, "viterbi_dur", Dtype::I64, &[b, t], &field(|s| s.dur))?;
+    exact(
+        &out,
+        "viterbi_label",
+        Dtype::I64,
+        &[b, t],
+        &field(|s| s.label),
+    )
+}
+
+fn semicrf_backward() -> TestResult {
+    let d = Dir::new("semicrf_backward");
+    let (b, t, k, c) = (2, 6, 3, 2);
+    let p = SemiCrfProblem::new(b, t, k, c).with_checkpoint(2);
+    let inp = kernels::semicrf::random_inputs(&p, 32, false);
+    let lengths = vec![6u32, 4];
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("cumsum", vec![b, t + 1, c], V::F32(inp.cumsum.clone())),
+            ("dur", vec![k, c], V::F32(inp.dur.clone())),
+            ("trans", vec![c, c], V::F32(inp.trans.clone())),
+            ("lengths", vec![b], V::I32(vec![6, 4])),
+        ],
+    )?;
+    ok(&[
+        "semicrf-backward",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+        "--marginals",
+        "--checkpoint",
+        "2",
+    ])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let m = Model::new(
+        &p,
+        &SemiCrfInputs {
+            cumsum: &inp.cumsum,
+            dur: &inp.dur,
+            trans: &inp.trans,
+            lengths: &lengths,
+        },
+    );
+    let want = sref::posterior(&m);
+    ensure(!out.contains_key("grad_scores"), || {
+        "grad_scores written although `cumsum` was given".into()
+    })?;
+    exact(&out, "log_z", Dtype::F64, &[b], &want.log_z)?;
+    exact(
+        &out,
+        "grad_cumsum",
+        Dtype::F64,
+        &[b, t + 1, c],
+        &want.grad_cumsum,
+    )?;
+    exact(
+        &out,
+        "marginals",
+        Dtype::F64,
+        &[b, t, k, c],
+        &want.marginals,
+    )?;
+    // Summed over the sequences in another order: equal to rounding.
+    close(&out, "grad_dur", &[k, c], &want.grad_dur, 1e-13)?;
+    close(&out, "grad_trans", &[c, c], &want.grad_trans, 1e-13)
+}
+
+/// `grad_scores` against central differences of the f64 log Z: raising `scores[b, t, c]` by h
+/// raises `S[b, u, c]` for every `u > t`.
+fn semicrf_grad_scores() -> TestResult {
+    let d = Dir::new("semicrf_grad_scores");
+    let (b, t, k, c) = (2, 8, 3, 2);
+    let mut r = rng(33);
+    let scores = uniform_f32(&mut r, b * t * c, -1.0, 1.0);
+    let dur = uniform_f32(&mut r, k * c, -0.5, 0.5);
+    let trans = uniform_f32(&mut r, c * c, -0.5, 0.5);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("scores", vec![b, t, c], V::F32(scores.clone())),
+            ("dur", vec![k, c], V::F32(dur.clone())),
+            ("trans", vec![c, c], V::F32(trans.clone())),
+        ],
+    )?;
+    ok(&[
+        "semicrf-backward",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+    ])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let gs = out
+        .get("grad_scores")
+        .ok_or("grad_scores missing although `scores` was given")?;
+    ensure(gs.shape == [b, t, c], || {
+        format!("grad_scores shape {:?}", gs.shape)
+    })?;
+    let cumsum = cumulative_scores(&scores, b, t, c).map_err(|e| e.to_string())?;
+    let lengths = vec![t as u32; b];
+    let p = SemiCrfProblem::new(b, t, k, c);
+    let base = Model::new(
+        &p,
+        &SemiCrfInputs {
+            cumsum: &cumsum,
+            dur: &dur,
+            trans: &trans,
+            lengths: &lengths,
+        },
+    );
+    let h = 1e-4;
+    let mut worst = 0.0f64;
+    for bi in 0..b {
+        for ti in 0..t {
+            for ci in 0..c {
+                let shifted = |sign: f64| {
+                    let mut m = base.clone();
+                    for u in ti + 1..=t {
+                        m.cumsum[(bi * (t + 1) + u) * c + ci] += sign * h;
+                    }
+                    sref::log_partition(&m)[bi]
+                };
+                let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * h);
+                let got = gs.values[(bi * t + ti) * c + ci];
+                worst = worst.max((got - fd).abs());
+            }
+        }
+    }
+    println!("grad_scores vs central differences: max |err| = {worst:.3e}");
+    ensure(worst < 1e-7, || {
+        format!("grad_scores differs from central differences by {worst:.3e}")
+    })
+}
+
+use kernels::mhc::MhcProblem;
+use kernels::mhc::reference::{self as mref, MhcData};
+
+fn mhc_tensors(data: &MhcData, with_y: bool, with_grads: bool) -> Vec<Named> {
+    let p = &data.problem;
+    let (b, s, n, c, k, m) = (p.batch, p.seq, p.n, p.c, p.k(), p.m());
+    let mut v: Vec<Named> = vec![
+        ("x", vec![b, s, n, c], V::Bf16(data.x.clone())),
+        ("phi", vec![k, m], V::F32(data.phi.clone())),
+        ("alpha", vec![3], V::F32(data.alpha.to_vec())),
+        ("bias", vec![m], V::F32(data.bias.clone())),
+    ];
+    if let Some(g) = &data.gamma {
+        v.push(("gamma", vec![k], V::F32(g.clone())));
+    }
+    if with_y {
+        v.push(("y", vec![b, s, c], V::Bf16(data.y.clone())));
+    }
+    if with_grads {
+        v.push(("d_xin", vec![b, s, c], V::Bf16(data.d_xin.clone())));
+        v.push(("d_xnext", vec![b, s, n, c], V::Bf16(data.d_xnext.clone())));
+    }
+    v
+}
+
+fn mhc_forward() -> TestResult {
+    let d = Dir::new("mhc_forward");
+    let p = MhcProblem::new(1, 3, 4, 16)
+        .with_gamma(true)
+        .with_iters(5)
+        .with_eps(1e-5);
+    let data = MhcData::random(&p, 41);
+    let (n, c, k, m) = (p.n, p.c, p.k(), p.m());
+    let w = data.weights();
+    let want: Vec<mref::TokenForward> = (0..p.tokens())
+        .map(|t| {
+            mref::token_forward(
+                &p,
+                &w,
+                &MhcData::token(&data.x, t, k),
+                &MhcData::token(&data.y, t, c),
+            )
+        })
+        .collect();
+    let cat = |f: &dyn Fn(&mref::TokenForward) -> Vec<f64>| -> Vec<f64> {
+        want.iter().flat_map(f).collect()
+    };
+    // With y (and the upstream gradients, which the forward ignores), then without y.
+    for (file, with_y) in [("full", true), ("no_y", false)] {
+        let input = d.s(&format!("{file}.safetensors"));
+        let output = d.s(&format!("{file}.out.safetensors"));
+        write_inputs(Path::new(&input), &mhc_tensors(&data, with_y, with_y))?;
+        ok(&[
+            "mhc",
+            &input,
+            "-o",
+            &output,
+            "--reference",
+            "--t-max",
+            "5",
+            "--eps",
+            "1e-5",
+        ])?;
+        let out = read_outputs(Path::new(&output))?;
+        exact(
+            &out,
+            "x_in",
+            Dtype::F64,
+            &[1, 3, c],
+            &cat(&|f| f.x_in.clone()),
+        )?;
+        if with_y {
+            exact(
+                &out,
+                "x_next",
+                Dtype::F64,
+                &[1, 3, n, c],
+                &cat(&|f| f.x_next.clone()),
+            )?;
+        } else {
+            ensure(!out.contains_key("x_next"), || "x_next without y".into())?;
+        }
+        exact(
+            &out,
+            "h_pre",
+            Dtype::F64,
+            &[1, 3, n],
+            &cat(&|f| f.h_pre.clone()),
+        )?;
+        exact(
+            &out,
+            "h_post",
+            Dtype::F64,
+            &[1, 3, n],
+            &cat(&|f| f.h_post.clone()),
+        )?;
+        exact(
+            &out,
+            "h_res",
+            Dtype::F64,
+            &[1, 3, n, n],
+            &cat(&|f| f.h_res.clone()),
+        )?;
+        exact(
+            &out,
+            "hproj",
+            Dtype::F64,
+            &[1, 3, m],
+            &cat(&|f| f.hproj.clone()),
+        )?;
+        exact(&out, "rms", Dtype::F64, &[1, 3], &cat(&|f| vec![f.rms]))?;
+    }
+    Ok(())
+}
+
+fn mhc_backward() -> TestResult {
+    let d = Dir::new("mhc_backward");
+    let p = MhcProblem::new(2, 2, 2, 8).with_gamma(true).with_iters(3);
+    let data = MhcData::random(&p, 42);
+    write_inputs(&d.path("in.safetensors"), &mhc_tensors(&data, true, true))?;
+    ok(&[
+        "mhc-backward",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+        "--sinkhorn-iters",
+        "3",
+    ])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let r = mref::reference(&data);
+    let (n, c, k, m) = (p.n, p.c, p.k(), p.m());
+    let dx: Vec<f64> = r.backward.iter().flat_map(|b| b.dx.clone()).collect();
+    let dy: Vec<f64> = r.backward.iter().flat_map(|b| b.dy.clone()).collect();
+    exact(&out, "dx", Dtype::F64, &[2, 2, n, c], &dx)?;
+    exact(&out, "dy", Dtype::F64, &[2, 2, c], &dy)?;
+    exact(&out, "dphi", Dtype::F64, &[k, m], &r.grads.dphi)?;
+    exact(
+        &out,
+        "dgamma",
+        Dtype::F64,
+        &[k],
+        r.grads.dgamma.as_deref().unwrap_or(&[]),
+    )?;
+    exact(&out, "dalpha", Dtype::F64, &[3], &r.grads.dalpha)?;
+    exact(&out, "dbias", Dtype::F64, &[m], &r.grads.dbias)
+}
+
+fn info() -> TestResult {
+    let report = ok(&["info"])?;
+    let text = report.to_string();
+    print!("{text}");
+    for want in ["sm_90a", "sm_80", "driver", "gpu"] {
+        ensure(text.contains(want), || {
+            format!("`info` does not mention {want}: {text}")
+        })?;
+    }
+    Ok(())
+}
+
+fn args() -> TestResult {
+    for bad in [
+        &["attention", "in", "-o", "out", "--reference", "--check"][..],
+        &[
+            "attention",
+            "in",
+            "-o",
+            "out",
+            "--reference",
+            "--repeat",
+            "3",
+        ],
+        &["attention", "in", "-o", "out", "--repeat", "0"],
+        &["attention", "in"],
+        &["semicrf", "in", "-o", "out", "--marginals"],
+    ] {
+        let r = Cli::try_parse_from(std::iter::once("kernels-cli").chain(bad.iter().copied()));
+        ensure(r.is_err(), || format!("accepted: {bad:?}"))?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors: one line naming the tensor and what was expected; no output file.
+
+/// Run `args` (whose output is `d/out.safetensors`), expect an error matching `is` whose text
+/// contains every one of `needles`, and check that nothing but `inputs` is left in `d`.
+fn fails(
+    d: &Dir,
+    args: &[&str],
+    is: fn(&CliError) -> bool,
+    needles: &[&str],
+    inputs: &[&str],
+) -> TestResult {
+    let e = match cli(args) {
+        Ok(_) => return Err(format!("kernels-cli {} succeeded", args.join(" ")).into()),
+        Err(e) => e,
+    };
+    let text = e.to_string();
+    println!("error: {text}");
+    ensure(is(&e), || format!("unexpected error kind: {e:?}"))?;
+    ensure(!text.contains('\n'), || {
+        format!("error is not one line: {text:?}")
+    })?;
+    for n in needles {
+        ensure(text.contains(n), || {
+            format!("error {text:?} does not mention {n:?}")
+        })?;
+    }
+    let mut want: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    ensure(d.files() == want, || {
+        format!("directory holds {:?}, expected only {want:?}", d.files())
+    })
+}
+
+fn attention_files(
+    d: &Dir,
+    q: V,
+    qshape: Vec<usize>,
+    k: V,
+    v: Option<(V, Vec<usize>)>,
+) -> TestResult {
+    let mut t: Vec<Named> = vec![("q", qshape, q), ("k", vec![2, 6, 2, 64], k)];
+    if let Some((v, s)) = v {
+        t.push(("v", s, v));
+    }
+    write_inputs(&d.path("in.safetensors"), &t)
+}
+
+fn bf16s(n: usize) -> V {
+    V::Bf16(uniform_bf16(&mut rng(1), n, -1.0, 1.0))
+}
+
+fn err_missing_tensor() -> TestResult {
+    let d = Dir::new("err_missing");
+    attention_files(
+        &d,
+        bf16s(2 * 5 * 4 * 64),
+        vec![2, 5, 4, 64],
+        bf16s(2 * 6 * 2 * 64),
+        None,
+    )?;
+    fails(
+        &d,
+        &[
+            "attention",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::MissingTensor { .. }),
+        &[
+            "missing tensor `v`",
+            "bf16 or f16 [B, Sk, Hkv, D] = [2, 6, 2, 64]",
+        ],
+        &["in.safetensors"],
+    )
+}
+
+fn err_wrong_dtype() -> TestResult {
+    let d = Dir::new("err_dtype");
+    let n = 2 * 5 * 4 * 64;
+    attention_files(
+        &d,
+        V::F32(vec![0.5; n]),
+        vec![2, 5, 4, 64],
+        bf16s(2 * 6 * 2 * 64),
+        Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
+    )?;
+    let args = [
+        "attention",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+    ];
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Dtype { .. }),
+        &["tensor `q`", "expected dtype bf16 or f16, got f32"],
+        &["in.safetensors"],
+    )?;
+    // k and v must have q's dtype.
+    attention_files(
+        &d,
+        bf16s(n),
+        vec![2, 5, 4, 64],
+        V::F16(vec![f16::ONE; 2 * 6 * 2 * 64]),
+        Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
+    )?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Dtype { .. }),
+        &["tensor `k`", "bf16 (the dtype of `q`), got f16"],
+        &["in.safetensors"],
+    )
+}
+
+fn err_wrong_shape() -> TestResult {
+    let d = Dir::new("err_shape");
+    attention_files(
+        &d,
+        bf16s(2 * 5 * 4 * 64),
+        vec![2, 5, 4, 64],
+        bf16s(2 * 6 * 2 * 64),
+        Some((bf16s(2 * 6 * 2 * 128), vec![2, 6, 2, 128])),
+    )?;
+    fails(
+        &d,
+        &[
+            "attention",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Shape { .. }),
+        &[
+            "tensor `v`",
+            "[B, Sk, Hkv, D] = [2, 6, 2, 64]",
+            "B, D from `q`",
+            "Sk, Hkv from `k`",
+            "got [2, 6, 2, 128]",
+        ],
+        &["in.safetensors"],
+    )?;
+    // A wrong rank, and a `T + 1` dimension.
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("cumsum", vec![2, 5], V::F32(vec![0.0; 10])),
+            ("dur", vec![2, 5], V::F32(vec![0.0; 10])),
+            ("trans", vec![5, 5], V::F32(vec![0.0; 25])),
+        ],
+    )?;
+    fails(
+        &d,
+        &[
+            "semicrf",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Shape { .. }),
+        &["tensor `cumsum`", "[B, T + 1, C]", "got [2, 5]"],
+        &["in.safetensors"],
+    )?;
+    // mhc: phi's rows are n C and its columns n^2 + 2n.
+    let data = MhcData::random(&MhcProblem::new(1, 2, 2, 8), 3);
+    let mut t = mhc_tensors(&data, false, false);
+    t[1] = ("phi", vec![16, 9], V::F32(vec![0.1; 16 * 9]));
+    write_inputs(&d.path("in.safetensors"), &t)?;
+    fails(
+        &d,
+        &[
+            "mhc",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Shape { .. }),
+        &["tensor `phi`", "[n C, M] = [16, 8]", "got [16, 9]"],
+        &["in.safetensors"],
+    )
+}
+
+fn err_unreadable() -> TestResult {
+    let d = Dir::new("err_unreadable");
+    fails(
+        &d,
+        &[
+            "gla",
+            &d.s("nope.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Read { .. }),
+        &["cannot read", "nope.safetensors"],
+        &[],
+    )
+}
+
+fn err_not_safetensors() -> TestResult {
+    let d = Dir::new("err_format");
+    std::fs::write(d.path("in.safetensors"), b"this is not a safetensors file")
+        .map_err(|e| e.to_string())?;
+    fails(
+        &d,
+        &[
+            "mhc",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Format { .. }),
+        &["is not a valid safetensors file"],
+        &["in.safetensors"],
+    )
+}
+
+fn err_unexpected_tensor() -> TestResult {
+    let d = Dir::new("err_unexpected");
+    let shape = vec![1, 4, 1, 64];
+    let t = || bf16s(4 * 64);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", shape.clone(), t()),
+            ("k", shape.clone(), t()),
+            ("g", shape.clone(), t()),
+            ("v", shape, t()),
+            (
+                "initial_states",
+                vec![1, 1, 64, 64],
+                V::F32(vec![0.0; 4096]),
+            ),
+        ],
+    )?;
+    fails(
+        &d,
+        &[
+            "gla",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::UnexpectedTensor { .. }),
+        &["unexpected tensor `initial_states`", "initial_state"],
+        &["in.safetensors"],
+    )
+}
+
+fn crf_files(d: &Dir, extra: Vec<Named>) -> TestResult {
+    let mut t: Vec<Named> = vec![
+        ("cumsum", vec![2, 5, 3], V::F32(vec![0.0; 30])),
+        ("dur", vec![2, 3], V::F32(vec![0.0; 6])),
+        ("trans", vec![3, 3], V::F32(vec![0.0; 9])),
+    ];
+    t.extend(extra);
+    write_inputs(&d.path("in.safetensors"), &t)
+}
+
+fn err_invalid_values() -> TestResult {
+    let d = Dir::new("err_values");
+    let args = [
+        "semicrf-backward",
+        &d.s("in.safetensors"),
+        "-o",
+        &d.s("out.safetensors"),
+        "--reference",
+    ];
+    crf_files(&d, vec![("lengths", vec![2], V::I64(vec![4, 0]))])?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
+        &["lengths[1] = 0 is outside 1..=4"],
+        &["in.safetensors"],
+    )?;
+    crf_files(&d, vec![("lengths", vec![2], V::I64(vec![-3, 4]))])?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Value { .. }),
+        &["tensor `lengths`", "element 0 is -3"],
+        &["in.safetensors"],
+    )?;
+    crf_files(&d, vec![("scores", vec![2, 4, 3], V::F32(vec![0.0; 24]))])?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Value { .. }),
+        &["either `cumsum` or `scores`"],
+        &["in.safetensors"],
+    )?;
+    crf_files(&d, vec![("lengths", vec![2], V::F32(vec![4.0, 4.0]))])?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Dtype { .. }),
+        &["tensor `lengths`", "expected dtype i32 or i64, got f32"],
+        &["in.safetensors"],
+    )?;
+    // cu_seqlens packs the sequences along T: B must be 1.
+    let shape = vec![2, 4, 1, 64];
+    let t = || bf16s(2 * 4 * 64);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", shape.clone(), t()),
+            ("k", shape.clone(), t()),
+            ("g", shape.clone(), t()),
+            ("v", shape, t()),
+            ("cu_seqlens", vec![3], V::I64(vec![0, 2, 4])),
+        ],
+    )?;
+    fails(
+        &d,
+        &[
+            "gla",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Shape { .. }),
+        &["tensor `q`", "B must be 1"],
+        &["in.safetensors"],
+    )
+}
+
+fn err_unsupported() -> TestResult {
+    let d = Dir::new("err_unsupported");
+    let shape = vec![1, 4, 2, 32];
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", shape.clone(), bf16s(256)),
+            ("k", shape.clone(), bf16s(256)),
+            ("v", shape, bf16s(256)),
+        ],
+    )?;
+    fails(
+        &d,
+        &[
+            "attention",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
+        &["head dimension 32", "64, 128, 256"],
+        &["in.safetensors"],
+    )
+}
+
+fn err_existing_output() -> TestResult {
+    let d = Dir::new("err_existing");
+    crf_files(&d, vec![("lengths", vec![2], V::I32(vec![9, 4]))])?;
+    std::fs::write(d.path("out.safetensors"), b"previous output").map_err(|e| e.to_string())?;
+    fails(
+        &d,
+        &[
+            "semicrf",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Kernel(_)),
+        &["lengths[0] = 9"],
+        &["in.safetensors", "out.safetensors"],
+    )?;
+    let kept = std::fs::read(d.path("out.safetensors")).map_err(|e| e.to_string())?;
+    ensure(kept == b"previous output", || {
+        "the existing output was changed".into()
+    })
+}
+
+fn err_output_dir() -> TestResult {
+    let d = Dir::new("err_output_dir");
+    crf_files(&d, vec![])?;
+    fails(
+        &d,
+        &[
+            "semicrf",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("missing/out.safetensors"),
+            "--reference",
+        ],
+        |e| matches!(e, CliError::Write { .. }),
+        &["cannot write", "missing/out.safetensors"],
+        &["in.safetensors"],
+    )
+}
+
+/// Without a GPU the kernel path fails with one line that says so and points at --reference
+/// (registered only on machines without a GPU).
+fn no_gpu() -> TestResult {
+    let d = Dir::new("no_gpu");
+    crf_files(&d, vec![])?;
+    fails(
+        &d,
+        &[
+            "semicrf",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+        ],
+        |e| matches!(e, CliError::NoGpu { .. }),
+        &["no usable GPU", "--reference"],
+        &["in.safetensors"],
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: every subcommand with --check, within bounds loose enough for any correct kernel and far
+// below what a layout or plumbing mistake gives.
+
+fn check_run(
+    gpu: &'static Gpu,
+    d: &Dir,
+    args: &[&str],
+    bounds: &[(&str, f64)],
+) -> Result<Report, TestFailure> {
+    let report =
+        cli_on(args, Some(gpu)).map_err(|e| format!("kernels-cli {}: {e}", args.join(" ")))?;
+    print!("{report}");
+    for (name, bound) in bounds {
+        let diff = report
+            .diffs
+            .iter()
+            .find(|x| x.name == *name)
+            .ok_or_else(|| format!("no --check row for {name}"))?;
+        ensure(diff.nonfinite == 0 && diff.rel_l2 <= *bound, || {
+            format!(
+                "{name}: rel L2 {:.3e} (bound {bound:e}), {} non-finite",
+                diff.rel_l2, diff.nonfinite
+            )
+        })?;
+    }
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    ensure(out.values().all(|o| o.dtype != Dtype::F64), || {
+        "the GPU path wrote f64 outputs".into()
+    })?;
+    Ok(report)
+}
+
+fn gpu_attention(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_attention");
+    let p = AttentionProblem::new(2, 70, 90, 4, 2, 128, AttnDtype::Bf16).causal();
+    let (q, k, v) = attention_inputs_bf16(&p, 51);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", p.q_shape().to_vec(), V::Bf16(q)),
+            ("k", p.kv_shape().to_vec(), V::Bf16(k)),
+            ("v", p.kv_shape().to_vec(), V::Bf16(v)),
+        ],
+    )?;
+    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
+    let args = [
+        "attention",
+        &i,
+        "-o",
+        &o,
+        "--check",
+        "--causal",
+        "--repeat",
+        "2",
+    ];
+    let report = check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)])?;
+    ensure(
+        report
+            .timings
+            .as_ref()
+            .is_some_and(|t| t.samples_ms.len() == 2),
+        || "--repeat 2 did not give 2 timed runs".into(),
+    )
+}
+
+fn gpu_gla(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_gla");
+    let cu = vec![0usize, 40, 100];
+    let p = GlaProblem::varlen(cu.clone(), 2, 64, 64);
+    let mut r = rng(52);
+    let qk = vec![1, 100, 2, 64];
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            (
+                "q",
+                qk.clone(),
+                V::Bf16(uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0)),
+            ),
+            (
+                "k",
+                qk.clone(),
+                V::Bf16(uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0)),
+            ),
+            (
+                "g",
+                qk.clone(),
+                V::Bf16(uniform_bf16(&mut r, p.qk_len(), -0.5, 0.0)),
+            ),
+            ("v", qk, V::Bf16(uniform_bf16(&mut r, p.v_len(), -1.0, 1.0))),
+            (
+                "initial_state",
+                vec![2, 2, 64, 64],
+                V::F32(uniform_f32(&mut r, p.state_len(), -1.0, 1.0)),
+            ),
+            (
+                "cu_seqlens",
+                vec![3],
+                V::I64(cu.iter().map(|&x| x as i64).collect()),
+            ),
+        ],
+    )?;
+    check_run(
+        gpu,
+        &d,
+        &[
+            "gla",
+            &d.s("in.safetensors"),
+            "-o",
+            &d.s("out.safetensors"),
+            "--check",
+        ],
+        &[("o", 2e-2), ("final_state", 1e-2)],
+    )
+    .map(|_| ())
+}
+
+fn gpu_semicrf(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_semicrf");
+    let p = SemiCrfProblem::new(3, 40, 5, 4);
+    let inp = kernels::semicrf::random_inputs(&p, 53, true);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("cumsum", vec![3, 41, 4], V::F32(inp.cumsum)),
+            ("dur", vec![5, 4], V::F32(inp.dur)),
+            ("trans", vec![4, 4], V::F32(inp.trans)),
+            (
+                "lengths",
+                vec![3],
+                V::I64(inp.lengths.iter().map(|&l| l as i64).collect()),
+            ),
+        ],
+    )?;
+    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
+    check_run(
+        gpu,
+        &d,
+        &["semicrf", &i, "-o", &o, "--check", "--viterbi"],
+        &[
+            ("log_z", 1e-6),
+            ("viterbi_score", 1e-5),
+            ("viterbi_count", 0.0),
+            ("viterbi_start", 0.0),
+            ("viterbi_dur", 0.0),
+            ("viterbi_label", 0.0),
+        ],
+    )?;
+    check_run(
+        gpu,
+        &d,
+        &["semicrf-backward", &i, "-o", &o, "--check", "--marginals"],
+        &[
+            ("log_z", 1e-6),
+            ("grad_cumsum", 1e-4),
+            ("grad_dur", 1e-4),
+            ("grad_trans", 1e-4),
+            ("marginals", 1e-4),
+        ],
+    )
+    .map(|_| ())
+}
+
+fn gpu_mhc(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_mhc");
+    let p = MhcProblem::new(2, 64, 4, 64).with_gamma(true);
+    let data = MhcData::random(&p, 54);
+    write_inputs(&d.path("in.safetensors"), &mhc_tensors(&data, true, true))?;
+    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
+    check_run(
+        gpu,
+        &d,
+        &["mhc", &i, "-o", &o, "--check"],
+        &[
+            ("x_in", 1e-2),
+            ("x_next", 1e-2),
+            ("h_pre", 1e-3),
+            ("h_post", 1e-3),
+            ("h_res", 1e-3),
+            ("hproj", 1e-3),
+            ("rms", 1e-4),
+        ],
+    )?;
+    check_run(
+        gpu,
+        &d,
+        &["mhc-backward", &i, "-o", &o, "--check"],
+        &[
+            ("dx", 2e-2),
+            ("dy", 2e-2),
+            ("dphi", 1e-2),
+            ("dgamma", 1e-2),
+            ("dalpha", 1e-2),
+            ("dbias", 1e-2),
+        ],
+    )
+    .map(|_| ())
+}
