@@ -4,7 +4,7 @@
 //! ```text
 //! kbench main [--quick]                 every kernel on default sizes, validated and timed
 //! kbench <family> --out DIR [--quick]   benchmark a family (smoke, mhc), write DIR/<family>.json
-//! kbench report [--results DIR] [--out FILE]
+//! kbench report [--results DIR] [--out FILE] [--plots DIR]
 //! ```
 
 mod attention;
@@ -12,13 +12,14 @@ mod gla;
 mod harness;
 mod main_job;
 mod mhc;
+mod plots;
 mod reliability;
 mod report;
 mod semicrf;
 mod smoke;
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -49,7 +50,7 @@ enum Command {
     Semicrf(FamilyArgs),
     /// mHC forward and backward (beside PyTorch eager and torch.compile).
     Mhc(FamilyArgs),
-    /// Render bench/results/*.json into BENCHMARKS.md.
+    /// Render bench/results/*.json into BENCHMARKS.md and plots (SVG).
     Report {
         /// Directory of results files.
         #[arg(long, default_value = "bench/results")]
@@ -57,6 +58,9 @@ enum Command {
         /// Output markdown file.
         #[arg(long, default_value = "BENCHMARKS.md")]
         out: PathBuf,
+        /// Directory for the plots (its SVG files are all generated: stale ones are removed).
+        #[arg(long, default_value = "bench/plots")]
+        plots: PathBuf,
     },
 }
 
@@ -100,21 +104,40 @@ fn main() -> ExitCode {
         Command::Gla(args) => family("gla", &args, gla::run),
         Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Mhc(args) => family("mhc", &args, mhc::run),
-        Command::Report { results, out } => match report::render(&results) {
-            Ok(md) => match std::fs::write(&out, md) {
-                Ok(()) => {
-                    eprintln!("kbench report: wrote {}", out.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("kbench report: writing {}: {e}", out.display());
-                    ExitCode::FAILURE
-                }
-            },
+        Command::Report {
+            results,
+            out,
+            plots,
+        } => match report_files(&results, &out, &plots) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("kbench report: {e}");
                 ExitCode::FAILURE
             }
         },
     }
+}
+
+/// `kbench report`: the plots, then the markdown that links them.
+fn report_files(results: &Path, out: &Path, plots_dir: &Path) -> Result<(), String> {
+    let files = report::load(results)?;
+    let rendered = plots::render_all(&files, plots_dir)?;
+    for m in &rendered.messages {
+        eprintln!("kbench report: {m}");
+    }
+    let md_dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let link = report::relative_link(md_dir, plots_dir)?;
+    let mut md = report::render(&files, &rendered.plots, &link);
+    md.extend(reliability::section(results)?);
+    std::fs::write(out, md).map_err(|e| format!("writing {}: {e}", out.display()))?;
+    eprintln!(
+        "kbench report: wrote {} and {} plots in {}",
+        out.display(),
+        rendered.plots.len(),
+        plots_dir.display()
+    );
+    Ok(())
 }

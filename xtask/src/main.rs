@@ -38,7 +38,10 @@ const TASKS: &[(&str, &str)] = &[
         "bundle",
         "build executables and lay out bundle/ with run.sh for a GPU machine without Rust",
     ),
-    ("report", "turn bench/results/*.json into BENCHMARKS.md"),
+    (
+        "report",
+        "turn bench/results/*.json into BENCHMARKS.md and bench/plots/*.svg",
+    ),
     ("ci", "what CI runs: test, fmt --check, clippy, check-ptx"),
 ];
 
