@@ -9,6 +9,40 @@ pub fn upload<T: DeviceCopy>(data: &[T]) -> Result<DeviceBuffer<T>> {
     DeviceBuffer::from_slice(data).ctx("copying to the device")
 }
 
+/// Copy `data` into `buf` from element `offset` on (the range must lie inside `buf`).
+pub fn upload_at<T: DeviceCopy>(
+    buf: &mut DeviceBuffer<T>,
+    offset: usize,
+    data: &[T],
+) -> Result<()> {
+    let end = offset
+        .checked_add(data.len())
+        .filter(|e| *e <= buf.len())
+        .ok_or_else(|| {
+            Error::shape("upload range", buf.len(), offset.saturating_add(data.len()))
+        })?;
+    buf.index(offset..end)
+        .copy_from(data)
+        .ctx("copying to the device")
+}
+
+/// Copy `len` elements of `buf` from element `offset` on to a new host vector.
+pub fn download_range<T: DeviceCopy + Default + Clone>(
+    buf: &DeviceBuffer<T>,
+    offset: usize,
+    len: usize,
+) -> Result<Vec<T>> {
+    let end = offset
+        .checked_add(len)
+        .filter(|e| *e <= buf.len())
+        .ok_or_else(|| Error::shape("download range", buf.len(), offset.saturating_add(len)))?;
+    let mut v = vec![T::default(); len];
+    buf.index(offset..end)
+        .copy_to(&mut v[..])
+        .ctx("copying from the device")?;
+    Ok(v)
+}
+
 /// Copy a device buffer to a new host vector.
 pub fn download<T: DeviceCopy + Default + Clone>(buf: &DeviceBuffer<T>) -> Result<Vec<T>> {
     let mut v = vec![T::default(); buf.len()];

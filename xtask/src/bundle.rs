@@ -10,9 +10,10 @@ const RUN_SH: &str = include_str!("../bundle-run.sh");
 /// The reliability sweep (sanitizers and negative controls), copied as `reliability.sh`.
 const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
-/// Build release test and benchmark executables and the command-line tool (`kernels-cli`), and
-/// lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/` (Python peer scripts), `run.sh`,
-/// `reliability.sh`, `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
+/// Build release test and benchmark executables, the command-line tool (`kernels-cli`) and the
+/// examples (`example-<name>`), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
+/// (Python peer scripts), `run.sh`, `reliability.sh`, `MANIFEST`; and a compressed copy,
+/// `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
     let root = util::root();
@@ -44,6 +45,18 @@ pub fn bundle() -> Result {
         .arg("--message-format=json-render-diagnostics");
     env.apply(&mut bench);
     bins.extend(executables(&util::output(&mut bench)?, false));
+    // The examples (`cargo run --example <name>`), as `example-<name>`.
+    let mut examples = Command::new(util::cargo());
+    examples
+        .current_dir(&root)
+        .args(["build", "--release", "--package", "kernels", "--examples"])
+        .arg("--message-format=json-render-diagnostics");
+    env.apply(&mut examples);
+    bins.extend(
+        executables(&util::output(&mut examples)?, false)
+            .into_iter()
+            .map(|(name, path, _)| (format!("example-{name}"), path, false)),
+    );
     for (name, path, is_test) in &bins {
         let dest = dir.join("bin").join(if *is_test {
             format!("test-{name}")
