@@ -144,6 +144,7 @@ pub struct Bench {
     rows: Vec<Row>,
     notes: Vec<String>,
     cases: usize,
+    progress: indicatif::ProgressBar,
 }
 
 impl Bench {
@@ -178,6 +179,7 @@ impl Bench {
             rows: Vec::new(),
             notes: Vec::new(),
             cases: 0,
+            progress: kernels::progress::spinner(&format!("kbench {family}")),
         })
     }
 
@@ -201,7 +203,14 @@ impl Bench {
 
     /// Record a row and print it.
     pub fn push(&mut self, row: Row) {
-        eprintln!("  {}", format_row(&row));
+        let line = format_row(&row);
+        // Printed above the spinner (plainly when stderr is not a terminal).
+        if self.progress.is_hidden() {
+            eprintln!("  {line}");
+        } else {
+            self.progress.println(format!("  {line}"));
+        }
+        self.progress.inc(1);
         self.rows.push(row);
     }
 
@@ -305,6 +314,7 @@ impl Bench {
 
     /// Write `<out>/<family>.json`, print the table, and clean the scratch directory.
     pub fn finish(self, out: &Path) -> Result<PathBuf> {
+        self.progress.finish_and_clear();
         let info = self.gpu.info();
         let file = ResultsFile {
             device: info.name.clone(),

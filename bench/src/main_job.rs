@@ -86,6 +86,8 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
         Ok(time_on_stream(gpu, &stream, 3, if quick { 5 } else { 20 }, f)?.median_ms())
     };
     let mut lines = Vec::new();
+    let bar = kernels::progress::spinner("main job");
+    let _clear = ClearOnDrop(bar.clone());
 
     // Block reduction.
     let n = 1 << 24;
@@ -103,6 +105,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
         err = err.max(e);
         ok &= e <= (per_thread + 8.0) * f64::from(f32::EPSILON) / 2.0 * w.1;
     }
+    bar.inc(1);
     lines.push(Line {
         name: "block_reduce",
         config: format!("n={n} blocks={blocks}"),
@@ -121,6 +124,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
     let (err, ok) = check(&got, &want, |i| {
         64.0 * f64::from(f32::EPSILON) / 2.0 * abs[i]
     });
+    bar.inc(1);
     lines.push(Line {
         name: "mma_tile",
         config: "64x64x64".into(),
@@ -166,6 +170,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
                 err = err.max((x.to_f64() - y).abs());
             }
         }
+        bar.inc(1);
         lines.push(Line {
             name: "attention_fwd",
             config: format!("b{} s{s} h16 d128 causal", p.batch),
@@ -179,8 +184,10 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
     }
     // Semi-CRF forward+backward on the default problem (log Z against the factored f64
     // reference; gradients through their identities, see `semicrf_line`).
+    bar.inc(1);
     lines.push(semicrf_line(gpu, &stream, quick, &time)?);
     // GLA forward (chunkwise), two heads checked against the f64 recurrence.
+    bar.inc(1);
     lines.push(gla_line(gpu, &stream, quick, &time)?);
 
     if gpu.arch().has_hopper_kernels() {
@@ -194,6 +201,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
         let (err, ok) = check(&got, &want, |i| {
             64.0 * f64::from(f32::EPSILON) / 2.0 * abs[i]
         });
+        bar.inc(1);
         lines.push(Line {
             name: "wgmma_tile",
             config: "64x256x64".into(),
@@ -230,6 +238,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
             .map(|&x| x as f64)
             .collect();
         let (err, ok) = check(&got, &want, |_| 0.0);
+        bar.inc(1);
         lines.push(Line {
             name: "pingpong_ring",
             config: format!("{tiles} tiles, 3 stages"),
@@ -261,6 +270,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
             err = err.max(e);
             ok &= e <= gemm::tolerance(want, abs, s);
         }
+        bar.inc(1);
         lines.push(Line {
             name: "gemm_bf16",
             config: format!("{s}x{s}x{s} (256 sampled)"),
@@ -293,6 +303,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
         println!("mhc: {f}");
     }
     let bytes = p.forward_bytes() + p.backward_bytes();
+    bar.inc(1);
     lines.push(Line {
         name: "mhc_fwd_bwd",
         config: format!("B{} S{} n{} C{}", p.batch, p.seq, p.n, p.c),
@@ -549,4 +560,13 @@ fn cpu_references() {
             r.grads.dphi[0]
         )
     });
+}
+
+/// Clears a progress bar when the job ends (also on an early return).
+struct ClearOnDrop(indicatif::ProgressBar);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
 }

@@ -15,7 +15,7 @@ pub mod error;
 pub mod gla;
 pub mod info;
 pub mod mhc;
-pub mod progress;
+pub use kernels::progress;
 pub mod semicrf;
 pub mod tensors;
 

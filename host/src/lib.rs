@@ -27,6 +27,9 @@ pub mod smoke;
 pub mod tensor_map;
 pub mod timing;
 
+#[cfg(feature = "progress")]
+pub mod progress;
+
 pub use error::{Error, Result};
 pub use gpu::{DeviceInfo, Gpu, LaunchConfig};
 pub use ptx::Arch;
