@@ -30,6 +30,11 @@ pub struct TileConfig {
     /// reloads them from shared memory with `ldmatrix` every step: at D = 256 the registers are
     /// needed for the output accumulator).
     pub q_in_registers: bool,
+    /// Whether the products of each k-slice run on fragments loaded one slice ahead (Q and K
+    /// fragments of slice `kk + 1`, V fragments of the next column pair, issued before the
+    /// `mma`s of the current ones), so `ldmatrix` latency overlaps the tensor cores (costs
+    /// registers).
+    pub prefetch: bool,
 }
 
 impl TileConfig {
@@ -87,6 +92,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             warp_m_tiles: 2,
             blocks_per_sm: 2,
             q_in_registers: false,
+            prefetch: false,
         }),
         128 => Some(TileConfig {
             head_dim: 128,
@@ -96,6 +102,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             warp_m_tiles: 2,
             blocks_per_sm: 2,
             q_in_registers: false,
+            prefetch: false,
         }),
         256 => Some(TileConfig {
             head_dim: 256,
@@ -105,6 +112,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             warp_m_tiles: 1,
             blocks_per_sm: 1,
             q_in_registers: false,
+            prefetch: false,
         }),
         _ => None,
     }
@@ -113,7 +121,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
 /// Alternative tile configurations, compiled for bf16 as `attention_fwd_bf16_d{D}_{name}` and
 /// timed beside the defaults by the benchmark (`impl` = `ours-{name}`), so that the table of
 /// [`tile_config`] is chosen from measurements.
-pub const TUNING_VARIANTS: [(&str, TileConfig); 3] = [
+pub const TUNING_VARIANTS: [(&str, TileConfig); 4] = [
     // The first design: one m16 tile per warp, 8 warps, Q in registers, one block per SM.
     (
         "mt1",
@@ -125,6 +133,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 3] = [
             warp_m_tiles: 1,
             blocks_per_sm: 1,
             q_in_registers: true,
+            prefetch: false,
         },
     ),
     (
@@ -137,6 +146,21 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 3] = [
             warp_m_tiles: 2,
             blocks_per_sm: 2,
             q_in_registers: false,
+            prefetch: false,
+        },
+    ),
+    // The default D = 128 tiles with fragments loaded one k-slice ahead.
+    (
+        "pf",
+        TileConfig {
+            head_dim: 128,
+            block_m: 128,
+            block_n: 64,
+            stages: 2,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            prefetch: true,
         },
     ),
     (
@@ -149,6 +173,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 3] = [
             warp_m_tiles: 1,
             blocks_per_sm: 1,
             q_in_registers: false,
+            prefetch: false,
         },
     ),
 ];

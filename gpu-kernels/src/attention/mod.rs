@@ -169,6 +169,7 @@ unsafe fn qk<
     const NT: usize,
     const NK: usize,
     const Q_REGS: bool,
+    const PF: bool,
 >(
     w: &Warp,
     q_s: u32,
@@ -176,6 +177,49 @@ unsafe fn qk<
     k_s: u32,
 ) -> [[[f32; 4]; NT]; MT] {
     let mut s = [[[0.0f32; 4]; NT]; MT];
+    if PF {
+        // Fragments of slice `kk + 1` are loaded before the products of slice `kk`.
+        let load_a = |kk: usize| {
+            let mut a = [[0u32; 4]; MT];
+            for mt in 0..MT {
+                a[mt] = if Q_REGS {
+                    q_frag[mt][kk]
+                } else {
+                    q_fragment::<D>(w, q_s, mt, kk)
+                };
+            }
+            a
+        };
+        let load_b = |kk: usize| {
+            let mut b = [[0u32; 4]; NK];
+            for jj in 0..NK {
+                let key = 16 * jj as u32 + w.lane % 8 + (w.lane / 16) * 8;
+                let addr = k_s + tile_offset::<D>(key, 2 * kk as u32 + (w.lane / 8) % 2);
+                // SAFETY: forwarded to the caller (tile published, whole warp).
+                b[jj] = unsafe { ldmatrix::x4(addr) };
+            }
+            b
+        };
+        let (mut a, mut b) = (load_a(0), load_b(0));
+        for kk in 0..DK {
+            let (na, nb) = if kk + 1 < DK {
+                (load_a(kk + 1), load_b(kk + 1))
+            } else {
+                (a, b)
+            };
+            for jj in 0..NK {
+                for mt in 0..MT {
+                    // SAFETY: whole warp, uniform control flow.
+                    unsafe {
+                        E::mma(&mut s[mt][2 * jj], a[mt], [b[jj][0], b[jj][1]]);
+                        E::mma(&mut s[mt][2 * jj + 1], a[mt], [b[jj][2], b[jj][3]]);
+                    }
+                }
+            }
+            (a, b) = (na, nb);
+        }
+        return s;
+    }
     for kk in 0..DK {
         let mut a = [[0u32; 4]; MT];
         for mt in 0..MT {
@@ -305,12 +349,54 @@ unsafe fn pv<
     const DK: usize,
     const NT: usize,
     const NK: usize,
+    const PF: bool,
 >(
     w: &Warp,
     s: &[[[f32; 4]; NT]; MT],
     o: &mut [[[f32; 4]; DT]; MT],
     v_s: u32,
 ) {
+    if PF {
+        // All of P packed first (S dies), and each V fragment loaded one product group ahead.
+        let mut p = [[[0u32; 4]; NK]; MT];
+        for kk in 0..NK {
+            for mt in 0..MT {
+                p[mt][kk] = [
+                    E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]),
+                    E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]),
+                    E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]),
+                    E::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]),
+                ];
+            }
+        }
+        let load_v = |kk: usize, dj: usize| {
+            let addr =
+                v_s + tile_offset::<D>(16 * kk as u32 + w.lane % 16, 2 * dj as u32 + w.lane / 16);
+            // SAFETY: forwarded to the caller (tile published, whole warp).
+            unsafe { ldmatrix::x4_trans(addr) }
+        };
+        let mut b = load_v(0, 0);
+        for kk in 0..NK {
+            for dj in 0..DK {
+                let nb = if dj + 1 < DK {
+                    load_v(kk, dj + 1)
+                } else if kk + 1 < NK {
+                    load_v(kk + 1, 0)
+                } else {
+                    b
+                };
+                for mt in 0..MT {
+                    // SAFETY: whole warp, uniform control flow.
+                    unsafe {
+                        E::mma(&mut o[mt][2 * dj], p[mt][kk], [b[0], b[1]]);
+                        E::mma(&mut o[mt][2 * dj + 1], p[mt][kk], [b[2], b[3]]);
+                    }
+                }
+                b = nb;
+            }
+        }
+        return;
+    }
     for kk in 0..NK {
         let mut a = [[0u32; 4]; MT];
         for mt in 0..MT {
@@ -405,6 +491,7 @@ unsafe fn forward<
     const STAGES: u32,
     const WAIT: u32,
     const Q_REGS: bool,
+    const PF: bool,
     const THREADS: u32,
 >(
     p: &AttentionParams,
@@ -516,11 +603,11 @@ unsafe fn forward<
                 // SAFETY: the stage was published by the barrier of this iteration and is not
                 // overwritten before the next one.
                 let mut s =
-                    unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS>(&w, q_s, &q_frag, k_s(stage)) };
+                    unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS, PF>(&w, q_s, &q_frag, k_s(stage)) };
                 mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
                 softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
                 // SAFETY: as for K above.
-                unsafe { pv::<E, D, MT, DT, DK, NT, NK>(&w, &s, &mut o, v_s(stage)) };
+                unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
             }
         }
         cp_async::wait_all();
@@ -555,6 +642,7 @@ macro_rules! attention_kernel {
                     { CFG.stages },
                     { CFG.stages - 2 },
                     { CFG.q_in_registers },
+                    { CFG.prefetch },
                     { CFG.threads() },
                 >(&p, &CFG)
             }
@@ -572,4 +660,5 @@ attention_kernel!(attention_fwd_f16_d256, F16, tile_config_of(256));
 // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
 attention_kernel!(attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1);
 attention_kernel!(attention_fwd_bf16_d128_n32, Bf16, TUNING_VARIANTS[1].1);
-attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[2].1);
+attention_kernel!(attention_fwd_bf16_d128_pf, Bf16, TUNING_VARIANTS[2].1);
+attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1);
