@@ -121,7 +121,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
 /// Alternative tile configurations, compiled for bf16 as `attention_fwd_bf16_d{D}_{name}` and
 /// timed beside the defaults by the benchmark (`impl` = `ours-{name}`), so that the table of
 /// [`tile_config`] is chosen from measurements.
-pub const TUNING_VARIANTS: [(&str, TileConfig); 4] = [
+pub const TUNING_VARIANTS: [(&str, TileConfig); 6] = [
     // The first design: one m16 tile per warp, 8 warps, Q in registers, one block per SM.
     (
         "mt1",
@@ -157,6 +157,34 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 4] = [
             block_m: 128,
             block_n: 64,
             stages: 2,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            prefetch: true,
+        },
+    ),
+    // Keys in steps of 32 (half the S registers) with the prefetch.
+    (
+        "n32pf",
+        TileConfig {
+            head_dim: 128,
+            block_m: 128,
+            block_n: 32,
+            stages: 2,
+            warp_m_tiles: 2,
+            blocks_per_sm: 2,
+            q_in_registers: false,
+            prefetch: true,
+        },
+    ),
+    // The same with 3 stages (87 KB of shared memory: still 2 blocks per SM).
+    (
+        "n32s3pf",
+        TileConfig {
+            head_dim: 128,
+            block_m: 128,
+            block_n: 32,
+            stages: 3,
             warp_m_tiles: 2,
             blocks_per_sm: 2,
             q_in_registers: false,
