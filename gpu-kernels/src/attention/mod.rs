@@ -659,8 +659,6 @@ attention_kernel!(attention_fwd_f16_d256, F16, tile_config_of(256));
 
 // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
 attention_kernel!(attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1);
-attention_kernel!(attention_fwd_bf16_d128_n32, Bf16, TUNING_VARIANTS[1].1);
-attention_kernel!(attention_fwd_bf16_d128_pf, Bf16, TUNING_VARIANTS[2].1);
-attention_kernel!(attention_fwd_bf16_d128_n32pf, Bf16, TUNING_VARIANTS[3].1);
-attention_kernel!(attention_fwd_bf16_d128_n32s3pf, Bf16, TUNING_VARIANTS[4].1);
-attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[5].1);
+attention_kernel!(attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1);
+attention_kernel!(attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1);
+attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1);
