@@ -351,3 +351,215 @@ pub struct CombineParams {
     /// Whether `init_state` is given.
     pub has_init: u32,
 }
+
+// ---------------------------------------------------------------------------------------------
+// The warp-specialized pingpong kernels (sm_90a): `gla_fwd_pp_dk{DK}_dv{DV}` and
+// `gla_states_pp_dk{DK}_dv{DV}`, same segments, same math, same outputs as the baseline.
+
+/// Consumer warpgroups per block of the pingpong kernels: each owns one (segment, head) item.
+pub const PP_CONSUMERS: u32 = 2;
+/// Threads per block of the pingpong kernels: a producer warpgroup and the consumers.
+pub const PP_THREADS: u32 = (1 + PP_CONSUMERS) * crate::WARPGROUP_SIZE;
+/// Registers the producer warpgroup keeps (`setmaxnreg.dec`).
+pub const PP_PRODUCER_REGS: u32 = 24;
+/// Registers each consumer warpgroup gets (`setmaxnreg.inc`): `24 * 128 + 2 * 240 * 128` fits
+/// the 64K register file.
+pub const PP_CONSUMER_REGS: u32 = 240;
+/// Named barrier ids: `PP_ORDER_BARRIER + c` orders consumer `c`'s GEMM phase after the other's
+/// (256 threads: one consumer syncs, the other arrives); `PP_LOCAL_BARRIER + c` is consumer
+/// `c`'s own barrier (128 threads). Id 0 is the block barrier.
+pub const PP_ORDER_BARRIER: u32 = 1;
+/// See [`PP_ORDER_BARRIER`].
+pub const PP_LOCAL_BARRIER: u32 = 3;
+/// Elements of a 128-byte swizzled row: every TMA box and `wgmma` tile is stored as column
+/// blocks of this many 16-bit elements.
+pub const PP_ATOM: u32 = 64;
+
+/// The shared-memory layout of a pingpong kernel for one `(dk, dv)` pair. Every offset is from
+/// the 1024-byte aligned dynamic shared-memory base; consumer `c`'s region starts at
+/// `c * consumer_bytes()`, the mbarriers after both regions.
+///
+/// Per consumer: a ring of `stages` raw stages (q, k, g `[step, dk]`, v `[step, dv]` as TMA
+/// writes them: `d / 64` column blocks of `step` rows of 128 bytes, 128-byte swizzle), then the
+/// operand tiles of one step: `q_inter` and `k_state` (`[step, dk]`, same swizzled layout, read
+/// by `wgmma`), `p` (16 rows of 128 bytes, swizzled: the intra-chunk scores of chunk `j` of the
+/// step at bytes `32 j ..`, the K-major B operand of `o^T += v^T P^T`), `q_diag`, `k_half0`,
+/// `k_half1` (`[step, dk]` in padded rows of [`GlaConfig::row_bytes`], read by `ldmatrix`) and
+/// the decay rows (`[step / 16, dk]` f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PingpongConfig {
+    /// Key head dimension.
+    pub dk: u32,
+    /// Value head dimension.
+    pub dv: u32,
+    /// Tokens per ring stage (a multiple of [`STEP`], at most 64 = four chunks).
+    pub step: u32,
+    /// Ring stages per consumer.
+    pub stages: u32,
+}
+
+impl PingpongConfig {
+    /// Bytes of one `[rows, d]` swizzled tile (`d / 64` column blocks).
+    #[inline]
+    pub const fn tile_bytes(&self, d: u32) -> u32 {
+        (d / PP_ATOM) * self.block_bytes()
+    }
+
+    /// Bytes between the column blocks of a swizzled `[step, d]` tile.
+    #[inline]
+    pub const fn block_bytes(&self) -> u32 {
+        self.step * 128
+    }
+
+    /// Bytes of one raw stage (q, k, g, v).
+    #[inline]
+    pub const fn stage_bytes(&self) -> u32 {
+        3 * self.tile_bytes(self.dk) + self.tile_bytes(self.dv)
+    }
+
+    /// Transaction bytes of a stage's loads (without q in the state pass).
+    #[inline]
+    pub const fn load_bytes(&self, with_q: bool) -> u32 {
+        self.stage_bytes() - if with_q { 0 } else { self.tile_bytes(self.dk) }
+    }
+
+    /// Offset of stage `s`'s q tile within a consumer region (k, g, v follow).
+    #[inline]
+    pub const fn q_offset(&self, s: u32) -> u32 {
+        s * self.stage_bytes()
+    }
+
+    /// Offset of stage `s`'s k tile.
+    #[inline]
+    pub const fn k_offset(&self, s: u32) -> u32 {
+        self.q_offset(s) + self.tile_bytes(self.dk)
+    }
+
+    /// Offset of stage `s`'s g tile.
+    #[inline]
+    pub const fn g_offset(&self, s: u32) -> u32 {
+        self.k_offset(s) + self.tile_bytes(self.dk)
+    }
+
+    /// Offset of stage `s`'s v tile.
+    #[inline]
+    pub const fn v_offset(&self, s: u32) -> u32 {
+        self.g_offset(s) + self.tile_bytes(self.dk)
+    }
+
+    /// Offset of the swizzled `q_inter` tile.
+    #[inline]
+    pub const fn q_inter_offset(&self) -> u32 {
+        self.q_offset(self.stages)
+    }
+
+    /// Offset of the swizzled `k_state` tile.
+    #[inline]
+    pub const fn k_state_offset(&self) -> u32 {
+        self.q_inter_offset() + self.tile_bytes(self.dk)
+    }
+
+    /// Offset of the swizzled score tile `p` (16 rows of 128 bytes).
+    #[inline]
+    pub const fn p_offset(&self) -> u32 {
+        self.k_state_offset() + self.tile_bytes(self.dk)
+    }
+
+    /// Offset of the padded `q_diag` tile.
+    #[inline]
+    pub const fn q_diag_offset(&self) -> u32 {
+        self.p_offset() + 16 * 128
+    }
+
+    /// Offset of the padded `k_half0` tile.
+    #[inline]
+    pub const fn k_half0_offset(&self) -> u32 {
+        self.q_diag_offset() + self.step * GlaConfig::row_bytes(self.dk)
+    }
+
+    /// Offset of the padded `k_half1` tile.
+    #[inline]
+    pub const fn k_half1_offset(&self) -> u32 {
+        self.k_half0_offset() + self.step * GlaConfig::row_bytes(self.dk)
+    }
+
+    /// Offset of the decay rows (`[step / 16, dk]` f32).
+    #[inline]
+    pub const fn decay_offset(&self) -> u32 {
+        self.k_half1_offset() + self.step * GlaConfig::row_bytes(self.dk)
+    }
+
+    /// Bytes of one consumer's region (a multiple of 1024, so both regions' swizzled tiles
+    /// stay 1024-byte aligned).
+    #[inline]
+    pub const fn consumer_bytes(&self) -> u32 {
+        align_up(
+            (self.decay_offset() + (self.step / CHUNK) * self.dk * 4) as usize,
+            1024,
+        ) as u32
+    }
+
+    /// Offset of the mbarriers: `full[c][s]` at `+ 8 (c stages + s)`, `empty[c][s]` after all
+    /// `full`.
+    #[inline]
+    pub const fn barriers_offset(&self) -> u32 {
+        PP_CONSUMERS * self.consumer_bytes()
+    }
+
+    /// Dynamic shared memory of the pingpong kernels (with the alignment slack).
+    #[inline]
+    pub const fn smem_bytes(&self) -> usize {
+        self.barriers_offset() as usize + 16 * (PP_CONSUMERS * self.stages) as usize + SMEM_ALIGN
+    }
+}
+
+/// The pingpong configuration for `(dk, dv)`, if supported: 64-token stages where two stages
+/// per consumer fit (dk = dv = 64), else 32-token stages.
+pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
+    match (dk, dv) {
+        (64, 64) => Some(PingpongConfig {
+            dk,
+            dv,
+            step: 64,
+            stages: 2,
+        }),
+        (128, 64) | (64, 128) | (128, 128) => Some(PingpongConfig {
+            dk,
+            dv,
+            step: 32,
+            stages: 2,
+        }),
+        _ => None,
+    }
+}
+
+/// [`pingpong_config`] for a supported pair (compile-time use in kernels).
+pub const fn pingpong_config_of(dk: u32, dv: u32) -> PingpongConfig {
+    match pingpong_config(dk, dv) {
+        Some(c) => c,
+        None => panic!("unsupported head dimensions"),
+    }
+}
+
+/// Parameters of `gla_fwd_pp_dk{DK}_dv{DV}` and `gla_states_pp_dk{DK}_dv{DV}` (grid
+/// `ceil(segments * heads / PP_CONSUMERS)`, [`PP_THREADS`] threads,
+/// [`PingpongConfig::smem_bytes`]). Item `i = PP_CONSUMERS * blockIdx.x + c` (consumer `c`) is
+/// segment `i / heads`, head `i % heads`. The tensor maps are 3-D over `[rows, heads, d]`
+/// (dims `[d, heads, rows]` innermost first, box `[64, 1, step]`, 128-byte swizzle); the other
+/// fields mean what they mean in [`GlaParams`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GlaPingpongParams {
+    /// Queries map (ignored by the state pass).
+    pub tmap_q: crate::TensorMap,
+    /// Keys map.
+    pub tmap_k: crate::TensorMap,
+    /// Log-decays map.
+    pub tmap_g: crate::TensorMap,
+    /// Values map.
+    pub tmap_v: crate::TensorMap,
+    /// Everything else, as for the baseline kernels (`q`, `k`, `v`, `g` unused).
+    pub base: GlaParams,
+    /// Items: `segments * heads`.
+    pub items: u32,
+}

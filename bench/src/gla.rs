@@ -21,7 +21,7 @@
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernels::gla::reference::{self, HostInputs, rel_l2};
-use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
+use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaPlan, GlaProblem};
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
 use rand::Rng;
@@ -84,12 +84,23 @@ pub fn run(b: &mut Bench) -> Result<()> {
             .unwrap_or(1) as usize;
         let half = (longest / 2).div_ceil(32).max(1) * 32;
         let mut o_auto = None;
-        for (variant, segment) in [
-            (None, None),
-            (Some("noseg"), Some(usize::MAX)),
-            (Some("split2x"), Some(half)),
-        ] {
-            let mut pv = p.clone();
+        let mut variants = vec![
+            (None, None, GlaKernel::Baseline),
+            (Some("noseg"), Some(usize::MAX), GlaKernel::Baseline),
+            (Some("split2x"), Some(half), GlaKernel::Baseline),
+        ];
+        if b.gpu.arch().has_hopper_kernels() {
+            // The warp-specialized pingpong kernels: automatic split (for one block per SM
+            // with two items each), no split, and the baseline's automatic split.
+            let base_longest = longest.div_ceil(32) * 32;
+            variants.extend([
+                (Some("pingpong"), None, GlaKernel::Pingpong),
+                (Some("pingpong-noseg"), Some(usize::MAX), GlaKernel::Pingpong),
+                (Some("pingpong-seg-base"), Some(base_longest), GlaKernel::Pingpong),
+            ]);
+        }
+        for (variant, segment, kernel) in variants {
+            let mut pv = p.clone().with_kernel(kernel);
             pv.segment_len = segment;
             let o = one(b, &pv, &host, variant)?;
             if variant.is_none() {

@@ -87,6 +87,9 @@
 //!
 //! `gla_combine` shares nothing between threads (no barrier).
 
+#[cfg(target_feature = "sm_90a")]
+pub mod pingpong;
+
 use crate::arch::{convert, cp_async, index, ldmatrix, math, mma, smem, sync, warp};
 use kernel_abi::gla::{
     CHUNK, CHUNKS_PER_STEP, CombineEntry, CombineParams, G_FLOOR, GlaConfig, GlaLayout, GlaParams,
@@ -171,27 +174,102 @@ unsafe fn shfl_f32(v: f32, src: u32) -> f32 {
     unsafe { warp::shfl_idx_f32(warp::FULL_MASK, v, src) }
 }
 
+/// The raw input tiles the element-wise phase reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Raw {
+    Q,
+    K,
+    G,
+}
+
+/// The operand tiles the element-wise phase writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Var {
+    QInter,
+    QDiag,
+    KHalf0,
+    KHalf1,
+    KState,
+}
+
+/// Where the element-wise phase of one chunk reads and writes: shared-memory byte addresses of
+/// (chunk row `0..16`, byte column) in each tile, and of the chunk's decay row. The baseline
+/// kernels use padded rows ([`Variants`]); the pingpong kernels swizzled TMA tiles.
+pub(crate) trait ChunkTiles {
+    /// Address of `(row, col)` of raw tile `t`.
+    fn raw(&self, t: Raw, row: u32, col: u32) -> u32;
+    /// Address of `(row, col)` of operand tile `t`.
+    fn var(&self, t: Var, row: u32, col: u32) -> u32;
+    /// Address of the chunk's decay row (`DK` f32).
+    fn decay(&self) -> u32;
+}
+
+/// The baseline's tiles: raw rows of the chunk in a stage and one variant buffer, all in
+/// padded rows.
+struct PaddedChunk<const DK: u32> {
+    q: u32,
+    k: u32,
+    g: u32,
+    var: Variants,
+}
+
+impl<const DK: u32> ChunkTiles for PaddedChunk<DK> {
+    #[inline(always)]
+    fn raw(&self, t: Raw, row: u32, col: u32) -> u32 {
+        let base = match t {
+            Raw::Q => self.q,
+            Raw::K => self.k,
+            Raw::G => self.g,
+        };
+        base + row * const { GlaConfig::row_bytes(DK) } + col
+    }
+
+    #[inline(always)]
+    fn var(&self, t: Var, row: u32, col: u32) -> u32 {
+        let base = match t {
+            Var::QInter => self.var.q_inter,
+            Var::QDiag => self.var.q_diag,
+            Var::KHalf0 => self.var.k_half0,
+            Var::KHalf1 => self.var.k_half1,
+            Var::KState => self.var.k_state,
+        };
+        base + row * const { GlaConfig::row_bytes(DK) } + col
+    }
+
+    #[inline(always)]
+    fn decay(&self) -> u32 {
+        self.var.decay
+    }
+}
+
 /// The element-wise phase of one chunk (see the module documentation): reads the raw q, k, g
-/// rows `row0 .. row0 + 16` of the stage, writes the operand tiles and the decay row of `var`.
-/// With `OUT = false` (`gla_states`) only `k_state` (directly, `k 2^{b_15 - b}`) and the decay
-/// are made. Returns `b_15` of the thread's two channels (log2).
+/// rows of the chunk, writes the operand tiles and the decay row. With `OUT = false`
+/// (`gla_states`) only `k_state` (directly, `k 2^{b_15 - b}`) and the decay are made. `tid`
+/// is the thread's index among the `P DK / 2` threads doing the chunk (`DK / 2` pairs of `P`
+/// consecutive lanes). With `MASK`, rows `>= valid` are treated
+/// as zero (q, k, g); without it the caller guarantees they are (zero-filled loads). Returns
+/// `b_15` of the thread's two channels (log2).
 ///
 /// # Safety
-/// Every thread of the block calls it (uniform control flow; whole warps shuffle); the raw rows
-/// were published by a barrier and `var` is not read by any thread until the next barrier.
+/// Every thread of the group calls it (uniform control flow; whole warps shuffle); the raw rows
+/// were published by a barrier and the operand tiles are not read by any thread until the next
+/// barrier.
 #[inline(always)]
-unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: bool>(
-    raw_q: u32,
-    raw_k: u32,
-    raw_g: u32,
-    var: &Variants,
+pub(crate) unsafe fn elementwise<
+    const DK: u32,
+    const P: u32,
+    const TPT: usize,
+    const OUT: bool,
+    const MASK: bool,
+>(
+    tid: u32,
+    tiles: &impl ChunkTiles,
+    valid: u32,
 ) -> [f32; 2] {
     const { assert!(P * TPT as u32 == CHUNK && TPT as u32 <= HALF && 32 % P == 0) };
     // The exponent bounds of the module documentation: |b_t - M_h| <= 3.5 decays and
     // |M_1 - M_0| / 2 <= 4 decays of at most -G_FLOOR log2(e) each, below 126 (normal range).
     const { assert!(4.0 * -G_FLOOR * math::LOG2_E < 126.0) };
-    let rb = const { GlaConfig::row_bytes(DK) };
-    let tid = index::thread_idx_x();
     let (pair, part) = (tid / P, tid % P);
     let base_lane = index::lane_id() - part;
     let col = 4 * pair;
@@ -202,8 +280,10 @@ unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: 
     let mut b = [[0.0f32; 2]; TPT];
     let mut acc = [0.0f32; 2];
     for i in 0..TPT {
-        // SAFETY: row first + i < 16 of the published raw g rows; 4-byte aligned.
-        let gw = unsafe { u32::load(raw_g + (first + i as u32) * rb + col) };
+        let row = first + i as u32;
+        // SAFETY: row < 16 of the published raw g rows; 4-byte aligned.
+        let gw = unsafe { u32::load(tiles.raw(Raw::G, row, col)) };
+        let gw = if MASK && row >= valid { 0 } else { gw };
         let (g0, g1) = convert::unpack_bf16x2(gw);
         acc[0] += (g0 * math::LOG2_E).max(floor2);
         acc[1] += (g1 * math::LOG2_E).max(floor2);
@@ -250,7 +330,7 @@ unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: 
         let bits = (d[0].to_bits() as u64) | ((d[1].to_bits() as u64) << 32);
         // SAFETY: channels 2 pair, +1 < DK of the decay row; 8-byte aligned; this thread is
         // the row's only writer (one part per pair) until the next barrier.
-        unsafe { u64::store(var.decay + 8 * pair, bits) };
+        unsafe { u64::store(tiles.decay() + 8 * pair, bits) };
     }
     if OUT {
         let half = first / HALF;
@@ -276,9 +356,18 @@ unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: 
         }
         for i in 0..TPT {
             let row = first + i as u32;
-            let at = row * rb + col;
             // SAFETY: row < 16 of the published raw q, k rows; 4-byte aligned.
-            let (qw, kw) = unsafe { (u32::load(raw_q + at), u32::load(raw_k + at)) };
+            let (qw, kw) = unsafe {
+                (
+                    u32::load(tiles.raw(Raw::Q, row, col)),
+                    u32::load(tiles.raw(Raw::K, row, col)),
+                )
+            };
+            let (qw, kw) = if MASK && row >= valid {
+                (0, 0)
+            } else {
+                (qw, kw)
+            };
             let (q0, q1) = convert::unpack_bf16x2(qw);
             let (k0, k1) = convert::unpack_bf16x2(kw);
             let (q, k) = ([q0, q1], [k0, k1]);
@@ -299,25 +388,32 @@ unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize, const OUT: 
             // buffer's tiles, channels 2 pair, +1: each (row, pair) has one writer; 4-byte
             // aligned; nobody reads the buffer before the next barrier.
             unsafe {
-                u32::store(var.q_diag + at, convert::pack_bf16x2(qd[0], qd[1]));
-                u32::store(var.q_inter + at, convert::pack_bf16x2(qi[0], qi[1]));
+                let at = |t: Var| tiles.var(t, row, col);
+                u32::store(at(Var::QDiag), convert::pack_bf16x2(qd[0], qd[1]));
+                u32::store(at(Var::QInter), convert::pack_bf16x2(qi[0], qi[1]));
                 if half == 0 {
-                    u32::store(var.k_half0 + at, convert::pack_bf16x2(kd[0], kd[1]));
+                    u32::store(at(Var::KHalf0), convert::pack_bf16x2(kd[0], kd[1]));
                 }
-                u32::store(var.k_half1 + at, convert::pack_bf16x2(kh1[0], kh1[1]));
-                u32::store(var.k_state + at, convert::pack_bf16x2(ks[0], ks[1]));
+                u32::store(at(Var::KHalf1), convert::pack_bf16x2(kh1[0], kh1[1]));
+                u32::store(at(Var::KState), convert::pack_bf16x2(ks[0], ks[1]));
             }
         }
     } else {
         for i in 0..TPT {
-            let at = (first + i as u32) * rb + col;
+            let row = first + i as u32;
             // SAFETY: as above (raw k row < 16).
-            let kw = unsafe { u32::load(raw_k + at) };
+            let kw = unsafe { u32::load(tiles.raw(Raw::K, row, col)) };
+            let kw = if MASK && row >= valid { 0 } else { kw };
             let (k0, k1) = convert::unpack_bf16x2(kw);
             let ks0 = k0 * math::exp2(b15[0] - b[i][0]);
             let ks1 = k1 * math::exp2(b15[1] - b[i][1]);
             // SAFETY: as above (k_state row < 16, one writer).
-            unsafe { u32::store(var.k_state + at, convert::pack_bf16x2(ks0, ks1)) };
+            unsafe {
+                u32::store(
+                    tiles.var(Var::KState, row, col),
+                    convert::pack_bf16x2(ks0, ks1),
+                )
+            };
         }
     }
     b15
@@ -627,8 +723,14 @@ unsafe fn walk<
             // SAFETY: all threads (uniform: chunk < chunks is block-uniform); raw rows
             // published by barrier A; the buffer's last readers finished before barrier B of
             // the previous chunk.
+            let tiles = PaddedChunk::<DK> {
+                q: q_s + r0 * rb,
+                k: k_s + r0 * rb,
+                g: g_s + r0 * rb,
+                var,
+            };
             let b15 = unsafe {
-                elementwise::<DK, P, TPT, OUT>(q_s + r0 * rb, k_s + r0 * rb, g_s + r0 * rb, &var)
+                elementwise::<DK, P, TPT, OUT, false>(index::thread_idx_x(), &tiles, CHUNK)
             };
             total[0] += b15[0];
             total[1] += b15[1];

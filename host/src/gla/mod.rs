@@ -40,12 +40,14 @@ use crate::error::{Error, Result};
 use crate::exec::{DevView, Exec, OnStream};
 use crate::gpu::{Gpu, LaunchConfig};
 use crate::memory::{poisoned, upload};
+use crate::tensor_map::{MapDtype, MapSwizzle, TiledMap};
 use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 use half::bf16;
 use kernel_abi::gla::{
-    COMBINE_THREADS, CombineEntry, CombineParams, GlaConfig, GlaParams, HEAD_DIMS, SEG_FIRST,
-    SEG_LAST, STEP, Segment, config,
+    COMBINE_THREADS, CombineEntry, CombineParams, GlaConfig, GlaParams, GlaPingpongParams,
+    HEAD_DIMS, PP_ATOM, PP_CONSUMERS, PP_THREADS, SEG_FIRST, SEG_LAST, STEP, Segment, config,
+    pingpong_config,
 };
 
 pub use kernel_abi::gla::G_FLOOR;
@@ -53,6 +55,20 @@ pub use kernel_abi::gla::G_FLOOR;
 /// Segments shorter than this are not made by the automatic choice (each segment's state pass
 /// and start-up cost must be amortized over enough chunks).
 pub const MIN_AUTO_SEGMENT: usize = 256;
+
+/// Which kernels compute the forward pass (same API, same results within the tolerance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GlaKernel {
+    /// The baseline `mma.sync` kernels on every GPU (see [`GlaKernel::Pingpong`] for why it is
+    /// the default).
+    #[default]
+    Auto,
+    /// The baseline: every warp the same work, `cp.async` ring, plain barriers (sm_80+).
+    Baseline,
+    /// The warp-specialized pingpong kernels (sm_90a: TMA ring with mbarriers, `wgmma`, two
+    /// consumer warpgroups taking turns, `setmaxnreg`); an error on other GPUs.
+    Pingpong,
+}
 
 /// A GLA forward problem: sizes and options. Tensors are contiguous.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +90,8 @@ pub struct GlaProblem {
     /// Tokens per segment (a multiple of 32): `None` chooses from the problem and the GPU
     /// ([`plan_auto`]); `Some(usize::MAX)` never splits a sequence.
     pub segment_len: Option<usize>,
+    /// Which kernels run.
+    pub kernel: GlaKernel,
 }
 
 impl GlaProblem {
@@ -88,6 +106,7 @@ impl GlaProblem {
             scale: None,
             cu_seqlens: None,
             segment_len: None,
+            kernel: GlaKernel::Auto,
         }
     }
 
@@ -102,6 +121,7 @@ impl GlaProblem {
             scale: None,
             cu_seqlens: Some(cu_seqlens),
             segment_len: None,
+            kernel: GlaKernel::Auto,
         }
     }
 
@@ -115,6 +135,17 @@ impl GlaProblem {
     pub fn with_segment_len(mut self, tokens: usize) -> Self {
         self.segment_len = Some(tokens);
         self
+    }
+
+    /// With an explicit choice of kernels.
+    pub fn with_kernel(mut self, kernel: GlaKernel) -> Self {
+        self.kernel = kernel;
+        self
+    }
+
+    /// Whether the pingpong kernels run (`Auto` is the baseline).
+    pub fn uses_pingpong(&self) -> bool {
+        self.kernel == GlaKernel::Pingpong
     }
 
     /// The output scale in effect.
@@ -272,9 +303,15 @@ impl GlaProblem {
     /// [`GlaProblem::segment_len`], [`plan_segments`]; else [`plan_auto`] for one wave of
     /// `sms * blocks_per_sm` resident blocks.
     pub fn plan(&self, sms: usize) -> Result<SegmentPlan> {
+        let per_sm = if self.uses_pingpong() {
+            // One block per SM, one item per consumer warpgroup.
+            PP_CONSUMERS as usize
+        } else {
+            self.config()?.blocks_per_sm as usize
+        };
         match self.segment_len {
             Some(l) => plan_segments(self, l),
-            None => plan_auto(self, sms * self.config()?.blocks_per_sm as usize),
+            None => plan_auto(self, sms * per_sm),
         }
     }
 }
@@ -471,6 +508,15 @@ impl GlaPlan {
             o: (&mut *outputs.o).into(),
             final_state: outputs.final_state.as_mut().map(|b| (&mut **b).into()),
         };
+        if self.problem.uses_pingpong() && !gpu.arch().has_hopper_kernels() {
+            return Err(Error::unsupported(
+                "the GLA pingpong kernels",
+                format!(
+                    "they need an sm_90 GPU (TMA, wgmma); this one is {}",
+                    gpu.arch()
+                ),
+            ));
+        }
         // SAFETY: every view is a live allocation of this GPU's context (device buffers), the
         // tables hold this plan's words (uploaded by `new`) and the workspace its sizes.
         unsafe {
@@ -638,15 +684,61 @@ pub unsafe fn forward_raw<E: Exec>(
         has_final: u32::from(t.final_state.is_some()),
     };
     let grid = (plan.segments.len() as u32, p.heads as u32, 1);
-    let launch = LaunchConfig::new(grid, cfg.threads(), cfg.smem_bytes());
+    let mut launch = LaunchConfig::new(grid, cfg.threads(), cfg.smem_bytes());
     let suffix = format!("dk{}_dv{}", p.dk, p.dv);
+    // The pingpong kernels take the same parameters plus tensor maps of q, k, g, v.
+    let pp = if p.uses_pingpong() {
+        let pcfg = pingpong_config(p.dk as u32, p.dv as u32).expect("validated head dimensions");
+        let map = |view: &DevView<'_, bf16>, d: usize| {
+            TiledMap {
+                address: view.addr(),
+                dtype: MapDtype::Bf16,
+                dims: &[d as u64, p.heads as u64, p.rows() as u64],
+                strides_bytes: &[2 * d as u64, 2 * (p.heads * d) as u64],
+                box_dims: &[PP_ATOM, 1, pcfg.step],
+                swizzle: MapSwizzle::B128,
+            }
+            .encode()
+        };
+        let items = (plan.segments.len() * p.heads) as u32;
+        launch = LaunchConfig::new(
+            (items.div_ceil(PP_CONSUMERS), 1, 1),
+            PP_THREADS,
+            pcfg.smem_bytes(),
+        );
+        Some(GlaPingpongParams {
+            tmap_q: map(&t.q, p.dk)?,
+            tmap_k: map(&t.k, p.dk)?,
+            tmap_g: map(&t.g, p.dk)?,
+            tmap_v: map(&t.v, p.dv)?,
+            base: params,
+            items,
+        })
+    } else {
+        None
+    };
+    let kernel = |pass: &str| match pp {
+        Some(_) => format!("gla_{pass}_pp_{suffix}"),
+        None => format!("gla_{pass}_{suffix}"),
+    };
+    // SAFETY (for both launch forms): as documented at each call.
+    let run = |name: &str| -> Result<()> {
+        match &pp {
+            // SAFETY: the caller's contract; the tensor maps describe the checked q, k, g, v
+            // views (contiguous `[rows, heads, d]`, 16-byte aligned), the grid covers every
+            // (segment, head) item once.
+            Some(pp) => unsafe { exec.launch(name, &launch, pp) },
+            // SAFETY: the caller's contract (see the call sites).
+            None => unsafe { exec.launch(name, &launch, &params) },
+        }
+    };
     if let Some(w) = split {
         // SAFETY: q, k, g, v have the problem's sizes (checked above); the segment table
         // covers exactly the problem's sequences (built by `split` from the validated problem,
         // the caller's contract) and has gridDim.x entries; delta and decay_log2 hold
         // segments * heads * dk * dv and segments * heads * dk f32 (checked); the kernel
         // writes only the slices of the segments that are not last, each from its own block.
-        unsafe { exec.launch(&format!("gla_states_{suffix}"), &launch, &params)? };
+        run(&kernel("states"))?;
         let combine = CombineParams {
             entries: w.combine.ptr(),
             init_state: params.init_state,
@@ -679,7 +771,7 @@ pub unsafe fn forward_raw<E: Exec>(
     // (just before, in order on the executor) for every segment that is not first, the only
     // ones that read it; each block writes only its own rows of o and, if it is the last of its
     // sequence, that sequence's final state.
-    unsafe { exec.launch(&format!("gla_fwd_{suffix}"), &launch, &params) }
+    run(&kernel("fwd"))
 }
 
 /// Convenience: plan and launch `problem` on `stream`, then wait for it (tests, examples).
