@@ -89,14 +89,27 @@ pub fn run(b: &mut Bench) -> Result<()> {
             (Some("noseg"), Some(usize::MAX), GlaKernel::Baseline),
             (Some("split2x"), Some(half), GlaKernel::Baseline),
         ];
-        if b.gpu.arch().has_hopper_kernels() {
+        if b.gpu.arch().has_hopper_kernels()
+            && p.clone()
+                .with_kernel(GlaKernel::Pingpong)
+                .validate()
+                .is_ok()
+        {
             // The warp-specialized pingpong kernels: automatic split (for one block per SM
             // with two items each), no split, and the baseline's automatic split.
             let base_longest = longest.div_ceil(32) * 32;
             variants.extend([
                 (Some("pingpong"), None, GlaKernel::Pingpong),
-                (Some("pingpong-noseg"), Some(usize::MAX), GlaKernel::Pingpong),
-                (Some("pingpong-seg-base"), Some(base_longest), GlaKernel::Pingpong),
+                (
+                    Some("pingpong-noseg"),
+                    Some(usize::MAX),
+                    GlaKernel::Pingpong,
+                ),
+                (
+                    Some("pingpong-seg-base"),
+                    Some(base_longest),
+                    GlaKernel::Pingpong,
+                ),
             ]);
         }
         for (variant, segment, kernel) in variants {

@@ -279,7 +279,7 @@ unsafe fn walk<
     let empty = |c: u32, s: u32| Mbarrier::at(bars + 8 * ((PP_CONSUMERS + c) * STAGES + s));
     let region = |c: u32| base + c * cfg.consumer_bytes();
     let block = cfg.block_bytes();
-    let items = [item::<STEP, OUT>(p, 0), item::<STEP, OUT>(p, 1)];
+    let (item0, item1) = (item::<STEP, OUT>(p, 0), item::<STEP, OUT>(p, 1));
 
     if tid == 0 {
         for t in tmaps {
@@ -305,9 +305,9 @@ unsafe fn walk<
         if tid == 0 {
             // Both consumers' steps `i` advance together, so one ring position serves both.
             let mut pos = RingPos::<STAGES>::of(0);
-            for i in 0..items[0].steps.max(items[1].steps) {
+            for i in 0..item0.steps.max(item1.steps) {
                 for c in 0..PP_CONSUMERS {
-                    let it = if c == 0 { items[0] } else { items[1] };
+                    let it = if c == 0 { item0 } else { item1 };
                     if i >= it.steps {
                         continue;
                     }
@@ -347,9 +347,9 @@ unsafe fn walk<
     unsafe { regs::increase::<PP_CONSUMER_REGS>() };
     let c = wg - 1;
     let (it, other_steps) = if c == 0 {
-        (items[0], items[1].steps)
+        (item0, item1.steps)
     } else {
-        (items[1], items[0].steps)
+        (item1, item0.steps)
     };
     if it.steps == 0 {
         return;
@@ -524,16 +524,19 @@ unsafe fn walk<
             // consumer.
             unsafe { sync::named_sync(PP_ORDER_BARRIER + c, ORDER_THREADS) };
         }
-        // The S^T fragments an in-flight `o^T = S^T q_inter^T` reads: rebuilt only after its
-        // wait, and pinned there so their registers are not reused before.
-        let mut frag = [[[0u32; 4]; NKK]; MH];
         for cc in 0..nchunks {
-            // S^T (before this chunk's update) as bf16 A fragments.
-            if OUT {
-                for mh in 0..MH {
-                    for kk in 0..NKK {
+            let drow = decay + cc * DK * 4;
+            // One batch per m64 half of S^T (its fragments are the only ones live: with
+            // DK = DV = 128 both halves' would not fit in the registers beside S^T).
+            for mh in 0..MH {
+                // S^T (before this chunk's update) as bf16 A fragments, read by the in-flight
+                // `o^T = S^T q_inter^T`: pinned after its wait so their registers are not
+                // reused before.
+                let mut frag = [[0u32; 4]; NKK];
+                if OUT {
+                    for (kk, f) in frag.iter_mut().enumerate() {
                         let a = &st[mh][8 * kk..8 * kk + 8];
-                        frag[mh][kk] = [
+                        *f = [
                             convert::pack_bf16x2(a[0], a[1]),
                             convert::pack_bf16x2(a[2], a[3]),
                             convert::pack_bf16x2(a[4], a[5]),
@@ -541,52 +544,41 @@ unsafe fn walk<
                         ];
                     }
                 }
-            }
-            // S^T *= decay (per key channel, the accumulator column).
-            let drow = decay + cc * DK * 4;
-            for j in 0..SR / 4 {
-                // SAFETY: channels 8 j + 2 t, +1 < DK of the published decay row.
-                let d = unsafe { u64::load(drow + 4 * (8 * j as u32 + 2 * t)) };
-                let d = [f32::from_bits(d as u32), f32::from_bits((d >> 32) as u32)];
-                for half in st.iter_mut() {
+                // S^T *= decay (per key channel, the accumulator column).
+                for j in 0..SR / 4 {
+                    // SAFETY: channels 8 j + 2 t, +1 < DK of the published decay row.
+                    let d = unsafe { u64::load(drow + 4 * (8 * j as u32 + 2 * t)) };
+                    let d = [f32::from_bits(d as u32), f32::from_bits((d >> 32) as u32)];
                     for e in 0..4 {
-                        half[4 * j + e] *= d[e % 2];
+                        st[mh][4 * j + e] *= d[e % 2];
                     }
                 }
-            }
-            // The scaled state and the fragments are final here: keep the compiler from
-            // sinking their definitions between the `wgmma`s of the batch (which would
-            // serialize it).
-            for half in st.iter_mut() {
-                st_fence(half);
-            }
-            if OUT {
-                for half in o.iter_mut() {
-                    wgmma::fence_operands_8(half);
-                }
-                for half in frag.iter_mut() {
-                    for f in half.iter_mut() {
+                // The scaled state and the fragments are final here: keep the compiler from
+                // sinking their definitions between the `wgmma`s of the batch (which would
+                // serialize it).
+                st_fence(&mut st[mh]);
+                if OUT {
+                    wgmma::fence_operands_8(&mut o[mh]);
+                    for f in frag.iter_mut() {
                         wgmma::pin_fragment(f);
                     }
                 }
-            }
-            // SAFETY: whole warpgroup, uniform; the operand tiles were published by L1/L2
-            // (with the proxy fence) and the stage by its full phase; none is rewritten
-            // before L3 of this step.
-            unsafe {
-                wgmma::fence();
-                for mh in 0..MH {
+                // SAFETY: whole warpgroup, uniform; the operand tiles were published by L1/L2
+                // (with the proxy fence) and the stage by its full phase; none is rewritten
+                // before L3 of this step.
+                unsafe {
+                    wgmma::fence();
                     let va = Descriptor::mn_major_sw128(v_s + mh as u32 * block + 2048 * cc, block);
                     if OUT {
-                        for kk in 0..NKK {
+                        for (kk, f) in frag.iter().enumerate() {
                             let (cb, within) = (kk as u32 / 4, 32 * (kk as u32 % 4));
                             let b = Descriptor::k_major_sw128(
                                 q_inter + cb * block + 2048 * cc + within,
                             );
                             if kk == 0 {
-                                wgmma::m64n16k16_bf16_rs::<0, false>(&mut o[mh], frag[mh][kk], b);
+                                wgmma::m64n16k16_bf16_rs::<0, false>(&mut o[mh], *f, b);
                             } else {
-                                wgmma::m64n16k16_bf16_rs::<0, true>(&mut o[mh], frag[mh][kk], b);
+                                wgmma::m64n16k16_bf16_rs::<0, true>(&mut o[mh], *f, b);
                             }
                         }
                         let pb = Descriptor::k_major_sw128(p_tile + 32 * cc);
@@ -594,24 +586,20 @@ unsafe fn walk<
                     }
                     let kb = Descriptor::mn_major_sw128(k_state + 2048 * cc, block);
                     st_mma(&mut st[mh], va, kb);
+                    wgmma::commit_group();
+                    // The next chunk needs this state: wait here (uniformly, so ptxas keeps
+                    // the batch pipelined).
+                    wgmma::wait_group::<0>();
                 }
-                wgmma::commit_group();
-                // The next chunk needs this chunk's state: wait here (uniformly, so ptxas
-                // keeps the batch pipelined), then store this chunk's outputs.
-                wgmma::wait_group::<0>();
-            }
-            for half in frag.iter_mut() {
-                for f in half.iter_mut() {
+                for f in frag.iter_mut() {
                     wgmma::pin_fragment(f);
                 }
-            }
-            for half in st.iter_mut() {
-                st_fence(half);
+                st_fence(&mut st[mh]);
+                if OUT {
+                    wgmma::fence_operands_8(&mut o[mh]);
+                }
             }
             if OUT {
-                for half in o.iter_mut() {
-                    wgmma::fence_operands_8(half);
-                }
                 store_o(&o, step, cc, valid);
             }
         }
@@ -742,5 +730,4 @@ gla_pp_kernels! {
     gla_fwd_pp_dk64_dv64, gla_states_pp_dk64_dv64, 64, 64, m64n64k16_bf16_ss, fence_operands_32;
     gla_fwd_pp_dk64_dv128, gla_states_pp_dk64_dv128, 64, 128, m64n64k16_bf16_ss, fence_operands_32;
     gla_fwd_pp_dk128_dv64, gla_states_pp_dk128_dv64, 128, 64, m64n128k16_bf16_ss, fence_operands_64;
-    gla_fwd_pp_dk128_dv128, gla_states_pp_dk128_dv128, 128, 128, m64n128k16_bf16_ss, fence_operands_64;
 }

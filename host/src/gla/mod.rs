@@ -229,6 +229,15 @@ impl GlaProblem {
             }
         }
         self.config()?;
+        if self.uses_pingpong() && pingpong_config(self.dk as u32, self.dv as u32).is_none() {
+            return Err(Error::unsupported(
+                format!(
+                    "the GLA pingpong kernels at dk = {}, dv = {}",
+                    self.dk, self.dv
+                ),
+                "they exist for (64, 64), (64, 128) and (128, 64); use the baseline",
+            ));
+        }
         if self.heads > 65_535 {
             return Err(Error::unsupported(
                 format!("GLA heads = {}", self.heads),
