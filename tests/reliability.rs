@@ -16,7 +16,7 @@
 //!   runs.
 
 use kernel_tests::emu::{Emulator, HostBuf};
-use kernel_tests::{Needs, Suite, TestResult, check_close, ensure, gpu_ok};
+use kernel_tests::{Needs, Suite, TestResult, check_close, ensure, gpu_ok, racecheck_size};
 use kernels::attention::{self, AttentionProblem, Dtype, Path, View};
 use kernels::gla::{self, GlaProblem};
 use kernels::gpu::check_launch;
@@ -896,11 +896,17 @@ fn nonfinite_attention_gpu(g: &'static Gpu) -> TestResult {
 
 /// Offsets past 2^31 elements: batch 1 of Q, K, V and O starts `2^31 + 1024` elements into its
 /// buffer (a strided view; batch 0 at 0, nothing read in between), so every address of batch 1
-/// needs 64-bit offsets. Both paths against the f64 reference; 17 GB of device memory.
+/// needs 64-bit offsets. Both paths against the f64 reference; 17 GB of device memory. Under
+/// racecheck (`KERNELS_SANITIZER=racecheck`) batch 1 starts right after batch 0 instead
+/// ([`racecheck_size`]): the same kernels on the same tiles, without 17 GB to shadow.
 fn large_offsets_attention_gpu(g: &'static Gpu) -> TestResult {
     let stream = gpu_ok(g.stream())?;
     let base = AttentionProblem::new(2, 300, 300, 2, 1, 128, Dtype::Bf16).causal();
-    let bs = (1usize << 31) + 1024;
+    let bs = racecheck_size(
+        "batch stride (elements)",
+        (1usize << 31) + 1024,
+        300 * 256 + 1024,
+    );
     let mut r = kernels::data::rng(77);
     let q = kernels::data::uniform_bf16(&mut r, 2 * 300 * 2 * 128, -1.0, 1.0);
     let k = kernels::data::uniform_bf16(&mut r, 2 * 300 * 128, -1.0, 1.0);
@@ -968,10 +974,17 @@ fn large_offsets_attention_gpu(g: &'static Gpu) -> TestResult {
 
 /// Offsets past 2^31 elements in GLA: packed sequences `[0, N0)` (poisoned content, not
 /// checked) and `[N0, N0 + 300)` with `64 N0 > 2^31`, one head, Dk = Dv = 64: the second
-/// sequence against the f64 recurrence. 22 GB of device memory.
+/// sequence against the f64 recurrence. 22 GB of device memory. Under racecheck the first
+/// sequence has 1000 tokens instead ([`racecheck_size`]): the kernels walk 33.5 million tokens
+/// of it otherwise, each chunk with the same shared-memory protocol.
 fn large_offsets_gla_gpu(g: &'static Gpu) -> TestResult {
     let stream = gpu_ok(g.stream())?;
-    let (n0, len, d) = ((1usize << 31) / 64 + 1000, 300usize, 64usize);
+    let (len, d) = (300usize, 64usize);
+    let n0 = racecheck_size(
+        "tokens before the checked sequence",
+        (1usize << 31) / 64 + 1000,
+        1000,
+    );
     let p = GlaProblem::varlen(vec![0, n0, n0 + len], 1, d, d);
     let small = GlaProblem::varlen(vec![0, len], 1, d, d);
     let mut r = kernels::data::rng(78);
