@@ -154,7 +154,7 @@ json="$out/reliability.json"
     "${device:-unknown}" "${driver:-unknown}" "${commit:-unknown}"
   printf '  "date": "%s",\n  "family": "reliability",\n  "ptx_target": "",\n' \
     "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  printf '  "notes": ["sanitizer runs skip tests matching: %s", "each run has KERNELS_SANITIZER=<tool>: under racecheck large_offsets_* and semicrf scale/ run smaller problems (same kernels and tiles), under the other tools the full size"],\n  "rows": [\n' "$skip"
+  printf '  "notes": ["sanitizer runs skip tests matching: %s", "each run has KERNELS_SANITIZER set to its tool: under racecheck `large_offsets_*` and the semi-CRF `scale/` test run smaller problems (same kernels and tiles), under the other tools the full size"],\n  "rows": [\n' "$skip"
   sort "$rows" | awk -F'\t' '{
     printf "%s    {\"kernel\": \"%s\", \"tool\": \"%s\", \"errors\": %d, \"hazards\": %d, \"status\": \"%s\", \"seconds\": %d}",
       (NR > 1 ? ",\n" : ""), $1, $2, $3, $4, $5, $6 }'
