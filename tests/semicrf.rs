@@ -710,8 +710,9 @@ fn scale(g: &Gpu) -> TestResult {
     let total = start.elapsed();
     let mem = p.memory();
     println!(
-        "scale: T = {}, S = {} ({} segments), forward {:.1} ms, forward+backward {:.1} ms; device memory {} bytes \
-         allocated (inputs {} + state {} + gradients {}), {} bytes by cuMemGetInfo",
+        "scale: T = {}, S = {} ({} segments), forward {:.1} ms, forward+backward {:.1} ms; \
+         device memory {} bytes allocated (inputs {} + state {} + gradients {}), {} bytes by \
+         cuMemGetInfo",
         p.t,
         p.checkpoint,
         p.num_segments(),
