@@ -1179,7 +1179,8 @@ fn nonfinite_case(
     );
     ensure(finite && err_o <= TOL && err_s <= TOL, || {
         format!(
-            "{label}: untouched outputs rel L2 {err_o:.3e}, final states {err_s:.3e}, all finite: {finite}"
+            "{label}: untouched outputs rel L2 {err_o:.3e}, final states {err_s:.3e}, all \
+             finite: {finite}"
         )
     })?;
     ensure(nonfinite > 0, || {
