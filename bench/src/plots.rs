@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `attention_d<D>.{svg,png}` | TFLOP/s vs sequence length (log2), non-causal and causal panels | `attention_fwd` rows, one file per head dim |
 //! | `gla.{svg,png}` | tokens/s vs T, one panel per configuration | `gla_fwd` rows |
-//! | `semicrf_time`, `semicrf_memory` | median time and peak device memory vs T, one panel per kernel and configuration | every kernel's rows |
+//! | `semicrf_{time,memory}.{svg,png}` | median time and peak device memory vs T, one panel per kernel and configuration | every kernel's rows |
 //! | `mhc.{svg,png}` | achieved GB/s per kernel (bars), the measured copy bandwidth as a reference line | rows with GB/s; `memcpy_dtod` is the reference |
 //!
 //! Every implementation present in the rows is a series: ours (`ours`, `ours-<variant>`) solid
