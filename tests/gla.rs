@@ -303,6 +303,15 @@ fn main() {
     s.gpu("gla/diag_spiky", Needs::Gpu, |g| {
         diag_spiky_with(g, GlaKernel::Baseline)
     });
+    s.cpu("gla/nonfinite/emulated", nonfinite_emulated);
+    s.gpu("gla/nonfinite/gpu", Needs::Gpu, |g| {
+        nonfinite_gpu(g, GlaKernel::Baseline)
+    });
+    // The pingpong kernels load whole TMA boxes, so the rows past a sequence's end hold the
+    // next sequence's (here non-finite) tokens: they must not leak.
+    s.gpu("gla/pingpong/nonfinite", Needs::Hopper, |g| {
+        nonfinite_gpu(g, GlaKernel::Pingpong)
+    });
     s.gpu("gla/sm_80_target", Needs::Gpu, |_| match portable_gpu() {
         None => {
             println!("the default target is already sm_80");
@@ -1070,4 +1079,267 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
         ),
         shape,
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// NaN and Inf inputs (README, "Limits, NaN and Inf").
+
+/// The input tensor that receives a non-finite value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tensor {
+    Q,
+    K,
+    V,
+    G,
+    Init,
+}
+
+/// One non-finite element: tensor, sequence, head, token within the sequence (ignored for the
+/// initial state), value.
+#[derive(Clone, Copy, Debug)]
+struct Poison {
+    tensor: Tensor,
+    seq: usize,
+    head: usize,
+    token: usize,
+    value: f32,
+}
+
+/// The key channel and value column that receive the value.
+const POISON_KEY: usize = 5;
+const POISON_VALUE: usize = 7;
+
+impl Poison {
+    /// The flat index of the element in its tensor.
+    fn index(&self, p: &GlaProblem) -> usize {
+        let (start, _) = p.sequences()[self.seq];
+        let row = (start + self.token) * p.heads + self.head;
+        match self.tensor {
+            Tensor::Q | Tensor::K | Tensor::G => row * p.dk + POISON_KEY,
+            Tensor::V => row * p.dv + POISON_VALUE,
+            Tensor::Init => {
+                ((self.seq * p.heads + self.head) * p.dk + POISON_KEY) * p.dv + POISON_VALUE
+            }
+        }
+    }
+
+    /// `d` with the element set to `value`.
+    fn apply(&self, p: &GlaProblem, d: &Data, value: f32) -> Data {
+        let i = self.index(p);
+        let mut d = Data {
+            q: d.q.clone(),
+            k: d.k.clone(),
+            v: d.v.clone(),
+            g: d.g.clone(),
+            init: d.init.clone(),
+        };
+        let x = bf16::from_f32(value);
+        match self.tensor {
+            Tensor::Q => d.q[i] = x,
+            Tensor::K => d.k[i] = x,
+            Tensor::V => d.v[i] = x,
+            Tensor::G => d.g[i] = x,
+            Tensor::Init => d.init.as_mut().expect("cases with an initial state")[i] = value,
+        }
+        d
+    }
+
+    /// A log-decay the kernels' clamp reads as `G_FLOOR`: `max(g log2 e, G_FLOOR log2 e)` returns
+    /// its non-NaN operand, so NaN and -Inf both become the floor.
+    fn clamped(&self) -> bool {
+        self.tensor == Tensor::G && (self.value.is_nan() || self.value == f32::NEG_INFINITY)
+    }
+
+    /// The first token (in the sequence) of the 16-token chunk that holds the element: outputs
+    /// of this sequence and head before it must be untouched (0 for the initial state).
+    fn first_touched(&self) -> usize {
+        match self.tensor {
+            Tensor::Init => 0,
+            _ => self.token / 16 * 16,
+        }
+    }
+}
+
+/// The documented behaviour of the kernels on one non-finite input element (README, "Limits,
+/// NaN and Inf"), checked on the outputs of `run` (the GPU or the emulator):
+/// - NaN or -Inf in `g` is read as `G_FLOOR` (the clamp): every output and final state matches
+///   the recurrence on the inputs with that element set to -20, within [`TOL`];
+/// - otherwise (q, k, v, +Inf in g, the initial state): the outputs of every other (sequence,
+///   head) and of the chunks of 16 tokens before the element's chunk, and the final states of
+///   every other (sequence, head), are finite and match the recurrence within [`TOL`] (relative
+///   L2 over them); every output and final-state element that the recurrence (on the poisoned
+///   inputs) makes non-finite is non-finite, and there is at least one. Elements of the
+///   element's chunk before it may be non-finite (the chunk's products multiply masked entries
+///   by zero): counted, not required.
+fn nonfinite_case(
+    what: &str,
+    c: &Case,
+    poison: Poison,
+    run: &dyn Fn(&GlaProblem, &Data) -> kernels::Result<Run>,
+) -> TestResult {
+    let p = &c.p;
+    let clean = data(c);
+    let d = poison.apply(p, &clean, poison.value);
+    let r = gpu_ok(run(p, &d))?;
+    let state = r.final_state.as_deref().ok_or("final state missing")?;
+    let label = format!("{what} {poison:?}");
+    if poison.clamped() {
+        let floor = poison.apply(p, &clean, G_FLOOR);
+        let exact = gpu_ok(reference::recurrence(p, &floor.host()))?;
+        return compare(
+            &format!("{label} (read as g = {G_FLOOR})"),
+            c,
+            &exact,
+            &r.o,
+            Some(state),
+        );
+    }
+    let exact = gpu_ok(reference::recurrence(p, &d.host()))?;
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    let (mut got_s, mut want_s) = (Vec::new(), Vec::new());
+    let mut early = 0;
+    for (n, (start, len)) in p.sequences().into_iter().enumerate() {
+        for h in 0..p.heads {
+            let hit = (n, h) == (poison.seq, poison.head);
+            for i in 0..len {
+                let row = &r.o[((start + i) * p.heads + h) * p.dv..][..p.dv];
+                let at = ((start + i) * p.heads + h) * p.dv;
+                if !hit || i < poison.first_touched() {
+                    got.extend(row.iter().map(|x| x.to_f64()));
+                    want.extend_from_slice(&exact.o[at..at + p.dv]);
+                } else if i < poison.token && poison.tensor != Tensor::Init {
+                    early += row.iter().filter(|x| !x.is_finite()).count();
+                }
+            }
+            let at = (n * p.heads + h) * p.dk * p.dv;
+            if !hit {
+                got_s.extend(state[at..at + p.dk * p.dv].iter().map(|&x| x as f64));
+                want_s.extend_from_slice(&exact.final_state[at..at + p.dk * p.dv]);
+            }
+        }
+    }
+    let finite = got.iter().chain(&got_s).all(|x| x.is_finite());
+    let (err_o, err_s) = (rel_l2(got.iter().copied(), &want), rel_l2(got_s, &want_s));
+    // Every output the recurrence makes non-finite is non-finite here.
+    let mut nonfinite = 0;
+    let mut missed = None;
+    for (i, (x, w)) in r.o.iter().zip(&exact.o).enumerate() {
+        if !w.is_finite() {
+            nonfinite += 1;
+            if x.is_finite() && missed.is_none() {
+                missed = Some(format!("o[{i}] = {x}, reference {w}"));
+            }
+        }
+    }
+    for (i, (x, w)) in state.iter().zip(&exact.final_state).enumerate() {
+        if !w.is_finite() {
+            nonfinite += 1;
+            if x.is_finite() && missed.is_none() {
+                missed = Some(format!("final state[{i}] = {x}, reference {w}"));
+            }
+        }
+    }
+    println!(
+        "{label}: untouched outputs ({} values) rel L2 {err_o:.3e}, other final states ({} \
+         values) {err_s:.3e} (tol {TOL:.0e}), all finite: {finite}; {nonfinite} elements \
+         non-finite in the reference, all non-finite here: {}; {early} non-finite outputs of \
+         the chunk before the element",
+        want.len(),
+        want_s.len(),
+        missed.is_none()
+    );
+    ensure(finite && err_o <= TOL && err_s <= TOL, || {
+        format!(
+            "{label}: untouched outputs rel L2 {err_o:.3e}, final states {err_s:.3e}, all \
+             finite: {finite}"
+        )
+    })?;
+    ensure(nonfinite > 0, || {
+        format!("{label}: the reference has no non-finite output (the case checks nothing)")
+    })?;
+    match missed {
+        Some(m) => Err(format!("{label}: finite where the reference is not: {m}").into()),
+        None => Ok(()),
+    }
+}
+
+/// Non-finite values in every input, in the middle of a split sequence and at the start of the
+/// last sequence (right after a partial chunk of the previous one), packed sequences of 40, 67
+/// and 43 tokens, two heads, Dk != Dv, with the automatic plan and with segments of 32 tokens
+/// (state pass and combination); then non-finite scales are typed errors.
+fn nonfinite_gpu(g: &Gpu, kernel: GlaKernel) -> TestResult {
+    let mut c = case(1, 0, 2, 64, 128, Decay::Uniform(-1.0, 0.0));
+    c.p = GlaProblem::varlen(vec![0, 40, 107, 150], 2, 64, 128).with_kernel(kernel);
+    c.seed = 77;
+    let values: [(Tensor, &[f32]); 5] = [
+        (Tensor::Q, &[f32::NAN, f32::INFINITY]),
+        (Tensor::K, &[f32::NAN, f32::NEG_INFINITY]),
+        (Tensor::V, &[f32::NAN, f32::INFINITY]),
+        (Tensor::G, &[f32::NAN, f32::NEG_INFINITY, f32::INFINITY]),
+        (Tensor::Init, &[f32::NAN, f32::NEG_INFINITY]),
+    ];
+    let run = |p: &GlaProblem, d: &Data| gpu_forward(g, p, d, true);
+    for seg in [None, Some(32)] {
+        c.p.segment_len = seg;
+        for (seq, head, token) in [(1, 1, 21), (2, 0, 0)] {
+            for (tensor, bad) in values {
+                for &value in bad {
+                    let poison = Poison {
+                        tensor,
+                        seq,
+                        head,
+                        token,
+                        value,
+                    };
+                    nonfinite_case(&format!("GPU {} seg {seg:?}", g.arch()), &c, poison, &run)?;
+                }
+            }
+        }
+    }
+    // Non-finite scales: typed errors before anything is allocated or launched.
+    for scale in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let p = GlaProblem::new(1, 64, 2, 64, 64).with_scale(scale);
+        expect_err(
+            &format!("scale {scale}"),
+            GlaPlan::new(g, &p).map(|_| ()),
+            |e| matches!(e, Error::InvalidArgument { .. }),
+        )?;
+    }
+    Ok(())
+}
+
+/// The same checks on the kernels' own code in the CPU emulator (small: two packed sequences of
+/// 37 and 23 tokens, segments of 32): NaN in v of a split sequence, +Inf in k at the start of
+/// the second sequence (after the first's partial chunk), NaN in g (read as -20). The GPU test
+/// covers the rest; this one runs without a GPU, so CI checks the expectations themselves.
+fn nonfinite_emulated() -> TestResult {
+    let mut c = case(1, 0, 2, 64, 64, Decay::Uniform(-1.0, 0.0));
+    c.p = GlaProblem::varlen(vec![0, 37, 60], 2, 64, 64).with_segment_len(32);
+    c.seed = 78;
+    let run = |p: &GlaProblem, d: &Data| -> kernels::Result<Run> {
+        let (r, outside) = emulator_forward(p, d, true)?;
+        if outside.is_empty() {
+            Ok(r)
+        } else {
+            Err(Error::invalid(
+                "emulated GLA",
+                format!("a kernel wrote outside these buffers: {outside:?}"),
+            ))
+        }
+    };
+    for (tensor, seq, head, token, value) in [
+        (Tensor::V, 0, 1, 20, f32::NAN),
+        (Tensor::K, 1, 0, 0, f32::INFINITY),
+        (Tensor::G, 0, 0, 3, f32::NAN),
+    ] {
+        let poison = Poison {
+            tensor,
+            seq,
+            head,
+            token,
+            value,
+        };
+        nonfinite_case("emulated", &c, poison, &run)?;
+    }
+    Ok(())
 }

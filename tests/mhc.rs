@@ -155,6 +155,8 @@ fn main() {
         });
     }
     s.gpu("mhc/gpu/deterministic", Needs::Gpu, deterministic);
+    s.cpu("mhc/nonfinite/emulated", nonfinite_emulated);
+    s.gpu("mhc/nonfinite/gpu", Needs::Gpu, nonfinite_gpu);
     s.gpu("mhc/gpu/sm_80_target", Needs::Gpu, |_| {
         match portable_gpu() {
             Some(g) => on_gpu(g, case(2, 64, 4, 128, true, 20)),
@@ -796,4 +798,198 @@ fn rejects_mismatched_buffers(g: &Gpu) -> TestResult {
             Err(format!("a workspace of another problem must be rejected, got {other:?}").into())
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NaN and Inf inputs (README, "Limits, NaN and Inf").
+
+/// The per-token input that receives a non-finite value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tensor {
+    X,
+    Y,
+    DXin,
+    DXnext,
+}
+
+/// One non-finite element: tensor, token, element within the token's slice, value.
+#[derive(Clone, Copy, Debug)]
+struct Poison {
+    tensor: Tensor,
+    token: usize,
+    element: usize,
+    value: f32,
+}
+
+/// The documented behaviour on one non-finite input element of one token (README, "Limits, NaN
+/// and Inf"), checked on the outputs of `run` (the GPU or the emulator): every per-token output
+/// of every other token (coefficients, `x_in`, `x_next`, `dx`, `dy`) is finite and within the
+/// tolerances of the f64 reference; every output element the reference makes non-finite (the
+/// token's own outputs, and the weight gradients, which sum over tokens) is non-finite, and
+/// there is at least one.
+fn nonfinite_case(
+    what: &str,
+    clean: &MhcData,
+    poison: Poison,
+    run: &dyn Fn(&MhcData) -> kernels::Result<MhcHostOutputs>,
+) -> TestResult {
+    let p = clean.problem;
+    let (t, c, k) = (poison.token, p.c, p.k());
+    let mut data = clean.clone();
+    let x = bf16::from_f32(poison.value);
+    match poison.tensor {
+        Tensor::X => data.x[t * k + poison.element] = x,
+        Tensor::Y => data.y[t * c + poison.element] = x,
+        Tensor::DXin => data.d_xin[t * c + poison.element] = x,
+        Tensor::DXnext => data.d_xnext[t * k + poison.element] = x,
+    }
+    let out = gpu_ok(run(&data))?;
+    let label = format!("{what} {poison:?}");
+    // Every other token: within tolerance (a non-finite value is out of any tolerance).
+    let others: Vec<usize> = (0..p.tokens()).filter(|&i| i != t).collect();
+    let cmp = reference::compare(&data, &out, Some(&others));
+    let worst = cmp.stats.iter().fold(0.0f64, |m, s| m.max(s.max_ratio));
+    let failures = cmp.failures();
+    ensure(failures.is_empty(), || {
+        format!("{label}: other tokens:\n  {}", failures.join("\n  "))
+    })?;
+    // Non-finite where the reference is.
+    let want = reference::reference(&data);
+    let mut pairs: Vec<(&str, Vec<f64>, Vec<f64>)> = Vec::new();
+    let bf = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    let per_token =
+        |pick: &dyn Fn(usize) -> Vec<f64>| -> Vec<f64> { (0..p.tokens()).flat_map(pick).collect() };
+    pairs.push((
+        "x_in",
+        bf(&out.x_in),
+        per_token(&|i| want.forward[i].x_in.clone()),
+    ));
+    pairs.push((
+        "x_next",
+        bf(&out.x_next),
+        per_token(&|i| want.forward[i].x_next.clone()),
+    ));
+    pairs.push((
+        "h_pre",
+        f(&out.h_pre),
+        per_token(&|i| want.forward[i].h_pre.clone()),
+    ));
+    pairs.push((
+        "h_post",
+        f(&out.h_post),
+        per_token(&|i| want.forward[i].h_post.clone()),
+    ));
+    pairs.push((
+        "h_res",
+        f(&out.h_res),
+        per_token(&|i| want.forward[i].h_res.clone()),
+    ));
+    pairs.push((
+        "hproj",
+        f(&out.hproj),
+        per_token(&|i| want.forward[i].hproj.clone()),
+    ));
+    pairs.push((
+        "rms",
+        f(&out.rms),
+        per_token(&|i| vec![want.forward[i].rms]),
+    ));
+    pairs.push((
+        "dx",
+        bf(&out.dx),
+        per_token(&|i| want.backward[i].dx.clone()),
+    ));
+    pairs.push((
+        "dy",
+        bf(&out.dy),
+        per_token(&|i| want.backward[i].dy.clone()),
+    ));
+    pairs.push(("dphi", f(&out.dphi), want.grads.dphi.clone()));
+    if let (Some(got), Some(w)) = (&out.dgamma, &want.grads.dgamma) {
+        pairs.push(("dgamma", f(got), w.clone()));
+    }
+    pairs.push(("dalpha", f(&out.dalpha), want.grads.dalpha.to_vec()));
+    pairs.push(("dbias", f(&out.dbias), want.grads.dbias.clone()));
+    let mut nonfinite = 0;
+    for (name, got, w) in &pairs {
+        ensure(got.len() == w.len(), || {
+            format!(
+                "{label}: {name}: {} values, reference {}",
+                got.len(),
+                w.len()
+            )
+        })?;
+        for (i, (x, r)) in got.iter().zip(w).enumerate() {
+            if !r.is_finite() {
+                nonfinite += 1;
+                ensure(!x.is_finite(), || {
+                    format!("{label}: {name}[{i}] = {x}, reference {r} (non-finite)")
+                })?;
+            }
+        }
+    }
+    println!(
+        "{label}: other tokens within tolerance (at most {worst:.3} of it); {nonfinite} \
+         elements non-finite in the reference, all non-finite here"
+    );
+    ensure(nonfinite > 0, || {
+        format!("{label}: the reference has no non-finite output (the case checks nothing)")
+    })
+}
+
+/// Non-finite values in x (NaN, +-Inf), y, d_xin and d_xnext of single tokens, B = 2, S = 37
+/// (two projection token blocks), n = 4, C = 64, with gamma; then a non-finite eps is a typed
+/// error.
+fn nonfinite_gpu(g: &Gpu) -> TestResult {
+    let c = case(2, 37, 4, 64, true, 20);
+    let clean = MhcData::random(&c.problem(), c.seed);
+    let run = |d: &MhcData| run_gpu(g, d);
+    for (tensor, token, element, value) in [
+        (Tensor::X, 5, 17, f32::NAN),
+        (Tensor::X, 5, 17, f32::INFINITY),
+        (Tensor::X, 40, 200, f32::NEG_INFINITY),
+        (Tensor::Y, 50, 3, f32::NAN),
+        (Tensor::DXin, 70, 9, f32::INFINITY),
+        (Tensor::DXnext, 73, 100, f32::NAN),
+    ] {
+        let poison = Poison {
+            tensor,
+            token,
+            element,
+            value,
+        };
+        nonfinite_case(&format!("GPU {}", g.arch()), &clean, poison, &run)?;
+    }
+    for eps in [f32::NAN, f32::INFINITY] {
+        let mut d = clean.clone();
+        d.problem = d.problem.with_eps(eps);
+        match MhcDeviceRun::upload(&d) {
+            Err(e @ Error::InvalidArgument { .. }) => println!("eps {eps}: {e}"),
+            Err(e) => return Err(format!("eps {eps}: unexpected error {e}").into()),
+            Ok(_) => return Err(format!("eps {eps}: accepted").into()),
+        }
+    }
+    Ok(())
+}
+
+/// The same checks on the kernels' own code in the CPU emulator (small: B = 1, S = 6, n = 2,
+/// C = 8, with gamma): NaN in x of one token, +Inf in d_xnext of another. The GPU test covers
+/// the rest; this one runs without a GPU, so CI checks the expectations themselves.
+fn nonfinite_emulated() -> TestResult {
+    let c = case(1, 6, 2, 8, true, 3);
+    let clean = MhcData::random(&c.problem(), c.seed);
+    for (tensor, token, element, value) in [
+        (Tensor::X, 2, 5, f32::NAN),
+        (Tensor::DXnext, 4, 11, f32::INFINITY),
+    ] {
+        let poison = Poison {
+            tensor,
+            token,
+            element,
+            value,
+        };
+        nonfinite_case("emulated", &clean, poison, &run_emulated)?;
+    }
+    Ok(())
 }

@@ -4,7 +4,9 @@
 #      in-process watchdog that fails a hung kernel within KERNELS_WATCHDOG_SECS);
 #   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck over the GPU test
 #      executables (the negative controls, test-reliability negative_*, are always left out:
-#      they race by design; bundle/reliability.sh runs them and expects the hazards);
+#      they race by design; bundle/reliability.sh runs them and expects the hazards), each run
+#      with KERNELS_SANITIZER=<tool> (under racecheck the largest problems shrink, see
+#      reliability.sh);
 #   3. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
 #      (peers run through python3 on the same inputs).
 # Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
@@ -79,7 +81,7 @@ if [ "$do_san" = 1 ]; then
         IFS=', ' read -ra patterns <<< "${SANITIZER_SKIP:-}"
         for pat in "${patterns[@]}"; do [ -n "$pat" ] && skips+=(--skip "$pat"); done
         start=$(date +%s)
-        KERNELS_WATCHDOG_SECS=900 timeout -k 10 "${SANITIZER_TIMEOUT:-1200}" \
+        KERNELS_SANITIZER="$tool" KERNELS_WATCHDOG_SECS=900 timeout -k 10 "${SANITIZER_TIMEOUT:-1200}" \
           compute-sanitizer --tool "$tool" --error-exitcode 86 "${extra[@]}" \
           "$b" --test-threads "${SANITIZER_THREADS:-1}" "${skips[@]}" > "$log" 2>&1
         rc=$?

@@ -1,13 +1,16 @@
-//! `kbench report`'s plots: `bench/results/*.json` -> `bench/plots/*.svg`, drawn with plotters'
-//! SVG backend (no font or bitmap features: nothing from the system is needed, and the text is
-//! laid out by plotters' built-in estimate and drawn by the viewer).
+//! `kbench report`'s plots: `bench/results/*.json` -> `bench/plots/*.svg` and `*.png`, the
+//! same drawing through plotters' SVG backend (text drawn by the viewer) and its bitmap backend
+//! (text rasterized by `ab_glyph` with DejaVu Sans, embedded from the `dejavu` crate). Nothing
+//! comes from the system (no fontconfig, freetype or installed fonts), so a fresh machine draws
+//! the same pixels, and the output depends only on the results files: the report regenerates
+//! both byte for byte.
 //!
 //! | file | what | from |
 //! |---|---|---|
-//! | `attention_d<D>.svg` | TFLOP/s vs sequence length (log2), non-causal and causal panels | `attention_fwd` rows, one file per head dim |
-//! | `gla.svg` | tokens/s vs T, one panel per configuration | `gla_fwd` rows |
-//! | `semicrf_time.svg`, `semicrf_memory.svg` | median time and peak device memory vs T, one panel per kernel and configuration | every kernel's rows |
-//! | `mhc.svg` | achieved GB/s per kernel (bars), the measured copy bandwidth as a reference line | rows with GB/s; `memcpy_dtod` is the reference |
+//! | `attention_d<D>.{svg,png}` | TFLOP/s vs sequence length (log2), non-causal and causal panels | `attention_fwd` rows, one file per head dim |
+//! | `gla.{svg,png}` | tokens/s vs T, one panel per configuration | `gla_fwd` rows |
+//! | `semicrf_{time,memory}.{svg,png}` | median time and peak device memory vs T, one panel per kernel and configuration | every kernel's rows |
+//! | `mhc.{svg,png}` | achieved GB/s per kernel (bars), the measured copy bandwidth as a reference line | rows with GB/s; `memcpy_dtod` is the reference |
 //!
 //! Every implementation present in the rows is a series: ours (`ours`, `ours-<variant>`) solid
 //! with round markers, peers dashed with triangles. A line plot follows one *sweep*: the rows of
@@ -31,8 +34,10 @@ use std::path::Path;
 pub struct Plot {
     /// Family (the results file's `family`).
     pub family: String,
-    /// File name inside the plots directory.
+    /// File name of the SVG inside the plots directory.
     pub file: String,
+    /// File name of the PNG (the same drawing) inside the plots directory.
+    pub png: String,
     /// What it shows (also the markdown alt text).
     pub title: String,
 }
@@ -46,10 +51,22 @@ pub struct Rendered {
     pub messages: Vec<String>,
 }
 
-/// Draw every plot the results allow into `out_dir` (created if missing). SVG files in
-/// `out_dir` that this run did not write are stale (their results are gone) and are removed.
+/// The font plotters draws text with in PNGs (registered once per process as [`FONT`]).
+fn register_font() -> Result<(), String> {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok()
+    });
+    ok.then_some(())
+        .ok_or_else(|| "the embedded DejaVu Sans font could not be loaded".to_string())
+}
+
+/// Draw every plot the results allow into `out_dir` (created if missing), each as SVG and PNG.
+/// SVG and PNG files in `out_dir` that this run did not write are stale (their results are
+/// gone) and are removed.
 pub fn render_all(files: &[ResultsFile], out_dir: &Path) -> Result<Rendered, String> {
     std::fs::create_dir_all(out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    register_font()?;
     let mut out = Rendered::default();
     for (family, build) in FAMILIES {
         let Some(file) = files.iter().find(|f| f.family == *family) else {
@@ -59,23 +76,33 @@ pub fn render_all(files: &[ResultsFile], out_dir: &Path) -> Result<Rendered, Str
             continue;
         };
         for figure in build(file, &mut out.messages) {
-            let path = out_dir.join(figure.file());
+            let svg = figure.file().to_string();
+            let png = Path::new(&svg)
+                .with_extension("png")
+                .to_string_lossy()
+                .into_owned();
+            let path = out_dir.join(&svg);
             figure
-                .draw(&path)
+                .draw(&path, &out_dir.join(&png))
                 .map_err(|e| format!("drawing {}: {e}", path.display()))?;
             out.plots.push(Plot {
                 family: family.to_string(),
-                file: figure.file().to_string(),
+                file: svg,
+                png,
                 title: figure.title().to_string(),
             });
         }
     }
-    let written: BTreeSet<&str> = out.plots.iter().map(|p| p.file.as_str()).collect();
+    let written: BTreeSet<&str> = out
+        .plots
+        .iter()
+        .flat_map(|p| [p.file.as_str(), p.png.as_str()])
+        .collect();
     let mut stale: Vec<_> = std::fs::read_dir(out_dir)
         .map_err(|e| format!("reading {}: {e}", out_dir.display()))?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "svg"))
+        .filter(|p| p.extension().is_some_and(|x| x == "svg" || x == "png"))
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
@@ -635,11 +662,40 @@ impl Figure {
         }
     }
 
-    fn draw(&self, path: &Path) -> Result<(), String> {
+    /// Width and height in pixels.
+    fn size(&self) -> (u32, u32) {
         match self {
-            Figure::Lines(f) => draw_lines(f, path),
-            Figure::Bars(f) => draw_bars(f, path),
+            Figure::Lines(f) => line_size(f),
+            Figure::Bars(f) => bar_size(f),
         }
+    }
+
+    fn paint<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        match self {
+            Figure::Lines(f) => draw_lines(f, root)?,
+            Figure::Bars(f) => draw_bars(f, root)?,
+        }
+        root.present().map_err(err)
+    }
+
+    /// Draw the figure as SVG at `svg` and as PNG (the same drawing, rasterized by plotters'
+    /// bitmap backend with the embedded font, RGB, compressed at the encoder's best level) at
+    /// `png`.
+    fn draw(&self, svg: &Path, png: &Path) -> Result<(), String> {
+        use image::ImageEncoder;
+        use image::codecs::png::{CompressionType, FilterType, PngEncoder};
+        let (w, h) = self.size();
+        self.paint(&SVGBackend::new(svg, (w, h)).into_drawing_area())?;
+        let mut pixels = vec![0u8; w as usize * h as usize * 3];
+        self.paint(&BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area())?;
+        let file = std::fs::File::create(png).map_err(err)?;
+        PngEncoder::new_with_quality(
+            std::io::BufWriter::new(file),
+            CompressionType::Best,
+            FilterType::Adaptive,
+        )
+        .write_image(&pixels, w, h, image::ColorType::Rgb8)
+        .map_err(err)
     }
 }
 
@@ -854,11 +910,11 @@ fn text_w(text: &str, size: u32) -> u32 {
 }
 
 /// Title and provenance on top; returns the area below.
-fn header<'a>(
-    root: &DrawingArea<SVGBackend<'a>, Shift>,
+fn header<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
     title: &str,
     subtitle: &str,
-) -> Result<DrawingArea<SVGBackend<'a>, Shift>, String> {
+) -> Result<DrawingArea<DB, Shift>, String> {
     let (top, rest) = root.split_vertically(HEADER_H);
     let w = top.dim_in_pixel().0 as i32;
     let centered =
@@ -894,8 +950,8 @@ fn legend_layout(labels: &[String], width: u32) -> (Vec<(usize, i32, i32)>, u32)
 
 /// The legend: a line sample (solid for ours, dashed for peers), a marker, the name; then the
 /// reference line, if any.
-fn draw_legend(
-    area: &DrawingArea<SVGBackend, Shift>,
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
     styles: &[Style],
     reference: Option<&str>,
     line_markers: bool,
@@ -935,8 +991,8 @@ fn draw_legend(
     Ok(())
 }
 
-fn draw_marker_px(
-    area: &DrawingArea<SVGBackend, Shift>,
+fn draw_marker_px<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
     at: (i32, i32),
     color: RGBColor,
     ours: bool,
@@ -949,31 +1005,47 @@ fn draw_marker_px(
     }
 }
 
-fn draw_lines(f: &LineFigure, path: &Path) -> Result<(), String> {
-    let styles = styles(
+/// The styles of a line figure's series, across its panels.
+fn line_styles(f: &LineFigure) -> Vec<Style> {
+    styles(
         f.panels
             .iter()
             .flat_map(|p| p.series.iter().map(|s| s.name.as_str())),
-    );
+    )
+}
+
+/// Columns and rows of a line figure's panel grid.
+fn grid_shape(f: &LineFigure) -> (usize, usize) {
     let cols = f.cols.min(f.panels.len()).max(1);
-    let rows = f.panels.len().div_ceil(cols);
+    (cols, f.panels.len().div_ceil(cols))
+}
+
+/// Width and height of a line figure in pixels.
+fn line_size(f: &LineFigure) -> (u32, u32) {
+    let (cols, rows) = grid_shape(f);
     let width = PANEL_W * cols as u32;
-    let labels: Vec<String> = styles.iter().map(|s| s.name.clone()).collect();
+    let labels: Vec<String> = line_styles(f).iter().map(|s| s.name.clone()).collect();
     let (_, legend_h) = legend_layout(&labels, width);
-    let height = HEADER_H + PANEL_H * rows as u32 + legend_h;
-    let root = SVGBackend::new(path, (width, height)).into_drawing_area();
+    (width, HEADER_H + PANEL_H * rows as u32 + legend_h)
+}
+
+fn draw_lines<DB: DrawingBackend>(
+    f: &LineFigure,
+    root: &DrawingArea<DB, Shift>,
+) -> Result<(), String> {
+    let styles = line_styles(f);
+    let (cols, rows) = grid_shape(f);
     root.fill(&WHITE).map_err(err)?;
-    let body = header(&root, &f.title, &f.subtitle)?;
+    let body = header(root, &f.title, &f.subtitle)?;
     let (grid, legend) = body.split_vertically(PANEL_H * rows as u32);
     for (area, panel) in grid.split_evenly((rows, cols)).iter().zip(&f.panels) {
         draw_panel(area, panel, &styles)?;
     }
-    draw_legend(&legend, &styles, None, true)?;
-    root.present().map_err(err)
+    draw_legend(&legend, &styles, None, true)
 }
 
-fn draw_panel(
-    area: &DrawingArea<SVGBackend, Shift>,
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
     p: &Panel,
     styles: &[Style],
 ) -> Result<(), String> {
@@ -1036,19 +1108,25 @@ fn draw_panel(
     Ok(())
 }
 
-fn draw_bars(f: &BarFigure, path: &Path) -> Result<(), String> {
-    let styles = styles(f.series.iter().map(|s| s.name.as_str()));
-    let reference = f.reference.as_ref().map(|r| r.0.as_str());
-    let labels: Vec<String> = styles
+/// Width and height of a bar figure in pixels.
+fn bar_size(f: &BarFigure) -> (u32, u32) {
+    let labels: Vec<String> = styles(f.series.iter().map(|s| s.name.as_str()))
         .iter()
         .map(|s| s.name.clone())
-        .chain(reference.map(str::to_string))
+        .chain(f.reference.as_ref().map(|r| r.0.clone()))
         .collect();
     let (_, legend_h) = legend_layout(&labels, BAR_W);
-    let height = HEADER_H + PANEL_H + legend_h;
-    let root = SVGBackend::new(path, (BAR_W, height)).into_drawing_area();
+    (BAR_W, HEADER_H + PANEL_H + legend_h)
+}
+
+fn draw_bars<DB: DrawingBackend>(
+    f: &BarFigure,
+    root: &DrawingArea<DB, Shift>,
+) -> Result<(), String> {
+    let styles = styles(f.series.iter().map(|s| s.name.as_str()));
+    let reference = f.reference.as_ref().map(|r| r.0.as_str());
     root.fill(&WHITE).map_err(err)?;
-    let body = header(&root, &f.title, &f.subtitle)?;
+    let body = header(root, &f.title, &f.subtitle)?;
     let (plot, legend) = body.split_vertically(PANEL_H);
     let n = f.groups.len();
     let x = Axis {
@@ -1134,8 +1212,7 @@ fn draw_bars(f: &BarFigure, path: &Path) -> Result<(), String> {
             ))
             .map_err(err)?;
     }
-    draw_legend(&legend, &styles, reference, false)?;
-    root.present().map_err(err)
+    draw_legend(&legend, &styles, reference, false)
 }
 
 #[cfg(test)]
@@ -1299,6 +1376,69 @@ mod tests {
         std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
     }
 
+    fn bytes(dir: &Path, file: &str) -> Vec<u8> {
+        std::fs::read(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+    }
+
+    /// The value of attribute `name` of the `<svg>` element.
+    fn svg_attr(svg: &str, name: &str) -> u32 {
+        let head = &svg[..svg.find('>').unwrap()];
+        let at = head.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        head[at..at + head[at..].find('"').unwrap()]
+            .parse()
+            .unwrap()
+    }
+
+    /// The PNG of every plot is the SVG's drawing in pixels: same size, white background, and
+    /// text rasterized with the embedded font (the title band holds dark, anti-aliased pixels
+    /// where the title is, and none where it is not).
+    #[test]
+    fn png_next_to_every_svg() {
+        let dir = temp_dir("png");
+        let out = render_all(&synthetic(), &dir).unwrap();
+        assert_eq!(out.plots.len(), 5);
+        for p in &out.plots {
+            assert_eq!(p.png, p.file.replace(".svg", ".png"));
+            let svg = read(&dir, &p.file);
+            let img =
+                image::load_from_memory_with_format(&bytes(&dir, &p.png), image::ImageFormat::Png)
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.png))
+                    .to_rgb8();
+            let (w, h) = img.dimensions();
+            assert_eq!(
+                (w, h),
+                (svg_attr(&svg, "width"), svg_attr(&svg, "height")),
+                "{}",
+                p.png
+            );
+            assert_eq!(img.get_pixel(0, 0).0, [255, 255, 255], "{}", p.png);
+            // The title (24 px, centered at y = 22): dark pixels around the center line, a
+            // range of grays at the glyph edges, and blank margins at both ends of the band.
+            let band: Vec<u8> = (10..34)
+                .flat_map(|y| (0..w).map(move |x| (x, y)))
+                .map(|(x, y)| img.get_pixel(x, y).0[1])
+                .collect();
+            let dark = band.iter().filter(|v| **v < 96).count();
+            let gray = band.iter().filter(|v| **v >= 96 && **v < 224).count();
+            assert!(
+                dark > 200 && gray > 50,
+                "{}: title band {dark} dark, {gray} gray",
+                p.png
+            );
+            for y in 10..34 {
+                for x in (0..8).chain(w - 8..w) {
+                    assert_eq!(
+                        img.get_pixel(x, y).0,
+                        [255, 255, 255],
+                        "{} ({x}, {y})",
+                        p.png
+                    );
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn renders_every_family_with_its_series() {
         let dir = temp_dir("all");
@@ -1401,6 +1541,11 @@ mod tests {
                 "{} differs between runs",
                 p.file
             );
+            assert!(
+                bytes(&a, &p.png) == bytes(&b, &p.png),
+                "{} differs between runs",
+                p.png
+            );
         }
         assert!(
             first
@@ -1410,8 +1555,9 @@ mod tests {
         );
         // A stale plot (its results gone) is removed.
         std::fs::write(a.join("gla.svg"), "<svg/>").unwrap();
+        std::fs::write(a.join("gla.png"), "").unwrap();
         let again = render_all(&files, &a).unwrap();
-        assert!(!a.join("gla.svg").exists());
+        assert!(!a.join("gla.svg").exists() && !a.join("gla.png").exists());
         assert!(
             again
                 .messages

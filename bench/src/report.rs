@@ -41,8 +41,8 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
          the same inputs; `diff vs ours` is the largest absolute difference between the peer's \
          output and ours. `ours/peer` > 1 means ours is faster. `peak MiB` (where measured): \
          device memory of the call, inputs included (peers: PyTorch's peak allocation). The plots \
-         (`bench/plots/*.svg`) are drawn from the same files: ours solid with round markers, \
-         peers dashed with triangles.\n",
+         (`bench/plots/*.svg`, and the same drawings as `*.png`) are drawn from the same files: \
+         ours solid with round markers, peers dashed with triangles.\n",
     );
     for f in files {
         writeln!(md, "\n## {}\n", f.family).unwrap();

@@ -106,6 +106,36 @@ impl Suite {
     }
 }
 
+/// The environment variable through which the sweep scripts (`bundle/reliability.sh`,
+/// `bundle/run.sh`) tell a test process which compute-sanitizer tool it runs under.
+pub const SANITIZER_ENV: &str = "KERNELS_SANITIZER";
+
+/// The compute-sanitizer tool this process runs under, as [`SANITIZER_ENV`] says (unset
+/// outside the sanitizer passes).
+pub fn sanitizer() -> Option<String> {
+    std::env::var(SANITIZER_ENV).ok().filter(|s| !s.is_empty())
+}
+
+/// The size of a dimension that does not change any kernel's shared-memory protocol: `full`,
+/// or `small` under racecheck (`KERNELS_SANITIZER=racecheck`). Racecheck looks for hazards on
+/// shared memory, which depend on the tiles a block walks through and on its barriers, not on
+/// where in global memory the data lies or on how many tiles there are beyond a few; it slows
+/// every shared-memory access by orders of magnitude, so the largest problems would not finish
+/// under it. memcheck and initcheck (which check the global addresses) run the full size.
+/// Prints which size ran, and why.
+pub fn racecheck_size(what: &str, full: usize, small: usize) -> usize {
+    if sanitizer().as_deref() == Some("racecheck") {
+        println!(
+            "{what}: {small} instead of {full} ({SANITIZER_ENV}=racecheck: the shared-memory \
+             protocol is the same; memcheck and initcheck run the full size)"
+        );
+        small
+    } else {
+        println!("{what}: {full} (full size)");
+        full
+    }
+}
+
 /// Turn a library error into a test failure; a watchdog timeout ends the process at once.
 pub fn gpu_ok<T>(r: kernels::Result<T>) -> Result<T, Failed> {
     match r {

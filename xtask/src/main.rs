@@ -40,7 +40,7 @@ const TASKS: &[(&str, &str)] = &[
     ),
     (
         "report",
-        "turn bench/results/*.json into BENCHMARKS.md and bench/plots/*.svg",
+        "turn bench/results/*.json into BENCHMARKS.md and bench/plots/*.{svg,png}",
     ),
     ("ci", "what CI runs: test, fmt --check, clippy, check-ptx"),
 ];
