@@ -43,12 +43,18 @@
 //! NaN safety (seed 004's bug): masked logits are -inf; a row whose running maximum is still
 //! -inf uses 0 as its reference, so `exp2(-inf - ref) = 0` and no `-inf - -inf` is ever formed;
 //! the output divides by the row sum only when it is positive (else O = 0, LSE = -inf).
+//! The folded softmax modes ([`kernel_abi::attention::Softmax`]) keep these rules: their
+//! reference is raised past the rounding residual of `max * scale_log2` (so no exponent is
+//! positive, even for logits near 1e36), and lazy rescaling bounds every `p` by
+//! `2^RESCALE_THRESHOLD`.
 
 #[cfg(target_feature = "sm_90a")]
 pub mod hopper;
 
 use crate::arch::{convert, cp_async, index, ldmatrix, math, mma, smem, sync, warp};
-use kernel_abi::attention::{AttentionParams, TUNING_VARIANTS, TileConfig, tile_config_of};
+use kernel_abi::attention::{
+    AttentionParams, REF_NUDGE, RESCALE_THRESHOLD, TUNING_VARIANTS, TileConfig, tile_config_of,
+};
 
 /// The 16-bit input format: its tensor-core product and f32 packing.
 pub trait Elem {
@@ -248,8 +254,10 @@ unsafe fn qk<
 
 /// Mask the logits of keys `n0 .. n0 + BN` where this step crosses a window edge or `seq_k`
 /// (-inf = masked), then scale to base-2 logits. Scaling before the maximum keeps the maximum's
-/// own exponent exactly 0 (folding the scale into an FFMA would leave the product's rounding
-/// residual, which overflows `exp2` for logits near 1e36).
+/// own exponent exactly 0; the folded softmax modes call [`mask`] alone and scale in the FFMA
+/// of the exponent instead (see [`nudge`] for the residual). The masking is written out here
+/// rather than through [`mask`]: the call changes LLVM's block layout, and this text keeps the
+/// PTX of the measured default kernels byte for byte.
 #[inline(always)]
 fn mask_and_scale<const MT: usize, const NT: usize, const BM: u32, const BN: u32>(
     w: &Warp,
@@ -285,6 +293,41 @@ fn mask_and_scale<const MT: usize, const NT: usize, const BM: u32, const BN: u32
         for j in 0..NT {
             for e in 0..4 {
                 s[mt][j][e] *= w.scale_log2;
+            }
+        }
+    }
+}
+
+/// Mask the logits of keys `n0 .. n0 + BN` where this step crosses a window edge or `seq_k`
+/// (-inf = masked).
+#[inline(always)]
+fn mask<const MT: usize, const NT: usize, const BM: u32, const BN: u32>(
+    w: &Warp,
+    s: &mut [[[f32; 4]; NT]; MT],
+    n0: u32,
+) {
+    // i32 is exact here: the host keeps sequence lengths and windows below 2^30.
+    let (off, wl, wr, sk) = (w.offset, w.window_left, w.window_right, w.seq_k);
+    let row_lo = w.m0 as i32;
+    let row_hi = (w.m0 + BM - 1) as i32;
+    let (key_lo, key_hi) = (n0 as i32, (n0 + BN - 1) as i32);
+    let needs_mask = key_hi >= sk
+        || (wr >= 0 && key_hi > row_lo + off + wr)
+        || (wl >= 0 && key_lo < row_hi + off - wl);
+    if needs_mask {
+        for mt in 0..MT {
+            for j in 0..NT {
+                for e in 0..4 {
+                    let row =
+                        (w.m0 + w.warp_row + 16 * mt as u32 + w.g + 8 * (e as u32 / 2)) as i32;
+                    let key = (n0 + 8 * j as u32 + 2 * w.t + (e as u32 % 2)) as i32;
+                    let allowed = key < sk
+                        && (wl < 0 || key >= row + off - wl)
+                        && (wr < 0 || key <= row + off + wr);
+                    if !allowed {
+                        s[mt][j][e] = f32::NEG_INFINITY;
+                    }
+                }
             }
         }
     }
@@ -331,6 +374,154 @@ fn softmax_update<const MT: usize, const NT: usize, const DT: usize>(
                 s[mt][j][2 * h] = p0;
                 s[mt][j][2 * h + 1] = p1;
             }
+        }
+    }
+}
+
+/// A row maximum in base-2 units, `t = max * scale_log2` (rounded), raised to
+/// `t + |t| REF_NUDGE`: at least one ulp above `t`, so above the exact product, and so
+/// `fma(s, scale_log2, -nudge(t)) <= 0` for every key of the row (`scale_log2 > 0`, so the
+/// maximum of the raw logits is the maximum of the scaled ones). For `t = -inf` (no allowed key
+/// yet) the result is NaN, which `f32::max` ignores: the running reference stays as it was.
+#[inline(always)]
+fn nudge(t: f32) -> f32 {
+    math::fma(t.abs(), REF_NUDGE, t)
+}
+
+/// The reference of a row whose running maximum is `m`: `m`, or 0 while `m` is -inf (so no
+/// `-inf - -inf` is formed).
+#[inline(always)]
+fn reference(m: f32) -> f32 {
+    if m == f32::NEG_INFINITY { 0.0 } else { m }
+}
+
+/// [`softmax_update`] with the scale folded into the exponent's FFMA (`s` holds raw logits,
+/// masked ones -inf): `p = exp2(fma(s, scale_log2, -reference))`, the running maximum kept in
+/// base-2 units as the nudged reference ([`nudge`]). Row by row, as [`softmax_update`].
+#[inline(always)]
+fn softmax_folded_rows<const MT: usize, const NT: usize, const DT: usize>(
+    s: &mut [[[f32; 4]; NT]; MT],
+    o: &mut [[[f32; 4]; DT]; MT],
+    row_max: &mut [[f32; 2]; MT],
+    row_sum: &mut [[f32; 2]; MT],
+    scale_log2: f32,
+) {
+    for mt in 0..MT {
+        for h in 0..2 {
+            let mut mx = f32::NEG_INFINITY;
+            for j in 0..NT {
+                mx = mx.max(s[mt][j][2 * h]).max(s[mt][j][2 * h + 1]);
+            }
+            // SAFETY: all 32 lanes execute these shuffles (the callers' control flow is uniform).
+            unsafe {
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
+                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
+            }
+            let new_max = row_max[mt][h].max(nudge(mx * scale_log2));
+            let r = reference(new_max);
+            let correction = math::exp2(row_max[mt][h] - r);
+            row_max[mt][h] = new_max;
+            row_sum[mt][h] *= correction;
+            for d in 0..DT {
+                o[mt][d][2 * h] *= correction;
+                o[mt][d][2 * h + 1] *= correction;
+            }
+            for j in 0..NT {
+                let p0 = math::exp2(math::fma(s[mt][j][2 * h], scale_log2, -r));
+                let p1 = math::exp2(math::fma(s[mt][j][2 * h + 1], scale_log2, -r));
+                row_sum[mt][h] += p0 + p1;
+                s[mt][j][2 * h] = p0;
+                s[mt][j][2 * h + 1] = p1;
+            }
+        }
+    }
+}
+
+/// The folded softmax a tile at a time: the maxima of all `2 MT` rows of the thread (the
+/// shuffles of the rows interleaved, so their latencies overlap), then the rescales, then every
+/// exponential of the tile, then the row sums (pairwise), so that no MUFU or shuffle result is
+/// needed by the next instruction. With `LAZY` the warp rescales only when some row's nudged
+/// maximum exceeds its reference by more than [`RESCALE_THRESHOLD`] (a warp vote: the branch
+/// is uniform); otherwise every row keeps its reference, so `p <= 2^RESCALE_THRESHOLD` and O and
+/// the sums are not touched. Either way O, the sums and the references stay consistent: the
+/// output divides by the sum of the same `p`, and the LSE adds the reference back.
+#[inline(always)]
+fn softmax_folded_tile<const MT: usize, const NT: usize, const DT: usize, const LAZY: bool>(
+    s: &mut [[[f32; 4]; NT]; MT],
+    o: &mut [[[f32; 4]; DT]; MT],
+    row_max: &mut [[f32; 2]; MT],
+    row_sum: &mut [[f32; 2]; MT],
+    scale_log2: f32,
+) {
+    let mut mx = [[f32::NEG_INFINITY; 2]; MT];
+    for mt in 0..MT {
+        for j in 0..NT {
+            for h in 0..2 {
+                mx[mt][h] = mx[mt][h].max(s[mt][j][2 * h]).max(s[mt][j][2 * h + 1]);
+            }
+        }
+    }
+    for k in 0..2 {
+        let lane_mask = 1 << k;
+        for mt in 0..MT {
+            for h in 0..2 {
+                // SAFETY: all 32 lanes execute these shuffles (uniform control flow).
+                let other = unsafe { warp::shfl_xor_f32(warp::FULL_MASK, mx[mt][h], lane_mask) };
+                mx[mt][h] = mx[mt][h].max(other);
+            }
+        }
+    }
+    let mut t = [[0.0f32; 2]; MT];
+    let mut grow = false;
+    for mt in 0..MT {
+        for h in 0..2 {
+            t[mt][h] = nudge(mx[mt][h] * scale_log2);
+            // False for NaN: t = NaN (no allowed key in this tile) or -inf - -inf.
+            grow |= t[mt][h] - row_max[mt][h] > RESCALE_THRESHOLD;
+        }
+    }
+    // SAFETY: all 32 lanes execute the vote (uniform control flow).
+    let rescale = !LAZY || unsafe { warp::any(warp::FULL_MASK, grow) };
+    if rescale {
+        for mt in 0..MT {
+            for h in 0..2 {
+                let new_max = row_max[mt][h].max(t[mt][h]);
+                let correction = math::exp2(row_max[mt][h] - reference(new_max));
+                row_max[mt][h] = new_max;
+                row_sum[mt][h] *= correction;
+                for d in 0..DT {
+                    o[mt][d][2 * h] *= correction;
+                    o[mt][d][2 * h + 1] *= correction;
+                }
+            }
+        }
+    }
+    for mt in 0..MT {
+        for h in 0..2 {
+            let r = reference(row_max[mt][h]);
+            for j in 0..NT {
+                for e in 2 * h..2 * h + 2 {
+                    s[mt][j][e] = math::exp2(math::fma(s[mt][j][e], scale_log2, -r));
+                }
+            }
+        }
+    }
+    for mt in 0..MT {
+        for h in 0..2 {
+            let mut pairs = [0.0f32; NT];
+            for j in 0..NT {
+                pairs[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+            }
+            // A tree over the pairs (constant trip counts: unrolled, the array in registers).
+            for level in 0..usize::BITS {
+                let stride = 1usize << level;
+                for j in 0..NT {
+                    if stride < NT && j % (2 * stride) == 0 && j + stride < NT {
+                        pairs[j] += pairs[j + stride];
+                    }
+                }
+            }
+            row_sum[mt][h] += pairs[0];
         }
     }
 }
@@ -472,7 +663,7 @@ fn store_output<E: Elem, const MT: usize, const DT: usize>(
 
 /// The forward pass; see the module documentation. `MT` m16 tiles per warp, `DT = D / 8`,
 /// `DK = D / 16`, `NT = BN / 8`, `NK = BN / 16`, `WAIT = STAGES - 2` (the `cp.async` groups
-/// that may stay in flight).
+/// that may stay in flight), `SM` the softmax mode's code (`Softmax::code`).
 ///
 /// # Safety
 /// Launched as documented on [`AttentionParams`], with the tile configuration `cfg`, whose
@@ -492,6 +683,7 @@ unsafe fn forward<
     const WAIT: u32,
     const Q_REGS: bool,
     const PF: bool,
+    const SM: u32,
     const THREADS: u32,
 >(
     p: &AttentionParams,
@@ -604,8 +796,18 @@ unsafe fn forward<
                 // overwritten before the next one.
                 let mut s =
                     unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS, PF>(&w, q_s, &q_frag, k_s(stage)) };
-                mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
-                softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
+                if SM == 0 {
+                    mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
+                    softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
+                } else {
+                    mask::<MT, NT, BM, BN>(&w, &mut s, n0(step));
+                    let (m, l, c) = (&mut row_max, &mut row_sum, w.scale_log2);
+                    match SM {
+                        1 => softmax_folded_rows::<MT, NT, DT>(&mut s, &mut o, m, l, c),
+                        2 => softmax_folded_tile::<MT, NT, DT, false>(&mut s, &mut o, m, l, c),
+                        _ => softmax_folded_tile::<MT, NT, DT, true>(&mut s, &mut o, m, l, c),
+                    }
+                }
                 // SAFETY: as for K above.
                 unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
             }
@@ -643,6 +845,7 @@ macro_rules! attention_kernel {
                     { CFG.stages - 2 },
                     { CFG.q_in_registers },
                     { CFG.prefetch },
+                    { CFG.softmax.code() },
                     { CFG.threads() },
                 >(&p, &CFG)
             }
@@ -662,3 +865,6 @@ attention_kernel!(attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1);
 attention_kernel!(attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1);
 attention_kernel!(attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1);
 attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1);
+attention_kernel!(attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1);
+attention_kernel!(attention_fwd_bf16_d128_ffmat, Bf16, TUNING_VARIANTS[5].1);
+attention_kernel!(attention_fwd_bf16_d128_lazy, Bf16, TUNING_VARIANTS[6].1);
