@@ -46,17 +46,18 @@ pub enum Softmax {
     /// The logits are scaled (`s * scale_log2`) before the row maximum, and `p = exp2(s - m)`
     /// row by row: maximum, shuffles, rescale of O, exponentials.
     Scaled,
-    /// The scale folded into one FFMA per logit: the maximum is taken on the raw logits and
-    /// `p = exp2(fma(s, scale_log2, -m))`, with the reference `m` raised past the rounding
-    /// residual of `max * scale_log2` ([`REF_NUDGE`]) so that no exponent is positive.
+    /// The scale folded into one FFMA per logit, `p = exp2(fma(s, scale_log2, -m))` with `m` the
+    /// rounded `max * scale_log2` (the maximum taken on the raw logits), issued a tile at a
+    /// time: the maxima of all the warp's rows (their shuffles interleaved), then every
+    /// rescale, then every exponential, then the row sums. The residual of the rounding of `m`
+    /// (at most half an ulp) cancels between O, the sums and the LSE; a step where some row's
+    /// `|m|` reaches [`HUGE_LOGIT`] (where the residual could overflow `exp2`) takes the
+    /// scaled computation instead (a warp vote: the branch is uniform).
     Folded,
-    /// [`Softmax::Folded`], issued a tile at a time: the maxima of all the warp's rows (their
-    /// shuffles interleaved), then every rescale, then every exponential, then the row sums.
-    FoldedTile,
-    /// [`Softmax::FoldedTile`] with lazy rescaling: the warp keeps its rows' references (and
-    /// skips the rescale of O) unless some row's maximum exceeds its reference by more than
-    /// [`RESCALE_THRESHOLD`] (`p <= 2^threshold` stays far from f32 overflow; the reference
-    /// cancels in O and is exact in the LSE).
+    /// [`Softmax::Folded`] with lazy rescaling: the warp keeps its rows' references (and skips
+    /// the rescale of O) unless some row's maximum exceeds its reference by more than
+    /// [`RESCALE_THRESHOLD`] (`p <= 2^(threshold + 1)` stays far from f32 overflow; the
+    /// reference cancels in O and is exact in the LSE).
     FoldedLazy,
 }
 
@@ -66,20 +67,19 @@ impl Softmax {
         match self {
             Softmax::Scaled => 0,
             Softmax::Folded => 1,
-            Softmax::FoldedTile => 2,
-            Softmax::FoldedLazy => 3,
+            Softmax::FoldedLazy => 2,
         }
     }
 }
 
-/// Relative amount the folded softmax adds to a row maximum `t = max * scale_log2` (f32):
-/// `t + |t| 2^-22` exceeds `t` by at least one ulp, more than the rounding residual of the
-/// product (half an ulp), so `fma(s, scale_log2, -reference) <= 0` for every key of the row even
-/// for logits near 1e36, where the residual alone would overflow `exp2`.
-pub const REF_NUDGE: f32 = 1.0 / (1u32 << 22) as f32;
+/// Row maxima (base-2 logits, `|max * scale_log2|`) from which [`Softmax::Folded`] scales the
+/// logits before subtracting: below it the rounding residual of the reference is at most 1
+/// (so `p <= 2`), above it the residual (up to 2^103 near f32's limit) could overflow or
+/// underflow `exp2`.
+pub const HUGE_LOGIT: f32 = (1u32 << 24) as f32;
 
 /// Growth of a row maximum (base-2 logits) past its reference that makes
-/// [`Softmax::FoldedLazy`] rescale (FlashAttention-4 uses 8): `p <= 2^8`.
+/// [`Softmax::FoldedLazy`] rescale (FlashAttention-4 uses 8).
 pub const RESCALE_THRESHOLD: f32 = 8.0;
 
 impl TileConfig {
@@ -188,20 +188,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
         },
     ),
     // The previous default: keys in steps of 64 (255 registers and a spill).
-    (
-        "n64",
-        TileConfig {
-            head_dim: 128,
-            block_m: 128,
-            block_n: 64,
-            stages: 2,
-            warp_m_tiles: 2,
-            blocks_per_sm: 2,
-            q_in_registers: false,
-            prefetch: false,
-            softmax: Softmax::Scaled,
-        },
-    ),
+    ("n64", TUNING_VARIANTS_N64),
     // Steps of 64 with fragments loaded one k-slice ahead (+2-3% over "n64"; with steps of 32
     // the prefetch measured 2-3% slower than without).
     (
@@ -236,14 +223,22 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
     // scoreboard stalls of 1.81 cycles per issue against FlashAttention-2's 0.35).
     ("ffma", with_softmax(tile_config_of(128), Softmax::Folded)),
     (
-        "ffmat",
-        with_softmax(tile_config_of(128), Softmax::FoldedTile),
-    ),
-    (
         "lazy",
         with_softmax(tile_config_of(128), Softmax::FoldedLazy),
     ),
+    // Steps of 64 with lazy rescaling: half the steps' fixed costs (barrier, Q fragments, maxima
+    // and votes), where the rescale of O no longer doubles the softmax work per step.
+    (
+        "n64lazy",
+        with_softmax(TUNING_VARIANTS_N64, Softmax::FoldedLazy),
+    ),
 ];
+
+/// Variant "n64": the D = 128 default with keys in steps of 64.
+const TUNING_VARIANTS_N64: TileConfig = TileConfig {
+    block_n: 64,
+    ..tile_config_of(128)
+};
 
 /// `cfg` with another softmax mode.
 const fn with_softmax(cfg: TileConfig, softmax: Softmax) -> TileConfig {

@@ -43,17 +43,17 @@
 //! NaN safety (seed 004's bug): masked logits are -inf; a row whose running maximum is still
 //! -inf uses 0 as its reference, so `exp2(-inf - ref) = 0` and no `-inf - -inf` is ever formed;
 //! the output divides by the row sum only when it is positive (else O = 0, LSE = -inf).
-//! The folded softmax modes ([`kernel_abi::attention::Softmax`]) keep these rules: their
-//! reference is raised past the rounding residual of `max * scale_log2` (so no exponent is
-//! positive, even for logits near 1e36), and lazy rescaling bounds every `p` by
-//! `2^RESCALE_THRESHOLD`.
+//! The folded softmax modes ([`kernel_abi::attention::Softmax`]) keep these rules, subtract in
+//! the exponent's FFMA only while the rounding residual of the reference is at most 1 (else they
+//! scale first, as the default does), and bound every `p` by `2^(RESCALE_THRESHOLD + 1)` when
+//! they rescale lazily.
 
 #[cfg(target_feature = "sm_90a")]
 pub mod hopper;
 
 use crate::arch::{convert, cp_async, index, ldmatrix, math, mma, smem, sync, warp};
 use kernel_abi::attention::{
-    AttentionParams, REF_NUDGE, RESCALE_THRESHOLD, TUNING_VARIANTS, TileConfig, tile_config_of,
+    AttentionParams, HUGE_LOGIT, RESCALE_THRESHOLD, TUNING_VARIANTS, TileConfig, tile_config_of,
 };
 
 /// The 16-bit input format: its tensor-core product and f32 packing.
@@ -255,7 +255,7 @@ unsafe fn qk<
 /// Mask the logits of keys `n0 .. n0 + BN` where this step crosses a window edge or `seq_k`
 /// (-inf = masked), then scale to base-2 logits. Scaling before the maximum keeps the maximum's
 /// own exponent exactly 0; the folded softmax modes call [`mask`] alone and scale in the FFMA
-/// of the exponent instead (see [`nudge`] for the residual). The masking is written out here
+/// of the exponent instead ([`softmax_folded`]). The masking is written out here
 /// rather than through [`mask`]: the call changes LLVM's block layout, and this text keeps the
 /// PTX of the measured default kernels byte for byte.
 #[inline(always)]
@@ -378,16 +378,6 @@ fn softmax_update<const MT: usize, const NT: usize, const DT: usize>(
     }
 }
 
-/// A row maximum in base-2 units, `t = max * scale_log2` (rounded), raised to
-/// `t + |t| REF_NUDGE`: at least one ulp above `t`, so above the exact product, and so
-/// `fma(s, scale_log2, -nudge(t)) <= 0` for every key of the row (`scale_log2 > 0`, so the
-/// maximum of the raw logits is the maximum of the scaled ones). For `t = -inf` (no allowed key
-/// yet) the result is NaN, which `f32::max` ignores: the running reference stays as it was.
-#[inline(always)]
-fn nudge(t: f32) -> f32 {
-    math::fma(t.abs(), REF_NUDGE, t)
-}
-
 /// The reference of a row whose running maximum is `m`: `m`, or 0 while `m` is -inf (so no
 /// `-inf - -inf` is formed).
 #[inline(always)]
@@ -395,64 +385,36 @@ fn reference(m: f32) -> f32 {
     if m == f32::NEG_INFINITY { 0.0 } else { m }
 }
 
-/// [`softmax_update`] with the scale folded into the exponent's FFMA (`s` holds raw logits,
-/// masked ones -inf): `p = exp2(fma(s, scale_log2, -reference))`, the running maximum kept in
-/// base-2 units as the nudged reference ([`nudge`]). Row by row, as [`softmax_update`].
+/// The first half of the folded online softmax ([`Softmax::Folded`], with `lazy`
+/// [`Softmax::FoldedLazy`]) on the raw logits `s` (masked ones -inf), a tile at a time: the
+/// maxima of all `2 MT` rows of the thread (the shuffles of the rows interleaved, so their
+/// latencies overlap), the votes, the rescales. Returns whether the step has huge maxima (the
+/// same on every lane), which [`softmax_folded_p`] (the exponentials) needs.
+///
+/// The running maximum `row_max` is in base-2 units: `t = max * scale_log2` rounded (the scale
+/// is positive, so the maximum of the raw logits is the maximum of the scaled ones), and
+/// `p = exp2(fma(s, scale_log2, -t))`. The exact exponent of the row's maximal key is then the
+/// rounding residual of `t` rather than 0: at most 1 while `|t| < HUGE_LOGIT`, and it cancels,
+/// since O and the sum are built from the same `p` and the LSE adds `t` back. A step where some
+/// row of the warp has `|t| >= HUGE_LOGIT` (the residual could overflow or underflow `exp2`)
+/// scales first and subtracts after, as [`softmax_update`] does (`p = 1` exactly for the
+/// maximal key); the vote makes the branch uniform.
+///
+/// With `lazy` the warp rescales only when some row's maximum exceeds its reference by more
+/// than [`RESCALE_THRESHOLD`] (a second vote); otherwise every row keeps its reference, so
+/// `p <= 2^(threshold + 1)`, and O and the sums are not touched.
+///
+/// [`Softmax::Folded`]: kernel_abi::attention::Softmax::Folded
+/// [`Softmax::FoldedLazy`]: kernel_abi::attention::Softmax::FoldedLazy
 #[inline(always)]
-fn softmax_folded_rows<const MT: usize, const NT: usize, const DT: usize>(
-    s: &mut [[[f32; 4]; NT]; MT],
+fn softmax_folded_rescale<const MT: usize, const NT: usize, const DT: usize>(
+    s: &[[[f32; 4]; NT]; MT],
     o: &mut [[[f32; 4]; DT]; MT],
     row_max: &mut [[f32; 2]; MT],
     row_sum: &mut [[f32; 2]; MT],
     scale_log2: f32,
-) {
-    for mt in 0..MT {
-        for h in 0..2 {
-            let mut mx = f32::NEG_INFINITY;
-            for j in 0..NT {
-                mx = mx.max(s[mt][j][2 * h]).max(s[mt][j][2 * h + 1]);
-            }
-            // SAFETY: all 32 lanes execute these shuffles (the callers' control flow is uniform).
-            unsafe {
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
-                mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
-            }
-            let new_max = row_max[mt][h].max(nudge(mx * scale_log2));
-            let r = reference(new_max);
-            let correction = math::exp2(row_max[mt][h] - r);
-            row_max[mt][h] = new_max;
-            row_sum[mt][h] *= correction;
-            for d in 0..DT {
-                o[mt][d][2 * h] *= correction;
-                o[mt][d][2 * h + 1] *= correction;
-            }
-            for j in 0..NT {
-                let p0 = math::exp2(math::fma(s[mt][j][2 * h], scale_log2, -r));
-                let p1 = math::exp2(math::fma(s[mt][j][2 * h + 1], scale_log2, -r));
-                row_sum[mt][h] += p0 + p1;
-                s[mt][j][2 * h] = p0;
-                s[mt][j][2 * h + 1] = p1;
-            }
-        }
-    }
-}
-
-/// The folded softmax a tile at a time: the maxima of all `2 MT` rows of the thread (the
-/// shuffles of the rows interleaved, so their latencies overlap), then the rescales, then every
-/// exponential of the tile, then the row sums (pairwise), so that no MUFU or shuffle result is
-/// needed by the next instruction. With `LAZY` the warp rescales only when some row's nudged
-/// maximum exceeds its reference by more than [`RESCALE_THRESHOLD`] (a warp vote: the branch
-/// is uniform); otherwise every row keeps its reference, so `p <= 2^RESCALE_THRESHOLD` and O and
-/// the sums are not touched. Either way O, the sums and the references stay consistent: the
-/// output divides by the sum of the same `p`, and the LSE adds the reference back.
-#[inline(always)]
-fn softmax_folded_tile<const MT: usize, const NT: usize, const DT: usize, const LAZY: bool>(
-    s: &mut [[[f32; 4]; NT]; MT],
-    o: &mut [[[f32; 4]; DT]; MT],
-    row_max: &mut [[f32; 2]; MT],
-    row_sum: &mut [[f32; 2]; MT],
-    scale_log2: f32,
-) {
+    lazy: bool,
+) -> bool {
     let mut mx = [[f32::NEG_INFINITY; 2]; MT];
     for mt in 0..MT {
         for j in 0..NT {
@@ -472,16 +434,23 @@ fn softmax_folded_tile<const MT: usize, const NT: usize, const DT: usize, const 
         }
     }
     let mut t = [[0.0f32; 2]; MT];
-    let mut grow = false;
+    let (mut huge, mut grow) = (false, false);
     for mt in 0..MT {
         for h in 0..2 {
-            t[mt][h] = nudge(mx[mt][h] * scale_log2);
-            // False for NaN: t = NaN (no allowed key in this tile) or -inf - -inf.
+            t[mt][h] = mx[mt][h] * scale_log2;
+            // -inf is a row with no allowed key in this tile (handled by `reference`).
+            huge |= t[mt][h].abs() >= HUGE_LOGIT && t[mt][h] != f32::NEG_INFINITY;
+            // False for -inf - -inf (NaN) and for a NaN maximum.
             grow |= t[mt][h] - row_max[mt][h] > RESCALE_THRESHOLD;
         }
     }
-    // SAFETY: all 32 lanes execute the vote (uniform control flow).
-    let rescale = !LAZY || unsafe { warp::any(warp::FULL_MASK, grow) };
+    // SAFETY: all 32 lanes execute the votes (uniform control flow).
+    let (huge, rescale) = unsafe {
+        (
+            warp::any(warp::FULL_MASK, huge),
+            !lazy || warp::any(warp::FULL_MASK, grow),
+        )
+    };
     if rescale {
         for mt in 0..MT {
             for h in 0..2 {
@@ -496,12 +465,31 @@ fn softmax_folded_tile<const MT: usize, const NT: usize, const DT: usize, const 
             }
         }
     }
+    huge
+}
+
+/// The second half of the folded softmax: `s` (raw logits) turned into
+/// `p = exp2(s scale_log2 - reference)` in one FFMA, or (`SCALED_FIRST`, a step with huge
+/// maxima, see [`softmax_folded_rescale`]) with the product rounded first; then the row sums
+/// (pairwise).
+#[inline(always)]
+fn softmax_folded_p<const MT: usize, const NT: usize, const SCALED_FIRST: bool>(
+    s: &mut [[[f32; 4]; NT]; MT],
+    row_max: &[[f32; 2]; MT],
+    row_sum: &mut [[f32; 2]; MT],
+    scale_log2: f32,
+) {
     for mt in 0..MT {
         for h in 0..2 {
             let r = reference(row_max[mt][h]);
             for j in 0..NT {
                 for e in 2 * h..2 * h + 2 {
-                    s[mt][j][e] = math::exp2(math::fma(s[mt][j][e], scale_log2, -r));
+                    let x = if SCALED_FIRST {
+                        s[mt][j][e] * scale_log2 - r
+                    } else {
+                        math::fma(s[mt][j][e], scale_log2, -r)
+                    };
+                    s[mt][j][e] = math::exp2(x);
                 }
             }
         }
@@ -799,17 +787,25 @@ unsafe fn forward<
                 if SM == 0 {
                     mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
                     softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
+                    // SAFETY: as for K above.
+                    unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
                 } else {
                     mask::<MT, NT, BM, BN>(&w, &mut s, n0(step));
                     let (m, l, c) = (&mut row_max, &mut row_sum, w.scale_log2);
-                    match SM {
-                        1 => softmax_folded_rows::<MT, NT, DT>(&mut s, &mut o, m, l, c),
-                        2 => softmax_folded_tile::<MT, NT, DT, false>(&mut s, &mut o, m, l, c),
-                        _ => softmax_folded_tile::<MT, NT, DT, true>(&mut s, &mut o, m, l, c),
+                    let huge =
+                        softmax_folded_rescale::<MT, NT, DT>(&mut s, &mut o, m, l, c, SM == 2);
+                    // The exponentials and P V in one basic block per branch, so that ptxas
+                    // interleaves the MUFU and the tensor-core work.
+                    if huge {
+                        softmax_folded_p::<MT, NT, true>(&mut s, m, l, c);
+                        // SAFETY: as for K above.
+                        unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                    } else {
+                        softmax_folded_p::<MT, NT, false>(&mut s, m, l, c);
+                        // SAFETY: as for K above.
+                        unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
                     }
                 }
-                // SAFETY: as for K above.
-                unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
             }
         }
         cp_async::wait_all();
@@ -817,54 +813,89 @@ unsafe fn forward<
     store_output::<E, MT, DT>(p, &w, &o, &row_max, &row_sum);
 }
 
-macro_rules! attention_kernel {
-    ($name:ident, $elem:ty, $cfg:expr) => {
-        /// See the module documentation (the tile configuration named in the macro call).
-        ///
-        /// # Safety
-        /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's threads and
-        /// shared memory, and parameters satisfying [`AttentionParams`]'s contract (validated
-        /// by the host).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams) {
-            const CFG: kernel_abi::attention::TileConfig = $cfg;
-            crate::launch_bounds!($name, CFG.threads(), CFG.blocks_per_sm);
-            // SAFETY: forwarded to the caller.
-            unsafe {
-                forward::<
-                    $elem,
-                    { CFG.head_dim },
-                    { CFG.warp_m_tiles as usize },
-                    { (CFG.head_dim / 8) as usize },
-                    { (CFG.head_dim / 16) as usize },
-                    { CFG.block_m },
-                    { CFG.block_n },
-                    { (CFG.block_n / 8) as usize },
-                    { (CFG.block_n / 16) as usize },
-                    { CFG.stages },
-                    { CFG.stages - 2 },
-                    { CFG.q_in_registers },
-                    { CFG.prefetch },
-                    { CFG.softmax.code() },
-                    { CFG.threads() },
-                >(&p, &CFG)
+/// The body of a kernel with element type `$elem` and tile configuration `$cfg` (a constant
+/// expression) on the parameter struct `$p`.
+macro_rules! attention_body {
+    ($p:expr, $elem:ty, $cfg:expr) => {{
+        const CFG: kernel_abi::attention::TileConfig = $cfg;
+        forward::<
+            $elem,
+            { CFG.head_dim },
+            { CFG.warp_m_tiles as usize },
+            { (CFG.head_dim / 8) as usize },
+            { (CFG.head_dim / 16) as usize },
+            { CFG.block_m },
+            { CFG.block_n },
+            { (CFG.block_n / 8) as usize },
+            { (CFG.block_n / 16) as usize },
+            { CFG.stages },
+            { CFG.stages - 2 },
+            { CFG.q_in_registers },
+            { CFG.prefetch },
+            { CFG.softmax.code() },
+            { CFG.threads() },
+        >(&$p, &CFG)
+    }};
+}
+
+/// Declare the kernels: the PTX entry points (with their launch bounds) and, in host builds,
+/// the emulator's table of the same bodies.
+macro_rules! attention_kernels {
+    ($( $name:ident, $elem:ty, $cfg:expr; )*) => {
+        $(
+            /// See the module documentation (the tile configuration named in the macro call).
+            ///
+            /// # Safety
+            /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's threads
+            /// and shared memory, and parameters satisfying [`AttentionParams`]'s contract
+            /// (validated by the host).
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams) {
+                crate::launch_bounds!($name, $cfg.threads(), $cfg.blocks_per_sm);
+                // SAFETY: forwarded to the caller.
+                unsafe { attention_body!(p, $elem, $cfg) }
             }
-        }
+        )*
+
+        /// The kernels of this family, for the CPU emulator (`crate::emu`).
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
+            $(
+                crate::emu::EmuKernel {
+                    name: stringify!($name),
+                    params: core::mem::size_of::<AttentionParams>(),
+                    threads: $cfg.threads(),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: the emulator passes a parameter struct of this kernel's
+                            // type (it checks the size), whose contract the caller upholds.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const AttentionParams);
+                                attention_body!(p, $elem, $cfg)
+                            }
+                        }
+                        run
+                    },
+                },
+            )*
+        ];
     };
 }
 
-attention_kernel!(attention_fwd_bf16_d64, Bf16, tile_config_of(64));
-attention_kernel!(attention_fwd_bf16_d128, Bf16, tile_config_of(128));
-attention_kernel!(attention_fwd_bf16_d256, Bf16, tile_config_of(256));
-attention_kernel!(attention_fwd_f16_d64, F16, tile_config_of(64));
-attention_kernel!(attention_fwd_f16_d128, F16, tile_config_of(128));
-attention_kernel!(attention_fwd_f16_d256, F16, tile_config_of(256));
-
-// Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
-attention_kernel!(attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1);
-attention_kernel!(attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1);
-attention_kernel!(attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1);
-attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1);
-attention_kernel!(attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1);
-attention_kernel!(attention_fwd_bf16_d128_ffmat, Bf16, TUNING_VARIANTS[5].1);
-attention_kernel!(attention_fwd_bf16_d128_lazy, Bf16, TUNING_VARIANTS[6].1);
+attention_kernels! {
+    attention_fwd_bf16_d64, Bf16, tile_config_of(64);
+    attention_fwd_bf16_d128, Bf16, tile_config_of(128);
+    attention_fwd_bf16_d256, Bf16, tile_config_of(256);
+    attention_fwd_f16_d64, F16, tile_config_of(64);
+    attention_fwd_f16_d128, F16, tile_config_of(128);
+    attention_fwd_f16_d256, F16, tile_config_of(256);
+    // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
+    attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1;
+    attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1;
+    attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1;
+    attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1;
+    attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1;
+    attention_fwd_bf16_d128_lazy, Bf16, TUNING_VARIANTS[5].1;
+    attention_fwd_bf16_d128_n64lazy, Bf16, TUNING_VARIANTS[6].1;
+}
