@@ -174,7 +174,18 @@ fn main() {
         window.p.window = (Some(64), Some(32));
         let plain = case(2, 113, 203, 4, 2, d, Dtype::Bf16);
         let one_step = case(1, 17, 9, 2, 1, d, Dtype::Bf16);
-        for c in [causal, window, plain, one_step] {
+        let mut cs = vec![causal, window, plain, one_step];
+        if cfg.softmax != Softmax::Scaled {
+            // The folded softmax's two paths: huge maxima (scaled first) and, with logits spread
+            // widely, lazy rescales after the first step.
+            let mut big = case(1, 129, 257, 2, 2, d, Dtype::Bf16);
+            big.p.scale = Some(10.0);
+            big.range = 1e17;
+            let mut spread = case(1, 64, 1024, 2, 1, d, Dtype::Bf16);
+            spread.range = 8.0;
+            cs.extend([big, spread]);
+        }
+        for c in cs {
             let n = format!("attention/variant_{variant}/{}", name(&c));
             s.gpu(&n, Needs::Gpu, move |g| run_variant(g, &c, variant));
         }

@@ -792,8 +792,7 @@ unsafe fn forward<
                 } else {
                     mask::<MT, NT, BM, BN>(&w, &mut s, n0(step));
                     let (m, l, c) = (&mut row_max, &mut row_sum, w.scale_log2);
-                    let huge =
-                        softmax_folded_rescale::<MT, NT, DT>(&mut s, &mut o, m, l, c, SM == 2);
+                    let huge = softmax_folded_rescale::<MT, NT, DT>(&s, &mut o, m, l, c, SM == 2);
                     // The exponentials and P V in one basic block per branch, so that ptxas
                     // interleaves the MUFU and the tensor-core work.
                     if huge {
