@@ -5,10 +5,13 @@
 //! (`attention::naive_same_precision`); LSE within `1e-3 * max(1, |ref|)` (absolute below 1,
 //! relative above: LSE grows with the logits), and `-inf` exactly where the reference has it.
 
+use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
+use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::attention::{self, AttentionElem, AttentionProblem, Dtype, Path, View};
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
+use kernels::mhc::Exec;
 use kernels::{Error, Gpu, bf16, f16};
 use rand::Rng;
 
@@ -171,9 +174,36 @@ fn main() {
         window.p.window = (Some(64), Some(32));
         let plain = case(2, 113, 203, 4, 2, d, Dtype::Bf16);
         let one_step = case(1, 17, 9, 2, 1, d, Dtype::Bf16);
-        for c in [causal, window, plain, one_step] {
+        let mut cs = vec![causal, window, plain, one_step];
+        if cfg.softmax != Softmax::Scaled {
+            // The folded softmax's two paths: huge maxima (scaled first) and, with logits spread
+            // widely, lazy rescales after the first step.
+            let mut big = case(1, 129, 257, 2, 2, d, Dtype::Bf16);
+            big.p.scale = Some(10.0);
+            big.range = 1e17;
+            let mut spread = case(1, 64, 1024, 2, 1, d, Dtype::Bf16);
+            spread.range = 8.0;
+            cs.extend([big, spread]);
+        }
+        for c in cs {
             let n = format!("attention/variant_{variant}/{}", name(&c));
             s.gpu(&n, Needs::Gpu, move |g| run_variant(g, &c, variant));
+        }
+    }
+    // The D = 128 default kernel and the variants with another softmax mode, in the CPU
+    // emulator (the kernels' own code over the emulated device layer): one step and many,
+    // every kind of mask, rows with no allowed key, extreme logits, and logits spread widely
+    // enough that the lazy rescale both skips and rescales after the first step.
+    let emulated = std::iter::once("default").chain(
+        TUNING_VARIANTS
+            .iter()
+            .filter(|(_, c)| c.softmax != Softmax::Scaled)
+            .map(|(n, _)| *n),
+    );
+    for variant in emulated {
+        for c in emulated_cases() {
+            let n = format!("attention/emulated_{variant}/{}", name(&c));
+            s.cpu(&n, move || run_emulated(&c, variant));
         }
     }
     s.gpu("attention/packed_qkv_views", Needs::Gpu, packed_qkv);
@@ -272,6 +302,71 @@ fn compare<T: AttentionElem>(
     ensure(lse_err <= 1e-3, || {
         format!("{what}: LSE error {lse_err:.3e} > 1e-3")
     })
+}
+
+/// Small bf16 problems at D = 128 for the emulator (one OS thread per GPU thread).
+fn emulated_cases() -> Vec<Case> {
+    let d = 128;
+    let mut v = vec![
+        case(1, 17, 9, 2, 1, d, Dtype::Bf16),
+        case(1, 113, 203, 2, 1, d, Dtype::Bf16),
+    ];
+    let mut causal = case(1, 150, 100, 1, 1, d, Dtype::Bf16); // 50 rows with no allowed key
+    causal.p.causal = true;
+    v.push(causal);
+    let mut window = case(1, 140, 200, 1, 1, d, Dtype::Bf16);
+    window.p.window = (Some(40), Some(8));
+    v.push(window);
+    let mut big = case(1, 65, 100, 1, 1, d, Dtype::Bf16);
+    big.p.scale = Some(10.0);
+    big.range = 1e17;
+    v.push(big);
+    let mut small = case(1, 65, 100, 1, 1, d, Dtype::Bf16);
+    small.range = 1e-20;
+    v.push(small);
+    let mut spread = case(1, 64, 256, 1, 1, d, Dtype::Bf16);
+    spread.range = 8.0;
+    v.push(spread);
+    v
+}
+
+/// The `mma.sync` kernel (`variant` "default" or a tuning variant) in the CPU emulator, against
+/// the reference with the GPU tests' tolerance; every output element must be written.
+fn run_emulated(c: &Case, variant: &str) -> TestResult {
+    let (q, k, v) = inputs::<bf16>(c);
+    let p = &c.p;
+    let (mut dq, mut dk, mut dv) = (
+        HostBuf::from_slice(&q),
+        HostBuf::from_slice(&k),
+        HostBuf::from_slice(&v),
+    );
+    let mut o = HostBuf::filled(q.len(), bf16::NAN);
+    let mut lse = HostBuf::filled(p.lse_len(), f32::NAN);
+    let d = p.head_dim as u64;
+    let strides = |seq: usize, heads: usize| [seq as u64 * heads as u64 * d, heads as u64 * d, d];
+    let q_strides = strides(p.seq_q, p.heads_q);
+    let kv_strides = strides(p.seq_k, p.heads_kv);
+    let tensors = attention::MmaTensors {
+        q: (dq.view().addr(), q_strides),
+        k: (dk.view().addr(), kv_strides),
+        v: (dv.view().addr(), kv_strides),
+        o: (o.view().addr(), q_strides),
+        lse: lse.view().addr(),
+    };
+    let what = format!("emulated {variant}: {} (seed {})", name(c), c.seed);
+    let launched = attention::mma_launch(p, Some(variant).filter(|v| *v != "default"), &tensors)
+        .and_then(|(kernel, launch, params)| {
+            // SAFETY: the buffers hold the contiguous tensors of `p` (the strides above), LSE
+            // has batch * heads_q * seq_q elements, and they outlive the (synchronous) launch.
+            unsafe { Emulator.launch(&kernel, &launch, &params) }
+        });
+    launched.map_err(|e| format!("{what}: {e}"))?;
+    ensure(
+        dq.guards_intact() && o.guards_intact() && lse.guards_intact(),
+        || format!("{what}: a write outside its buffer"),
+    )?;
+    let (o, lse) = (o.to_vec(), lse.to_vec());
+    compare(&what, c, &q, &k, &v, &o, &lse)
 }
 
 /// A tuning variant of the tile table (bf16), against the same reference and tolerance.

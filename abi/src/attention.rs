@@ -35,7 +35,52 @@ pub struct TileConfig {
     /// `mma`s of the current ones), so `ldmatrix` latency overlaps the tensor cores (costs
     /// registers).
     pub prefetch: bool,
+    /// How the online softmax is computed ([`Softmax`]).
+    pub softmax: Softmax,
 }
+
+/// The online softmax of the `mma.sync` kernels (all exact up to f32 rounding; they differ in
+/// instruction count and in the order the dependent work is issued).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Softmax {
+    /// The logits are scaled (`s * scale_log2`) before the row maximum, and `p = exp2(s - m)`
+    /// row by row: maximum, shuffles, rescale of O, exponentials.
+    Scaled,
+    /// The scale folded into one FFMA per logit, `p = exp2(fma(s, scale_log2, -m))` with `m` the
+    /// rounded `max * scale_log2` (the maximum taken on the raw logits), issued a tile at a
+    /// time: the maxima of all the warp's rows (their shuffles interleaved), then every
+    /// rescale, then every exponential, then the row sums. The residual of the rounding of `m`
+    /// (at most half an ulp) cancels between O, the sums and the LSE; a step where some row's
+    /// `|m|` reaches [`HUGE_LOGIT`] (where the residual could overflow `exp2`) takes the
+    /// scaled computation instead (a warp vote: the branch is uniform).
+    Folded,
+    /// [`Softmax::Folded`] with lazy rescaling: the warp keeps its rows' references (and skips
+    /// the rescale of O) unless some row's maximum exceeds its reference by more than
+    /// [`RESCALE_THRESHOLD`] (`p <= 2^(threshold + 1)` stays far from f32 overflow; the
+    /// reference cancels in O and is exact in the LSE).
+    FoldedLazy,
+}
+
+impl Softmax {
+    /// The kernels' const-generic code of this mode.
+    pub const fn code(self) -> u32 {
+        match self {
+            Softmax::Scaled => 0,
+            Softmax::Folded => 1,
+            Softmax::FoldedLazy => 2,
+        }
+    }
+}
+
+/// Row maxima (base-2 logits, `|max * scale_log2|`) from which [`Softmax::Folded`] scales the
+/// logits before subtracting: below it the rounding residual of the reference is at most 1
+/// (so `p <= 2`), above it the residual (up to 2^103 near f32's limit) could overflow or
+/// underflow `exp2`.
+pub const HUGE_LOGIT: f32 = (1u32 << 24) as f32;
+
+/// Growth of a row maximum (base-2 logits) past its reference that makes
+/// [`Softmax::FoldedLazy`] rescale (FlashAttention-4 uses 8).
+pub const RESCALE_THRESHOLD: f32 = 8.0;
 
 impl TileConfig {
     /// Warps per block (each owns `warp_m_tiles * 16` query rows).
@@ -93,6 +138,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             blocks_per_sm: 2,
             q_in_registers: false,
             prefetch: false,
+            softmax: Softmax::Scaled,
         }),
         // Keys in steps of 32: measured on an H200 at S = 4k and 16k, 6-7% faster than steps of
         // 64 (variant "n64"), which leave ptxas no registers to spare (bench/NOTES.md).
@@ -105,6 +151,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             blocks_per_sm: 2,
             q_in_registers: false,
             prefetch: false,
+            softmax: Softmax::Scaled,
         }),
         256 => Some(TileConfig {
             head_dim: 256,
@@ -115,6 +162,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             blocks_per_sm: 1,
             q_in_registers: false,
             prefetch: false,
+            softmax: Softmax::Scaled,
         }),
         _ => None,
     }
@@ -123,7 +171,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
 /// Alternative tile configurations, compiled for bf16 as `attention_fwd_bf16_d{D}_{name}` and
 /// timed beside the defaults by the benchmark (`impl` = `ours-{name}`), so that the table of
 /// [`tile_config`] is chosen from measurements.
-pub const TUNING_VARIANTS: [(&str, TileConfig); 4] = [
+pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
     // The first design: one m16 tile per warp, 8 warps, Q in registers, one block per SM.
     (
         "mt1",
@@ -136,22 +184,11 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 4] = [
             blocks_per_sm: 1,
             q_in_registers: true,
             prefetch: false,
+            softmax: Softmax::Scaled,
         },
     ),
     // The previous default: keys in steps of 64 (255 registers and a spill).
-    (
-        "n64",
-        TileConfig {
-            head_dim: 128,
-            block_m: 128,
-            block_n: 64,
-            stages: 2,
-            warp_m_tiles: 2,
-            blocks_per_sm: 2,
-            q_in_registers: false,
-            prefetch: false,
-        },
-    ),
+    ("n64", TUNING_VARIANTS_N64),
     // Steps of 64 with fragments loaded one k-slice ahead (+2-3% over "n64"; with steps of 32
     // the prefetch measured 2-3% slower than without).
     (
@@ -165,6 +202,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 4] = [
             blocks_per_sm: 2,
             q_in_registers: false,
             prefetch: true,
+            softmax: Softmax::Scaled,
         },
     ),
     (
@@ -178,9 +216,34 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 4] = [
             blocks_per_sm: 1,
             q_in_registers: false,
             prefetch: false,
+            softmax: Softmax::Scaled,
         },
     ),
+    // The D = 128 default tiles with the softmax modes of [`Softmax`] (ncu at D = 128: short
+    // scoreboard stalls of 1.81 cycles per issue against FlashAttention-2's 0.35).
+    ("ffma", with_softmax(tile_config_of(128), Softmax::Folded)),
+    (
+        "lazy",
+        with_softmax(tile_config_of(128), Softmax::FoldedLazy),
+    ),
+    // Steps of 64 with lazy rescaling: half the steps' fixed costs (barrier, Q fragments, maxima
+    // and votes), where the rescale of O no longer doubles the softmax work per step.
+    (
+        "n64lazy",
+        with_softmax(TUNING_VARIANTS_N64, Softmax::FoldedLazy),
+    ),
 ];
+
+/// Variant "n64": the D = 128 default with keys in steps of 64.
+const TUNING_VARIANTS_N64: TileConfig = TileConfig {
+    block_n: 64,
+    ..tile_config_of(128)
+};
+
+/// `cfg` with another softmax mode.
+const fn with_softmax(cfg: TileConfig, softmax: Softmax) -> TileConfig {
+    TileConfig { softmax, ..cfg }
+}
 
 /// The tuning variant `name` for head dimension `d`.
 pub fn tuning_variant(d: u32, name: &str) -> Option<TileConfig> {

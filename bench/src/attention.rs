@@ -3,6 +3,11 @@
 //! beside PyTorch SDPA with the FLASH (FlashAttention-2) and CUDNN backends on the same inputs.
 //!
 //! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking.
+//!
+//! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` and
+//! `KBENCH_ATTENTION_SEQS` restrict the grid (the peers follow it; the seed's configuration runs
+//! only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants to time
+//! (default: all of `TUNING_VARIANTS`, at S = 4k, 8k, 16k within the grid's sequences).
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
@@ -33,9 +38,25 @@ pub fn run(b: &mut Bench) -> Result<()> {
         &[512, 1024, 2048, 4096, 8192, 16384]
     };
     let dims: &[usize] = if b.quick { &[128] } else { &[64, 128, 256] };
+    let dims = only("KBENCH_ATTENTION_DIMS", dims)?;
+    let seqs = only("KBENCH_ATTENTION_SEQS", seqs)?;
+    let variants = std::env::var("KBENCH_ATTENTION_VARIANTS").ok();
+    let variants: Vec<&str> = match &variants {
+        Some(list) => list.split(',').map(str::trim).collect(),
+        None => TUNING_VARIANTS.iter().map(|(n, _)| *n).collect(),
+    };
+    if let Some(v) = variants
+        .iter()
+        .find(|v| !TUNING_VARIANTS.iter().any(|(n, _)| n == *v))
+    {
+        return Err(kernels::Error::invalid(
+            "KBENCH_ATTENTION_VARIANTS",
+            format!("no tuning variant named {v:?}"),
+        ));
+    }
     let mut configs = Vec::new();
-    for &d in dims {
-        for &s in seqs {
+    for &d in &dims {
+        for &s in &seqs {
             for causal in [false, true] {
                 configs.push((16384 / s, s, 2048 / d, d, causal));
             }
@@ -43,7 +64,9 @@ pub fn run(b: &mut Bench) -> Result<()> {
     }
     // The seed's configuration (B = 16, H = 16, S = 2048, D = 64, causal): 16 * 2048 * 16 * 64
     // elements, exactly ELEMS.
-    configs.push((16, 2048, 16, 64, true));
+    if dims.contains(&64) && seqs.contains(&2048) {
+        configs.push((16, 2048, 16, 64, true));
+    }
     for (batch, s, h, d, causal) in configs {
         let mut p = AttentionProblem::new(batch, s, s, h, h, d, Dtype::Bf16);
         p.causal = causal;
@@ -56,10 +79,18 @@ pub fn run(b: &mut Bench) -> Result<()> {
         }
     }
     // The tuning variants of the tile table, on a few configurations of the same grid.
-    let tuning_seqs: &[usize] = if b.quick { &[2048] } else { &[4096, 16384] };
+    let tuning_seqs: &[usize] = if b.quick {
+        &[2048]
+    } else {
+        &[4096, 8192, 16384]
+    };
+    let tuning_seqs = only("KBENCH_ATTENTION_SEQS", tuning_seqs)?;
     for (name, cfg) in TUNING_VARIANTS {
         let d = cfg.head_dim as usize;
-        for &s in tuning_seqs {
+        if !variants.contains(&name) || !dims.contains(&d) {
+            continue;
+        }
+        for &s in &tuning_seqs {
             for causal in [false, true] {
                 let mut p =
                     AttentionProblem::new(16384 / s, s, s, 2048 / d, 2048 / d, d, Dtype::Bf16);
@@ -70,6 +101,28 @@ pub fn run(b: &mut Bench) -> Result<()> {
     }
     b.run_peers();
     Ok(())
+}
+
+/// `all`, restricted to the comma-separated values of the environment variable `var` when set.
+fn only(var: &str, all: &[usize]) -> Result<Vec<usize>> {
+    let Ok(list) = std::env::var(var) else {
+        return Ok(all.to_vec());
+    };
+    let mut keep = Vec::new();
+    for item in list.split(',') {
+        let v: usize = item
+            .trim()
+            .parse()
+            .map_err(|_| kernels::Error::invalid(var, format!("{item:?} is not a number")))?;
+        if !all.contains(&v) {
+            return Err(kernels::Error::invalid(
+                var,
+                format!("{v} is not one of {all:?}"),
+            ));
+        }
+        keep.push(v);
+    }
+    Ok(keep)
 }
 
 fn one(

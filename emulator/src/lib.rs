@@ -46,6 +46,11 @@ pub mod tiles;
 #[path = "../../gpu-kernels/src/gla/mod.rs"]
 pub mod gla;
 
+/// The attention forward kernels of the `mma.sync` path (`gpu-kernels/src/attention`), with
+/// their emulator table `attention::EMU_KERNELS`.
+#[path = "../../gpu-kernels/src/attention/mod.rs"]
+pub mod attention;
+
 /// The block reduction of the smoke kernels (`gpu-kernels/src/smoke/reduce.rs`) and its
 /// negative control without the barrier, with their emulator table `smoke_reduce::EMU_KERNELS`.
 #[path = "../../gpu-kernels/src/smoke/reduce.rs"]

@@ -18,6 +18,7 @@ impl Exec for Emulator {
         let kernel = kernel_emulator::mhc::EMU_KERNELS
             .iter()
             .chain(kernel_emulator::gla::EMU_KERNELS)
+            .chain(kernel_emulator::attention::EMU_KERNELS)
             .chain(kernel_emulator::smoke_reduce::EMU_KERNELS)
             .find(|k| k.name == name)
             .ok_or_else(|| invalid("no such kernel in the emulator's table".into()))?;

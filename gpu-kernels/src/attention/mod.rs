@@ -43,12 +43,18 @@
 //! NaN safety (seed 004's bug): masked logits are -inf; a row whose running maximum is still
 //! -inf uses 0 as its reference, so `exp2(-inf - ref) = 0` and no `-inf - -inf` is ever formed;
 //! the output divides by the row sum only when it is positive (else O = 0, LSE = -inf).
+//! The folded softmax modes ([`kernel_abi::attention::Softmax`]) keep these rules, subtract in
+//! the exponent's FFMA only while the rounding residual of the reference is at most 1 (else they
+//! scale first, as the default does), and bound every `p` by `2^(RESCALE_THRESHOLD + 1)` when
+//! they rescale lazily.
 
 #[cfg(target_feature = "sm_90a")]
 pub mod hopper;
 
 use crate::arch::{convert, cp_async, index, ldmatrix, math, mma, smem, sync, warp};
-use kernel_abi::attention::{AttentionParams, TUNING_VARIANTS, TileConfig, tile_config_of};
+use kernel_abi::attention::{
+    AttentionParams, HUGE_LOGIT, RESCALE_THRESHOLD, TUNING_VARIANTS, TileConfig, tile_config_of,
+};
 
 /// The 16-bit input format: its tensor-core product and f32 packing.
 pub trait Elem {
@@ -248,8 +254,10 @@ unsafe fn qk<
 
 /// Mask the logits of keys `n0 .. n0 + BN` where this step crosses a window edge or `seq_k`
 /// (-inf = masked), then scale to base-2 logits. Scaling before the maximum keeps the maximum's
-/// own exponent exactly 0 (folding the scale into an FFMA would leave the product's rounding
-/// residual, which overflows `exp2` for logits near 1e36).
+/// own exponent exactly 0; the folded softmax modes call [`mask`] alone and scale in the FFMA
+/// of the exponent instead ([`softmax_folded`]). The masking is written out here
+/// rather than through [`mask`]: the call changes LLVM's block layout, and this text keeps the
+/// PTX of the measured default kernels byte for byte.
 #[inline(always)]
 fn mask_and_scale<const MT: usize, const NT: usize, const BM: u32, const BN: u32>(
     w: &Warp,
@@ -285,6 +293,41 @@ fn mask_and_scale<const MT: usize, const NT: usize, const BM: u32, const BN: u32
         for j in 0..NT {
             for e in 0..4 {
                 s[mt][j][e] *= w.scale_log2;
+            }
+        }
+    }
+}
+
+/// Mask the logits of keys `n0 .. n0 + BN` where this step crosses a window edge or `seq_k`
+/// (-inf = masked).
+#[inline(always)]
+fn mask<const MT: usize, const NT: usize, const BM: u32, const BN: u32>(
+    w: &Warp,
+    s: &mut [[[f32; 4]; NT]; MT],
+    n0: u32,
+) {
+    // i32 is exact here: the host keeps sequence lengths and windows below 2^30.
+    let (off, wl, wr, sk) = (w.offset, w.window_left, w.window_right, w.seq_k);
+    let row_lo = w.m0 as i32;
+    let row_hi = (w.m0 + BM - 1) as i32;
+    let (key_lo, key_hi) = (n0 as i32, (n0 + BN - 1) as i32);
+    let needs_mask = key_hi >= sk
+        || (wr >= 0 && key_hi > row_lo + off + wr)
+        || (wl >= 0 && key_lo < row_hi + off - wl);
+    if needs_mask {
+        for mt in 0..MT {
+            for j in 0..NT {
+                for e in 0..4 {
+                    let row =
+                        (w.m0 + w.warp_row + 16 * mt as u32 + w.g + 8 * (e as u32 / 2)) as i32;
+                    let key = (n0 + 8 * j as u32 + 2 * w.t + (e as u32 % 2)) as i32;
+                    let allowed = key < sk
+                        && (wl < 0 || key >= row + off - wl)
+                        && (wr < 0 || key <= row + off + wr);
+                    if !allowed {
+                        s[mt][j][e] = f32::NEG_INFINITY;
+                    }
+                }
             }
         }
     }
@@ -331,6 +374,142 @@ fn softmax_update<const MT: usize, const NT: usize, const DT: usize>(
                 s[mt][j][2 * h] = p0;
                 s[mt][j][2 * h + 1] = p1;
             }
+        }
+    }
+}
+
+/// The reference of a row whose running maximum is `m`: `m`, or 0 while `m` is -inf (so no
+/// `-inf - -inf` is formed).
+#[inline(always)]
+fn reference(m: f32) -> f32 {
+    if m == f32::NEG_INFINITY { 0.0 } else { m }
+}
+
+/// The first half of the folded online softmax ([`Softmax::Folded`], with `lazy`
+/// [`Softmax::FoldedLazy`]) on the raw logits `s` (masked ones -inf), a tile at a time: the
+/// maxima of all `2 MT` rows of the thread (the shuffles of the rows interleaved, so their
+/// latencies overlap), the votes, the rescales. Returns whether the step has huge maxima (the
+/// same on every lane), which [`softmax_folded_p`] (the exponentials) needs.
+///
+/// The running maximum `row_max` is in base-2 units: `t = max * scale_log2` rounded (the scale
+/// is positive, so the maximum of the raw logits is the maximum of the scaled ones), and
+/// `p = exp2(fma(s, scale_log2, -t))`. The exact exponent of the row's maximal key is then the
+/// rounding residual of `t` rather than 0: at most 1 while `|t| < HUGE_LOGIT`, and it cancels,
+/// since O and the sum are built from the same `p` and the LSE adds `t` back. A step where some
+/// row of the warp has `|t| >= HUGE_LOGIT` (the residual could overflow or underflow `exp2`)
+/// scales first and subtracts after, as [`softmax_update`] does (`p = 1` exactly for the
+/// maximal key); the vote makes the branch uniform.
+///
+/// With `lazy` the warp rescales only when some row's maximum exceeds its reference by more
+/// than [`RESCALE_THRESHOLD`] (a second vote); otherwise every row keeps its reference, so
+/// `p <= 2^(threshold + 1)`, and O and the sums are not touched.
+///
+/// [`Softmax::Folded`]: kernel_abi::attention::Softmax::Folded
+/// [`Softmax::FoldedLazy`]: kernel_abi::attention::Softmax::FoldedLazy
+#[inline(always)]
+fn softmax_folded_rescale<const MT: usize, const NT: usize, const DT: usize>(
+    s: &[[[f32; 4]; NT]; MT],
+    o: &mut [[[f32; 4]; DT]; MT],
+    row_max: &mut [[f32; 2]; MT],
+    row_sum: &mut [[f32; 2]; MT],
+    scale_log2: f32,
+    lazy: bool,
+) -> bool {
+    let mut mx = [[f32::NEG_INFINITY; 2]; MT];
+    for mt in 0..MT {
+        for j in 0..NT {
+            for h in 0..2 {
+                mx[mt][h] = mx[mt][h].max(s[mt][j][2 * h]).max(s[mt][j][2 * h + 1]);
+            }
+        }
+    }
+    for k in 0..2 {
+        let lane_mask = 1 << k;
+        for mt in 0..MT {
+            for h in 0..2 {
+                // SAFETY: all 32 lanes execute these shuffles (uniform control flow).
+                let other = unsafe { warp::shfl_xor_f32(warp::FULL_MASK, mx[mt][h], lane_mask) };
+                mx[mt][h] = mx[mt][h].max(other);
+            }
+        }
+    }
+    let mut t = [[0.0f32; 2]; MT];
+    let (mut huge, mut grow) = (false, false);
+    for mt in 0..MT {
+        for h in 0..2 {
+            t[mt][h] = mx[mt][h] * scale_log2;
+            // -inf is a row with no allowed key in this tile (handled by `reference`).
+            huge |= t[mt][h].abs() >= HUGE_LOGIT && t[mt][h] != f32::NEG_INFINITY;
+            // False for -inf - -inf (NaN) and for a NaN maximum.
+            grow |= t[mt][h] - row_max[mt][h] > RESCALE_THRESHOLD;
+        }
+    }
+    // SAFETY: all 32 lanes execute the votes (uniform control flow).
+    let (huge, rescale) = unsafe {
+        (
+            warp::any(warp::FULL_MASK, huge),
+            !lazy || warp::any(warp::FULL_MASK, grow),
+        )
+    };
+    if rescale {
+        for mt in 0..MT {
+            for h in 0..2 {
+                let new_max = row_max[mt][h].max(t[mt][h]);
+                let correction = math::exp2(row_max[mt][h] - reference(new_max));
+                row_max[mt][h] = new_max;
+                row_sum[mt][h] *= correction;
+                for d in 0..DT {
+                    o[mt][d][2 * h] *= correction;
+                    o[mt][d][2 * h + 1] *= correction;
+                }
+            }
+        }
+    }
+    huge
+}
+
+/// The second half of the folded softmax: `s` (raw logits) turned into
+/// `p = exp2(s scale_log2 - reference)` in one FFMA, or (`SCALED_FIRST`, a step with huge
+/// maxima, see [`softmax_folded_rescale`]) with the product rounded first; then the row sums
+/// (pairwise).
+#[inline(always)]
+fn softmax_folded_p<const MT: usize, const NT: usize, const SCALED_FIRST: bool>(
+    s: &mut [[[f32; 4]; NT]; MT],
+    row_max: &[[f32; 2]; MT],
+    row_sum: &mut [[f32; 2]; MT],
+    scale_log2: f32,
+) {
+    for mt in 0..MT {
+        for h in 0..2 {
+            let r = reference(row_max[mt][h]);
+            for j in 0..NT {
+                for e in 2 * h..2 * h + 2 {
+                    let x = if SCALED_FIRST {
+                        s[mt][j][e] * scale_log2 - r
+                    } else {
+                        math::fma(s[mt][j][e], scale_log2, -r)
+                    };
+                    s[mt][j][e] = math::exp2(x);
+                }
+            }
+        }
+    }
+    for mt in 0..MT {
+        for h in 0..2 {
+            let mut pairs = [0.0f32; NT];
+            for j in 0..NT {
+                pairs[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+            }
+            // A tree over the pairs (constant trip counts: unrolled, the array in registers).
+            for level in 0..usize::BITS {
+                let stride = 1usize << level;
+                for j in 0..NT {
+                    if stride < NT && j % (2 * stride) == 0 && j + stride < NT {
+                        pairs[j] += pairs[j + stride];
+                    }
+                }
+            }
+            row_sum[mt][h] += pairs[0];
         }
     }
 }
@@ -472,7 +651,7 @@ fn store_output<E: Elem, const MT: usize, const DT: usize>(
 
 /// The forward pass; see the module documentation. `MT` m16 tiles per warp, `DT = D / 8`,
 /// `DK = D / 16`, `NT = BN / 8`, `NK = BN / 16`, `WAIT = STAGES - 2` (the `cp.async` groups
-/// that may stay in flight).
+/// that may stay in flight), `SM` the softmax mode's code (`Softmax::code`).
 ///
 /// # Safety
 /// Launched as documented on [`AttentionParams`], with the tile configuration `cfg`, whose
@@ -492,6 +671,7 @@ unsafe fn forward<
     const WAIT: u32,
     const Q_REGS: bool,
     const PF: bool,
+    const SM: u32,
     const THREADS: u32,
 >(
     p: &AttentionParams,
@@ -604,10 +784,27 @@ unsafe fn forward<
                 // overwritten before the next one.
                 let mut s =
                     unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS, PF>(&w, q_s, &q_frag, k_s(stage)) };
-                mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
-                softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
-                // SAFETY: as for K above.
-                unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                if SM == 0 {
+                    mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
+                    softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
+                    // SAFETY: as for K above.
+                    unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                } else {
+                    mask::<MT, NT, BM, BN>(&w, &mut s, n0(step));
+                    let (m, l, c) = (&mut row_max, &mut row_sum, w.scale_log2);
+                    let huge = softmax_folded_rescale::<MT, NT, DT>(&s, &mut o, m, l, c, SM == 2);
+                    // The exponentials and P V in one basic block per branch, so that ptxas
+                    // interleaves the MUFU and the tensor-core work.
+                    if huge {
+                        softmax_folded_p::<MT, NT, true>(&mut s, m, l, c);
+                        // SAFETY: as for K above.
+                        unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                    } else {
+                        softmax_folded_p::<MT, NT, false>(&mut s, m, l, c);
+                        // SAFETY: as for K above.
+                        unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                    }
+                }
             }
         }
         cp_async::wait_all();
@@ -615,50 +812,89 @@ unsafe fn forward<
     store_output::<E, MT, DT>(p, &w, &o, &row_max, &row_sum);
 }
 
-macro_rules! attention_kernel {
-    ($name:ident, $elem:ty, $cfg:expr) => {
-        /// See the module documentation (the tile configuration named in the macro call).
-        ///
-        /// # Safety
-        /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's threads and
-        /// shared memory, and parameters satisfying [`AttentionParams`]'s contract (validated
-        /// by the host).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams) {
-            const CFG: kernel_abi::attention::TileConfig = $cfg;
-            crate::launch_bounds!($name, CFG.threads(), CFG.blocks_per_sm);
-            // SAFETY: forwarded to the caller.
-            unsafe {
-                forward::<
-                    $elem,
-                    { CFG.head_dim },
-                    { CFG.warp_m_tiles as usize },
-                    { (CFG.head_dim / 8) as usize },
-                    { (CFG.head_dim / 16) as usize },
-                    { CFG.block_m },
-                    { CFG.block_n },
-                    { (CFG.block_n / 8) as usize },
-                    { (CFG.block_n / 16) as usize },
-                    { CFG.stages },
-                    { CFG.stages - 2 },
-                    { CFG.q_in_registers },
-                    { CFG.prefetch },
-                    { CFG.threads() },
-                >(&p, &CFG)
+/// The body of a kernel with element type `$elem` and tile configuration `$cfg` (a constant
+/// expression) on the parameter struct `$p`.
+macro_rules! attention_body {
+    ($p:expr, $elem:ty, $cfg:expr) => {{
+        const CFG: kernel_abi::attention::TileConfig = $cfg;
+        forward::<
+            $elem,
+            { CFG.head_dim },
+            { CFG.warp_m_tiles as usize },
+            { (CFG.head_dim / 8) as usize },
+            { (CFG.head_dim / 16) as usize },
+            { CFG.block_m },
+            { CFG.block_n },
+            { (CFG.block_n / 8) as usize },
+            { (CFG.block_n / 16) as usize },
+            { CFG.stages },
+            { CFG.stages - 2 },
+            { CFG.q_in_registers },
+            { CFG.prefetch },
+            { CFG.softmax.code() },
+            { CFG.threads() },
+        >(&$p, &CFG)
+    }};
+}
+
+/// Declare the kernels: the PTX entry points (with their launch bounds) and, in host builds,
+/// the emulator's table of the same bodies.
+macro_rules! attention_kernels {
+    ($( $name:ident, $elem:ty, $cfg:expr; )*) => {
+        $(
+            /// See the module documentation (the tile configuration named in the macro call).
+            ///
+            /// # Safety
+            /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's threads
+            /// and shared memory, and parameters satisfying [`AttentionParams`]'s contract
+            /// (validated by the host).
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams) {
+                crate::launch_bounds!($name, $cfg.threads(), $cfg.blocks_per_sm);
+                // SAFETY: forwarded to the caller.
+                unsafe { attention_body!(p, $elem, $cfg) }
             }
-        }
+        )*
+
+        /// The kernels of this family, for the CPU emulator (`crate::emu`).
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
+            $(
+                crate::emu::EmuKernel {
+                    name: stringify!($name),
+                    params: core::mem::size_of::<AttentionParams>(),
+                    threads: $cfg.threads(),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: the emulator passes a parameter struct of this kernel's
+                            // type (it checks the size), whose contract the caller upholds.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const AttentionParams);
+                                attention_body!(p, $elem, $cfg)
+                            }
+                        }
+                        run
+                    },
+                },
+            )*
+        ];
     };
 }
 
-attention_kernel!(attention_fwd_bf16_d64, Bf16, tile_config_of(64));
-attention_kernel!(attention_fwd_bf16_d128, Bf16, tile_config_of(128));
-attention_kernel!(attention_fwd_bf16_d256, Bf16, tile_config_of(256));
-attention_kernel!(attention_fwd_f16_d64, F16, tile_config_of(64));
-attention_kernel!(attention_fwd_f16_d128, F16, tile_config_of(128));
-attention_kernel!(attention_fwd_f16_d256, F16, tile_config_of(256));
-
-// Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
-attention_kernel!(attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1);
-attention_kernel!(attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1);
-attention_kernel!(attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1);
-attention_kernel!(attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1);
+attention_kernels! {
+    attention_fwd_bf16_d64, Bf16, tile_config_of(64);
+    attention_fwd_bf16_d128, Bf16, tile_config_of(128);
+    attention_fwd_bf16_d256, Bf16, tile_config_of(256);
+    attention_fwd_f16_d64, F16, tile_config_of(64);
+    attention_fwd_f16_d128, F16, tile_config_of(128);
+    attention_fwd_f16_d256, F16, tile_config_of(256);
+    // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
+    attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1;
+    attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1;
+    attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1;
+    attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1;
+    attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1;
+    attention_fwd_bf16_d128_lazy, Bf16, TUNING_VARIANTS[5].1;
+    attention_fwd_bf16_d128_n64lazy, Bf16, TUNING_VARIANTS[6].1;
+}

@@ -489,6 +489,45 @@ pub fn forward_variant<T: AttentionElem>(
             Err(_) => {}
         }
     }
+    let tensors = MmaTensors {
+        q: (q.ptr(), q.strides3()),
+        k: (k.ptr(), k.strides3()),
+        v: (v.ptr(), v.strides3()),
+        o: (o.ptr(), o.strides3()),
+        lse: lse.as_device_ptr().as_raw(),
+    };
+    let (name, launch, params) = mma_launch(problem, variant, &tensors)?;
+    // SAFETY: every view was checked (shape, contiguous head dimension, 16-byte aligned rows,
+    // in bounds of its buffer), LSE has batch * heads_q * seq_q elements, the sizes and window
+    // were validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
+    unsafe { gpu.launch(stream, &name, &launch, &params) }
+}
+
+/// Addresses and element strides (batch, sequence, head) of the tensors of an `mma.sync`
+/// launch: device memory, or the emulator's host buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct MmaTensors {
+    /// Q `[batch, seq_q, heads_q, D]`.
+    pub q: (u64, [u64; 3]),
+    /// K `[batch, seq_k, heads_kv, D]`.
+    pub k: (u64, [u64; 3]),
+    /// V, as K.
+    pub v: (u64, [u64; 3]),
+    /// O, as Q.
+    pub o: (u64, [u64; 3]),
+    /// LSE `[batch, heads_q, seq_q]` f32, contiguous.
+    pub lse: u64,
+}
+
+/// The `mma.sync` kernel (the default tiles, or the tuning variant `variant`), its launch shape
+/// and its parameters for `problem` on `tensors`, which the caller has checked against the
+/// problem as [`forward_variant`] does.
+pub fn mma_launch(
+    problem: &AttentionProblem,
+    variant: Option<&str>,
+    tensors: &MmaTensors,
+) -> Result<(String, LaunchConfig, AttentionParams)> {
+    problem.validate()?;
     let (cfg, name): (TileConfig, String) = match variant {
         None => (
             tile_config(problem.head_dim as u32).expect("validated head dimension"),
@@ -513,15 +552,15 @@ pub fn forward_variant<T: AttentionElem>(
     let launch = mma_launch_config(problem, &cfg);
     let num_m_blocks = launch.grid.0;
     let params = AttentionParams {
-        q: q.ptr() as *const u16,
-        k: k.ptr() as *const u16,
-        v: v.ptr() as *const u16,
-        o: o.ptr() as *mut u16,
-        lse: lse.as_device_ptr().as_raw() as *mut f32,
-        q_strides: q.strides3(),
-        k_strides: k.strides3(),
-        v_strides: v.strides3(),
-        o_strides: o.strides3(),
+        q: tensors.q.0 as *const u16,
+        k: tensors.k.0 as *const u16,
+        v: tensors.v.0 as *const u16,
+        o: tensors.o.0 as *mut u16,
+        lse: tensors.lse as *mut f32,
+        q_strides: tensors.q.1,
+        k_strides: tensors.k.1,
+        v_strides: tensors.v.1,
+        o_strides: tensors.o.1,
         batch: problem.batch as u32,
         seq_q: problem.seq_q as u32,
         seq_k: problem.seq_k as u32,
@@ -533,10 +572,7 @@ pub fn forward_variant<T: AttentionElem>(
         num_m_blocks,
         reverse_m: u32::from(problem.causal),
     };
-    // SAFETY: every view was checked (shape, contiguous head dimension, 16-byte aligned rows,
-    // in bounds of its buffer), LSE has batch * heads_q * seq_q elements, the sizes and window
-    // were validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
-    unsafe { gpu.launch(stream, &name, &launch, &params) }
+    Ok((name, launch, params))
 }
 
 /// The `mma.sync` path's launch: one block per (query tile, head, batch).
