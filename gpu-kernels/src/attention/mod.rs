@@ -895,6 +895,6 @@ attention_kernels! {
     attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1;
     attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1;
     attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1;
-    attention_fwd_bf16_d128_lazy, Bf16, TUNING_VARIANTS[5].1;
+    attention_fwd_bf16_d128_scaled, Bf16, TUNING_VARIANTS[5].1;
     attention_fwd_bf16_d128_n64lazy, Bf16, TUNING_VARIANTS[6].1;
 }
