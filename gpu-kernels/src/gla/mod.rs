@@ -182,6 +182,18 @@ pub(crate) enum Raw {
     G,
 }
 
+impl Raw {
+    /// The one of the three tile addresses this names.
+    #[inline(always)]
+    pub(crate) fn pick(self, q: u32, k: u32, g: u32) -> u32 {
+        match self {
+            Raw::Q => q,
+            Raw::K => k,
+            Raw::G => g,
+        }
+    }
+}
+
 /// The operand tiles the element-wise phase writes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Var {
@@ -216,12 +228,7 @@ struct PaddedChunk<const DK: u32> {
 impl<const DK: u32> ChunkTiles for PaddedChunk<DK> {
     #[inline(always)]
     fn raw(&self, t: Raw, row: u32, col: u32) -> u32 {
-        let base = match t {
-            Raw::Q => self.q,
-            Raw::K => self.k,
-            Raw::G => self.g,
-        };
-        base + row * const { GlaConfig::row_bytes(DK) } + col
+        t.pick(self.q, self.k, self.g) + row * const { GlaConfig::row_bytes(DK) } + col
     }
 
     #[inline(always)]
@@ -419,6 +426,53 @@ pub(crate) unsafe fn elementwise<
     b15
 }
 
+/// The intra-chunk scores of one chunk (one warp; see the module documentation): `q_diag`
+/// against `k_half0` (rows of half 0) and `k_half1` (rows of half 1), masked to `s <= t` with
+/// selects (so masked infinities vanish), as the A fragment of `o += P v` (rows `t`, k = `s`):
+/// `[P[g][2t..], P[g+8][2t..], P[g][8+2t..] = 0, P[g+8][8+2t..]]`, bf16 pairs. The tile
+/// addresses are those of the chunk's first row, in padded rows.
+///
+/// # Safety
+/// Whole warp, uniform control flow; the tiles were published by a barrier.
+#[inline(always)]
+pub(crate) unsafe fn intra_scores<const DK: u32, const NKK: usize>(
+    lane: u32,
+    q_diag: u32,
+    k_half0: u32,
+    k_half1: u32,
+) -> [u32; 4] {
+    let rb = const { GlaConfig::row_bytes(DK) };
+    let mut x = [0.0f32; 4];
+    let mut y = [0.0f32; 4];
+    let mut z = [0.0f32; 4];
+    for kk in 0..NKK {
+        let kc = 2 * kk as u32;
+        // SAFETY: published tiles (the caller's contract), rows < 16 (8 for k_half0).
+        unsafe {
+            let qa = ldmatrix::x4(q_diag + (lane % 16) * rb + (kc + lane / 16) * 16);
+            let b0 = ldmatrix::x2(k_half0 + (lane % 8) * rb + (kc + (lane / 8) % 2) * 16);
+            let b1 = ldmatrix::x4(
+                k_half1 + (lane % 8 + (lane / 16) * 8) * rb + (kc + (lane / 8) % 2) * 16,
+            );
+            mma_bf16(&mut x, qa, b0);
+            mma_bf16(&mut y, qa, [b1[0], b1[1]]);
+            mma_bf16(&mut z, qa, [b1[2], b1[3]]);
+        }
+    }
+    let (g, t) = (lane / 4, lane % 4);
+    // Keep s <= t within each half (select, so masked infinities vanish); (half 1, half 0)
+    // from y; (half 0, half 1) is zero.
+    let keep0 = 2 * t <= g;
+    let keep1 = 2 * t < g;
+    let sel = |keep: bool, v: f32| if keep { v } else { 0.0 };
+    [
+        convert::pack_bf16x2(sel(keep0, x[0]), sel(keep1, x[1])),
+        convert::pack_bf16x2(y[2], y[3]),
+        convert::pack_bf16x2(0.0, 0.0),
+        convert::pack_bf16x2(sel(keep0, z[2]), sel(keep1, z[3])),
+    ]
+}
+
 /// A warp's place: lane decomposition and its value columns.
 #[derive(Clone, Copy)]
 struct Lane {
@@ -482,34 +536,8 @@ unsafe fn matrix<
     let mut o = [[0.0f32; 4]; 2];
     if OUT {
         // Intra-chunk scores.
-        let mut x = [0.0f32; 4];
-        let mut y = [0.0f32; 4];
-        let mut z = [0.0f32; 4];
-        for kk in 0..NKK {
-            let kc = 2 * kk as u32;
-            // SAFETY: published tiles (module contract), rows < 16 (8 for k_half0).
-            unsafe {
-                let qa = ldmatrix::x4(var.q_diag + (lane % 16) * rb + (kc + lane / 16) * 16);
-                let b0 = ldmatrix::x2(var.k_half0 + (lane % 8) * rb + (kc + (lane / 8) % 2) * 16);
-                let b1 = ldmatrix::x4(
-                    var.k_half1 + (lane % 8 + (lane / 16) * 8) * rb + (kc + (lane / 8) % 2) * 16,
-                );
-                mma_bf16(&mut x, qa, b0);
-                mma_bf16(&mut y, qa, [b1[0], b1[1]]);
-                mma_bf16(&mut z, qa, [b1[2], b1[3]]);
-            }
-        }
-        // Keep s <= t within each half (select, so masked infinities vanish); (half 1, half 0)
-        // from y; (half 0, half 1) is zero.
-        let keep0 = 2 * l.t <= l.g;
-        let keep1 = 2 * l.t < l.g;
-        let sel = |keep: bool, v: f32| if keep { v } else { 0.0 };
-        let pa = [
-            convert::pack_bf16x2(sel(keep0, x[0]), sel(keep1, x[1])),
-            convert::pack_bf16x2(y[2], y[3]),
-            convert::pack_bf16x2(0.0, 0.0),
-            convert::pack_bf16x2(sel(keep0, z[2]), sel(keep1, z[3])),
-        ];
+        // SAFETY: whole warp, uniform; the tiles were published (module contract).
+        let pa = unsafe { intra_scores::<DK, NKK>(lane, var.q_diag, var.k_half0, var.k_half1) };
         // B operand v (k16 = tokens, n = the warp's 16 value columns as two n8 tiles).
         // SAFETY: published v rows < 16, the warp's column chunks.
         unsafe {

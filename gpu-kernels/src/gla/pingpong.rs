@@ -62,12 +62,12 @@
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary
 //!   instructions).
 
-use super::{ChunkTiles, Raw, Var, elementwise};
+use super::{ChunkTiles, Raw, Var, elementwise, intra_scores};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::smem::SmemValue;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{convert, fence, index, ldmatrix, mma, regs, smem, sync};
+use crate::arch::{convert, fence, index, regs, smem, sync};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
@@ -105,12 +105,12 @@ struct PingpongChunk<const DK: u32> {
 impl<const DK: u32> ChunkTiles for PingpongChunk<DK> {
     #[inline(always)]
     fn raw(&self, t: Raw, row: u32, col: u32) -> u32 {
-        let base = match t {
-            Raw::Q => self.q,
-            Raw::K => self.k,
-            Raw::G => self.g,
-        };
-        swizzled(base, self.block, self.r0 + row, col)
+        swizzled(
+            t.pick(self.q, self.k, self.g),
+            self.block,
+            self.r0 + row,
+            col,
+        )
     }
 
     #[inline(always)]
@@ -184,47 +184,16 @@ unsafe fn scores<const DK: u32, const NKK: usize>(
     cc: u32,
 ) {
     let rb = const { GlaConfig::row_bytes(DK) };
-    let (q_diag, k_half0, k_half1) = (
-        q_diag + 16 * cc * rb,
-        k_half0 + 16 * cc * rb,
-        k_half1 + 16 * cc * rb,
-    );
-    let mut x = [0.0f32; 4];
-    let mut y = [0.0f32; 4];
-    let mut z = [0.0f32; 4];
-    for kk in 0..NKK {
-        let kc = 2 * kk as u32;
-        // SAFETY: published tiles, rows < 16 of the chunk (8 for k_half0), whole warp.
-        unsafe {
-            let qa = ldmatrix::x4(q_diag + (lane % 16) * rb + (kc + lane / 16) * 16);
-            let b0 = ldmatrix::x2(k_half0 + (lane % 8) * rb + (kc + (lane / 8) % 2) * 16);
-            let b1 = ldmatrix::x4(
-                k_half1 + (lane % 8 + (lane / 16) * 8) * rb + (kc + (lane / 8) % 2) * 16,
-            );
-            mma::m16n8k16_bf16(&mut x, qa, b0);
-            mma::m16n8k16_bf16(&mut y, qa, [b1[0], b1[1]]);
-            mma::m16n8k16_bf16(&mut z, qa, [b1[2], b1[3]]);
-        }
-    }
+    let at = |base: u32| base + 16 * cc * rb;
+    // SAFETY: whole warp, uniform; the tiles were published (the caller's contract).
+    let pa = unsafe { intra_scores::<DK, NKK>(lane, at(q_diag), at(k_half0), at(k_half1)) };
     let (g, t) = (lane / 4, lane % 4);
-    // s <= t within each half (select: masked infinities vanish); (half 1, half 0) from y;
-    // (half 0, half 1) is zero.
-    let keep0 = 2 * t <= g;
-    let keep1 = 2 * t < g;
-    let sel = |keep: bool, v: f32| if keep { v } else { 0.0 };
+    // The A-fragment words at their (row t, column s) places of P.
     let words = [
-        (
-            g,
-            2 * t,
-            convert::pack_bf16x2(sel(keep0, x[0]), sel(keep1, x[1])),
-        ),
-        (g + 8, 2 * t, convert::pack_bf16x2(y[2], y[3])),
-        (g, 8 + 2 * t, 0),
-        (
-            g + 8,
-            8 + 2 * t,
-            convert::pack_bf16x2(sel(keep0, z[2]), sel(keep1, z[3])),
-        ),
+        (g, 2 * t, pa[0]),
+        (g + 8, 2 * t, pa[1]),
+        (g, 8 + 2 * t, pa[2]),
+        (g + 8, 8 + 2 * t, pa[3]),
     ];
     for (row, s, w) in words {
         // SAFETY: row < 16, column 16 cc + s + 1 < 64 of the score tile; 4-byte aligned; one
