@@ -225,10 +225,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
     // scoreboard stalls of 1.81 cycles per issue against FlashAttention-2's 0.35).
     // (`FoldedLazy` is the default since it measured fastest.)
     ("ffma", with_softmax(tile_config_of(128), Softmax::Folded)),
-    (
-        "scaled",
-        with_softmax(tile_config_of(128), Softmax::Scaled),
-    ),
+    ("scaled", with_softmax(tile_config_of(128), Softmax::Scaled)),
     // Steps of 64 with lazy rescaling: half the steps' fixed costs (barrier, Q fragments, maxima
     // and votes), where the rescale of O no longer doubles the softmax work per step.
     (
