@@ -748,15 +748,15 @@ unsafe fn walk<
             }
             let var = Variants::new(smem, lay, chunk % 2);
             let r0 = cc * CHUNK;
-            // SAFETY: all threads (uniform: chunk < chunks is block-uniform); raw rows
-            // published by barrier A; the buffer's last readers finished before barrier B of
-            // the previous chunk.
             let tiles = PaddedChunk::<DK> {
                 q: q_s + r0 * rb,
                 k: k_s + r0 * rb,
                 g: g_s + r0 * rb,
                 var,
             };
+            // SAFETY: all threads (uniform: chunk < chunks is block-uniform); raw rows
+            // published by barrier A (zero-filled past the segment's end); the buffer's last
+            // readers finished before barrier B of the previous chunk.
             let b15 = unsafe {
                 elementwise::<DK, P, TPT, OUT, false>(index::thread_idx_x(), &tiles, CHUNK)
             };
