@@ -27,8 +27,9 @@
 //!    `wgmma` accumulator, `dv / 64` m64 halves) and `o^T` (`[dv, 16]`) in registers:
 //!    `o^T = S^T q_inter^T` (A = `S^T` packed to bf16 from its own accumulators),
 //!    `o^T += v^T P^T`, then `S^T = decay S^T + v^T k_state` (A = v, MN-major, from the stage);
-//!    the previous chunk's products are waited for first (the state is a chain), and its `o^T`
-//!    stored then.
+//!    one batch per m64 half of `S^T`, each waited for at once (the next chunk needs the
+//!    state: it is a chain; a uniform wait keeps ptxas from serializing the batch), then the
+//!    chunk's `o^T` is stored.
 //!
 //! While one consumer runs its chain of `wgmma`s, the other runs its element-wise phase and
 //! scores: the tensor cores and the ALUs work on the two items at once.
