@@ -190,6 +190,38 @@ fn main() {
             s.gpu(&n, Needs::Gpu, move |g| run_variant(g, &c, variant));
         }
     }
+    // The Hopper path's tuning variants: masks, GQA, one step, the ring's wrap-around (K/V of
+    // 1, 2, 3 tiles and partial ones) and, for the folded softmax, huge and widely spread
+    // logits.
+    for (variant, cfg) in kernel_abi::attention::HOPPER_VARIANTS {
+        let d = cfg.head_dim as usize;
+        let bn = cfg.block_n as usize;
+        let mut causal = case(2, 1023, 1024, 4, 2, d, Dtype::Bf16);
+        causal.p.causal = true;
+        let mut window = case(1, 500, 700, 4, 4, d, Dtype::Bf16);
+        window.p.window = (Some(64), Some(32));
+        let mut cs = vec![
+            causal,
+            window,
+            case(2, 113, 203, 4, 2, d, Dtype::Bf16),
+            case(1, 17, 9, 2, 1, d, Dtype::Bf16),
+        ];
+        for sk in [1, bn, 2 * bn, 3 * bn + 5] {
+            cs.push(case(1, 129, sk, 2, 1, d, Dtype::Bf16));
+        }
+        if cfg.softmax != Softmax::Scaled {
+            let mut big = case(1, 129, 257, 2, 2, d, Dtype::Bf16);
+            big.p.scale = Some(10.0);
+            big.range = 1e17;
+            let mut spread = case(1, 64, 1024, 2, 1, d, Dtype::Bf16);
+            spread.range = 8.0;
+            cs.extend([big, spread]);
+        }
+        for c in cs {
+            let n = format!("attention/hopper_variant_{variant}/{}", name(&c));
+            s.gpu(&n, Needs::Hopper, move |g| run_variant(g, &c, variant));
+        }
+    }
     // The D = 128 default kernel and the variants with another softmax mode, in the CPU
     // emulator (the kernels' own code over the emulated device layer): one step and many,
     // every kind of mask, rows with no allowed key, extreme logits, and logits spread widely

@@ -81,6 +81,12 @@ fn expected_kernels(arch: Arch) -> Vec<(String, usize)> {
         ));
     }
     if arch.has_hopper_kernels() {
+        for (name, cfg) in kernel_abi::attention::HOPPER_VARIANTS {
+            k.push((
+                format!("attention_fwd_hopper_bf16_d{}_{name}", cfg.head_dim),
+                size_of::<kernel_abi::attention::HopperParams>(),
+            ));
+        }
         k.extend(
             [
                 ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
@@ -212,6 +218,12 @@ fn ptx_launch_bounds() -> TestResult {
         bounds.push((
             format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
             cfg.threads(),
+        ));
+    }
+    for (name, cfg) in kernel_abi::attention::HOPPER_VARIANTS {
+        bounds.push((
+            format!("attention_fwd_hopper_bf16_d{}_{name}", cfg.head_dim),
+            kernel_abi::attention::HOPPER_THREADS,
         ));
     }
     for dk in kernel_abi::gla::HEAD_DIMS {

@@ -333,6 +333,9 @@ pub const HOPPER_PRODUCER_REGS: u32 = 24;
 pub const HOPPER_CONSUMER_REGS: u32 = 240;
 /// Elements along D of one TMA box / 128-byte swizzle atom.
 pub const HOPPER_ATOM: u32 = 64;
+/// First of the [`HOPPER_CONSUMERS`] named barriers of the pingpong schedule (id 0 is the
+/// block barrier).
+pub const HOPPER_SCHED_BARRIER: u32 = 1;
 
 /// The Hopper path's tile shape for one head dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,6 +350,12 @@ pub struct HopperConfig {
     /// and run the softmax while P V is in flight. Measured on an H200 (bench/NOTES.md): +1-3%
     /// at D = 128, -25% at D = 256, where it is off.
     pub overlap: bool,
+    /// Pingpong between the consumer warpgroups (FlashAttention-3): named barriers
+    /// `HOPPER_SCHED_BARRIER + c` make the two issue their `wgmma` batches in turns, so that
+    /// one's softmax runs while the other's products occupy the tensor cores.
+    pub pingpong: bool,
+    /// The softmax mode ([`Softmax`]; the folded modes as in the `mma.sync` path).
+    pub softmax: Softmax,
 }
 
 impl HopperConfig {
@@ -409,21 +418,85 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
             block_n: 128,
             stages: 2,
             overlap: true,
+            pingpong: false,
+            softmax: Softmax::Scaled,
         }),
         128 => Some(HopperConfig {
             head_dim: 128,
             block_n: 128,
             stages: 2,
             overlap: true,
+            pingpong: false,
+            softmax: Softmax::Scaled,
         }),
         256 => Some(HopperConfig {
             head_dim: 256,
             block_n: 64,
             stages: 2,
             overlap: false,
+            pingpong: false,
+            softmax: Softmax::Scaled,
         }),
         _ => None,
     }
+}
+
+/// Alternative Hopper configurations, compiled for bf16 as
+/// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
+/// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements.
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 5] = [
+    // Pingpong between the consumer warpgroups, softmax unchanged.
+    (
+        "hpp",
+        HopperConfig {
+            pingpong: true,
+            ..hopper_config_of(128)
+        },
+    ),
+    // Pingpong and the folded softmax with lazy rescaling.
+    (
+        "hppl",
+        HopperConfig {
+            pingpong: true,
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(128)
+        },
+    ),
+    // The folded lazy softmax alone.
+    (
+        "hl",
+        HopperConfig {
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(128)
+        },
+    ),
+    // Pingpong, folded lazy softmax, steps of 176 keys (FlashAttention-3's non-causal tile).
+    (
+        "hppl176",
+        HopperConfig {
+            block_n: 176,
+            pingpong: true,
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(128)
+        },
+    ),
+    // D = 256 with pingpong (no intra-warpgroup overlap there).
+    (
+        "hpp256",
+        HopperConfig {
+            pingpong: true,
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(256)
+        },
+    ),
+];
+
+/// The Hopper variant `name` for head dimension `d`.
+pub fn hopper_variant(d: u32, name: &str) -> Option<HopperConfig> {
+    HOPPER_VARIANTS
+        .iter()
+        .find(|(n, c)| *n == name && c.head_dim == d)
+        .map(|(_, c)| *c)
 }
 
 /// [`hopper_config`] for a supported head dimension (compile-time use in kernels).

@@ -7,11 +7,12 @@
 //! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` and
 //! `KBENCH_ATTENTION_SEQS` restrict the grid (the peers follow it; the seed's configuration runs
 //! only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants to time
-//! (default: all of `TUNING_VARIANTS`, at S = 4k, 8k, 16k within the grid's sequences).
+//! (default: all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k, 8k,
+//! 16k within the grid's sequences).
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
-use kernel_abi::attention::TUNING_VARIANTS;
+use kernel_abi::attention::{HOPPER_VARIANTS, TUNING_VARIANTS};
 use kernels::attention::{self, AttentionProblem, Dtype, Path, View};
 use kernels::data::{rng, uniform_bf16};
 use kernels::memory::{download, poisoned, upload};
@@ -43,12 +44,16 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let variants = std::env::var("KBENCH_ATTENTION_VARIANTS").ok();
     let variants: Vec<&str> = match &variants {
         Some(list) => list.split(',').map(str::trim).collect(),
-        None => TUNING_VARIANTS.iter().map(|(n, _)| *n).collect(),
+        None => TUNING_VARIANTS
+            .iter()
+            .map(|(n, _)| *n)
+            .chain(HOPPER_VARIANTS.iter().map(|(n, _)| *n))
+            .collect(),
     };
-    if let Some(v) = variants
-        .iter()
-        .find(|v| !TUNING_VARIANTS.iter().any(|(n, _)| n == *v))
-    {
+    if let Some(v) = variants.iter().find(|v| {
+        !TUNING_VARIANTS.iter().any(|(n, _)| n == *v)
+            && !HOPPER_VARIANTS.iter().any(|(n, _)| n == *v)
+    }) {
         return Err(kernels::Error::invalid(
             "KBENCH_ATTENTION_VARIANTS",
             format!("no tuning variant named {v:?}"),
@@ -85,8 +90,14 @@ pub fn run(b: &mut Bench) -> Result<()> {
         &[4096, 8192, 16384]
     };
     let tuning_seqs = only("KBENCH_ATTENTION_SEQS", tuning_seqs)?;
-    for (name, cfg) in TUNING_VARIANTS {
-        let d = cfg.head_dim as usize;
+    let hopper = b.gpu.arch().has_hopper_kernels();
+    let tiles = TUNING_VARIANTS.iter().map(|(n, c)| (*n, c.head_dim));
+    let hoppers = HOPPER_VARIANTS
+        .iter()
+        .filter(|_| hopper)
+        .map(|(n, c)| (*n, c.head_dim));
+    for (name, d) in tiles.chain(hoppers) {
+        let d = d as usize;
         if !variants.contains(&name) || !dims.contains(&d) {
             continue;
         }

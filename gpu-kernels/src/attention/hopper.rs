@@ -39,8 +39,20 @@
 //!   (intra-warpgroup overlap); after `wgmma.wait_group 0` of that batch, the last read of
 //!   stage `(i - 1) % stages` by the tensor cores is complete, and lane 0 of every consumer warp
 //!   arrives on its `empty`. The P fragments of an in-flight product are pinned in their
-//!   registers until that wait; the next P is packed into fragments, and O rescaled, only
-//!   after it (the softmax itself runs on f32 registers while the product is in flight).
+//!   registers until that wait; the next P is packed into fragments only after it (the softmax
+//!   itself runs on f32 registers while the product is in flight). O is rescaled by the
+//!   factor of step `i - 1` between the issue of S_i and that of P_{i-1} V_{i-1} (no product
+//!   that touches O is in flight then).
+//! - Pingpong turns (`HopperConfig::pingpong`; named barriers `HOPPER_SCHED_BARRIER + c`, 256
+//!   threads: consumer `c` syncs, the other arrives). Before each of its `wgmma` batches
+//!   consumer `c` syncs on its barrier; after issuing the batch it arrives on the other's.
+//!   Both consumers of a block have the same steps, hence the same number `n` of batches
+//!   (`steps + 1` with the overlap, `2 steps` without). Consumer 1 arrives once before its
+//!   first batch (consumer 0's first turn) and skips the arrival after its last batch; so each
+//!   barrier sees exactly `n` syncs and `n` arrivals, and the batches alternate strictly: 0, 1,
+//!   0, 1, ... No wait on the ring happens between a sync and its arrival, and the producer
+//!   issues the stages in the order both consumers read them, so the turns cannot deadlock
+//!   with the ring.
 //! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
@@ -56,16 +68,25 @@ use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::{
     HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
-    HOPPER_THREADS, HOPPER_WG_ROWS, HopperConfig, HopperParams, hopper_config_of,
+    HOPPER_SCHED_BARRIER, HOPPER_THREADS, HOPPER_VARIANTS, HOPPER_WG_ROWS, HopperConfig,
+    HopperParams, Softmax, hopper_config_of,
 };
 
 /// Consumer warps arriving on an `empty` barrier per phase.
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 
+/// Threads per phase of a pingpong turn barrier: one consumer syncs, the other arrives.
+const SCHED_THREADS: u32 = 2 * WARPGROUP_SIZE;
+const _: () = assert!(
+    HOPPER_CONSUMERS == 2,
+    "the pingpong turns pair two consumers"
+);
+
 /// The forward pass; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
-/// accumulator registers of S and O; `NK = block_n / 16`, `DK = D / 16`; `OVERLAP` selects the
-/// intra-warpgroup software pipeline (`HopperConfig::overlap`). The `wgmma` shapes come in as
-/// functions so one body serves every head dimension and type.
+/// accumulator registers of S and O; `NT = block_n / 8`, `NK = block_n / 16`, `DK = D / 16`;
+/// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
+/// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`). The
+/// `wgmma` shapes come in as functions so one body serves every head dimension and type.
 ///
 /// # Safety
 /// Launched as documented on [`HopperParams`] with the configuration `cfg`.
@@ -78,9 +99,12 @@ unsafe fn forward<
     const STAGES: u32,
     const SR: usize,
     const OR: usize,
+    const NT: usize,
     const NK: usize,
     const DK: usize,
     const OVERLAP: bool,
+    const PINGPONG: bool,
+    const MODE: u32,
 >(
     p: &HopperParams,
     cfg: &HopperConfig,
@@ -95,6 +119,7 @@ unsafe fn forward<
         assert!(
             SR as u32 * 2 == BN
                 && OR as u32 * 2 == D
+                && NT as u32 * 8 == BN
                 && NK as u32 * 16 == BN
                 && DK as u32 * 16 == D
         )
@@ -222,27 +247,56 @@ unsafe fn forward<
     let mut row_max = [f32::NEG_INFINITY; 2];
     let mut row_sum = [0.0f32; 2];
     // S = Q K^T of stage `stage` (K-major Q and K; 16-wide K slices through the column blocks).
-    let issue_s = |s: &mut [f32; SR], stage: u32| {
-        for kk in 0..DK as u32 {
-            let (cb, within) = (kk / 4, 32 * (kk % 4));
-            let a = Descriptor::k_major_sw128(
-                q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M) + c * HOPPER_WG_ROWS * 128 + within,
-            );
-            let b = Descriptor::k_major_sw128(k_s(stage) + cb * cfg.block_bytes(BN) + within);
-            if kk == 0 {
-                s_zero(s, a, b);
-            } else {
-                s_mma(s, a, b);
+    // Macros rather than closures: a closure called from several places may stay a function
+    // call, and a call between `wgmma`s serializes them.
+    macro_rules! issue_s {
+        ($s:expr, $stage:expr) => {
+            for kk in 0..DK as u32 {
+                let (cb, within) = (kk / 4, 32 * (kk % 4));
+                let a = Descriptor::k_major_sw128(
+                    q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M) + c * HOPPER_WG_ROWS * 128 + within,
+                );
+                let b = Descriptor::k_major_sw128(k_s($stage) + cb * cfg.block_bytes(BN) + within);
+                if kk == 0 {
+                    s_zero($s, a, b);
+                } else {
+                    s_mma($s, a, b);
+                }
             }
-        }
-    };
+        };
+    }
     // O += P V of stage `stage` (P from registers, V MN-major).
-    let issue_pv = |o: &mut [f32; OR], pa: &[[u32; 4]; NK], stage: u32| {
-        for kk in 0..NK {
-            let b = Descriptor::mn_major_sw128(v_s(stage) + 2048 * kk as u32, cfg.block_bytes(BN));
-            o_mma(o, pa[kk], b);
+    macro_rules! issue_pv {
+        ($o:expr, $pa:expr, $stage:expr) => {
+            for kk in 0..NK {
+                let b =
+                    Descriptor::mn_major_sw128(v_s($stage) + 2048 * kk as u32, cfg.block_bytes(BN));
+                o_mma($o, $pa[kk], b);
+            }
+        };
+    }
+
+    // Pingpong turns (module docs): consumer `c` syncs on `HOPPER_SCHED_BARRIER + c` before
+    // each `wgmma` batch and, after issuing it, arrives on the other's barrier; the last
+    // consumer's last batch passes no turn (nobody waits for it), and consumer 1 hands consumer
+    // 0 the first turn.
+    let take_turn = || {
+        if PINGPONG {
+            // SAFETY: whole warpgroup, uniform control flow; matched by the other consumer's
+            // arrivals as counted in the module docs.
+            unsafe { sync::named_sync(HOPPER_SCHED_BARRIER + c, SCHED_THREADS) };
         }
     };
+    let pass_turn = |last: bool| {
+        if PINGPONG && !(last && c == HOPPER_CONSUMERS - 1) {
+            // SAFETY: as for `take_turn`: one arrival per sync of the other consumer.
+            unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER + (c ^ 1), SCHED_THREADS) };
+        }
+    };
+    if PINGPONG && steps > 0 && c == 1 {
+        // SAFETY: consumer 0's first turn (module docs).
+        unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER, SCHED_THREADS) };
+    }
 
     if steps > 0 && !OVERLAP {
         // One step after the other: S, softmax, P V, each product waited for.
@@ -253,37 +307,36 @@ unsafe fn forward<
             // SAFETY: the producer issues every step, so this phase completes.
             unsafe { full(pos.stage).wait_parity(pos.phase) };
             let mut s = [0.0f32; SR];
+            take_turn();
             // SAFETY: whole warpgroup, uniform control flow; Q and the stage were published by
             // the completed mbarrier phases and are not overwritten before `empty` is arrived on.
             unsafe {
                 wgmma::fence();
-                issue_s(&mut s, pos.stage);
+                issue_s!(&mut s, pos.stage);
                 wgmma::commit_group();
-                wgmma::wait_group::<0>();
             }
+            pass_turn(false);
+            // SAFETY: whole warpgroup.
+            unsafe { wgmma::wait_group::<0>() };
             s_fence(&mut s);
-            let correction = softmax_step::<SR, BN>(
-                &rows,
-                &mut s,
-                (nb_lo + step) * BN,
-                &mut row_max,
-                &mut row_sum,
-            );
-            for j in 0..OR / 4 {
-                for h in 0..2 {
-                    o[4 * j + 2 * h] *= correction[h];
-                    o[4 * j + 2 * h + 1] *= correction[h];
-                }
+            let n0 = (nb_lo + step) * BN;
+            let correction =
+                softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, n0, &mut row_max, &mut row_sum);
+            if let Some(correction) = correction {
+                rescale(&mut o, correction);
             }
             let pa = pack_p::<E, SR, NK>(&s);
+            take_turn();
             // SAFETY: as above; `wgmma.fence` orders the rescale of `o` and the writes of `pa`
             // before the products.
             unsafe {
                 wgmma::fence();
-                issue_pv(&mut o, &pa, pos.stage);
+                issue_pv!(&mut o, pa, pos.stage);
                 wgmma::commit_group();
-                wgmma::wait_group::<0>();
             }
+            pass_turn(step + 1 == steps);
+            // SAFETY: whole warpgroup.
+            unsafe { wgmma::wait_group::<0>() };
             o_fence(&mut o);
             if lane == 0 {
                 // SAFETY: the products reading this stage are complete (wait_group 0 above);
@@ -295,48 +348,66 @@ unsafe fn forward<
     }
     if steps > 0 && OVERLAP {
         // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
-        // iteration i issues S_i and O += P_{i-1} V_{i-1} together, runs the softmax of S_i
-        // while the P V product is in flight, and rescales O only after it completed.
+        // iteration i issues S_i, rescales O (the factor of step i - 1), issues
+        // O += P_{i-1} V_{i-1}, and runs the softmax of S_i while the P V product is in flight.
         // SAFETY: the producer issues Q and every step, so these phases complete.
         unsafe {
             q_full.wait_parity(0);
             full(0).wait_parity(0);
         }
         let mut s = [0.0f32; SR];
+        take_turn();
         // SAFETY: whole warpgroup, uniform control flow; Q and stage 0 were published by the
         // completed phases.
         unsafe {
             wgmma::fence();
-            issue_s(&mut s, 0);
+            issue_s!(&mut s, 0);
             wgmma::commit_group();
-            wgmma::wait_group::<0>();
         }
+        pass_turn(false);
+        // SAFETY: whole warpgroup.
+        unsafe { wgmma::wait_group::<0>() };
         s_fence(&mut s);
-        softmax_step::<SR, BN>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
+        // O is still 0: the first factor does not matter.
+        softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
         let mut pa = pack_p::<E, SR, NK>(&s);
+        let mut correction = None;
         let mut prev = RingPos::<STAGES>::of(0);
         for step in 1..steps {
             let pos = prev.next();
             let mut s_next = [0.0f32; SR];
             // SAFETY: the producer issues every step, so this phase completes.
             unsafe { full(pos.stage).wait_parity(pos.phase) };
-            // SAFETY: whole warpgroup, uniform control flow. The fence orders the earlier
-            // rescale of `o` and the writes of `pa` before the products; the stages read were
-            // published by their `full` phases and are released only after `wait_group 0`.
+            take_turn();
+            // SAFETY: whole warpgroup, uniform control flow. The stages read were published by
+            // their `full` phases and are released only after `wait_group 0`. The first fence
+            // orders the writes of `pa` before the products, the second the rescale of `o`
+            // (which S_next does not read).
             unsafe {
                 wgmma::fence();
-                issue_s(&mut s_next, pos.stage);
+                issue_s!(&mut s_next, pos.stage);
                 wgmma::commit_group();
-                issue_pv(&mut o, &pa, prev.stage);
+                if let Some(correction) = correction {
+                    rescale(&mut o, correction);
+                }
+                wgmma::fence();
+                issue_pv!(&mut o, pa, prev.stage);
                 wgmma::commit_group();
-                // Groups complete in order: at most one pending means S_next is complete (the
-                // P V product may still run).
-                wgmma::wait_group::<1>();
             }
+            pass_turn(false);
+            // Groups complete in order: at most one pending means S_next is complete (the P V
+            // product may still run).
+            // SAFETY: whole warpgroup.
+            unsafe { wgmma::wait_group::<1>() };
             s_fence(&mut s_next);
             let n0 = (nb_lo + step) * BN;
-            let correction =
-                softmax_step::<SR, BN>(&rows, &mut s_next, n0, &mut row_max, &mut row_sum);
+            correction = softmax_step::<SR, NT, BN, MODE>(
+                &rows,
+                &mut s_next,
+                n0,
+                &mut row_max,
+                &mut row_sum,
+            );
             // SAFETY: whole warpgroup.
             unsafe { wgmma::wait_group::<0>() };
             o_fence(&mut o);
@@ -349,23 +420,23 @@ unsafe fn forward<
                 // now) is complete; one arrival per consumer warp and phase.
                 unsafe { empty(prev.stage).arrive() };
             }
-            for j in 0..OR / 4 {
-                for h in 0..2 {
-                    o[4 * j + 2 * h] *= correction[h];
-                    o[4 * j + 2 * h + 1] *= correction[h];
-                }
-            }
             pa = pack_p::<E, SR, NK>(&s_next);
             prev = pos;
         }
         // The last step's P V.
+        take_turn();
+        if let Some(correction) = correction {
+            rescale(&mut o, correction);
+        }
         // SAFETY: as in the loop (whole warpgroup; stage published; released after the wait).
         unsafe {
             wgmma::fence();
-            issue_pv(&mut o, &pa, prev.stage);
+            issue_pv!(&mut o, pa, prev.stage);
             wgmma::commit_group();
-            wgmma::wait_group::<0>();
         }
+        pass_turn(true);
+        // SAFETY: whole warpgroup.
+        unsafe { wgmma::wait_group::<0>() };
         o_fence(&mut o);
         if lane == 0 {
             // SAFETY: the last products reading stage `prev` are complete.
@@ -422,19 +493,14 @@ struct Rows {
     scale_log2: f32,
 }
 
-/// Mask (where the step crosses a window edge or `seq_k`) and scale the logits of keys
-/// `n0 .. n0 + BN`, update the running maximum and sum of the thread's two rows, turn `s` into
-/// P (in f32, in place), and return the factor by which O must be rescaled (applied by the
-/// caller once the previous P V product completed). A row whose maximum is still -inf uses 0
-/// as its reference, so no `-inf - -inf` is formed.
+/// Mask the logits of keys `n0 .. n0 + BN` (-inf where the step crosses a window edge or
+/// `seq_k`), scaled to base-2 logits when `SCALE`.
 #[inline(always)]
-fn softmax_step<const SR: usize, const BN: u32>(
+fn mask_step<const SR: usize, const BN: u32, const SCALE: bool>(
     r: &Rows,
     s: &mut [f32; SR],
     n0: u32,
-    row_max: &mut [f32; 2],
-    row_sum: &mut [f32; 2],
-) -> [f32; 2] {
+) {
     let (wl, wr, sk, off) = (r.window_left, r.window_right, r.seq_k, r.offset);
     let row_lo = r.m0 as i32;
     let row_hi = (r.m0 + HOPPER_BLOCK_M - 1) as i32;
@@ -445,7 +511,11 @@ fn softmax_step<const SR: usize, const BN: u32>(
         || (wl >= 0 && key_lo < row_hi + off - wl);
     for j in 0..SR / 4 {
         for e in 0..4 {
-            let mut x = s[4 * j + e] * r.scale_log2;
+            let mut x = if SCALE {
+                s[4 * j + e] * r.scale_log2
+            } else {
+                s[4 * j + e]
+            };
             if needs_mask {
                 let row = (r.m0 + r.warp_row + r.g + 8 * (e as u32 / 2)) as i32;
                 let key = (n0 + 8 * j as u32 + 2 * r.t + (e as u32 % 2)) as i32;
@@ -459,6 +529,58 @@ fn softmax_step<const SR: usize, const BN: u32>(
             s[4 * j + e] = x;
         }
     }
+}
+
+/// One online-softmax step on the accumulators `s` of keys `n0 .. n0 + BN` in the softmax mode
+/// `MODE` ([`Softmax::code`](kernel_abi::attention::Softmax::code)): masks, updates the
+/// running maximum (reference) and sum of the thread's two rows, turns `s` into P (in f32, in
+/// place), and returns the factors by which O must be rescaled, if any (applied by the caller
+/// once O is not in use by a product). The folded modes are the `mma.sync` path's
+/// ([`super::softmax_folded_max`], [`super::softmax_folded_p`]): the accumulator layout of a
+/// `wgmma` m64 tile is, per warp, that of `NT = BN / 8` m16n8 tiles.
+#[inline(always)]
+fn softmax_step<const SR: usize, const NT: usize, const BN: u32, const MODE: u32>(
+    r: &Rows,
+    s: &mut [f32; SR],
+    n0: u32,
+    row_max: &mut [f32; 2],
+    row_sum: &mut [f32; 2],
+) -> Option<[f32; 2]> {
+    const { assert!(SR == 4 * NT) };
+    if MODE == Softmax::Scaled.code() {
+        mask_step::<SR, BN, true>(r, s, n0);
+        return Some(softmax_scaled::<SR>(s, row_max, row_sum));
+    }
+    mask_step::<SR, BN, false>(r, s, n0);
+    // SAFETY: `[f32; SR]` and `[[[f32; 4]; NT]; 1]` have the same size (asserted above), the
+    // same alignment and no padding; the borrow is exclusive.
+    let tiles = unsafe { &mut *(s as *mut [f32; SR]).cast::<[[[f32; 4]; NT]; 1]>() };
+    let (m, l) = (
+        core::array::from_mut(row_max),
+        core::array::from_mut(row_sum),
+    );
+    let lazy = MODE == Softmax::FoldedLazy.code();
+    let mut correction = [[1.0f32; 2]; 1];
+    let (huge, rescale) =
+        super::softmax_folded_max::<1, NT>(tiles, m, l, r.scale_log2, lazy, &mut correction);
+    if huge {
+        super::softmax_folded_p::<1, NT, true>(tiles, m, l, r.scale_log2);
+    } else {
+        super::softmax_folded_p::<1, NT, false>(tiles, m, l, r.scale_log2);
+    }
+    rescale.then_some(correction[0])
+}
+
+/// The scaled softmax ([`Softmax::Scaled`]) on base-2 logits: update the running maximum and
+/// sum of the thread's two rows, turn `s` into P (in f32, in place), and return the factor by
+/// which O must be rescaled. A row whose maximum is still -inf uses 0 as its reference, so no
+/// `-inf - -inf` is formed.
+#[inline(always)]
+fn softmax_scaled<const SR: usize>(
+    s: &mut [f32; SR],
+    row_max: &mut [f32; 2],
+    row_sum: &mut [f32; 2],
+) -> [f32; 2] {
     let mut correction = [1.0f32; 2];
     for h in 0..2 {
         let mut mx = f32::NEG_INFINITY;
@@ -471,11 +593,7 @@ fn softmax_step<const SR: usize, const BN: u32>(
             mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
         }
         let new_max = row_max[h].max(mx);
-        let reference = if new_max == f32::NEG_INFINITY {
-            0.0
-        } else {
-            new_max
-        };
+        let reference = super::reference(new_max);
         correction[h] = math::exp2(row_max[h] - reference);
         row_max[h] = new_max;
         row_sum[h] *= correction[h];
@@ -488,6 +606,17 @@ fn softmax_step<const SR: usize, const BN: u32>(
         }
     }
     correction
+}
+
+/// O's two rows of this thread times their factors.
+#[inline(always)]
+fn rescale<const OR: usize>(o: &mut [f32; OR], correction: [f32; 2]) {
+    for j in 0..OR / 4 {
+        for h in 0..2 {
+            o[4 * j + 2 * h] *= correction[h];
+            o[4 * j + 2 * h + 1] *= correction[h];
+        }
+    }
 }
 
 /// P (the exponentiated scores in `s`) as register A fragments of the P V product: the
@@ -509,9 +638,9 @@ fn pack_p<E: Elem, const SR: usize, const NK: usize>(s: &[f32; SR]) -> [[u32; 4]
 }
 
 macro_rules! hopper_kernel {
-    ($name:ident, $elem:ty, $d:literal, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
-        /// See the module documentation (head dimension
-        #[doc = stringify!($d)]
+    ($name:ident, $elem:ty, $cfg:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
+        /// See the module documentation (the configuration
+        #[doc = stringify!($cfg)]
         /// ).
         ///
         /// # Safety
@@ -519,7 +648,7 @@ macro_rules! hopper_kernel {
         /// shared memory, parameters as documented on [`HopperParams`] (validated by the host).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: HopperParams) {
-            const CFG: HopperConfig = hopper_config_of($d);
+            const CFG: HopperConfig = $cfg;
             crate::launch_bounds!($name, HOPPER_THREADS, 1);
             let tmaps = [
                 tensor_map_ptr!($name, 0, HopperParams, tmap_q),
@@ -531,14 +660,17 @@ macro_rules! hopper_kernel {
             unsafe {
                 forward::<
                     $elem,
-                    $d,
+                    { CFG.head_dim },
                     { CFG.block_n },
                     { CFG.stages },
                     { (CFG.block_n / 2) as usize },
-                    { $d / 2 },
+                    { (CFG.head_dim / 2) as usize },
+                    { (CFG.block_n / 8) as usize },
                     { (CFG.block_n / 16) as usize },
-                    { $d / 16 },
+                    { (CFG.head_dim / 16) as usize },
                     { CFG.overlap },
+                    { CFG.pingpong },
+                    { CFG.softmax.code() },
                 >(
                     &p,
                     &CFG,
@@ -557,7 +689,7 @@ macro_rules! hopper_kernel {
 hopper_kernel!(
     attention_fwd_hopper_bf16_d64,
     Bf16,
-    64,
+    hopper_config_of(64),
     m64n128k16_bf16_ss_zero,
     m64n128k16_bf16_ss,
     fence_operands_64,
@@ -567,7 +699,7 @@ hopper_kernel!(
 hopper_kernel!(
     attention_fwd_hopper_bf16_d128,
     Bf16,
-    128,
+    hopper_config_of(128),
     m64n128k16_bf16_ss_zero,
     m64n128k16_bf16_ss,
     fence_operands_64,
@@ -577,7 +709,7 @@ hopper_kernel!(
 hopper_kernel!(
     attention_fwd_hopper_bf16_d256,
     Bf16,
-    256,
+    hopper_config_of(256),
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     fence_operands_32,
@@ -587,7 +719,7 @@ hopper_kernel!(
 hopper_kernel!(
     attention_fwd_hopper_f16_d64,
     F16,
-    64,
+    hopper_config_of(64),
     m64n128k16_f16_ss_zero,
     m64n128k16_f16_ss,
     fence_operands_64,
@@ -597,7 +729,7 @@ hopper_kernel!(
 hopper_kernel!(
     attention_fwd_hopper_f16_d128,
     F16,
-    128,
+    hopper_config_of(128),
     m64n128k16_f16_ss_zero,
     m64n128k16_f16_ss,
     fence_operands_64,
@@ -607,10 +739,62 @@ hopper_kernel!(
 hopper_kernel!(
     attention_fwd_hopper_f16_d256,
     F16,
-    256,
+    hopper_config_of(256),
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     fence_operands_32,
     m64n256k16_f16_rs,
+    fence_operands_128
+);
+
+// Tuning variants (`kernel_abi::attention::HOPPER_VARIANTS`, in order), bf16.
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d128_hpp,
+    Bf16,
+    HOPPER_VARIANTS[0].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d128_hppl,
+    Bf16,
+    HOPPER_VARIANTS[1].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d128_hl,
+    Bf16,
+    HOPPER_VARIANTS[2].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d128_hppl176,
+    Bf16,
+    HOPPER_VARIANTS[3].1,
+    m64n176k16_bf16_ss_zero,
+    m64n176k16_bf16_ss,
+    fence_operands_88,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d256_hpp256,
+    Bf16,
+    HOPPER_VARIANTS[4].1,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
     fence_operands_128
 );

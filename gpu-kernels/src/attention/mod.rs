@@ -415,6 +415,28 @@ fn softmax_folded_rescale<const MT: usize, const NT: usize, const DT: usize>(
     scale_log2: f32,
     lazy: bool,
 ) -> bool {
+    let mut correction = [[1.0f32; 2]; MT];
+    let (huge, rescale) =
+        softmax_folded_max::<MT, NT>(s, row_max, row_sum, scale_log2, lazy, &mut correction);
+    if rescale {
+        rescale_o(o, &correction);
+    }
+    huge
+}
+
+/// [`softmax_folded_rescale`] without touching O: updates the maxima (references) and the
+/// sums, and returns whether the step has huge maxima and whether the warp rescales; if it
+/// does, `correction` holds each row's factor (the caller multiplies O by it, with
+/// [`rescale_o`], once O is not in use).
+#[inline(always)]
+fn softmax_folded_max<const MT: usize, const NT: usize>(
+    s: &[[[f32; 4]; NT]; MT],
+    row_max: &mut [[f32; 2]; MT],
+    row_sum: &mut [[f32; 2]; MT],
+    scale_log2: f32,
+    lazy: bool,
+    correction: &mut [[f32; 2]; MT],
+) -> (bool, bool) {
     let mut mx = [[f32::NEG_INFINITY; 2]; MT];
     for mt in 0..MT {
         for j in 0..NT {
@@ -455,18 +477,33 @@ fn softmax_folded_rescale<const MT: usize, const NT: usize, const DT: usize>(
         for mt in 0..MT {
             for h in 0..2 {
                 let new_max = row_max[mt][h].max(t[mt][h]);
-                let correction = math::exp2(row_max[mt][h] - reference(new_max));
+                correction[mt][h] = math::exp2(row_max[mt][h] - reference(new_max));
                 row_max[mt][h] = new_max;
-                row_sum[mt][h] *= correction;
-                for d in 0..DT {
-                    o[mt][d][2 * h] *= correction;
-                    o[mt][d][2 * h + 1] *= correction;
-                }
+                row_sum[mt][h] *= correction[mt][h];
             }
         }
     }
-    huge
+    (huge, rescale)
 }
+
+/// O's rows times their factors `correction` (rows `g` and `g + 8` of each m-tile).
+#[inline(always)]
+fn rescale_o<const MT: usize, const DT: usize>(
+    o: &mut [[[f32; 4]; DT]; MT],
+    correction: &[[f32; 2]; MT],
+) {
+    for mt in 0..MT {
+        for h in 0..2 {
+            for d in 0..DT {
+                o[mt][d][2 * h] *= correction[mt][h];
+                o[mt][d][2 * h + 1] *= correction[mt][h];
+            }
+        }
+    }
+}
+
+/// Levels of the row-sum tree of [`softmax_folded_p`]: up to 32 n8 tiles per step.
+const TREE_LEVELS: u32 = 5;
 
 /// The second half of the folded softmax: `s` (raw logits) turned into
 /// `p = exp2(s scale_log2 - reference)` in one FFMA, or (`SCALED_FIRST`, a step with huge
@@ -500,8 +537,11 @@ fn softmax_folded_p<const MT: usize, const NT: usize, const SCALED_FIRST: bool>(
             for j in 0..NT {
                 pairs[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
             }
-            // A tree over the pairs (constant trip counts: unrolled, the array in registers).
-            for level in 0..usize::BITS {
+            // A tree over the pairs (constant trip counts: unrolled, the array in registers;
+            // `TREE_LEVELS` levels cover `NT <= 2^TREE_LEVELS`, and a bound much above that
+            // leaves the loop rolled and the array in local memory).
+            const { assert!(NT <= 1 << TREE_LEVELS) };
+            for level in 0..TREE_LEVELS {
                 let stride = 1usize << level;
                 for j in 0..NT {
                     if stride < NT && j % (2 * stride) == 0 && j + stride < NT {

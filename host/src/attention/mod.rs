@@ -29,8 +29,9 @@ use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::stream::Stream;
 use half::{bf16, f16};
 use kernel_abi::attention::{
-    AttentionParams, HEAD_DIMS, HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_THREADS, HopperParams,
-    TileConfig, UNBOUNDED, hopper_config, tile_config, tuning_variant,
+    AttentionParams, HEAD_DIMS, HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_THREADS, HopperConfig,
+    HopperParams, TileConfig, UNBOUNDED, hopper_config, hopper_variant, tile_config,
+    tuning_variant,
 };
 
 /// Element type of Q, K, V and O.
@@ -467,6 +468,27 @@ pub fn forward_variant<T: AttentionElem>(
             lse.len(),
         ));
     }
+    if let Some(name) = variant
+        && let Some(cfg) = hopper_variant(problem.head_dim as u32, name)
+    {
+        // A tuning variant of the Hopper path (bf16 only).
+        if problem.dtype != Dtype::Bf16 || !gpu.arch().has_hopper_kernels() {
+            return Err(Error::unsupported(
+                format!("Hopper tuning variant {name}"),
+                format!(
+                    "built for bf16 on sm_90a; this is {:?} on {}",
+                    problem.dtype,
+                    gpu.arch()
+                ),
+            ));
+        }
+        let params = hopper_params(problem, &cfg, q, k, v, o, lse)?;
+        let name = format!(
+            "{}_{name}",
+            hopper_kernel_name(problem.dtype, problem.head_dim)
+        );
+        return launch_hopper(gpu, stream, problem, &cfg, &name, &params);
+    }
     let hopper = match (problem.path, variant) {
         (_, Some(_)) | (Path::MmaSync, None) => false,
         (Path::Hopper, None) => {
@@ -482,8 +504,12 @@ pub fn forward_variant<T: AttentionElem>(
         (Path::Auto, None) => gpu.arch().has_hopper_kernels() && problem.head_dim >= 128,
     };
     if hopper {
-        match hopper_params(problem, q, k, v, o, lse) {
-            Ok(params) => return launch_hopper(gpu, stream, problem, &params),
+        let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
+        match hopper_params(problem, &cfg, q, k, v, o, lse) {
+            Ok(params) => {
+                let name = hopper_kernel_name(problem.dtype, problem.head_dim);
+                return launch_hopper(gpu, stream, problem, &cfg, &name, &params);
+            }
             Err(e) if problem.path == Path::Hopper => return Err(e),
             // Strides a tensor map cannot describe: the mma.sync path handles any.
             Err(_) => {}
@@ -589,8 +615,7 @@ fn mma_launch_config(problem: &AttentionProblem, cfg: &TileConfig) -> LaunchConf
 }
 
 /// The Hopper path's launch: one block per (query tile, head, batch).
-fn hopper_launch_config(problem: &AttentionProblem) -> LaunchConfig {
-    let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
+fn hopper_launch_config(problem: &AttentionProblem, cfg: &HopperConfig) -> LaunchConfig {
     LaunchConfig::new(
         (
             (problem.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
@@ -620,7 +645,10 @@ pub fn launch_shape(
         (
             hopper_kernel_name(problem.dtype, d),
             std::mem::size_of::<HopperParams>(),
-            hopper_launch_config(problem),
+            hopper_launch_config(
+                problem,
+                &hopper_config(d as u32).expect("validated head dimension"),
+            ),
         )
     } else {
         let cfg = tile_config(d as u32).expect("validated head dimension");
@@ -635,13 +663,13 @@ pub fn launch_shape(
 /// The Hopper kernel's parameters: tensor maps over the (already checked) views.
 fn hopper_params<T: AttentionElem>(
     problem: &AttentionProblem,
+    cfg: &HopperConfig,
     q: &View<T>,
     k: &View<T>,
     v: &View<T>,
     o: &View<T>,
     lse: &DeviceBuffer<f32>,
 ) -> Result<HopperParams> {
-    let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
     let dtype = match problem.dtype {
         Dtype::Bf16 => MapDtype::Bf16,
         Dtype::F16 => MapDtype::F16,
@@ -674,7 +702,7 @@ fn hopper_params<T: AttentionElem>(
         scale_log2: problem.softmax_scale() * std::f32::consts::LOG2_E,
         window_left: left.map_or(UNBOUNDED, |l| l as i32),
         window_right: right.map_or(UNBOUNDED, |r| r as i32),
-        num_m_blocks: hopper_launch_config(problem).grid.0,
+        num_m_blocks: hopper_launch_config(problem, cfg).grid.0,
         reverse_m: u32::from(problem.causal),
     })
 }
@@ -683,12 +711,13 @@ fn launch_hopper(
     gpu: &Gpu,
     stream: &Stream,
     problem: &AttentionProblem,
+    cfg: &HopperConfig,
+    name: &str,
     params: &HopperParams,
 ) -> Result<()> {
-    let launch = hopper_launch_config(problem);
-    let name = hopper_kernel_name(problem.dtype, problem.head_dim);
+    let launch = hopper_launch_config(problem, cfg);
     // SAFETY: the tensor maps describe the checked views of Q, K, V (shape, 16-byte aligned
     // rows and strides, in bounds), O and LSE were checked by the caller, the sizes and window
     // validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
-    unsafe { gpu.launch(stream, &name, &launch, params) }
+    unsafe { gpu.launch(stream, name, &launch, params) }
 }
