@@ -206,7 +206,7 @@ fn main() {
             case(2, 113, 203, 4, 2, d, Dtype::Bf16),
             case(1, 17, 9, 2, 1, d, Dtype::Bf16),
         ];
-        for sk in [1, bn, 2 * bn, 3 * bn + 5] {
+        for sk in [1, bn, 2 * bn, 3 * bn + 5, 7 * bn + 1] {
             cs.push(case(1, 129, sk, 2, 1, d, Dtype::Bf16));
         }
         if cfg.softmax != Softmax::Scaled {

@@ -386,9 +386,9 @@ impl HopperConfig {
         self.k_offset(s) + (self.column_blocks() * self.block_bytes(self.block_n)) as usize
     }
 
-    /// Bytes one stage's TMA loads deliver (K and V).
-    pub const fn stage_bytes(&self) -> u32 {
-        2 * self.column_blocks() * self.block_bytes(self.block_n)
+    /// Bytes one K (or V) tile's TMA loads deliver.
+    pub const fn tile_bytes(&self) -> u32 {
+        self.column_blocks() * self.block_bytes(self.block_n)
     }
 
     /// Bytes the Q loads deliver.
@@ -396,17 +396,20 @@ impl HopperConfig {
         self.column_blocks() * self.block_bytes(HOPPER_BLOCK_M)
     }
 
-    /// Offset of the mbarriers: `q_full`, then `full[stages]`, then `empty[stages]`.
+    /// Offset of the mbarriers: `q_full`, then `full_k`, `full_v`, `empty_k`, `empty_v` (each
+    /// `stages` barriers).
     pub const fn barriers_offset(&self) -> usize {
         self.k_offset(self.stages)
     }
 
+    /// Number of mbarriers.
+    pub const fn barriers(&self) -> u32 {
+        1 + 4 * self.stages
+    }
+
     /// Dynamic shared memory of the kernel.
     pub const fn smem_bytes(&self) -> usize {
-        crate::align_up(
-            self.barriers_offset() + 8 * (1 + 2 * self.stages as usize),
-            16,
-        ) + SMEM_ALIGN
+        crate::align_up(self.barriers_offset() + 8 * self.barriers() as usize, 16) + SMEM_ALIGN
     }
 }
 
@@ -444,7 +447,7 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
 /// Alternative Hopper configurations, compiled for bf16 as
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements.
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 5] = [
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 6] = [
     // Pingpong between the consumer warpgroups, softmax unchanged.
     (
         "hpp",
@@ -475,6 +478,16 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 5] = [
         "hppl176",
         HopperConfig {
             block_n: 176,
+            pingpong: true,
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(128)
+        },
+    ),
+    // "hppl" with a 3-stage ring.
+    (
+        "hppl3",
+        HopperConfig {
+            stages: 3,
             pingpong: true,
             softmax: Softmax::FoldedLazy,
             ..hopper_config_of(128)

@@ -18,7 +18,7 @@
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, and its
-//! thread 0 issues the TMA loads (Q once, then K and V of each step). Warpgroups 1 and 2
+//! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead). Warpgroups 1 and 2
 //! consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
 //! of the block; per step it issues `wgmma.m64n{block_n}k16` for S (`block_n / 2` f32
 //! registers), does the online softmax on its accumulators (a row is held by the 4 lanes of a
@@ -26,23 +26,27 @@
 //! into O (`D / 2` f32 registers).
 //!
 //! # Barrier protocol
-//! - Start: thread 0 initializes `q_full` (count 1), `full[s]` (count 1) and `empty[s]` (count
-//!   8: one arrival per consumer warp), `fence.mbarrier_init`, then `sync_threads` publishes
-//!   them. The warpgroups never meet at a block barrier again.
+//! - Start: thread 0 initializes `q_full` (count 1), `full_k[s]`, `full_v[s]` (count 1) and
+//!   `empty_k[s]`, `empty_v[s]` (count 8: one arrival per consumer warp), `fence.mbarrier_init`,
+//!   then `sync_threads` publishes them. The warpgroups never meet at a block barrier again.
 //! - `q_full`: the producer arrives with the Q tile's bytes and issues its loads; consumers
 //!   wait on parity 0 before the first `wgmma` (only if the block has a step at all).
-//! - `full[s]` (stage `s = i % stages`, parity `(i / stages) % 2`): the producer waits until
-//!   `empty[s]` completed the stage's previous use (parity `^ 1`: the first pass does not wait),
-//!   arrives expecting the K and V bytes, and issues their loads; consumers wait on it before
-//!   their `wgmma`s read the stage.
-//! - `empty[s]`: consumers issue S of step `i` and P V of step `i - 1` together
-//!   (intra-warpgroup overlap); after `wgmma.wait_group 0` of that batch, the last read of
-//!   stage `(i - 1) % stages` by the tensor cores is complete, and lane 0 of every consumer warp
-//!   arrives on its `empty`. The P fragments of an in-flight product are pinned in their
-//!   registers until that wait; the next P is packed into fragments only after it (the softmax
-//!   itself runs on f32 registers while the product is in flight). O is rescaled by the
-//!   factor of step `i - 1` between the issue of S_i and that of P_{i-1} V_{i-1} (no product
-//!   that touches O is in flight then).
+//! - K and V have rings of their own (slot `s = i % stages` for step `i`, parity
+//!   `(i / stages) % 2`), so that a K slot turns over as soon as S has read it, a full P V
+//!   earlier than its V. The producer loads in the order the consumers read: K_0, then K_{i+1}
+//!   before V_i. For each tile it waits until `empty_*[s]` completed the slot's previous use
+//!   (parity `^ 1`: the first pass does not wait), arrives on `full_*[s]` expecting the tile's
+//!   bytes, and issues the loads; consumers wait on `full_*[s]` before the `wgmma`s that read
+//!   the tile.
+//! - `empty_k[s]` / `empty_v[s]`: lane 0 of every consumer warp arrives once the
+//!   `wgmma.wait_group` that completes the last product reading the tile has returned: S_i's
+//!   (`wait_group 1` in the overlapped loop, which leaves only the later P V pending) for K_i,
+//!   P_i V_i's (`wait_group 0`) for V_i.
+//! - Overlap (`HopperConfig::overlap`): consumers issue S_i and P_{i-1} V_{i-1} together. The P
+//!   fragments of an in-flight product are pinned in their registers until its wait; the next P
+//!   is packed into fragments only after it (the softmax itself runs on f32 registers while the
+//!   product is in flight). O is rescaled by the factor of step `i - 1` between the issue of
+//!   S_i and that of P_{i-1} V_{i-1} (no product that touches O is in flight then).
 //! - Pingpong turns (`HopperConfig::pingpong`; named barriers `HOPPER_SCHED_BARRIER + c`, 256
 //!   threads: consumer `c` syncs, the other arrives). Before each of its `wgmma` batches
 //!   consumer `c` syncs on its barrier; after issuing the batch it arrives on the other's.
@@ -50,9 +54,10 @@
 //!   (`steps + 1` with the overlap, `2 steps` without). Consumer 1 arrives once before its
 //!   first batch (consumer 0's first turn) and skips the arrival after its last batch; so each
 //!   barrier sees exactly `n` syncs and `n` arrivals, and the batches alternate strictly: 0, 1,
-//!   0, 1, ... No wait on the ring happens between a sync and its arrival, and the producer
-//!   issues the stages in the order both consumers read them, so the turns cannot deadlock
-//!   with the ring.
+//!   0, 1, ... No wait on the rings happens between a sync and its arrival, and the producer
+//!   issues the tiles in the order both consumers read them (each tile it waits for was
+//!   released by both consumers at an earlier batch), so the turns cannot deadlock with the
+//!   rings.
 //! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
@@ -130,8 +135,10 @@ unsafe fn forward<
     let base = smem::aligned_base();
     let bars = base + cfg.barriers_offset() as u32;
     let q_full = Mbarrier::at(bars);
-    let full = |s: u32| Mbarrier::at(bars + 8 * (1 + s));
-    let empty = |s: u32| Mbarrier::at(bars + 8 * (1 + STAGES + s));
+    let full_k = |s: u32| Mbarrier::at(bars + 8 * (1 + s));
+    let full_v = |s: u32| Mbarrier::at(bars + 8 * (1 + STAGES + s));
+    let empty_k = |s: u32| Mbarrier::at(bars + 8 * (1 + 2 * STAGES + s));
+    let empty_v = |s: u32| Mbarrier::at(bars + 8 * (1 + 3 * STAGES + s));
     let q_s = base + cfg.q_offset() as u32;
     let k_s = |s: u32| base + cfg.k_offset(s) as u32;
     let v_s = |s: u32| base + cfg.v_offset(s) as u32;
@@ -172,8 +179,10 @@ unsafe fn forward<
         unsafe {
             q_full.init(1);
             for s in 0..STAGES {
-                full(s).init(1);
-                empty(s).init(CONSUMER_WARPS);
+                full_k(s).init(1);
+                full_v(s).init(1);
+                empty_k(s).init(CONSUMER_WARPS);
+                empty_v(s).init(CONSUMER_WARPS);
             }
         }
         fence::fence_mbarrier_init();
@@ -202,24 +211,45 @@ unsafe fn forward<
                     );
                 }
             }
-            let mut pos = RingPos::<STAGES>::of(0);
-            for step in 0..steps {
-                let n0 = ((nb_lo + step) * BN) as i32;
-                // SAFETY: ring protocol (module docs): the stage is free once `empty` completed
-                // its previous phase; `full` expects exactly the K and V boxes' bytes; the
-                // destinations are untouched until that phase completes.
+            // K of step i + 1 before V of step i: the order the consumers read them in (S of
+            // step i + 1 is issued before P V of step i).
+            let load = |j: u32, k: bool| {
+                let pos = RingPos::<STAGES>::of(j);
+                let (full, empty, map, dst) = if k {
+                    (
+                        full_k(pos.stage),
+                        empty_k(pos.stage),
+                        tmap_k,
+                        k_s(pos.stage),
+                    )
+                } else {
+                    (
+                        full_v(pos.stage),
+                        empty_v(pos.stage),
+                        tmap_v,
+                        v_s(pos.stage),
+                    )
+                };
+                let n0 = ((nb_lo + j) * BN) as i32;
+                // SAFETY: ring protocol (module docs): the slot is free once `empty` completed
+                // its previous phase; `full` expects exactly the tile's bytes; the destination
+                // is untouched until that phase completes.
                 unsafe {
-                    empty(pos.stage).wait_parity(pos.phase ^ 1);
-                    full(pos.stage).arrive_expect_tx(cfg.stage_bytes());
+                    empty.wait_parity(pos.phase ^ 1);
+                    full.arrive_expect_tx(cfg.tile_bytes());
                     for cb in 0..cblocks {
                         let x = (cb * HOPPER_ATOM) as i32;
-                        let kd = k_s(pos.stage) + cb * cfg.block_bytes(BN);
-                        let vd = v_s(pos.stage) + cb * cfg.block_bytes(BN);
-                        tmap_k.load_4d(kd, x, head_kv as i32, n0, batch as i32, full(pos.stage));
-                        tmap_v.load_4d(vd, x, head_kv as i32, n0, batch as i32, full(pos.stage));
+                        let d = dst + cb * cfg.block_bytes(BN);
+                        map.load_4d(d, x, head_kv as i32, n0, batch as i32, full);
                     }
                 }
-                pos = pos.next();
+            };
+            load(0, true);
+            for step in 0..steps {
+                if step + 1 < steps {
+                    load(step + 1, true);
+                }
+                load(step, false);
             }
         }
         return;
@@ -298,18 +328,29 @@ unsafe fn forward<
         unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER, SCHED_THREADS) };
     }
 
+    // Release of a K or V slot: one arrival per consumer warp and phase, once every product
+    // reading it is complete.
+    let release = |bar: Mbarrier| {
+        if lane == 0 {
+            // SAFETY: the callers arrive only after the `wait_group` that completes the last
+            // product reading the slot; one arrival per warp per phase (the count is the
+            // consumer warps).
+            unsafe { bar.arrive() };
+        }
+    };
+
     if steps > 0 && !OVERLAP {
         // One step after the other: S, softmax, P V, each product waited for.
         // SAFETY: the producer issues Q when `steps > 0`, completing phase 0.
         unsafe { q_full.wait_parity(0) };
         let mut pos = RingPos::<STAGES>::of(0);
         for step in 0..steps {
-            // SAFETY: the producer issues every step, so this phase completes.
-            unsafe { full(pos.stage).wait_parity(pos.phase) };
+            // SAFETY: the producer issues every step's K, so this phase completes.
+            unsafe { full_k(pos.stage).wait_parity(pos.phase) };
             let mut s = [0.0f32; SR];
             take_turn();
-            // SAFETY: whole warpgroup, uniform control flow; Q and the stage were published by
-            // the completed mbarrier phases and are not overwritten before `empty` is arrived on.
+            // SAFETY: whole warpgroup, uniform control flow; Q and K were published by the
+            // completed mbarrier phases and are not overwritten before `empty_k` is arrived on.
             unsafe {
                 wgmma::fence();
                 issue_s!(&mut s, pos.stage);
@@ -319,6 +360,7 @@ unsafe fn forward<
             // SAFETY: whole warpgroup.
             unsafe { wgmma::wait_group::<0>() };
             s_fence(&mut s);
+            release(empty_k(pos.stage));
             let n0 = (nb_lo + step) * BN;
             let correction =
                 softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, n0, &mut row_max, &mut row_sum);
@@ -326,9 +368,11 @@ unsafe fn forward<
                 rescale(&mut o, correction);
             }
             let pa = pack_p::<E, SR, NK>(&s);
+            // SAFETY: the producer issues every step's V, so this phase completes.
+            unsafe { full_v(pos.stage).wait_parity(pos.phase) };
             take_turn();
-            // SAFETY: as above; `wgmma.fence` orders the rescale of `o` and the writes of `pa`
-            // before the products.
+            // SAFETY: as above (V published, released after the wait); `wgmma.fence` orders
+            // the rescale of `o` and the writes of `pa` before the products.
             unsafe {
                 wgmma::fence();
                 issue_pv!(&mut o, pa, pos.stage);
@@ -338,11 +382,7 @@ unsafe fn forward<
             // SAFETY: whole warpgroup.
             unsafe { wgmma::wait_group::<0>() };
             o_fence(&mut o);
-            if lane == 0 {
-                // SAFETY: the products reading this stage are complete (wait_group 0 above);
-                // one arrival per consumer warp and phase.
-                unsafe { empty(pos.stage).arrive() };
-            }
+            release(empty_v(pos.stage));
             pos = pos.next();
         }
     }
@@ -350,14 +390,14 @@ unsafe fn forward<
         // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
         // iteration i issues S_i, rescales O (the factor of step i - 1), issues
         // O += P_{i-1} V_{i-1}, and runs the softmax of S_i while the P V product is in flight.
-        // SAFETY: the producer issues Q and every step, so these phases complete.
+        // SAFETY: the producer issues Q and every K, so these phases complete.
         unsafe {
             q_full.wait_parity(0);
-            full(0).wait_parity(0);
+            full_k(0).wait_parity(0);
         }
         let mut s = [0.0f32; SR];
         take_turn();
-        // SAFETY: whole warpgroup, uniform control flow; Q and stage 0 were published by the
+        // SAFETY: whole warpgroup, uniform control flow; Q and K_0 were published by the
         // completed phases.
         unsafe {
             wgmma::fence();
@@ -368,6 +408,7 @@ unsafe fn forward<
         // SAFETY: whole warpgroup.
         unsafe { wgmma::wait_group::<0>() };
         s_fence(&mut s);
+        release(empty_k(0));
         // O is still 0: the first factor does not matter.
         softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
         let mut pa = pack_p::<E, SR, NK>(&s);
@@ -376,13 +417,16 @@ unsafe fn forward<
         for step in 1..steps {
             let pos = prev.next();
             let mut s_next = [0.0f32; SR];
-            // SAFETY: the producer issues every step, so this phase completes.
-            unsafe { full(pos.stage).wait_parity(pos.phase) };
+            // SAFETY: the producer issues every K and V, so these phases complete.
+            unsafe {
+                full_k(pos.stage).wait_parity(pos.phase);
+                full_v(prev.stage).wait_parity(prev.phase);
+            }
             take_turn();
-            // SAFETY: whole warpgroup, uniform control flow. The stages read were published by
-            // their `full` phases and are released only after `wait_group 0`. The first fence
-            // orders the writes of `pa` before the products, the second the rescale of `o`
-            // (which S_next does not read).
+            // SAFETY: whole warpgroup, uniform control flow. K_i and V_{i-1} were published by
+            // their `full` phases and are released only after the `wait_group`s below. The
+            // first fence orders the writes of `pa` before the products, the second the
+            // rescale of `o` (which S_next does not read).
             unsafe {
                 wgmma::fence();
                 issue_s!(&mut s_next, pos.stage);
@@ -400,6 +444,7 @@ unsafe fn forward<
             // SAFETY: whole warpgroup.
             unsafe { wgmma::wait_group::<1>() };
             s_fence(&mut s_next);
+            release(empty_k(pos.stage));
             let n0 = (nb_lo + step) * BN;
             correction = softmax_step::<SR, NT, BN, MODE>(
                 &rows,
@@ -415,20 +460,18 @@ unsafe fn forward<
                 // The P V product read `pa` until the wait above: keep its registers until here.
                 wgmma::pin_fragment(&mut pa[kk]);
             }
-            if lane == 0 {
-                // SAFETY: every product reading stage `prev` (S at the previous step, P V
-                // now) is complete; one arrival per consumer warp and phase.
-                unsafe { empty(prev.stage).arrive() };
-            }
+            release(empty_v(prev.stage));
             pa = pack_p::<E, SR, NK>(&s_next);
             prev = pos;
         }
         // The last step's P V.
+        // SAFETY: the producer issues every V.
+        unsafe { full_v(prev.stage).wait_parity(prev.phase) };
         take_turn();
         if let Some(correction) = correction {
             rescale(&mut o, correction);
         }
-        // SAFETY: as in the loop (whole warpgroup; stage published; released after the wait).
+        // SAFETY: as in the loop (whole warpgroup; V published; released after the wait).
         unsafe {
             wgmma::fence();
             issue_pv!(&mut o, pa, prev.stage);
@@ -438,10 +481,7 @@ unsafe fn forward<
         // SAFETY: whole warpgroup.
         unsafe { wgmma::wait_group::<0>() };
         o_fence(&mut o);
-        if lane == 0 {
-            // SAFETY: the last products reading stage `prev` are complete.
-            unsafe { empty(prev.stage).arrive() };
-        }
+        release(empty_v(prev.stage));
     }
 
     // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
@@ -789,9 +829,19 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d256_hpp256,
+    attention_fwd_hopper_bf16_d128_hppl3,
     Bf16,
     HOPPER_VARIANTS[4].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d256_hpp256,
+    Bf16,
+    HOPPER_VARIANTS[5].1,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     fence_operands_32,
