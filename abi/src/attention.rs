@@ -447,7 +447,7 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
 /// Alternative Hopper configurations, compiled for bf16 as
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements.
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 6] = [
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 9] = [
     // Pingpong between the consumer warpgroups, softmax unchanged.
     (
         "hpp",
@@ -500,6 +500,30 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 6] = [
             pingpong: true,
             softmax: Softmax::FoldedLazy,
             ..hopper_config_of(256)
+        },
+    ),
+    // D = 256, the folded lazy softmax alone.
+    (
+        "hl256",
+        HopperConfig {
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(256)
+        },
+    ),
+    // D = 64: the folded lazy softmax, with and without pingpong.
+    (
+        "hl64",
+        HopperConfig {
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(64)
+        },
+    ),
+    (
+        "hppl64",
+        HopperConfig {
+            pingpong: true,
+            softmax: Softmax::FoldedLazy,
+            ..hopper_config_of(64)
         },
     ),
 ];

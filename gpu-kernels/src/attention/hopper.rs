@@ -33,11 +33,11 @@
 //!   wait on parity 0 before the first `wgmma` (only if the block has a step at all).
 //! - K and V have rings of their own (slot `s = i % stages` for step `i`, parity
 //!   `(i / stages) % 2`), so that a K slot turns over as soon as S has read it, a full P V
-//!   earlier than its V. The producer loads in the order the consumers read: K_0, then K_{i+1}
-//!   before V_i. For each tile it waits until `empty_*[s]` completed the slot's previous use
-//!   (parity `^ 1`: the first pass does not wait), arrives on `full_*[s]` expecting the tile's
-//!   bytes, and issues the loads; consumers wait on `full_*[s]` before the `wgmma`s that read
-//!   the tile.
+//!   earlier than its V. The producer loads in the order the consumers read: with the overlap
+//!   K_0, then K_{i+1} before V_i; without, K_i then V_i. For each tile it waits until
+//!   `empty_*[s]` completed the slot's previous use (parity `^ 1`: the first pass does not
+//!   wait), arrives on `full_*[s]` expecting the tile's bytes, and issues the loads; consumers
+//!   wait on `full_*[s]` before the `wgmma`s that read the tile.
 //! - `empty_k[s]` / `empty_v[s]`: lane 0 of every consumer warp arrives once the
 //!   `wgmma.wait_group` that completes the last product reading the tile has returned: S_i's
 //!   (`wait_group 1` in the overlapped loop, which leaves only the later P V pending) for K_i,
@@ -211,8 +211,9 @@ unsafe fn forward<
                     );
                 }
             }
-            // K of step i + 1 before V of step i: the order the consumers read them in (S of
-            // step i + 1 is issued before P V of step i).
+            // Tiles in the order the consumers read them: with the overlap K of step i + 1
+            // before V of step i (S of step i + 1 is issued before P V of step i), else K and V
+            // of each step.
             let load = |j: u32, k: bool| {
                 let pos = RingPos::<STAGES>::of(j);
                 let (full, empty, map, dst) = if k {
@@ -244,9 +245,13 @@ unsafe fn forward<
                     }
                 }
             };
-            load(0, true);
+            if OVERLAP {
+                load(0, true);
+            }
             for step in 0..steps {
-                if step + 1 < steps {
+                if !OVERLAP {
+                    load(step, true);
+                } else if step + 1 < steps {
                     load(step + 1, true);
                 }
                 load(step, false);
@@ -262,15 +267,26 @@ unsafe fn forward<
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
     let warp_row = c * HOPPER_WG_ROWS + (index::warp_id() % 4) * 16;
+    let range = |h: u32| {
+        let row = m0 + warp_row + g + 8 * h;
+        Rows::key_range(
+            row,
+            p.window_left,
+            p.window_right,
+            p.seq_k as i32,
+            offset as i32,
+        )
+    };
+    let (range0, range1) = (range(0), range(1));
     let rows = Rows {
         m0,
-        warp_row,
-        g,
         t,
         window_left: p.window_left,
         window_right: p.window_right,
         seq_k: p.seq_k as i32,
         offset: offset as i32,
+        key_lo: [range0.0, range1.0],
+        key_hi: [range0.1, range1.1],
         scale_log2: p.scale_log2,
     };
     let mut o = [0.0f32; OR];
@@ -519,22 +535,55 @@ unsafe fn forward<
     }
 }
 
-/// Where a thread's accumulator rows and columns are, and the masking parameters.
+/// Where a thread's accumulator rows are, and the masking parameters.
 #[derive(Clone, Copy)]
 struct Rows {
     m0: u32,
-    warp_row: u32,
-    g: u32,
     t: u32,
     window_left: i32,
     window_right: i32,
     seq_k: i32,
     offset: i32,
+    /// The allowed keys of the thread's two rows (`g`, `g + 8` of its warp): `key_lo ..=
+    /// key_hi` (empty when `key_lo > key_hi`).
+    key_lo: [i32; 2],
+    key_hi: [i32; 2],
     scale_log2: f32,
 }
 
-/// Mask the logits of keys `n0 .. n0 + BN` (-inf where the step crosses a window edge or
-/// `seq_k`), scaled to base-2 logits when `SCALE`.
+impl Rows {
+    /// The masking of row `row` (block-relative rows `m0 + row`): its allowed keys are
+    /// `j < seq_k`, `j >= row + offset - window_left`, `j <= row + offset + window_right`
+    /// (the window bounds when set), as an inclusive range clamped to `0 ..= seq_k - 1`
+    /// (computed in i64: the sum of three values below 2^30 may leave i32).
+    fn key_range(
+        row: u32,
+        window_left: i32,
+        window_right: i32,
+        seq_k: i32,
+        offset: i32,
+    ) -> (i32, i32) {
+        let r = row as i64 + offset as i64;
+        let lo = if window_left >= 0 {
+            (r - window_left as i64).max(0)
+        } else {
+            0
+        };
+        let hi = if window_right >= 0 {
+            (r + window_right as i64).min(seq_k as i64 - 1)
+        } else {
+            seq_k as i64 - 1
+        };
+        // lo <= seq_k and hi >= -2^31 after the clamps: both fit i32 (hi only matters when
+        // compared with keys >= 0, so a very negative one is clamped to -1).
+        (lo.min(seq_k as i64) as i32, hi.max(-1) as i32)
+    }
+}
+
+/// Mask the logits of keys `n0 .. n0 + BN` (-inf outside each row's allowed range, only
+/// where the step crosses a window edge or `seq_k`), then scale them to base-2 logits when
+/// `SCALE`. Branch-free per element: two compares against the row's range (relative to the
+/// thread's first column) and a select.
 #[inline(always)]
 fn mask_step<const SR: usize, const BN: u32, const SCALE: bool>(
     r: &Rows,
@@ -549,24 +598,26 @@ fn mask_step<const SR: usize, const BN: u32, const SCALE: bool>(
     let needs_mask = key_hi >= sk
         || (wr >= 0 && key_hi > row_lo + off + wr)
         || (wl >= 0 && key_lo < row_hi + off - wl);
-    for j in 0..SR / 4 {
-        for e in 0..4 {
-            let mut x = if SCALE {
-                s[4 * j + e] * r.scale_log2
-            } else {
-                s[4 * j + e]
-            };
-            if needs_mask {
-                let row = (r.m0 + r.warp_row + r.g + 8 * (e as u32 / 2)) as i32;
-                let key = (n0 + 8 * j as u32 + 2 * r.t + (e as u32 % 2)) as i32;
-                let allowed = key < sk
-                    && (wl < 0 || key >= row + off - wl)
-                    && (wr < 0 || key <= row + off + wr);
-                if !allowed {
-                    x = f32::NEG_INFINITY;
-                }
+    if needs_mask {
+        // Column of element (j, e): n0 + 2 t + 8 j + e % 2.
+        let base = (n0 + 2 * r.t) as i32;
+        let lo = [r.key_lo[0] - base, r.key_lo[1] - base];
+        let hi = [r.key_hi[0] - base, r.key_hi[1] - base];
+        for j in 0..SR / 4 {
+            for e in 0..4 {
+                let (h, c) = (e / 2, (8 * j + e % 2) as i32);
+                let allowed = c >= lo[h] && c <= hi[h];
+                s[4 * j + e] = if allowed {
+                    s[4 * j + e]
+                } else {
+                    f32::NEG_INFINITY
+                };
             }
-            s[4 * j + e] = x;
+        }
+    }
+    if SCALE {
+        for x in s.iter_mut() {
+            *x *= r.scale_log2;
         }
     }
 }
@@ -847,4 +898,34 @@ hopper_kernel!(
     fence_operands_32,
     m64n256k16_bf16_rs,
     fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d256_hl256,
+    Bf16,
+    HOPPER_VARIANTS[6].1,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d64_hl64,
+    Bf16,
+    HOPPER_VARIANTS[7].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d64_hppl64,
+    Bf16,
+    HOPPER_VARIANTS[8].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
 );

@@ -439,9 +439,27 @@ fn softmax_folded_max<const MT: usize, const NT: usize>(
 ) -> (bool, bool) {
     let mut mx = [[f32::NEG_INFINITY; 2]; MT];
     for mt in 0..MT {
-        for j in 0..NT {
-            for h in 0..2 {
-                mx[mt][h] = mx[mt][h].max(s[mt][j][2 * h]).max(s[mt][j][2 * h + 1]);
+        for h in 0..2 {
+            if NT > 8 {
+                // Wide tiles (the Hopper path's 64x128 steps): a tree, not a chain of `2 NT`
+                // dependent maxima.
+                let mut m = [f32::NEG_INFINITY; NT];
+                for j in 0..NT {
+                    m[j] = s[mt][j][2 * h].max(s[mt][j][2 * h + 1]);
+                }
+                for level in 0..TREE_LEVELS {
+                    let stride = 1usize << level;
+                    for j in 0..NT {
+                        if j % (2 * stride) == 0 && j + stride < NT {
+                            m[j] = m[j].max(m[j + stride]);
+                        }
+                    }
+                }
+                mx[mt][h] = m[0];
+            } else {
+                for j in 0..NT {
+                    mx[mt][h] = mx[mt][h].max(s[mt][j][2 * h]).max(s[mt][j][2 * h + 1]);
+                }
             }
         }
     }
