@@ -145,6 +145,15 @@ fn main() {
             s.gpu(&n, Needs::Hopper, move |g| run::<bf16>(g, &c));
         }
     }
+    // The persistent grid with more tiles than multiprocessors (216 tiles: blocks take 1 or
+    // 2), causal (tiles of different lengths, longest first) and not.
+    for causal in [false, true] {
+        let mut c = case(3, 1100, 1100, 8, 2, 64, Dtype::Bf16);
+        c.p.causal = causal;
+        c.p.path = Path::Hopper;
+        let n = format!("attention/hopper_persistent/{}", name(&c));
+        s.gpu(&n, Needs::Hopper, move |g| run::<bf16>(g, &c));
+    }
     s.gpu(
         "attention/concurrent_streams",
         Needs::Gpu,
@@ -209,6 +218,10 @@ fn main() {
         for sk in [1, bn, 2 * bn, 3 * bn + 5, 7 * bn + 1] {
             cs.push(case(1, 129, sk, 2, 1, d, Dtype::Bf16));
         }
+        // Bottom-right causal with seq_q > seq_k: the first tiles have no key step at all.
+        let mut empty_tiles = case(2, 700, 300, 2, 1, d, Dtype::Bf16);
+        empty_tiles.p.causal = true;
+        cs.push(empty_tiles);
         if cfg.softmax != Softmax::Scaled {
             let mut big = case(1, 129, 257, 2, 2, d, Dtype::Bf16);
             big.p.scale = Some(10.0);

@@ -356,6 +356,10 @@ pub struct HopperConfig {
     pub pingpong: bool,
     /// The softmax mode ([`Softmax`]; the folded modes as in the `mma.sync` path).
     pub softmax: Softmax,
+    /// Blocks of the persistent grid at most: 0 for one per multiprocessor (the kernel keeps
+    /// one block per SM), else this many (`u32::MAX`: one block per tile, no persistence;
+    /// small values stress many tiles per block in tests).
+    pub grid_cap: u32,
 }
 
 impl HopperConfig {
@@ -397,14 +401,14 @@ impl HopperConfig {
     }
 
     /// Offset of the mbarriers: `q_full`, then `full_k`, `full_v`, `empty_k`, `empty_v` (each
-    /// `stages` barriers).
+    /// `stages` barriers), then `q_empty`.
     pub const fn barriers_offset(&self) -> usize {
         self.k_offset(self.stages)
     }
 
     /// Number of mbarriers.
     pub const fn barriers(&self) -> u32 {
-        1 + 4 * self.stages
+        2 + 4 * self.stages
     }
 
     /// Dynamic shared memory of the kernel.
@@ -413,32 +417,27 @@ impl HopperConfig {
     }
 }
 
-/// The Hopper tile configuration for head dimension `d`, if supported.
+/// The Hopper tile configuration for head dimension `d`, if supported. Measured on an H200
+/// (bench/NOTES.md, "Hopper path"): pingpong and the folded lazy softmax at every head
+/// dimension (at D = 128 +13-15% over the scaled softmax without pingpong; at D = 256 within
+/// noise of it); the intra-warpgroup overlap at D = 64 and 128 (at D = 256 the O accumulator of
+/// 128 registers leaves no room for a second S); one block per SM, persistent.
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
+    let base = HopperConfig {
+        head_dim: d,
+        block_n: 128,
+        stages: 2,
+        overlap: true,
+        pingpong: true,
+        softmax: Softmax::FoldedLazy,
+        grid_cap: 0,
+    };
     match d {
-        64 => Some(HopperConfig {
-            head_dim: 64,
-            block_n: 128,
-            stages: 2,
-            overlap: true,
-            pingpong: false,
-            softmax: Softmax::Scaled,
-        }),
-        128 => Some(HopperConfig {
-            head_dim: 128,
-            block_n: 128,
-            stages: 2,
-            overlap: true,
-            pingpong: false,
-            softmax: Softmax::Scaled,
-        }),
+        64 | 128 => Some(base),
         256 => Some(HopperConfig {
-            head_dim: 256,
             block_n: 64,
-            stages: 2,
             overlap: false,
-            pingpong: false,
-            softmax: Softmax::Scaled,
+            ..base
         }),
         _ => None,
     }
@@ -446,83 +445,71 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
 
 /// Alternative Hopper configurations, compiled for bf16 as
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
-/// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements.
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 9] = [
-    // Pingpong between the consumer warpgroups, softmax unchanged.
+/// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements; "hgrid3"
+/// exists for the tests (many tiles per block).
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 8] = [
+    // The first overlapped design: no pingpong, the scaled softmax.
+    (
+        "hbase",
+        HopperConfig {
+            pingpong: false,
+            softmax: Softmax::Scaled,
+            ..hopper_config_of(128)
+        },
+    ),
+    // Pingpong with the scaled softmax.
     (
         "hpp",
         HopperConfig {
-            pingpong: true,
+            softmax: Softmax::Scaled,
             ..hopper_config_of(128)
         },
     ),
-    // Pingpong and the folded softmax with lazy rescaling.
-    (
-        "hppl",
-        HopperConfig {
-            pingpong: true,
-            softmax: Softmax::FoldedLazy,
-            ..hopper_config_of(128)
-        },
-    ),
-    // The folded lazy softmax alone.
+    // The folded lazy softmax without pingpong.
     (
         "hl",
         HopperConfig {
-            softmax: Softmax::FoldedLazy,
+            pingpong: false,
             ..hopper_config_of(128)
         },
     ),
-    // Pingpong, folded lazy softmax, steps of 176 keys (FlashAttention-3's non-causal tile).
+    // Steps of 176 keys (FlashAttention-3's non-causal tile at D = 128).
     (
         "hppl176",
         HopperConfig {
             block_n: 176,
-            pingpong: true,
-            softmax: Softmax::FoldedLazy,
             ..hopper_config_of(128)
         },
     ),
-    // "hppl" with a 3-stage ring.
+    // A 3-stage ring.
     (
         "hppl3",
         HopperConfig {
             stages: 3,
-            pingpong: true,
-            softmax: Softmax::FoldedLazy,
             ..hopper_config_of(128)
         },
     ),
-    // D = 256 with pingpong (no intra-warpgroup overlap there).
+    // One block per tile (no persistence).
     (
-        "hpp256",
+        "hnp",
         HopperConfig {
-            pingpong: true,
-            softmax: Softmax::FoldedLazy,
-            ..hopper_config_of(256)
+            grid_cap: u32::MAX,
+            ..hopper_config_of(128)
         },
     ),
-    // D = 256, the folded lazy softmax alone.
+    // Three blocks in all: many tiles per block (tests).
     (
-        "hl256",
+        "hgrid3",
         HopperConfig {
-            softmax: Softmax::FoldedLazy,
-            ..hopper_config_of(256)
+            grid_cap: 3,
+            ..hopper_config_of(128)
         },
     ),
-    // D = 64: the folded lazy softmax, with and without pingpong.
+    // D = 64 without pingpong.
     (
         "hl64",
         HopperConfig {
-            softmax: Softmax::FoldedLazy,
-            ..hopper_config_of(64)
-        },
-    ),
-    (
-        "hppl64",
-        HopperConfig {
-            pingpong: true,
-            softmax: Softmax::FoldedLazy,
+            pingpong: false,
             ..hopper_config_of(64)
         },
     ),
@@ -581,4 +568,9 @@ pub struct HopperParams {
     pub num_m_blocks: u32,
     /// 1 to walk query blocks from the last (causal), 0 otherwise.
     pub reverse_m: u32,
+    /// Batch size.
+    pub batch: u32,
+    /// Tiles (`num_m_blocks * heads_q * batch`, below 2^31); block `b` of the grid computes
+    /// tiles `b`, `b + grid`, `b + 2 grid`, ...
+    pub num_tiles: u32,
 }

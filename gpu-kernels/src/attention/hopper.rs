@@ -9,8 +9,11 @@
 //! LSE, sizes, scale, window.
 //!
 //! # Tiling
-//! A block computes 128 query rows of one (batch, head) and walks the keys its rows may attend
-//! in steps of `block_n` ([`kernel_abi::attention::hopper_config`]). Every tile is stored as
+//! A tile is 128 query rows of one (batch, head); its block walks the keys the rows may attend
+//! in steps of `block_n` ([`kernel_abi::attention::hopper_config`]). The grid is persistent:
+//! block `b` computes tiles `b`, `b + grid`, ... (one block per SM by default), longest first
+//! under causal masking ([`tile`]); Q of the next tile loads while the last P V of the current
+//! one runs, and the K/V rings carry on across tiles. Every tile is stored as
 //! `D / 64` column blocks of 128-byte swizzled rows (one TMA box each). S = Q K^T reads Q and
 //! K as K-major `wgmma` operands (the 16-wide K slice `kk` is column block `kk / 4` advanced by
 //! `32 (kk % 4)` bytes); O += P V reads V as an MN-major operand (`trans-b`, the 16-row K slice
@@ -26,12 +29,17 @@
 //! into O (`D / 2` f32 registers).
 //!
 //! # Barrier protocol
-//! - Start: thread 0 initializes `q_full` (count 1), `full_k[s]`, `full_v[s]` (count 1) and
+//! - Start: thread 0 initializes `q_full`, `q_empty`, `full_k[s]`, `full_v[s]` (count 1) and
 //!   `empty_k[s]`, `empty_v[s]` (count 8: one arrival per consumer warp), `fence.mbarrier_init`,
 //!   then `sync_threads` publishes them. The warpgroups never meet at a block barrier again.
-//! - `q_full`: the producer arrives with the Q tile's bytes and issues its loads; consumers
-//!   wait on parity 0 before the first `wgmma` (only if the block has a step at all).
-//! - K and V have rings of their own (slot `s = i % stages` for step `i`, parity
+//! - `q_full` / `q_empty` (counts 1 / 8), phase `k` for the block's `k`-th tile with a step
+//!   (tiles without one load nothing, on both sides): the producer waits until `q_empty`
+//!   completed phase `k - 1` (parity `^ 1`: the first tile does not wait), arrives on `q_full`
+//!   with the Q tile's bytes and issues its loads; consumers wait on `q_full` before the
+//!   tile's first `wgmma`, and lane 0 of each consumer warp arrives on `q_empty` once the
+//!   tile's last S is complete (before its last P V, which does not read Q).
+//! - K and V have rings of their own (slot `s = i % stages` for the block's `i`-th K/V tile
+//!   over all its tiles, parity
 //!   `(i / stages) % 2`), so that a K slot turns over as soon as S has read it, a full P V
 //!   earlier than its V. The producer loads in the order the consumers read: with the overlap
 //!   K_0, then K_{i+1} before V_i; without, K_i then V_i. For each tile it waits until
@@ -50,11 +58,13 @@
 //! - Pingpong turns (`HopperConfig::pingpong`; named barriers `HOPPER_SCHED_BARRIER + c`, 256
 //!   threads: consumer `c` syncs, the other arrives). Before each of its `wgmma` batches
 //!   consumer `c` syncs on its barrier; after issuing the batch it arrives on the other's.
-//!   Both consumers of a block have the same steps, hence the same number `n` of batches
-//!   (`steps + 1` with the overlap, `2 steps` without). Consumer 1 arrives once before its
-//!   first batch (consumer 0's first turn) and skips the arrival after its last batch; so each
-//!   barrier sees exactly `n` syncs and `n` arrivals, and the batches alternate strictly: 0, 1,
-//!   0, 1, ... No wait on the rings happens between a sync and its arrival, and the producer
+//!   Both consumers of a block have the same tiles and steps, hence per tile the same number
+//!   `n` of batches (`steps + 1` with the overlap, `2 steps` without). Per tile, consumer 1
+//!   arrives once before its first batch (consumer 0's first turn) and skips the arrival after
+//!   its last batch; so each barrier sees exactly `n` syncs and `n` arrivals, and the batches
+//!   alternate strictly: 0, 1, 0, 1, ... Across tiles too: consumer 1 reaches its next tile's
+//!   first arrival only after its last batch, whose turn came from consumer 0's last batch, so
+//!   consumer 0 has passed its last sync of the tile and never sees two arrivals in one phase. No wait on the rings happens between a sync and its arrival, and the producer
 //!   issues the tiles in the order both consumers read them (each tile it waits for was
 //!   released by both consumers at an earlier batch), so the turns cannot deadlock with the
 //!   rings.
@@ -135,6 +145,7 @@ unsafe fn forward<
     let base = smem::aligned_base();
     let bars = base + cfg.barriers_offset() as u32;
     let q_full = Mbarrier::at(bars);
+    let q_empty = Mbarrier::at(bars + 8 * (1 + 4 * STAGES));
     let full_k = |s: u32| Mbarrier::at(bars + 8 * (1 + s));
     let full_v = |s: u32| Mbarrier::at(bars + 8 * (1 + STAGES + s));
     let empty_k = |s: u32| Mbarrier::at(bars + 8 * (1 + 2 * STAGES + s));
@@ -144,33 +155,6 @@ unsafe fn forward<
     let v_s = |s: u32| base + cfg.v_offset(s) as u32;
     let cblocks = cfg.column_blocks();
 
-    let m_block = if p.reverse_m != 0 {
-        p.num_m_blocks - 1 - index::block_idx_x()
-    } else {
-        index::block_idx_x()
-    };
-    let (head, batch) = (index::block_idx_y(), index::block_idx_z());
-    let head_kv = head / (p.heads_q / p.heads_kv);
-    let m0 = m_block * HOPPER_BLOCK_M;
-    let rows_valid = (p.seq_q - m0).min(HOPPER_BLOCK_M);
-    let offset = p.seq_k as i64 - p.seq_q as i64;
-    let n_lo = if p.window_left >= 0 {
-        (m0 as i64 + offset - p.window_left as i64).max(0)
-    } else {
-        0
-    };
-    let n_hi = if p.window_right >= 0 {
-        ((m0 + rows_valid - 1) as i64 + offset + p.window_right as i64 + 1).min(p.seq_k as i64)
-    } else {
-        p.seq_k as i64
-    };
-    let (nb_lo, steps) = if n_hi > n_lo {
-        let lo = n_lo as u32 / BN;
-        (lo, (n_hi as u32).div_ceil(BN) - lo)
-    } else {
-        (0, 0)
-    };
-
     if tid == 0 {
         for t in tmaps {
             t.prefetch();
@@ -178,6 +162,7 @@ unsafe fn forward<
         // SAFETY: single initializer before any use; published by the barrier below.
         unsafe {
             q_full.init(1);
+            q_empty.init(CONSUMER_WARPS);
             for s in 0..STAGES {
                 full_k(s).init(1);
                 full_v(s).init(1);
@@ -193,68 +178,81 @@ unsafe fn forward<
     if wg == 0 {
         // SAFETY: the whole producer warpgroup executes this, uniformly.
         unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
-        if tid == 0 && steps > 0 {
-            // SAFETY: `q_full` expects exactly the Q boxes' bytes; the destinations are
-            // 1024-aligned column blocks sized by the ABI, read only after the phase completes;
-            // the D coordinates are multiples of 64 elements (TMA's 16-byte rule holds).
-            unsafe {
-                q_full.arrive_expect_tx(cfg.q_bytes());
-                for cb in 0..cblocks {
-                    let dst = q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M);
-                    tmap_q.load_4d(
-                        dst,
-                        (cb * HOPPER_ATOM) as i32,
-                        head as i32,
-                        m0 as i32,
-                        batch as i32,
-                        q_full,
-                    );
+        if tid == 0 {
+            // K/V tiles through the rings and Q tiles loaded so far (tiles without a step load
+            // nothing, on both sides).
+            let (mut kv, mut q_iter) = (0u32, 0u32);
+            let mut t = index::block_idx_x();
+            while t < p.num_tiles {
+                let tl = tile::<BN>(p, t);
+                t += index::grid_dim_x();
+                if tl.steps == 0 {
+                    continue;
                 }
-            }
-            // Tiles in the order the consumers read them: with the overlap K of step i + 1
-            // before V of step i (S of step i + 1 is issued before P V of step i), else K and V
-            // of each step.
-            let load = |j: u32, k: bool| {
-                let pos = RingPos::<STAGES>::of(j);
-                let (full, empty, map, dst) = if k {
-                    (
-                        full_k(pos.stage),
-                        empty_k(pos.stage),
-                        tmap_k,
-                        k_s(pos.stage),
-                    )
-                } else {
-                    (
-                        full_v(pos.stage),
-                        empty_v(pos.stage),
-                        tmap_v,
-                        v_s(pos.stage),
-                    )
-                };
-                let n0 = ((nb_lo + j) * BN) as i32;
-                // SAFETY: ring protocol (module docs): the slot is free once `empty` completed
-                // its previous phase; `full` expects exactly the tile's bytes; the destination
-                // is untouched until that phase completes.
+                // SAFETY: Q's tile is free once `q_empty` completed its previous phase (the
+                // consumers' last S of the previous tile is complete; the first pass does not
+                // wait); `q_full` expects exactly the Q boxes' bytes; the destinations are
+                // 1024-aligned column blocks sized by the ABI, read only after the phase
+                // completes; the D coordinates are multiples of 64 elements (TMA's 16-byte
+                // rule holds).
                 unsafe {
-                    empty.wait_parity(pos.phase ^ 1);
-                    full.arrive_expect_tx(cfg.tile_bytes());
+                    q_empty.wait_parity((q_iter & 1) ^ 1);
+                    q_full.arrive_expect_tx(cfg.q_bytes());
                     for cb in 0..cblocks {
+                        let dst = q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M);
                         let x = (cb * HOPPER_ATOM) as i32;
-                        let d = dst + cb * cfg.block_bytes(BN);
-                        map.load_4d(d, x, head_kv as i32, n0, batch as i32, full);
+                        let (h, b) = (tl.head as i32, tl.batch as i32);
+                        tmap_q.load_4d(dst, x, h, tl.m0 as i32, b, q_full);
                     }
                 }
-            };
-            if OVERLAP {
-                load(0, true);
-            }
-            for step in 0..steps {
-                if !OVERLAP {
-                    load(step, true);
-                } else if step + 1 < steps {
-                    load(step + 1, true);
+                // Tiles in the order the consumers read them: with the overlap K of step i + 1
+                // before V of step i (S of step i + 1 is issued before P V of step i), else K
+                // and V of each step.
+                let load = |j: u32, k: bool| {
+                    let pos = RingPos::<STAGES>::of(kv + j);
+                    let (full, empty, map, dst) = if k {
+                        (
+                            full_k(pos.stage),
+                            empty_k(pos.stage),
+                            tmap_k,
+                            k_s(pos.stage),
+                        )
+                    } else {
+                        (
+                            full_v(pos.stage),
+                            empty_v(pos.stage),
+                            tmap_v,
+                            v_s(pos.stage),
+                        )
+                    };
+                    let n0 = ((tl.nb_lo + j) * BN) as i32;
+                    // SAFETY: ring protocol (module docs): the slot is free once `empty`
+                    // completed its previous phase; `full` expects exactly the tile's bytes;
+                    // the destination is untouched until that phase completes.
+                    unsafe {
+                        empty.wait_parity(pos.phase ^ 1);
+                        full.arrive_expect_tx(cfg.tile_bytes());
+                        for cb in 0..cblocks {
+                            let x = (cb * HOPPER_ATOM) as i32;
+                            let d = dst + cb * cfg.block_bytes(BN);
+                            let (h, b) = (tl.head_kv as i32, tl.batch as i32);
+                            map.load_4d(d, x, h, n0, b, full);
+                        }
+                    }
+                };
+                if OVERLAP {
+                    load(0, true);
                 }
-                load(step, false);
+                for step in 0..tl.steps {
+                    if !OVERLAP {
+                        load(step, true);
+                    } else if step + 1 < tl.steps {
+                        load(step + 1, true);
+                    }
+                    load(step, false);
+                }
+                kv += tl.steps;
+                q_iter += 1;
             }
         }
         return;
@@ -267,31 +265,6 @@ unsafe fn forward<
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
     let warp_row = c * HOPPER_WG_ROWS + (index::warp_id() % 4) * 16;
-    let range = |h: u32| {
-        let row = m0 + warp_row + g + 8 * h;
-        Rows::key_range(
-            row,
-            p.window_left,
-            p.window_right,
-            p.seq_k as i32,
-            offset as i32,
-        )
-    };
-    let (range0, range1) = (range(0), range(1));
-    let rows = Rows {
-        m0,
-        t,
-        window_left: p.window_left,
-        window_right: p.window_right,
-        seq_k: p.seq_k as i32,
-        offset: offset as i32,
-        key_lo: [range0.0, range1.0],
-        key_hi: [range0.1, range1.1],
-        scale_log2: p.scale_log2,
-    };
-    let mut o = [0.0f32; OR];
-    let mut row_max = [f32::NEG_INFINITY; 2];
-    let mut row_sum = [0.0f32; 2];
     // S = Q K^T of stage `stage` (K-major Q and K; 16-wide K slices through the column blocks).
     // Macros rather than closures: a closure called from several places may stay a function
     // call, and a call between `wgmma`s serializes them.
@@ -339,10 +312,6 @@ unsafe fn forward<
             unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER + (c ^ 1), SCHED_THREADS) };
         }
     };
-    if PINGPONG && steps > 0 && c == 1 {
-        // SAFETY: consumer 0's first turn (module docs).
-        unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER, SCHED_THREADS) };
-    }
 
     // Release of a K or V slot: one arrival per consumer warp and phase, once every product
     // reading it is complete.
@@ -355,183 +324,297 @@ unsafe fn forward<
         }
     };
 
-    if steps > 0 && !OVERLAP {
-        // One step after the other: S, softmax, P V, each product waited for.
-        // SAFETY: the producer issues Q when `steps > 0`, completing phase 0.
-        unsafe { q_full.wait_parity(0) };
-        let mut pos = RingPos::<STAGES>::of(0);
-        for step in 0..steps {
-            // SAFETY: the producer issues every step's K, so this phase completes.
-            unsafe { full_k(pos.stage).wait_parity(pos.phase) };
+    let (mut kv, mut q_iter) = (0u32, 0u32);
+    let mut tile_idx = index::block_idx_x();
+    while tile_idx < p.num_tiles {
+        let Tile {
+            m0,
+            head,
+            batch,
+            rows_valid,
+            nb_lo,
+            steps,
+            ..
+        } = tile::<BN>(p, tile_idx);
+        tile_idx += index::grid_dim_x();
+        let offset = p.seq_k as i64 - p.seq_q as i64;
+        let range = |h: u32| {
+            let row = m0 + warp_row + g + 8 * h;
+            Rows::key_range(
+                row,
+                p.window_left,
+                p.window_right,
+                p.seq_k as i32,
+                offset as i32,
+            )
+        };
+        let (range0, range1) = (range(0), range(1));
+        let rows = Rows {
+            m0,
+            t,
+            window_left: p.window_left,
+            window_right: p.window_right,
+            seq_k: p.seq_k as i32,
+            offset: offset as i32,
+            key_lo: [range0.0, range1.0],
+            key_hi: [range0.1, range1.1],
+            scale_log2: p.scale_log2,
+        };
+        let mut o = [0.0f32; OR];
+        let mut row_max = [f32::NEG_INFINITY; 2];
+        let mut row_sum = [0.0f32; 2];
+        if PINGPONG && steps > 0 && c == 1 {
+            // SAFETY: consumer 0's first turn of this tile (module docs).
+            unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER, SCHED_THREADS) };
+        }
+        // This tile's first K/V position in the rings.
+        let first = RingPos::<STAGES>::of(kv);
+        if steps > 0 && !OVERLAP {
+            // One step after the other: S, softmax, P V, each product waited for.
+            // SAFETY: the producer issues Q when `steps > 0`, completing this phase.
+            unsafe { q_full.wait_parity(q_iter & 1) };
+            let mut pos = first;
+            for step in 0..steps {
+                // SAFETY: the producer issues every step's K, so this phase completes.
+                unsafe { full_k(pos.stage).wait_parity(pos.phase) };
+                let mut s = [0.0f32; SR];
+                take_turn();
+                // SAFETY: whole warpgroup, uniform control flow; Q and K were published by the
+                // completed mbarrier phases and are not overwritten before `empty_k` is arrived on.
+                unsafe {
+                    wgmma::fence();
+                    issue_s!(&mut s, pos.stage);
+                    wgmma::commit_group();
+                }
+                pass_turn(false);
+                // SAFETY: whole warpgroup.
+                unsafe { wgmma::wait_group::<0>() };
+                s_fence(&mut s);
+                release(empty_k(pos.stage));
+                let n0 = (nb_lo + step) * BN;
+                let correction =
+                    softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, n0, &mut row_max, &mut row_sum);
+                if let Some(correction) = correction {
+                    rescale(&mut o, correction);
+                }
+                let pa = pack_p::<E, SR, NK>(&s);
+                // SAFETY: the producer issues every step's V, so this phase completes.
+                unsafe { full_v(pos.stage).wait_parity(pos.phase) };
+                take_turn();
+                // SAFETY: as above (V published, released after the wait); `wgmma.fence` orders
+                // the rescale of `o` and the writes of `pa` before the products.
+                unsafe {
+                    wgmma::fence();
+                    issue_pv!(&mut o, pa, pos.stage);
+                    wgmma::commit_group();
+                }
+                pass_turn(step + 1 == steps);
+                // SAFETY: whole warpgroup.
+                unsafe { wgmma::wait_group::<0>() };
+                o_fence(&mut o);
+                release(empty_v(pos.stage));
+                pos = pos.next();
+            }
+            // Every S of the tile is complete: Q's tile may be reloaded.
+            release(q_empty);
+        }
+        if steps > 0 && OVERLAP {
+            // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
+            // iteration i issues S_i, rescales O (the factor of step i - 1), issues
+            // O += P_{i-1} V_{i-1}, and runs the softmax of S_i while the P V product is in flight.
+            // SAFETY: the producer issues Q and every K, so these phases complete.
+            unsafe {
+                q_full.wait_parity(q_iter & 1);
+                full_k(first.stage).wait_parity(first.phase);
+            }
             let mut s = [0.0f32; SR];
             take_turn();
-            // SAFETY: whole warpgroup, uniform control flow; Q and K were published by the
-            // completed mbarrier phases and are not overwritten before `empty_k` is arrived on.
+            // SAFETY: whole warpgroup, uniform control flow; Q and K_0 were published by the
+            // completed phases.
             unsafe {
                 wgmma::fence();
-                issue_s!(&mut s, pos.stage);
+                issue_s!(&mut s, first.stage);
                 wgmma::commit_group();
             }
             pass_turn(false);
             // SAFETY: whole warpgroup.
             unsafe { wgmma::wait_group::<0>() };
             s_fence(&mut s);
-            release(empty_k(pos.stage));
-            let n0 = (nb_lo + step) * BN;
-            let correction =
-                softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, n0, &mut row_max, &mut row_sum);
+            release(empty_k(first.stage));
+            // O is still 0: the first factor does not matter.
+            softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
+            let mut pa = pack_p::<E, SR, NK>(&s);
+            let mut correction = None;
+            let mut prev = first;
+            for step in 1..steps {
+                let pos = prev.next();
+                let mut s_next = [0.0f32; SR];
+                // SAFETY: the producer issues every K and V, so these phases complete.
+                unsafe {
+                    full_k(pos.stage).wait_parity(pos.phase);
+                    full_v(prev.stage).wait_parity(prev.phase);
+                }
+                take_turn();
+                // SAFETY: whole warpgroup, uniform control flow. K_i and V_{i-1} were published by
+                // their `full` phases and are released only after the `wait_group`s below. The
+                // first fence orders the writes of `pa` before the products, the second the
+                // rescale of `o` (which S_next does not read).
+                unsafe {
+                    wgmma::fence();
+                    issue_s!(&mut s_next, pos.stage);
+                    wgmma::commit_group();
+                    if let Some(correction) = correction {
+                        rescale(&mut o, correction);
+                    }
+                    wgmma::fence();
+                    issue_pv!(&mut o, pa, prev.stage);
+                    wgmma::commit_group();
+                }
+                pass_turn(false);
+                // Groups complete in order: at most one pending means S_next is complete (the P V
+                // product may still run).
+                // SAFETY: whole warpgroup.
+                unsafe { wgmma::wait_group::<1>() };
+                s_fence(&mut s_next);
+                release(empty_k(pos.stage));
+                let n0 = (nb_lo + step) * BN;
+                correction = softmax_step::<SR, NT, BN, MODE>(
+                    &rows,
+                    &mut s_next,
+                    n0,
+                    &mut row_max,
+                    &mut row_sum,
+                );
+                // SAFETY: whole warpgroup.
+                unsafe { wgmma::wait_group::<0>() };
+                o_fence(&mut o);
+                for kk in 0..NK {
+                    // The P V product read `pa` until the wait above: keep its registers until here.
+                    wgmma::pin_fragment(&mut pa[kk]);
+                }
+                release(empty_v(prev.stage));
+                pa = pack_p::<E, SR, NK>(&s_next);
+                prev = pos;
+            }
+            // Every S of the tile is complete (the last one waited for above): Q's tile may be
+            // reloaded while the last P V runs.
+            release(q_empty);
+            // The last step's P V.
+            // SAFETY: the producer issues every V.
+            unsafe { full_v(prev.stage).wait_parity(prev.phase) };
+            take_turn();
             if let Some(correction) = correction {
                 rescale(&mut o, correction);
             }
-            let pa = pack_p::<E, SR, NK>(&s);
-            // SAFETY: the producer issues every step's V, so this phase completes.
-            unsafe { full_v(pos.stage).wait_parity(pos.phase) };
-            take_turn();
-            // SAFETY: as above (V published, released after the wait); `wgmma.fence` orders
-            // the rescale of `o` and the writes of `pa` before the products.
+            // SAFETY: as in the loop (whole warpgroup; V published; released after the wait).
             unsafe {
-                wgmma::fence();
-                issue_pv!(&mut o, pa, pos.stage);
-                wgmma::commit_group();
-            }
-            pass_turn(step + 1 == steps);
-            // SAFETY: whole warpgroup.
-            unsafe { wgmma::wait_group::<0>() };
-            o_fence(&mut o);
-            release(empty_v(pos.stage));
-            pos = pos.next();
-        }
-    }
-    if steps > 0 && OVERLAP {
-        // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
-        // iteration i issues S_i, rescales O (the factor of step i - 1), issues
-        // O += P_{i-1} V_{i-1}, and runs the softmax of S_i while the P V product is in flight.
-        // SAFETY: the producer issues Q and every K, so these phases complete.
-        unsafe {
-            q_full.wait_parity(0);
-            full_k(0).wait_parity(0);
-        }
-        let mut s = [0.0f32; SR];
-        take_turn();
-        // SAFETY: whole warpgroup, uniform control flow; Q and K_0 were published by the
-        // completed phases.
-        unsafe {
-            wgmma::fence();
-            issue_s!(&mut s, 0);
-            wgmma::commit_group();
-        }
-        pass_turn(false);
-        // SAFETY: whole warpgroup.
-        unsafe { wgmma::wait_group::<0>() };
-        s_fence(&mut s);
-        release(empty_k(0));
-        // O is still 0: the first factor does not matter.
-        softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
-        let mut pa = pack_p::<E, SR, NK>(&s);
-        let mut correction = None;
-        let mut prev = RingPos::<STAGES>::of(0);
-        for step in 1..steps {
-            let pos = prev.next();
-            let mut s_next = [0.0f32; SR];
-            // SAFETY: the producer issues every K and V, so these phases complete.
-            unsafe {
-                full_k(pos.stage).wait_parity(pos.phase);
-                full_v(prev.stage).wait_parity(prev.phase);
-            }
-            take_turn();
-            // SAFETY: whole warpgroup, uniform control flow. K_i and V_{i-1} were published by
-            // their `full` phases and are released only after the `wait_group`s below. The
-            // first fence orders the writes of `pa` before the products, the second the
-            // rescale of `o` (which S_next does not read).
-            unsafe {
-                wgmma::fence();
-                issue_s!(&mut s_next, pos.stage);
-                wgmma::commit_group();
-                if let Some(correction) = correction {
-                    rescale(&mut o, correction);
-                }
                 wgmma::fence();
                 issue_pv!(&mut o, pa, prev.stage);
                 wgmma::commit_group();
             }
-            pass_turn(false);
-            // Groups complete in order: at most one pending means S_next is complete (the P V
-            // product may still run).
-            // SAFETY: whole warpgroup.
-            unsafe { wgmma::wait_group::<1>() };
-            s_fence(&mut s_next);
-            release(empty_k(pos.stage));
-            let n0 = (nb_lo + step) * BN;
-            correction = softmax_step::<SR, NT, BN, MODE>(
-                &rows,
-                &mut s_next,
-                n0,
-                &mut row_max,
-                &mut row_sum,
-            );
+            pass_turn(true);
             // SAFETY: whole warpgroup.
             unsafe { wgmma::wait_group::<0>() };
             o_fence(&mut o);
-            for kk in 0..NK {
-                // The P V product read `pa` until the wait above: keep its registers until here.
-                wgmma::pin_fragment(&mut pa[kk]);
-            }
             release(empty_v(prev.stage));
-            pa = pack_p::<E, SR, NK>(&s_next);
-            prev = pos;
         }
-        // The last step's P V.
-        // SAFETY: the producer issues every V.
-        unsafe { full_v(prev.stage).wait_parity(prev.phase) };
-        take_turn();
-        if let Some(correction) = correction {
-            rescale(&mut o, correction);
-        }
-        // SAFETY: as in the loop (whole warpgroup; V published; released after the wait).
-        unsafe {
-            wgmma::fence();
-            issue_pv!(&mut o, pa, prev.stage);
-            wgmma::commit_group();
-        }
-        pass_turn(true);
-        // SAFETY: whole warpgroup.
-        unsafe { wgmma::wait_group::<0>() };
-        o_fence(&mut o);
-        release(empty_v(prev.stage));
-    }
 
-    // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
-    let o_base =
-        p.o.wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
-    for h in 0..2 {
-        let mut sum = row_sum[h];
-        // SAFETY: all 32 lanes execute these shuffles.
-        unsafe {
-            sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 1);
-            sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 2);
-        }
-        let (inv, lse) = if sum > 0.0 {
-            (1.0 / sum, (row_max[h] + math::log2(sum)) * math::LN_2)
-        } else {
-            (0.0, f32::NEG_INFINITY)
-        };
-        let row = warp_row + g + 8 * h as u32;
-        if row < rows_valid {
-            let i = m0 + row;
-            let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
-            for j in 0..OR / 4 {
-                let v = E::pack(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-                // SAFETY: row i < seq_q, column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
-                // (16-byte aligned rows, even column).
-                unsafe { *(dst.wrapping_add(8 * j + 2 * t as usize) as *mut u32) = v };
+        // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
+        let o_base = p
+            .o
+            .wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
+        for h in 0..2 {
+            let mut sum = row_sum[h];
+            // SAFETY: all 32 lanes execute these shuffles.
+            unsafe {
+                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 1);
+                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 2);
             }
-            if t == 0 {
-                let idx =
-                    (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
-                // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
-                unsafe { *p.lse.add(idx as usize) = lse };
+            let (inv, lse) = if sum > 0.0 {
+                (1.0 / sum, (row_max[h] + math::log2(sum)) * math::LN_2)
+            } else {
+                (0.0, f32::NEG_INFINITY)
+            };
+            let row = warp_row + g + 8 * h as u32;
+            if row < rows_valid {
+                let i = m0 + row;
+                let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
+                for j in 0..OR / 4 {
+                    let v = E::pack(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+                    // SAFETY: row i < seq_q, column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
+                    // (16-byte aligned rows, even column).
+                    unsafe { *(dst.wrapping_add(8 * j + 2 * t as usize) as *mut u32) = v };
+                }
+                if t == 0 {
+                    let idx =
+                        (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
+                    // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
+                    unsafe { *p.lse.add(idx as usize) = lse };
+                }
             }
         }
+        if steps > 0 {
+            kv += steps;
+            q_iter += 1;
+        }
+    }
+}
+
+/// One tile of the persistent grid: 128 query rows of one (batch, head) and the key steps
+/// they may attend.
+#[derive(Clone, Copy)]
+struct Tile {
+    m0: u32,
+    head: u32,
+    batch: u32,
+    head_kv: u32,
+    rows_valid: u32,
+    /// First key step (keys `nb_lo * BN ..`).
+    nb_lo: u32,
+    /// Key steps (0 when no row of the tile may attend any key).
+    steps: u32,
+}
+
+/// Tile `t` (`< num_tiles`). Under causal masking (`reverse_m`) the query blocks go from the
+/// last (the longest) to the first, every (batch, head) of one block before the next block, so
+/// that a block of the static round-robin schedule gets tiles of decreasing length; otherwise
+/// the query blocks of one (batch, head) are consecutive (they share K and V in L2).
+#[inline(always)]
+fn tile<const BN: u32>(p: &HopperParams, t: u32) -> Tile {
+    let bh = p.heads_q * p.batch;
+    let (m_block, hb) = if p.reverse_m != 0 {
+        (p.num_m_blocks - 1 - t / bh, t % bh)
+    } else {
+        (t % p.num_m_blocks, t / p.num_m_blocks)
+    };
+    let (head, batch) = (hb % p.heads_q, hb / p.heads_q);
+    let m0 = m_block * HOPPER_BLOCK_M;
+    let rows_valid = (p.seq_q - m0).min(HOPPER_BLOCK_M);
+    let offset = p.seq_k as i64 - p.seq_q as i64;
+    let n_lo = if p.window_left >= 0 {
+        (m0 as i64 + offset - p.window_left as i64).max(0)
+    } else {
+        0
+    };
+    let n_hi = if p.window_right >= 0 {
+        ((m0 + rows_valid - 1) as i64 + offset + p.window_right as i64 + 1).min(p.seq_k as i64)
+    } else {
+        p.seq_k as i64
+    };
+    let (nb_lo, steps) = if n_hi > n_lo {
+        let lo = n_lo as u32 / BN;
+        (lo, (n_hi as u32).div_ceil(BN) - lo)
+    } else {
+        (0, 0)
+    };
+    Tile {
+        m0,
+        head,
+        batch,
+        head_kv: head / (p.heads_q / p.heads_kv),
+        rows_valid,
+        nb_lo,
+        steps,
     }
 }
 
@@ -735,7 +818,8 @@ macro_rules! hopper_kernel {
         /// ).
         ///
         /// # Safety
-        /// Grid `(num_m_blocks, heads_q, batch)`, `HOPPER_THREADS` threads, the configuration's
+        /// Grid `(blocks, 1, 1)` with any `blocks >= 1` (persistent: each block walks the
+        /// tiles `blockIdx.x + k gridDim.x`), `HOPPER_THREADS` threads, the configuration's
         /// shared memory, parameters as documented on [`HopperParams`] (validated by the host).
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: HopperParams) {
@@ -840,7 +924,7 @@ hopper_kernel!(
 
 // Tuning variants (`kernel_abi::attention::HOPPER_VARIANTS`, in order), bf16.
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hpp,
+    attention_fwd_hopper_bf16_d128_hbase,
     Bf16,
     HOPPER_VARIANTS[0].1,
     m64n128k16_bf16_ss_zero,
@@ -850,7 +934,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hppl,
+    attention_fwd_hopper_bf16_d128_hpp,
     Bf16,
     HOPPER_VARIANTS[1].1,
     m64n128k16_bf16_ss_zero,
@@ -890,39 +974,29 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d256_hpp256,
+    attention_fwd_hopper_bf16_d128_hnp,
     Bf16,
     HOPPER_VARIANTS[5].1,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n256k16_bf16_rs,
-    fence_operands_128
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d256_hl256,
+    attention_fwd_hopper_bf16_d128_hgrid3,
     Bf16,
     HOPPER_VARIANTS[6].1,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n256k16_bf16_rs,
-    fence_operands_128
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
 );
 hopper_kernel!(
     attention_fwd_hopper_bf16_d64_hl64,
     Bf16,
     HOPPER_VARIANTS[7].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d64_hppl64,
-    Bf16,
-    HOPPER_VARIANTS[8].1,
     m64n128k16_bf16_ss_zero,
     m64n128k16_bf16_ss,
     fence_operands_64,

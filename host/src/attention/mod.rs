@@ -500,8 +500,8 @@ pub fn forward_variant<T: AttentionElem>(
             }
             true
         }
-        // Measured on an H200 (bench/NOTES.md): at D = 64 the mma.sync path is faster.
-        (Path::Auto, None) => gpu.arch().has_hopper_kernels() && problem.head_dim >= 128,
+        // Every head dimension: the Hopper path measured faster on an H200 (bench/NOTES.md).
+        (Path::Auto, None) => gpu.arch().has_hopper_kernels(),
     };
     if hopper {
         let cfg = hopper_config(problem.head_dim as u32).expect("validated head dimension");
@@ -615,17 +615,33 @@ fn mma_launch_config(problem: &AttentionProblem, cfg: &TileConfig) -> LaunchConf
 }
 
 /// The Hopper path's launch: one block per (query tile, head, batch).
-fn hopper_launch_config(problem: &AttentionProblem, cfg: &HopperConfig) -> LaunchConfig {
+fn hopper_launch_config(
+    problem: &AttentionProblem,
+    cfg: &HopperConfig,
+    multiprocessors: u32,
+) -> LaunchConfig {
+    let tiles = hopper_tiles(problem).min(u64::from(HOPPER_MAX_TILES)) as u32;
+    let cap = match cfg.grid_cap {
+        0 => multiprocessors.max(1),
+        cap => cap,
+    };
     LaunchConfig::new(
-        (
-            (problem.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
-            problem.heads_q as u32,
-            problem.batch as u32,
-        ),
+        (tiles.min(cap).max(1), 1, 1),
         HOPPER_THREADS,
         cfg.smem_bytes(),
     )
 }
+
+/// Query tiles of the Hopper path: `ceil(seq_q / 128) * heads_q * batch`.
+fn hopper_tiles(problem: &AttentionProblem) -> u64 {
+    (problem.seq_q as u64).div_ceil(u64::from(HOPPER_BLOCK_M))
+        * problem.heads_q as u64
+        * problem.batch as u64
+}
+
+/// Most tiles one launch of the Hopper kernels takes (tile indices stay below 2^31, so that
+/// `index + grid` cannot wrap); larger problems take the `mma.sync` path.
+const HOPPER_MAX_TILES: u32 = 1 << 30;
 
 /// The Hopper kernel for a dtype and head dimension.
 pub fn hopper_kernel_name(dtype: Dtype, head_dim: usize) -> String {
@@ -645,9 +661,11 @@ pub fn launch_shape(
         (
             hopper_kernel_name(problem.dtype, d),
             std::mem::size_of::<HopperParams>(),
+            // Without a GPU at hand: the grid of a GPU with one multiprocessor per tile.
             hopper_launch_config(
                 problem,
                 &hopper_config(d as u32).expect("validated head dimension"),
+                u32::MAX,
             ),
         )
     } else {
@@ -670,6 +688,13 @@ fn hopper_params<T: AttentionElem>(
     o: &View<T>,
     lse: &DeviceBuffer<f32>,
 ) -> Result<HopperParams> {
+    let tiles = hopper_tiles(problem);
+    if tiles > u64::from(HOPPER_MAX_TILES) {
+        return Err(Error::unsupported(
+            "attention path Hopper",
+            format!("{tiles} query tiles; one launch takes at most {HOPPER_MAX_TILES}"),
+        ));
+    }
     let dtype = match problem.dtype {
         Dtype::Bf16 => MapDtype::Bf16,
         Dtype::F16 => MapDtype::F16,
@@ -702,8 +727,10 @@ fn hopper_params<T: AttentionElem>(
         scale_log2: problem.softmax_scale() * std::f32::consts::LOG2_E,
         window_left: left.map_or(UNBOUNDED, |l| l as i32),
         window_right: right.map_or(UNBOUNDED, |r| r as i32),
-        num_m_blocks: hopper_launch_config(problem, cfg).grid.0,
+        num_m_blocks: (problem.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
         reverse_m: u32::from(problem.causal),
+        batch: problem.batch as u32,
+        num_tiles: u32::try_from(tiles).expect("checked above"),
     })
 }
 
@@ -715,9 +742,10 @@ fn launch_hopper(
     name: &str,
     params: &HopperParams,
 ) -> Result<()> {
-    let launch = hopper_launch_config(problem, cfg);
+    let launch = hopper_launch_config(problem, cfg, gpu.info().multiprocessors);
     // SAFETY: the tensor maps describe the checked views of Q, K, V (shape, 16-byte aligned
     // rows and strides, in bounds), O and LSE were checked by the caller, the sizes and window
-    // validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
+    // validated, `num_tiles` matches the problem, and any grid of at least one block covers
+    // every tile (block b walks b, b + grid, ...).
     unsafe { gpu.launch(stream, name, &launch, params) }
 }
