@@ -146,7 +146,7 @@ fn main() {
         }
     }
     // The persistent grid with more tiles than multiprocessors (216 tiles: blocks take 1 or
-    // 2), causal (tiles of different lengths, longest first) and not.
+    // 2), causal (tiles of different lengths) and not.
     for causal in [false, true] {
         let mut c = case(3, 1100, 1100, 8, 2, 64, Dtype::Bf16);
         c.p.causal = causal;

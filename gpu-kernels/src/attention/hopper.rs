@@ -11,8 +11,8 @@
 //! # Tiling
 //! A tile is 128 query rows of one (batch, head); its block walks the keys the rows may attend
 //! in steps of `block_n` ([`kernel_abi::attention::hopper_config`]). The grid is persistent:
-//! block `b` computes tiles `b`, `b + grid`, ... (one block per SM by default), longest first
-//! under causal masking ([`tile`]); Q of the next tile loads while the last P V of the current
+//! block `b` computes tiles `b`, `b + grid`, ... (one block per SM by default; the order of
+//! [`tile`]); Q of the next tile loads while the last P V of the current
 //! one runs, and the K/V rings carry on across tiles. Every tile is stored as
 //! `D / 64` column blocks of 128-byte swizzled rows (one TMA box each). S = Q K^T reads Q and
 //! K as K-major `wgmma` operands (the 16-wide K slice `kk` is column block `kk / 4` advanced by
@@ -575,17 +575,19 @@ struct Tile {
     steps: u32,
 }
 
-/// Tile `t` (`< num_tiles`). Under causal masking (`reverse_m`) the query blocks go from the
-/// last (the longest) to the first, every (batch, head) of one block before the next block, so
-/// that a block of the static round-robin schedule gets tiles of decreasing length; otherwise
-/// the query blocks of one (batch, head) are consecutive (they share K and V in L2).
+/// Tile `t` (`< num_tiles`). The query blocks of one (batch, head) are consecutive, so that the
+/// blocks running at one time share K and V in L2 (measured on an H200: walking all heads of
+/// one query block first, longest first, was slower under causal masking at S = 8k-16k:
+/// bench/NOTES.md);
+/// under causal masking (`reverse_m`) each (batch, head) starts from its last, longest query
+/// block.
 #[inline(always)]
 fn tile<const BN: u32>(p: &HopperParams, t: u32) -> Tile {
-    let bh = p.heads_q * p.batch;
-    let (m_block, hb) = if p.reverse_m != 0 {
-        (p.num_m_blocks - 1 - t / bh, t % bh)
+    let (m_idx, hb) = (t % p.num_m_blocks, t / p.num_m_blocks);
+    let m_block = if p.reverse_m != 0 {
+        p.num_m_blocks - 1 - m_idx
     } else {
-        (t % p.num_m_blocks, t / p.num_m_blocks)
+        m_idx
     };
     let (head, batch) = (hb % p.heads_q, hb / p.heads_q);
     let m0 = m_block * HOPPER_BLOCK_M;
