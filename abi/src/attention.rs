@@ -447,7 +447,7 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements; "hgrid3"
 /// exists for the tests (many tiles per block).
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 8] = [
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 11] = [
     // The first overlapped design: no pingpong, the scaled softmax.
     (
         "hbase",
@@ -510,6 +510,30 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 8] = [
         "hl64",
         HopperConfig {
             pingpong: false,
+            ..hopper_config_of(64)
+        },
+    ),
+    // Without pingpong and without persistence.
+    (
+        "hlnp",
+        HopperConfig {
+            pingpong: false,
+            grid_cap: u32::MAX,
+            ..hopper_config_of(128)
+        },
+    ),
+    (
+        "hl64np",
+        HopperConfig {
+            pingpong: false,
+            grid_cap: u32::MAX,
+            ..hopper_config_of(64)
+        },
+    ),
+    (
+        "hpp64np",
+        HopperConfig {
+            grid_cap: u32::MAX,
             ..hopper_config_of(64)
         },
     ),

@@ -1005,3 +1005,33 @@ hopper_kernel!(
     m64n64k16_bf16_rs,
     fence_operands_32
 );
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d128_hlnp,
+    Bf16,
+    HOPPER_VARIANTS[8].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d64_hl64np,
+    Bf16,
+    HOPPER_VARIANTS[9].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d64_hpp64np,
+    Bf16,
+    HOPPER_VARIANTS[10].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
