@@ -145,14 +145,20 @@ fn main() {
             s.gpu(&n, Needs::Hopper, move |g| run::<bf16>(g, &c));
         }
     }
-    // The persistent grid with more tiles than multiprocessors (216 tiles: blocks take 1 or
-    // 2), causal (tiles of different lengths) and not.
+    // More tiles than multiprocessors (216 tiles): the default grid (persistent without a
+    // mask, one block per tile under causal masking), and the persistent grid under causal
+    // masking ("hstatic": tiles of different lengths, blocks take 1 or 2).
     for causal in [false, true] {
-        let mut c = case(3, 1100, 1100, 8, 2, 64, Dtype::Bf16);
+        let mut c = case(3, 1100, 1100, 8, 2, 128, Dtype::Bf16);
         c.p.causal = causal;
         c.p.path = Path::Hopper;
         let n = format!("attention/hopper_persistent/{}", name(&c));
+        let c2 = c.clone();
         s.gpu(&n, Needs::Hopper, move |g| run::<bf16>(g, &c));
+        if causal {
+            let n = format!("attention/hopper_persistent/hstatic_{}", name(&c2));
+            s.gpu(&n, Needs::Hopper, move |g| run_variant(g, &c2, "hstatic"));
+        }
     }
     s.gpu(
         "attention/concurrent_streams",

@@ -356,10 +356,24 @@ pub struct HopperConfig {
     pub pingpong: bool,
     /// The softmax mode ([`Softmax`]; the folded modes as in the `mma.sync` path).
     pub softmax: Softmax,
-    /// Blocks of the persistent grid at most: 0 for one per multiprocessor (the kernel keeps
-    /// one block per SM), else this many (`u32::MAX`: one block per tile, no persistence;
-    /// small values stress many tiles per block in tests).
-    pub grid_cap: u32,
+    /// The grid ([`HopperGrid`]).
+    pub grid: HopperGrid,
+}
+
+/// How many blocks a Hopper launch has; every block walks the tiles `b, b + grid, ...`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HopperGrid {
+    /// One block per multiprocessor (persistent) when every tile has the same steps (no
+    /// causal mask, no window); else one block per tile, where the hardware's block scheduler
+    /// balances tiles of unequal length (measured on an H200, bench/NOTES.md: the static
+    /// round-robin of a persistent grid was up to 1.45x slower at S = 16k causal).
+    Auto,
+    /// One block per multiprocessor (at most one per tile), whatever the mask.
+    PerSm,
+    /// One block per tile (no persistence).
+    PerTile,
+    /// This many blocks at most (tests: many tiles per block).
+    Blocks(u32),
 }
 
 impl HopperConfig {
@@ -418,19 +432,19 @@ impl HopperConfig {
 }
 
 /// The Hopper tile configuration for head dimension `d`, if supported. Measured on an H200
-/// (bench/NOTES.md, "Hopper path"): pingpong and the folded lazy softmax at every head
-/// dimension (at D = 128 +13-15% over the scaled softmax without pingpong; at D = 256 within
-/// noise of it); the intra-warpgroup overlap at D = 64 and 128 (at D = 256 the O accumulator of
-/// 128 registers leaves no room for a second S); one block per SM, persistent.
+/// (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head dimension; no
+/// pingpong turns (they measured 4-8% slower at D = 64 and 128); the intra-warpgroup overlap at
+/// D = 64 and 128 (at D = 256 the O accumulator of 128 registers leaves no room for a second
+/// S); the grid of [`HopperGrid::Auto`].
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     let base = HopperConfig {
         head_dim: d,
         block_n: 128,
         stages: 2,
         overlap: true,
-        pingpong: true,
+        pingpong: false,
         softmax: Softmax::FoldedLazy,
-        grid_cap: 0,
+        grid: HopperGrid::Auto,
     };
     match d {
         64 | 128 => Some(base),
@@ -447,35 +461,26 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements; "hgrid3"
 /// exists for the tests (many tiles per block).
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 11] = [
-    // The first overlapped design: no pingpong, the scaled softmax.
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 10] = [
+    // The scaled softmax (scale first, maximum, exponentials; O rescaled every step).
     (
-        "hbase",
+        "hscaled",
         HopperConfig {
-            pingpong: false,
             softmax: Softmax::Scaled,
             ..hopper_config_of(128)
         },
     ),
-    // Pingpong with the scaled softmax.
+    // Pingpong turns between the consumer warpgroups.
     (
         "hpp",
         HopperConfig {
-            softmax: Softmax::Scaled,
-            ..hopper_config_of(128)
-        },
-    ),
-    // The folded lazy softmax without pingpong.
-    (
-        "hl",
-        HopperConfig {
-            pingpong: false,
+            pingpong: true,
             ..hopper_config_of(128)
         },
     ),
     // Steps of 176 keys (FlashAttention-3's non-causal tile at D = 128).
     (
-        "hppl176",
+        "h176",
         HopperConfig {
             block_n: 176,
             ..hopper_config_of(128)
@@ -483,17 +488,25 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 11] = [
     ),
     // A 3-stage ring.
     (
-        "hppl3",
+        "h3",
         HopperConfig {
             stages: 3,
             ..hopper_config_of(128)
         },
     ),
-    // One block per tile (no persistence).
+    // One block per tile, whatever the mask.
     (
         "hnp",
         HopperConfig {
-            grid_cap: u32::MAX,
+            grid: HopperGrid::PerTile,
+            ..hopper_config_of(128)
+        },
+    ),
+    // One block per SM, whatever the mask (static round-robin under causal masking too).
+    (
+        "hstatic",
+        HopperConfig {
+            grid: HopperGrid::PerSm,
             ..hopper_config_of(128)
         },
     ),
@@ -501,40 +514,31 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 11] = [
     (
         "hgrid3",
         HopperConfig {
-            grid_cap: 3,
+            grid: HopperGrid::Blocks(3),
             ..hopper_config_of(128)
         },
     ),
-    // D = 64 without pingpong.
+    // Pingpong at D = 64 and 256.
     (
-        "hl64",
+        "hpp64",
         HopperConfig {
-            pingpong: false,
-            ..hopper_config_of(64)
-        },
-    ),
-    // Without pingpong and without persistence.
-    (
-        "hlnp",
-        HopperConfig {
-            pingpong: false,
-            grid_cap: u32::MAX,
-            ..hopper_config_of(128)
-        },
-    ),
-    (
-        "hl64np",
-        HopperConfig {
-            pingpong: false,
-            grid_cap: u32::MAX,
+            pingpong: true,
             ..hopper_config_of(64)
         },
     ),
     (
-        "hpp64np",
+        "hpp256",
         HopperConfig {
-            grid_cap: u32::MAX,
-            ..hopper_config_of(64)
+            pingpong: true,
+            ..hopper_config_of(256)
+        },
+    ),
+    // D = 256 with the scaled softmax.
+    (
+        "hscaled256",
+        HopperConfig {
+            softmax: Softmax::Scaled,
+            ..hopper_config_of(256)
         },
     ),
 ];

@@ -12,7 +12,7 @@
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
-use kernel_abi::attention::{HOPPER_VARIANTS, TUNING_VARIANTS};
+use kernel_abi::attention::{HOPPER_VARIANTS, HopperGrid, TUNING_VARIANTS};
 use kernels::attention::{self, AttentionProblem, Dtype, Path, View};
 use kernels::data::{rng, uniform_bf16};
 use kernels::memory::{download, poisoned, upload};
@@ -51,7 +51,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
                 HOPPER_VARIANTS
                     .iter()
                     // A capped grid ("hgrid3") exists for the tests, not for timing.
-                    .filter(|(_, c)| matches!(c.grid_cap, 0 | u32::MAX))
+                    .filter(|(_, c)| !matches!(c.grid, HopperGrid::Blocks(_)))
                     .map(|(n, _)| *n),
             )
             .collect(),

@@ -926,7 +926,7 @@ hopper_kernel!(
 
 // Tuning variants (`kernel_abi::attention::HOPPER_VARIANTS`, in order), bf16.
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hbase,
+    attention_fwd_hopper_bf16_d128_hscaled,
     Bf16,
     HOPPER_VARIANTS[0].1,
     m64n128k16_bf16_ss_zero,
@@ -946,19 +946,9 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hl,
+    attention_fwd_hopper_bf16_d128_h176,
     Bf16,
     HOPPER_VARIANTS[2].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n128k16_bf16_rs,
-    fence_operands_64
-);
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hppl176,
-    Bf16,
-    HOPPER_VARIANTS[3].1,
     m64n176k16_bf16_ss_zero,
     m64n176k16_bf16_ss,
     fence_operands_88,
@@ -966,7 +956,17 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hppl3,
+    attention_fwd_hopper_bf16_d128_h3,
+    Bf16,
+    HOPPER_VARIANTS[3].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d128_hnp,
     Bf16,
     HOPPER_VARIANTS[4].1,
     m64n128k16_bf16_ss_zero,
@@ -976,7 +976,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hnp,
+    attention_fwd_hopper_bf16_d128_hstatic,
     Bf16,
     HOPPER_VARIANTS[5].1,
     m64n128k16_bf16_ss_zero,
@@ -996,7 +996,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d64_hl64,
+    attention_fwd_hopper_bf16_d64_hpp64,
     Bf16,
     HOPPER_VARIANTS[7].1,
     m64n128k16_bf16_ss_zero,
@@ -1006,32 +1006,22 @@ hopper_kernel!(
     fence_operands_32
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hlnp,
+    attention_fwd_hopper_bf16_d256_hpp256,
     Bf16,
     HOPPER_VARIANTS[8].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n128k16_bf16_rs,
-    fence_operands_64
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
+    fence_operands_128
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d64_hl64np,
+    attention_fwd_hopper_bf16_d256_hscaled256,
     Bf16,
     HOPPER_VARIANTS[9].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d64_hpp64np,
-    Bf16,
-    HOPPER_VARIANTS[10].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
+    fence_operands_128
 );

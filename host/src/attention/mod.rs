@@ -30,7 +30,7 @@ use cust::stream::Stream;
 use half::{bf16, f16};
 use kernel_abi::attention::{
     AttentionParams, HEAD_DIMS, HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_THREADS, HopperConfig,
-    HopperParams, TileConfig, UNBOUNDED, hopper_config, hopper_variant, tile_config,
+    HopperGrid, HopperParams, TileConfig, UNBOUNDED, hopper_config, hopper_variant, tile_config,
     tuning_variant,
 };
 
@@ -621,9 +621,12 @@ fn hopper_launch_config(
     multiprocessors: u32,
 ) -> LaunchConfig {
     let tiles = hopper_tiles(problem).min(u64::from(HOPPER_MAX_TILES)) as u32;
-    let cap = match cfg.grid_cap {
-        0 => multiprocessors.max(1),
-        cap => cap,
+    let uniform = problem.effective_window() == (None, None);
+    let cap = match cfg.grid {
+        HopperGrid::Auto if uniform => multiprocessors.max(1),
+        HopperGrid::Auto | HopperGrid::PerTile => u32::MAX,
+        HopperGrid::PerSm => multiprocessors.max(1),
+        HopperGrid::Blocks(n) => n,
     };
     LaunchConfig::new(
         (tiles.min(cap).max(1), 1, 1),
