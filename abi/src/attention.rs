@@ -433,7 +433,8 @@ impl HopperConfig {
 
 /// The Hopper tile configuration for head dimension `d`, if supported. Measured on an H200
 /// (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head dimension; no
-/// pingpong turns (they measured 4-8% slower at D = 64 and 128); the intra-warpgroup overlap at
+/// pingpong turns (they measured 2-7% slower at D = 128 and 8-12% at D = 64, within 3% at
+/// D = 256); the intra-warpgroup overlap at
 /// D = 64 and 128 (at D = 256 the O accumulator of 128 registers leaves no room for a second
 /// S); the grid of [`HopperGrid::Auto`].
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
