@@ -85,9 +85,10 @@ impl AttentionElem for f16 {
 /// Which kernel computes the forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Path {
-    /// The Hopper path on GPUs that have it (sm_90a: TMA, wgmma, warp specialization) for head
-    /// dimensions 128 and 256, else the `mma.sync` path (measured faster at D = 64). If the
-    /// tensors' strides cannot be described by a TMA tensor map, the `mma.sync` path is used.
+    /// The Hopper path on GPUs that have it (sm_90a: TMA, wgmma, warp specialization; measured
+    /// faster at every head dimension), else the `mma.sync` path. If the tensors' strides
+    /// cannot be described by a TMA tensor map, or the problem has more than 2^30 query tiles,
+    /// the `mma.sync` path is used.
     #[default]
     Auto,
     /// The `mma.sync` tensor-core path (any GPU of compute capability >= 8.0).
