@@ -55,11 +55,77 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
         for p in plots.iter().filter(|p| p.family == f.family) {
             writeln!(md, "![{}]({plots_link}/{})\n", p.title, p.file).unwrap();
         }
+        if f.family == "attention" {
+            md.push_str(&attention_summary(f, files));
+        }
         md.push_str(&table(&f.rows));
         for n in &f.notes {
             writeln!(md, "\n- note: {n}").unwrap();
         }
     }
+    md
+}
+
+/// The attention family in brief: per head dimension, sequence length and mask, the automatic
+/// choice (`ours`) in TFLOP/s, as a fraction of the measured bf16 GEMM peak (the fastest
+/// `gemm_bf16` row of any results file from the same kind of GPU, usually cuBLAS in
+/// `smoke.json`), and against the SDPA peers of the same run.
+fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
+    let peak = files
+        .iter()
+        .filter(|g| g.device == f.device)
+        .flat_map(|g| {
+            g.rows
+                .iter()
+                .filter(|r| r.kernel == "gemm_bf16")
+                .map(move |r| (r.tflops.unwrap_or(0.0), r, g))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    let mut md = String::from("Summary (`ours` = the automatic choice");
+    match peak {
+        Some((tf, r, g)) => write!(
+            md,
+            "; GEMM peak: {tf:.0} TFLOP/s, `{}` {} in `{}.json`, commit `{}`, {}",
+            r.implementation,
+            config_text(r),
+            g.family,
+            &g.commit[..g.commit.len().min(8)],
+            g.date
+        )
+        .unwrap(),
+        None => md.push_str("; no bf16 GEMM measured on this GPU"),
+    }
+    md.push_str(
+        "):\n\n| d | seq | batch x heads | causal | ours TFLOP/s | of GEMM peak | vs SDPA-FLASH | \
+         vs SDPA-cuDNN |\n|---:|---:|---:|---|---:|---:|---:|---:|\n",
+    );
+    let get = |r: &Row, k: &str| r.config.get(k).map(|v| v.to_string()).unwrap_or_default();
+    for o in f.rows.iter().filter(|r| r.implementation == "ours") {
+        let key = config_text(o);
+        let peer = |name: &str| {
+            f.rows
+                .iter()
+                .find(|r| r.implementation.starts_with(name) && config_text(r) == key)
+                .map_or(String::new(), |r| {
+                    format!("{:.2}x", r.median_ms / o.median_ms)
+                })
+        };
+        let tf = o.tflops.unwrap_or(0.0);
+        let frac = peak.map_or(String::new(), |(p, _, _)| format!("{:.0}%", 100.0 * tf / p));
+        writeln!(
+            md,
+            "| {} | {} | {} x {} | {} | {tf:.0} | {frac} | {} | {} |",
+            get(o, "d"),
+            get(o, "seq"),
+            get(o, "batch"),
+            get(o, "heads"),
+            get(o, "causal"),
+            peer("sdpa-flash"),
+            peer("sdpa-cudnn")
+        )
+        .unwrap();
+    }
+    md.push('\n');
     md
 }
 
