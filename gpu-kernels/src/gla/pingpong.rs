@@ -63,18 +63,18 @@
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary
 //!   instructions).
 
-use super::{ChunkTiles, Raw, Var, elementwise, intra_scores};
+use super::{ChunkTiles, Raw, Var, intra_scores, shfl_f32};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::smem::SmemValue;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{convert, fence, index, regs, smem, sync};
+use crate::arch::{convert, fence, index, math, regs, smem, sync, warp};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
-    CHUNK, GlaConfig, GlaPingpongParams, PP_ATOM, PP_CONSUMER_REGS, PP_CONSUMERS, PP_LOCAL_BARRIER,
-    PP_ORDER_BARRIER, PP_PRODUCER_REGS, PP_THREADS, PingpongConfig, SEG_FIRST, SEG_LAST, Segment,
-    config_of, pingpong_config_of,
+    CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_CONSUMER_REGS, PP_CONSUMERS,
+    PP_LOCAL_BARRIER, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PP_THREADS, PingpongConfig, SEG_FIRST,
+    SEG_LAST, Segment, config_of, pingpong_config_of,
 };
 
 /// Threads in one turn barrier phase: one consumer syncing, the other arriving.
@@ -169,6 +169,352 @@ fn item<const STEP: u32, const OUT: bool>(p: &GlaPingpongParams, c: u32) -> Item
     }
 }
 
+/// `ld.shared` of `CPT` consecutive bf16 (`CPT` = 8: 16 bytes; 4: 8 bytes) as packed words
+/// (the first `CPT / 2` are used).
+///
+/// # Safety
+/// `addr` is a shared-window address of `2 CPT` valid bytes, aligned to their size.
+#[inline(always)]
+unsafe fn load_words<const CPT: usize>(addr: u32) -> [u32; 4] {
+    if CPT == 8 {
+        // SAFETY: forwarded to the caller (16 bytes, 16-byte aligned).
+        unsafe { <[u32; 4]>::load(addr) }
+    } else {
+        // SAFETY: forwarded to the caller (8 bytes, 8-byte aligned).
+        let v = unsafe { u64::load(addr) };
+        [v as u32, (v >> 32) as u32, 0, 0]
+    }
+}
+
+/// `st.shared` of the first `CPT / 2` packed words (see [`load_words`]).
+///
+/// # Safety
+/// As for [`load_words`]; no other thread accesses the bytes before the next barrier.
+#[inline(always)]
+unsafe fn store_words<const CPT: usize>(addr: u32, w: [u32; 4]) {
+    if CPT == 8 {
+        // SAFETY: forwarded to the caller.
+        unsafe { <[u32; 4]>::store(addr, w) }
+    } else {
+        // SAFETY: forwarded to the caller.
+        unsafe { u64::store(addr, (w[0] as u64) | ((w[1] as u64) << 32)) }
+    }
+}
+
+/// The `CPT` bf16 of packed words as f32.
+#[inline(always)]
+fn unpack<const CPT: usize>(w: [u32; 4]) -> [f32; CPT] {
+    let mut x = [0.0f32; CPT];
+    for j in 0..CPT / 2 {
+        (x[2 * j], x[2 * j + 1]) = convert::unpack_bf16x2(w[j]);
+    }
+    x
+}
+
+/// `CPT` f32 packed to bf16 words.
+#[inline(always)]
+fn pack<const CPT: usize>(x: &[f32; CPT]) -> [u32; 4] {
+    let mut w = [0u32; 4];
+    for j in 0..CPT / 2 {
+        w[j] = convert::pack_bf16x2(x[2 * j], x[2 * j + 1]);
+    }
+    w
+}
+
+/// `CPT` f32 stored at `addr` (`4 CPT` bytes, 16-byte aligned).
+///
+/// # Safety
+/// As for [`store_words`].
+#[inline(always)]
+unsafe fn store_f32<const CPT: usize>(addr: u32, x: &[f32; CPT]) {
+    for j in 0..CPT / 4 {
+        let w = [
+            x[4 * j].to_bits(),
+            x[4 * j + 1].to_bits(),
+            x[4 * j + 2].to_bits(),
+            x[4 * j + 3].to_bits(),
+        ];
+        // SAFETY: forwarded to the caller (16 bytes of the row, 16-byte aligned).
+        unsafe { <[u32; 4]>::store(addr + 16 * j as u32, w) };
+    }
+}
+
+/// Inclusive prefix sums, over the `P` consecutive lanes from `base_lane` (this lane is
+/// `part`), of each lane's run totals `acc`: returns the exclusive prefix of this lane's run.
+///
+/// # Safety
+/// All 32 lanes execute the call (uniform loop bounds).
+#[inline(always)]
+unsafe fn run_prefix<const CPT: usize, const P: u32>(acc: [f32; CPT], part: u32) -> [f32; CPT] {
+    let mut incl = acc;
+    let mut off = 1;
+    while off < P {
+        for c in 0..CPT {
+            // SAFETY: every lane executes the shuffle.
+            let v = f32::from_bits(unsafe {
+                warp::shfl_up_u32(warp::FULL_MASK, incl[c].to_bits(), off)
+            });
+            if part >= off {
+                incl[c] += v;
+            }
+        }
+        off *= 2;
+    }
+    let mut excl = [0.0f32; CPT];
+    for c in 0..CPT {
+        // SAFETY: every lane executes the shuffle.
+        let v = f32::from_bits(unsafe { warp::shfl_up_u32(warp::FULL_MASK, incl[c].to_bits(), 1) });
+        excl[c] = if part == 0 { 0.0 } else { v };
+    }
+    excl
+}
+
+/// Local inclusive cumulative log2-decays of the thread's `TPT` rows `first ..` of a tile
+/// (`g` clamped below at `G_FLOOR`; rows `>= valid` count as zero), for its `CPT` channels at
+/// byte column `col`; returns them and the run total.
+///
+/// # Safety
+/// The rows were published (the stage's full phase completed); whole warps call it.
+#[inline(always)]
+unsafe fn local_cumsum<const CPT: usize, const TPT: usize>(
+    g_at: impl Fn(u32) -> u32,
+    first: u32,
+    valid: u32,
+) -> ([[f32; CPT]; TPT], [f32; CPT]) {
+    let floor2 = G_FLOOR * math::LOG2_E;
+    let mut b = [[0.0f32; CPT]; TPT];
+    let mut acc = [0.0f32; CPT];
+    for (i, bi) in b.iter_mut().enumerate() {
+        let row = first + i as u32;
+        // SAFETY: a published row of the stage (the caller's contract), aligned.
+        let w = unsafe { load_words::<CPT>(g_at(row)) };
+        let w = if row >= valid { [0; 4] } else { w };
+        let g = unpack::<CPT>(w);
+        for c in 0..CPT {
+            acc[c] += (g[c] * math::LOG2_E).max(floor2);
+        }
+        *bi = acc;
+    }
+    (b, acc)
+}
+
+/// The element-wise phase of a whole step for the forward kernel, vectorized: the parent
+/// module's [`super::elementwise`] (same formulas, same operand tiles, same decay rows), with
+/// thread `ctid` of the consumer taking `CPT` consecutive key channels (one 16- or 8-byte piece
+/// of a row) of `TPT` consecutive tokens of one chunk: `ctid = (chunk' NG + group) P + part`
+/// with `NG = DK / CPT` channel groups and `P = 16 / TPT` lanes per (chunk, group), so a
+/// warp's stores cover whole rows; `chunk'` counts the chunks done at once (`128 / (P NG)`),
+/// and the step's `NCH` chunks take `NCH / (128 / (P NG))` passes. Chunks past `valid` are
+/// skipped (warp-uniform).
+///
+/// # Safety
+/// The consumer's 128 threads call it (whole warps; chunks are warp-uniform); the stage was
+/// published by its full phase; the operand tiles are not read before the next barrier.
+#[inline(always)]
+unsafe fn elementwise_step<
+    const DK: u32,
+    const CPT: usize,
+    const P: u32,
+    const TPT: usize,
+    const NCH: u32,
+>(
+    ctid: u32,
+    base: &PingpongChunk<DK>,
+    valid: u32,
+) {
+    const {
+        assert!(
+            P * TPT as u32 == CHUNK
+                && TPT as u32 <= HALF
+                && P >= 2
+                && 32 % P == 0
+                && (CPT == 8 || CPT == 4)
+        )
+    };
+    const { assert!(4.0 * -G_FLOOR * math::LOG2_E < 126.0) };
+    let ng = DK / CPT as u32;
+    let part = ctid % P;
+    let group = (ctid / P) % ng;
+    // Chunks done at once by the 128 threads; the step's chunks take `NCH / per_pass` passes.
+    let per_pass = WARPGROUP_SIZE / (P * ng);
+    for pass in 0..NCH / per_pass {
+        let chunk = pass * per_pass + ctid / (P * ng);
+        // SAFETY: forwarded to the caller (the chunk is warp-uniform).
+        unsafe { elementwise_chunk::<DK, CPT, P, TPT>(chunk, part, group, base, valid) };
+    }
+}
+
+/// One chunk of [`elementwise_step`]: channel group `group`, lane `part` of its `P`.
+///
+/// # Safety
+/// As for [`elementwise_step`]; whole warps call it with the same chunk.
+#[inline(always)]
+unsafe fn elementwise_chunk<const DK: u32, const CPT: usize, const P: u32, const TPT: usize>(
+    chunk: u32,
+    part: u32,
+    group: u32,
+    base: &PingpongChunk<DK>,
+    valid: u32,
+) {
+    let r0 = chunk * CHUNK;
+    if r0 >= valid {
+        return;
+    }
+    let t = PingpongChunk::<DK> { r0, ..*base };
+    let base_lane = index::lane_id() - part;
+    let col = group * 2 * CPT as u32;
+    let first = part * TPT as u32;
+    let cvalid = valid - r0;
+    // SAFETY: published raw g rows < 16 of the chunk (the caller's contract); aligned pieces.
+    let (mut b, acc) =
+        unsafe { local_cumsum::<CPT, TPT>(|row| t.raw(Raw::G, row, col), first, cvalid) };
+    // SAFETY: whole warps (chunks are warp-uniform), uniform loop bounds.
+    let excl = unsafe { run_prefix::<CPT, P>(acc, part) };
+    for bi in b.iter_mut() {
+        for c in 0..CPT {
+            bi[c] += excl[c];
+        }
+    }
+    // b_0, b_7, b_8, b_15 of the thread's channels, from the lanes whose runs hold them.
+    let mut edge = [[0.0f32; CPT]; 4];
+    for c in 0..CPT {
+        // SAFETY: every lane executes the shuffles; the sources are lanes of this group.
+        unsafe {
+            edge[0][c] = shfl_f32(b[0][c], base_lane);
+            edge[1][c] = shfl_f32(b[TPT - 1][c], base_lane + P / 2 - 1);
+            edge[2][c] = shfl_f32(b[0][c], base_lane + P / 2);
+            edge[3][c] = shfl_f32(b[TPT - 1][c], base_lane + P - 1);
+        }
+    }
+    let b15 = edge[3];
+    if part == P - 1 {
+        let mut d = [0.0f32; CPT];
+        for c in 0..CPT {
+            d[c] = math::exp2(b15[c]);
+        }
+        // SAFETY: channels `CPT group ..` of the chunk's decay row (16-byte aligned); this
+        // thread is their only writer until the next barrier.
+        unsafe { store_f32::<CPT>(t.decay + r0 / CHUNK * DK * 4 + 4 * CPT as u32 * group, &d) };
+    }
+    let half = first / HALF;
+    let mut m = [[0.0f32; CPT]; 2];
+    let mut mh = [0.0f32; CPT];
+    let mut f_inter = [0.0f32; CPT];
+    let mut f_10_root = [0.0f32; CPT];
+    let mut f_state = [0.0f32; CPT];
+    for c in 0..CPT {
+        m[0][c] = 0.5 * (edge[0][c] + edge[1][c]);
+        m[1][c] = 0.5 * (edge[2][c] + edge[3][c]);
+        mh[c] = if half == 0 { m[0][c] } else { m[1][c] };
+        f_inter[c] = math::exp2(mh[c]);
+        // The square root of 2^{M_1 - M_0}: see the parent module (never flushed).
+        f_10_root[c] = if half == 0 {
+            math::exp2(0.5 * (m[1][c] - m[0][c]))
+        } else {
+            1.0
+        };
+        f_state[c] = math::exp2(b15[c] - m[1][c]);
+    }
+    for (i, bi) in b.iter().enumerate() {
+        let row = first + i as u32;
+        // SAFETY: published raw q, k rows < 16 of the chunk; aligned pieces.
+        let (qw, kw) = unsafe {
+            (
+                load_words::<CPT>(t.raw(Raw::Q, row, col)),
+                load_words::<CPT>(t.raw(Raw::K, row, col)),
+            )
+        };
+        let (qw, kw) = if row >= cvalid {
+            ([0; 4], [0; 4])
+        } else {
+            (qw, kw)
+        };
+        let (q, k) = (unpack::<CPT>(qw), unpack::<CPT>(kw));
+        let mut qd = [0.0f32; CPT];
+        let mut kd = [0.0f32; CPT];
+        let mut qi = [0.0f32; CPT];
+        let mut kh1 = [0.0f32; CPT];
+        let mut ks = [0.0f32; CPT];
+        for c in 0..CPT {
+            let x = bi[c] - mh[c];
+            qd[c] = q[c] * math::exp2(x);
+            kd[c] = k[c] * math::exp2(-x);
+            qi[c] = qd[c] * f_inter[c];
+            kh1[c] = kd[c] * f_10_root[c] * f_10_root[c];
+            ks[c] = kh1[c] * f_state[c];
+        }
+        // SAFETY: rows < 16 of the chunk (k_half0: half 0 only), this thread's channels: one
+        // writer per piece; aligned; nobody reads the tiles before the next barrier.
+        unsafe {
+            let at = |v: Var| t.var(v, row, col);
+            store_words::<CPT>(at(Var::QDiag), pack::<CPT>(&qd));
+            store_words::<CPT>(at(Var::QInter), pack::<CPT>(&qi));
+            if half == 0 {
+                store_words::<CPT>(at(Var::KHalf0), pack::<CPT>(&kd));
+            }
+            store_words::<CPT>(at(Var::KHalf1), pack::<CPT>(&kh1));
+            store_words::<CPT>(at(Var::KState), pack::<CPT>(&ks));
+        }
+    }
+}
+
+/// The element-wise phase of a whole step for the state pass: `k_state` relative to the end of
+/// the step (`k 2^{E - B_s}`, `B` cumulative from the step's start, `E` its total; every factor
+/// `<= 1`, so a flushed one only drops a term below `2^-126 |k|`) and the step's decay row
+/// `2^E`. Thread `ctid` takes `CPT = 8` channels (group `ctid / P`) of `TPT` consecutive tokens
+/// (`P` lanes per group). Returns `E` of its channels (log2).
+///
+/// # Safety
+/// As for [`elementwise_step`].
+#[inline(always)]
+unsafe fn elementwise_states<const DK: u32, const P: u32, const TPT: usize>(
+    ctid: u32,
+    t: &PingpongChunk<DK>,
+    valid: u32,
+) -> [f32; 8] {
+    const CPT: usize = 8;
+    const { assert!(P * (DK / CPT as u32) == WARPGROUP_SIZE && 32 % P == 0 && P >= 2) };
+    let part = ctid % P;
+    let group = ctid / P;
+    let base_lane = index::lane_id() - part;
+    let col = group * 2 * CPT as u32;
+    let first = part * TPT as u32;
+    // SAFETY: published raw g rows of the step (the caller's contract); aligned pieces.
+    let (b, acc) = unsafe { local_cumsum::<CPT, TPT>(|row| t.raw(Raw::G, row, col), first, valid) };
+    // SAFETY: whole warps, uniform loop bounds.
+    let excl = unsafe { run_prefix::<CPT, P>(acc, part) };
+    let mut e = [0.0f32; CPT];
+    for c in 0..CPT {
+        // SAFETY: every lane executes the shuffle; the source is the group's last lane, whose
+        // inclusive run total is the step's total.
+        e[c] = unsafe { shfl_f32(acc[c] + excl[c], base_lane + P - 1) };
+    }
+    if part == P - 1 {
+        let mut d = [0.0f32; CPT];
+        for c in 0..CPT {
+            d[c] = math::exp2(e[c]);
+        }
+        // SAFETY: channels `8 group ..` of the step's decay row (row 0), 16-byte aligned; one
+        // writer until the next barrier.
+        unsafe { store_f32::<CPT>(t.decay + 4 * CPT as u32 * group, &d) };
+    }
+    for (i, bi) in b.iter().enumerate() {
+        let row = first + i as u32;
+        // SAFETY: a published raw k row of the step; aligned piece.
+        let kw = unsafe { load_words::<CPT>(t.raw(Raw::K, row, col)) };
+        let kw = if row >= valid { [0; 4] } else { kw };
+        let k = unpack::<CPT>(kw);
+        let mut ks = [0.0f32; CPT];
+        for c in 0..CPT {
+            ks[c] = k[c] * math::exp2(e[c] - (bi[c] + excl[c]));
+        }
+        // SAFETY: row < step of the swizzled k_state tile, this thread's piece: one writer;
+        // nobody reads it before the next barrier.
+        unsafe { store_words::<CPT>(t.var(Var::KState, row, col), pack::<CPT>(&ks)) };
+    }
+    e
+}
+
 /// The intra-chunk scores of chunk `cc` of the step (one warp): `P[t][s]` as in the baseline's
 /// matrix phase, stored as bf16 in the swizzled score tile at K offset `16 cc`.
 ///
@@ -216,8 +562,11 @@ unsafe fn walk<
     const DV: u32,
     const STEP: u32,
     const STAGES: u32,
-    const P: u32,
-    const TPT: usize,
+    const CPT: usize,
+    const PE: u32,
+    const TPTE: usize,
+    const PS: u32,
+    const TPTS: usize,
     const NKK: usize,
     const SR: usize,
     const MH: usize,
@@ -237,7 +586,9 @@ unsafe fn walk<
                 && NKK as u32 * 16 == DK
                 && NCH * CHUNK == STEP
                 && NCH <= 4
-                && P * (DK / 2) == WARPGROUP_SIZE
+                && (PE * (DK / CPT as u32) * NCH).is_multiple_of(WARPGROUP_SIZE)
+                && PS * (DK / 8) == WARPGROUP_SIZE
+                && PS * TPTS as u32 == STEP
         )
     };
     let [tmap_q, tmap_k, tmap_g, tmap_v] = tmaps;
@@ -373,7 +724,7 @@ unsafe fn walk<
     }
 
     let mut o = [[0.0f32; 8]; MH];
-    let mut total = [0.0f32; 2];
+    let mut total = [0.0f32; 8];
     let row_stride = (heads * DV as u64) as usize;
     // Store o^T of chunk `cc` of step `step` (valid rows only), scaled, as bf16. The values are
     // converted and pinned before any branch: a read of `wgmma` accumulators on a divergent
@@ -441,28 +792,28 @@ unsafe fn walk<
                 w += WARPGROUP_SIZE;
             }
         }
-        for cc in 0..NCH {
-            if cc < nchunks {
-                let tiles = PingpongChunk::<DK> {
-                    q: q_s,
-                    k: k_s,
-                    g: g_s,
-                    q_inter,
-                    k_state,
-                    q_diag,
-                    k_half0,
-                    k_half1,
-                    decay: decay + cc * DK * 4,
-                    r0: cc * CHUNK,
-                    block,
-                };
-                // SAFETY: the consumer's 128 threads (uniform: nchunks is uniform); the stage
-                // was published by its full phase; the operand tiles are not read before L1.
-                let b15 = unsafe {
-                    elementwise::<DK, P, TPT, OUT, true>(ctid, &tiles, valid - cc * CHUNK)
-                };
-                total[0] += b15[0];
-                total[1] += b15[1];
+        let tiles = PingpongChunk::<DK> {
+            q: q_s,
+            k: k_s,
+            g: g_s,
+            q_inter,
+            k_state,
+            q_diag,
+            k_half0,
+            k_half1,
+            decay,
+            r0: 0,
+            block,
+        };
+        if OUT {
+            // SAFETY: the consumer's 128 threads (chunks are warp-uniform); the stage was
+            // published by its full phase; the operand tiles are not read before L1.
+            unsafe { elementwise_step::<DK, CPT, PE, TPTE, NCH>(ctid, &tiles, valid) };
+        } else {
+            // SAFETY: as above.
+            let e = unsafe { elementwise_states::<DK, PS, TPTS>(ctid, &tiles, valid) };
+            for c in 0..8 {
+                total[c] += e[c];
             }
         }
         fence::fence_proxy_async_shared();
@@ -494,7 +845,40 @@ unsafe fn walk<
             // consumer.
             unsafe { sync::named_sync(PP_ORDER_BARRIER + c, ORDER_THREADS) };
         }
-        for cc in 0..nchunks {
+        if !OUT {
+            // State pass: the whole step in one batch per m64 half of S^T,
+            // `S^T = 2^E S^T + v^T k_state` over the step's tokens (rows past the segment's
+            // end are zero in both operands).
+            for half in st.iter_mut() {
+                for j in 0..SR / 4 {
+                    // SAFETY: channels 8 j + 2 t, +1 < DK of the published decay row.
+                    let d = unsafe { u64::load(decay + 4 * (8 * j as u32 + 2 * t)) };
+                    let d = [f32::from_bits(d as u32), f32::from_bits((d >> 32) as u32)];
+                    for e in 0..4 {
+                        half[4 * j + e] *= d[e % 2];
+                    }
+                }
+            }
+            for (mh, half) in st.iter_mut().enumerate() {
+                st_fence(half);
+                // SAFETY: whole warpgroup, uniform; k_state and the decay row were published
+                // by L1 (with the proxy fence), the stage by its full phase; neither is
+                // rewritten before L3 of this step.
+                unsafe {
+                    wgmma::fence();
+                    for kk in 0..NCH {
+                        let va =
+                            Descriptor::mn_major_sw128(v_s + mh as u32 * block + 2048 * kk, block);
+                        let kb = Descriptor::mn_major_sw128(k_state + 2048 * kk, block);
+                        st_mma(half, va, kb);
+                    }
+                    wgmma::commit_group();
+                    wgmma::wait_group::<0>();
+                }
+                st_fence(half);
+            }
+        }
+        for cc in 0..if OUT { nchunks } else { 0 } {
             let drow = decay + cc * DK * 4;
             // One batch per m64 half of S^T (its fragments are the only ones live: with
             // DK = DV = 128 both halves' would not fit in the registers beside S^T).
@@ -607,15 +991,17 @@ unsafe fn walk<
             }
         }
     }
-    if !OUT && ctid % P == P - 1 {
+    if !OUT && ctid % PS == PS - 1 {
         let dst = p
             .base
             .decay_log2
-            .wrapping_add(slot_head * DK as usize + 2 * (ctid / P) as usize);
-        // SAFETY: channels 2 (ctid / P), +1 < DK of this segment's decay row; one writer.
+            .wrapping_add(slot_head * DK as usize + 8 * (ctid / PS) as usize);
+        // SAFETY: channels 8 (ctid / PS) .. + 8 <= DK of this segment's decay row, 32-byte
+        // aligned (a multiple of 8 floats into a 16-byte aligned buffer); one writer.
         unsafe {
-            *dst = total[0];
-            *dst.add(1) = total[1];
+            let dst = dst as *mut [f32; 4];
+            *dst = [total[0], total[1], total[2], total[3]];
+            *dst.add(1) = [total[4], total[5], total[6], total[7]];
         }
     }
 }
@@ -625,14 +1011,26 @@ macro_rules! pp_body {
     ($p:expr, $tmaps:expr, $dk:literal, $dv:literal, $out:literal, $st_mma:ident, $st_fence:ident) => {{
         const CFG: PingpongConfig = pingpong_config_of($dk, $dv);
         const BASE: GlaConfig = config_of($dk, $dv);
-        const P: u32 = WARPGROUP_SIZE / ($dk / 2);
+        // Element-wise mapping: channels per thread (16-byte pieces where the registers
+        // allow), lanes per (chunk, channel group) in the forward, lanes per group of 8
+        // channels in the state pass.
+        const CPT: u32 = if $dk == 64 { 8 } else { 4 };
+        const PE: u32 = if ($dk / CPT) * (CFG.step / CHUNK) >= 32 {
+            4
+        } else {
+            WARPGROUP_SIZE / (($dk / CPT) * (CFG.step / CHUNK))
+        };
+        const PS: u32 = WARPGROUP_SIZE / ($dk / 8);
         walk::<
             $dk,
             $dv,
             { CFG.step },
             { CFG.stages },
-            P,
-            { (CHUNK / P) as usize },
+            { CPT as usize },
+            PE,
+            { (CHUNK / PE) as usize },
+            PS,
+            { (CFG.step / PS) as usize },
             { $dk / 16 },
             { $dk / 2 },
             { $dv / 64 },
