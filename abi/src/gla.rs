@@ -356,21 +356,18 @@ pub struct CombineParams {
 // The warp-specialized pingpong kernels (sm_90a): `gla_fwd_pp_dk{DK}_dv{DV}` and
 // `gla_states_pp_dk{DK}_dv{DV}`, same segments, same math, same outputs as the baseline.
 
-/// Consumer warpgroups per block of the pingpong kernels: each owns one (segment, head) item.
-pub const PP_CONSUMERS: u32 = 2;
-/// Threads per block of the pingpong kernels: a producer warpgroup and the consumers.
-pub const PP_THREADS: u32 = (1 + PP_CONSUMERS) * crate::WARPGROUP_SIZE;
+/// Most consumer warpgroups per block of a pingpong kernel (each owns one (segment, head)
+/// item); [`PingpongConfig::consumers`] says how many a configuration has.
+pub const PP_MAX_CONSUMERS: u32 = 3;
 /// Registers the producer warpgroup keeps (`setmaxnreg.dec`).
 pub const PP_PRODUCER_REGS: u32 = 24;
-/// Registers each consumer warpgroup gets (`setmaxnreg.inc`): `24 * 128 + 2 * 240 * 128` fits
-/// the 64K register file.
-pub const PP_CONSUMER_REGS: u32 = 240;
-/// Named barrier ids: `PP_ORDER_BARRIER + c` orders consumer `c`'s GEMM phase after the other's
-/// (256 threads: one consumer syncs, the other arrives); `PP_LOCAL_BARRIER + c` is consumer
-/// `c`'s own barrier (128 threads). Id 0 is the block barrier.
+/// Named barrier ids: `PP_ORDER_BARRIER + c` orders consumer `c`'s GEMM phase after the
+/// previous consumer's in the turn order (256 threads: consumer `c` syncs, its predecessor
+/// arrives); `PP_LOCAL_BARRIER + c` is consumer `c`'s own barrier (128 threads). Id 0 is the
+/// block barrier.
 pub const PP_ORDER_BARRIER: u32 = 1;
 /// See [`PP_ORDER_BARRIER`].
-pub const PP_LOCAL_BARRIER: u32 = 3;
+pub const PP_LOCAL_BARRIER: u32 = PP_ORDER_BARRIER + PP_MAX_CONSUMERS;
 /// Elements of a 128-byte swizzled row: every TMA box and `wgmma` tile is stored as column
 /// blocks of this many 16-bit elements.
 pub const PP_ATOM: u32 = 64;
@@ -396,9 +393,26 @@ pub struct PingpongConfig {
     pub step: u32,
     /// Ring stages per consumer.
     pub stages: u32,
+    /// Consumer warpgroups per block (2 ..= [`PP_MAX_CONSUMERS`]), taking their GEMM phases in
+    /// turns.
+    pub consumers: u32,
 }
 
 impl PingpongConfig {
+    /// Threads per block: a producer warpgroup and the consumers.
+    #[inline]
+    pub const fn threads(&self) -> u32 {
+        (1 + self.consumers) * crate::WARPGROUP_SIZE
+    }
+
+    /// Registers each consumer warpgroup gets (`setmaxnreg.inc`, a multiple of 8, at most
+    /// 240): what the 64K register file leaves after the producer's [`PP_PRODUCER_REGS`].
+    #[inline]
+    pub const fn consumer_regs(&self) -> u32 {
+        let per = (65536 / crate::WARPGROUP_SIZE - PP_PRODUCER_REGS) / self.consumers / 8 * 8;
+        if per > 240 { 240 } else { per }
+    }
+
     /// Bytes of one `[rows, d]` swizzled tile (`d / 64` column blocks).
     #[inline]
     pub const fn tile_bytes(&self, d: u32) -> u32 {
@@ -503,18 +517,20 @@ impl PingpongConfig {
     /// `full`.
     #[inline]
     pub const fn barriers_offset(&self) -> u32 {
-        PP_CONSUMERS * self.consumer_bytes()
+        self.consumers * self.consumer_bytes()
     }
 
     /// Dynamic shared memory of the pingpong kernels (with the alignment slack).
     #[inline]
     pub const fn smem_bytes(&self) -> usize {
-        self.barriers_offset() as usize + 16 * (PP_CONSUMERS * self.stages) as usize + SMEM_ALIGN
+        self.barriers_offset() as usize + 16 * (self.consumers * self.stages) as usize + SMEM_ALIGN
     }
 }
 
-/// The pingpong configuration for `(dk, dv)`, if supported: 64-token stages where two stages
-/// per consumer fit (dk = dv = 64), else 32-token stages; not `dk = dv = 128`.
+/// The pingpong configuration for `(dk, dv)`, if supported: two consumers with two stages
+/// each, of 64 tokens at `dk = dv = 64` and of 32 tokens otherwise; not `dk = dv = 128`.
+/// (Three consumers of 32-token stages at `dk = dv = 64`, whose code fits the 128 registers
+/// ptxas allocates at 512 threads, measured 4-8% slower: bench/NOTES.md.)
 pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
     match (dk, dv) {
         (64, 64) => Some(PingpongConfig {
@@ -522,6 +538,7 @@ pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
             dv,
             step: 64,
             stages: 2,
+            consumers: 2,
         }),
         // (128, 128) is not offered: its state (128 f32 registers per consumer thread) with
         // the fragments and the element-wise phase exceeds the 168 registers ptxas allocates
@@ -531,6 +548,7 @@ pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
             dv,
             step: 32,
             stages: 2,
+            consumers: 2,
         }),
         _ => None,
     }
@@ -545,8 +563,8 @@ pub const fn pingpong_config_of(dk: u32, dv: u32) -> PingpongConfig {
 }
 
 /// Parameters of `gla_fwd_pp_dk{DK}_dv{DV}` and `gla_states_pp_dk{DK}_dv{DV}` (grid
-/// `ceil(segments * heads / PP_CONSUMERS)`, [`PP_THREADS`] threads,
-/// [`PingpongConfig::smem_bytes`]). Item `i = PP_CONSUMERS * blockIdx.x + c` (consumer `c`) is
+/// `ceil(segments * heads / consumers)`, [`PingpongConfig::threads`] threads,
+/// [`PingpongConfig::smem_bytes`]). Item `i = consumers * blockIdx.x + c` (consumer `c`) is
 /// segment `i / heads`, head `i % heads`. The tensor maps are 3-D over `[rows, heads, d]`
 /// (dims `[d, heads, rows]` innermost first, box `[64, 1, step]`, 128-byte swizzle); the other
 /// fields mean what they mean in [`GlaParams`].

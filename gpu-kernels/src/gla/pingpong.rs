@@ -72,9 +72,9 @@ use crate::arch::{convert, fence, index, math, regs, smem, sync, warp};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
-    CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_CONSUMER_REGS, PP_CONSUMERS,
-    PP_LOCAL_BARRIER, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PP_THREADS, PingpongConfig, SEG_FIRST,
-    SEG_LAST, Segment, config_of, pingpong_config_of,
+    CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_LOCAL_BARRIER,
+    PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PingpongConfig, SEG_FIRST, SEG_LAST,
+    Segment, config_of, pingpong_config_of,
 };
 
 /// Threads in one turn barrier phase: one consumer syncing, the other arriving.
@@ -143,8 +143,8 @@ struct Item {
 
 /// Item of consumer `c` of this block (`steps == 0`: none, or nothing to do).
 #[inline(always)]
-fn item<const STEP: u32, const OUT: bool>(p: &GlaPingpongParams, c: u32) -> Item {
-    let i = PP_CONSUMERS * index::block_idx_x() + c;
+fn item<const STEP: u32, const NC: u32, const OUT: bool>(p: &GlaPingpongParams, c: u32) -> Item {
+    let i = NC * index::block_idx_x() + c;
     let none = Item {
         seg: Segment::default(),
         slot: 0,
@@ -167,6 +167,44 @@ fn item<const STEP: u32, const OUT: bool>(p: &GlaPingpongParams, c: u32) -> Item
         head: i % heads,
         steps: seg.len.div_ceil(STEP),
     }
+}
+
+/// The turn order of the GEMM phases (module documentation): round `r` visits consumers
+/// `0 .. NC` in order, leaving out those without a step `r` (`n[c]` steps each). Whether
+/// consumer `c`'s step `r` has a predecessor that is another consumer (then it waits for
+/// that one's arrival).
+#[inline(always)]
+fn turn_waits<const NC: u32>(n: &[u32; PP_MAX_CONSUMERS as usize], r: u32, c: u32) -> bool {
+    let mut waits = false;
+    for c2 in 0..NC {
+        let before = if c2 < c {
+            r < n[c2 as usize]
+        } else {
+            c2 > c && r >= 1 && r - 1 < n[c2 as usize]
+        };
+        waits |= before;
+    }
+    waits
+}
+
+/// The consumer whose GEMM phase follows consumer `c`'s step `r` in the turn order, if it is
+/// another consumer (then `c` arrives on its turn barrier).
+#[inline(always)]
+fn turn_next<const NC: u32>(n: &[u32; PP_MAX_CONSUMERS as usize], r: u32, c: u32) -> Option<u32> {
+    let mut next = None;
+    // The first consumer before c with a step r + 1, overridden by the first after c with a
+    // step r (it comes sooner in the order).
+    for c2 in (0..NC).rev() {
+        if c2 < c && r + 1 < n[c2 as usize] {
+            next = Some(c2);
+        }
+    }
+    for c2 in (0..NC).rev() {
+        if c2 > c && r < n[c2 as usize] {
+            next = Some(c2);
+        }
+    }
+    next
 }
 
 /// `ld.shared` of `CPT` consecutive bf16 (`CPT` = 8: 16 bytes; 4: 8 bytes) as packed words
@@ -536,17 +574,17 @@ unsafe fn scores<const DK: u32, const NKK: usize>(
     let pa = unsafe { intra_scores::<DK, NKK>(lane, at(q_diag), at(k_half0), at(k_half1)) };
     let (g, t) = (lane / 4, lane % 4);
     // The A-fragment words at their (row t, column s) places of P.
-    let words = [
-        (g, 2 * t, pa[0]),
-        (g + 8, 2 * t, pa[1]),
-        (g, 8 + 2 * t, pa[2]),
-        (g + 8, 8 + 2 * t, pa[3]),
-    ];
-    for (row, s, w) in words {
-        // SAFETY: row < 16, column 16 cc + s + 1 < 64 of the score tile; 4-byte aligned; one
+    // The A-fragment words at their (row t, column s) places of P (written out, not iterated
+    // over an array, which LLVM left in local memory).
+    let put = |row: u32, col: u32, w: u32| {
+        // SAFETY: row < 16, column 16 cc + col + 1 < 64 of the score tile; 4-byte aligned; one
         // writer per element (this warp, this lane).
-        unsafe { u32::store(swizzled(p_tile, 0, row, 32 * cc + 2 * s), w) };
-    }
+        unsafe { u32::store(swizzled(p_tile, 0, row, 32 * cc + 2 * col), w) }
+    };
+    put(g, 2 * t, pa[0]);
+    put(g + 8, 2 * t, pa[1]);
+    put(g, 8 + 2 * t, pa[2]);
+    put(g + 8, 8 + 2 * t, pa[3]);
 }
 
 /// The pingpong walk; see the module documentation. `SR = DK / 2` accumulator registers per
@@ -571,6 +609,8 @@ unsafe fn walk<
     const SR: usize,
     const MH: usize,
     const NCH: u32,
+    const NC: u32,
+    const CREGS: u32,
     const OUT: bool,
 >(
     p: &GlaPingpongParams,
@@ -589,6 +629,8 @@ unsafe fn walk<
                 && (PE * (DK / CPT as u32) * NCH).is_multiple_of(WARPGROUP_SIZE)
                 && PS * (DK / 8) == WARPGROUP_SIZE
                 && PS * TPTS as u32 == STEP
+                && NC >= 2
+                && NC <= PP_MAX_CONSUMERS
         )
     };
     let [tmap_q, tmap_k, tmap_g, tmap_v] = tmaps;
@@ -597,10 +639,26 @@ unsafe fn walk<
     let base = smem::aligned_base();
     let bars = base + cfg.barriers_offset();
     let full = |c: u32, s: u32| Mbarrier::at(bars + 8 * (c * STAGES + s));
-    let empty = |c: u32, s: u32| Mbarrier::at(bars + 8 * ((PP_CONSUMERS + c) * STAGES + s));
+    let empty = |c: u32, s: u32| Mbarrier::at(bars + 8 * ((NC + c) * STAGES + s));
     let region = |c: u32| base + c * cfg.consumer_bytes();
     let block = cfg.block_bytes();
-    let (item0, item1) = (item::<STEP, OUT>(p, 0), item::<STEP, OUT>(p, 1));
+    // Every consumer's item (unused entries have no steps).
+    let mut items = [Item {
+        seg: Segment::default(),
+        slot: 0,
+        head: 0,
+        steps: 0,
+    }; PP_MAX_CONSUMERS as usize];
+    for (c, it) in items.iter_mut().enumerate() {
+        if (c as u32) < NC {
+            *it = item::<STEP, NC, OUT>(p, c as u32);
+        }
+    }
+    let mut n = [0u32; PP_MAX_CONSUMERS as usize];
+    for (nc, it) in n.iter_mut().zip(items.iter()) {
+        *nc = it.steps;
+    }
+    let max_steps = n[0].max(n[1]).max(n[2]);
 
     if tid == 0 {
         for t in tmaps {
@@ -608,7 +666,7 @@ unsafe fn walk<
         }
         // SAFETY: single initializer before any use; published by the barrier below.
         unsafe {
-            for c in 0..PP_CONSUMERS {
+            for c in 0..NC {
                 for s in 0..STAGES {
                     full(c, s).init(1);
                     empty(c, s).init(1);
@@ -624,11 +682,11 @@ unsafe fn walk<
         // SAFETY: the whole producer warpgroup executes this, uniformly.
         unsafe { regs::decrease::<PP_PRODUCER_REGS>() };
         if tid == 0 {
-            // Both consumers' steps `i` advance together, so one ring position serves both.
+            // Every consumer's steps `i` advance together, so one ring position serves all.
             let mut pos = RingPos::<STAGES>::of(0);
-            for i in 0..item0.steps.max(item1.steps) {
-                for c in 0..PP_CONSUMERS {
-                    let it = if c == 0 { item0 } else { item1 };
+            for i in 0..max_steps {
+                for c in 0..NC {
+                    let it = items[c as usize];
                     if i >= it.steps {
                         continue;
                     }
@@ -665,13 +723,11 @@ unsafe fn walk<
 
     // Consumers.
     // SAFETY: the whole consumer warpgroup executes this, uniformly.
-    unsafe { regs::increase::<PP_CONSUMER_REGS>() };
+    unsafe { regs::increase::<CREGS>() };
     let c = wg - 1;
-    let (it, other_steps) = if c == 0 {
-        (item0, item1.steps)
-    } else {
-        (item1, item0.steps)
-    };
+    // (Recomputed rather than indexed by the runtime `c`, which would put the array in local
+    // memory.)
+    let it = item::<STEP, NC, OUT>(p, c);
     if it.steps == 0 {
         return;
     }
@@ -835,11 +891,8 @@ unsafe fn walk<
         }
 
         // 3. GEMM phase, in turn.
-        let (sync_turn, arrive_turn) = if c == 0 {
-            (step >= 1 && step <= other_steps, step < other_steps)
-        } else {
-            (step < other_steps, step + 1 < other_steps)
-        };
+        let (sync_turn, arrive_turn) =
+            (turn_waits::<NC>(&n, step, c), turn_next::<NC>(&n, step, c));
         if sync_turn {
             // SAFETY: turn protocol (module docs): matched by one arrival of the other
             // consumer.
@@ -876,6 +929,11 @@ unsafe fn walk<
                     wgmma::wait_group::<0>();
                 }
                 st_fence(half);
+            }
+            if let Some(next) = arrive_turn {
+                // SAFETY: turn protocol: the next consumer in the turn order syncs once for
+                // this arrival.
+                unsafe { sync::named_arrive(PP_ORDER_BARRIER + next, ORDER_THREADS) };
             }
         }
         for cc in 0..if OUT { nchunks } else { 0 } {
@@ -941,6 +999,15 @@ unsafe fn walk<
                     let kb = Descriptor::mn_major_sw128(k_state + 2048 * cc, block);
                     st_mma(&mut st[mh], va, kb);
                     wgmma::commit_group();
+                    // The turn ends with the issue of the step's last batch: the next consumer
+                    // may issue while this one waits and stores its outputs.
+                    if cc + 1 == nchunks && mh + 1 == MH {
+                        if let Some(next) = arrive_turn {
+                            // SAFETY: turn protocol: the next consumer in the turn order syncs
+                            // once for this arrival (uniform: the whole warpgroup is here).
+                            sync::named_arrive(PP_ORDER_BARRIER + next, ORDER_THREADS);
+                        }
+                    }
                     // The next chunk needs this state: wait here (uniformly, so ptxas keeps
                     // the batch pipelined).
                     wgmma::wait_group::<0>();
@@ -956,10 +1023,6 @@ unsafe fn walk<
             if OUT {
                 store_o(&o, step, cc, valid);
             }
-        }
-        if arrive_turn {
-            // SAFETY: turn protocol: the other consumer syncs once for this arrival.
-            unsafe { sync::named_arrive(PP_ORDER_BARRIER + (1 - c), ORDER_THREADS) };
         }
         // SAFETY: barrier L3 of the protocol.
         unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
@@ -1035,6 +1098,8 @@ macro_rules! pp_body {
             { $dk / 2 },
             { $dv / 64 },
             { CFG.step / CHUNK },
+            { CFG.consumers },
+            { CFG.consumer_regs() },
             $out,
         >(
             &$p,
@@ -1054,13 +1119,13 @@ macro_rules! gla_pp_kernels {
             /// documentation.
             ///
             /// # Safety
-            /// Grid `ceil(items / PP_CONSUMERS)`, `PP_THREADS` threads, the configuration's
+            /// Grid `ceil(items / consumers)`, the configuration's threads and
             /// shared memory, parameters satisfying [`GlaPingpongParams`]'s contract (validated
             /// by the host); for segments that are not first, `seg_init` written by
             /// `gla_combine`.
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $fwd(p: GlaPingpongParams) {
-                crate::launch_bounds!($fwd, PP_THREADS, 1);
+                crate::launch_bounds!($fwd, pingpong_config_of($dk, $dv).threads(), 1);
                 let tmaps = [
                     tensor_map_ptr!($fwd, 0, GlaPingpongParams, tmap_q),
                     tensor_map_ptr!($fwd, 0, GlaPingpongParams, tmap_k),
@@ -1080,7 +1145,7 @@ macro_rules! gla_pp_kernels {
             /// slice per (segment, head).
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $states(p: GlaPingpongParams) {
-                crate::launch_bounds!($states, PP_THREADS, 1);
+                crate::launch_bounds!($states, pingpong_config_of($dk, $dv).threads(), 1);
                 let tmaps = [
                     tensor_map_ptr!($states, 0, GlaPingpongParams, tmap_q),
                     tensor_map_ptr!($states, 0, GlaPingpongParams, tmap_k),

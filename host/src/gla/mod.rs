@@ -46,8 +46,7 @@ use cust::stream::Stream;
 use half::bf16;
 use kernel_abi::gla::{
     COMBINE_THREADS, CombineEntry, CombineParams, GlaConfig, GlaParams, GlaPingpongParams,
-    HEAD_DIMS, PP_ATOM, PP_CONSUMERS, PP_THREADS, SEG_FIRST, SEG_LAST, STEP, Segment, config,
-    pingpong_config,
+    HEAD_DIMS, PP_ATOM, SEG_FIRST, SEG_LAST, STEP, Segment, config, pingpong_config,
 };
 
 pub use kernel_abi::gla::G_FLOOR;
@@ -314,7 +313,7 @@ impl GlaProblem {
     pub fn plan(&self, sms: usize) -> Result<SegmentPlan> {
         let per_sm = if self.uses_pingpong() {
             // One block per SM, one item per consumer warpgroup.
-            PP_CONSUMERS as usize
+            pingpong_config(self.dk as u32, self.dv as u32).map_or(2, |c| c.consumers as usize)
         } else {
             self.config()?.blocks_per_sm as usize
         };
@@ -711,8 +710,8 @@ pub unsafe fn forward_raw<E: Exec>(
         };
         let items = (plan.segments.len() * p.heads) as u32;
         launch = LaunchConfig::new(
-            (items.div_ceil(PP_CONSUMERS), 1, 1),
-            PP_THREADS,
+            (items.div_ceil(pcfg.consumers), 1, 1),
+            pcfg.threads(),
             pcfg.smem_bytes(),
         );
         Some(GlaPingpongParams {
