@@ -937,6 +937,9 @@ unsafe fn walk<
             }
         }
         for cc in 0..if OUT { nchunks } else { 0 } {
+            // The previous chunk's outputs (final after its wait), stored while this chunk's
+            // batch runs.
+            let o_prev = o;
             let drow = decay + cc * DK * 4;
             // One batch per m64 half of S^T (its fragments are the only ones live: with
             // DK = DV = 128 both halves' would not fit in the registers beside S^T).
@@ -1008,6 +1011,9 @@ unsafe fn walk<
                             sync::named_arrive(PP_ORDER_BARRIER + next, ORDER_THREADS);
                         }
                     }
+                    if OUT && cc > 0 && mh + 1 == MH {
+                        store_o(&o_prev, step, cc - 1, valid);
+                    }
                     // The next chunk needs this state: wait here (uniformly, so ptxas keeps
                     // the batch pipelined).
                     wgmma::wait_group::<0>();
@@ -1020,9 +1026,9 @@ unsafe fn walk<
                     wgmma::fence_operands_8(&mut o[mh]);
                 }
             }
-            if OUT {
-                store_o(&o, step, cc, valid);
-            }
+        }
+        if OUT {
+            store_o(&o, step, nchunks - 1, valid);
         }
         // SAFETY: barrier L3 of the protocol.
         unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
