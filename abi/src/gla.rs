@@ -387,8 +387,13 @@ pub const PP_ATOM: u32 = 64;
 pub struct PingpongConfig {
     /// Key head dimension.
     pub dk: u32,
-    /// Value head dimension.
+    /// Value columns of one item (of one consumer's state): the value head dimension divided
+    /// by [`PingpongConfig::dv_parts`].
     pub dv: u32,
+    /// Items per (segment, head): the value columns are split into this many parts of `dv`
+    /// columns, each an independent GLA problem with the same q, k, g (the recurrence never
+    /// mixes value columns), each one item.
+    pub dv_parts: u32,
     /// Tokens per ring stage (a multiple of [`STEP`], at most 64 = four chunks).
     pub step: u32,
     /// Ring stages per consumer.
@@ -527,8 +532,11 @@ impl PingpongConfig {
     }
 }
 
-/// The pingpong configuration for `(dk, dv)`, if supported: two consumers with two stages
-/// each, of 64 tokens at `dk = dv = 64` and of 32 tokens otherwise; not `dk = dv = 128`.
+/// The pingpong configuration for `(dk, dv)`: two consumers with two stages each, of 64 tokens
+/// at `dk = dv = 64` and of 32 tokens otherwise. At `dk = dv = 128` an item is half of the
+/// value columns (`dv_parts = 2`): a whole `128 x 128` state (128 f32 registers per consumer
+/// thread) with the fragments and the element-wise phase exceeded the 168 registers ptxas
+/// allocates at 384 threads (520-byte spill, 1.5x slower than the baseline when measured).
 /// (Three consumers of 32-token stages at `dk = dv = 64`, whose code fits the 128 registers
 /// ptxas allocates at 512 threads, measured 4-8% slower: bench/NOTES.md.)
 pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
@@ -536,16 +544,23 @@ pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
         (64, 64) => Some(PingpongConfig {
             dk,
             dv,
+            dv_parts: 1,
             step: 64,
             stages: 2,
             consumers: 2,
         }),
-        // (128, 128) is not offered: its state (128 f32 registers per consumer thread) with
-        // the fragments and the element-wise phase exceeds the 168 registers ptxas allocates
-        // at 384 threads, and the spilling kernel measured 1.5x slower than the baseline.
         (128, 64) | (64, 128) => Some(PingpongConfig {
             dk,
             dv,
+            dv_parts: 1,
+            step: 32,
+            stages: 2,
+            consumers: 2,
+        }),
+        (128, 128) => Some(PingpongConfig {
+            dk,
+            dv: 64,
+            dv_parts: 2,
             step: 32,
             stages: 2,
             consumers: 2,
@@ -565,7 +580,8 @@ pub const fn pingpong_config_of(dk: u32, dv: u32) -> PingpongConfig {
 /// Parameters of `gla_fwd_pp_dk{DK}_dv{DV}` and `gla_states_pp_dk{DK}_dv{DV}` (grid
 /// `ceil(segments * heads / consumers)`, [`PingpongConfig::threads`] threads,
 /// [`PingpongConfig::smem_bytes`]). Item `i = consumers * blockIdx.x + c` (consumer `c`) is
-/// segment `i / heads`, head `i % heads`. The tensor maps are 3-D over `[rows, heads, d]`
+/// segment `i / (heads dv_parts)`, head `i / dv_parts % heads`, value columns
+/// `dv (i % dv_parts) ..` of that head. The tensor maps are 3-D over `[rows, heads, d]`
 /// (dims `[d, heads, rows]` innermost first, box `[64, 1, step]`, 128-byte swizzle); the other
 /// fields mean what they mean in [`GlaParams`].
 #[repr(C)]
@@ -581,6 +597,6 @@ pub struct GlaPingpongParams {
     pub tmap_v: crate::TensorMap,
     /// Everything else, as for the baseline kernels (`q`, `k`, `v`, `g` unused).
     pub base: GlaParams,
-    /// Items: `segments * heads`.
+    /// Items: `segments * heads * dv_parts`.
     pub items: u32,
 }

@@ -74,7 +74,7 @@ use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
     CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_LOCAL_BARRIER,
     PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PingpongConfig, SEG_FIRST, SEG_LAST,
-    Segment, config_of, pingpong_config_of,
+    Segment, pingpong_config_of,
 };
 
 /// Threads in one turn barrier phase: one consumer syncing, the other arriving.
@@ -138,25 +138,31 @@ struct Item {
     seg: Segment,
     slot: u32,
     head: u32,
+    /// First value column of the item (`dv (i % dv_parts)`).
+    dv0: u32,
     steps: u32,
 }
 
 /// Item of consumer `c` of this block (`steps == 0`: none, or nothing to do).
 #[inline(always)]
-fn item<const STEP: u32, const NC: u32, const OUT: bool>(p: &GlaPingpongParams, c: u32) -> Item {
+fn item<const STEP: u32, const NC: u32, const DV: u32, const PARTS: u32, const OUT: bool>(
+    p: &GlaPingpongParams,
+    c: u32,
+) -> Item {
     let i = NC * index::block_idx_x() + c;
     let none = Item {
         seg: Segment::default(),
         slot: 0,
         head: 0,
+        dv0: 0,
         steps: 0,
     };
     if i >= p.items {
         return none;
     }
     let heads = p.base.heads;
-    let slot = i / heads;
-    // SAFETY: i < items = segments * heads, so slot < segments, inside the table.
+    let slot = i / (heads * PARTS);
+    // SAFETY: i < items = segments * heads * PARTS, so slot < segments, inside the table.
     let seg: Segment = unsafe { *p.base.segments.add(slot as usize) };
     if !OUT && seg.flags & SEG_LAST != 0 {
         return none;
@@ -164,7 +170,8 @@ fn item<const STEP: u32, const NC: u32, const OUT: bool>(p: &GlaPingpongParams, 
     Item {
         seg,
         slot,
-        head: i % heads,
+        head: i / PARTS % heads,
+        dv0: DV * (i % PARTS),
         steps: seg.len.div_ceil(STEP),
     }
 }
@@ -598,6 +605,8 @@ unsafe fn scores<const DK: u32, const NKK: usize>(
 unsafe fn walk<
     const DK: u32,
     const DV: u32,
+    const DVT: u32,
+    const PARTS: u32,
     const STEP: u32,
     const STAGES: u32,
     const CPT: usize,
@@ -623,6 +632,7 @@ unsafe fn walk<
         assert!(
             SR as u32 * 2 == DK
                 && MH as u32 * PP_ATOM == DV
+                && DV * PARTS == DVT
                 && NKK as u32 * 16 == DK
                 && NCH * CHUNK == STEP
                 && NCH <= 4
@@ -647,11 +657,12 @@ unsafe fn walk<
         seg: Segment::default(),
         slot: 0,
         head: 0,
+        dv0: 0,
         steps: 0,
     }; PP_MAX_CONSUMERS as usize];
     for (c, it) in items.iter_mut().enumerate() {
         if (c as u32) < NC {
-            *it = item::<STEP, NC, OUT>(p, c as u32);
+            *it = item::<STEP, NC, DV, PARTS, OUT>(p, c as u32);
         }
     }
     let mut n = [0u32; PP_MAX_CONSUMERS as usize];
@@ -710,7 +721,7 @@ unsafe fn walk<
                             tmap_g.load_3d(r + cfg.g_offset(s) + cb * block, xo, y, z, bar);
                         }
                         for cb in 0..DV / PP_ATOM {
-                            let xo = x + (cb * PP_ATOM) as i32;
+                            let xo = (it.dv0 + cb * PP_ATOM) as i32;
                             tmap_v.load_3d(r + cfg.v_offset(s) + cb * block, xo, y, z, bar);
                         }
                     }
@@ -727,7 +738,7 @@ unsafe fn walk<
     let c = wg - 1;
     // (Recomputed rather than indexed by the runtime `c`, which would put the array in local
     // memory.)
-    let it = item::<STEP, NC, OUT>(p, c);
+    let it = item::<STEP, NC, DV, PARTS, OUT>(p, c);
     if it.steps == 0 {
         return;
     }
@@ -744,15 +755,16 @@ unsafe fn walk<
     let k_half1 = r + cfg.k_half1_offset();
     let decay = r + cfg.decay_offset();
     let heads = p.base.heads as u64;
-    let state_len = (DK * DV) as usize;
+    // States and outputs have all DVT = DV PARTS value columns; this item owns DV of them.
+    let state_len = (DK * DVT) as usize;
     let seg = it.seg;
     let pair_head = (seg.seq as u64 * heads + it.head as u64) as usize * state_len;
     let slot_head = (it.slot as u64 * heads + it.head as u64) as usize;
     // Element (j, e) of half mh of S^T: S[8 j + 2 t + e % 2][64 mh + 16 warp + g + 8 (e / 2)].
     let state_index = |mh: usize, j: usize, e: usize| {
         let dk = 8 * j as u32 + 2 * t + (e as u32 % 2);
-        let dv = 64 * mh as u32 + 16 * warp + g + 8 * (e as u32 / 2);
-        (dk * DV + dv) as usize
+        let dv = it.dv0 + 64 * mh as u32 + 16 * warp + g + 8 * (e as u32 / 2);
+        (dk * DVT + dv) as usize
     };
 
     let mut st = [[0.0f32; SR]; MH];
@@ -781,7 +793,7 @@ unsafe fn walk<
 
     let mut o = [[0.0f32; 8]; MH];
     let mut total = [0.0f32; 8];
-    let row_stride = (heads * DV as u64) as usize;
+    let row_stride = (heads * DVT as u64) as usize;
     // Store o^T of chunk `cc` of step `step` (valid rows only), scaled, as bf16. The values are
     // converted and pinned before any branch: a read of `wgmma` accumulators on a divergent
     // path makes ptxas serialize the products.
@@ -790,7 +802,7 @@ unsafe fn walk<
         let dst = p
             .base
             .o
-            .wrapping_add(((row0 * heads + it.head as u64) * DV as u64) as usize);
+            .wrapping_add(((row0 * heads + it.head as u64) * DVT as u64 + it.dv0 as u64) as usize);
         for (mh, half) in o.iter().enumerate() {
             let sc = p.base.scale;
             let mut w = [
@@ -1060,7 +1072,8 @@ unsafe fn walk<
             }
         }
     }
-    if !OUT && ctid % PS == PS - 1 {
+    // The decay row is the same for every part of the value columns: part 0 writes it.
+    if !OUT && it.dv0 == 0 && ctid % PS == PS - 1 {
         let dst = p
             .base
             .decay_log2
@@ -1079,7 +1092,6 @@ unsafe fn walk<
 macro_rules! pp_body {
     ($p:expr, $tmaps:expr, $dk:literal, $dv:literal, $out:literal, $st_mma:ident, $st_fence:ident) => {{
         const CFG: PingpongConfig = pingpong_config_of($dk, $dv);
-        const BASE: GlaConfig = config_of($dk, $dv);
         // Element-wise mapping: channels per thread (16-byte pieces where the registers
         // allow), lanes per (chunk, channel group) in the forward, lanes per group of 8
         // channels in the state pass.
@@ -1092,7 +1104,9 @@ macro_rules! pp_body {
         const PS: u32 = WARPGROUP_SIZE / ($dk / 8);
         walk::<
             $dk,
+            { CFG.dv },
             $dv,
+            { CFG.dv_parts },
             { CFG.step },
             { CFG.stages },
             { CPT as usize },
@@ -1102,7 +1116,7 @@ macro_rules! pp_body {
             { (CFG.step / PS) as usize },
             { $dk / 16 },
             { $dk / 2 },
-            { $dv / 64 },
+            { (CFG.dv / 64) as usize },
             { CFG.step / CHUNK },
             { CFG.consumers },
             { CFG.consumer_regs() },
@@ -1114,7 +1128,6 @@ macro_rules! pp_body {
             |acc, a, b| wgmma::$st_mma::<1, 1, true>(acc, a, b),
             wgmma::$st_fence,
         );
-        let _ = BASE;
     }};
 }
 
@@ -1169,4 +1182,5 @@ gla_pp_kernels! {
     gla_fwd_pp_dk64_dv64, gla_states_pp_dk64_dv64, 64, 64, m64n64k16_bf16_ss, fence_operands_32;
     gla_fwd_pp_dk64_dv128, gla_states_pp_dk64_dv128, 64, 128, m64n64k16_bf16_ss, fence_operands_32;
     gla_fwd_pp_dk128_dv64, gla_states_pp_dk128_dv64, 128, 64, m64n128k16_bf16_ss, fence_operands_64;
+    gla_fwd_pp_dk128_dv128, gla_states_pp_dk128_dv128, 128, 128, m64n128k16_bf16_ss, fence_operands_64;
 }

@@ -234,7 +234,7 @@ impl GlaProblem {
                     "the GLA pingpong kernels at dk = {}, dv = {}",
                     self.dk, self.dv
                 ),
-                "they exist for (64, 64), (64, 128) and (128, 64); use the baseline",
+                "they exist for (64, 64), (64, 128), (128, 64) and (128, 128); use the baseline",
             ));
         }
         if self.heads > 65_535 {
@@ -311,11 +311,11 @@ impl GlaProblem {
     /// [`GlaProblem::segment_len`], [`plan_segments`]; else [`plan_auto`] for one wave of
     /// `sms * blocks_per_sm` resident blocks.
     pub fn plan(&self, sms: usize) -> Result<SegmentPlan> {
-        let per_sm = if self.uses_pingpong() {
-            // One block per SM, one item per consumer warpgroup.
-            pingpong_config(self.dk as u32, self.dv as u32).map_or(2, |c| c.consumers as usize)
-        } else {
-            self.config()?.blocks_per_sm as usize
+        // (segment, head) pairs per SM for one wave.
+        let per_sm = match pingpong_config(self.dk as u32, self.dv as u32) {
+            // One block per SM, one item per consumer warpgroup, `dv_parts` items per pair.
+            Some(c) if self.uses_pingpong() => (c.consumers / c.dv_parts).max(1) as usize,
+            _ => self.config()?.blocks_per_sm as usize,
         };
         match self.segment_len {
             Some(l) => plan_segments(self, l),
@@ -708,7 +708,7 @@ pub unsafe fn forward_raw<E: Exec>(
             }
             .encode()
         };
-        let items = (plan.segments.len() * p.heads) as u32;
+        let items = (plan.segments.len() * p.heads) as u32 * pcfg.dv_parts;
         launch = LaunchConfig::new(
             (items.div_ceil(pcfg.consumers), 1, 1),
             pcfg.threads(),
