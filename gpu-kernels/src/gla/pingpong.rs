@@ -1,38 +1,47 @@
 //! `gla_fwd_pp_dk{DK}_dv{DV}` and `gla_states_pp_dk{DK}_dv{DV}`: the GLA forward pass (and its
-//! segment-state pass) on Hopper (sm_90a), warp-specialized: TMA into an mbarrier ring, `wgmma`
-//! for the state products, two consumer warpgroups in pingpong. Same segments, same chunkwise
-//! math (chunks of 16 tokens, halves of 8 with their midpoints as reference points, see the
-//! parent module), same outputs as the baseline kernels; `gla_combine` is shared.
+//! segment-state pass) on Hopper (sm_90a), warp-specialized: TMA into mbarrier rings, `wgmma`
+//! for the state products, consumer warpgroups taking turns (pingpong). Same segments, same
+//! chunkwise math (chunks of 16 tokens, halves of 8 with their midpoints as reference points,
+//! see the parent module), same outputs as the baseline kernels; `gla_combine` is shared.
 //!
 //! # Parameters
 //! [`GlaPingpongParams`]: 3-D tensor maps of q, k, g, v (dims `[d, heads, rows]`, box
 //! `[64, 1, step]`, 128-byte swizzle) and the baseline's [`GlaParams`] for the rest.
 //!
 //! # Work and thread mapping
-//! 384 threads. Block `x` owns items `2x` and `2x + 1` (item `i`: segment `i / heads`, head
-//! `i % heads`), one per consumer warpgroup. Warpgroup 0 produces: it drops to
-//! `PP_PRODUCER_REGS` registers and its thread 0 issues the TMA loads of both consumers' steps
-//! (`step` tokens of q, k, g, v) into their own `stages`-deep rings, in the order the consumers
-//! use them (step `i` of consumer 0, then of consumer 1, then step `i + 1`). Warpgroups 1 and 2
-//! consume (`PP_CONSUMER_REGS` registers). Per step, consumer `c`:
-//! 1. element-wise phase (all 128 threads, the parent module's `elementwise` on each chunk of
-//!    the step, reading the swizzled TMA tiles): cumulative log-decays, the operand tiles
-//!    `q_inter`, `k_state` (swizzled, for `wgmma`), `q_diag`, `k_half0`, `k_half1` (padded, for
-//!    `ldmatrix`) and the decay rows. Rows past the segment's end (TMA loaded the next
-//!    sequence's tokens there) count as zero: q, k, g are masked on load and the v rows are
-//!    zeroed in the stage;
-//! 2. intra-chunk scores (warp `w` takes chunks `w, w + 4, ..`): `mma.sync` of `q_diag` with
-//!    `k_half0` / `k_half1`, masked as in the baseline, stored as the bf16 tile `P[t][s]`;
-//! 3. GEMM phase, in turn with the other consumer: per chunk, with `S^T` (`[dv, dk]` f32, the
-//!    `wgmma` accumulator, `dv / 64` m64 halves) and `o^T` (`[dv, 16]`) in registers:
+//! `(1 + NC) 128` threads ([`PingpongConfig`]: `NC` consumers, 2 in every shipped
+//! configuration; the code takes up to [`PP_MAX_CONSUMERS`]). Block `x` owns items
+//! `NC x .. NC x + NC`, one per consumer warpgroup; item `i` is segment `i / (heads parts)`,
+//! head `i / parts % heads` and value columns `dv (i % parts) ..` (`parts = dv_parts`: at
+//! `dk = dv = 128` an item is half of the value columns, an independent GLA problem with the
+//! same q, k, g, so the state of an item fits the registers). Warpgroup 0 produces: it drops to
+//! `PP_PRODUCER_REGS` registers and its thread 0 issues the TMA loads of every consumer's steps
+//! (`step` tokens of q, k, g and the item's v columns) into their own `stages`-deep rings, in
+//! the order the consumers use them (step `i` of consumer 0, 1, .., then step `i + 1`). The
+//! consumers take `PingpongConfig::consumer_regs` registers. Per step, consumer `c`:
+//! 1. element-wise phase (all 128 threads, vectorized: thread `(chunk, group, part)` takes 4
+//!    or 8 consecutive key channels of a run of 2 to 8 tokens of a chunk, 8- or 16-byte shared
+//!    accesses, so a warp's stores cover whole rows): the parent module's formulas (cumulative
+//!    log-decays, a shuffle scan over the run's lanes), writing the operand tiles `q_inter`,
+//!    `k_state` (swizzled, for `wgmma`), `q_diag`, `k_half0`, `k_half1` (padded, for
+//!    `ldmatrix`) and the decay rows. In the state pass only `k_state`, relative to the end
+//!    of the step (`k 2^{E - B_s}`, every factor `<= 1`), and one decay row `2^E` per step.
+//!    Rows past the segment's end (TMA loaded the next sequence's tokens there) count as
+//!    zero: q, k, g are masked on load and the v rows are zeroed in the stage;
+//! 2. intra-chunk scores (forward; warp `w` takes chunks `w, w + 4, ..`): `mma.sync` of
+//!    `q_diag` with `k_half0` / `k_half1`, masked as in the baseline, stored as the bf16 tile
+//!    `P[t][s]`;
+//! 3. GEMM phase, in its turn: with `S^T` (`[dv, dk]` f32, the `wgmma` accumulator, `dv / 64`
+//!    m64 halves) and `o^T` (`[dv, 16]`) in registers, per chunk (forward):
 //!    `o^T = S^T q_inter^T` (A = `S^T` packed to bf16 from its own accumulators),
 //!    `o^T += v^T P^T`, then `S^T = decay S^T + v^T k_state` (A = v, MN-major, from the stage);
 //!    one batch per m64 half of `S^T`, each waited for at once (the next chunk needs the
-//!    state: it is a chain; a uniform wait keeps ptxas from serializing the batch), then the
-//!    chunk's `o^T` is stored.
+//!    state: it is a chain; a uniform wait keeps ptxas from serializing the batch); a chunk's
+//!    `o^T` is stored while the next chunk's batch runs. The state pass does the whole step
+//!    in one batch per half (`S^T = 2^E S^T + v^T k_state` over the step's tokens).
 //!
-//! While one consumer runs its chain of `wgmma`s, the other runs its element-wise phase and
-//! scores: the tensor cores and the ALUs work on the two items at once.
+//! While one consumer runs its chain of `wgmma`s, the others run their element-wise phases and
+//! scores: the tensor cores and the ALUs work on different items at once.
 //!
 //! # Barrier protocol
 //! - Start: thread 0 initializes `full[c][s]` and `empty[c][s]` (count 1 each),
@@ -43,25 +52,30 @@
 //!   loads; the consumer waits on `full[c][s]` before its first read of the stage.
 //! - Consumer-local barrier `PP_LOCAL_BARRIER + c` (128 threads), per step: (L1) after the
 //!   element-wise phase (its generic writes, each writer's `fence.proxy.async` first, so the
-//!   `wgmma`s see them), (L2) after the scores (same), (L3) after the GEMM phase's last
-//!   `wgmma.wait_group 0`: every product reading the stage and the operand tiles is complete
-//!   and every thread's element-wise reads of the stage are done, so thread 0 of the consumer
-//!   then arrives on `empty[c][s]`, and the next step may rewrite the operand tiles.
-//! - Turns (named barriers `PP_ORDER_BARRIER + c`, 256 threads: consumer `c` syncs, the other
-//!   arrives). With `n_c` steps for consumer `c`, consumer 0 syncs before the GEMM phase of
-//!   step `j` iff `1 <= j <= n_1` and arrives on the other's barrier after issuing it iff
-//!   `j < n_1`; consumer 1 syncs iff `j < n_0` and arrives iff `j + 1 < n_0`. Every sync is
-//!   matched by exactly one arrival of the other consumer's previous GEMM phase (consumer 0's
-//!   step `j` by consumer 1's step `j - 1`, consumer 1's step `j` by consumer 0's step `j`), so
-//!   they alternate strictly while both have steps and run freely after; a consumer without
-//!   an item exits at once and the other never waits for it.
-//! - Deadlock freedom: the producer issues in the order the alternation consumes (both
-//!   consumers' step `i` before either's step `i + 1`), so every wait it does is on a stage
-//!   whose consumer can finish it with stages already issued.
+//!   `wgmma`s see them), (L2) after the scores (same; forward only), (L3) after the GEMM
+//!   phase's last `wgmma.wait_group 0`: every product reading the stage and the operand tiles
+//!   is complete and every thread's element-wise reads of the stage are done, so thread 0 of
+//!   the consumer then arrives on `empty[c][s]`, and the next step may rewrite the operand
+//!   tiles.
+//! - Turns (named barriers `PP_ORDER_BARRIER + c`, 256 threads: consumer `c` syncs, its
+//!   predecessor arrives). The GEMM phases are ordered round by round: round `r` visits the
+//!   consumers `0 .. NC` in order, leaving out those with fewer than `r + 1` steps. Consumer
+//!   `c` syncs before its step `r` iff its predecessor in that order is another consumer
+//!   (`turn_waits`), and arrives on its successor's barrier (`turn_next`), if that is another
+//!   consumer, once it has issued its step's last batch (forward: between the commit and the
+//!   wait of the last chunk's last half, uniformly; state pass: after its waits). Arrival and
+//!   sync pair up one to one (the successor of `a` is `b` exactly when the predecessor of `b`
+//!   is `a`, since every position between them is left out), and the next arrival on `b`'s
+//!   barrier comes from `b`'s next predecessor, which follows `b`'s own phase in the order: a
+//!   barrier never holds two phases' arrivals. With two consumers this is strict alternation
+//!   while both have steps; a consumer without an item exits at once and nobody waits for it.
+//! - Deadlock freedom: the producer issues in the order the turns consume (every consumer's
+//!   step `i` before any step `i + 1`), so every wait it does is on a stage whose consumer can
+//!   finish it with stages already issued.
 //! - Registers: the `S^T` bf16 fragments read by an in-flight `wgmma` are rebuilt only after
 //!   its `wait_group`; accumulators are pinned around every wait (`fence_operands`), and a
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary
-//!   instructions).
+//!   instructions). The outputs stored during a batch are a copy taken before it (`o_prev`).
 
 use super::{ChunkTiles, Raw, Var, intra_scores, shfl_f32};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
