@@ -384,12 +384,12 @@ pub(crate) unsafe fn elementwise<
             let mut ks = [0.0f32; 2];
             let mut qi = [0.0f32; 2];
             for c in 0..2 {
-                let x = b[i][c] - mh[c];
-                qd[c] = q[c] * math::exp2(x);
-                kd[c] = k[c] * math::exp2(-x);
-                qi[c] = qd[c] * f_inter[c];
-                kh1[c] = kd[c] * f_10_root[c] * f_10_root[c];
-                ks[c] = kh1[c] * f_state[c];
+                [qd[c], kd[c], qi[c], kh1[c], ks[c]] = chunk_operands(
+                    q[c],
+                    k[c],
+                    b[i][c] - mh[c],
+                    [f_inter[c], f_10_root[c], f_state[c]],
+                );
             }
             // SAFETY: rows < 16 (8 for k_half0, written only by half-0 threads) of this
             // buffer's tiles, channels 2 pair, +1: each (row, pair) has one writer; 4-byte
@@ -424,6 +424,19 @@ pub(crate) unsafe fn elementwise<
         }
     }
     b15
+}
+
+/// The operand values of one (token, channel) of a chunk (see the module documentation), from
+/// `q`, `k`, `x = b_t - M_h` and the channel's factors `[2^{M_h}, 2^{(M_1 - M_0) / 2}` (1 in
+/// half 1)`, 2^{b_15 - M_1}]`: `[q_diag, k_half0, q_inter, k_half1, k_state]` (`k_half1` through
+/// the square root twice, never through the possibly flushed `2^{M_1 - M_0}`).
+#[inline(always)]
+pub(crate) fn chunk_operands(q: f32, k: f32, x: f32, f: [f32; 3]) -> [f32; 5] {
+    let [f_inter, f_10_root, f_state] = f;
+    let qd = q * math::exp2(x);
+    let kd = k * math::exp2(-x);
+    let kh1 = kd * f_10_root * f_10_root;
+    [qd, kd, qd * f_inter, kh1, kh1 * f_state]
 }
 
 /// The intra-chunk scores of one chunk (one warp; see the module documentation): `q_diag`

@@ -77,7 +77,7 @@
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary
 //!   instructions). The outputs stored during a batch are a copy taken before it (`o_prev`).
 
-use super::{ChunkTiles, Raw, Var, intra_scores, shfl_f32};
+use super::{ChunkTiles, Raw, Var, chunk_operands, intra_scores, shfl_f32};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::smem::SmemValue;
 use crate::arch::tma::TensorMapPtr;
@@ -495,12 +495,12 @@ unsafe fn elementwise_chunk<const DK: u32, const CPT: usize, const P: u32, const
         let mut kh1 = [0.0f32; CPT];
         let mut ks = [0.0f32; CPT];
         for c in 0..CPT {
-            let x = bi[c] - mh[c];
-            qd[c] = q[c] * math::exp2(x);
-            kd[c] = k[c] * math::exp2(-x);
-            qi[c] = qd[c] * f_inter[c];
-            kh1[c] = kd[c] * f_10_root[c] * f_10_root[c];
-            ks[c] = kh1[c] * f_state[c];
+            [qd[c], kd[c], qi[c], kh1[c], ks[c]] = chunk_operands(
+                q[c],
+                k[c],
+                bi[c] - mh[c],
+                [f_inter[c], f_10_root[c], f_state[c]],
+            );
         }
         // SAFETY: rows < 16 of the chunk (k_half0: half 0 only), this thread's channels: one
         // writer per piece; aligned; nobody reads the tiles before the next barrier.
