@@ -427,9 +427,10 @@ pub(crate) unsafe fn elementwise<
 }
 
 /// The operand values of one (token, channel) of a chunk (see the module documentation), from
-/// `q`, `k`, `x = b_t - M_h` and the channel's factors `[2^{M_h}, 2^{(M_1 - M_0) / 2}` (1 in
-/// half 1)`, 2^{b_15 - M_1}]`: `[q_diag, k_half0, q_inter, k_half1, k_state]` (`k_half1` through
-/// the square root twice, never through the possibly flushed `2^{M_1 - M_0}`).
+/// `q`, `k`, `x = b_t - M_h` and the channel's factors `f = [2^{M_h}, r, 2^{b_15 - M_1}]` with
+/// `r = 2^{(M_1 - M_0) / 2}` in half 0 and 1 in half 1: `[q_diag, k_half0, q_inter, k_half1,
+/// k_state]` (`k_half1` through `r` twice, never through the possibly flushed
+/// `2^{M_1 - M_0}`).
 #[inline(always)]
 pub(crate) fn chunk_operands(q: f32, k: f32, x: f32, f: [f32; 3]) -> [f32; 5] {
     let [f_inter, f_10_root, f_state] = f;
