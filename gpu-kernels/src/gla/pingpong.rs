@@ -1030,12 +1030,13 @@ unsafe fn walk<
                     wgmma::commit_group();
                     // The turn ends with the issue of the step's last batch: the next consumer
                     // may issue while this one waits and stores its outputs.
-                    if cc + 1 == nchunks && mh + 1 == MH {
-                        if let Some(next) = arrive_turn {
-                            // SAFETY: turn protocol: the next consumer in the turn order syncs
-                            // once for this arrival (uniform: the whole warpgroup is here).
-                            sync::named_arrive(PP_ORDER_BARRIER + next, ORDER_THREADS);
-                        }
+                    if cc + 1 == nchunks
+                        && mh + 1 == MH
+                        && let Some(next) = arrive_turn
+                    {
+                        // SAFETY: turn protocol: the next consumer in the turn order syncs once
+                        // for this arrival (uniform: the whole warpgroup is here).
+                        sync::named_arrive(PP_ORDER_BARRIER + next, ORDER_THREADS);
                     }
                     if OUT && cc > 0 && mh + 1 == MH {
                         store_o(&o_prev, step, cc - 1, valid);
