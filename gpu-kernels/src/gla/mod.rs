@@ -320,17 +320,8 @@ pub(crate) unsafe fn elementwise<
             b[i][c] += excl[c];
         }
     }
-    // b_0, b_7, b_8, b_15 of both channels, from the lanes whose runs hold them.
-    let mut edge = [[0.0f32; 2]; 4];
-    for c in 0..2 {
-        // SAFETY: every lane executes the shuffles; the sources are lanes of this pair.
-        unsafe {
-            edge[0][c] = shfl_f32(b[0][c], base_lane);
-            edge[1][c] = shfl_f32(b[TPT - 1][c], base_lane + P / 2 - 1);
-            edge[2][c] = shfl_f32(b[0][c], base_lane + P / 2);
-            edge[3][c] = shfl_f32(b[TPT - 1][c], base_lane + P - 1);
-        }
-    }
+    // SAFETY: every lane executes the shuffles; the sources are lanes of this pair.
+    let edge = unsafe { chunk_edges::<2, TPT, P>(&b, base_lane) };
     let b15 = edge[3];
     if part == P - 1 {
         let d = [math::exp2(b15[0]), math::exp2(b15[1])];
@@ -424,6 +415,29 @@ pub(crate) unsafe fn elementwise<
         }
     }
     b15
+}
+
+/// `b_0, b_7, b_8, b_15` of each of the thread's `C` channels: the chunk's `P` lanes from
+/// `base_lane` hold runs of `TPT` tokens of the cumulative sums `b`, in token order.
+///
+/// # Safety
+/// All 32 lanes execute the call (uniform control flow).
+#[inline(always)]
+pub(crate) unsafe fn chunk_edges<const C: usize, const TPT: usize, const P: u32>(
+    b: &[[f32; C]; TPT],
+    base_lane: u32,
+) -> [[f32; C]; 4] {
+    let mut edge = [[0.0f32; C]; 4];
+    for c in 0..C {
+        // SAFETY: every lane executes the shuffles (the caller's contract).
+        unsafe {
+            edge[0][c] = shfl_f32(b[0][c], base_lane);
+            edge[1][c] = shfl_f32(b[TPT - 1][c], base_lane + P / 2 - 1);
+            edge[2][c] = shfl_f32(b[0][c], base_lane + P / 2);
+            edge[3][c] = shfl_f32(b[TPT - 1][c], base_lane + P - 1);
+        }
+    }
+    edge
 }
 
 /// The operand values of one (token, channel) of a chunk (see the module documentation), from

@@ -77,7 +77,7 @@
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary
 //!   instructions). The outputs stored during a batch are a copy taken before it (`o_prev`).
 
-use super::{ChunkTiles, Raw, Var, chunk_operands, intra_scores, shfl_f32};
+use super::{ChunkTiles, Raw, Var, chunk_edges, chunk_operands, intra_scores, shfl_f32};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::smem::SmemValue;
 use crate::arch::tma::TensorMapPtr;
@@ -435,16 +435,8 @@ unsafe fn elementwise_chunk<const DK: u32, const CPT: usize, const P: u32, const
         }
     }
     // b_0, b_7, b_8, b_15 of the thread's channels, from the lanes whose runs hold them.
-    let mut edge = [[0.0f32; CPT]; 4];
-    for c in 0..CPT {
-        // SAFETY: every lane executes the shuffles; the sources are lanes of this group.
-        unsafe {
-            edge[0][c] = shfl_f32(b[0][c], base_lane);
-            edge[1][c] = shfl_f32(b[TPT - 1][c], base_lane + P / 2 - 1);
-            edge[2][c] = shfl_f32(b[0][c], base_lane + P / 2);
-            edge[3][c] = shfl_f32(b[TPT - 1][c], base_lane + P - 1);
-        }
-    }
+    // SAFETY: every lane executes the shuffles (whole warps); the sources are this group's.
+    let edge = unsafe { chunk_edges::<CPT, TPT, P>(&b, base_lane) };
     let b15 = edge[3];
     if part == P - 1 {
         let mut d = [0.0f32; CPT];
