@@ -368,6 +368,14 @@ pub const PP_PRODUCER_REGS: u32 = 24;
 pub const PP_ORDER_BARRIER: u32 = 1;
 /// See [`PP_ORDER_BARRIER`].
 pub const PP_LOCAL_BARRIER: u32 = PP_ORDER_BARRIER + PP_MAX_CONSUMERS;
+/// Warpgroups of a `gla_states_pp_*` block (one (segment, head) item): warpgroup `w` walks the
+/// `w`-th part of the segment's steps, issuing its own TMA loads.
+pub const PP_STATE_GROUPS: u32 = 2;
+/// Ring stages of each warpgroup of the pingpong state pass (its loads run
+/// `PP_STATE_STAGES - 1` steps ahead).
+pub const PP_STATE_STAGES: u32 = 3;
+/// Threads of a `gla_states_pp_*` block.
+pub const PP_STATE_THREADS: u32 = PP_STATE_GROUPS * crate::WARPGROUP_SIZE;
 /// Elements of a 128-byte swizzled row: every TMA box and `wgmma` tile is stored as column
 /// blocks of this many 16-bit elements.
 pub const PP_ATOM: u32 = 64;
@@ -529,6 +537,68 @@ impl PingpongConfig {
     #[inline]
     pub const fn smem_bytes(&self) -> usize {
         self.barriers_offset() as usize + 16 * (self.consumers * self.stages) as usize + SMEM_ALIGN
+    }
+
+    // The state pass (`gla_states_pp_*`): one block per (segment, head) with all `dv *
+    // dv_parts` value columns, [`PP_STATE_GROUPS`] warpgroups each walking a part of the
+    // segment; warpgroup `w`'s region (at `w * state_region_bytes()`) is a ring of
+    // [`PP_STATE_STAGES`] stages (k, g `[step, dk]`, v `[step, dv dv_parts]`, swizzled as
+    // above) and two `k_state` tiles (`[step, dk]`); the `full` mbarriers follow the regions.
+
+    /// Value columns of a state-pass item (the whole value head dimension).
+    #[inline]
+    pub const fn state_dv(&self) -> u32 {
+        self.dv * self.dv_parts
+    }
+
+    /// Bytes of one stage of the state pass (k, g, v).
+    #[inline]
+    pub const fn state_stage_bytes(&self) -> u32 {
+        2 * self.tile_bytes(self.dk) + self.tile_bytes(self.state_dv())
+    }
+
+    /// Offset of state-pass stage `s`'s k tile within a warpgroup's region (g, v follow).
+    #[inline]
+    pub const fn state_k_offset(&self, s: u32) -> u32 {
+        s * self.state_stage_bytes()
+    }
+
+    /// Offset of state-pass stage `s`'s g tile.
+    #[inline]
+    pub const fn state_g_offset(&self, s: u32) -> u32 {
+        self.state_k_offset(s) + self.tile_bytes(self.dk)
+    }
+
+    /// Offset of state-pass stage `s`'s v tile.
+    #[inline]
+    pub const fn state_v_offset(&self, s: u32) -> u32 {
+        self.state_g_offset(s) + self.tile_bytes(self.dk)
+    }
+
+    /// Offset of the state pass's `k_state` tile `b` (0 or 1) within a warpgroup's region.
+    #[inline]
+    pub const fn state_k_state_offset(&self, b: u32) -> u32 {
+        self.state_k_offset(PP_STATE_STAGES) + b * self.tile_bytes(self.dk)
+    }
+
+    /// Bytes of one warpgroup's region in the state pass (a multiple of 1024).
+    #[inline]
+    pub const fn state_region_bytes(&self) -> u32 {
+        align_up(self.state_k_state_offset(2) as usize, 1024) as u32
+    }
+
+    /// Offset of the state pass's mbarriers (`full[w][s]` at `+ 8 (w PP_STATE_STAGES + s)`).
+    #[inline]
+    pub const fn state_barriers_offset(&self) -> u32 {
+        PP_STATE_GROUPS * self.state_region_bytes()
+    }
+
+    /// Dynamic shared memory of `gla_states_pp_*` (with the alignment slack).
+    #[inline]
+    pub const fn state_smem_bytes(&self) -> usize {
+        self.state_barriers_offset() as usize
+            + 8 * (PP_STATE_GROUPS * PP_STATE_STAGES) as usize
+            + SMEM_ALIGN
     }
 }
 

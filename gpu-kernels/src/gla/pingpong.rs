@@ -87,8 +87,8 @@ use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
     CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_LOCAL_BARRIER,
-    PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PingpongConfig, SEG_FIRST, SEG_LAST,
-    Segment, pingpong_config_of,
+    PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PP_STATE_GROUPS, PP_STATE_STAGES,
+    PP_STATE_THREADS, PingpongConfig, SEG_FIRST, SEG_LAST, Segment, pingpong_config_of,
 };
 
 /// Threads in one turn barrier phase: one consumer syncing, the other arriving.
@@ -509,19 +509,22 @@ unsafe fn elementwise_chunk<const DK: u32, const CPT: usize, const P: u32, const
     }
 }
 
-/// The element-wise phase of a whole step for the state pass: `k_state` relative to the end of
-/// the step (`k 2^{E - B_s}`, `B` cumulative from the step's start, `E` its total; every factor
-/// `<= 1`, so a flushed one only drops a term below `2^-126 |k|`) and the step's decay row
-/// `2^E`. Thread `ctid` takes `CPT = 8` channels (group `ctid / P`) of `TPT` consecutive tokens
-/// (`P` lanes per group). Returns `E` of its channels (log2).
+/// The element-wise phase of one step of the state pass: `k_state = k 2^{(E - B_s) + C}`
+/// relative to the end of the segment (`B` cumulative from the step's start, `E` the step's
+/// total, `C` = `carry` the total of the segment's later steps, all log2: every factor is the
+/// token's true weight in the segment's state, `<= 1` for `g <= 0`, so a flushed one only drops
+/// a term below `2^-126 |k|`). Thread `ctid` takes `CPT = 8` channels (group `ctid / P`) of
+/// `TPT` consecutive tokens (`P` lanes per group). Returns `E` of its channels.
 ///
 /// # Safety
-/// As for [`elementwise_step`].
+/// The warpgroup's 128 threads call it (whole warps); the stage was published by its full
+/// phase; the `k_state` tile is not read before the next barrier.
 #[inline(always)]
 unsafe fn elementwise_states<const DK: u32, const P: u32, const TPT: usize>(
     ctid: u32,
     t: &PingpongChunk<DK>,
     valid: u32,
+    carry: &[f32; 8],
 ) -> [f32; 8] {
     const CPT: usize = 8;
     const { assert!(P * (DK / CPT as u32) == WARPGROUP_SIZE && 32 % P == 0 && P >= 2) };
@@ -540,15 +543,6 @@ unsafe fn elementwise_states<const DK: u32, const P: u32, const TPT: usize>(
         // inclusive run total is the step's total.
         e[c] = unsafe { shfl_f32(acc[c] + excl[c], base_lane + P - 1) };
     }
-    if part == P - 1 {
-        let mut d = [0.0f32; CPT];
-        for c in 0..CPT {
-            d[c] = math::exp2(e[c]);
-        }
-        // SAFETY: channels `8 group ..` of the step's decay row (row 0), 16-byte aligned; one
-        // writer until the next barrier.
-        unsafe { store_f32::<CPT>(t.decay + 4 * CPT as u32 * group, &d) };
-    }
     for (i, bi) in b.iter().enumerate() {
         let row = first + i as u32;
         // SAFETY: a published raw k row of the step; aligned piece.
@@ -557,7 +551,7 @@ unsafe fn elementwise_states<const DK: u32, const P: u32, const TPT: usize>(
         let k = unpack::<CPT>(kw);
         let mut ks = [0.0f32; CPT];
         for c in 0..CPT {
-            ks[c] = k[c] * math::exp2(e[c] - (bi[c] + excl[c]));
+            ks[c] = k[c] * math::exp2((e[c] - (bi[c] + excl[c])) + carry[c]);
         }
         // SAFETY: row < step of the swizzled k_state tile, this thread's piece: one writer;
         // nobody reads it before the next barrier.
@@ -618,15 +612,12 @@ unsafe fn walk<
     const CPT: usize,
     const PE: u32,
     const TPTE: usize,
-    const PS: u32,
-    const TPTS: usize,
     const NKK: usize,
     const SR: usize,
     const MH: usize,
     const NCH: u32,
     const NC: u32,
     const CREGS: u32,
-    const OUT: bool,
 >(
     p: &GlaPingpongParams,
     cfg: &PingpongConfig,
@@ -643,8 +634,6 @@ unsafe fn walk<
                 && NCH * CHUNK == STEP
                 && NCH <= 4
                 && (PE * (DK / CPT as u32) * NCH).is_multiple_of(WARPGROUP_SIZE)
-                && PS * (DK / 8) == WARPGROUP_SIZE
-                && PS * TPTS as u32 == STEP
                 && NC >= 2
                 && NC <= PP_MAX_CONSUMERS
         )
@@ -668,7 +657,7 @@ unsafe fn walk<
     }; PP_MAX_CONSUMERS as usize];
     for (c, it) in items.iter_mut().enumerate() {
         if (c as u32) < NC {
-            *it = item::<STEP, NC, DV, PARTS, OUT>(p, c as u32);
+            *it = item::<STEP, NC, DV, PARTS, true>(p, c as u32);
         }
     }
     let mut n = [0u32; PP_MAX_CONSUMERS as usize];
@@ -717,12 +706,10 @@ unsafe fn walk<
                     unsafe {
                         empty(c, s).wait_parity(pos.phase ^ 1);
                         let bar = full(c, s);
-                        bar.arrive_expect_tx(cfg.load_bytes(OUT));
+                        bar.arrive_expect_tx(cfg.load_bytes(true));
                         for cb in 0..DK / PP_ATOM {
                             let xo = x + (cb * PP_ATOM) as i32;
-                            if OUT {
-                                tmap_q.load_3d(r + cfg.q_offset(s) + cb * block, xo, y, z, bar);
-                            }
+                            tmap_q.load_3d(r + cfg.q_offset(s) + cb * block, xo, y, z, bar);
                             tmap_k.load_3d(r + cfg.k_offset(s) + cb * block, xo, y, z, bar);
                             tmap_g.load_3d(r + cfg.g_offset(s) + cb * block, xo, y, z, bar);
                         }
@@ -744,7 +731,7 @@ unsafe fn walk<
     let c = wg - 1;
     // (Recomputed rather than indexed by the runtime `c`, which would put the array in local
     // memory.)
-    let it = item::<STEP, NC, DV, PARTS, OUT>(p, c);
+    let it = item::<STEP, NC, DV, PARTS, true>(p, c);
     if it.steps == 0 {
         return;
     }
@@ -774,9 +761,7 @@ unsafe fn walk<
     };
 
     let mut st = [[0.0f32; SR]; MH];
-    let init: *const f32 = if !OUT {
-        core::ptr::null()
-    } else if seg.flags & SEG_FIRST != 0 {
+    let init: *const f32 = if seg.flags & SEG_FIRST != 0 {
         if p.base.has_init != 0 {
             p.base.init_state.wrapping_add(pair_head)
         } else {
@@ -798,7 +783,6 @@ unsafe fn walk<
     }
 
     let mut o = [[0.0f32; 8]; MH];
-    let mut total = [0.0f32; 8];
     let row_stride = (heads * DVT as u64) as usize;
     // Store o^T of chunk `cc` of step `step` (valid rows only), scaled, as bf16. The values are
     // converted and pinned before any branch: a read of `wgmma` accumulators on a divergent
@@ -879,34 +863,24 @@ unsafe fn walk<
             r0: 0,
             block,
         };
-        if OUT {
-            // SAFETY: the consumer's 128 threads (chunks are warp-uniform); the stage was
-            // published by its full phase; the operand tiles are not read before L1.
-            unsafe { elementwise_step::<DK, CPT, PE, TPTE, NCH>(ctid, &tiles, valid) };
-        } else {
-            // SAFETY: as above.
-            let e = unsafe { elementwise_states::<DK, PS, TPTS>(ctid, &tiles, valid) };
-            for c in 0..8 {
-                total[c] += e[c];
-            }
-        }
+        // SAFETY: the consumer's 128 threads (chunks are warp-uniform); the stage was
+        // published by its full phase; the operand tiles are not read before L1.
+        unsafe { elementwise_step::<DK, CPT, PE, TPTE, NCH>(ctid, &tiles, valid) };
         fence::fence_proxy_async_shared();
         // SAFETY: barrier L1 of the protocol (the consumer's 128 threads, uniformly).
         unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
 
         // 2. Intra-chunk scores.
-        if OUT {
-            let mut cc = warp;
-            while cc < nchunks {
-                // SAFETY: whole warp (cc is warp-uniform); tiles published by L1; this warp
-                // writes only chunk cc's part of the score tile.
-                unsafe { scores::<DK, NKK>(lane, q_diag, k_half0, k_half1, p_tile, cc) };
-                cc += 4;
-            }
-            fence::fence_proxy_async_shared();
-            // SAFETY: barrier L2 of the protocol.
-            unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
+        let mut cc = warp;
+        while cc < nchunks {
+            // SAFETY: whole warp (cc is warp-uniform); tiles published by L1; this warp
+            // writes only chunk cc's part of the score tile.
+            unsafe { scores::<DK, NKK>(lane, q_diag, k_half0, k_half1, p_tile, cc) };
+            cc += 4;
         }
+        fence::fence_proxy_async_shared();
+        // SAFETY: barrier L2 of the protocol.
+        unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
 
         // 3. GEMM phase, in turn.
         let (sync_turn, arrive_turn) =
@@ -916,45 +890,7 @@ unsafe fn walk<
             // consumer.
             unsafe { sync::named_sync(PP_ORDER_BARRIER + c, ORDER_THREADS) };
         }
-        if !OUT {
-            // State pass: the whole step in one batch per m64 half of S^T,
-            // `S^T = 2^E S^T + v^T k_state` over the step's tokens (rows past the segment's
-            // end are zero in both operands).
-            for half in st.iter_mut() {
-                for j in 0..SR / 4 {
-                    // SAFETY: channels 8 j + 2 t, +1 < DK of the published decay row.
-                    let d = unsafe { u64::load(decay + 4 * (8 * j as u32 + 2 * t)) };
-                    let d = [f32::from_bits(d as u32), f32::from_bits((d >> 32) as u32)];
-                    for e in 0..4 {
-                        half[4 * j + e] *= d[e % 2];
-                    }
-                }
-            }
-            for (mh, half) in st.iter_mut().enumerate() {
-                st_fence(half);
-                // SAFETY: whole warpgroup, uniform; k_state and the decay row were published
-                // by L1 (with the proxy fence), the stage by its full phase; neither is
-                // rewritten before L3 of this step.
-                unsafe {
-                    wgmma::fence();
-                    for kk in 0..NCH {
-                        let va =
-                            Descriptor::mn_major_sw128(v_s + mh as u32 * block + 2048 * kk, block);
-                        let kb = Descriptor::mn_major_sw128(k_state + 2048 * kk, block);
-                        st_mma(half, va, kb);
-                    }
-                    wgmma::commit_group();
-                    wgmma::wait_group::<0>();
-                }
-                st_fence(half);
-            }
-            if let Some(next) = arrive_turn {
-                // SAFETY: turn protocol: the next consumer in the turn order syncs once for
-                // this arrival.
-                unsafe { sync::named_arrive(PP_ORDER_BARRIER + next, ORDER_THREADS) };
-            }
-        }
-        for cc in 0..if OUT { nchunks } else { 0 } {
+        for cc in 0..nchunks {
             // The previous chunk's outputs (final after its wait), stored while this chunk's
             // batch runs.
             let o_prev = o;
@@ -966,16 +902,14 @@ unsafe fn walk<
                 // `o^T = S^T q_inter^T`: pinned after its wait so their registers are not
                 // reused before.
                 let mut frag = [[0u32; 4]; NKK];
-                if OUT {
-                    for (kk, f) in frag.iter_mut().enumerate() {
-                        let a = &st[mh][8 * kk..8 * kk + 8];
-                        *f = [
-                            convert::pack_bf16x2(a[0], a[1]),
-                            convert::pack_bf16x2(a[2], a[3]),
-                            convert::pack_bf16x2(a[4], a[5]),
-                            convert::pack_bf16x2(a[6], a[7]),
-                        ];
-                    }
+                for (kk, f) in frag.iter_mut().enumerate() {
+                    let a = &st[mh][8 * kk..8 * kk + 8];
+                    *f = [
+                        convert::pack_bf16x2(a[0], a[1]),
+                        convert::pack_bf16x2(a[2], a[3]),
+                        convert::pack_bf16x2(a[4], a[5]),
+                        convert::pack_bf16x2(a[6], a[7]),
+                    ];
                 }
                 // S^T *= decay (per key channel, the accumulator column).
                 for j in 0..SR / 4 {
@@ -990,11 +924,9 @@ unsafe fn walk<
                 // sinking their definitions between the `wgmma`s of the batch (which would
                 // serialize it).
                 st_fence(&mut st[mh]);
-                if OUT {
-                    wgmma::fence_operands_8(&mut o[mh]);
-                    for f in frag.iter_mut() {
-                        wgmma::pin_fragment(f);
-                    }
+                wgmma::fence_operands_8(&mut o[mh]);
+                for f in frag.iter_mut() {
+                    wgmma::pin_fragment(f);
                 }
                 // SAFETY: whole warpgroup, uniform; the operand tiles were published by L1/L2
                 // (with the proxy fence) and the stage by its full phase; none is rewritten
@@ -1002,21 +934,18 @@ unsafe fn walk<
                 unsafe {
                     wgmma::fence();
                     let va = Descriptor::mn_major_sw128(v_s + mh as u32 * block + 2048 * cc, block);
-                    if OUT {
-                        for (kk, f) in frag.iter().enumerate() {
-                            let (cb, within) = (kk as u32 / 4, 32 * (kk as u32 % 4));
-                            let b = Descriptor::k_major_sw128(
-                                q_inter + cb * block + 2048 * cc + within,
-                            );
-                            if kk == 0 {
-                                wgmma::m64n16k16_bf16_rs::<0, false>(&mut o[mh], *f, b);
-                            } else {
-                                wgmma::m64n16k16_bf16_rs::<0, true>(&mut o[mh], *f, b);
-                            }
+                    for (kk, f) in frag.iter().enumerate() {
+                        let (cb, within) = (kk as u32 / 4, 32 * (kk as u32 % 4));
+                        let b =
+                            Descriptor::k_major_sw128(q_inter + cb * block + 2048 * cc + within);
+                        if kk == 0 {
+                            wgmma::m64n16k16_bf16_rs::<0, false>(&mut o[mh], *f, b);
+                        } else {
+                            wgmma::m64n16k16_bf16_rs::<0, true>(&mut o[mh], *f, b);
                         }
-                        let pb = Descriptor::k_major_sw128(p_tile + 32 * cc);
-                        wgmma::m64n16k16_bf16_ss::<1, 0, true>(&mut o[mh], va, pb);
                     }
+                    let pb = Descriptor::k_major_sw128(p_tile + 32 * cc);
+                    wgmma::m64n16k16_bf16_ss::<1, 0, true>(&mut o[mh], va, pb);
                     let kb = Descriptor::mn_major_sw128(k_state + 2048 * cc, block);
                     st_mma(&mut st[mh], va, kb);
                     wgmma::commit_group();
@@ -1030,7 +959,7 @@ unsafe fn walk<
                         // for this arrival (uniform: the whole warpgroup is here).
                         sync::named_arrive(PP_ORDER_BARRIER + next, ORDER_THREADS);
                     }
-                    if OUT && cc > 0 && mh + 1 == MH {
+                    if cc > 0 && mh + 1 == MH {
                         store_o(&o_prev, step, cc - 1, valid);
                     }
                     // The next chunk needs this state: wait here (uniformly, so ptxas keeps
@@ -1041,14 +970,10 @@ unsafe fn walk<
                     wgmma::pin_fragment(f);
                 }
                 st_fence(&mut st[mh]);
-                if OUT {
-                    wgmma::fence_operands_8(&mut o[mh]);
-                }
+                wgmma::fence_operands_8(&mut o[mh]);
             }
         }
-        if OUT {
-            store_o(&o, step, nchunks - 1, valid);
-        }
+        store_o(&o, step, nchunks - 1, valid);
         // SAFETY: barrier L3 of the protocol.
         unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
         if ctid == 0 {
@@ -1059,34 +984,310 @@ unsafe fn walk<
         pos = pos.next();
     }
 
-    let out: *mut f32 = if OUT {
-        if seg.flags & SEG_LAST != 0 && p.base.has_final != 0 {
-            p.base.final_state.wrapping_add(pair_head)
-        } else {
-            core::ptr::null_mut()
-        }
-    } else {
-        p.base.delta.wrapping_add(slot_head * state_len)
-    };
-    if !out.is_null() {
+    if seg.flags & SEG_LAST != 0 && p.base.has_final != 0 {
+        let out = p.base.final_state.wrapping_add(pair_head);
         for (mh, half) in st.iter().enumerate() {
             for j in 0..SR / 4 {
                 for e in 0..4 {
-                    // SAFETY: this item's own state slice (final state of its sequence, or its
-                    // segment's delta), DK * DV elements; state_index < DK * DV.
+                    // SAFETY: this item's columns of its sequence's final state, DK * DVT
+                    // elements; state_index < DK * DVT.
                     unsafe { *out.add(state_index(mh, j, e)) = half[4 * j + e] };
                 }
             }
         }
     }
-    // The decay row is the same for every part of the value columns: part 0 writes it.
-    if !OUT && it.dv0 == 0 && ctid % PS == PS - 1 {
+}
+
+/// The state pass (`gla_states_pp_*`): block `x` is (segment `x / heads`, head `x % heads`)
+/// with all `DV` value columns, no producer warpgroup and no turns. The state a segment adds
+/// from a zero state is `sum_s (k_s 2^{L - b_s})^T v_s` (`b` cumulative from the segment's
+/// start, `L` its total, log2): a sum, not a chain, once every factor is taken relative to the
+/// segment's end. So each of the [`PP_STATE_GROUPS`] warpgroups takes a contiguous part of the
+/// segment's steps (warpgroup 1 the later one) and walks it from its last step to its first,
+/// carrying `C` (the total of the steps already walked) per channel; `S^T += v^T k_state`
+/// accumulates in the `wgmma` accumulators, never rescaled and never waited for between steps
+/// (step `i`'s batch runs while step `i + 1`'s element-wise phase does; two `k_state` tiles).
+/// Each warpgroup's thread 0 issues its TMA loads `PP_STATE_STAGES - 1` steps ahead. At the
+/// end warpgroup 0 adds warpgroup 1's state to its own scaled by `2^{C_1}` (`C_1` the later
+/// part's total) and writes `delta` (the segment's state, relative to its end) and
+/// `decay_log2` (`C_0 + C_1`, the segment's total).
+///
+/// # Barrier protocol
+/// - Start: thread 0 of warpgroup `w` initializes its `full[w][s]` (count 1),
+///   `fence.mbarrier_init`, issues the loads of its first `PP_STATE_STAGES` steps; the block
+///   barrier (`sync_threads`) publishes the barriers.
+/// - Warpgroup `w`'s walked step `i` at stage `i % PP_STATE_STAGES`, parity
+///   `(i / PP_STATE_STAGES) % 2`: every thread waits on `full[w][s]` before reading the stage;
+///   writes `k_state[i % 2]` (and zeroes the v rows past the segment's end); its proxy fence,
+///   then barrier A (`PP_LOCAL_BARRIER + w`, 128 threads) publishes them to the `wgmma`s; the
+///   batch of step `i` is committed, then `wait_group 1`: this thread's batch of step `i - 1`
+///   is complete; barrier B (same id): every warp's is, so the stage and the `k_state` tile of
+///   step `i - 1` are free: thread 0 then reloads the stage (step `i - 1 + PP_STATE_STAGES`),
+///   and step `i + 1` rewrites that tile only after B.
+/// - End: every thread waits for its last batch (`wait_group 0`); warpgroup 1 writes its state
+///   and `C_1` into its own region (every load into it completed, every `wgmma` reading it
+///   too); the block barrier publishes them to warpgroup 0, which alone writes the outputs.
+///
+/// # Safety
+/// Launched as documented on [`GlaPingpongParams`] with the state pass's grid (`segments *
+/// heads` blocks of `PP_STATE_THREADS`, `state_smem_bytes`).
+#[inline(always)]
+unsafe fn states_walk<
+    const DK: u32,
+    const DV: u32,
+    const STEP: u32,
+    const PS: u32,
+    const TPTS: usize,
+    const SR: usize,
+    const MH: usize,
+    const NCH: u32,
+>(
+    p: &GlaPingpongParams,
+    cfg: &PingpongConfig,
+    tmaps: [TensorMapPtr; 4],
+    st_mma: impl Fn(&mut [f32; SR], Descriptor, Descriptor),
+    st_fence: impl Fn(&mut [f32; SR]),
+) {
+    const {
+        assert!(
+            SR as u32 * 2 == DK
+                && MH as u32 * PP_ATOM == DV
+                && NCH * CHUNK == STEP
+                && PS * (DK / 8) == WARPGROUP_SIZE
+                && PS * TPTS as u32 == STEP
+                && PP_STATE_GROUPS == 2
+                && PP_STATE_STAGES >= 2
+        )
+    };
+    let [_, tmap_k, tmap_g, tmap_v] = tmaps;
+    let tid = index::thread_idx_x();
+    let wg = index::warpgroup_id();
+    let ctid = tid - wg * WARPGROUP_SIZE;
+    // Block x is item x with all value columns; nothing to do for last segments.
+    let it = item::<STEP, 1, DV, 1, false>(p, 0);
+    if it.steps == 0 {
+        // Uniform for the block, before any barrier.
+        return;
+    }
+    let seg = it.seg;
+    // This warpgroup's steps of the segment: `first .. first + n`.
+    let per = it.steps.div_ceil(PP_STATE_GROUPS);
+    let first = (wg * per).min(it.steps);
+    let n = (first + per).min(it.steps) - first;
+    let base = smem::aligned_base();
+    let region = base + wg * cfg.state_region_bytes();
+    let full =
+        |s: u32| Mbarrier::at(base + cfg.state_barriers_offset() + 8 * (wg * PP_STATE_STAGES + s));
+    let block = cfg.block_bytes();
+    // Walked step i is step `first + n - 1 - i` of the segment.
+    let load = |i: u32| {
+        let s = i % PP_STATE_STAGES;
+        let (y, z) = (
+            it.head as i32,
+            (seg.start + (first + n - 1 - i) * STEP) as i32,
+        );
+        let bar = full(s);
+        // SAFETY: thread 0 of the warpgroup only; the stage is free (never used, or released
+        // after barrier B of the step that last read it); `full` expects exactly the boxes'
+        // bytes; the destinations are 1024-aligned column blocks of the stage.
+        unsafe {
+            bar.arrive_expect_tx(cfg.state_stage_bytes());
+            for cb in 0..DK / PP_ATOM {
+                let x = (cb * PP_ATOM) as i32;
+                tmap_k.load_3d(region + cfg.state_k_offset(s) + cb * block, x, y, z, bar);
+                tmap_g.load_3d(region + cfg.state_g_offset(s) + cb * block, x, y, z, bar);
+            }
+            for cb in 0..DV / PP_ATOM {
+                let x = (cb * PP_ATOM) as i32;
+                tmap_v.load_3d(region + cfg.state_v_offset(s) + cb * block, x, y, z, bar);
+            }
+        }
+    };
+    if ctid == 0 {
+        for t in [tmap_k, tmap_g, tmap_v] {
+            t.prefetch();
+        }
+        for s in 0..PP_STATE_STAGES {
+            // SAFETY: single initializer before any use; published by the barrier below.
+            unsafe { full(s).init(1) };
+        }
+        fence::fence_mbarrier_init();
+        for i in 0..PP_STATE_STAGES.min(n) {
+            load(i);
+        }
+    }
+    // SAFETY: every thread of the block, once.
+    unsafe { sync::sync_threads() };
+
+    let local = PP_LOCAL_BARRIER + wg;
+    let mut st = [[0.0f32; SR]; MH];
+    let mut carry = [0.0f32; 8];
+    // (A warpgroup without steps, the later one of a one-step segment, issues no `wgmma`:
+    // its state stays zero. The branch keeps the zero initialization off the pipelined path.)
+    if n > 0 {
+        for i in 0..n {
+            let s = i % PP_STATE_STAGES;
+            let valid = (seg.len - (first + n - 1 - i) * STEP).min(STEP);
+            let (k_s, g_s, v_s) = (
+                region + cfg.state_k_offset(s),
+                region + cfg.state_g_offset(s),
+                region + cfg.state_v_offset(s),
+            );
+            let k_state = region + cfg.state_k_state_offset(i % 2);
+            // SAFETY: thread 0 issued this step's loads (the prologue or after barrier B of step
+            // i + 1 - PP_STATE_STAGES).
+            unsafe { full(s).wait_parity((i / PP_STATE_STAGES) % 2) };
+            // Rows past the segment's end (only in the segment's last step) are zero.
+            if valid < STEP {
+                let row_words = 8u32; // 16-byte words per 128-byte row
+                let words = (STEP - valid) * row_words * (DV / PP_ATOM);
+                let mut w = ctid;
+                while w < words {
+                    let (cb, rest) = (
+                        w / ((STEP - valid) * row_words),
+                        w % ((STEP - valid) * row_words),
+                    );
+                    let row = valid + rest / row_words;
+                    let at = v_s + cb * block + row * 128 + (rest % row_words) * 16;
+                    // SAFETY: a row >= valid of the stage (full phase completed, the stage is
+                    // reloaded only after barrier B); 16-byte aligned; one writer.
+                    unsafe { <[u32; 4]>::store(at, [0; 4]) };
+                    w += WARPGROUP_SIZE;
+                }
+            }
+            let tiles = PingpongChunk::<DK> {
+                q: 0,
+                k: k_s,
+                g: g_s,
+                q_inter: 0,
+                k_state,
+                q_diag: 0,
+                k_half0: 0,
+                k_half1: 0,
+                decay: 0,
+                r0: 0,
+                block,
+            };
+            // SAFETY: the warpgroup's 128 threads; the stage was published by its full phase;
+            // this k_state tile was last read by step i - 2's batch, complete at barrier B of
+            // step i - 1.
+            let e = unsafe { elementwise_states::<DK, PS, TPTS>(ctid, &tiles, valid, &carry) };
+            for c in 0..8 {
+                carry[c] += e[c];
+            }
+            fence::fence_proxy_async_shared();
+            // SAFETY: barrier A (the warpgroup's 128 threads, uniformly).
+            unsafe { sync::named_sync(local, WARPGROUP_SIZE) };
+            for (mh, half) in st.iter_mut().enumerate() {
+                st_fence(half);
+                // SAFETY: whole warpgroup, uniform; k_state and the zeroed v rows were published
+                // by A (with the proxy fence), the stage by its full phase; neither is rewritten
+                // before barrier B of step i + 1.
+                unsafe {
+                    wgmma::fence();
+                    for kk in 0..NCH {
+                        let va =
+                            Descriptor::mn_major_sw128(v_s + mh as u32 * block + 2048 * kk, block);
+                        let kb = Descriptor::mn_major_sw128(k_state + 2048 * kk, block);
+                        st_mma(half, va, kb);
+                    }
+                }
+            }
+            // SAFETY: whole warpgroup, uniform.
+            unsafe {
+                wgmma::commit_group();
+                wgmma::wait_group::<1>();
+            }
+            for half in st.iter_mut() {
+                st_fence(half);
+            }
+            // SAFETY: barrier B (the warpgroup's 128 threads, uniformly).
+            unsafe { sync::named_sync(local, WARPGROUP_SIZE) };
+            if ctid == 0 && i >= 1 && i - 1 + PP_STATE_STAGES < n {
+                load(i - 1 + PP_STATE_STAGES);
+            }
+        }
+        // SAFETY: whole warpgroup, uniform.
+        unsafe { wgmma::wait_group::<0>() };
+        for half in st.iter_mut() {
+            st_fence(half);
+        }
+    }
+
+    // Warpgroup 1's state (thread-major: word `(mh SR + r) 128 + ctid`) and its total `C_1`
+    // (`[DK]` f32 after the state) in its own region.
+    let xchg = base + cfg.state_region_bytes();
+    let xchg_c = xchg + (MH * SR) as u32 * WARPGROUP_SIZE * 4;
+    let group = ctid / PS;
+    let last_lane = ctid % PS == PS - 1;
+    if wg == 1 {
+        for (mh, half) in st.iter().enumerate() {
+            for (r, x) in half.iter().enumerate() {
+                let at = xchg + (((mh * SR + r) as u32) * WARPGROUP_SIZE + ctid) * 4;
+                // SAFETY: inside warpgroup 1's region (its state fits: `DK DV 4` bytes plus
+                // `4 DK` <= the region, asserted by the host's layout), no load or `wgmma`
+                // in flight there; one writer per word; read after the block barrier.
+                unsafe { f32::store(at, *x) };
+            }
+        }
+        if last_lane {
+            // SAFETY: channels 8 group .. + 8 of the total; one writer (the group's last lane).
+            unsafe { store_f32::<8>(xchg_c + 32 * group, &carry) };
+        }
+    }
+    // SAFETY: every thread of the block, once.
+    unsafe { sync::sync_threads() };
+    if wg == 1 {
+        return;
+    }
+    let (lane, warp) = (index::lane_id(), ctid / 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let heads = p.base.heads as u64;
+    let slot_head = (it.slot as u64 * heads + it.head as u64) as usize;
+    let out = p.base.delta.wrapping_add(slot_head * (DK * DV) as usize);
+    for (mh, half) in st.iter().enumerate() {
+        for j in 0..SR / 4 {
+            // SAFETY: C_1 of channels 8 j + 2 t, +1, published by the block barrier.
+            let c1 = unsafe { u64::load(xchg_c + 4 * (8 * j as u32 + 2 * t)) };
+            let f = [
+                math::exp2(f32::from_bits(c1 as u32)),
+                math::exp2(f32::from_bits((c1 >> 32) as u32)),
+            ];
+            for e in 0..4u32 {
+                let r = 4 * j + e as usize;
+                // SAFETY: warpgroup 1's word of this element, published by the block barrier.
+                let later = unsafe {
+                    f32::load(xchg + (((mh * SR + r) as u32) * WARPGROUP_SIZE + ctid) * 4)
+                };
+                // Element (j, e) of half mh of S^T: S[8 j + 2 t + e % 2][dv].
+                let dk = 8 * j as u32 + 2 * t + e % 2;
+                let dv = 64 * mh as u32 + 16 * warp + g + 8 * (e / 2);
+                // SAFETY: this segment's delta slice (DK * DV elements); one writer per
+                // element.
+                unsafe {
+                    *out.add((dk * DV + dv) as usize) = half[r] * f[e as usize % 2] + later;
+                }
+            }
+        }
+    }
+    if last_lane {
+        // SAFETY: C_1 of channels 8 group .., published by the block barrier.
+        let c1 = unsafe {
+            [
+                <[u32; 4]>::load(xchg_c + 32 * group),
+                <[u32; 4]>::load(xchg_c + 32 * group + 16),
+            ]
+        };
+        let mut total = [0.0f32; 8];
+        for c in 0..8 {
+            total[c] = carry[c] + f32::from_bits(c1[c / 4][c % 4]);
+        }
         let dst = p
             .base
             .decay_log2
-            .wrapping_add(slot_head * DK as usize + 8 * (ctid / PS) as usize);
-        // SAFETY: channels 8 (ctid / PS) .. + 8 <= DK of this segment's decay row, 32-byte
-        // aligned (a multiple of 8 floats into a 16-byte aligned buffer); one writer.
+            .wrapping_add(slot_head * DK as usize + 8 * group as usize);
+        // SAFETY: channels 8 group .. + 8 <= DK of this segment's decay row, 32-byte aligned
+        // (a multiple of 8 floats into a 16-byte aligned buffer); one writer.
         unsafe {
             let dst = dst as *mut [f32; 4];
             *dst = [total[0], total[1], total[2], total[3]];
@@ -1097,18 +1298,16 @@ unsafe fn walk<
 
 /// The body of a pingpong kernel for one head-dimension pair.
 macro_rules! pp_body {
-    ($p:expr, $tmaps:expr, $dk:literal, $dv:literal, $out:literal, $st_mma:ident, $st_fence:ident) => {{
+    ($p:expr, $tmaps:expr, $dk:literal, $dv:literal, $st_mma:ident, $st_fence:ident) => {{
         const CFG: PingpongConfig = pingpong_config_of($dk, $dv);
         // Element-wise mapping: channels per thread (16-byte pieces where the registers
-        // allow), lanes per (chunk, channel group) in the forward, lanes per group of 8
-        // channels in the state pass.
+        // allow), lanes per (chunk, channel group).
         const CPT: u32 = if $dk == 64 { 8 } else { 4 };
         const PE: u32 = if ($dk / CPT) * (CFG.step / CHUNK) >= 32 {
             4
         } else {
             WARPGROUP_SIZE / (($dk / CPT) * (CFG.step / CHUNK))
         };
-        const PS: u32 = WARPGROUP_SIZE / ($dk / 8);
         walk::<
             $dk,
             { CFG.dv },
@@ -1119,15 +1318,37 @@ macro_rules! pp_body {
             { CPT as usize },
             PE,
             { (CHUNK / PE) as usize },
-            PS,
-            { (CFG.step / PS) as usize },
             { $dk / 16 },
             { $dk / 2 },
             { (CFG.dv / 64) as usize },
             { CFG.step / CHUNK },
             { CFG.consumers },
             { CFG.consumer_regs() },
-            $out,
+        >(
+            &$p,
+            &CFG,
+            $tmaps,
+            |acc, a, b| wgmma::$st_mma::<1, 1, true>(acc, a, b),
+            wgmma::$st_fence,
+        );
+    }};
+}
+
+/// The body of a pingpong state pass for one head-dimension pair.
+macro_rules! pp_states_body {
+    ($p:expr, $tmaps:expr, $dk:literal, $dv:literal, $st_mma:ident, $st_fence:ident) => {{
+        const CFG: PingpongConfig = pingpong_config_of($dk, $dv);
+        // Lanes per group of 8 channels in the element-wise phase.
+        const PS: u32 = WARPGROUP_SIZE / ($dk / 8);
+        states_walk::<
+            $dk,
+            $dv,
+            { CFG.step },
+            PS,
+            { (CFG.step / PS) as usize },
+            { $dk / 2 },
+            { ($dv / 64) as usize },
+            { CFG.step / CHUNK },
         >(
             &$p,
             &CFG,
@@ -1160,18 +1381,19 @@ macro_rules! gla_pp_kernels {
                 ];
                 // SAFETY: forwarded to the caller; the closures are this pair's wgmma shapes,
                 // called by whole warpgroups in uniform control flow.
-                unsafe { pp_body!(p, tmaps, $dk, $dv, true, $st_mma, $st_fence) }
+                unsafe { pp_body!(p, tmaps, $dk, $dv, $st_mma, $st_fence) }
             }
 
             /// The pingpong `gla_states` for this pair of head dimensions; see the module
             /// documentation.
             ///
             /// # Safety
-            /// As for the `gla_fwd_pp` kernel of the pair; `delta` and `decay_log2` hold a
-            /// slice per (segment, head).
+            /// Grid `segments * heads` (blocks of `PP_STATE_THREADS`), `state_smem_bytes` of
+            /// shared memory, parameters as for the `gla_fwd_pp` kernel of the pair;
+            /// `delta` and `decay_log2` hold a slice per (segment, head).
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $states(p: GlaPingpongParams) {
-                crate::launch_bounds!($states, pingpong_config_of($dk, $dv).threads(), 1);
+                crate::launch_bounds!($states, PP_STATE_THREADS, 1);
                 let tmaps = [
                     tensor_map_ptr!($states, 0, GlaPingpongParams, tmap_q),
                     tensor_map_ptr!($states, 0, GlaPingpongParams, tmap_k),
@@ -1179,7 +1401,7 @@ macro_rules! gla_pp_kernels {
                     tensor_map_ptr!($states, 0, GlaPingpongParams, tmap_v),
                 ];
                 // SAFETY: as for the `gla_fwd_pp` kernel.
-                unsafe { pp_body!(p, tmaps, $dk, $dv, false, $st_mma, $st_fence) }
+                unsafe { pp_states_body!(p, tmaps, $dk, $dv, $st_mma, $st_fence) }
             }
         )*
     };

@@ -46,7 +46,8 @@ use cust::stream::Stream;
 use half::bf16;
 use kernel_abi::gla::{
     COMBINE_THREADS, CombineEntry, CombineParams, GlaConfig, GlaParams, GlaPingpongParams,
-    HEAD_DIMS, PP_ATOM, SEG_FIRST, SEG_LAST, STEP, Segment, config, pingpong_config,
+    HEAD_DIMS, PP_ATOM, PP_STATE_THREADS, SEG_FIRST, SEG_LAST, STEP, Segment, config,
+    pingpong_config,
 };
 
 pub use kernel_abi::gla::G_FLOOR;
@@ -693,6 +694,8 @@ pub unsafe fn forward_raw<E: Exec>(
     };
     let grid = (plan.segments.len() as u32, p.heads as u32, 1);
     let mut launch = LaunchConfig::new(grid, cfg.threads(), cfg.smem_bytes());
+    // The state pass's launch (the baseline's: the same as the forward's).
+    let mut states_launch = launch;
     let suffix = format!("dk{}_dv{}", p.dk, p.dv);
     // The pingpong kernels take the same parameters plus tensor maps of q, k, g, v.
     let pp = if p.uses_pingpong() {
@@ -714,6 +717,12 @@ pub unsafe fn forward_raw<E: Exec>(
             pcfg.threads(),
             pcfg.smem_bytes(),
         );
+        // One block per (segment, head), all value columns.
+        states_launch = LaunchConfig::new(
+            ((plan.segments.len() * p.heads) as u32, 1, 1),
+            PP_STATE_THREADS,
+            pcfg.state_smem_bytes(),
+        );
         Some(GlaPingpongParams {
             tmap_q: map(&t.q, p.dk)?,
             tmap_k: map(&t.k, p.dk)?,
@@ -730,14 +739,14 @@ pub unsafe fn forward_raw<E: Exec>(
         None => format!("gla_{pass}_{suffix}"),
     };
     // SAFETY (for both launch forms): as documented at each call.
-    let run = |name: &str| -> Result<()> {
+    let run = |name: &str, launch: &LaunchConfig| -> Result<()> {
         match &pp {
             // SAFETY: the caller's contract; the tensor maps describe the checked q, k, g, v
             // views (contiguous `[rows, heads, d]`, 16-byte aligned), the grid covers every
             // (segment, head) item once.
-            Some(pp) => unsafe { exec.launch(name, &launch, pp) },
+            Some(pp) => unsafe { exec.launch(name, launch, pp) },
             // SAFETY: the caller's contract (see the call sites).
-            None => unsafe { exec.launch(name, &launch, &params) },
+            None => unsafe { exec.launch(name, launch, &params) },
         }
     };
     if let Some(w) = split {
@@ -746,7 +755,7 @@ pub unsafe fn forward_raw<E: Exec>(
         // the caller's contract) and has gridDim.x entries; delta and decay_log2 hold
         // segments * heads * dk * dv and segments * heads * dk f32 (checked); the kernel
         // writes only the slices of the segments that are not last, each from its own block.
-        run(&kernel("states"))?;
+        run(&kernel("states"), &states_launch)?;
         let combine = CombineParams {
             entries: w.combine.ptr(),
             init_state: params.init_state,
@@ -779,7 +788,7 @@ pub unsafe fn forward_raw<E: Exec>(
     // (just before, in order on the executor) for every segment that is not first, the only
     // ones that read it; each block writes only its own rows of o and, if it is the last of its
     // sequence, that sequence's final state.
-    run(&kernel("fwd"))
+    run(&kernel("fwd"), &launch)
 }
 
 /// Convenience: plan and launch `problem` on `stream`, then wait for it (tests, examples).
