@@ -376,6 +376,13 @@ pub const PP_STATE_GROUPS: u32 = 2;
 pub const PP_STATE_STAGES: u32 = 3;
 /// Threads of a `gla_states_pp_*` block.
 pub const PP_STATE_THREADS: u32 = PP_STATE_GROUPS * crate::WARPGROUP_SIZE;
+/// Named barrier ids of the shared-item mode ([`PingpongConfig::shares_item`]):
+/// `PP_READY_BARRIER + b` publishes operand set `b` (written by consumer `b`) to the other
+/// consumer, `PP_FREE_BARRIER + b` returns it (256 threads each: one consumer arrives, the
+/// other syncs).
+pub const PP_READY_BARRIER: u32 = PP_LOCAL_BARRIER + PP_MAX_CONSUMERS;
+/// See [`PP_READY_BARRIER`].
+pub const PP_FREE_BARRIER: u32 = PP_READY_BARRIER + 2;
 /// Elements of a 128-byte swizzled row: every TMA box and `wgmma` tile is stored as column
 /// blocks of this many 16-bit elements.
 pub const PP_ATOM: u32 = 64;
@@ -438,10 +445,30 @@ impl PingpongConfig {
         self.step * 128
     }
 
+    /// Whether the block's consumers are the `dv_parts` value parts of one (segment, head)
+    /// (`consumers == dv_parts`): then they share one ring (v with all value columns) and the
+    /// element-wise phase and scores of each step are computed once, by consumer
+    /// `step % 2`, into one of two operand sets (set `step % 2`).
+    #[inline]
+    pub const fn shares_item(&self) -> bool {
+        self.dv_parts > 1
+    }
+
+    /// Value columns of a ring stage: all of the head's when the item is shared, else the
+    /// item's.
+    #[inline]
+    pub const fn ring_dv(&self) -> u32 {
+        if self.shares_item() {
+            self.dv * self.dv_parts
+        } else {
+            self.dv
+        }
+    }
+
     /// Bytes of one raw stage (q, k, g, v).
     #[inline]
     pub const fn stage_bytes(&self) -> u32 {
-        3 * self.tile_bytes(self.dk) + self.tile_bytes(self.dv)
+        3 * self.tile_bytes(self.dk) + self.tile_bytes(self.ring_dv())
     }
 
     /// Transaction bytes of a stage's loads (without q in the state pass).
@@ -526,11 +553,28 @@ impl PingpongConfig {
         ) as u32
     }
 
+    /// Bytes of one operand set (`q_inter` .. the decay rows; a multiple of 1024).
+    #[inline]
+    pub const fn tile_set_bytes(&self) -> u32 {
+        self.consumer_bytes() - self.q_inter_offset()
+    }
+
+    /// Base of the region whose operand set is set `b` in the shared-item mode: the block's one
+    /// ring, then the sets (so `region + q_inter_offset()` is set `b`'s `q_inter`).
+    #[inline]
+    pub const fn shared_region(&self, b: u32) -> u32 {
+        b * self.tile_set_bytes()
+    }
+
     /// Offset of the mbarriers: `full[c][s]` at `+ 8 (c stages + s)`, `empty[c][s]` after all
-    /// `full`.
+    /// `full` (one ring, `c = 0`, in the shared-item mode).
     #[inline]
     pub const fn barriers_offset(&self) -> u32 {
-        self.consumers * self.consumer_bytes()
+        if self.shares_item() {
+            self.q_inter_offset() + 2 * self.tile_set_bytes()
+        } else {
+            self.consumers * self.consumer_bytes()
+        }
     }
 
     /// Dynamic shared memory of the pingpong kernels (with the alignment slack).
@@ -632,7 +676,7 @@ pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
             dv: 64,
             dv_parts: 2,
             step: 32,
-            stages: 2,
+            stages: 3,
             consumers: 2,
         }),
         _ => None,

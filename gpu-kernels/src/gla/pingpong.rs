@@ -86,9 +86,10 @@ use crate::arch::{convert, fence, index, math, regs, smem, sync, warp};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
-    CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_LOCAL_BARRIER,
-    PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PP_STATE_GROUPS, PP_STATE_STAGES,
-    PP_STATE_THREADS, PingpongConfig, SEG_FIRST, SEG_LAST, Segment, pingpong_config_of,
+    CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_FREE_BARRIER, PP_LOCAL_BARRIER,
+    PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PP_READY_BARRIER, PP_STATE_GROUPS,
+    PP_STATE_STAGES, PP_STATE_THREADS, PingpongConfig, SEG_FIRST, SEG_LAST, Segment,
+    pingpong_config_of,
 };
 
 /// Threads in one turn barrier phase: one consumer syncing, the other arriving.
@@ -636,16 +637,32 @@ unsafe fn walk<
                 && (PE * (DK / CPT as u32) * NCH).is_multiple_of(WARPGROUP_SIZE)
                 && NC >= 2
                 && NC <= PP_MAX_CONSUMERS
+                && (PARTS == 1 || (PARTS == NC && NC == 2))
         )
     };
+    // Shared-item mode (`PingpongConfig::shares_item`): the consumers are the value parts of
+    // one item, with one ring and the element-wise phase of step `i` done by consumer `i % 2`.
+    let shared = PARTS > 1;
+    // Value columns of a ring stage, rings (and their barrier pairs).
+    let ring_dv = if shared { DVT } else { DV };
+    let rings = if shared { 1 } else { NC };
     let [tmap_q, tmap_k, tmap_g, tmap_v] = tmaps;
     let tid = index::thread_idx_x();
     let wg = index::warpgroup_id();
     let base = smem::aligned_base();
     let bars = base + cfg.barriers_offset();
-    let full = |c: u32, s: u32| Mbarrier::at(bars + 8 * (c * STAGES + s));
-    let empty = |c: u32, s: u32| Mbarrier::at(bars + 8 * ((NC + c) * STAGES + s));
-    let region = |c: u32| base + c * cfg.consumer_bytes();
+    // Ring of consumer c's steps.
+    let ring = |c: u32| if shared { 0 } else { c };
+    let full = |c: u32, s: u32| Mbarrier::at(bars + 8 * (ring(c) * STAGES + s));
+    let empty = |c: u32, s: u32| Mbarrier::at(bars + 8 * ((NC + ring(c)) * STAGES + s));
+    // Region of consumer c's ring and operand set (shared mode: the one ring, and set `b`).
+    let region = |c: u32, b: u32| {
+        if shared {
+            base + cfg.shared_region(b)
+        } else {
+            base + c * cfg.consumer_bytes()
+        }
+    };
     let block = cfg.block_bytes();
     // Every consumer's item (unused entries have no steps).
     let mut items = [Item {
@@ -672,10 +689,11 @@ unsafe fn walk<
         }
         // SAFETY: single initializer before any use; published by the barrier below.
         unsafe {
-            for c in 0..NC {
+            for c in 0..rings {
                 for s in 0..STAGES {
                     full(c, s).init(1);
-                    empty(c, s).init(1);
+                    // Shared mode: both consumers release the stage.
+                    empty(c, s).init(if shared { NC } else { 1 });
                 }
             }
         }
@@ -691,13 +709,13 @@ unsafe fn walk<
             // Every consumer's steps `i` advance together, so one ring position serves all.
             let mut pos = RingPos::<STAGES>::of(0);
             for i in 0..max_steps {
-                for c in 0..NC {
+                for c in 0..rings {
                     let it = items[c as usize];
                     if i >= it.steps {
                         continue;
                     }
                     let s = pos.stage;
-                    let r = region(c);
+                    let r = region(c, 0);
                     let (x, y, z) = (0i32, it.head as i32, (it.seg.start + i * STEP) as i32);
                     // SAFETY: ring protocol (module docs): the stage is free once `empty`
                     // completed its previous phase; `full` expects exactly the boxes' bytes;
@@ -713,7 +731,7 @@ unsafe fn walk<
                             tmap_k.load_3d(r + cfg.k_offset(s) + cb * block, xo, y, z, bar);
                             tmap_g.load_3d(r + cfg.g_offset(s) + cb * block, xo, y, z, bar);
                         }
-                        for cb in 0..DV / PP_ATOM {
+                        for cb in 0..ring_dv / PP_ATOM {
                             let xo = (it.dv0 + cb * PP_ATOM) as i32;
                             tmap_v.load_3d(r + cfg.v_offset(s) + cb * block, xo, y, z, bar);
                         }
@@ -739,20 +757,11 @@ unsafe fn walk<
     let warp = ctid / 32;
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
-    let r = region(c);
-    let q_inter = r + cfg.q_inter_offset();
-    let k_state = r + cfg.k_state_offset();
-    let p_tile = r + cfg.p_offset();
-    let q_diag = r + cfg.q_diag_offset();
-    let k_half0 = r + cfg.k_half0_offset();
-    let k_half1 = r + cfg.k_half1_offset();
-    let decay = r + cfg.decay_offset();
     let heads = p.base.heads as u64;
     // States and outputs have all DVT = DV PARTS value columns; this item owns DV of them.
     let state_len = (DK * DVT) as usize;
     let seg = it.seg;
     let pair_head = (seg.seq as u64 * heads + it.head as u64) as usize * state_len;
-    let slot_head = (it.slot as u64 * heads + it.head as u64) as usize;
     // Element (j, e) of half mh of S^T: S[8 j + 2 t + e % 2][64 mh + 16 warp + g + 8 (e / 2)].
     let state_index = |mh: usize, j: usize, e: usize| {
         let dk = 8 * j as u32 + 2 * t + (e as u32 % 2);
@@ -760,23 +769,51 @@ unsafe fn walk<
         (dk * DVT + dv) as usize
     };
 
+    // The initial state: the sequence's (or zero), then, for a segment that is not first,
+    // every earlier segment of the sequence folded in (`gla_combine`'s recurrence, done here per
+    // item instead of in a launch of its own).
     let mut st = [[0.0f32; SR]; MH];
-    let init: *const f32 = if seg.flags & SEG_FIRST != 0 {
-        if p.base.has_init != 0 {
-            p.base.init_state.wrapping_add(pair_head)
-        } else {
-            core::ptr::null()
-        }
-    } else {
-        p.base.seg_init.wrapping_add(slot_head * state_len)
-    };
-    if !init.is_null() {
+    if p.base.has_init != 0 {
+        let init = p.base.init_state.wrapping_add(pair_head);
         for (mh, half) in st.iter_mut().enumerate() {
             for j in 0..SR / 4 {
                 for e in 0..4 {
-                    // SAFETY: the state slice of (seq, head) or (slot, head) has DK * DV
-                    // elements (host-checked sizes); state_index < DK * DV.
+                    // SAFETY: the state slice of (seq, head) has DK * DVT elements
+                    // (host-checked sizes); state_index < DK * DVT.
                     half[4 * j + e] = unsafe { *init.add(state_index(mh, j, e)) };
+                }
+            }
+        }
+    }
+    if seg.flags & SEG_FIRST == 0 {
+        // The sequence's segments are consecutive in the table, its first one flagged.
+        // (slot >= 1: slot 0 is first.)
+        let mut first = it.slot - 1;
+        // SAFETY: first < slot < segments, inside the table; the host's table flags the first
+        // segment of every sequence, so the walk stops at this sequence's.
+        while first > 0 && unsafe { (*p.base.segments.add(first as usize)).flags } & SEG_FIRST == 0
+        {
+            first -= 1;
+        }
+        for m in first..it.slot {
+            let mh_slot = (m as u64 * heads + it.head as u64) as usize;
+            let delta = p.base.delta.wrapping_add(mh_slot * state_len);
+            let decay = p.base.decay_log2.wrapping_add(mh_slot * DK as usize);
+            for (mh, half) in st.iter_mut().enumerate() {
+                for j in 0..SR / 4 {
+                    for e in 0..4 {
+                        let dk = 8 * j + 2 * t as usize + e % 2;
+                        // SAFETY: segment m < slot is not last, so `gla_states_pp` wrote its
+                        // delta and decay slices (DK * DVT and DK elements, host-checked
+                        // sizes) before this launch; state_index < DK * DVT, dk < DK.
+                        unsafe {
+                            half[4 * j + e] = super::combine_step(
+                                half[4 * j + e],
+                                *decay.add(dk),
+                                *delta.add(state_index(mh, j, e)),
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -823,68 +860,101 @@ unsafe fn walk<
         let s = pos.stage;
         let valid = (seg.len - step * STEP).min(STEP);
         let nchunks = valid.div_ceil(CHUNK);
+        // The operand set of this step (shared mode: set `step % 2`, written by consumer
+        // `step % 2`, the owner) and the ring.
+        let b = step % 2;
+        let owner = !shared || b == c;
+        let (rs, r) = (region(c, 0), region(c, b));
+        let q_inter = r + cfg.q_inter_offset();
+        let k_state = r + cfg.k_state_offset();
+        let p_tile = r + cfg.p_offset();
+        let q_diag = r + cfg.q_diag_offset();
+        let k_half0 = r + cfg.k_half0_offset();
+        let k_half1 = r + cfg.k_half1_offset();
+        let decay = r + cfg.decay_offset();
         let (q_s, k_s, g_s, v_s) = (
-            r + cfg.q_offset(s),
-            r + cfg.k_offset(s),
-            r + cfg.g_offset(s),
-            r + cfg.v_offset(s),
+            rs + cfg.q_offset(s),
+            rs + cfg.k_offset(s),
+            rs + cfg.g_offset(s),
+            rs + cfg.v_offset(s),
         );
+        // This consumer's value columns of the stage (shared mode: column block c).
+        let v_own = if shared { v_s + c * block } else { v_s };
         // SAFETY: the producer issues every step of this item, so the phase completes.
         unsafe { full(c, s).wait_parity(pos.phase) };
 
-        // 1. Element-wise phase; rows past the segment's end are zero.
-        if valid < STEP {
-            let row_words = 8u32; // 16-byte words per 128-byte row
-            let words = (STEP - valid) * row_words * (DV / PP_ATOM);
-            let mut w = ctid;
-            while w < words {
-                let (cb, rest) = (
-                    w / ((STEP - valid) * row_words),
-                    w % ((STEP - valid) * row_words),
-                );
-                let row = valid + rest / row_words;
-                let at = v_s + cb * block + row * 128 + (rest % row_words) * 16;
-                // SAFETY: a row >= valid of this consumer's stage (full phase completed, the
-                // stage is released only after barrier L3); 16-byte aligned; one writer.
-                unsafe { <[u32; 4]>::store(at, [0; 4]) };
-                w += WARPGROUP_SIZE;
+        if owner {
+            if shared && step >= 2 {
+                // SAFETY: shared-item protocol (module docs): the other consumer arrived once it
+                // finished reading this set (its GEMM phase of step - 2).
+                unsafe { sync::named_sync(PP_FREE_BARRIER + b, ORDER_THREADS) };
             }
-        }
-        let tiles = PingpongChunk::<DK> {
-            q: q_s,
-            k: k_s,
-            g: g_s,
-            q_inter,
-            k_state,
-            q_diag,
-            k_half0,
-            k_half1,
-            decay,
-            r0: 0,
-            block,
-        };
-        // SAFETY: the consumer's 128 threads (chunks are warp-uniform); the stage was
-        // published by its full phase; the operand tiles are not read before L1.
-        unsafe { elementwise_step::<DK, CPT, PE, TPTE, NCH>(ctid, &tiles, valid) };
-        fence::fence_proxy_async_shared();
-        // SAFETY: barrier L1 of the protocol (the consumer's 128 threads, uniformly).
-        unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
+            // 1. Element-wise phase; rows past the segment's end are zero.
+            if valid < STEP {
+                let row_words = 8u32; // 16-byte words per 128-byte row
+                let words = (STEP - valid) * row_words * (ring_dv / PP_ATOM);
+                let mut w = ctid;
+                while w < words {
+                    let (cb, rest) = (
+                        w / ((STEP - valid) * row_words),
+                        w % ((STEP - valid) * row_words),
+                    );
+                    let row = valid + rest / row_words;
+                    let at = v_s + cb * block + row * 128 + (rest % row_words) * 16;
+                    // SAFETY: a row >= valid of this consumer's stage (full phase completed, the
+                    // stage is released only after barrier L3); 16-byte aligned; one writer.
+                    unsafe { <[u32; 4]>::store(at, [0; 4]) };
+                    w += WARPGROUP_SIZE;
+                }
+            }
+            let tiles = PingpongChunk::<DK> {
+                q: q_s,
+                k: k_s,
+                g: g_s,
+                q_inter,
+                k_state,
+                q_diag,
+                k_half0,
+                k_half1,
+                decay,
+                r0: 0,
+                block,
+            };
+            // SAFETY: the consumer's 128 threads (chunks are warp-uniform); the stage was
+            // published by its full phase; the operand tiles are not read before L1.
+            unsafe { elementwise_step::<DK, CPT, PE, TPTE, NCH>(ctid, &tiles, valid) };
+            fence::fence_proxy_async_shared();
+            // SAFETY: barrier L1 of the protocol (the consumer's 128 threads, uniformly).
+            unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
 
-        // 2. Intra-chunk scores.
-        let mut cc = warp;
-        while cc < nchunks {
-            // SAFETY: whole warp (cc is warp-uniform); tiles published by L1; this warp
-            // writes only chunk cc's part of the score tile.
-            unsafe { scores::<DK, NKK>(lane, q_diag, k_half0, k_half1, p_tile, cc) };
-            cc += 4;
+            // 2. Intra-chunk scores.
+            let mut cc = warp;
+            while cc < nchunks {
+                // SAFETY: whole warp (cc is warp-uniform); tiles published by L1; this warp
+                // writes only chunk cc's part of the score tile.
+                unsafe { scores::<DK, NKK>(lane, q_diag, k_half0, k_half1, p_tile, cc) };
+                cc += 4;
+            }
+            fence::fence_proxy_async_shared();
+            // SAFETY: barrier L2 of the protocol.
+            unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
+            if shared {
+                // SAFETY: shared-item protocol: publishes the set (and the zeroed v rows) to the
+                // other consumer, which syncs once for this arrival.
+                unsafe { sync::named_arrive(PP_READY_BARRIER + b, ORDER_THREADS) };
+            }
+        } else {
+            // SAFETY: shared-item protocol: the owner arrives once its set is written.
+            unsafe { sync::named_sync(PP_READY_BARRIER + b, ORDER_THREADS) };
         }
-        fence::fence_proxy_async_shared();
-        // SAFETY: barrier L2 of the protocol.
-        unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
 
         // 3. GEMM phase, in turn.
-        let (sync_turn, arrive_turn) =
-            (turn_waits::<NC>(&n, step, c), turn_next::<NC>(&n, step, c));
+        // (No turns in the shared mode: the sets' hand-offs order the consumers.)
+        let (sync_turn, arrive_turn) = if shared {
+            (false, None)
+        } else {
+            (turn_waits::<NC>(&n, step, c), turn_next::<NC>(&n, step, c))
+        };
         if sync_turn {
             // SAFETY: turn protocol (module docs): matched by one arrival of the other
             // consumer.
@@ -933,7 +1003,8 @@ unsafe fn walk<
                 // before L3 of this step.
                 unsafe {
                     wgmma::fence();
-                    let va = Descriptor::mn_major_sw128(v_s + mh as u32 * block + 2048 * cc, block);
+                    let va =
+                        Descriptor::mn_major_sw128(v_own + mh as u32 * block + 2048 * cc, block);
                     for (kk, f) in frag.iter().enumerate() {
                         let (cb, within) = (kk as u32 / 4, 32 * (kk as u32 % 4));
                         let b =
@@ -978,8 +1049,13 @@ unsafe fn walk<
         unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
         if ctid == 0 {
             // SAFETY: every read of the stage by this consumer is complete (L3); one arrival
-            // per phase.
+            // per phase and consumer of the ring.
             unsafe { empty(c, s).arrive() };
+        }
+        if shared && !owner && step + 2 < it.steps {
+            // SAFETY: shared-item protocol: every read of the set by this consumer is complete
+            // (L3); the owner syncs once for this arrival before it rewrites the set.
+            unsafe { sync::named_arrive(PP_FREE_BARRIER + b, ORDER_THREADS) };
         }
         pos = pos.next();
     }

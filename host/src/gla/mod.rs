@@ -756,38 +756,43 @@ pub unsafe fn forward_raw<E: Exec>(
         // segments * heads * dk * dv and segments * heads * dk f32 (checked); the kernel
         // writes only the slices of the segments that are not last, each from its own block.
         run(&kernel("states"), &states_launch)?;
-        let combine = CombineParams {
-            entries: w.combine.ptr(),
-            init_state: params.init_state,
-            seg_init: w.seg_init.ptr(),
-            delta: w.delta.ptr(),
-            decay_log2: w.decay_log2.ptr(),
-            heads: p.heads as u32,
-            dk: p.dk as u32,
-            dv: p.dv as u32,
-            has_init: params.has_init,
-        };
-        let elems = (p.dk * p.dv) as u32;
-        let claunch = LaunchConfig::new(
-            (
-                plan.combine.len() as u32,
-                p.heads as u32,
-                elems.div_ceil(COMBINE_THREADS),
-            ),
-            COMBINE_THREADS,
-            0,
-        );
-        // SAFETY: the combine entries name consecutive segments of the table (count >= 2,
-        // all of one sequence, seq < N); every buffer has the size the parameters document
-        // (checked above); each thread writes its own element of the later segments' initial
-        // states.
-        unsafe { exec.launch("gla_combine", &claunch, &combine)? };
+        // The pingpong forward folds the earlier segments' states into each item's initial
+        // state itself (from delta and decay_log2): no combination launch.
+        if pp.is_none() {
+            let combine = CombineParams {
+                entries: w.combine.ptr(),
+                init_state: params.init_state,
+                seg_init: w.seg_init.ptr(),
+                delta: w.delta.ptr(),
+                decay_log2: w.decay_log2.ptr(),
+                heads: p.heads as u32,
+                dk: p.dk as u32,
+                dv: p.dv as u32,
+                has_init: params.has_init,
+            };
+            let elems = (p.dk * p.dv) as u32;
+            let claunch = LaunchConfig::new(
+                (
+                    plan.combine.len() as u32,
+                    p.heads as u32,
+                    elems.div_ceil(COMBINE_THREADS),
+                ),
+                COMBINE_THREADS,
+                0,
+            );
+            // SAFETY: the combine entries name consecutive segments of the table (count >= 2,
+            // all of one sequence, seq < N); every buffer has the size the parameters document
+            // (checked above); each thread writes its own element of the later segments' initial
+            // states.
+            unsafe { exec.launch("gla_combine", &claunch, &combine)? };
+        }
     }
     // SAFETY: as for `gla_states`; o has rows * heads * dv elements; the initial and final
     // states hold N * heads * dk * dv elements (checked); seg_init was written by `gla_combine`
     // (just before, in order on the executor) for every segment that is not first, the only
-    // ones that read it; each block writes only its own rows of o and, if it is the last of its
-    // sequence, that sequence's final state.
+    // ones that read it (the pingpong's read delta and decay_log2 of their sequence's earlier
+    // segments, written by `gla_states_pp` just before); each block writes only its own rows
+    // of o and, if it is the last of its sequence, that sequence's final state.
     run(&kernel("fwd"), &launch)
 }
 
