@@ -397,7 +397,10 @@ pub const PP_ATOM: u32 = 64;
 /// by `wgmma`), `p` (16 rows of 128 bytes, swizzled: the intra-chunk scores of chunk `j` of the
 /// step at bytes `32 j ..`, the K-major B operand of `o^T += v^T P^T`), `q_diag`, `k_half0`,
 /// `k_half1` (`[step, dk]` in padded rows of [`GlaConfig::row_bytes`], read by `ldmatrix`) and
-/// the decay rows (`[step / 16, dk]` f32).
+/// the decay rows (`[step / 16, dk]` f32). In the shared-item mode
+/// ([`PingpongConfig::shares_item`]) the block has one ring (v with all value columns) and two
+/// operand sets after it ([`PingpongConfig::shared_region`]). The state pass has a layout of
+/// its own (`state_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PingpongConfig {
     /// Key head dimension.
@@ -691,11 +694,14 @@ pub const fn pingpong_config_of(dk: u32, dv: u32) -> PingpongConfig {
     }
 }
 
-/// Parameters of `gla_fwd_pp_dk{DK}_dv{DV}` and `gla_states_pp_dk{DK}_dv{DV}` (grid
-/// `ceil(segments * heads / consumers)`, [`PingpongConfig::threads`] threads,
-/// [`PingpongConfig::smem_bytes`]). Item `i = consumers * blockIdx.x + c` (consumer `c`) is
-/// segment `i / (heads dv_parts)`, head `i / dv_parts % heads`, value columns
-/// `dv (i % dv_parts) ..` of that head. The tensor maps are 3-D over `[rows, heads, d]`
+/// Parameters of `gla_fwd_pp_dk{DK}_dv{DV}` (grid `items / consumers` rounded up,
+/// [`PingpongConfig::threads`] threads, [`PingpongConfig::smem_bytes`]) and
+/// `gla_states_pp_dk{DK}_dv{DV}` (grid `segments * heads`, [`PP_STATE_THREADS`] threads,
+/// [`PingpongConfig::state_smem_bytes`]; block `x` is segment `x / heads`, head `x % heads`, all
+/// value columns). The forward reads `delta` and `decay_log2` of the earlier segments of its
+/// sequence (not `seg_init`: no `gla_combine` runs before it). Forward item
+/// `i = consumers * blockIdx.x + c` (consumer `c`) is segment `i / (heads dv_parts)`, head
+/// `i / dv_parts % heads`, value columns `dv (i % dv_parts) ..` of that head. The tensor maps are 3-D over `[rows, heads, d]`
 /// (dims `[d, heads, rows]` innermost first, box `[64, 1, step]`, 128-byte swizzle); the other
 /// fields mean what they mean in [`GlaParams`].
 #[repr(C)]

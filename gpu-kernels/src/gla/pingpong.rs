@@ -2,7 +2,10 @@
 //! segment-state pass) on Hopper (sm_90a), warp-specialized: TMA into mbarrier rings, `wgmma`
 //! for the state products, consumer warpgroups taking turns (pingpong). Same segments, same
 //! chunkwise math (chunks of 16 tokens, halves of 8 with their midpoints as reference points,
-//! see the parent module), same outputs as the baseline kernels; `gla_combine` is shared.
+//! see the parent module), same outputs as the baseline kernels. The state pass is its own
+//! kernel (see [`states_walk`]: every factor relative to the segment's end, so a segment's
+//! state is a sum, not a chain); `gla_combine` is not launched: each forward item folds its
+//! sequence's earlier segments into its initial state ([`super::combine_step`]).
 //!
 //! # Parameters
 //! [`GlaPingpongParams`]: 3-D tensor maps of q, k, g, v (dims `[d, heads, rows]`, box
@@ -18,33 +21,43 @@
 //! `PP_PRODUCER_REGS` registers and its thread 0 issues the TMA loads of every consumer's steps
 //! (`step` tokens of q, k, g and the item's v columns) into their own `stages`-deep rings, in
 //! the order the consumers use them (step `i` of consumer 0, 1, .., then step `i + 1`). The
-//! consumers take `PingpongConfig::consumer_regs` registers. Per step, consumer `c`:
+//! consumers take `PingpongConfig::consumer_regs` registers. Per step, consumer `c` (in the
+//! shared-item mode below, steps 1 and 2 only on its own steps):
 //! 1. element-wise phase (all 128 threads, vectorized: thread `(chunk, group, part)` takes 4
 //!    or 8 consecutive key channels of a run of 2 to 8 tokens of a chunk, 8- or 16-byte shared
 //!    accesses, so a warp's stores cover whole rows): the parent module's formulas (cumulative
 //!    log-decays, a shuffle scan over the run's lanes), writing the operand tiles `q_inter`,
 //!    `k_state` (swizzled, for `wgmma`), `q_diag`, `k_half0`, `k_half1` (padded, for
-//!    `ldmatrix`) and the decay rows. In the state pass only `k_state`, relative to the end
-//!    of the step (`k 2^{E - B_s}`, every factor `<= 1`), and one decay row `2^E` per step.
-//!    Rows past the segment's end (TMA loaded the next sequence's tokens there) count as
+//!    `ldmatrix`) and the decay rows. Rows past the segment's end (TMA loaded the next sequence's tokens there) count as
 //!    zero: q, k, g are masked on load and the v rows are zeroed in the stage;
-//! 2. intra-chunk scores (forward; warp `w` takes chunks `w, w + 4, ..`): `mma.sync` of
+//! 2. intra-chunk scores (warp `w` takes chunks `w, w + 4, ..`): `mma.sync` of
 //!    `q_diag` with `k_half0` / `k_half1`, masked as in the baseline, stored as the bf16 tile
 //!    `P[t][s]`;
 //! 3. GEMM phase, in its turn: with `S^T` (`[dv, dk]` f32, the `wgmma` accumulator, `dv / 64`
-//!    m64 halves) and `o^T` (`[dv, 16]`) in registers, per chunk (forward):
+//!    m64 halves) and `o^T` (`[dv, 16]`) in registers, per chunk:
 //!    `o^T = S^T q_inter^T` (A = `S^T` packed to bf16 from its own accumulators),
 //!    `o^T += v^T P^T`, then `S^T = decay S^T + v^T k_state` (A = v, MN-major, from the stage);
 //!    one batch per m64 half of `S^T`, each waited for at once (the next chunk needs the
 //!    state: it is a chain; a uniform wait keeps ptxas from serializing the batch); a chunk's
-//!    `o^T` is stored while the next chunk's batch runs. The state pass does the whole step
-//!    in one batch per half (`S^T = 2^E S^T + v^T k_state` over the step's tokens).
+//!    `o^T` is stored while the next chunk's batch runs.
 //!
 //! While one consumer runs its chain of `wgmma`s, the others run their element-wise phases and
 //! scores: the tensor cores and the ALUs work on different items at once.
 //!
+//! Shared-item mode (`PingpongConfig::shares_item`, `dk = dv = 128`: two consumers, each one
+//! half of the value columns of the same (segment, head)): the block has one ring (v with all
+//! 128 columns) and two operand sets; the element-wise phase and the scores of step `i` are
+//! computed once, by consumer `i % 2` (the owner), into set `i % 2`, and both consumers run
+//! their GEMM phases on it (each its own v columns and state). So the element-wise work per
+//! item is halved; the turns are replaced by the sets' hand-offs.
+//!
+//! Initial state: the sequence's (or zero); for a segment that is not first, the earlier
+//! segments of its sequence are folded in from `delta` and `decay_log2` (written by the state
+//! pass): `S <- 2^{D_m} S + delta_m`, `gla_combine`'s recurrence, per item.
+//!
 //! # Barrier protocol
-//! - Start: thread 0 initializes `full[c][s]` and `empty[c][s]` (count 1 each),
+//! - Start: thread 0 initializes `full[c][s]` and `empty[c][s]` (count 1 each; in the
+//!   shared-item mode one ring, `c = 0`, whose `empty` counts both consumers' arrivals),
 //!   `fence.mbarrier_init`, then `sync_threads` publishes them. No block barrier follows.
 //! - Ring, per consumer `c` (its step `i` at stage `i % stages`, parity `(i / stages) % 2`):
 //!   the producer waits on `empty[c][s]` with the parity of the previous use (`^ 1`: the first
@@ -52,7 +65,7 @@
 //!   loads; the consumer waits on `full[c][s]` before its first read of the stage.
 //! - Consumer-local barrier `PP_LOCAL_BARRIER + c` (128 threads), per step: (L1) after the
 //!   element-wise phase (its generic writes, each writer's `fence.proxy.async` first, so the
-//!   `wgmma`s see them), (L2) after the scores (same; forward only), (L3) after the GEMM
+//!   `wgmma`s see them), (L2) after the scores (same), (L3) after the GEMM
 //!   phase's last `wgmma.wait_group 0`: every product reading the stage and the operand tiles
 //!   is complete and every thread's element-wise reads of the stage are done, so thread 0 of
 //!   the consumer then arrives on `empty[c][s]`, and the next step may rewrite the operand
@@ -62,16 +75,29 @@
 //!   consumers `0 .. NC` in order, leaving out those with fewer than `r + 1` steps. Consumer
 //!   `c` syncs before its step `r` iff its predecessor in that order is another consumer
 //!   (`turn_waits`), and arrives on its successor's barrier (`turn_next`), if that is another
-//!   consumer, once it has issued its step's last batch (forward: between the commit and the
-//!   wait of the last chunk's last half, uniformly; state pass: after its waits). Arrival and
+//!   consumer, once it has issued its step's last batch (between the commit and the wait of
+//!   the last chunk's last half, uniformly). Arrival and
 //!   sync pair up one to one (the successor of `a` is `b` exactly when the predecessor of `b`
 //!   is `a`, since every position between them is left out), and the next arrival on `b`'s
 //!   barrier comes from `b`'s next predecessor, which follows `b`'s own phase in the order: a
 //!   barrier never holds two phases' arrivals. With two consumers this is strict alternation
 //!   while both have steps; a consumer without an item exits at once and nobody waits for it.
+//! - Shared-item mode, instead of turns (named barriers of 256 threads, one consumer arriving,
+//!   the other syncing): the owner of step `i` (`b = i % 2`) syncs on `PP_FREE_BARRIER + b`
+//!   before writing set `b` (for `i >= 2`), and after L2 (its writes of the set and of the
+//!   zeroed v rows fenced to the async proxy) arrives on `PP_READY_BARRIER + b`; the other
+//!   consumer waits on `full` too (the stage's TMA writes), syncs on `PP_READY_BARRIER + b`
+//!   before its GEMM phase, and after its L3 arrives on `PP_FREE_BARRIER + b` if a step
+//!   `i + 2` exists. `READY[b]` is arrived by consumer `b` only and synced by the other,
+//!   `FREE[b]` the reverse; between two arrivals on one barrier the arriving consumer syncs on
+//!   the other barrier of the pair, whose arrival follows the first phase's sync, so a
+//!   barrier never holds two phases' arrivals. Both consumers release every stage (`empty`
+//!   counts 2).
 //! - Deadlock freedom: the producer issues in the order the turns consume (every consumer's
 //!   step `i` before any step `i + 1`), so every wait it does is on a stage whose consumer can
-//!   finish it with stages already issued.
+//!   finish it with stages already issued; in the shared-item mode every wait is on an event
+//!   of a smaller step, or of the same step in the other consumer, which waits on nothing of
+//!   this one's in that step.
 //! - Registers: the `S^T` bf16 fragments read by an in-flight `wgmma` are rebuilt only after
 //!   its `wait_group`; accumulators are pinned around every wait (`fence_operands`), and a
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary

@@ -30,8 +30,8 @@
 //!
 //! Long sequences are split into **segments** so that the GPU has enough blocks: the state each
 //! segment adds from a zero state is computed first (in parallel), then combined along each
-//! sequence, then every segment computes its outputs from its own initial state
-//! ([`GlaPlan`]). [`reference::chunked`] runs exactly this algorithm on the CPU (same chunking,
+//! sequence (a launch of its own for the baseline; inside each forward item for the pingpong),
+//! then every segment computes its outputs from its own initial state ([`GlaPlan`]). [`reference::chunked`] runs exactly this algorithm on the CPU (same chunking,
 //! same bf16 roundings, same segments), to check the algorithm itself against the recurrence.
 
 pub mod reference;
@@ -625,8 +625,8 @@ fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
 }
 
 /// The launch sequence of [`GlaPlan::forward`] on any executor, over raw views: checks every
-/// size against `problem` and `plan`, then launches `gla_states` and `gla_combine` (when a
-/// sequence is split) and `gla_fwd`.
+/// size against `problem` and `plan`, then launches `gla_states` and (baseline only)
+/// `gla_combine` when a sequence is split, and `gla_fwd`.
 ///
 /// # Safety
 /// Every view is memory of `exec`'s device, alive and not otherwise accessed until the launches
