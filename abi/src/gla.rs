@@ -376,13 +376,9 @@ pub const PP_STATE_GROUPS: u32 = 2;
 pub const PP_STATE_STAGES: u32 = 3;
 /// Threads of a `gla_states_pp_*` block.
 pub const PP_STATE_THREADS: u32 = PP_STATE_GROUPS * crate::WARPGROUP_SIZE;
-/// Named barrier ids of the shared-item mode ([`PingpongConfig::shares_item`]):
-/// `PP_READY_BARRIER + b` publishes operand set `b` (written by consumer `b`) to the other
-/// consumer, `PP_FREE_BARRIER + b` returns it (256 threads each: one consumer arrives, the
-/// other syncs).
-pub const PP_READY_BARRIER: u32 = PP_LOCAL_BARRIER + PP_MAX_CONSUMERS;
-/// See [`PP_READY_BARRIER`].
-pub const PP_FREE_BARRIER: u32 = PP_READY_BARRIER + 2;
+/// Named barrier id of the shared-item mode ([`PingpongConfig::shares_item`]): both consumers
+/// (256 threads) sync on it twice per step, after the element-wise phase and after the scores.
+pub const PP_PAIR_BARRIER: u32 = PP_LOCAL_BARRIER + PP_MAX_CONSUMERS;
 /// Elements of a 128-byte swizzled row: every TMA box and `wgmma` tile is stored as column
 /// blocks of this many 16-bit elements.
 pub const PP_ATOM: u32 = 64;
@@ -450,8 +446,8 @@ impl PingpongConfig {
 
     /// Whether the block's consumers are the `dv_parts` value parts of one (segment, head)
     /// (`consumers == dv_parts`): then they share one ring (v with all value columns) and the
-    /// element-wise phase and scores of each step are computed once, by consumer
-    /// `step % 2`, into one of two operand sets (set `step % 2`).
+    /// element-wise phase and scores of each step are computed once, consumer `c` taking
+    /// chunk `c` of the step, into one of two operand sets (set `step % 2`).
     #[inline]
     pub const fn shares_item(&self) -> bool {
         self.dv_parts > 1

@@ -984,14 +984,6 @@ pub unsafe extern "ptx-kernel" fn gla_combine(p: CombineParams) {
     unsafe { combine(p) }
 }
 
-/// One step of the segment recurrence: the state after a segment of total log2-decay `d`
-/// (this element's key channel) that adds `delta` from a zero state, given the state `s` before
-/// it (`gla_combine`, and the pingpong forward, which folds its predecessors itself).
-#[inline(always)]
-pub(crate) fn combine_step(s: f32, d: f32, delta: f32) -> f32 {
-    math::fma(math::exp2(d), s, delta)
-}
-
 /// The body of [`gla_combine`].
 ///
 /// # Safety
@@ -1023,7 +1015,7 @@ unsafe fn combine(p: CombineParams) {
             let d = *p
                 .decay_log2
                 .add(((slot * heads + head) * p.dk as u64 + channel) as usize);
-            s = combine_step(s, d, *p.delta.add(elem(slot)));
+            s = math::fma(math::exp2(d), s, *p.delta.add(elem(slot)));
             *p.seg_init.add(elem(slot + 1)) = s;
         }
     }

@@ -5,7 +5,7 @@
 //! see the parent module), same outputs as the baseline kernels. The state pass is its own
 //! kernel (see [`states_walk`]: every factor relative to the segment's end, so a segment's
 //! state is a sum, not a chain); `gla_combine` is not launched: each forward item folds its
-//! sequence's earlier segments into its initial state ([`super::combine_step`]).
+//! sequence's earlier segments into its initial state.
 //!
 //! # Parameters
 //! [`GlaPingpongParams`]: 3-D tensor maps of q, k, g, v (dims `[d, heads, rows]`, box
@@ -22,7 +22,7 @@
 //! (`step` tokens of q, k, g and the item's v columns) into their own `stages`-deep rings, in
 //! the order the consumers use them (step `i` of consumer 0, 1, .., then step `i + 1`). The
 //! consumers take `PingpongConfig::consumer_regs` registers. Per step, consumer `c` (in the
-//! shared-item mode below, steps 1 and 2 only on its own steps):
+//! shared-item mode below, steps 1 and 2 on one chunk of the step, in step with the other):
 //! 1. element-wise phase (all 128 threads, vectorized: thread `(chunk, group, part)` takes 4
 //!    or 8 consecutive key channels of a run of 2 to 8 tokens of a chunk, 8- or 16-byte shared
 //!    accesses, so a warp's stores cover whole rows): the parent module's formulas (cumulative
@@ -47,13 +47,16 @@
 //! Shared-item mode (`PingpongConfig::shares_item`, `dk = dv = 128`: two consumers, each one
 //! half of the value columns of the same (segment, head)): the block has one ring (v with all
 //! 128 columns) and two operand sets; the element-wise phase and the scores of step `i` are
-//! computed once, by consumer `i % 2` (the owner), into set `i % 2`, and both consumers run
-//! their GEMM phases on it (each its own v columns and state). So the element-wise work per
-//! item is halved; the turns are replaced by the sets' hand-offs.
+//! computed once, in step by both consumers (consumer `c` takes chunk `c` of the 32-token step),
+//! into set `i % 2`, and both consumers run their GEMM phases on it (each its own v columns and
+//! state), without turns. The element-wise work per item is halved, and done by 8 warps
+//! instead of 4. (Measured: an owner per step, `i % 2`, computing the whole step while the
+//! other consumer ran its GEMM phases was slower, 281 / 288 us against 268 / 271 at the
+//! benchmark's D = 128 configurations: bench/NOTES.md.)
 //!
 //! Initial state: the sequence's (or zero); for a segment that is not first, the earlier
 //! segments of its sequence are folded in from `delta` and `decay_log2` (written by the state
-//! pass): `S <- 2^{D_m} S + delta_m`, `gla_combine`'s recurrence, per item.
+//! pass): `gla_combine`'s recurrence `S <- 2^{D_m} S + delta_m`, per item, walked backwards.
 //!
 //! # Barrier protocol
 //! - Start: thread 0 initializes `full[c][s]` and `empty[c][s]` (count 1 each; in the
@@ -82,22 +85,17 @@
 //!   barrier comes from `b`'s next predecessor, which follows `b`'s own phase in the order: a
 //!   barrier never holds two phases' arrivals. With two consumers this is strict alternation
 //!   while both have steps; a consumer without an item exits at once and nobody waits for it.
-//! - Shared-item mode, instead of turns (named barriers of 256 threads, one consumer arriving,
-//!   the other syncing): the owner of step `i` (`b = i % 2`) syncs on `PP_FREE_BARRIER + b`
-//!   before writing set `b` (for `i >= 2`), and after L2 (its writes of the set and of the
-//!   zeroed v rows fenced to the async proxy) arrives on `PP_READY_BARRIER + b`; the other
-//!   consumer waits on `full` too (the stage's TMA writes), syncs on `PP_READY_BARRIER + b`
-//!   before its GEMM phase, and after its L3 arrives on `PP_FREE_BARRIER + b` if a step
-//!   `i + 2` exists. `READY[b]` is arrived by consumer `b` only and synced by the other,
-//!   `FREE[b]` the reverse; between two arrivals on one barrier the arriving consumer syncs on
-//!   the other barrier of the pair, whose arrival follows the first phase's sync, so a
-//!   barrier never holds two phases' arrivals. Both consumers release every stage (`empty`
-//!   counts 2).
+//! - Shared-item mode, instead of L1, L2 and the turns: both consumers (256 threads) sync on
+//!   `PP_PAIR_BARRIER` after their element-wise chunks (and consumer 0's zeroing of the v rows
+//!   past the end), each writer's `fence.proxy.async` first, and again after the scores: then
+//!   set `i % 2` is complete for both GEMM phases. The set is rewritten in step `i + 2`, after
+//!   the first pair barrier of step `i + 1`, which each consumer reaches only after its GEMM
+//!   phase of step `i` (its `wait_group 0` and L3). Both consumers wait on `full` and release
+//!   every stage (`empty` counts 2).
 //! - Deadlock freedom: the producer issues in the order the turns consume (every consumer's
 //!   step `i` before any step `i + 1`), so every wait it does is on a stage whose consumer can
-//!   finish it with stages already issued; in the shared-item mode every wait is on an event
-//!   of a smaller step, or of the same step in the other consumer, which waits on nothing of
-//!   this one's in that step.
+//!   finish it with stages already issued; in the shared-item mode both consumers pass the same
+//!   barriers in the same order.
 //! - Registers: the `S^T` bf16 fragments read by an in-flight `wgmma` are rebuilt only after
 //!   its `wait_group`; accumulators are pinned around every wait (`fence_operands`), and a
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary
@@ -112,8 +110,8 @@ use crate::arch::{convert, fence, index, math, regs, smem, sync, warp};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
-    CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_FREE_BARRIER, PP_LOCAL_BARRIER,
-    PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PRODUCER_REGS, PP_READY_BARRIER, PP_STATE_GROUPS,
+    CHUNK, G_FLOOR, GlaConfig, GlaPingpongParams, HALF, PP_ATOM, PP_LOCAL_BARRIER,
+    PP_MAX_CONSUMERS, PP_ORDER_BARRIER, PP_PAIR_BARRIER, PP_PRODUCER_REGS, PP_STATE_GROUPS,
     PP_STATE_STAGES, PP_STATE_THREADS, PingpongConfig, SEG_FIRST, SEG_LAST, Segment,
     pingpong_config_of,
 };
@@ -795,10 +793,50 @@ unsafe fn walk<
         (dk * DVT + dv) as usize
     };
 
-    // The initial state: the sequence's (or zero), then, for a segment that is not first,
-    // every earlier segment of the sequence folded in (`gla_combine`'s recurrence, done here per
-    // item instead of in a launch of its own).
+    // The initial state: the sequence's (or zero), with, for a segment that is not first, every
+    // earlier segment of the sequence folded in (`gla_combine`'s recurrence
+    // `S <- 2^{D_m} S + delta_m`, done here per item instead of in a launch of its own), walked
+    // backwards: `S = W S_init + sum_m W_m delta_m`, `W_m` the product of `2^{D_l}` over the
+    // segments between m and this one. Each segment's loads (its flags, delta and decay) are
+    // independent of the previous one's, so the walk costs one round trip per segment.
     let mut st = [[0.0f32; SR]; MH];
+    // W of channels 8 j + 2 t, + 1 (j < SR / 4 <= 16).
+    const { assert!(SR / 4 <= 16) };
+    let mut w = [[1.0f32; 2]; 16];
+    if seg.flags & SEG_FIRST == 0 {
+        // The sequence's segments are consecutive in the table, its first one flagged (so
+        // slot >= 1 here, and the walk stops at the sequence's first segment).
+        let mut m = it.slot;
+        loop {
+            m -= 1;
+            let mh_slot = (m as u64 * heads + it.head as u64) as usize;
+            let delta = p.base.delta.wrapping_add(mh_slot * state_len);
+            let decay = p.base.decay_log2.wrapping_add(mh_slot * DK as usize);
+            // SAFETY: m < slot < segments, inside the table.
+            let flags = unsafe { (*p.base.segments.add(m as usize)).flags };
+            for (mh, half) in st.iter_mut().enumerate() {
+                for j in 0..SR / 4 {
+                    for e in 0..4 {
+                        // SAFETY: segment m < slot is not last, so `gla_states_pp` wrote its
+                        // delta slice (DK * DVT elements, host-checked sizes) before this
+                        // launch; state_index < DK * DVT.
+                        let d = unsafe { *delta.add(state_index(mh, j, e)) };
+                        half[4 * j + e] = math::fma(w[j][e % 2], d, half[4 * j + e]);
+                    }
+                }
+            }
+            for j in 0..SR / 4 {
+                let dk = 8 * j + 2 * t as usize;
+                // SAFETY: as for delta: its decay slice (DK elements), channels dk, dk + 1 < DK.
+                let (d0, d1) = unsafe { (*decay.add(dk), *decay.add(dk + 1)) };
+                w[j][0] *= math::exp2(d0);
+                w[j][1] *= math::exp2(d1);
+            }
+            if flags & SEG_FIRST != 0 {
+                break;
+            }
+        }
+    }
     if p.base.has_init != 0 {
         let init = p.base.init_state.wrapping_add(pair_head);
         for (mh, half) in st.iter_mut().enumerate() {
@@ -806,40 +844,8 @@ unsafe fn walk<
                 for e in 0..4 {
                     // SAFETY: the state slice of (seq, head) has DK * DVT elements
                     // (host-checked sizes); state_index < DK * DVT.
-                    half[4 * j + e] = unsafe { *init.add(state_index(mh, j, e)) };
-                }
-            }
-        }
-    }
-    if seg.flags & SEG_FIRST == 0 {
-        // The sequence's segments are consecutive in the table, its first one flagged.
-        // (slot >= 1: slot 0 is first.)
-        let mut first = it.slot - 1;
-        // SAFETY: first < slot < segments, inside the table; the host's table flags the first
-        // segment of every sequence, so the walk stops at this sequence's.
-        while first > 0 && unsafe { (*p.base.segments.add(first as usize)).flags } & SEG_FIRST == 0
-        {
-            first -= 1;
-        }
-        for m in first..it.slot {
-            let mh_slot = (m as u64 * heads + it.head as u64) as usize;
-            let delta = p.base.delta.wrapping_add(mh_slot * state_len);
-            let decay = p.base.decay_log2.wrapping_add(mh_slot * DK as usize);
-            for (mh, half) in st.iter_mut().enumerate() {
-                for j in 0..SR / 4 {
-                    for e in 0..4 {
-                        let dk = 8 * j + 2 * t as usize + e % 2;
-                        // SAFETY: segment m < slot is not last, so `gla_states_pp` wrote its
-                        // delta and decay slices (DK * DVT and DK elements, host-checked
-                        // sizes) before this launch; state_index < DK * DVT, dk < DK.
-                        unsafe {
-                            half[4 * j + e] = super::combine_step(
-                                half[4 * j + e],
-                                *decay.add(dk),
-                                *delta.add(state_index(mh, j, e)),
-                            );
-                        }
-                    }
+                    let x = unsafe { *init.add(state_index(mh, j, e)) };
+                    half[4 * j + e] = math::fma(w[j][e % 2], x, half[4 * j + e]);
                 }
             }
         }
@@ -886,10 +892,9 @@ unsafe fn walk<
         let s = pos.stage;
         let valid = (seg.len - step * STEP).min(STEP);
         let nchunks = valid.div_ceil(CHUNK);
-        // The operand set of this step (shared mode: set `step % 2`, written by consumer
-        // `step % 2`, the owner) and the ring.
+        // The operand set of this step (shared mode: set `step % 2`, written by both consumers)
+        // and the ring.
         let b = step % 2;
-        let owner = !shared || b == c;
         let (rs, r) = (region(c, 0), region(c, b));
         let q_inter = r + cfg.q_inter_offset();
         let k_state = r + cfg.k_state_offset();
@@ -909,12 +914,60 @@ unsafe fn walk<
         // SAFETY: the producer issues every step of this item, so the phase completes.
         unsafe { full(c, s).wait_parity(pos.phase) };
 
-        if owner {
-            if shared && step >= 2 {
-                // SAFETY: shared-item protocol (module docs): the other consumer arrived once it
-                // finished reading this set (its GEMM phase of step - 2).
-                unsafe { sync::named_sync(PP_FREE_BARRIER + b, ORDER_THREADS) };
+        if shared {
+            // Both consumers, in step: consumer c computes chunk c of the step (its
+            // element-wise phase and scores); two barriers of both consumers (256 threads)
+            // publish the set. The set the step writes was last read by the GEMM phases of
+            // step - 2, which both consumers finished before the first of these barriers in
+            // step - 1.
+            const { assert!(PARTS == 1 || (NCH == 2 && PE * (DK / CPT as u32) == WARPGROUP_SIZE)) };
+            if valid < STEP && c == 0 {
+                let row_words = 8u32; // 16-byte words per 128-byte row
+                let words = (STEP - valid) * row_words * (ring_dv / PP_ATOM);
+                let mut w = ctid;
+                while w < words {
+                    let (cb, rest) = (
+                        w / ((STEP - valid) * row_words),
+                        w % ((STEP - valid) * row_words),
+                    );
+                    let row = valid + rest / row_words;
+                    let at = v_s + cb * block + row * 128 + (rest % row_words) * 16;
+                    // SAFETY: a row >= valid of the stage (full phase completed, released only
+                    // after both consumers' L3); 16-byte aligned; one writer.
+                    unsafe { <[u32; 4]>::store(at, [0; 4]) };
+                    w += WARPGROUP_SIZE;
+                }
             }
+            let tiles = PingpongChunk::<DK> {
+                q: q_s,
+                k: k_s,
+                g: g_s,
+                q_inter,
+                k_state,
+                q_diag,
+                k_half0,
+                k_half1,
+                decay,
+                r0: 0,
+                block,
+            };
+            let part = ctid % PE;
+            let group = (ctid / PE) % (DK / CPT as u32);
+            // SAFETY: the consumer's 128 threads, chunk c (warp-uniform); the stage was
+            // published by its full phase; the set is not read before the barrier below.
+            unsafe { elementwise_chunk::<DK, CPT, PE, TPTE>(c, part, group, &tiles, valid) };
+            fence::fence_proxy_async_shared();
+            // SAFETY: both consumers' 256 threads, uniformly.
+            unsafe { sync::named_sync(PP_PAIR_BARRIER, ORDER_THREADS) };
+            if warp == 0 && c < nchunks {
+                // SAFETY: whole warp; tiles published by the barrier above; this warp writes
+                // only chunk c's part of the score tile.
+                unsafe { scores::<DK, NKK>(lane, q_diag, k_half0, k_half1, p_tile, c) };
+            }
+            fence::fence_proxy_async_shared();
+            // SAFETY: both consumers' 256 threads, uniformly.
+            unsafe { sync::named_sync(PP_PAIR_BARRIER, ORDER_THREADS) };
+        } else {
             // 1. Element-wise phase; rows past the segment's end are zero.
             if valid < STEP {
                 let row_words = 8u32; // 16-byte words per 128-byte row
@@ -964,14 +1017,6 @@ unsafe fn walk<
             fence::fence_proxy_async_shared();
             // SAFETY: barrier L2 of the protocol.
             unsafe { sync::named_sync(PP_LOCAL_BARRIER + c, WARPGROUP_SIZE) };
-            if shared {
-                // SAFETY: shared-item protocol: publishes the set (and the zeroed v rows) to the
-                // other consumer, which syncs once for this arrival.
-                unsafe { sync::named_arrive(PP_READY_BARRIER + b, ORDER_THREADS) };
-            }
-        } else {
-            // SAFETY: shared-item protocol: the owner arrives once its set is written.
-            unsafe { sync::named_sync(PP_READY_BARRIER + b, ORDER_THREADS) };
         }
 
         // 3. GEMM phase, in turn.
@@ -1025,8 +1070,8 @@ unsafe fn walk<
                     wgmma::pin_fragment(f);
                 }
                 // SAFETY: whole warpgroup, uniform; the operand tiles were published by L1/L2
-                // (with the proxy fence) and the stage by its full phase; none is rewritten
-                // before L3 of this step.
+                // (shared mode: the pair barriers), with the proxy fence, and the stage by its
+                // full phase; none is rewritten before L3 of this step.
                 unsafe {
                     wgmma::fence();
                     let va =
@@ -1077,11 +1122,6 @@ unsafe fn walk<
             // SAFETY: every read of the stage by this consumer is complete (L3); one arrival
             // per phase and consumer of the ring.
             unsafe { empty(c, s).arrive() };
-        }
-        if shared && !owner && step + 2 < it.steps {
-            // SAFETY: shared-item protocol: every read of the set by this consumer is complete
-            // (L3); the owner syncs once for this arrival before it rewrites the set.
-            unsafe { sync::named_arrive(PP_FREE_BARRIER + b, ORDER_THREADS) };
         }
         pos = pos.next();
     }
