@@ -365,7 +365,6 @@ unsafe fn local_cumsum<const CPT: usize, const TPT: usize>(
     first: u32,
     valid: u32,
 ) -> ([[f32; CPT]; TPT], [f32; CPT]) {
-    let floor2 = G_FLOOR * math::LOG2_E;
     let mut b = [[0.0f32; CPT]; TPT];
     let mut acc = [0.0f32; CPT];
     for (i, bi) in b.iter_mut().enumerate() {
@@ -375,7 +374,8 @@ unsafe fn local_cumsum<const CPT: usize, const TPT: usize>(
         let w = if row >= valid { [0; 4] } else { w };
         let g = unpack::<CPT>(w);
         for c in 0..CPT {
-            acc[c] += (g[c] * math::LOG2_E).max(floor2);
+            // (`max` returns its non-NaN operand: a NaN log-decay reads as the floor.)
+            acc[c] = math::fma(g[c].max(G_FLOOR), math::LOG2_E, acc[c]);
         }
         *bi = acc;
     }
@@ -568,6 +568,11 @@ unsafe fn elementwise_states<const DK: u32, const P: u32, const TPT: usize>(
         // inclusive run total is the step's total.
         e[c] = unsafe { shfl_f32(acc[c] + excl[c], base_lane + P - 1) };
     }
+    // Per channel, `E - excl + C`: the token's exponent is this minus its local cumsum.
+    let mut off = [0.0f32; CPT];
+    for c in 0..CPT {
+        off[c] = (e[c] - excl[c]) + carry[c];
+    }
     for (i, bi) in b.iter().enumerate() {
         let row = first + i as u32;
         // SAFETY: a published raw k row of the step; aligned piece.
@@ -576,7 +581,7 @@ unsafe fn elementwise_states<const DK: u32, const P: u32, const TPT: usize>(
         let k = unpack::<CPT>(kw);
         let mut ks = [0.0f32; CPT];
         for c in 0..CPT {
-            ks[c] = k[c] * math::exp2((e[c] - (bi[c] + excl[c])) + carry[c]);
+            ks[c] = k[c] * math::exp2(off[c] - bi[c]);
         }
         // SAFETY: row < step of the swizzled k_state tile, this thread's piece: one writer;
         // nobody reads it before the next barrier.
