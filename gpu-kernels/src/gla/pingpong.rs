@@ -323,6 +323,32 @@ unsafe fn store_f32<const CPT: usize>(addr: u32, x: &[f32; CPT]) {
     }
 }
 
+/// Zero rows `valid .. step` of a swizzled `[step, 64 blocks]` v tile at `v` (`blocks` column
+/// blocks `block` bytes apart): the rows past a segment's end, where TMA loaded the next
+/// sequence's tokens. The warpgroup's 128 threads share the 16-byte words (`ctid` is this
+/// thread's index in it).
+///
+/// # Safety
+/// The stage's full phase completed and no product reads it before the caller's next barrier
+/// (with its proxy fence); no other thread writes these rows.
+#[inline(always)]
+unsafe fn zero_rows_past(v: u32, block: u32, blocks: u32, step: u32, valid: u32, ctid: u32) {
+    let row_words = 8u32; // 16-byte words per 128-byte row
+    let words = (step - valid) * row_words * blocks;
+    let mut w = ctid;
+    while w < words {
+        let (cb, rest) = (
+            w / ((step - valid) * row_words),
+            w % ((step - valid) * row_words),
+        );
+        let row = valid + rest / row_words;
+        // SAFETY: a row >= valid of the tile, 16-byte aligned, one writer (the caller's
+        // contract).
+        unsafe { <[u32; 4]>::store(v + cb * block + row * 128 + (rest % row_words) * 16, [0; 4]) };
+        w += WARPGROUP_SIZE;
+    }
+}
+
 /// Inclusive prefix sums, over the `P` consecutive lanes from `base_lane` (this lane is
 /// `part`), of each lane's run totals `acc`: returns the exclusive prefix of this lane's run.
 ///
@@ -919,6 +945,19 @@ unsafe fn walk<
         // SAFETY: the producer issues every step of this item, so the phase completes.
         unsafe { full(c, s).wait_parity(pos.phase) };
 
+        let tiles = PingpongChunk::<DK> {
+            q: q_s,
+            k: k_s,
+            g: g_s,
+            q_inter,
+            k_state,
+            q_diag,
+            k_half0,
+            k_half1,
+            decay,
+            r0: 0,
+            block,
+        };
         if shared {
             // Both consumers, in step: consumer c computes chunk c of the step (its
             // element-wise phase and scores); two barriers of both consumers (256 threads)
@@ -927,35 +966,10 @@ unsafe fn walk<
             // step - 1.
             const { assert!(PARTS == 1 || (NCH == 2 && PE * (DK / CPT as u32) == WARPGROUP_SIZE)) };
             if valid < STEP && c == 0 {
-                let row_words = 8u32; // 16-byte words per 128-byte row
-                let words = (STEP - valid) * row_words * (ring_dv / PP_ATOM);
-                let mut w = ctid;
-                while w < words {
-                    let (cb, rest) = (
-                        w / ((STEP - valid) * row_words),
-                        w % ((STEP - valid) * row_words),
-                    );
-                    let row = valid + rest / row_words;
-                    let at = v_s + cb * block + row * 128 + (rest % row_words) * 16;
-                    // SAFETY: a row >= valid of the stage (full phase completed, released only
-                    // after both consumers' L3); 16-byte aligned; one writer.
-                    unsafe { <[u32; 4]>::store(at, [0; 4]) };
-                    w += WARPGROUP_SIZE;
-                }
+                // SAFETY: the stage's full phase completed; it is released only after both
+                // consumers' L3; consumer 0 alone writes these rows.
+                unsafe { zero_rows_past(v_s, block, ring_dv / PP_ATOM, STEP, valid, ctid) };
             }
-            let tiles = PingpongChunk::<DK> {
-                q: q_s,
-                k: k_s,
-                g: g_s,
-                q_inter,
-                k_state,
-                q_diag,
-                k_half0,
-                k_half1,
-                decay,
-                r0: 0,
-                block,
-            };
             let part = ctid % PE;
             let group = (ctid / PE) % (DK / CPT as u32);
             // SAFETY: the consumer's 128 threads, chunk c (warp-uniform); the stage was
@@ -975,35 +989,10 @@ unsafe fn walk<
         } else {
             // 1. Element-wise phase; rows past the segment's end are zero.
             if valid < STEP {
-                let row_words = 8u32; // 16-byte words per 128-byte row
-                let words = (STEP - valid) * row_words * (ring_dv / PP_ATOM);
-                let mut w = ctid;
-                while w < words {
-                    let (cb, rest) = (
-                        w / ((STEP - valid) * row_words),
-                        w % ((STEP - valid) * row_words),
-                    );
-                    let row = valid + rest / row_words;
-                    let at = v_s + cb * block + row * 128 + (rest % row_words) * 16;
-                    // SAFETY: a row >= valid of this consumer's stage (full phase completed, the
-                    // stage is released only after barrier L3); 16-byte aligned; one writer.
-                    unsafe { <[u32; 4]>::store(at, [0; 4]) };
-                    w += WARPGROUP_SIZE;
-                }
+                // SAFETY: this consumer's stage (full phase completed, released only after
+                // barrier L3).
+                unsafe { zero_rows_past(v_s, block, ring_dv / PP_ATOM, STEP, valid, ctid) };
             }
-            let tiles = PingpongChunk::<DK> {
-                q: q_s,
-                k: k_s,
-                g: g_s,
-                q_inter,
-                k_state,
-                q_diag,
-                k_half0,
-                k_half1,
-                decay,
-                r0: 0,
-                block,
-            };
             // SAFETY: the consumer's 128 threads (chunks are warp-uniform); the stage was
             // published by its full phase; the operand tiles are not read before L1.
             unsafe { elementwise_step::<DK, CPT, PE, TPTE, NCH>(ctid, &tiles, valid) };
@@ -1286,21 +1275,8 @@ unsafe fn states_walk<
             unsafe { full(s).wait_parity((i / PP_STATE_STAGES) % 2) };
             // Rows past the segment's end (only in the segment's last step) are zero.
             if valid < STEP {
-                let row_words = 8u32; // 16-byte words per 128-byte row
-                let words = (STEP - valid) * row_words * (DV / PP_ATOM);
-                let mut w = ctid;
-                while w < words {
-                    let (cb, rest) = (
-                        w / ((STEP - valid) * row_words),
-                        w % ((STEP - valid) * row_words),
-                    );
-                    let row = valid + rest / row_words;
-                    let at = v_s + cb * block + row * 128 + (rest % row_words) * 16;
-                    // SAFETY: a row >= valid of the stage (full phase completed, the stage is
-                    // reloaded only after barrier B); 16-byte aligned; one writer.
-                    unsafe { <[u32; 4]>::store(at, [0; 4]) };
-                    w += WARPGROUP_SIZE;
-                }
+                // SAFETY: the stage's full phase completed; it is reloaded only after barrier B.
+                unsafe { zero_rows_past(v_s, block, DV / PP_ATOM, STEP, valid, ctid) };
             }
             let tiles = PingpongChunk::<DK> {
                 q: 0,
