@@ -410,7 +410,7 @@ pub struct PingpongConfig {
     pub dv_parts: u32,
     /// Tokens per ring stage (a multiple of [`STEP`], at most 64 = four chunks).
     pub step: u32,
-    /// Ring stages per consumer.
+    /// Ring stages per consumer (per block in the shared-item mode).
     pub stages: u32,
     /// Consumer warpgroups per block (2 ..= [`PP_MAX_CONSUMERS`]), taking their GEMM phases in
     /// turns.
@@ -645,11 +645,13 @@ impl PingpongConfig {
     }
 }
 
-/// The pingpong configuration for `(dk, dv)`: two consumers with two stages each, of 64 tokens
-/// at `dk = dv = 64` and of 32 tokens otherwise. At `dk = dv = 128` an item is half of the
-/// value columns (`dv_parts = 2`): a whole `128 x 128` state (128 f32 registers per consumer
-/// thread) with the fragments and the element-wise phase exceeded the 168 registers ptxas
-/// allocates at 384 threads (520-byte spill, 1.5x slower than the baseline when measured).
+/// The pingpong configuration for `(dk, dv)`: two consumers, stages of 64 tokens at
+/// `dk = dv = 64` and of 32 tokens otherwise, two per consumer's ring. At `dk = dv = 128` an
+/// item is half of the value columns (`dv_parts = 2`): a whole `128 x 128` state (128 f32
+/// registers per consumer thread) with the fragments and the element-wise phase exceeded the
+/// 168 registers ptxas allocates at 384 threads (520-byte spill, 1.5x slower than the baseline
+/// when measured); the two halves of one (segment, head) share the block's one ring of three
+/// stages ([`PingpongConfig::shares_item`]).
 /// (Three consumers of 32-token stages at `dk = dv = 64`, whose code fits the 128 registers
 /// ptxas allocates at 512 threads, measured 4-8% slower: bench/NOTES.md.)
 pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
