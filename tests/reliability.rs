@@ -305,9 +305,19 @@ fn props_semicrf() -> TestResult {
 }
 
 /// An executor that runs nothing: it checks each launch as `Gpu::launch` would (without a
-/// device) and records the kernel names.
+/// device) against the PTX of every target, and records the kernel names and whether each
+/// launch overlaps its predecessor.
 struct CheckingExec {
-    launched: RefCell<Vec<String>>,
+    launched: RefCell<Vec<(String, bool)>>,
+}
+
+impl CheckingExec {
+    /// Checking against every target.
+    fn all() -> Self {
+        CheckingExec {
+            launched: RefCell::new(Vec::new()),
+        }
+    }
 }
 
 impl Exec for CheckingExec {
@@ -320,7 +330,9 @@ impl Exec for CheckingExec {
         for arch in Arch::ALL {
             check_launch(arch, name, cfg, std::mem::size_of::<P>(), HOPPER_MAX_SMEM)?;
         }
-        self.launched.borrow_mut().push(name.to_string());
+        self.launched
+            .borrow_mut()
+            .push((name.to_string(), cfg.overlap_previous));
         Ok(())
     }
 }
@@ -397,14 +409,16 @@ fn props_gla() -> TestResult {
                     o: fake(p.v_len()),
                     final_state: Some(fake(p.state_len())),
                 };
-                let exec = CheckingExec {
-                    launched: RefCell::new(Vec::new()),
-                };
+                // (The baseline's launches; the pingpong's encode tensor maps, which needs the
+                // driver: its launch sequence runs in the GPU tests.)
+                let exec = CheckingExec::all();
                 // SAFETY: `CheckingExec` never accesses the (made-up) views.
                 unsafe { gla::forward_raw(&exec, &p, &plan, &tables, &t) }
                     .map_err(|e| TestCaseError::fail(format!("launch sequence: {e}")))?;
-                let n = exec.launched.borrow().len();
-                prop_assert!(n == if ws.is_some() { 3 } else { 1 }, "{n} launches");
+                // Split: the state pass, the combination, the forward, none overlapping its
+                // predecessor (the baseline runs on sm_80 too).
+                let overlaps: Vec<bool> = exec.launched.borrow().iter().map(|l| l.1).collect();
+                prop_assert_eq!(overlaps, vec![false; if ws.is_some() { 3 } else { 1 }]);
                 // Every token of every sequence is in exactly one segment.
                 let covered: usize = plan.segments.iter().map(|s| s.len as usize).sum();
                 prop_assert_eq!(covered, p.rows());
@@ -468,9 +482,7 @@ fn props_mhc() -> TestResult {
                     dalpha: fake(3),
                     dbias: fake(m),
                 };
-                let exec = CheckingExec {
-                    launched: RefCell::new(Vec::new()),
-                };
+                let exec = CheckingExec::all();
                 let fail = |what: &str, e: Error| TestCaseError::fail(format!("{what}: {e}"));
                 // SAFETY: `CheckingExec` never accesses the (made-up) views.
                 unsafe {
@@ -981,6 +993,29 @@ fn limits_gla() -> TestResult {
         })?;
         println!("{what}: {e}");
     }
+    // An overlapped launch (programmatic dependent launch) needs sm_90a code: the same launch
+    // of a baseline kernel passes on sm_80 without it and is refused with it.
+    let bytes = std::mem::size_of::<kernel_abi::gla::GlaParams>();
+    let cfg = LaunchConfig::new((1, 1, 1), 128, 0);
+    check_launch(
+        Arch::Sm80,
+        "gla_fwd_dk64_dv64",
+        &cfg,
+        bytes,
+        HOPPER_MAX_SMEM,
+    )
+    .map_err(|e| format!("{e}"))?;
+    let e = check_launch(
+        Arch::Sm80,
+        "gla_fwd_dk64_dv64",
+        &cfg.overlapping_previous(),
+        bytes,
+        HOPPER_MAX_SMEM,
+    )
+    .err()
+    .ok_or("an overlapped sm_80 launch: accepted")?;
+    ensure(matches!(e, Error::InvalidLaunch { .. }), || format!("{e}"))?;
+    println!("overlapped sm_80 launch: {e}");
     Ok(())
 }
 

@@ -170,12 +170,14 @@ impl Gpu {
     /// - the kernel exists and takes exactly one parameter of `size_of::<P>()` bytes;
     /// - the block has at most the kernel's declared `.maxntid` threads (and 1024);
     /// - grid and block dimensions are non-zero and within the device's limits;
-    /// - the dynamic shared memory fits the device (the opt-in limit is raised when needed).
+    /// - the dynamic shared memory fits the device (the opt-in limit is raised when needed);
+    /// - [`LaunchConfig::overlap_previous`] only on `sm_90a` code.
     ///
     /// # Safety
     /// `params` must satisfy the kernel's documented contract: its pointers refer to live device
     /// allocations of the documented sizes, its sizes match them, and `cfg` is the launch shape
-    /// the kernel documents.
+    /// the kernel documents. With `cfg.overlap_previous`, the kernel waits for the stream's
+    /// previous kernel (`griddepcontrol.wait`) as [`LaunchConfig::overlap_previous`] requires.
     pub unsafe fn launch<P: Copy>(
         &self,
         stream: &Stream,
@@ -194,6 +196,40 @@ impl Gpu {
         self.bind()?;
         let func = self.function(name, cfg.shared_mem_bytes)?;
         let mut arg = params as *const P as *mut c_void;
+        if cfg.overlap_previous {
+            // The attribute's value: `programmaticStreamSerializationAllowed = 1` (an int at
+            // the start of the 64-byte union).
+            let mut value = [0u8; 64];
+            value[..4].copy_from_slice(&1i32.to_ne_bytes());
+            let mut attr = launch_ex::LaunchAttribute {
+                id: launch_ex::PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value,
+            };
+            let config = launch_ex::LaunchConfig {
+                grid_dim: [gx, gy, gz],
+                block_dim: [cfg.block.0, cfg.block.1, cfg.block.2],
+                shared_mem_bytes: cfg.shared_mem_bytes as u32,
+                stream: stream.as_inner(),
+                attrs: &mut attr,
+                num_attrs: 1,
+            };
+            // SAFETY: as for `cuLaunchKernel` below; `config` and the attribute it points to
+            // have the driver's layouts (`launch_ex`) and outlive the call; the kernel honours
+            // the programmatic dependency (the caller's contract).
+            let result = unsafe {
+                launch_ex::cuLaunchKernelEx(
+                    &config,
+                    func,
+                    &mut arg as *mut *mut c_void,
+                    std::ptr::null_mut(),
+                )
+            };
+            return check(
+                result,
+                &format!("launching {name} (overlapping its predecessor)"),
+            );
+        }
         // SAFETY: the parameter list was checked against the PTX declaration (one parameter of
         // exactly size_of::<P>() bytes, which the driver copies from `arg`), the launch shape
         // against the kernel's bounds and the device's limits; the caller guarantees the
@@ -342,6 +378,11 @@ pub fn check_launch(
             cfg.shared_mem_bytes
         )));
     }
+    if cfg.overlap_previous && arch != Arch::Sm90a {
+        return Err(invalid(format!(
+            "overlapping the previous kernel needs sm_90a code, not {arch}"
+        )));
+    }
     Ok(())
 }
 
@@ -354,6 +395,13 @@ pub struct LaunchConfig {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory in bytes (including `kernel_abi::SMEM_ALIGN` slack).
     pub shared_mem_bytes: usize,
+    /// Programmatic dependent launch (`sm_90a` only): the kernel may be scheduled while the
+    /// previous kernel on the stream (its primary) still runs, once every block of that one has
+    /// executed `griddepcontrol.launch_dependents` or exited. The kernel must execute
+    /// `griddepcontrol.wait` (`arch::griddep::wait_primary`) before it touches memory the
+    /// primary writes and before it writes memory the primary reads, in every block (so it
+    /// completes after the primary). Off by default.
+    pub overlap_previous: bool,
 }
 
 impl LaunchConfig {
@@ -363,7 +411,60 @@ impl LaunchConfig {
             grid,
             block: (threads, 1, 1),
             shared_mem_bytes: smem,
+            overlap_previous: false,
         }
+    }
+
+    /// The same launch, overlapping the previous kernel ([`LaunchConfig::overlap_previous`]).
+    pub fn overlapping_previous(self) -> Self {
+        LaunchConfig {
+            overlap_previous: true,
+            ..self
+        }
+    }
+}
+
+/// The driver's extended launch (`cuLaunchKernelEx`, CUDA 12.0), which `cust_raw` 0.11 predates:
+/// the declarations of `cuda.h` for the one attribute used here.
+mod launch_ex {
+    use super::cu;
+    use std::ffi::c_void;
+
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
+    pub const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+
+    /// `CUlaunchAttribute`: the id, padding to 8 bytes, the 64-byte value union.
+    #[repr(C, align(8))]
+    pub struct LaunchAttribute {
+        pub id: u32,
+        pub pad: [u8; 4],
+        pub value: [u8; 64],
+    }
+
+    /// `CUlaunchConfig`.
+    #[repr(C)]
+    pub struct LaunchConfig {
+        pub grid_dim: [u32; 3],
+        pub block_dim: [u32; 3],
+        pub shared_mem_bytes: u32,
+        pub stream: cu::CUstream,
+        pub attrs: *mut LaunchAttribute,
+        pub num_attrs: u32,
+    }
+
+    const _: () = assert!(
+        std::mem::size_of::<LaunchAttribute>() == 72 && std::mem::size_of::<LaunchConfig>() == 56
+    );
+
+    #[link(name = "cuda")]
+    unsafe extern "C" {
+        /// `CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **)`.
+        pub fn cuLaunchKernelEx(
+            config: *const LaunchConfig,
+            f: cu::CUfunction,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> cu::CUresult;
     }
 }
 

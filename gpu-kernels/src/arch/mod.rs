@@ -28,6 +28,8 @@ pub mod smem;
 pub mod sync;
 pub mod warp;
 
+#[cfg(target_feature = "sm_90")]
+pub mod griddep;
 #[cfg(target_feature = "sm_90a")]
 pub mod mbarrier;
 #[cfg(target_feature = "sm_90a")]

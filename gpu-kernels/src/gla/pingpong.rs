@@ -96,6 +96,19 @@
 //!   step `i` before any step `i + 1`), so every wait it does is on a stage whose consumer can
 //!   finish it with stages already issued; in the shared-item mode both consumers pass the same
 //!   barriers in the same order.
+//! - Launch order: the forward is launched with `overlap_previous` (programmatic dependent
+//!   launch) right after the state pass when a sequence is split, and the state pass lets it be
+//!   scheduled at once (`griddepcontrol.launch_dependents` at its start): the forward's barrier
+//!   set-up, tensor-map prefetches and first TMA loads (q, k, g, v: inputs, which the state
+//!   pass only reads) overlap the state pass's tail. Every consumer thread executes
+//!   `griddepcontrol.wait` before anything else it does after the role split, so before its
+//!   first read of `delta` / `decay_log2` and its first write (o, the final state), all of which
+//!   then see the complete state pass; every block has a consumer with an item, so the forward
+//!   completes after the state pass. The producer reads only inputs and never waits. Launched
+//!   without a primary (one segment per sequence) the wait returns at once. No deadlock: the
+//!   forward's blocks are scheduled only once every block of the state pass has started
+//!   (executed the trigger) or exited, so a waiting forward block never keeps a state-pass
+//!   block from an SM.
 //! - Registers: the `S^T` bf16 fragments read by an in-flight `wgmma` are rebuilt only after
 //!   its `wait_group`; accumulators are pinned around every wait (`fence_operands`), and a
 //!   `wgmma.fence` precedes every batch (the decay scaling writes `S^T` with ordinary
@@ -106,7 +119,7 @@ use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::smem::SmemValue;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{convert, fence, index, math, regs, smem, sync, warp};
+use crate::arch::{convert, fence, griddep, index, math, regs, smem, sync, warp};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
@@ -801,6 +814,10 @@ unsafe fn walk<
     // Consumers.
     // SAFETY: the whole consumer warpgroup executes this, uniformly.
     unsafe { regs::increase::<CREGS>() };
+    // The state pass (this launch's primary when a sequence is split) may still be running:
+    // every consumer thread waits for it before its first read of delta / decay_log2 and its
+    // first write (module docs, "Launch order").
+    griddep::wait_primary();
     let c = wg - 1;
     // (Recomputed rather than indexed by the runtime `c`, which would put the array in local
     // memory.)
@@ -1149,6 +1166,9 @@ unsafe fn walk<
 /// `decay_log2` (`C_0 + C_1`, the segment's total).
 ///
 /// # Barrier protocol
+/// - Launch order: every thread first executes `griddepcontrol.launch_dependents`, so the
+///   forward (launched next with `overlap_previous`) may be scheduled while this grid runs; it
+///   waits for this grid's completion before reading `delta` / `decay_log2` (module docs).
 /// - Start: thread 0 of warpgroup `w` initializes its `full[w][s]` (count 1),
 ///   `fence.mbarrier_init`, issues the loads of its first `PP_STATE_STAGES` steps; the block
 ///   barrier (`sync_threads`) publishes the barriers.
@@ -1196,6 +1216,9 @@ unsafe fn states_walk<
         )
     };
     let [_, tmap_k, tmap_g, tmap_v] = tmaps;
+    // The forward may be scheduled now: it waits for this grid's completion before it reads
+    // what this grid writes (module docs, "Launch order").
+    griddep::launch_dependents();
     let tid = index::thread_idx_x();
     let wg = index::warpgroup_id();
     let ctid = tid - wg * WARPGROUP_SIZE;
@@ -1491,8 +1514,9 @@ macro_rules! gla_pp_kernels {
             /// # Safety
             /// Grid `ceil(items / consumers)`, the configuration's threads and
             /// shared memory, parameters satisfying [`GlaPingpongParams`]'s contract (validated
-            /// by the host); for segments that are not first, `seg_init` written by
-            /// `gla_combine`.
+            /// by the host); for segments that are not first, `delta` and `decay_log2` written
+            /// by the state pass (launched just before; see "Launch order" in the module
+            /// documentation).
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $fwd(p: GlaPingpongParams) {
                 crate::launch_bounds!($fwd, pingpong_config_of($dk, $dv).threads(), 1);

@@ -757,8 +757,13 @@ pub unsafe fn forward_raw<E: Exec>(
         // writes only the slices of the segments that are not last, each from its own block.
         run(&kernel("states"), &states_launch)?;
         // The pingpong forward folds the earlier segments' states into each item's initial
-        // state itself (from delta and decay_log2): no combination launch.
-        if pp.is_none() {
+        // state itself (from delta and decay_log2): no combination launch. It is launched
+        // overlapping the state pass (programmatic dependent launch): its set-up and first
+        // loads run during the state pass's tail; its consumers wait for the state pass
+        // (`griddepcontrol.wait`) before reading delta or writing anything.
+        if pp.is_some() {
+            launch = launch.overlapping_previous();
+        } else {
             let combine = CombineParams {
                 entries: w.combine.ptr(),
                 init_state: params.init_state,
@@ -791,8 +796,9 @@ pub unsafe fn forward_raw<E: Exec>(
     // states hold N * heads * dk * dv elements (checked); seg_init was written by `gla_combine`
     // (just before, in order on the executor) for every segment that is not first, the only
     // ones that read it (the pingpong's read delta and decay_log2 of their sequence's earlier
-    // segments, written by `gla_states_pp` just before); each block writes only its own rows
-    // of o and, if it is the last of its sequence, that sequence's final state.
+    // segments, written by `gla_states_pp` just before, after waiting for it to complete:
+    // the overlapped launch's contract, kept by every consumer thread); each block writes only
+    // its own rows of o and, if it is the last of its sequence, that sequence's final state.
     run(&kernel("fwd"), &launch)
 }
 
