@@ -58,6 +58,9 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
         if f.family == "attention" {
             md.push_str(&attention_summary(f, files));
         }
+        if f.family == "gla" {
+            md.push_str(&gla_summary(f));
+        }
         md.push_str(&table(&f.rows));
         for n in &f.notes {
             writeln!(md, "\n- note: {n}").unwrap();
@@ -129,6 +132,52 @@ fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
     md
 }
 
+/// The GLA family in brief: per configuration, the baseline as shipped (`ours`, automatic
+/// segments), the warp-specialized pingpong (`ours-pingpong`) and fla's `chunk_gla` of the same
+/// run, with the pingpong's rates and its speed-up over both.
+fn gla_summary(f: &ResultsFile) -> String {
+    let mut md = String::from(
+        "Summary (`baseline` = `ours`, the `mma.sync` kernels with automatic segments; \
+         `pingpong` = `ours-pingpong`; `x` = how many times faster the pingpong is). Work \
+         counts of every row: FLOPs `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products \
+         per token and head, the same for every implementation whatever its chunking), tokens/s \
+         `B T / time`, GB/s over the minimum traffic (q, k, g, v read once, o written once, \
+         bf16).\n\n\
+         | config | baseline ms | pingpong ms | pingpong M tokens/s | pingpong TFLOP/s | \
+         x baseline | fla chunk_gla ms | x fla |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for base in f.rows.iter().filter(|r| r.implementation == "ours") {
+        let key = config_text(base);
+        let find = |pred: &dyn Fn(&str) -> bool| {
+            f.rows
+                .iter()
+                .find(|r| pred(&r.implementation) && config_text(r) == key)
+        };
+        let Some(pp) = find(&|i| i == "ours-pingpong") else {
+            continue;
+        };
+        let fla = find(&|i| i.starts_with("fla"));
+        let tokens = pp.extra.get("tokens_per_s").and_then(Value::as_f64);
+        writeln!(
+            md,
+            "| {key} | {:.4} | {:.4} | {} | {} | {:.2}x | {} | {} |",
+            base.median_ms,
+            pp.median_ms,
+            tokens.map_or(String::new(), |t| format!("{:.1}", t / 1e6)),
+            pp.tflops.map_or(String::new(), |t| format!("{t:.1}")),
+            base.median_ms / pp.median_ms,
+            fla.map_or(String::new(), |r| format!("{:.4}", r.median_ms)),
+            fla.map_or(String::new(), |r| format!(
+                "{:.2}x",
+                r.median_ms / pp.median_ms
+            )),
+        )
+        .unwrap();
+    }
+    md.push('\n');
+    md
+}
+
 /// `to` relative to the directory `from` (both existing), with `/` separators, for links.
 pub fn relative_link(from: &Path, to: &Path) -> Result<String, String> {
     let canon = |p: &Path| {
@@ -169,14 +218,21 @@ fn table(rows: &[Row]) -> String {
     }
     let peak = |r: &Row| r.extra.get("peak_bytes").and_then(Value::as_f64);
     let with_peak = rows.iter().any(|r| peak(r).is_some());
-    let mut md = String::from(
-        "| kernel | config | impl | median ms | TFLOP/s | GB/s | max err | diff vs ours | ours/peer |",
-    );
-    md.push_str(if with_peak {
-        " peak MiB |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
-    } else {
-        "\n|---|---|---|---:|---:|---:|---:|---:|---:|\n"
-    });
+    // Tokens per second, where the family records it (GLA).
+    let tokens = |r: &Row| r.extra.get("tokens_per_s").and_then(Value::as_f64);
+    let with_tokens = rows.iter().any(|r| tokens(r).is_some());
+    let mut md = String::from("| kernel | config | impl | median ms |");
+    if with_tokens {
+        md.push_str(" M tokens/s |");
+    }
+    md.push_str(" TFLOP/s | GB/s | max err | diff vs ours | ours/peer |");
+    if with_peak {
+        md.push_str(" peak MiB |");
+    }
+    md.push_str("\n|---|---|---|---:|");
+    let numeric = 5 + usize::from(with_tokens) + usize::from(with_peak);
+    md.push_str(&"---:|".repeat(numeric));
+    md.push('\n');
     let num = |v: Option<f64>, prec: usize| v.map_or(String::new(), |x| format!("{x:.prec$}"));
     let sci = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.2e}"));
     for r in rows {
@@ -190,11 +246,16 @@ fn table(rows: &[Row]) -> String {
         };
         write!(
             md,
-            "| {} | {} | {} | {:.4} | {} | {} | {} | {} | {} |",
-            r.kernel,
-            key.1,
-            r.implementation,
-            r.median_ms,
+            "| {} | {} | {} | {:.4} |",
+            r.kernel, key.1, r.implementation, r.median_ms
+        )
+        .unwrap();
+        if with_tokens {
+            write!(md, " {} |", num(tokens(r).map(|t| t / 1e6), 1)).unwrap();
+        }
+        write!(
+            md,
+            " {} | {} | {} | {} | {} |",
             num(r.tflops, 1),
             num(r.gbps, 1),
             sci(r.max_err),
