@@ -8,7 +8,8 @@
 #      with KERNELS_SANITIZER=<tool> (under racecheck the largest problems shrink, see
 #      reliability.sh);
 #   3. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
-#      (peers run through python3 on the same inputs).
+#      (peers run through python3 on the same inputs; the peers' packages are installed first
+#      from wheels/ into <results>/pydeps, offline).
 # Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
 #                           [--tests "smoke host"] [--tools "memcheck racecheck synccheck initcheck"]
 #                           [--bench-args "..."]
@@ -96,6 +97,18 @@ fi
 
 if [ "$do_bench" = 1 ]; then
   export KERNELS_PEERS_DIR="$here/peers"
+  # The peers' pure-Python packages (fla, flash-semicrf, torch-struct), shipped as wheels:
+  # installed offline into the results folder, never system-wide.
+  if compgen -G "$here/wheels/*.whl" >/dev/null; then
+    py="$out/pydeps"
+    if python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
+        --target "$py" "$here"/wheels/*.whl > "$out/logs/pip.log" 2>&1; then
+      export PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}"
+      note "peers: $(cd "$here/wheels" && ls -- *.whl | tr '\n' ' ')installed into $py"
+    else
+      note "peers: installing the shipped wheels failed (logs/pip.log): those peers record a note"
+    fi
+  fi
   for fam in $families; do
     log="$out/logs/bench-$fam.log"
     start=$(date +%s)

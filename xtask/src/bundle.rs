@@ -12,7 +12,7 @@ const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
 /// Build release test and benchmark executables, the command-line tool (`kernels-cli`) and the
 /// examples (`example-<name>`), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
-/// (Python peer scripts), `run.sh`, `reliability.sh`, `MANIFEST`; and a compressed copy,
+/// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `run.sh`, `reliability.sh`, `MANIFEST`; and a compressed copy,
 /// `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
@@ -75,6 +75,17 @@ pub fn bundle() -> Result {
             if e.path().extension().is_some_and(|x| x == "py") {
                 copy(&e.path(), &dir.join("peers").join(e.file_name()))?;
             }
+        }
+    }
+    // The peers' wheels, installed by run.sh on the GPU machine (no network there).
+    util::create_dir(&dir.join("wheels"))?;
+    let wheels = setup::peer_wheels()?;
+    for e in std::fs::read_dir(&wheels)
+        .map_err(|e| format!("reading {}: {e}", wheels.display()))?
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "whl") {
+            copy(&e.path(), &dir.join("wheels").join(e.file_name()))?;
         }
     }
     for (name, text) in [("run.sh", RUN_SH), ("reliability.sh", RELIABILITY_SH)] {

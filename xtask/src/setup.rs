@@ -215,6 +215,50 @@ pub fn ensure_ptxas() -> Result<PathBuf> {
     Ok(ptxas)
 }
 
+/// The peers' pure-Python packages, pinned (the GPU machine has PyTorch and Triton but no
+/// network): fla's `chunk_gla` (with its `einops` and `packaging`), flash-semicrf and
+/// torch-struct. `bundle` ships their wheels; `run.sh` installs them into the results folder.
+pub const PEER_WHEELS: [&str; 5] = [
+    "fla-core==0.6.0",
+    "einops==0.8.2",
+    "packaging==26.3",
+    "flash-semicrf==0.2.0",
+    "torch-struct==0.5",
+];
+
+/// The peers' wheels (`PEER_WHEELS`), downloaded from PyPI once into `.tools/peer-wheels`.
+pub fn peer_wheels() -> Result<PathBuf> {
+    let dir = tools().join("peer-wheels");
+    let stamp = dir.join(".installed");
+    let want = PEER_WHEELS.join(" ");
+    if util::read(&stamp).is_ok_and(|s| s.trim() == want) {
+        return Ok(dir);
+    }
+    eprintln!(
+        "setup: downloading the peers' wheels ({want}) into {}",
+        dir.display()
+    );
+    let python = util::which("python3").ok_or("python3 is needed to download the peers' wheels")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    util::run(
+        Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--dest",
+            ])
+            .arg(&dir)
+            .args(PEER_WHEELS),
+    )?;
+    util::write(&stamp, &want)?;
+    Ok(dir)
+}
+
 /// Both, reporting what is in use.
 pub fn setup() -> Result<(ToolEnv, PathBuf)> {
     let env = ensure_libcuda()?;
