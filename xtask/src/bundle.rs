@@ -77,16 +77,24 @@ pub fn bundle() -> Result {
             }
         }
     }
-    // The peers' wheels, installed by run.sh on the GPU machine (no network there).
+    // The peers' wheels, installed by run.sh on the GPU machine (no network there). Without
+    // PyPI the bundle is still built: the peers that need them then record a note.
     util::create_dir(&dir.join("wheels"))?;
-    let wheels = setup::peer_wheels()?;
-    for e in std::fs::read_dir(&wheels)
-        .map_err(|e| format!("reading {}: {e}", wheels.display()))?
-        .flatten()
-    {
-        if e.path().extension().is_some_and(|x| x == "whl") {
-            copy(&e.path(), &dir.join("wheels").join(e.file_name()))?;
+    match setup::peer_wheels() {
+        Ok(wheels) => {
+            for e in std::fs::read_dir(&wheels)
+                .map_err(|e| format!("reading {}: {e}", wheels.display()))?
+                .flatten()
+            {
+                if e.path().extension().is_some_and(|x| x == "whl") {
+                    copy(&e.path(), &dir.join("wheels").join(e.file_name()))?;
+                }
+            }
         }
+        Err(e) => eprintln!(
+            "bundle: warning: the peers' wheels could not be downloaded ({e}); the bundle has \
+             none, so fla, flash-semicrf and torch-struct rows will be missing (a note each)"
+        ),
     }
     for (name, text) in [("run.sh", RUN_SH), ("reliability.sh", RELIABILITY_SH)] {
         let script = dir.join(name);
