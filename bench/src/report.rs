@@ -157,7 +157,7 @@ fn gla_summary(f: &ResultsFile) -> String {
             continue;
         };
         let fla = find(&|i| i.starts_with("fla"));
-        let tokens = pp.extra.get("tokens_per_s").and_then(Value::as_f64);
+        let tokens = recorded_tokens_per_s(pp);
         writeln!(
             md,
             "| {key} | {:.4} | {:.4} | {} | {} | {:.2}x | {} | {} |",
@@ -176,6 +176,12 @@ fn gla_summary(f: &ResultsFile) -> String {
     }
     md.push('\n');
     md
+}
+
+/// Tokens per second, where the family records it (GLA; unlike the plots, not derived from the
+/// configuration, so only the families that record it get the column).
+fn recorded_tokens_per_s(r: &Row) -> Option<f64> {
+    r.extra.get("tokens_per_s").and_then(Value::as_f64)
 }
 
 /// `to` relative to the directory `from` (both existing), with `/` separators, for links.
@@ -218,8 +224,7 @@ fn table(rows: &[Row]) -> String {
     }
     let peak = |r: &Row| r.extra.get("peak_bytes").and_then(Value::as_f64);
     let with_peak = rows.iter().any(|r| peak(r).is_some());
-    // Tokens per second, where the family records it (GLA).
-    let tokens = |r: &Row| r.extra.get("tokens_per_s").and_then(Value::as_f64);
+    let tokens = recorded_tokens_per_s;
     let with_tokens = rows.iter().any(|r| tokens(r).is_some());
     let mut md = String::from("| kernel | config | impl | median ms |");
     if with_tokens {

@@ -12,8 +12,8 @@ const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
 /// Build release test and benchmark executables, the command-line tool (`kernels-cli`) and the
 /// examples (`example-<name>`), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
-/// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `run.sh`, `reliability.sh`, `MANIFEST`; and a compressed copy,
-/// `target/bundle-pack/bundle.tar.xz`.
+/// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `run.sh`,
+/// `reliability.sh`, `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
     let root = util::root();
@@ -69,28 +69,12 @@ pub fn bundle() -> Result {
     for (t, path) in crate::ptx::build()? {
         copy(&path, &dir.join("ptx").join(ptx_builder::ptx_file_name(&t)))?;
     }
-    let peers = root.join("bench").join("peers");
-    if let Ok(entries) = std::fs::read_dir(&peers) {
-        for e in entries.flatten() {
-            if e.path().extension().is_some_and(|x| x == "py") {
-                copy(&e.path(), &dir.join("peers").join(e.file_name()))?;
-            }
-        }
-    }
+    copy_all(&root.join("bench").join("peers"), "py", &dir.join("peers"))?;
     // The peers' wheels, installed by run.sh on the GPU machine (no network there). Without
     // PyPI the bundle is still built: the peers that need them then record a note.
     util::create_dir(&dir.join("wheels"))?;
     match setup::peer_wheels() {
-        Ok(wheels) => {
-            for e in std::fs::read_dir(&wheels)
-                .map_err(|e| format!("reading {}: {e}", wheels.display()))?
-                .flatten()
-            {
-                if e.path().extension().is_some_and(|x| x == "whl") {
-                    copy(&e.path(), &dir.join("wheels").join(e.file_name()))?;
-                }
-            }
-        }
+        Ok(wheels) => copy_all(&wheels, "whl", &dir.join("wheels"))?,
         Err(e) => eprintln!(
             "bundle: warning: the peers' wheels could not be downloaded ({e}); the bundle has \
              none, so fla, flash-semicrf and torch-struct rows will be missing (a note each)"
@@ -148,6 +132,20 @@ fn executables(json: &str, tests: bool) -> Vec<(String, PathBuf, bool)> {
         out.push((name, PathBuf::from(exe), is_test));
     }
     out
+}
+
+/// Copy every file of `from` whose name ends in `.ext` into `to` (a missing `from` copies
+/// nothing).
+fn copy_all(from: &Path, ext: &str, to: &Path) -> Result {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        if e.path().extension().is_some_and(|x| x == ext) {
+            copy(&e.path(), &to.join(e.file_name()))?;
+        }
+    }
+    Ok(())
 }
 
 fn copy(from: &Path, to: &Path) -> Result {

@@ -9,7 +9,7 @@
 //! Nothing is installed system-wide: apt runs with a project-local configuration and state.
 
 use crate::util::{self, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// PyPI version of `nvidia-cuda-nvcc` whose ptxas we use: CUDA 13.0, the toolkit of the GPU
@@ -190,21 +190,8 @@ pub fn ensure_ptxas() -> Result<PathBuf> {
         "setup: installing ptxas from PyPI ({NVCC_PYPI}) into {}",
         dir.display()
     );
-    let python = util::which("python3").ok_or("python3 is needed to install ptxas from PyPI")?;
     let _ = std::fs::remove_dir_all(&dir);
-    util::run(
-        Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(NVCC_PYPI),
-    )?;
+    pip(&["install", "--target"], &dir, &[NVCC_PYPI])?;
     if !ptxas.is_file() {
         return Err(format!(
             "{} missing after installing {NVCC_PYPI}",
@@ -238,25 +225,26 @@ pub fn peer_wheels() -> Result<PathBuf> {
         "setup: downloading the peers' wheels ({want}) into {}",
         dir.display()
     );
-    let python = util::which("python3").ok_or("python3 is needed to download the peers' wheels")?;
     let _ = std::fs::remove_dir_all(&dir);
-    util::run(
-        Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--dest",
-            ])
-            .arg(&dir)
-            .args(PEER_WHEELS),
+    pip(
+        &["download", "--no-deps", "--only-binary=:all:", "--dest"],
+        &dir,
+        &PEER_WHEELS,
     )?;
     util::write(&stamp, &want)?;
     Ok(dir)
+}
+
+/// `python3 -m pip <args> <dir> <packages>`, quietly, into a project-local folder.
+fn pip(args: &[&str], dir: &Path, packages: &[&str]) -> Result {
+    let python = util::which("python3").ok_or("python3 is needed to fetch packages from PyPI")?;
+    util::run(
+        Command::new(python)
+            .args(["-m", "pip", "--quiet", "--disable-pip-version-check"])
+            .args(args)
+            .arg(dir)
+            .args(packages),
+    )
 }
 
 /// Both, reporting what is in use.
