@@ -3,6 +3,7 @@
 
 mod bundle;
 mod ptx;
+mod ptx_diff;
 mod setup;
 mod util;
 
@@ -42,6 +43,10 @@ const TASKS: &[(&str, &str)] = &[
         "report",
         "turn bench/results/*.json into BENCHMARKS.md and bench/plots/*.{svg,png}",
     ),
+    (
+        "ptx-diff",
+        "ptx-diff BASE: every kernel's PTX against commit BASE's, up to register and label names",
+    ),
     ("ci", "what CI runs: test, fmt --check, clippy, check-ptx"),
 ];
 
@@ -59,6 +64,7 @@ fn main() -> ExitCode {
         "setup" => setup::setup().map(|_| ()),
         "build-ptx" => ptx::build().map(|_| ()),
         "check-ptx" => ptx::check(),
+        "ptx-diff" => ptx_diff::ptx_diff(rest),
         "test" => test(rest),
         "run" => run_main(rest),
         "clippy" => clippy(),
