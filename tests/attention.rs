@@ -409,7 +409,7 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
         .and_then(|(kernel, launch, params)| {
             // SAFETY: the buffers hold the contiguous tensors of `p` (the strides above), LSE
             // has batch * heads_q * seq_q elements, and they outlive the (synchronous) launch.
-            unsafe { Emulator.launch(&kernel, &launch, &params) }
+            unsafe { Emulator.launch_by_name(&kernel, &launch, &params) }
         });
     launched.map_err(|e| format!("{what}: {e}"))?;
     ensure(

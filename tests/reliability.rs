@@ -321,7 +321,7 @@ impl CheckingExec {
 }
 
 impl Exec for CheckingExec {
-    unsafe fn launch<P: Copy>(
+    unsafe fn launch_by_name<P: Copy>(
         &self,
         name: &str,
         cfg: &LaunchConfig,
@@ -1422,7 +1422,7 @@ fn negative_emulated() -> TestResult {
             kernel_abi::smoke::reduce_smem_bytes(),
         );
         // SAFETY: input holds n f32 and partial one per block, as the kernel requires.
-        unsafe { Emulator.launch(name, &cfg, &params) }.map_err(|e| e.to_string())?;
+        unsafe { Emulator.launch_by_name(name, &cfg, &params) }.map_err(|e| e.to_string())?;
         Ok(partial.to_vec())
     };
     let good = run("smoke_block_reduce").map_err(|e| format!("the correct kernel failed: {e}"))?;

@@ -2,7 +2,7 @@
 //! accumulation, bf16 output. TMA loads into a multi-stage mbarrier ring, `wgmma`, one producer
 //! and two consumer warpgroups.
 
-use crate::{SMEM_ALIGN, TensorMap, WARPGROUP_SIZE, align_up};
+use crate::{Kernel, KernelDecl, SMEM_ALIGN, TensorMap, WARPGROUP_SIZE, align_up};
 
 /// Rows of C per block (two consumer warpgroups of 64 rows).
 pub const BM: u32 = 128;
@@ -49,6 +49,14 @@ pub const BARRIERS_OFFSET: usize = (STAGES * STAGE_BYTES) as usize;
 pub const fn smem_bytes() -> usize {
     align_up(BARRIERS_OFFSET + 2 * 8 * STAGES as usize, 16) + SMEM_ALIGN
 }
+
+/// `gemm_bf16_tn`: one producer and [`CONSUMERS`] consumer warpgroups, [`smem_bytes`] of
+/// dynamic shared memory, on a grid of [`grid_blocks`] blocks.
+pub const GEMM_BF16_TN: Kernel<GemmParams> =
+    Kernel::new("gemm_bf16_tn", THREADS, 1, |()| smem_bytes());
+
+/// The family's kernels.
+pub const KERNELS: &[KernelDecl] = &[GEMM_BF16_TN.info()];
 
 /// Parameters of `gemm_bf16_tn`.
 #[repr(C)]

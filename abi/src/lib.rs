@@ -9,9 +9,12 @@
 pub mod attention;
 pub mod gemm;
 pub mod gla;
+pub mod kernel;
 pub mod mhc;
 pub mod semicrf;
 pub mod smoke;
+
+pub use kernel::{Kernel, KernelDecl};
 
 /// Threads in a warp.
 pub const WARP_SIZE: u32 = 32;

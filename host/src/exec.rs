@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::gpu::{Gpu, LaunchConfig};
+use crate::launch::Launch;
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::stream::Stream;
 use std::marker::PhantomData;
@@ -80,11 +81,26 @@ impl<'a, T: DeviceCopy> From<&'a mut DeviceBuffer<T>> for DevView<'a, T> {
 /// Something that launches this crate's kernels: a GPU stream ([`OnStream`]), or the CPU
 /// emulator of the tests.
 pub trait Exec {
-    /// Launch kernel `name` with parameter struct `params` (see [`Gpu::launch`]).
+    /// Launch kernel `name` by its name (being replaced by [`Exec::launch`]) with parameter
+    /// struct `params` (see [`Gpu::launch_by_name`]).
     ///
     /// # Safety
     /// `params` satisfies the kernel's contract for this executor's memory.
-    unsafe fn launch<P: Copy>(&self, name: &str, cfg: &LaunchConfig, params: &P) -> Result<()>;
+    unsafe fn launch_by_name<P: Copy>(
+        &self,
+        name: &str,
+        cfg: &LaunchConfig,
+        params: &P,
+    ) -> Result<()>;
+
+    /// Run `launch` (see [`Gpu::launch`]).
+    ///
+    /// # Safety
+    /// The launch's parameters satisfy the kernel's contract for this executor's memory.
+    unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch_by_name(launch.name(), launch.config(), launch.params()) }
+    }
 }
 
 /// Launches on a GPU stream.
@@ -96,8 +112,18 @@ pub struct OnStream<'a> {
 }
 
 impl Exec for OnStream<'_> {
-    unsafe fn launch<P: Copy>(&self, name: &str, cfg: &LaunchConfig, params: &P) -> Result<()> {
+    unsafe fn launch_by_name<P: Copy>(
+        &self,
+        name: &str,
+        cfg: &LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.gpu.launch(self.stream, name, cfg, params) }
+        unsafe { self.gpu.launch_by_name(self.stream, name, cfg, params) }
+    }
+
+    unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.gpu.launch(self.stream, launch) }
     }
 }

@@ -2,12 +2,14 @@
 //! validated kernel launches.
 
 use crate::error::{CudaContext, Error, Result};
+use crate::launch::Launch;
 use crate::ptx::{Arch, KernelInfo};
 use cust::context::{Context, CurrentContext};
 use cust::device::{Device, DeviceAttribute};
 use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
 use cust::sys as cu;
+use kernel_abi::KernelDecl;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -165,7 +167,8 @@ impl Gpu {
             })
     }
 
-    /// Launch kernel `name` with one parameter struct `params`, after checking the launch
+    /// Launch kernel `name` by its name (being replaced by [`Gpu::launch`] and typed handles),
+    /// with one parameter struct `params`, after checking the launch
     /// against the PTX declaration and the device limits:
     /// - the kernel exists and takes exactly one parameter of `size_of::<P>()` bytes;
     /// - the block has at most the kernel's declared `.maxntid` threads (and 1024);
@@ -178,7 +181,7 @@ impl Gpu {
     /// allocations of the documented sizes, its sizes match them, and `cfg` is the launch shape
     /// the kernel documents. With `cfg.overlap_previous`, the kernel waits for the stream's
     /// previous kernel (`griddepcontrol.wait`) as [`LaunchConfig::overlap_previous`] requires.
-    pub unsafe fn launch<P: Copy>(
+    pub unsafe fn launch_by_name<P: Copy>(
         &self,
         stream: &Stream,
         name: &str,
@@ -192,6 +195,43 @@ impl Gpu {
             std::mem::size_of::<P>(),
             self.info.max_shared_memory_per_block,
         )?;
+        // SAFETY: forwarded to the caller; the launch was checked above.
+        unsafe { self.launch_checked(stream, name, cfg, params) }
+    }
+
+    /// Launch `launch` on `stream`, after checking it against what the kernel's PTX declares
+    /// and the device's limits ([`check_kernel_launch`]): the entry exists with one parameter
+    /// of the handle's struct size and the handle's launch bounds, the grid is within the
+    /// device's limits, the dynamic shared memory fits, and overlapping the previous kernel
+    /// only on `sm_90a` code.
+    ///
+    /// # Safety
+    /// The parameters must satisfy the kernel's documented contract: their pointers refer to
+    /// live device allocations of the documented sizes, their sizes match them, and the grid is
+    /// the one the kernel documents. With [`LaunchConfig::overlap_previous`], the kernel waits
+    /// for the stream's previous kernel (`griddepcontrol.wait`) as that option requires.
+    pub unsafe fn launch<P: Copy>(&self, stream: &Stream, launch: &Launch<P>) -> Result<()> {
+        check_kernel_launch(
+            self.arch,
+            launch.kernel(),
+            launch.config(),
+            self.info.max_shared_memory_per_block,
+        )?;
+        // SAFETY: forwarded to the caller; the launch was checked above.
+        unsafe { self.launch_checked(stream, launch.name(), launch.config(), launch.params()) }
+    }
+
+    /// Launch a checked launch.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`], with the launch already checked against the PTX and the device.
+    unsafe fn launch_checked<P: Copy>(
+        &self,
+        stream: &Stream,
+        name: &str,
+        cfg: &LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
         let (gx, gy, gz) = cfg.grid;
         self.bind()?;
         let func = self.function(name, cfg.shared_mem_bytes)?;
@@ -384,6 +424,44 @@ pub fn check_launch(
         )));
     }
     Ok(())
+}
+
+/// The checks [`Gpu::launch`] makes before launching `kernel` (a handle's declaration) of
+/// `arch`'s PTX on a device allowing `max_smem` bytes of dynamic shared memory per block
+/// (without a device: plans are checked with it on the CPU):
+/// - the entry exists, takes exactly one parameter of the handle's struct size, and declares the
+///   handle's launch bounds (`.maxntid` = threads, `.minnctapersm` = resident blocks);
+/// - the block is the handle's (one-dimensional), and the rest as [`check_launch`].
+pub fn check_kernel_launch(
+    arch: Arch,
+    kernel: &KernelDecl,
+    cfg: &LaunchConfig,
+    max_smem: usize,
+) -> Result<()> {
+    let info = arch
+        .kernels()
+        .get(kernel.name)
+        .ok_or_else(|| Error::InvalidLaunch {
+            kernel: kernel.name.to_string(),
+            reason: format!("not in the {arch} PTX"),
+        })?;
+    let invalid = |reason: String| Error::InvalidLaunch {
+        kernel: kernel.name.to_string(),
+        reason,
+    };
+    if info.max_threads != Some(kernel.threads) || info.min_blocks != Some(kernel.min_blocks) {
+        return Err(invalid(format!(
+            "the handle declares launch bounds ({}, {}), the PTX ({:?}, {:?})",
+            kernel.threads, kernel.min_blocks, info.max_threads, info.min_blocks
+        )));
+    }
+    if cfg.block != (kernel.threads, 1, 1) {
+        return Err(invalid(format!(
+            "block {:?}; the kernel's handle declares ({}, 1, 1)",
+            cfg.block, kernel.threads
+        )));
+    }
+    check_launch(arch, kernel.name, cfg, kernel.param_bytes, max_smem)
 }
 
 /// Grid, block and dynamic shared memory of a launch.

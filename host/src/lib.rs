@@ -17,6 +17,7 @@ pub mod exec;
 pub mod gemm;
 pub mod gla;
 pub mod gpu;
+pub mod launch;
 pub mod memory;
 pub mod mhc;
 #[cfg(feature = "negative-controls")]
@@ -32,6 +33,8 @@ pub mod progress;
 
 pub use error::{Error, Result};
 pub use gpu::{DeviceInfo, Gpu, LaunchConfig};
+pub use kernel_abi::{Kernel, KernelDecl};
+pub use launch::Launch;
 pub use ptx::Arch;
 
 pub use half::{bf16, f16};

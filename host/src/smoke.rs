@@ -76,7 +76,7 @@ pub(crate) fn block_reduce_launch_of(
     let cfg = LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, reduce_smem_bytes());
     // SAFETY: `input` holds n f32 and `partial` `blocks` f32, as the kernel's grid needs (the
     // negative controls of this kernel have its contract).
-    unsafe { gpu.launch(stream, kernel, &cfg, &params) }
+    unsafe { gpu.launch_by_name(stream, kernel, &cfg, &params) }
 }
 
 /// Per-block sums of `input` by `smoke_block_reduce` with `blocks` blocks (grid-stride).
@@ -129,7 +129,7 @@ pub fn mma_tile(
     };
     let cfg = LaunchConfig::new((1, 1, 1), MMA_THREADS, mma_smem_bytes());
     // SAFETY: a, b hold 64x64 bf16 and c 64x64 f32; cust allocations are 256-byte aligned.
-    unsafe { gpu.launch(stream, "smoke_mma_tile", &cfg, &params)? };
+    unsafe { gpu.launch_by_name(stream, "smoke_mma_tile", &cfg, &params)? };
     gpu.sync(stream, "smoke_mma_tile")?;
     download(&c)
 }
@@ -179,7 +179,7 @@ pub fn tma_load(
     };
     let cfg = LaunchConfig::new((1, 1, 1), TMA_THREADS, tma_smem_bytes());
     // SAFETY: the tensor map describes `tensor` (checked size), `out` holds the box.
-    unsafe { gpu.launch(stream, "smoke_tma_load", &cfg, &params)? };
+    unsafe { gpu.launch_by_name(stream, "smoke_tma_load", &cfg, &params)? };
     gpu.sync(stream, "smoke_tma_load")?;
     download(&out)
 }
@@ -283,7 +283,7 @@ pub fn wgmma_tile_launch(
     let cfg = LaunchConfig::new((1, 1, 1), WGMMA_THREADS, wgmma_smem_bytes(n));
     let name = format!("smoke_wgmma_n{n}");
     // SAFETY: the maps describe a [64, 64] and b [n, 64]; c holds 64 x n f32.
-    unsafe { gpu.launch(stream, &name, &cfg, &params) }
+    unsafe { gpu.launch_by_name(stream, &name, &cfg, &params) }
 }
 
 /// `c = a b` with `a [64, 64]` (K-major) and `b [64, 128]` row-major (MN-major B) by
@@ -316,7 +316,7 @@ pub fn wgmma_mn(
     };
     let cfg = LaunchConfig::new((1, 1, 1), WGMMA_THREADS, wgmma_mn_smem_bytes());
     // SAFETY: the maps describe a [64, 64] and b [64, 128]; c holds 64 x 128 f32.
-    unsafe { gpu.launch(stream, "smoke_wgmma_mn", &cfg, &params)? };
+    unsafe { gpu.launch_by_name(stream, "smoke_wgmma_mn", &cfg, &params)? };
     gpu.sync(stream, "smoke_wgmma_mn")?;
     download(&c)
 }
@@ -418,7 +418,7 @@ pub fn pingpong_launch(
     let cfg = LaunchConfig::new((1, 1, 1), PINGPONG_THREADS, pingpong_smem_bytes());
     // SAFETY: the map covers num_tiles tiles of `input`; out, order and counter are sized as
     // the kernel documents (checked); the caller guarantees counter is zero.
-    unsafe { gpu.launch(stream, "smoke_pingpong", &cfg, &params) }
+    unsafe { gpu.launch_by_name(stream, "smoke_pingpong", &cfg, &params) }
 }
 
 /// What [`pingpong`] must produce in `out` (computed in f32, as the kernel does: exact).
@@ -501,7 +501,7 @@ pub fn numerics(
     let cfg = LaunchConfig::new((1, 1, 1), NUMERICS_THREADS, 0);
     // SAFETY: x, ex2, bf16 hold `scalars` elements, a/b/c/d `tiles` tiles of the documented
     // sizes (checked above); cust allocations are 256-byte aligned.
-    unsafe { gpu.launch(stream, "smoke_numerics", &cfg, &params)? };
+    unsafe { gpu.launch_by_name(stream, "smoke_numerics", &cfg, &params)? };
     gpu.sync(stream, "smoke_numerics")?;
     let mut ex2_h = download(&ex2)?;
     let mut bf_h = download(&bf)?;

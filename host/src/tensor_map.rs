@@ -114,6 +114,31 @@ pub struct TiledMap<'a> {
 impl TiledMap<'_> {
     /// Validate and encode.
     pub fn encode(&self) -> Result<TensorMap> {
+        self.validate()?;
+        self.encode_validated()
+    }
+
+    /// An owned copy, for plans that encode their maps when they run.
+    pub fn spec(&self) -> Result<MapSpec> {
+        self.validate()?;
+        let rank = self.dims.len();
+        let mut spec = MapSpec {
+            address: self.address,
+            dtype: self.dtype,
+            rank,
+            dims: [1; 5],
+            strides_bytes: [0; 4],
+            box_dims: [1; 5],
+            swizzle: self.swizzle,
+        };
+        spec.dims[..rank].copy_from_slice(self.dims);
+        spec.strides_bytes[..rank - 1].copy_from_slice(self.strides_bytes);
+        spec.box_dims[..rank].copy_from_slice(self.box_dims);
+        Ok(spec)
+    }
+
+    /// Check what `cuTensorMapEncodeTiled` requires, without the driver.
+    pub fn validate(&self) -> Result<()> {
         let rank = self.dims.len();
         let bad = |reason: String| Error::invalid("tensor map", reason);
         if !(1..=5).contains(&rank) {
@@ -168,6 +193,11 @@ impl TiledMap<'_> {
                 "box inner extent of {inner_bytes} bytes exceeds the {span}-byte swizzle"
             )));
         }
+        Ok(())
+    }
+
+    fn encode_validated(&self) -> Result<TensorMap> {
+        let rank = self.dims.len();
         let elem_strides = [1u32; 5];
         let mut map = AlignedMap([0; 16]);
         // SAFETY: every pointer refers to an array of the length the rank implies (checked
@@ -191,5 +221,44 @@ impl TiledMap<'_> {
         };
         crate::gpu::check(r, "encoding a tensor map (cuTensorMapEncodeTiled)")?;
         Ok(TensorMap { opaque: map.0 })
+    }
+}
+
+/// A validated tensor map description that owns its arrays ([`TiledMap::spec`]): what a plan
+/// holds, to be encoded by the driver when the plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    /// Device address of element 0.
+    pub address: u64,
+    /// Element type.
+    pub dtype: MapDtype,
+    /// Dimensions used (1..=5).
+    pub rank: usize,
+    /// Extent of each dimension, innermost first (`rank` used).
+    pub dims: [u64; 5],
+    /// Byte stride of dimensions 1.. (`rank - 1` used).
+    pub strides_bytes: [u64; 4],
+    /// Box extent per dimension (`rank` used).
+    pub box_dims: [u32; 5],
+    /// Shared-memory swizzle.
+    pub swizzle: MapSwizzle,
+}
+
+impl MapSpec {
+    /// The map as a [`TiledMap`].
+    pub fn tiled(&self) -> TiledMap<'_> {
+        TiledMap {
+            address: self.address,
+            dtype: self.dtype,
+            dims: &self.dims[..self.rank],
+            strides_bytes: &self.strides_bytes[..self.rank - 1],
+            box_dims: &self.box_dims[..self.rank],
+            swizzle: self.swizzle,
+        }
+    }
+
+    /// Encode with the driver (`cuTensorMapEncodeTiled`).
+    pub fn encode(&self) -> Result<TensorMap> {
+        self.tiled().encode()
     }
 }

@@ -375,6 +375,8 @@ pub struct KernelInfo {
     pub params: Vec<usize>,
     /// `.maxntid` (threads per block, x), if declared.
     pub max_threads: Option<u32>,
+    /// `.minnctapersm` (resident blocks per SM the launch bounds ask for), if declared.
+    pub min_blocks: Option<u32>,
 }
 
 /// The kernels (`.entry`) of a PTX module, with their parameters and launch bounds.
@@ -413,6 +415,9 @@ pub fn kernel_signatures(ptx: &str) -> BTreeMap<String, KernelInfo> {
         }
         if let Some(rest) = t.strip_prefix(".maxntid ") {
             info.max_threads = rest.split(',').next().and_then(|x| x.trim().parse().ok());
+        }
+        if let Some(rest) = t.strip_prefix(".minnctapersm ") {
+            info.min_blocks = rest.trim().parse().ok();
         }
         if t.starts_with('{') {
             current = None;

@@ -10,7 +10,12 @@ use kernels::{Error, Result};
 pub struct Emulator;
 
 impl Exec for Emulator {
-    unsafe fn launch<P: Copy>(&self, name: &str, cfg: &LaunchConfig, params: &P) -> Result<()> {
+    unsafe fn launch_by_name<P: Copy>(
+        &self,
+        name: &str,
+        cfg: &LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
         let invalid = |reason: String| Error::InvalidLaunch {
             kernel: name.to_string(),
             reason,

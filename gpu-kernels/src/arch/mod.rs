@@ -46,13 +46,21 @@ pub fn trap() -> ! {
     unsafe { core::arch::nvptx::trap() }
 }
 
-/// Declare a kernel's launch bounds: at most `$max_threads` threads per block, and at least
-/// `$min_blocks` resident blocks per SM. The PTX builder turns the marker this writes into the
-/// entry's `.maxntid`/`.minnctapersm` directives (CUDA's `__launch_bounds__`), which cap the
-/// registers at entry (needed by `setmaxnreg`); the host reads them back and refuses launches
-/// with more threads. Expand it once, in the kernel function itself.
+/// Declare a kernel's launch bounds from its family's table of kernel handles in `kernel_abi`
+/// (`launch_bounds!(name in kernel_abi::<family>::KERNELS)`): at most `threads` threads per
+/// block, and at least `min_blocks` resident blocks per SM, as the handle named `name` declares.
+/// A kernel without a handle does not compile. The PTX builder turns the marker this writes into
+/// the entry's `.maxntid`/`.minnctapersm` directives (CUDA's `__launch_bounds__`), which cap the
+/// registers at entry (needed by `setmaxnreg`), and checks that the marker names an entry of the
+/// module; the host reads them back and refuses launches that disagree. `name` must be the
+/// entry's own name. Expand it once, in the kernel function itself.
 #[macro_export]
 macro_rules! launch_bounds {
+    ($kernel:ident in $table:expr) => {{
+        const DECL: kernel_abi::KernelDecl =
+            kernel_abi::kernel::find($table, stringify!($kernel));
+        $crate::launch_bounds!($kernel, DECL.threads, DECL.min_blocks);
+    }};
     ($kernel:ident, $max_threads:expr, $min_blocks:expr) => {{
         // SAFETY: an assembler comment; no instruction is emitted.
         unsafe {

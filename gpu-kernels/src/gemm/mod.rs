@@ -40,7 +40,7 @@ use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gemm::{
     BARRIERS_OFFSET, BK, BM, BN, CONSUMER_REGS, CONSUMERS, GemmParams, PRODUCER_REGS, STAGE_BYTES,
-    STAGES, THREADS, a_offset, b_offset, tile_of_block,
+    STAGES, a_offset, b_offset, tile_of_block,
 };
 
 type Pos = RingPos<STAGES>;
@@ -62,7 +62,7 @@ const ACC: usize = (WG_ROWS * BN / WARPGROUP_SIZE) as usize;
 /// elements.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn gemm_bf16_tn(p: GemmParams) {
-    crate::launch_bounds!(gemm_bf16_tn, THREADS, 1);
+    crate::launch_bounds!(gemm_bf16_tn in kernel_abi::gemm::KERNELS);
     let tmap_a = tensor_map_ptr!(gemm_bf16_tn, 0, GemmParams, tmap_a);
     let tmap_b = tensor_map_ptr!(gemm_bf16_tn, 0, GemmParams, tmap_b);
     let tid = index::thread_idx_x();

@@ -527,7 +527,7 @@ pub fn forward_variant<T: AttentionElem>(
     // SAFETY: every view was checked (shape, contiguous head dimension, 16-byte aligned rows,
     // in bounds of its buffer), LSE has batch * heads_q * seq_q elements, the sizes and window
     // were validated, and the grid is (num_m_blocks, heads_q, batch) as the kernel expects.
-    unsafe { gpu.launch(stream, &name, &launch, &params) }
+    unsafe { gpu.launch_by_name(stream, &name, &launch, &params) }
 }
 
 /// Addresses and element strides (batch, sequence, head) of the tensors of an `mma.sync`
@@ -751,5 +751,5 @@ fn launch_hopper(
     // rows and strides, in bounds), O and LSE were checked by the caller, the sizes and window
     // validated, `num_tiles` matches the problem, and any grid of at least one block covers
     // every tile (block b walks b, b + grid, ...).
-    unsafe { gpu.launch(stream, name, &launch, params) }
+    unsafe { gpu.launch_by_name(stream, name, &launch, params) }
 }

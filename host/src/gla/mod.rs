@@ -744,9 +744,9 @@ pub unsafe fn forward_raw<E: Exec>(
             // SAFETY: the caller's contract; the tensor maps describe the checked q, k, g, v
             // views (contiguous `[rows, heads, d]`, 16-byte aligned), the grid covers every
             // (segment, head) item once.
-            Some(pp) => unsafe { exec.launch(name, launch, pp) },
+            Some(pp) => unsafe { exec.launch_by_name(name, launch, pp) },
             // SAFETY: the caller's contract (see the call sites).
-            None => unsafe { exec.launch(name, launch, &params) },
+            None => unsafe { exec.launch_by_name(name, launch, &params) },
         }
     };
     if let Some(w) = split {
@@ -789,7 +789,7 @@ pub unsafe fn forward_raw<E: Exec>(
             // all of one sequence, seq < N); every buffer has the size the parameters document
             // (checked above); each thread writes its own element of the later segments' initial
             // states.
-            unsafe { exec.launch("gla_combine", &claunch, &combine)? };
+            unsafe { exec.launch_by_name("gla_combine", &claunch, &combine)? };
         }
     }
     // SAFETY: as for `gla_states`; o has rows * heads * dv elements; the initial and final

@@ -448,7 +448,7 @@ unsafe fn prep(
     let cfg = LaunchConfig::new(grid_1d(blocks)?, abi::PREP_THREADS, 0);
     // SAFETY: phi [K, M], gamma [K] (or null), packings of the plan's sizes (checked by the
     // callers); the grid covers every packed word.
-    unsafe { exec.launch("mhc_prep", &cfg, &params) }
+    unsafe { exec.launch_by_name("mhc_prep", &cfg, &params) }
 }
 
 /// The first half of the forward over views: coefficients (saved in `coeffs`) and `x_in`.
@@ -494,7 +494,7 @@ pub unsafe fn forward_pre_raw(
     );
     // SAFETY: x [T, K] 16-byte aligned; partials of [proj_splits, T, (M)]; the grid covers T
     // and every chunk (chunks_per_split * splits >= chunks); the kernel's shared memory size.
-    unsafe { exec.launch(&problem.proj_kernel(), &cfg, &params)? };
+    unsafe { exec.launch_by_name(&problem.proj_kernel(), &cfg, &params)? };
 
     let params = abi::FwdCoeffParams {
         part_proj: scratch.part_proj.ptr(),
@@ -519,7 +519,7 @@ pub unsafe fn forward_pre_raw(
         0,
     );
     // SAFETY: every buffer validated for T, n, M; grid covers T; 2 <= n <= 8.
-    unsafe { exec.launch("mhc_fwd_coeff", &cfg, &params)? };
+    unsafe { exec.launch_by_name("mhc_fwd_coeff", &cfg, &params)? };
 
     let params = abi::PreParams {
         x: x.ptr(),
@@ -534,7 +534,7 @@ pub unsafe fn forward_pre_raw(
         0,
     );
     // SAFETY: x [T, n, C], h_pre [T, n], x_in [T, C], 16-byte aligned; grid covers T C / 8.
-    unsafe { exec.launch(&format!("mhc_fwd_pre_n{n}"), &cfg, &params) }
+    unsafe { exec.launch_by_name(&format!("mhc_fwd_pre_n{n}"), &cfg, &params) }
 }
 
 /// The second half of the forward over views: `x_next = H_res x + H_post^T y`.
@@ -570,7 +570,7 @@ pub unsafe fn forward_post_raw(
         0,
     );
     // SAFETY: sizes and alignment validated; grid covers T C / 8.
-    unsafe { exec.launch(&format!("mhc_fwd_post_n{n}"), &cfg, &params) }
+    unsafe { exec.launch_by_name(&format!("mhc_fwd_post_n{n}"), &cfg, &params) }
 }
 
 /// The backward over views.
@@ -635,7 +635,7 @@ pub unsafe fn backward_raw(
         0,
     );
     // SAFETY: sizes and alignment validated; grid covers T.
-    unsafe { exec.launch(&format!("mhc_bwd_dh_n{n}"), &cfg, &params)? };
+    unsafe { exec.launch_by_name(&format!("mhc_bwd_dh_n{n}"), &cfg, &params)? };
 
     let params = abi::BwdCoeffParams {
         dh: scratch.dh.ptr(),
@@ -657,7 +657,7 @@ pub unsafe fn backward_raw(
         abi::bwd_coeff_smem_bytes(problem.sinkhorn_iters),
     );
     // SAFETY: sizes validated; coef_blocks rows of part_coef; shared memory sized for iters.
-    unsafe { exec.launch("mhc_bwd_coeff", &cfg, &params)? };
+    unsafe { exec.launch_by_name("mhc_bwd_coeff", &cfg, &params)? };
 
     let params = abi::DxParams {
         x: x.ptr(),
@@ -678,7 +678,7 @@ pub unsafe fn backward_raw(
         abi::dx_smem_bytes(n as u32),
     );
     // SAFETY: sizes and alignment validated; grid covers T.
-    unsafe { exec.launch(&format!("mhc_bwd_dx_n{n}"), &cfg, &params)? };
+    unsafe { exec.launch_by_name(&format!("mhc_bwd_dx_n{n}"), &cfg, &params)? };
 
     let params = abi::WgradParams {
         x: x.ptr(),
@@ -695,7 +695,7 @@ pub unsafe fn backward_raw(
     );
     // SAFETY: sizes and alignment validated; the grid covers K and, with tokens_per_split (a
     // multiple of WG_STEP), every token.
-    unsafe { exec.launch(&format!("mhc_bwd_wgrad_n{n}"), &cfg, &params)? };
+    unsafe { exec.launch_by_name(&format!("mhc_bwd_wgrad_n{n}"), &cfg, &params)? };
 
     let params = abi::FinalizeParams {
         part_w: scratch.part_w.ptr(),
@@ -717,7 +717,7 @@ pub unsafe fn backward_raw(
         abi::finalize_smem_bytes(),
     );
     // SAFETY: sizes validated; dgamma given exactly when gamma is.
-    unsafe { exec.launch(&format!("mhc_bwd_finalize_n{n}"), &cfg, &params) }
+    unsafe { exec.launch_by_name(&format!("mhc_bwd_finalize_n{n}"), &cfg, &params) }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -541,7 +541,7 @@ fn launch_scan(
     // SAFETY: every buffer was allocated for this (validated) problem: inputs (lengths
     // validated in 1..=T at upload), checkpoints [B, nseg, K(+1), C], normalizers [B, nseg],
     // log Z [B] and [2, B]; grid rows first..=last <= 1.
-    unsafe { gpu.launch(stream, "semicrf_scan", &cfg, &params) }
+    unsafe { gpu.launch_by_name(stream, "semicrf_scan", &cfg, &params) }
 }
 
 fn launch_marginals_and_reduce(
@@ -596,7 +596,7 @@ pub(crate) fn launch_marginals_and_reduce_of(
     let cfg = marginals_config(p);
     // SAFETY: buffers allocated for this problem (checked above); the scans of both
     // directions were enqueued before on the same stream with the same state.
-    unsafe { gpu.launch(stream, marginals_kernel, &cfg, &params)? };
+    unsafe { gpu.launch_by_name(stream, marginals_kernel, &cfg, &params)? };
     let reduce = ReduceParams {
         partials: ptr(&state.partials) as *const f64,
         lengths: ptr(&inputs.lengths) as *const u32,
@@ -611,7 +611,7 @@ pub(crate) fn launch_marginals_and_reduce_of(
     };
     let cfg = reduce_config(p);
     // SAFETY: partials [B, nseg, K C + C C] written by the launch above; outputs [K, C], [C, C].
-    unsafe { gpu.launch(stream, "semicrf_reduce", &cfg, &reduce) }
+    unsafe { gpu.launch_by_name(stream, "semicrf_reduce", &cfg, &reduce) }
 }
 
 /// [`launch_scan`] for `crate::negative`.
@@ -775,7 +775,7 @@ pub fn viterbi_launch(
     };
     let cfg = viterbi_config(problem);
     // SAFETY: buffers allocated for this validated problem (lengths validated at upload).
-    unsafe { gpu.launch(stream, "semicrf_viterbi", &cfg, &params) }
+    unsafe { gpu.launch_by_name(stream, "semicrf_viterbi", &cfg, &params) }
 }
 
 /// log Z of every sequence (synchronous convenience).
