@@ -366,7 +366,7 @@ fn tensor_map_validation() -> TestResult {
 }
 
 fn swizzle_permutation() -> TestResult {
-    use kernels::smoke::swizzled_offset;
+    use kernels_testing::smoke::swizzled_offset;
     for sw in [
         MapSwizzle::None,
         MapSwizzle::B32,

@@ -1426,7 +1426,7 @@ fn negative_emulated() -> TestResult {
         Ok(partial.to_vec())
     };
     let good = run("smoke_block_reduce").map_err(|e| format!("the correct kernel failed: {e}"))?;
-    let want = kernels::smoke::block_reduce_reference(&data, blocks);
+    let want = kernels_testing::smoke::block_reduce_reference(&data, blocks);
     for (b, (x, w)) in good.iter().zip(&want).enumerate() {
         ensure((*x as f64 - w.0).abs() <= 1e-4 * w.1.max(1.0), || {
             format!("block {b}: {x} vs {}", w.0)
@@ -1463,7 +1463,7 @@ fn wrong_blocks(
     launch(&input, &mut partial)?;
     g.sync(stream, "block reduce")?;
     let got = download(&partial)?;
-    let want = kernels::smoke::block_reduce_reference(&data, BLOCKS as u32);
+    let want = kernels_testing::smoke::block_reduce_reference(&data, BLOCKS as u32);
     Ok(got
         .iter()
         .zip(&want)
@@ -1475,7 +1475,7 @@ fn negative_reduce_wrong(g: &'static Gpu) -> TestResult {
     let stream = gpu_ok(g.stream())?;
     // The correct kernel on the same inputs: no wrong block (the check is sound).
     let good = gpu_ok(wrong_blocks(g, &stream, 1, |i, p| {
-        kernels::smoke::block_reduce_launch(g, &stream, i, p)
+        kernels_testing::smoke::block_reduce_launch(g, &stream, i, p)
     }))?;
     ensure(good == 0, || {
         format!("smoke_block_reduce: {good} wrong blocks")
@@ -1485,7 +1485,7 @@ fn negative_reduce_wrong(g: &'static Gpu) -> TestResult {
     const TRIALS: u64 = 300;
     for trial in 0..TRIALS {
         let wrong = gpu_ok(wrong_blocks(g, &stream, 100 + trial, |i, p| {
-            kernels::negative::block_reduce_no_barrier_launch(g, &stream, i, p)
+            kernels_testing::negative::block_reduce_no_barrier_launch(g, &stream, i, p)
         }))?;
         if wrong > 0 {
             println!(
@@ -1508,7 +1508,7 @@ fn negative_reduce_target(g: &'static Gpu) -> TestResult {
     let data = vec![1.0f32; 4 * kernel_abi::smoke::REDUCE_THREADS as usize];
     let input = gpu_ok(upload(&data))?;
     let mut partial = gpu_ok(poisoned::<f32>(4))?;
-    gpu_ok(kernels::negative::block_reduce_no_barrier_launch(
+    gpu_ok(kernels_testing::negative::block_reduce_no_barrier_launch(
         g,
         &stream,
         &input,

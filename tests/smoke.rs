@@ -3,9 +3,9 @@
 use kernel_tests::{F32_EPS, Needs, Suite, TestResult, check_close, ensure, gpu_ok, portable_gpu};
 use kernels::data::{rng, uniform_bf16, uniform_f32};
 use kernels::memory::upload;
-use kernels::smoke::{self, WGMMA_SMOKE_N};
 use kernels::tensor_map::MapSwizzle;
 use kernels::{Gpu, bf16};
+use kernels_testing::smoke::{self, WGMMA_SMOKE_N};
 use rand::Rng;
 
 fn main() {

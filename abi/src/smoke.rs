@@ -1,7 +1,7 @@
 //! Smoke kernels: each proves one group of device-layer primitives on a GPU against a CPU
 //! reference (see `gpu-kernels/src/smoke/`).
 
-use crate::{TensorMap, align_up};
+use crate::{Kernel, KernelDecl, TensorMap, align_up};
 
 // ---------------------------------------------------------------------------------------------
 // Block reduction: shared memory, `bar.sync`, warp shuffles.
@@ -246,3 +246,80 @@ pub struct NumericsParams {
     /// `[tiles, 16, 8]` f32 results, row-major.
     pub d: *mut f32,
 }
+
+// ---------------------------------------------------------------------------------------------
+// Handles.
+
+/// `smoke_block_reduce`: grid of one block per partial sum.
+pub const SMOKE_BLOCK_REDUCE: Kernel<ReduceParams> =
+    Kernel::new("smoke_block_reduce", REDUCE_THREADS, 1, |()| {
+        reduce_smem_bytes()
+    });
+/// `smoke_mma_tile`: one block.
+pub const SMOKE_MMA_TILE: Kernel<MmaTileParams> =
+    Kernel::new("smoke_mma_tile", MMA_THREADS, 1, |()| mma_smem_bytes());
+/// `smoke_tma_load`: one block (sm_90a).
+pub const SMOKE_TMA_LOAD: Kernel<TmaLoadParams> =
+    Kernel::new("smoke_tma_load", TMA_THREADS, 1, |()| tma_smem_bytes());
+/// `smoke_wgmma_n64`: one block (sm_90a).
+pub const SMOKE_WGMMA_N64: Kernel<WgmmaTileParams> =
+    Kernel::new("smoke_wgmma_n64", WGMMA_THREADS, 1, |()| {
+        wgmma_smem_bytes(64)
+    });
+/// `smoke_wgmma_n128`: one block (sm_90a).
+pub const SMOKE_WGMMA_N128: Kernel<WgmmaTileParams> =
+    Kernel::new("smoke_wgmma_n128", WGMMA_THREADS, 1, |()| {
+        wgmma_smem_bytes(128)
+    });
+/// `smoke_wgmma_n256`: one block (sm_90a).
+pub const SMOKE_WGMMA_N256: Kernel<WgmmaTileParams> =
+    Kernel::new("smoke_wgmma_n256", WGMMA_THREADS, 1, |()| {
+        wgmma_smem_bytes(256)
+    });
+/// `smoke_wgmma_mn`: one block (sm_90a).
+pub const SMOKE_WGMMA_MN: Kernel<WgmmaMnParams> =
+    Kernel::new("smoke_wgmma_mn", WGMMA_THREADS, 1, |()| {
+        wgmma_mn_smem_bytes()
+    });
+/// `smoke_pingpong`: one block (sm_90a).
+pub const SMOKE_PINGPONG: Kernel<PingpongParams> =
+    Kernel::new("smoke_pingpong", PINGPONG_THREADS, 1, |()| {
+        pingpong_smem_bytes()
+    });
+/// `smoke_numerics`: one block (one warp).
+pub const SMOKE_NUMERICS: Kernel<NumericsParams> =
+    Kernel::new("smoke_numerics", NUMERICS_THREADS, 1, |()| 0);
+
+/// `negative_block_reduce_no_barrier`: `smoke_block_reduce` without the barrier between the
+/// warps' shared-memory stores and warp 0's loads, a negative control of the reliability tests
+/// (`gpu-kernels/src/negative.rs`).
+pub const NEGATIVE_BLOCK_REDUCE_NO_BARRIER: Kernel<ReduceParams> = Kernel::new(
+    "negative_block_reduce_no_barrier",
+    REDUCE_THREADS,
+    1,
+    |()| reduce_smem_bytes(),
+);
+
+/// The `smoke_wgmma_n{n}` kernel for `n` in 64, 128, 256.
+pub const fn wgmma_tile_kernel(n: u32) -> Option<&'static Kernel<WgmmaTileParams>> {
+    match n {
+        64 => Some(&SMOKE_WGMMA_N64),
+        128 => Some(&SMOKE_WGMMA_N128),
+        256 => Some(&SMOKE_WGMMA_N256),
+        _ => None,
+    }
+}
+
+/// The family's kernels.
+pub const KERNELS: &[KernelDecl] = &[
+    SMOKE_BLOCK_REDUCE.info(),
+    SMOKE_MMA_TILE.info(),
+    SMOKE_TMA_LOAD.info(),
+    SMOKE_WGMMA_N64.info(),
+    SMOKE_WGMMA_N128.info(),
+    SMOKE_WGMMA_N256.info(),
+    SMOKE_WGMMA_MN.info(),
+    SMOKE_PINGPONG.info(),
+    SMOKE_NUMERICS.info(),
+    NEGATIVE_BLOCK_REDUCE_NO_BARRIER.info(),
+];

@@ -9,7 +9,8 @@ use kernels::mhc::reference::{self as mhc_reference, MhcData};
 use kernels::mhc::{MhcDeviceRun, MhcProblem};
 use kernels::semicrf::{self, SemiCrfProblem};
 use kernels::timing::time_on_stream;
-use kernels::{Gpu, Result, smoke};
+use kernels::{Gpu, Result};
+use kernels_testing::smoke;
 use std::process::ExitCode;
 use std::time::Instant;
 

@@ -8,7 +8,7 @@ use kernels::Result;
 use kernels::data::{rng, uniform_bf16, uniform_f32};
 use kernels::gemm::{self, GemmProblem};
 use kernels::memory::{download, poisoned, upload, zeroed};
-use kernels::smoke;
+use kernels_testing::smoke;
 use rand::Rng;
 
 /// Run the family.

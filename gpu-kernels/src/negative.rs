@@ -14,7 +14,7 @@
 //!   does not see: the reference tests catch it.
 
 use kernel_abi::semicrf::{MarginalParams, THREADS};
-use kernel_abi::smoke::{REDUCE_THREADS, ReduceParams};
+use kernel_abi::smoke::ReduceParams;
 
 /// `smoke_block_reduce` without its barrier (see the module documentation).
 ///
@@ -22,7 +22,7 @@ use kernel_abi::smoke::{REDUCE_THREADS, ReduceParams};
 /// As for `smoke_block_reduce`; its result is undefined (a data race on shared memory).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn negative_block_reduce_no_barrier(p: ReduceParams) {
-    crate::launch_bounds!(negative_block_reduce_no_barrier, REDUCE_THREADS, 1);
+    crate::launch_bounds!(negative_block_reduce_no_barrier in kernel_abi::smoke::KERNELS);
     // SAFETY: forwarded to the caller.
     unsafe { crate::smoke::reduce::block_reduce::<false>(p) }
 }

@@ -24,7 +24,6 @@ pub mod mhc;
 pub mod negative;
 pub mod ptx;
 pub mod semicrf;
-pub mod smoke;
 pub mod tensor_map;
 pub mod timing;
 

@@ -1,30 +1,12 @@
-//! Launchers of the negative controls (`gpu-kernels/src/negative.rs`): kernels with a
-//! deliberate bug of the seeds' kinds, for the reliability tests only (feature
-//! `negative-controls`; the rest of the library never launches them). Their results are wrong
+//! Launcher of the semi-CRF negative control (`gpu-kernels/src/negative.rs`): a kernel with a
+//! deliberate bug, for the reliability tests only (feature `negative-controls`; the rest of the
+//! library never launches it; the block-reduction control is launched by `kernels-testing`). Their results are wrong
 //! by design; what the tests check is that the reference checks and the sanitizers notice.
 
 use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::semicrf::{DeviceInputs, ForwardState, Gradients, SemiCrfProblem};
-use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
-
-/// `smoke::block_reduce_launch` with `negative_block_reduce_no_barrier` (no barrier between the
-/// warps' shared-memory stores and warp 0's loads).
-pub fn block_reduce_no_barrier_launch(
-    gpu: &Gpu,
-    stream: &Stream,
-    input: &DeviceBuffer<f32>,
-    partial: &mut DeviceBuffer<f32>,
-) -> Result<()> {
-    crate::smoke::block_reduce_launch_of(
-        gpu,
-        stream,
-        "negative_block_reduce_no_barrier",
-        input,
-        partial,
-    )
-}
 
 /// `semicrf::forward_backward_launch` with `negative_semicrf_marginals_aliased` (segments
 /// `2i` and `2i + 1` share one `partials` slice).

@@ -29,7 +29,7 @@ use kernel_abi::smoke::{MMA_SMEM_B_OFFSET, MMA_SMEM_STRIDE, MMA_THREADS, MMA_TIL
 /// memory; the pointers hold the documented tiles, 16-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn smoke_mma_tile(p: MmaTileParams) {
-    crate::launch_bounds!(smoke_mma_tile, MMA_THREADS, 1);
+    crate::launch_bounds!(smoke_mma_tile in kernel_abi::smoke::KERNELS);
     let tid = index::thread_idx_x();
     let lane = index::lane_id();
     let warp = index::warp_id();

@@ -23,7 +23,7 @@ use kernel_abi::smoke::{NUMERICS_THREADS, NumericsParams};
 /// documents, 4-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn smoke_numerics(p: NumericsParams) {
-    crate::launch_bounds!(smoke_numerics, NUMERICS_THREADS, 1);
+    crate::launch_bounds!(smoke_numerics in kernel_abi::smoke::KERNELS);
     let lane = index::lane_id();
     let mut i = lane;
     while i < p.scalars {

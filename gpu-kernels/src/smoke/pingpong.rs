@@ -43,8 +43,8 @@ use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::smoke::{
     PINGPONG_CONSUMER_REGS, PINGPONG_ORDER_BARRIER, PINGPONG_PRODUCER_REGS,
-    PINGPONG_SMEM_BARS_OFFSET, PINGPONG_STAGES, PINGPONG_THREADS, PINGPONG_TILE_BYTES,
-    PINGPONG_TILE_ELEMS, PINGPONG_TILE_ROWS, PingpongParams,
+    PINGPONG_SMEM_BARS_OFFSET, PINGPONG_STAGES, PINGPONG_TILE_BYTES, PINGPONG_TILE_ELEMS,
+    PINGPONG_TILE_ROWS, PingpongParams,
 };
 
 type Pos = RingPos<PINGPONG_STAGES>;
@@ -60,7 +60,7 @@ const ORDER_THREADS: u32 = 2 * WARPGROUP_SIZE;
 /// a valid tensor map over `num_tiles * 64` rows, outputs sized as documented, `*counter == 0`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn smoke_pingpong(p: PingpongParams) {
-    crate::launch_bounds!(smoke_pingpong, PINGPONG_THREADS, 1);
+    crate::launch_bounds!(smoke_pingpong in kernel_abi::smoke::KERNELS);
     let tmap = tensor_map_ptr!(smoke_pingpong, 0, PingpongParams, tmap);
     let tid = index::thread_idx_x();
     let wg = index::warpgroup_id();

@@ -27,7 +27,7 @@ use kernel_abi::smoke::{REDUCE_THREADS, ReduceParams};
 #[cfg(target_arch = "nvptx64")]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn smoke_block_reduce(p: ReduceParams) {
-    crate::launch_bounds!(smoke_block_reduce, REDUCE_THREADS, 1);
+    crate::launch_bounds!(smoke_block_reduce in kernel_abi::smoke::KERNELS);
     // SAFETY: forwarded to the caller.
     unsafe { block_reduce::<true>(p) }
 }

@@ -29,7 +29,7 @@ use kernel_abi::smoke::{TMA_BOX_BYTES, TMA_SMEM_BAR_OFFSET, TMA_THREADS, TmaLoad
 /// `TMA_BOX_BYTES` bytes; the tensor map is valid and its box matches the constants.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn smoke_tma_load(p: TmaLoadParams) {
-    crate::launch_bounds!(smoke_tma_load, TMA_THREADS, 1);
+    crate::launch_bounds!(smoke_tma_load in kernel_abi::smoke::KERNELS);
     let tmap = tensor_map_ptr!(smoke_tma_load, 0, TmaLoadParams, tmap);
     let tid = index::thread_idx_x();
     let base = smem::aligned_base();

@@ -26,7 +26,7 @@ use crate::arch::{fence, index, mbarrier::Mbarrier, smem, sync};
 use crate::tensor_map_ptr;
 use kernel_abi::smoke::{
     WGMMA_K, WGMMA_M, WGMMA_MN_BAR_OFFSET, WGMMA_MN_BLOCK_BYTES, WGMMA_SMEM_B_OFFSET,
-    WGMMA_THREADS, WgmmaMnParams, WgmmaTileParams, wgmma_smem_bar_offset,
+    WgmmaMnParams, WgmmaTileParams, wgmma_smem_bar_offset,
 };
 
 /// Load both tiles and wait for them (steps 1-3). Returns the shared addresses of A and B.
@@ -104,7 +104,7 @@ macro_rules! wgmma_smoke {
         /// valid tensor maps as documented, `c` holding 64 x N f32.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $kernel(p: WgmmaTileParams) {
-            crate::launch_bounds!($kernel, WGMMA_THREADS, 1);
+            crate::launch_bounds!($kernel in kernel_abi::smoke::KERNELS);
             let tmap_a = tensor_map_ptr!($kernel, 0, WgmmaTileParams, tmap_a);
             let tmap_b = tensor_map_ptr!($kernel, 0, WgmmaTileParams, tmap_b);
             let (a_s, b_s) = load_tiles(tmap_a, tmap_b, $n);
@@ -162,7 +162,7 @@ wgmma_smoke!(
 /// valid tensor maps as documented, `c` holding 64 x 128 f32.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn smoke_wgmma_mn(p: WgmmaMnParams) {
-    crate::launch_bounds!(smoke_wgmma_mn, WGMMA_THREADS, 1);
+    crate::launch_bounds!(smoke_wgmma_mn in kernel_abi::smoke::KERNELS);
     let tmap_a = tensor_map_ptr!(smoke_wgmma_mn, 0, WgmmaMnParams, tmap_a);
     let tmap_b = tensor_map_ptr!(smoke_wgmma_mn, 0, WgmmaMnParams, tmap_b);
     let tid = index::thread_idx_x();

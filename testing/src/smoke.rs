@@ -1,14 +1,14 @@
 //! Smoke kernels (see `gpu-kernels/src/smoke`): launchers and CPU references. Each proves one
-//! group of device-layer primitives on a GPU.
+//! group of device-layer primitives on a GPU; the tests, the benchmarks and the main job run
+//! them.
 
-use crate::error::{Error, Result};
-use crate::gpu::{Gpu, LaunchConfig};
-use crate::memory::{download, poisoned, zeroed};
-use crate::tensor_map::{MapDtype, MapSwizzle, TiledMap};
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::stream::Stream;
 use half::bf16;
 use kernel_abi::smoke::*;
+use kernels::memory::{download, poisoned, zeroed};
+use kernels::tensor_map::{MapDtype, MapSwizzle, TiledMap};
+use kernels::{Error, Gpu, Kernel, Launch, Result};
 
 fn require_hopper(gpu: &Gpu, what: &str) -> Result<()> {
     if gpu.arch().has_hopper_kernels() {
@@ -50,15 +50,15 @@ pub fn block_reduce_launch(
     input: &DeviceBuffer<f32>,
     partial: &mut DeviceBuffer<f32>,
 ) -> Result<()> {
-    block_reduce_launch_of(gpu, stream, "smoke_block_reduce", input, partial)
+    block_reduce_launch_of(gpu, stream, &SMOKE_BLOCK_REDUCE, input, partial)
 }
 
-/// [`block_reduce_launch`] of `kernel`, `smoke_block_reduce` or a negative control with its
-/// parameters (`crate::negative`).
-pub(crate) fn block_reduce_launch_of(
+/// [`block_reduce_launch`] of `kernel`, `smoke_block_reduce` or the negative control with its
+/// parameters (`negative_block_reduce_no_barrier`).
+pub fn block_reduce_launch_of(
     gpu: &Gpu,
     stream: &Stream,
-    kernel: &str,
+    kernel: &Kernel<ReduceParams>,
     input: &DeviceBuffer<f32>,
     partial: &mut DeviceBuffer<f32>,
 ) -> Result<()> {
@@ -73,10 +73,10 @@ pub(crate) fn block_reduce_launch_of(
         partial: device_ptr(partial) as *mut f32,
         n,
     };
-    let cfg = LaunchConfig::new((blocks, 1, 1), REDUCE_THREADS, reduce_smem_bytes());
+    let launch = Launch::new(kernel, (blocks, 1, 1), (), params);
     // SAFETY: `input` holds n f32 and `partial` `blocks` f32, as the kernel's grid needs (the
-    // negative controls of this kernel have its contract).
-    unsafe { gpu.launch_by_name(stream, kernel, &cfg, &params) }
+    // negative control of this kernel has its contract).
+    unsafe { gpu.launch(stream, &launch) }
 }
 
 /// Per-block sums of `input` by `smoke_block_reduce` with `blocks` blocks (grid-stride).
@@ -127,15 +127,15 @@ pub fn mma_tile(
         b: device_ptr(b) as *const u16,
         c: device_ptr(&c) as *mut f32,
     };
-    let cfg = LaunchConfig::new((1, 1, 1), MMA_THREADS, mma_smem_bytes());
+    let launch = Launch::new(&SMOKE_MMA_TILE, (1, 1, 1), (), params);
     // SAFETY: a, b hold 64x64 bf16 and c 64x64 f32; cust allocations are 256-byte aligned.
-    unsafe { gpu.launch_by_name(stream, "smoke_mma_tile", &cfg, &params)? };
+    unsafe { gpu.launch(stream, &launch)? };
     gpu.sync(stream, "smoke_mma_tile")?;
     download(&c)
 }
 
-/// The f64 reference of [`mma_tile`] and [`wgmma_tile`] (see [`crate::gemm::reference`]).
-pub use crate::gemm::reference as matmul_nt_reference;
+/// The f64 reference of [`mma_tile`] and [`wgmma_tile`] (see [`kernels::gemm::reference`]).
+pub use kernels::gemm::reference as matmul_nt_reference;
 
 // ---------------------------------------------------------------------------------------------
 
@@ -177,9 +177,9 @@ pub fn tma_load(
         x,
         y,
     };
-    let cfg = LaunchConfig::new((1, 1, 1), TMA_THREADS, tma_smem_bytes());
+    let launch = Launch::new(&SMOKE_TMA_LOAD, (1, 1, 1), (), params);
     // SAFETY: the tensor map describes `tensor` (checked size), `out` holds the box.
-    unsafe { gpu.launch_by_name(stream, "smoke_tma_load", &cfg, &params)? };
+    unsafe { gpu.launch(stream, &launch)? };
     gpu.sync(stream, "smoke_tma_load")?;
     download(&out)
 }
@@ -255,12 +255,12 @@ pub fn wgmma_tile_launch(
     c: &mut DeviceBuffer<f32>,
 ) -> Result<()> {
     require_hopper(gpu, "smoke_wgmma")?;
-    if !WGMMA_SMOKE_N.contains(&n) {
+    let Some(kernel) = wgmma_tile_kernel(n) else {
         return Err(Error::unsupported(
             "wgmma smoke N",
             format!("{n}; built for 64, 128, 256"),
         ));
-    }
+    };
     check_len("a", (WGMMA_M * WGMMA_K) as usize, a.len())?;
     check_len("b", (n * WGMMA_K) as usize, b.len())?;
     check_len("c", (WGMMA_M * n) as usize, c.len())?;
@@ -280,10 +280,9 @@ pub fn wgmma_tile_launch(
         tmap_b: map(b, n)?,
         c: device_ptr(c) as *mut f32,
     };
-    let cfg = LaunchConfig::new((1, 1, 1), WGMMA_THREADS, wgmma_smem_bytes(n));
-    let name = format!("smoke_wgmma_n{n}");
+    let launch = Launch::new(kernel, (1, 1, 1), (), params);
     // SAFETY: the maps describe a [64, 64] and b [n, 64]; c holds 64 x n f32.
-    unsafe { gpu.launch_by_name(stream, &name, &cfg, &params) }
+    unsafe { gpu.launch(stream, &launch) }
 }
 
 /// `c = a b` with `a [64, 64]` (K-major) and `b [64, 128]` row-major (MN-major B) by
@@ -314,9 +313,9 @@ pub fn wgmma_mn(
         tmap_b: map(b, WGMMA_K, WGMMA_MN_N)?,
         c: device_ptr(&c) as *mut f32,
     };
-    let cfg = LaunchConfig::new((1, 1, 1), WGMMA_THREADS, wgmma_mn_smem_bytes());
+    let launch = Launch::new(&SMOKE_WGMMA_MN, (1, 1, 1), (), params);
     // SAFETY: the maps describe a [64, 64] and b [64, 128]; c holds 64 x 128 f32.
-    unsafe { gpu.launch_by_name(stream, "smoke_wgmma_mn", &cfg, &params)? };
+    unsafe { gpu.launch(stream, &launch)? };
     gpu.sync(stream, "smoke_wgmma_mn")?;
     download(&c)
 }
@@ -335,7 +334,7 @@ pub fn matmul_nn_reference(
             bt[j * k + kk] = b[kk * n + j];
         }
     }
-    crate::gemm::reference(a, &bt, m, n, k)
+    kernels::gemm::reference(a, &bt, m, n, k)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -415,10 +414,10 @@ pub fn pingpong_launch(
         counter: device_ptr(counter) as *mut u32,
         num_tiles,
     };
-    let cfg = LaunchConfig::new((1, 1, 1), PINGPONG_THREADS, pingpong_smem_bytes());
+    let launch = Launch::new(&SMOKE_PINGPONG, (1, 1, 1), (), params);
     // SAFETY: the map covers num_tiles tiles of `input`; out, order and counter are sized as
     // the kernel documents (checked); the caller guarantees counter is zero.
-    unsafe { gpu.launch_by_name(stream, "smoke_pingpong", &cfg, &params) }
+    unsafe { gpu.launch(stream, &launch) }
 }
 
 /// What [`pingpong`] must produce in `out` (computed in f32, as the kernel does: exact).
@@ -477,13 +476,13 @@ pub fn numerics(
         }
         v
     };
-    let x_dev = crate::memory::upload(&pad(x.to_vec()))?;
+    let x_dev = kernels::memory::upload(&pad(x.to_vec()))?;
     let a: Vec<bf16> = probes.iter().flat_map(|p| p.a.iter().copied()).collect();
     let b: Vec<bf16> = probes.iter().flat_map(|p| p.b_t.iter().copied()).collect();
     let c: Vec<f32> = probes.iter().flat_map(|p| p.c.iter().copied()).collect();
-    let a_dev = crate::memory::upload(&if a.is_empty() { vec![bf16::ZERO] } else { a })?;
-    let b_dev = crate::memory::upload(&if b.is_empty() { vec![bf16::ZERO] } else { b })?;
-    let c_dev = crate::memory::upload(&pad(c))?;
+    let a_dev = kernels::memory::upload(&if a.is_empty() { vec![bf16::ZERO] } else { a })?;
+    let b_dev = kernels::memory::upload(&if b.is_empty() { vec![bf16::ZERO] } else { b })?;
+    let c_dev = kernels::memory::upload(&pad(c))?;
     let ex2 = poisoned::<f32>(x.len().max(1))?;
     let bf = poisoned::<bf16>(x.len().max(1))?;
     let d = poisoned::<f32>((probes.len() * 128).max(1))?;
@@ -498,10 +497,10 @@ pub fn numerics(
         c: device_ptr(&c_dev) as *const f32,
         d: device_ptr(&d) as *mut f32,
     };
-    let cfg = LaunchConfig::new((1, 1, 1), NUMERICS_THREADS, 0);
+    let launch = Launch::new(&SMOKE_NUMERICS, (1, 1, 1), (), params);
     // SAFETY: x, ex2, bf16 hold `scalars` elements, a/b/c/d `tiles` tiles of the documented
     // sizes (checked above); cust allocations are 256-byte aligned.
-    unsafe { gpu.launch_by_name(stream, "smoke_numerics", &cfg, &params)? };
+    unsafe { gpu.launch(stream, &launch)? };
     gpu.sync(stream, "smoke_numerics")?;
     let mut ex2_h = download(&ex2)?;
     let mut bf_h = download(&bf)?;
