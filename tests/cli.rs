@@ -31,18 +31,13 @@ fn main() {
     s.cpu("reference/mhc_backward", mhc_backward);
     s.cpu("info/lists_ptx_targets", info);
     s.cpu("args/conflicts_and_ranges", args);
-    s.cpu("errors/missing_tensor", err_missing_tensor);
-    s.cpu("errors/wrong_dtype", err_wrong_dtype);
-    s.cpu("errors/wrong_shape", err_wrong_shape);
-    s.cpu("errors/unreadable_file", err_unreadable);
-    s.cpu("errors/not_safetensors", err_not_safetensors);
-    s.cpu("errors/unexpected_tensor", err_unexpected_tensor);
-    s.cpu("errors/invalid_values", err_invalid_values);
-    s.cpu("errors/unsupported_problem", err_unsupported);
-    s.cpu("errors/existing_output_untouched", err_existing_output);
-    s.cpu("errors/output_dir_missing", err_output_dir);
+    for (name, cases) in error_tests() {
+        s.cpu(name, move || run_error_cases(cases));
+    }
     if kernel_tests::gpu().is_err() {
-        s.cpu("no_gpu/kernel_path_fails_cleanly", no_gpu);
+        s.cpu(NO_GPU_CASE.test, || {
+            run_error_cases(std::slice::from_ref(&NO_GPU_CASE))
+        });
     }
     s.gpu("gpu/attention_check", Needs::Gpu, gpu_attention);
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
@@ -85,6 +80,17 @@ impl Dir {
             .unwrap_or_default();
         v.sort();
         v
+    }
+
+    /// Every file of the directory with its bytes.
+    fn contents(&self) -> Result<BTreeMap<String, Vec<u8>>, TestFailure> {
+        self.files()
+            .into_iter()
+            .map(|f| match std::fs::read(self.path(&f)) {
+                Ok(bytes) => Ok((f, bytes)),
+                Err(e) => Err(format!("{f}: {e}").into()),
+            })
+            .collect()
     }
 }
 
@@ -837,15 +843,293 @@ fn args() -> TestResult {
 // ---------------------------------------------------------------------------------------------
 // Errors: one line naming the tensor and what was expected; no output file.
 
-/// Run `args` (whose output is `d/out.safetensors`), expect an error matching `is` whose text
-/// contains every one of `needles`, and check that nothing but `inputs` is left in `d`.
-fn fails(
-    d: &Dir,
-    args: &[&str],
+/// One bad-input case: the files it writes into a fresh scratch directory, its command line,
+/// the kind of error it must fail with and what the error's one line must mention. The failed
+/// run must leave the directory as it found it (the same files, unchanged, and no output).
+struct ErrorCase {
+    /// The test's name; consecutive cases of one name form one test.
+    test: &'static str,
+    /// Writes the case's input files.
+    files: fn(&Dir) -> TestResult,
+    /// The command line, split at spaces; a word `@name` is the file `name` of the scratch
+    /// directory.
+    command: &'static str,
+    /// The error's kind.
     is: fn(&CliError) -> bool,
-    needles: &[&str],
-    inputs: &[&str],
-) -> TestResult {
+    /// What the error's text must contain.
+    says: &'static [&'static str],
+}
+
+const ERROR_CASES: &[ErrorCase] = &[
+    ErrorCase {
+        test: "errors/missing_tensor",
+        files: |d| {
+            attention_files(
+                d,
+                bf16s(2 * 5 * 4 * 64),
+                vec![2, 5, 4, 64],
+                bf16s(2 * 6 * 2 * 64),
+                None,
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::MissingTensor { .. }),
+        says: &[
+            "missing tensor `v`",
+            "bf16 or f16 [B, Sk, Hkv, D] = [2, 6, 2, 64]",
+        ],
+    },
+    ErrorCase {
+        test: "errors/wrong_dtype",
+        files: |d| {
+            attention_files(
+                d,
+                V::F32(vec![0.5; 2 * 5 * 4 * 64]),
+                vec![2, 5, 4, 64],
+                bf16s(2 * 6 * 2 * 64),
+                Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `q`", "expected dtype bf16 or f16, got f32"],
+    },
+    // k and v must have q's dtype.
+    ErrorCase {
+        test: "errors/wrong_dtype",
+        files: |d| {
+            attention_files(
+                d,
+                bf16s(2 * 5 * 4 * 64),
+                vec![2, 5, 4, 64],
+                V::F16(vec![f16::ONE; 2 * 6 * 2 * 64]),
+                Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `k`", "bf16 (the dtype of `q`), got f16"],
+    },
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            attention_files(
+                d,
+                bf16s(2 * 5 * 4 * 64),
+                vec![2, 5, 4, 64],
+                bf16s(2 * 6 * 2 * 64),
+                Some((bf16s(2 * 6 * 2 * 128), vec![2, 6, 2, 128])),
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &[
+            "tensor `v`",
+            "[B, Sk, Hkv, D] = [2, 6, 2, 64]",
+            "B, D from `q`",
+            "Sk, Hkv from `k`",
+            "got [2, 6, 2, 128]",
+        ],
+    },
+    // A wrong rank, and a `T + 1` dimension.
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("cumsum", vec![2, 5], V::F32(vec![0.0; 10])),
+                    ("dur", vec![2, 5], V::F32(vec![0.0; 10])),
+                    ("trans", vec![5, 5], V::F32(vec![0.0; 25])),
+                ],
+            )
+        },
+        command: "semicrf @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `cumsum`", "[B, T + 1, C]", "got [2, 5]"],
+    },
+    // mhc: phi's rows are n C and its columns n^2 + 2n.
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            let data = MhcData::random(&MhcProblem::new(1, 2, 2, 8), 3);
+            let mut t = mhc_tensors(&data, false, false);
+            t[1] = ("phi", vec![16, 9], V::F32(vec![0.1; 16 * 9]));
+            write_inputs(&d.path("in.safetensors"), &t)
+        },
+        command: "mhc @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `phi`", "[n C, M] = [16, 8]", "got [16, 9]"],
+    },
+    ErrorCase {
+        test: "errors/unreadable_file",
+        files: |_| Ok(()),
+        command: "gla @nope.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Read { .. }),
+        says: &["cannot read", "nope.safetensors"],
+    },
+    ErrorCase {
+        test: "errors/not_safetensors",
+        files: |d| {
+            std::fs::write(d.path("in.safetensors"), b"this is not a safetensors file")
+                .map_err(|e| e.to_string().into())
+        },
+        command: "mhc @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Format { .. }),
+        says: &["is not a valid safetensors file"],
+    },
+    ErrorCase {
+        test: "errors/unexpected_tensor",
+        files: |d| {
+            let shape = vec![1, 4, 1, 64];
+            let t = || bf16s(4 * 64);
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("q", shape.clone(), t()),
+                    ("k", shape.clone(), t()),
+                    ("g", shape.clone(), t()),
+                    ("v", shape, t()),
+                    (
+                        "initial_states",
+                        vec![1, 1, 64, 64],
+                        V::F32(vec![0.0; 4096]),
+                    ),
+                ],
+            )
+        },
+        command: "gla @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::UnexpectedTensor { .. }),
+        says: &["unexpected tensor `initial_states`", "initial_state"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("lengths", vec![2], V::I64(vec![4, 0]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
+        says: &["lengths[1] = 0 is outside 1..=4"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("lengths", vec![2], V::I64(vec![-3, 4]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Value { .. }),
+        says: &["tensor `lengths`", "element 0 is -3"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("scores", vec![2, 4, 3], V::F32(vec![0.0; 24]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Value { .. }),
+        says: &["either `cumsum` or `scores`"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("lengths", vec![2], V::F32(vec![4.0, 4.0]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `lengths`", "expected dtype i32 or i64, got f32"],
+    },
+    // cu_seqlens packs the sequences along T: B must be 1.
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| {
+            let shape = vec![2, 4, 1, 64];
+            let t = || bf16s(2 * 4 * 64);
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("q", shape.clone(), t()),
+                    ("k", shape.clone(), t()),
+                    ("g", shape.clone(), t()),
+                    ("v", shape, t()),
+                    ("cu_seqlens", vec![3], V::I64(vec![0, 2, 4])),
+                ],
+            )
+        },
+        command: "gla @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `q`", "B must be 1"],
+    },
+    ErrorCase {
+        test: "errors/unsupported_problem",
+        files: |d| {
+            let shape = vec![1, 4, 2, 32];
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("q", shape.clone(), bf16s(256)),
+                    ("k", shape.clone(), bf16s(256)),
+                    ("v", shape, bf16s(256)),
+                ],
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
+        says: &["head dimension 32", "64, 128, 256"],
+    },
+    // The output file already exists: the failed run leaves it as it was.
+    ErrorCase {
+        test: "errors/existing_output_untouched",
+        files: |d| {
+            crf_files(d, vec![("lengths", vec![2], V::I32(vec![9, 4]))])?;
+            std::fs::write(d.path("out.safetensors"), b"previous output")
+                .map_err(|e| e.to_string().into())
+        },
+        command: "semicrf @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(_)),
+        says: &["lengths[0] = 9"],
+    },
+    ErrorCase {
+        test: "errors/output_dir_missing",
+        files: |d| crf_files(d, vec![]),
+        command: "semicrf @in.safetensors -o @missing/out.safetensors --reference",
+        is: |e| matches!(e, CliError::Write { .. }),
+        says: &["cannot write", "missing/out.safetensors"],
+    },
+];
+
+/// Without a GPU the kernel path fails with one line that says so and points at --reference
+/// (registered only on machines without a GPU).
+const NO_GPU_CASE: ErrorCase = ErrorCase {
+    test: "no_gpu/kernel_path_fails_cleanly",
+    files: |d| crf_files(d, vec![]),
+    command: "semicrf @in.safetensors -o @out.safetensors",
+    is: |e| matches!(e, CliError::NoGpu { .. }),
+    says: &["no usable GPU", "--reference"],
+};
+
+/// Each test of [`ERROR_CASES`]: its name and its cases, in the table's order.
+fn error_tests() -> impl Iterator<Item = (&'static str, &'static [ErrorCase])> {
+    ERROR_CASES
+        .chunk_by(|a, b| a.test == b.test)
+        .map(|cases| (cases[0].test, cases))
+}
+
+/// Run `cases` one after the other, each in a fresh scratch directory.
+fn run_error_cases(cases: &[ErrorCase]) -> TestResult {
+    for case in cases {
+        let d = Dir::new(&case.test.replace('/', "_"));
+        (case.files)(&d)?;
+        let args: Vec<String> = case
+            .command
+            .split(' ')
+            .map(|w| match w.strip_prefix('@') {
+                Some(file) => d.s(file),
+                None => w.to_string(),
+            })
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&d, &args, case.is, case.says)?;
+    }
+    Ok(())
+}
+
+/// Run `args`, expect an error matching `is` whose text is one line and contains every one of
+/// `needles`, and check that the directory `d` holds the same files as before the run, each
+/// unchanged (no output written, an existing one kept).
+fn fails(d: &Dir, args: &[&str], is: fn(&CliError) -> bool, needles: &[&str]) -> TestResult {
+    let before = d.contents()?;
     let e = match cli(args) {
         Ok(_) => return Err(format!("kernels-cli {} succeeded", args.join(" ")).into()),
         Err(e) => e,
@@ -861,11 +1145,21 @@ fn fails(
             format!("error {text:?} does not mention {n:?}")
         })?;
     }
-    let mut want: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
-    want.sort();
-    ensure(d.files() == want, || {
-        format!("directory holds {:?}, expected only {want:?}", d.files())
-    })
+    ensure(
+        d.files() == before.keys().cloned().collect::<Vec<_>>(),
+        || {
+            format!(
+                "directory holds {:?}, expected only {:?}",
+                d.files(),
+                before.keys()
+            )
+        },
+    )?;
+    for (name, bytes) in &before {
+        let now = std::fs::read(d.path(name)).map_err(|e| format!("{name}: {e}"))?;
+        ensure(&now == bytes, || format!("{name} was changed"))?;
+    }
+    Ok(())
 }
 
 fn attention_files(
@@ -886,213 +1180,6 @@ fn bf16s(n: usize) -> V {
     V::Bf16(uniform_bf16(&mut rng(1), n, -1.0, 1.0))
 }
 
-fn err_missing_tensor() -> TestResult {
-    let d = Dir::new("err_missing");
-    attention_files(
-        &d,
-        bf16s(2 * 5 * 4 * 64),
-        vec![2, 5, 4, 64],
-        bf16s(2 * 6 * 2 * 64),
-        None,
-    )?;
-    fails(
-        &d,
-        &[
-            "attention",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::MissingTensor { .. }),
-        &[
-            "missing tensor `v`",
-            "bf16 or f16 [B, Sk, Hkv, D] = [2, 6, 2, 64]",
-        ],
-        &["in.safetensors"],
-    )
-}
-
-fn err_wrong_dtype() -> TestResult {
-    let d = Dir::new("err_dtype");
-    let n = 2 * 5 * 4 * 64;
-    attention_files(
-        &d,
-        V::F32(vec![0.5; n]),
-        vec![2, 5, 4, 64],
-        bf16s(2 * 6 * 2 * 64),
-        Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
-    )?;
-    let args = [
-        "attention",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ];
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Dtype { .. }),
-        &["tensor `q`", "expected dtype bf16 or f16, got f32"],
-        &["in.safetensors"],
-    )?;
-    // k and v must have q's dtype.
-    attention_files(
-        &d,
-        bf16s(n),
-        vec![2, 5, 4, 64],
-        V::F16(vec![f16::ONE; 2 * 6 * 2 * 64]),
-        Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
-    )?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Dtype { .. }),
-        &["tensor `k`", "bf16 (the dtype of `q`), got f16"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_wrong_shape() -> TestResult {
-    let d = Dir::new("err_shape");
-    attention_files(
-        &d,
-        bf16s(2 * 5 * 4 * 64),
-        vec![2, 5, 4, 64],
-        bf16s(2 * 6 * 2 * 64),
-        Some((bf16s(2 * 6 * 2 * 128), vec![2, 6, 2, 128])),
-    )?;
-    fails(
-        &d,
-        &[
-            "attention",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &[
-            "tensor `v`",
-            "[B, Sk, Hkv, D] = [2, 6, 2, 64]",
-            "B, D from `q`",
-            "Sk, Hkv from `k`",
-            "got [2, 6, 2, 128]",
-        ],
-        &["in.safetensors"],
-    )?;
-    // A wrong rank, and a `T + 1` dimension.
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("cumsum", vec![2, 5], V::F32(vec![0.0; 10])),
-            ("dur", vec![2, 5], V::F32(vec![0.0; 10])),
-            ("trans", vec![5, 5], V::F32(vec![0.0; 25])),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &["tensor `cumsum`", "[B, T + 1, C]", "got [2, 5]"],
-        &["in.safetensors"],
-    )?;
-    // mhc: phi's rows are n C and its columns n^2 + 2n.
-    let data = MhcData::random(&MhcProblem::new(1, 2, 2, 8), 3);
-    let mut t = mhc_tensors(&data, false, false);
-    t[1] = ("phi", vec![16, 9], V::F32(vec![0.1; 16 * 9]));
-    write_inputs(&d.path("in.safetensors"), &t)?;
-    fails(
-        &d,
-        &[
-            "mhc",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &["tensor `phi`", "[n C, M] = [16, 8]", "got [16, 9]"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_unreadable() -> TestResult {
-    let d = Dir::new("err_unreadable");
-    fails(
-        &d,
-        &[
-            "gla",
-            &d.s("nope.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Read { .. }),
-        &["cannot read", "nope.safetensors"],
-        &[],
-    )
-}
-
-fn err_not_safetensors() -> TestResult {
-    let d = Dir::new("err_format");
-    std::fs::write(d.path("in.safetensors"), b"this is not a safetensors file")
-        .map_err(|e| e.to_string())?;
-    fails(
-        &d,
-        &[
-            "mhc",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Format { .. }),
-        &["is not a valid safetensors file"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_unexpected_tensor() -> TestResult {
-    let d = Dir::new("err_unexpected");
-    let shape = vec![1, 4, 1, 64];
-    let t = || bf16s(4 * 64);
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("q", shape.clone(), t()),
-            ("k", shape.clone(), t()),
-            ("g", shape.clone(), t()),
-            ("v", shape, t()),
-            (
-                "initial_states",
-                vec![1, 1, 64, 64],
-                V::F32(vec![0.0; 4096]),
-            ),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "gla",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::UnexpectedTensor { .. }),
-        &["unexpected tensor `initial_states`", "initial_state"],
-        &["in.safetensors"],
-    )
-}
-
 fn crf_files(d: &Dir, extra: Vec<Named>) -> TestResult {
     let mut t: Vec<Named> = vec![
         ("cumsum", vec![2, 5, 3], V::F32(vec![0.0; 30])),
@@ -1101,161 +1188,6 @@ fn crf_files(d: &Dir, extra: Vec<Named>) -> TestResult {
     ];
     t.extend(extra);
     write_inputs(&d.path("in.safetensors"), &t)
-}
-
-fn err_invalid_values() -> TestResult {
-    let d = Dir::new("err_values");
-    let args = [
-        "semicrf-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ];
-    crf_files(&d, vec![("lengths", vec![2], V::I64(vec![4, 0]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
-        &["lengths[1] = 0 is outside 1..=4"],
-        &["in.safetensors"],
-    )?;
-    crf_files(&d, vec![("lengths", vec![2], V::I64(vec![-3, 4]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Value { .. }),
-        &["tensor `lengths`", "element 0 is -3"],
-        &["in.safetensors"],
-    )?;
-    crf_files(&d, vec![("scores", vec![2, 4, 3], V::F32(vec![0.0; 24]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Value { .. }),
-        &["either `cumsum` or `scores`"],
-        &["in.safetensors"],
-    )?;
-    crf_files(&d, vec![("lengths", vec![2], V::F32(vec![4.0, 4.0]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Dtype { .. }),
-        &["tensor `lengths`", "expected dtype i32 or i64, got f32"],
-        &["in.safetensors"],
-    )?;
-    // cu_seqlens packs the sequences along T: B must be 1.
-    let shape = vec![2, 4, 1, 64];
-    let t = || bf16s(2 * 4 * 64);
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("q", shape.clone(), t()),
-            ("k", shape.clone(), t()),
-            ("g", shape.clone(), t()),
-            ("v", shape, t()),
-            ("cu_seqlens", vec![3], V::I64(vec![0, 2, 4])),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "gla",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &["tensor `q`", "B must be 1"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_unsupported() -> TestResult {
-    let d = Dir::new("err_unsupported");
-    let shape = vec![1, 4, 2, 32];
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("q", shape.clone(), bf16s(256)),
-            ("k", shape.clone(), bf16s(256)),
-            ("v", shape, bf16s(256)),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "attention",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
-        &["head dimension 32", "64, 128, 256"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_existing_output() -> TestResult {
-    let d = Dir::new("err_existing");
-    crf_files(&d, vec![("lengths", vec![2], V::I32(vec![9, 4]))])?;
-    std::fs::write(d.path("out.safetensors"), b"previous output").map_err(|e| e.to_string())?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Kernel(_)),
-        &["lengths[0] = 9"],
-        &["in.safetensors", "out.safetensors"],
-    )?;
-    let kept = std::fs::read(d.path("out.safetensors")).map_err(|e| e.to_string())?;
-    ensure(kept == b"previous output", || {
-        "the existing output was changed".into()
-    })
-}
-
-fn err_output_dir() -> TestResult {
-    let d = Dir::new("err_output_dir");
-    crf_files(&d, vec![])?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("missing/out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Write { .. }),
-        &["cannot write", "missing/out.safetensors"],
-        &["in.safetensors"],
-    )
-}
-
-/// Without a GPU the kernel path fails with one line that says so and points at --reference
-/// (registered only on machines without a GPU).
-fn no_gpu() -> TestResult {
-    let d = Dir::new("no_gpu");
-    crf_files(&d, vec![])?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-        ],
-        |e| matches!(e, CliError::NoGpu { .. }),
-        &["no usable GPU", "--reference"],
-        &["in.safetensors"],
-    )
 }
 
 // ---------------------------------------------------------------------------------------------
