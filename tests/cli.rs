@@ -8,7 +8,14 @@
 
 use clap::Parser;
 use kernel_tests::{Needs, Suite, TestFailure, TestResult, ensure};
+use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
 use kernels::data::{rng, uniform_bf16, uniform_f16, uniform_f32};
+use kernels::gla::GlaProblem;
+use kernels::gla::reference::{HostInputs, recurrence};
+use kernels::mhc::MhcProblem;
+use kernels::mhc::reference::{self as mref, MhcData};
+use kernels::semicrf::reference::{self as sref, Model};
+use kernels::semicrf::{SemiCrfInputs, SemiCrfProblem, cumulative_scores};
 use kernels::{Gpu, bf16, f16};
 use kernels_cli::{Cli, CliError, Report};
 use safetensors::Dtype;
@@ -67,6 +74,17 @@ impl Dir {
 
     fn s(&self, file: &str) -> String {
         self.path(file).display().to_string()
+    }
+
+    /// The words of the command line `line` (split at spaces), a word `@name` standing for the
+    /// file `name` of the directory.
+    fn command(&self, line: &str) -> Vec<String> {
+        line.split_whitespace()
+            .map(|w| match w.strip_prefix('@') {
+                Some(file) => self.s(file),
+                None => w.to_string(),
+            })
+            .collect()
     }
 
     /// The names of the files in the directory, sorted.
@@ -196,18 +214,25 @@ fn read_outputs(path: &Path) -> Result<BTreeMap<String, Out>, TestFailure> {
 }
 
 /// Parse `args` as the command line and run it (on `gpu` for the GPU paths, if given).
-fn cli_on(args: &[&str], gpu: Option<&Gpu>) -> Result<Report, CliError> {
-    let cli = Cli::try_parse_from(std::iter::once("kernels-cli").chain(args.iter().copied()))
+fn cli_on(args: &[impl AsRef<str>], gpu: Option<&Gpu>) -> Result<Report, CliError> {
+    let words = args.iter().map(|a| a.as_ref());
+    let cli = Cli::try_parse_from(std::iter::once("kernels-cli").chain(words))
         .map_err(|e| CliError::Internal(format!("argument parsing: {e}")))?;
     kernels_cli::run_with(&cli, gpu)
 }
 
-fn cli(args: &[&str]) -> Result<Report, CliError> {
+fn cli(args: &[impl AsRef<str>]) -> Result<Report, CliError> {
     cli_on(args, None)
 }
 
-fn ok(args: &[&str]) -> Result<Report, TestFailure> {
-    cli(args).map_err(|e| format!("kernels-cli {}: {e}", args.join(" ")).into())
+/// `args` joined into one line, for messages.
+fn line(args: &[impl AsRef<str>]) -> String {
+    let words: Vec<&str> = args.iter().map(|a| a.as_ref()).collect();
+    words.join(" ")
+}
+
+fn ok(args: &[impl AsRef<str>]) -> Result<Report, TestFailure> {
+    cli(args).map_err(|e| format!("kernels-cli {}: {e}", line(args)).into())
 }
 
 /// `name` has `dtype` and `shape`, and its values equal `want` exactly (the tool and the test
@@ -266,8 +291,6 @@ fn close(
 // ---------------------------------------------------------------------------------------------
 // Reference mode, every subcommand.
 
-use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
-
 fn attention_inputs_bf16(p: &AttentionProblem, seed: u64) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
     let mut r = rng(seed);
     let nq: usize = p.q_shape().iter().product();
@@ -292,14 +315,8 @@ fn attention_bf16_causal() -> TestResult {
             ("v", p.kv_shape().to_vec(), V::Bf16(v.clone())),
         ],
     )?;
-    let report = ok(&[
-        "attention",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--causal",
-    ])?;
+    let report =
+        ok(&d.command("attention @in.safetensors -o @out.safetensors --reference --causal"))?;
     print!("{report}");
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = kernels::attention::reference(&p, &q, &k, &v);
@@ -334,27 +351,15 @@ fn attention_f16_window() -> TestResult {
             ("v", p.kv_shape().to_vec(), V::F16(v.clone())),
         ],
     )?;
-    ok(&[
-        "attention",
-        &d.s("in.safetensors"),
-        "--output",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--window-left",
-        "2",
-        "--window-right",
-        "1",
-        "--scale",
-        "0.3",
-    ])?;
+    ok(&d.command(
+        "attention @in.safetensors --output @out.safetensors --reference \
+         --window-left 2 --window-right 1 --scale 0.3",
+    ))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = kernels::attention::reference(&p, &q, &k, &v);
     exact(&out, "o", Dtype::F64, &p.q_shape(), &want.o)?;
     exact(&out, "lse", Dtype::F64, &[1, 2, 7], &want.lse)
 }
-
-use kernels::gla::GlaProblem;
-use kernels::gla::reference::{HostInputs, recurrence};
 
 fn gla_varlen() -> TestResult {
     let d = Dir::new("gla_varlen");
@@ -382,15 +387,7 @@ fn gla_varlen() -> TestResult {
             ),
         ],
     )?;
-    ok(&[
-        "gla",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--scale",
-        "0.25",
-    ])?;
+    ok(&d.command("gla @in.safetensors -o @out.safetensors --reference --scale 0.25"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = recurrence(
         &p,
@@ -431,13 +428,7 @@ fn gla_batch() -> TestResult {
             ("v", shape.clone(), V::Bf16(v.clone())),
         ],
     )?;
-    ok(&[
-        "gla",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ])?;
+    ok(&d.command("gla @in.safetensors -o @out.safetensors --reference"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = recurrence(
         &p,
@@ -460,9 +451,6 @@ fn gla_batch() -> TestResult {
     )
 }
 
-use kernels::semicrf::reference::{self as sref, Model};
-use kernels::semicrf::{SemiCrfInputs, SemiCrfProblem, cumulative_scores};
-
 fn semicrf_forward_viterbi() -> TestResult {
     let d = Dir::new("semicrf_forward");
     let (b, t, k, c) = (3, 12, 4, 3);
@@ -484,14 +472,7 @@ fn semicrf_forward_viterbi() -> TestResult {
             ),
         ],
     )?;
-    ok(&[
-        "semicrf",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--viterbi",
-    ])?;
+    ok(&d.command("semicrf @in.safetensors -o @out.safetensors --reference --viterbi"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let cumsum = cumulative_scores(&scores, b, t, c).map_err(|e| e.to_string())?;
     let p = SemiCrfProblem::new(b, t, k, c);
@@ -547,16 +528,10 @@ fn semicrf_backward() -> TestResult {
             ("lengths", vec![b], V::I32(vec![6, 4])),
         ],
     )?;
-    ok(&[
-        "semicrf-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--marginals",
-        "--checkpoint",
-        "2",
-    ])?;
+    ok(&d.command(
+        "semicrf-backward @in.safetensors -o @out.safetensors --reference --marginals \
+         --checkpoint 2",
+    ))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let m = Model::new(
         &p,
@@ -608,13 +583,7 @@ fn semicrf_grad_scores() -> TestResult {
             ("trans", vec![c, c], V::F32(trans.clone())),
         ],
     )?;
-    ok(&[
-        "semicrf-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ])?;
+    ok(&d.command("semicrf-backward @in.safetensors -o @out.safetensors --reference"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let gs = out
         .get("grad_scores")
@@ -657,9 +626,6 @@ fn semicrf_grad_scores() -> TestResult {
         format!("grad_scores differs from central differences by {worst:.3e}")
     })
 }
-
-use kernels::mhc::MhcProblem;
-use kernels::mhc::reference::{self as mref, MhcData};
 
 fn mhc_tensors(data: &MhcData, with_y: bool, with_grads: bool) -> Vec<Named> {
     let p = &data.problem;
@@ -707,21 +673,15 @@ fn mhc_forward() -> TestResult {
     };
     // With y (and the upstream gradients, which the forward ignores), then without y.
     for (file, with_y) in [("full", true), ("no_y", false)] {
-        let input = d.s(&format!("{file}.safetensors"));
-        let output = d.s(&format!("{file}.out.safetensors"));
-        write_inputs(Path::new(&input), &mhc_tensors(&data, with_y, with_y))?;
-        ok(&[
-            "mhc",
-            &input,
-            "-o",
-            &output,
-            "--reference",
-            "--t-max",
-            "5",
-            "--eps",
-            "1e-5",
-        ])?;
-        let out = read_outputs(Path::new(&output))?;
+        let (input, output) = (
+            format!("{file}.safetensors"),
+            format!("{file}.out.safetensors"),
+        );
+        write_inputs(&d.path(&input), &mhc_tensors(&data, with_y, with_y))?;
+        ok(&d.command(&format!(
+            "mhc @{input} -o @{output} --reference --t-max 5 --eps 1e-5"
+        )))?;
+        let out = read_outputs(&d.path(&output))?;
         exact(
             &out,
             "x_in",
@@ -778,15 +738,9 @@ fn mhc_backward() -> TestResult {
     let p = MhcProblem::new(2, 2, 2, 8).with_gamma(true).with_iters(3);
     let data = MhcData::random(&p, 42);
     write_inputs(&d.path("in.safetensors"), &mhc_tensors(&data, true, true))?;
-    ok(&[
-        "mhc-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--sinkhorn-iters",
-        "3",
-    ])?;
+    ok(&d.command(
+        "mhc-backward @in.safetensors -o @out.safetensors --reference --sinkhorn-iters 3",
+    ))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let r = mref::reference(&data);
     let (n, c, k, m) = (p.n, p.c, p.k(), p.m());
@@ -851,8 +805,7 @@ struct ErrorCase {
     test: &'static str,
     /// Writes the case's input files.
     files: fn(&Dir) -> TestResult,
-    /// The command line, split at spaces; a word `@name` is the file `name` of the scratch
-    /// directory.
+    /// The command line, as [`Dir::command`] reads it (`@name`: the scratch directory's file).
     command: &'static str,
     /// The error's kind.
     is: fn(&CliError) -> bool,
@@ -1111,16 +1064,7 @@ fn run_error_cases(cases: &[ErrorCase]) -> TestResult {
     for case in cases {
         let d = Dir::new(&case.test.replace('/', "_"));
         (case.files)(&d)?;
-        let args: Vec<String> = case
-            .command
-            .split(' ')
-            .map(|w| match w.strip_prefix('@') {
-                Some(file) => d.s(file),
-                None => w.to_string(),
-            })
-            .collect();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        fails(&d, &args, case.is, case.says)?;
+        fails(&d, &d.command(case.command), case.is, case.says)?;
     }
     Ok(())
 }
@@ -1128,10 +1072,10 @@ fn run_error_cases(cases: &[ErrorCase]) -> TestResult {
 /// Run `args`, expect an error matching `is` whose text is one line and contains every one of
 /// `needles`, and check that the directory `d` holds the same files as before the run, each
 /// unchanged (no output written, an existing one kept).
-fn fails(d: &Dir, args: &[&str], is: fn(&CliError) -> bool, needles: &[&str]) -> TestResult {
+fn fails(d: &Dir, args: &[String], is: fn(&CliError) -> bool, needles: &[&str]) -> TestResult {
     let before = d.contents()?;
     let e = match cli(args) {
-        Ok(_) => return Err(format!("kernels-cli {} succeeded", args.join(" ")).into()),
+        Ok(_) => return Err(format!("kernels-cli {} succeeded", line(args)).into()),
         Err(e) => e,
     };
     let text = e.to_string();
@@ -1197,11 +1141,10 @@ fn crf_files(d: &Dir, extra: Vec<Named>) -> TestResult {
 fn check_run(
     gpu: &'static Gpu,
     d: &Dir,
-    args: &[&str],
+    args: &[String],
     bounds: &[(&str, f64)],
 ) -> Result<Report, TestFailure> {
-    let report =
-        cli_on(args, Some(gpu)).map_err(|e| format!("kernels-cli {}: {e}", args.join(" ")))?;
+    let report = cli_on(args, Some(gpu)).map_err(|e| format!("kernels-cli {}: {e}", line(args)))?;
     print!("{report}");
     for (name, bound) in bounds {
         let diff = report
@@ -1235,17 +1178,8 @@ fn gpu_attention(gpu: &'static Gpu) -> TestResult {
             ("v", p.kv_shape().to_vec(), V::Bf16(v)),
         ],
     )?;
-    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
-    let args = [
-        "attention",
-        &i,
-        "-o",
-        &o,
-        "--check",
-        "--causal",
-        "--repeat",
-        "2",
-    ];
+    let args =
+        d.command("attention @in.safetensors -o @out.safetensors --check --causal --repeat 2");
     let report = check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)])?;
     ensure(
         report
@@ -1296,13 +1230,7 @@ fn gpu_gla(gpu: &'static Gpu) -> TestResult {
     check_run(
         gpu,
         &d,
-        &[
-            "gla",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--check",
-        ],
+        &d.command("gla @in.safetensors -o @out.safetensors --check"),
         &[("o", 2e-2), ("final_state", 1e-2)],
     )
     .map(|_| ())
@@ -1325,11 +1253,10 @@ fn gpu_semicrf(gpu: &'static Gpu) -> TestResult {
             ),
         ],
     )?;
-    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
     check_run(
         gpu,
         &d,
-        &["semicrf", &i, "-o", &o, "--check", "--viterbi"],
+        &d.command("semicrf @in.safetensors -o @out.safetensors --check --viterbi"),
         &[
             ("log_z", 1e-6),
             ("viterbi_score", 1e-5),
@@ -1342,7 +1269,7 @@ fn gpu_semicrf(gpu: &'static Gpu) -> TestResult {
     check_run(
         gpu,
         &d,
-        &["semicrf-backward", &i, "-o", &o, "--check", "--marginals"],
+        &d.command("semicrf-backward @in.safetensors -o @out.safetensors --check --marginals"),
         &[
             ("log_z", 1e-6),
             ("grad_cumsum", 1e-4),
@@ -1359,11 +1286,10 @@ fn gpu_mhc(gpu: &'static Gpu) -> TestResult {
     let p = MhcProblem::new(2, 64, 4, 64).with_gamma(true);
     let data = MhcData::random(&p, 54);
     write_inputs(&d.path("in.safetensors"), &mhc_tensors(&data, true, true))?;
-    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
     check_run(
         gpu,
         &d,
-        &["mhc", &i, "-o", &o, "--check"],
+        &d.command("mhc @in.safetensors -o @out.safetensors --check"),
         &[
             ("x_in", 1e-2),
             ("x_next", 1e-2),
@@ -1377,7 +1303,7 @@ fn gpu_mhc(gpu: &'static Gpu) -> TestResult {
     check_run(
         gpu,
         &d,
-        &["mhc-backward", &i, "-o", &o, "--check"],
+        &d.command("mhc-backward @in.safetensors -o @out.safetensors --check"),
         &[
             ("dx", 2e-2),
             ("dy", 2e-2),
