@@ -8,7 +8,14 @@
 
 use clap::Parser;
 use kernel_tests::{Needs, Suite, TestFailure, TestResult, ensure};
+use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
 use kernels::data::{rng, uniform_bf16, uniform_f16, uniform_f32};
+use kernels::gla::GlaProblem;
+use kernels::gla::reference::{HostInputs, recurrence};
+use kernels::mhc::MhcProblem;
+use kernels::mhc::reference::{self as mref, MhcData};
+use kernels::semicrf::reference::{self as sref, Model};
+use kernels::semicrf::{SemiCrfInputs, SemiCrfProblem, cumulative_scores};
 use kernels::{Gpu, bf16, f16};
 use kernels_cli::{Cli, CliError, Report};
 use safetensors::Dtype;
@@ -31,18 +38,13 @@ fn main() {
     s.cpu("reference/mhc_backward", mhc_backward);
     s.cpu("info/lists_ptx_targets", info);
     s.cpu("args/conflicts_and_ranges", args);
-    s.cpu("errors/missing_tensor", err_missing_tensor);
-    s.cpu("errors/wrong_dtype", err_wrong_dtype);
-    s.cpu("errors/wrong_shape", err_wrong_shape);
-    s.cpu("errors/unreadable_file", err_unreadable);
-    s.cpu("errors/not_safetensors", err_not_safetensors);
-    s.cpu("errors/unexpected_tensor", err_unexpected_tensor);
-    s.cpu("errors/invalid_values", err_invalid_values);
-    s.cpu("errors/unsupported_problem", err_unsupported);
-    s.cpu("errors/existing_output_untouched", err_existing_output);
-    s.cpu("errors/output_dir_missing", err_output_dir);
+    for (name, cases) in error_tests() {
+        s.cpu(name, move || run_error_cases(cases));
+    }
     if kernel_tests::gpu().is_err() {
-        s.cpu("no_gpu/kernel_path_fails_cleanly", no_gpu);
+        s.cpu(NO_GPU_CASE.test, || {
+            run_error_cases(std::slice::from_ref(&NO_GPU_CASE))
+        });
     }
     s.gpu("gpu/attention_check", Needs::Gpu, gpu_attention);
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
@@ -74,6 +76,17 @@ impl Dir {
         self.path(file).display().to_string()
     }
 
+    /// The words of the command line `line` (split at spaces), a word `@name` standing for the
+    /// file `name` of the directory.
+    fn command(&self, line: &str) -> Vec<String> {
+        line.split_whitespace()
+            .map(|w| match w.strip_prefix('@') {
+                Some(file) => self.s(file),
+                None => w.to_string(),
+            })
+            .collect()
+    }
+
     /// The names of the files in the directory, sorted.
     fn files(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(&self.0)
@@ -85,6 +98,17 @@ impl Dir {
             .unwrap_or_default();
         v.sort();
         v
+    }
+
+    /// Every file of the directory with its bytes.
+    fn contents(&self) -> Result<BTreeMap<String, Vec<u8>>, TestFailure> {
+        self.files()
+            .into_iter()
+            .map(|f| match std::fs::read(self.path(&f)) {
+                Ok(bytes) => Ok((f, bytes)),
+                Err(e) => Err(format!("{f}: {e}").into()),
+            })
+            .collect()
     }
 }
 
@@ -190,18 +214,25 @@ fn read_outputs(path: &Path) -> Result<BTreeMap<String, Out>, TestFailure> {
 }
 
 /// Parse `args` as the command line and run it (on `gpu` for the GPU paths, if given).
-fn cli_on(args: &[&str], gpu: Option<&Gpu>) -> Result<Report, CliError> {
-    let cli = Cli::try_parse_from(std::iter::once("kernels-cli").chain(args.iter().copied()))
+fn cli_on(args: &[impl AsRef<str>], gpu: Option<&Gpu>) -> Result<Report, CliError> {
+    let words = args.iter().map(|a| a.as_ref());
+    let cli = Cli::try_parse_from(std::iter::once("kernels-cli").chain(words))
         .map_err(|e| CliError::Internal(format!("argument parsing: {e}")))?;
     kernels_cli::run_with(&cli, gpu)
 }
 
-fn cli(args: &[&str]) -> Result<Report, CliError> {
+fn cli(args: &[impl AsRef<str>]) -> Result<Report, CliError> {
     cli_on(args, None)
 }
 
-fn ok(args: &[&str]) -> Result<Report, TestFailure> {
-    cli(args).map_err(|e| format!("kernels-cli {}: {e}", args.join(" ")).into())
+/// `args` joined into one line, for messages.
+fn line(args: &[impl AsRef<str>]) -> String {
+    let words: Vec<&str> = args.iter().map(|a| a.as_ref()).collect();
+    words.join(" ")
+}
+
+fn ok(args: &[impl AsRef<str>]) -> Result<Report, TestFailure> {
+    cli(args).map_err(|e| format!("kernels-cli {}: {e}", line(args)).into())
 }
 
 /// `name` has `dtype` and `shape`, and its values equal `want` exactly (the tool and the test
@@ -260,8 +291,6 @@ fn close(
 // ---------------------------------------------------------------------------------------------
 // Reference mode, every subcommand.
 
-use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
-
 fn attention_inputs_bf16(p: &AttentionProblem, seed: u64) -> (Vec<bf16>, Vec<bf16>, Vec<bf16>) {
     let mut r = rng(seed);
     let nq: usize = p.q_shape().iter().product();
@@ -286,14 +315,8 @@ fn attention_bf16_causal() -> TestResult {
             ("v", p.kv_shape().to_vec(), V::Bf16(v.clone())),
         ],
     )?;
-    let report = ok(&[
-        "attention",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--causal",
-    ])?;
+    let report =
+        ok(&d.command("attention @in.safetensors -o @out.safetensors --reference --causal"))?;
     print!("{report}");
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = kernels::attention::reference(&p, &q, &k, &v);
@@ -328,27 +351,15 @@ fn attention_f16_window() -> TestResult {
             ("v", p.kv_shape().to_vec(), V::F16(v.clone())),
         ],
     )?;
-    ok(&[
-        "attention",
-        &d.s("in.safetensors"),
-        "--output",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--window-left",
-        "2",
-        "--window-right",
-        "1",
-        "--scale",
-        "0.3",
-    ])?;
+    ok(&d.command(
+        "attention @in.safetensors --output @out.safetensors --reference \
+         --window-left 2 --window-right 1 --scale 0.3",
+    ))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = kernels::attention::reference(&p, &q, &k, &v);
     exact(&out, "o", Dtype::F64, &p.q_shape(), &want.o)?;
     exact(&out, "lse", Dtype::F64, &[1, 2, 7], &want.lse)
 }
-
-use kernels::gla::GlaProblem;
-use kernels::gla::reference::{HostInputs, recurrence};
 
 fn gla_varlen() -> TestResult {
     let d = Dir::new("gla_varlen");
@@ -376,15 +387,7 @@ fn gla_varlen() -> TestResult {
             ),
         ],
     )?;
-    ok(&[
-        "gla",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--scale",
-        "0.25",
-    ])?;
+    ok(&d.command("gla @in.safetensors -o @out.safetensors --reference --scale 0.25"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = recurrence(
         &p,
@@ -425,13 +428,7 @@ fn gla_batch() -> TestResult {
             ("v", shape.clone(), V::Bf16(v.clone())),
         ],
     )?;
-    ok(&[
-        "gla",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ])?;
+    ok(&d.command("gla @in.safetensors -o @out.safetensors --reference"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let want = recurrence(
         &p,
@@ -454,9 +451,6 @@ fn gla_batch() -> TestResult {
     )
 }
 
-use kernels::semicrf::reference::{self as sref, Model};
-use kernels::semicrf::{SemiCrfInputs, SemiCrfProblem, cumulative_scores};
-
 fn semicrf_forward_viterbi() -> TestResult {
     let d = Dir::new("semicrf_forward");
     let (b, t, k, c) = (3, 12, 4, 3);
@@ -478,14 +472,7 @@ fn semicrf_forward_viterbi() -> TestResult {
             ),
         ],
     )?;
-    ok(&[
-        "semicrf",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--viterbi",
-    ])?;
+    ok(&d.command("semicrf @in.safetensors -o @out.safetensors --reference --viterbi"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let cumsum = cumulative_scores(&scores, b, t, c).map_err(|e| e.to_string())?;
     let p = SemiCrfProblem::new(b, t, k, c);
@@ -541,16 +528,10 @@ fn semicrf_backward() -> TestResult {
             ("lengths", vec![b], V::I32(vec![6, 4])),
         ],
     )?;
-    ok(&[
-        "semicrf-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--marginals",
-        "--checkpoint",
-        "2",
-    ])?;
+    ok(&d.command(
+        "semicrf-backward @in.safetensors -o @out.safetensors --reference --marginals \
+         --checkpoint 2",
+    ))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let m = Model::new(
         &p,
@@ -602,13 +583,7 @@ fn semicrf_grad_scores() -> TestResult {
             ("trans", vec![c, c], V::F32(trans.clone())),
         ],
     )?;
-    ok(&[
-        "semicrf-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ])?;
+    ok(&d.command("semicrf-backward @in.safetensors -o @out.safetensors --reference"))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let gs = out
         .get("grad_scores")
@@ -651,9 +626,6 @@ fn semicrf_grad_scores() -> TestResult {
         format!("grad_scores differs from central differences by {worst:.3e}")
     })
 }
-
-use kernels::mhc::MhcProblem;
-use kernels::mhc::reference::{self as mref, MhcData};
 
 fn mhc_tensors(data: &MhcData, with_y: bool, with_grads: bool) -> Vec<Named> {
     let p = &data.problem;
@@ -701,21 +673,15 @@ fn mhc_forward() -> TestResult {
     };
     // With y (and the upstream gradients, which the forward ignores), then without y.
     for (file, with_y) in [("full", true), ("no_y", false)] {
-        let input = d.s(&format!("{file}.safetensors"));
-        let output = d.s(&format!("{file}.out.safetensors"));
-        write_inputs(Path::new(&input), &mhc_tensors(&data, with_y, with_y))?;
-        ok(&[
-            "mhc",
-            &input,
-            "-o",
-            &output,
-            "--reference",
-            "--t-max",
-            "5",
-            "--eps",
-            "1e-5",
-        ])?;
-        let out = read_outputs(Path::new(&output))?;
+        let (input, output) = (
+            format!("{file}.safetensors"),
+            format!("{file}.out.safetensors"),
+        );
+        write_inputs(&d.path(&input), &mhc_tensors(&data, with_y, with_y))?;
+        ok(&d.command(&format!(
+            "mhc @{input} -o @{output} --reference --t-max 5 --eps 1e-5"
+        )))?;
+        let out = read_outputs(&d.path(&output))?;
         exact(
             &out,
             "x_in",
@@ -772,15 +738,9 @@ fn mhc_backward() -> TestResult {
     let p = MhcProblem::new(2, 2, 2, 8).with_gamma(true).with_iters(3);
     let data = MhcData::random(&p, 42);
     write_inputs(&d.path("in.safetensors"), &mhc_tensors(&data, true, true))?;
-    ok(&[
-        "mhc-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-        "--sinkhorn-iters",
-        "3",
-    ])?;
+    ok(&d.command(
+        "mhc-backward @in.safetensors -o @out.safetensors --reference --sinkhorn-iters 3",
+    ))?;
     let out = read_outputs(&d.path("out.safetensors"))?;
     let r = mref::reference(&data);
     let (n, c, k, m) = (p.n, p.c, p.k(), p.m());
@@ -837,17 +797,285 @@ fn args() -> TestResult {
 // ---------------------------------------------------------------------------------------------
 // Errors: one line naming the tensor and what was expected; no output file.
 
-/// Run `args` (whose output is `d/out.safetensors`), expect an error matching `is` whose text
-/// contains every one of `needles`, and check that nothing but `inputs` is left in `d`.
-fn fails(
-    d: &Dir,
-    args: &[&str],
+/// One bad-input case: the files it writes into a fresh scratch directory, its command line,
+/// the kind of error it must fail with and what the error's one line must mention. The failed
+/// run must leave the directory as it found it (the same files, unchanged, and no output).
+struct ErrorCase {
+    /// The test's name; consecutive cases of one name form one test.
+    test: &'static str,
+    /// Writes the case's input files.
+    files: fn(&Dir) -> TestResult,
+    /// The command line, as [`Dir::command`] reads it (`@name`: the scratch directory's file).
+    command: &'static str,
+    /// The error's kind.
     is: fn(&CliError) -> bool,
-    needles: &[&str],
-    inputs: &[&str],
-) -> TestResult {
+    /// What the error's text must contain.
+    says: &'static [&'static str],
+}
+
+const ERROR_CASES: &[ErrorCase] = &[
+    ErrorCase {
+        test: "errors/missing_tensor",
+        files: |d| {
+            attention_files(
+                d,
+                bf16s(2 * 5 * 4 * 64),
+                vec![2, 5, 4, 64],
+                bf16s(2 * 6 * 2 * 64),
+                None,
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::MissingTensor { .. }),
+        says: &[
+            "missing tensor `v`",
+            "bf16 or f16 [B, Sk, Hkv, D] = [2, 6, 2, 64]",
+        ],
+    },
+    ErrorCase {
+        test: "errors/wrong_dtype",
+        files: |d| {
+            attention_files(
+                d,
+                V::F32(vec![0.5; 2 * 5 * 4 * 64]),
+                vec![2, 5, 4, 64],
+                bf16s(2 * 6 * 2 * 64),
+                Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `q`", "expected dtype bf16 or f16, got f32"],
+    },
+    // k and v must have q's dtype.
+    ErrorCase {
+        test: "errors/wrong_dtype",
+        files: |d| {
+            attention_files(
+                d,
+                bf16s(2 * 5 * 4 * 64),
+                vec![2, 5, 4, 64],
+                V::F16(vec![f16::ONE; 2 * 6 * 2 * 64]),
+                Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `k`", "bf16 (the dtype of `q`), got f16"],
+    },
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            attention_files(
+                d,
+                bf16s(2 * 5 * 4 * 64),
+                vec![2, 5, 4, 64],
+                bf16s(2 * 6 * 2 * 64),
+                Some((bf16s(2 * 6 * 2 * 128), vec![2, 6, 2, 128])),
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &[
+            "tensor `v`",
+            "[B, Sk, Hkv, D] = [2, 6, 2, 64]",
+            "B, D from `q`",
+            "Sk, Hkv from `k`",
+            "got [2, 6, 2, 128]",
+        ],
+    },
+    // A wrong rank, and a `T + 1` dimension.
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("cumsum", vec![2, 5], V::F32(vec![0.0; 10])),
+                    ("dur", vec![2, 5], V::F32(vec![0.0; 10])),
+                    ("trans", vec![5, 5], V::F32(vec![0.0; 25])),
+                ],
+            )
+        },
+        command: "semicrf @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `cumsum`", "[B, T + 1, C]", "got [2, 5]"],
+    },
+    // mhc: phi's rows are n C and its columns n^2 + 2n.
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            let data = MhcData::random(&MhcProblem::new(1, 2, 2, 8), 3);
+            let mut t = mhc_tensors(&data, false, false);
+            t[1] = ("phi", vec![16, 9], V::F32(vec![0.1; 16 * 9]));
+            write_inputs(&d.path("in.safetensors"), &t)
+        },
+        command: "mhc @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `phi`", "[n C, M] = [16, 8]", "got [16, 9]"],
+    },
+    ErrorCase {
+        test: "errors/unreadable_file",
+        files: |_| Ok(()),
+        command: "gla @nope.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Read { .. }),
+        says: &["cannot read", "nope.safetensors"],
+    },
+    ErrorCase {
+        test: "errors/not_safetensors",
+        files: |d| {
+            std::fs::write(d.path("in.safetensors"), b"this is not a safetensors file")
+                .map_err(|e| e.to_string().into())
+        },
+        command: "mhc @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Format { .. }),
+        says: &["is not a valid safetensors file"],
+    },
+    ErrorCase {
+        test: "errors/unexpected_tensor",
+        files: |d| {
+            let shape = vec![1, 4, 1, 64];
+            let t = || bf16s(4 * 64);
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("q", shape.clone(), t()),
+                    ("k", shape.clone(), t()),
+                    ("g", shape.clone(), t()),
+                    ("v", shape, t()),
+                    (
+                        "initial_states",
+                        vec![1, 1, 64, 64],
+                        V::F32(vec![0.0; 4096]),
+                    ),
+                ],
+            )
+        },
+        command: "gla @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::UnexpectedTensor { .. }),
+        says: &["unexpected tensor `initial_states`", "initial_state"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("lengths", vec![2], V::I64(vec![4, 0]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
+        says: &["lengths[1] = 0 is outside 1..=4"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("lengths", vec![2], V::I64(vec![-3, 4]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Value { .. }),
+        says: &["tensor `lengths`", "element 0 is -3"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("scores", vec![2, 4, 3], V::F32(vec![0.0; 24]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Value { .. }),
+        says: &["either `cumsum` or `scores`"],
+    },
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| crf_files(d, vec![("lengths", vec![2], V::F32(vec![4.0, 4.0]))]),
+        command: "semicrf-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `lengths`", "expected dtype i32 or i64, got f32"],
+    },
+    // cu_seqlens packs the sequences along T: B must be 1.
+    ErrorCase {
+        test: "errors/invalid_values",
+        files: |d| {
+            let shape = vec![2, 4, 1, 64];
+            let t = || bf16s(2 * 4 * 64);
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("q", shape.clone(), t()),
+                    ("k", shape.clone(), t()),
+                    ("g", shape.clone(), t()),
+                    ("v", shape, t()),
+                    ("cu_seqlens", vec![3], V::I64(vec![0, 2, 4])),
+                ],
+            )
+        },
+        command: "gla @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `q`", "B must be 1"],
+    },
+    ErrorCase {
+        test: "errors/unsupported_problem",
+        files: |d| {
+            let shape = vec![1, 4, 2, 32];
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("q", shape.clone(), bf16s(256)),
+                    ("k", shape.clone(), bf16s(256)),
+                    ("v", shape, bf16s(256)),
+                ],
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
+        says: &["head dimension 32", "64, 128, 256"],
+    },
+    // The output file already exists: the failed run leaves it as it was.
+    ErrorCase {
+        test: "errors/existing_output_untouched",
+        files: |d| {
+            crf_files(d, vec![("lengths", vec![2], V::I32(vec![9, 4]))])?;
+            std::fs::write(d.path("out.safetensors"), b"previous output")
+                .map_err(|e| e.to_string().into())
+        },
+        command: "semicrf @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(_)),
+        says: &["lengths[0] = 9"],
+    },
+    ErrorCase {
+        test: "errors/output_dir_missing",
+        files: |d| crf_files(d, vec![]),
+        command: "semicrf @in.safetensors -o @missing/out.safetensors --reference",
+        is: |e| matches!(e, CliError::Write { .. }),
+        says: &["cannot write", "missing/out.safetensors"],
+    },
+];
+
+/// Without a GPU the kernel path fails with one line that says so and points at --reference
+/// (registered only on machines without a GPU).
+const NO_GPU_CASE: ErrorCase = ErrorCase {
+    test: "no_gpu/kernel_path_fails_cleanly",
+    files: |d| crf_files(d, vec![]),
+    command: "semicrf @in.safetensors -o @out.safetensors",
+    is: |e| matches!(e, CliError::NoGpu { .. }),
+    says: &["no usable GPU", "--reference"],
+};
+
+/// Each test of [`ERROR_CASES`]: its name and its cases, in the table's order.
+fn error_tests() -> impl Iterator<Item = (&'static str, &'static [ErrorCase])> {
+    ERROR_CASES
+        .chunk_by(|a, b| a.test == b.test)
+        .map(|cases| (cases[0].test, cases))
+}
+
+/// Run `cases` one after the other, each in a fresh scratch directory.
+fn run_error_cases(cases: &[ErrorCase]) -> TestResult {
+    for case in cases {
+        let d = Dir::new(&case.test.replace('/', "_"));
+        (case.files)(&d)?;
+        fails(&d, &d.command(case.command), case.is, case.says)?;
+    }
+    Ok(())
+}
+
+/// Run `args`, expect an error matching `is` whose text is one line and contains every one of
+/// `needles`, and check that the directory `d` holds the same files as before the run, each
+/// unchanged (no output written, an existing one kept).
+fn fails(d: &Dir, args: &[String], is: fn(&CliError) -> bool, needles: &[&str]) -> TestResult {
+    let before = d.contents()?;
     let e = match cli(args) {
-        Ok(_) => return Err(format!("kernels-cli {} succeeded", args.join(" ")).into()),
+        Ok(_) => return Err(format!("kernels-cli {} succeeded", line(args)).into()),
         Err(e) => e,
     };
     let text = e.to_string();
@@ -861,11 +1089,21 @@ fn fails(
             format!("error {text:?} does not mention {n:?}")
         })?;
     }
-    let mut want: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
-    want.sort();
-    ensure(d.files() == want, || {
-        format!("directory holds {:?}, expected only {want:?}", d.files())
-    })
+    ensure(
+        d.files() == before.keys().cloned().collect::<Vec<_>>(),
+        || {
+            format!(
+                "directory holds {:?}, expected only {:?}",
+                d.files(),
+                before.keys()
+            )
+        },
+    )?;
+    for (name, bytes) in &before {
+        let now = std::fs::read(d.path(name)).map_err(|e| format!("{name}: {e}"))?;
+        ensure(&now == bytes, || format!("{name} was changed"))?;
+    }
+    Ok(())
 }
 
 fn attention_files(
@@ -886,213 +1124,6 @@ fn bf16s(n: usize) -> V {
     V::Bf16(uniform_bf16(&mut rng(1), n, -1.0, 1.0))
 }
 
-fn err_missing_tensor() -> TestResult {
-    let d = Dir::new("err_missing");
-    attention_files(
-        &d,
-        bf16s(2 * 5 * 4 * 64),
-        vec![2, 5, 4, 64],
-        bf16s(2 * 6 * 2 * 64),
-        None,
-    )?;
-    fails(
-        &d,
-        &[
-            "attention",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::MissingTensor { .. }),
-        &[
-            "missing tensor `v`",
-            "bf16 or f16 [B, Sk, Hkv, D] = [2, 6, 2, 64]",
-        ],
-        &["in.safetensors"],
-    )
-}
-
-fn err_wrong_dtype() -> TestResult {
-    let d = Dir::new("err_dtype");
-    let n = 2 * 5 * 4 * 64;
-    attention_files(
-        &d,
-        V::F32(vec![0.5; n]),
-        vec![2, 5, 4, 64],
-        bf16s(2 * 6 * 2 * 64),
-        Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
-    )?;
-    let args = [
-        "attention",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ];
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Dtype { .. }),
-        &["tensor `q`", "expected dtype bf16 or f16, got f32"],
-        &["in.safetensors"],
-    )?;
-    // k and v must have q's dtype.
-    attention_files(
-        &d,
-        bf16s(n),
-        vec![2, 5, 4, 64],
-        V::F16(vec![f16::ONE; 2 * 6 * 2 * 64]),
-        Some((bf16s(2 * 6 * 2 * 64), vec![2, 6, 2, 64])),
-    )?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Dtype { .. }),
-        &["tensor `k`", "bf16 (the dtype of `q`), got f16"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_wrong_shape() -> TestResult {
-    let d = Dir::new("err_shape");
-    attention_files(
-        &d,
-        bf16s(2 * 5 * 4 * 64),
-        vec![2, 5, 4, 64],
-        bf16s(2 * 6 * 2 * 64),
-        Some((bf16s(2 * 6 * 2 * 128), vec![2, 6, 2, 128])),
-    )?;
-    fails(
-        &d,
-        &[
-            "attention",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &[
-            "tensor `v`",
-            "[B, Sk, Hkv, D] = [2, 6, 2, 64]",
-            "B, D from `q`",
-            "Sk, Hkv from `k`",
-            "got [2, 6, 2, 128]",
-        ],
-        &["in.safetensors"],
-    )?;
-    // A wrong rank, and a `T + 1` dimension.
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("cumsum", vec![2, 5], V::F32(vec![0.0; 10])),
-            ("dur", vec![2, 5], V::F32(vec![0.0; 10])),
-            ("trans", vec![5, 5], V::F32(vec![0.0; 25])),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &["tensor `cumsum`", "[B, T + 1, C]", "got [2, 5]"],
-        &["in.safetensors"],
-    )?;
-    // mhc: phi's rows are n C and its columns n^2 + 2n.
-    let data = MhcData::random(&MhcProblem::new(1, 2, 2, 8), 3);
-    let mut t = mhc_tensors(&data, false, false);
-    t[1] = ("phi", vec![16, 9], V::F32(vec![0.1; 16 * 9]));
-    write_inputs(&d.path("in.safetensors"), &t)?;
-    fails(
-        &d,
-        &[
-            "mhc",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &["tensor `phi`", "[n C, M] = [16, 8]", "got [16, 9]"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_unreadable() -> TestResult {
-    let d = Dir::new("err_unreadable");
-    fails(
-        &d,
-        &[
-            "gla",
-            &d.s("nope.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Read { .. }),
-        &["cannot read", "nope.safetensors"],
-        &[],
-    )
-}
-
-fn err_not_safetensors() -> TestResult {
-    let d = Dir::new("err_format");
-    std::fs::write(d.path("in.safetensors"), b"this is not a safetensors file")
-        .map_err(|e| e.to_string())?;
-    fails(
-        &d,
-        &[
-            "mhc",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Format { .. }),
-        &["is not a valid safetensors file"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_unexpected_tensor() -> TestResult {
-    let d = Dir::new("err_unexpected");
-    let shape = vec![1, 4, 1, 64];
-    let t = || bf16s(4 * 64);
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("q", shape.clone(), t()),
-            ("k", shape.clone(), t()),
-            ("g", shape.clone(), t()),
-            ("v", shape, t()),
-            (
-                "initial_states",
-                vec![1, 1, 64, 64],
-                V::F32(vec![0.0; 4096]),
-            ),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "gla",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::UnexpectedTensor { .. }),
-        &["unexpected tensor `initial_states`", "initial_state"],
-        &["in.safetensors"],
-    )
-}
-
 fn crf_files(d: &Dir, extra: Vec<Named>) -> TestResult {
     let mut t: Vec<Named> = vec![
         ("cumsum", vec![2, 5, 3], V::F32(vec![0.0; 30])),
@@ -1103,161 +1134,6 @@ fn crf_files(d: &Dir, extra: Vec<Named>) -> TestResult {
     write_inputs(&d.path("in.safetensors"), &t)
 }
 
-fn err_invalid_values() -> TestResult {
-    let d = Dir::new("err_values");
-    let args = [
-        "semicrf-backward",
-        &d.s("in.safetensors"),
-        "-o",
-        &d.s("out.safetensors"),
-        "--reference",
-    ];
-    crf_files(&d, vec![("lengths", vec![2], V::I64(vec![4, 0]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
-        &["lengths[1] = 0 is outside 1..=4"],
-        &["in.safetensors"],
-    )?;
-    crf_files(&d, vec![("lengths", vec![2], V::I64(vec![-3, 4]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Value { .. }),
-        &["tensor `lengths`", "element 0 is -3"],
-        &["in.safetensors"],
-    )?;
-    crf_files(&d, vec![("scores", vec![2, 4, 3], V::F32(vec![0.0; 24]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Value { .. }),
-        &["either `cumsum` or `scores`"],
-        &["in.safetensors"],
-    )?;
-    crf_files(&d, vec![("lengths", vec![2], V::F32(vec![4.0, 4.0]))])?;
-    fails(
-        &d,
-        &args,
-        |e| matches!(e, CliError::Dtype { .. }),
-        &["tensor `lengths`", "expected dtype i32 or i64, got f32"],
-        &["in.safetensors"],
-    )?;
-    // cu_seqlens packs the sequences along T: B must be 1.
-    let shape = vec![2, 4, 1, 64];
-    let t = || bf16s(2 * 4 * 64);
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("q", shape.clone(), t()),
-            ("k", shape.clone(), t()),
-            ("g", shape.clone(), t()),
-            ("v", shape, t()),
-            ("cu_seqlens", vec![3], V::I64(vec![0, 2, 4])),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "gla",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Shape { .. }),
-        &["tensor `q`", "B must be 1"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_unsupported() -> TestResult {
-    let d = Dir::new("err_unsupported");
-    let shape = vec![1, 4, 2, 32];
-    write_inputs(
-        &d.path("in.safetensors"),
-        &[
-            ("q", shape.clone(), bf16s(256)),
-            ("k", shape.clone(), bf16s(256)),
-            ("v", shape, bf16s(256)),
-        ],
-    )?;
-    fails(
-        &d,
-        &[
-            "attention",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
-        &["head dimension 32", "64, 128, 256"],
-        &["in.safetensors"],
-    )
-}
-
-fn err_existing_output() -> TestResult {
-    let d = Dir::new("err_existing");
-    crf_files(&d, vec![("lengths", vec![2], V::I32(vec![9, 4]))])?;
-    std::fs::write(d.path("out.safetensors"), b"previous output").map_err(|e| e.to_string())?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Kernel(_)),
-        &["lengths[0] = 9"],
-        &["in.safetensors", "out.safetensors"],
-    )?;
-    let kept = std::fs::read(d.path("out.safetensors")).map_err(|e| e.to_string())?;
-    ensure(kept == b"previous output", || {
-        "the existing output was changed".into()
-    })
-}
-
-fn err_output_dir() -> TestResult {
-    let d = Dir::new("err_output_dir");
-    crf_files(&d, vec![])?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("missing/out.safetensors"),
-            "--reference",
-        ],
-        |e| matches!(e, CliError::Write { .. }),
-        &["cannot write", "missing/out.safetensors"],
-        &["in.safetensors"],
-    )
-}
-
-/// Without a GPU the kernel path fails with one line that says so and points at --reference
-/// (registered only on machines without a GPU).
-fn no_gpu() -> TestResult {
-    let d = Dir::new("no_gpu");
-    crf_files(&d, vec![])?;
-    fails(
-        &d,
-        &[
-            "semicrf",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-        ],
-        |e| matches!(e, CliError::NoGpu { .. }),
-        &["no usable GPU", "--reference"],
-        &["in.safetensors"],
-    )
-}
-
 // ---------------------------------------------------------------------------------------------
 // GPU: every subcommand with --check, within bounds loose enough for any correct kernel and far
 // below what a layout or plumbing mistake gives.
@@ -1265,11 +1141,10 @@ fn no_gpu() -> TestResult {
 fn check_run(
     gpu: &'static Gpu,
     d: &Dir,
-    args: &[&str],
+    args: &[String],
     bounds: &[(&str, f64)],
 ) -> Result<Report, TestFailure> {
-    let report =
-        cli_on(args, Some(gpu)).map_err(|e| format!("kernels-cli {}: {e}", args.join(" ")))?;
+    let report = cli_on(args, Some(gpu)).map_err(|e| format!("kernels-cli {}: {e}", line(args)))?;
     print!("{report}");
     for (name, bound) in bounds {
         let diff = report
@@ -1303,17 +1178,8 @@ fn gpu_attention(gpu: &'static Gpu) -> TestResult {
             ("v", p.kv_shape().to_vec(), V::Bf16(v)),
         ],
     )?;
-    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
-    let args = [
-        "attention",
-        &i,
-        "-o",
-        &o,
-        "--check",
-        "--causal",
-        "--repeat",
-        "2",
-    ];
+    let args =
+        d.command("attention @in.safetensors -o @out.safetensors --check --causal --repeat 2");
     let report = check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)])?;
     ensure(
         report
@@ -1364,13 +1230,7 @@ fn gpu_gla(gpu: &'static Gpu) -> TestResult {
     check_run(
         gpu,
         &d,
-        &[
-            "gla",
-            &d.s("in.safetensors"),
-            "-o",
-            &d.s("out.safetensors"),
-            "--check",
-        ],
+        &d.command("gla @in.safetensors -o @out.safetensors --check"),
         &[("o", 2e-2), ("final_state", 1e-2)],
     )
     .map(|_| ())
@@ -1393,11 +1253,10 @@ fn gpu_semicrf(gpu: &'static Gpu) -> TestResult {
             ),
         ],
     )?;
-    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
     check_run(
         gpu,
         &d,
-        &["semicrf", &i, "-o", &o, "--check", "--viterbi"],
+        &d.command("semicrf @in.safetensors -o @out.safetensors --check --viterbi"),
         &[
             ("log_z", 1e-6),
             ("viterbi_score", 1e-5),
@@ -1410,7 +1269,7 @@ fn gpu_semicrf(gpu: &'static Gpu) -> TestResult {
     check_run(
         gpu,
         &d,
-        &["semicrf-backward", &i, "-o", &o, "--check", "--marginals"],
+        &d.command("semicrf-backward @in.safetensors -o @out.safetensors --check --marginals"),
         &[
             ("log_z", 1e-6),
             ("grad_cumsum", 1e-4),
@@ -1427,11 +1286,10 @@ fn gpu_mhc(gpu: &'static Gpu) -> TestResult {
     let p = MhcProblem::new(2, 64, 4, 64).with_gamma(true);
     let data = MhcData::random(&p, 54);
     write_inputs(&d.path("in.safetensors"), &mhc_tensors(&data, true, true))?;
-    let (i, o) = (d.s("in.safetensors"), d.s("out.safetensors"));
     check_run(
         gpu,
         &d,
-        &["mhc", &i, "-o", &o, "--check"],
+        &d.command("mhc @in.safetensors -o @out.safetensors --check"),
         &[
             ("x_in", 1e-2),
             ("x_next", 1e-2),
@@ -1445,7 +1303,7 @@ fn gpu_mhc(gpu: &'static Gpu) -> TestResult {
     check_run(
         gpu,
         &d,
-        &["mhc-backward", &i, "-o", &o, "--check"],
+        &d.command("mhc-backward @in.safetensors -o @out.safetensors --check"),
         &[
             ("dx", 2e-2),
             ("dy", 2e-2),

@@ -1,0 +1,434 @@
+//! Property tests of every family's host API: arbitrary sizes and options never panic; they
+//! either fail validation with a typed error, or validate, and then every launch the library
+//! would make passes the same checks `Gpu::launch` makes (kernel in the PTX, parameter size,
+//! block size against the launch bounds, grid and shared memory against an H100's limits),
+//! checked without a GPU; small valid problems also run the CPU reference.
+
+use crate::HOPPER_MAX_SMEM;
+use kernel_tests::TestResult;
+use kernels::attention::{self, AttentionProblem, Dtype};
+use kernels::gla::{self, GlaProblem};
+use kernels::gpu::check_launch;
+use kernels::mhc::{self, DevView, Exec, MhcProblem};
+use kernels::semicrf::{self, SemiCrfProblem};
+use kernels::{Arch, Error, LaunchConfig};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use std::cell::RefCell;
+
+/// Cases per property: enough to cover every option combination many times, small enough that
+/// the suite stays a few seconds (CI runs without a GPU).
+const CASES: u32 = 256;
+
+/// Run `prop` on `CASES` cases of `strategy` (deterministic seed: proptest's default runner
+/// with a fixed RNG, so a failure reproduces; the failing, shrunk case is in the message).
+fn property<S: Strategy>(
+    strategy: S,
+    prop: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) -> TestResult
+where
+    S::Value: std::fmt::Debug,
+{
+    let config = Config {
+        cases: CASES,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        proptest::test_runner::TestRng::deterministic_rng(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+        ),
+    );
+    runner
+        .run(&strategy, |v| {
+            // A panic is a failure of the property, reported with the case.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prop(v))) {
+                Ok(r) => r,
+                Err(e) => Err(TestCaseError::fail(format!(
+                    "panicked: {}",
+                    e.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default()
+                ))),
+            }
+        })
+        .map_err(|e| format!("{e}").into())
+}
+
+/// Sizes from tiny to far beyond every limit, biased towards the interesting small values.
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        4 => 0usize..=4,
+        4 => 1usize..=300,
+        2 => 1usize..=70_000,
+        1 => (0u32..=63).prop_map(|b| 1usize << b),
+        1 => any::<usize>(),
+    ]
+}
+
+/// The launch checks of `Gpu::launch` on every PTX target, for an H100/H200's limits.
+fn launch_ok(
+    name: &str,
+    param_bytes: usize,
+    cfg: &LaunchConfig,
+    hopper_only: bool,
+) -> Result<(), TestCaseError> {
+    for arch in Arch::ALL {
+        if hopper_only && !arch.has_hopper_kernels() {
+            continue;
+        }
+        check_launch(arch, name, cfg, param_bytes, HOPPER_MAX_SMEM).map_err(|e| {
+            TestCaseError::fail(format!(
+                "a validated problem would launch invalidly on {arch}: {e}"
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// A typed error of validation: any variant but the device ones.
+fn typed(e: &Error) -> Result<(), TestCaseError> {
+    match e {
+        Error::ShapeMismatch { .. }
+        | Error::Unsupported { .. }
+        | Error::InvalidArgument { .. }
+        | Error::Misaligned { .. } => Ok(()),
+        other => Err(TestCaseError::fail(format!(
+            "unexpected error kind: {other}"
+        ))),
+    }
+}
+
+pub fn attention_validate_or_typed_error() -> TestResult {
+    let strategy = (
+        (size(), size(), size(), size(), size()),
+        prop_oneof![Just(64usize), Just(128), Just(256), size()],
+        (any::<bool>(), any::<bool>()),
+        (
+            proptest::option::of(size()),
+            proptest::option::of(size()),
+            proptest::option::of(prop_oneof![
+                Just(f32::NAN),
+                Just(f32::INFINITY),
+                Just(0.0f32),
+                Just(-1.0f32),
+                1e-6f32..10.0
+            ]),
+        ),
+    );
+    property(
+        strategy,
+        |((b, sq, sk, hq, hkv), d, (f16, causal), (wl, wr, scale))| {
+            let mut p = AttentionProblem::new(
+                b,
+                sq,
+                sk,
+                hq,
+                hkv,
+                d,
+                if f16 { Dtype::F16 } else { Dtype::Bf16 },
+            )
+            .window(wl, wr);
+            p.causal = causal;
+            p.scale = scale;
+            match p.validate() {
+                Err(e) => typed(&e),
+                Ok(()) => {
+                    // Everything a launch computes from the problem stays in range.
+                    let _ = (p.flops(), p.lse_len(), p.q_shape(), p.kv_shape());
+                    for hopper in [false, true] {
+                        let (name, bytes, cfg) = attention::launch_shape(&p, hopper)
+                            .map_err(|e| TestCaseError::fail(format!("launch shape: {e}")))?;
+                        launch_ok(&name, bytes, &cfg, hopper)?;
+                    }
+                    // Small problems: the reference runs, and rows are finite or fully masked.
+                    if b * sq * sk * hq * d <= 1 << 16 {
+                        let mut r = kernels::data::rng(1);
+                        let q = kernels::data::uniform_bf16(&mut r, b * sq * hq * d, -1.0, 1.0);
+                        let k = kernels::data::uniform_bf16(&mut r, b * sk * hkv * d, -1.0, 1.0);
+                        let v = kernels::data::uniform_bf16(&mut r, b * sk * hkv * d, -1.0, 1.0);
+                        let out = attention::reference(&p, &q, &k, &v);
+                        prop_assert!(out.o.iter().all(|x| x.is_finite()));
+                        prop_assert!(
+                            out.lse
+                                .iter()
+                                .all(|x| x.is_finite() || *x == f64::NEG_INFINITY)
+                        );
+                    }
+                    Ok(())
+                }
+            }
+        },
+    )
+}
+
+pub fn attention_view_bounds() -> TestResult {
+    // The bound check of every view: no stride or offset, however large, wraps around.
+    let dim = || prop_oneof![1usize..=8, any::<usize>()];
+    let strategy = (
+        dim(),
+        [dim(), dim(), dim(), dim()],
+        [dim(), dim(), dim(), dim()],
+    );
+    property(strategy, |(offset, shape, strides)| {
+        if let Some(last) = attention::last_element(offset, shape, strides) {
+            let exact: u128 = offset as u128
+                + (0..4)
+                    .map(|i| (shape[i] as u128 - 1) * strides[i] as u128)
+                    .sum::<u128>();
+            prop_assert_eq!(last, exact);
+        } else {
+            prop_assert!(shape.contains(&0));
+        }
+        Ok(())
+    })
+}
+
+pub fn semicrf_validate_or_typed_error() -> TestResult {
+    let strategy = (
+        (
+            size(),
+            size(),
+            prop_oneof![1usize..=40, size()],
+            prop_oneof![1usize..=40, size()],
+        ),
+        proptest::option::of(size()),
+    );
+    property(strategy, |((b, t, k, c), ckpt)| {
+        let mut p = SemiCrfProblem::new(b, t, k, c);
+        if let Some(s) = ckpt {
+            p = p.with_checkpoint(s);
+        }
+        match p.validate() {
+            Err(e) => typed(&e),
+            Ok(()) => {
+                let _ = (p.num_segments(), p.lanes(), p.memory(), p.scan_terms());
+                for (name, bytes, cfg) in p.launches() {
+                    launch_ok(name, bytes, &cfg, false)?;
+                }
+                if b * (t + 1) * k * c <= 4096 {
+                    let inp = semicrf::random_inputs(&p, 7, true);
+                    inp.view()
+                        .validate(&p)
+                        .map_err(|e| TestCaseError::fail(format!("random inputs rejected: {e}")))?;
+                    let m = semicrf::reference::Model::new(&p, &inp.view());
+                    let z = semicrf::reference::log_partition(&m);
+                    let zf = semicrf::reference::log_partition_factored(&m);
+                    for (a, b) in z.iter().zip(&zf) {
+                        prop_assert!(a.is_finite() && (a - b).abs() <= 1e-9 * a.abs().max(1.0));
+                    }
+                }
+                Ok(())
+            }
+        }
+    })
+}
+
+/// An executor that runs nothing: it checks each launch as `Gpu::launch` would (without a
+/// device) against the PTX of every target, and records the kernel names and whether each
+/// launch overlaps its predecessor.
+struct CheckingExec {
+    launched: RefCell<Vec<(String, bool)>>,
+}
+
+impl CheckingExec {
+    /// Checking against every target.
+    fn all() -> Self {
+        CheckingExec {
+            launched: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl Exec for CheckingExec {
+    unsafe fn launch_by_name<P: Copy>(
+        &self,
+        name: &str,
+        cfg: &LaunchConfig,
+        _params: &P,
+    ) -> kernels::Result<()> {
+        for arch in Arch::ALL {
+            check_launch(arch, name, cfg, std::mem::size_of::<P>(), HOPPER_MAX_SMEM)?;
+        }
+        self.launched
+            .borrow_mut()
+            .push((name.to_string(), cfg.overlap_previous));
+        Ok(())
+    }
+}
+
+/// A view of `len` elements at a made-up, 16-byte aligned address: only for [`CheckingExec`],
+/// which never accesses memory.
+fn fake<'a, T>(len: usize) -> DevView<'a, T> {
+    // SAFETY: the view is only passed to `CheckingExec`, which never dereferences it.
+    unsafe { DevView::from_raw(1 << 40, len) }
+}
+
+pub fn gla_validate_or_typed_error() -> TestResult {
+    let strategy = (
+        (size(), size(), prop_oneof![1usize..=4, size()]),
+        (
+            prop_oneof![Just(64usize), Just(128), size()],
+            prop_oneof![Just(64usize), Just(128), size()],
+        ),
+        proptest::option::of(prop_oneof![
+            Just(32usize),
+            Just(64),
+            Just(96),
+            Just(usize::MAX),
+            size()
+        ]),
+        proptest::option::of(proptest::collection::vec(0usize..=600, 0..6)),
+        proptest::option::of(prop_oneof![
+            Just(f32::NAN),
+            Just(f32::INFINITY),
+            -2.0f32..2.0
+        ]),
+    );
+    property(strategy, |((b, t, h), (dk, dv), seg, cu, scale)| {
+        let mut p = match cu {
+            Some(lens) => {
+                let mut cu = vec![0];
+                for l in lens {
+                    cu.push(cu.last().unwrap() + l);
+                }
+                GlaProblem::varlen(cu, h, dk, dv)
+            }
+            None => GlaProblem::new(b, t, h, dk, dv),
+        };
+        p.segment_len = seg;
+        p.scale = scale;
+        match p.validate() {
+            Err(e) => typed(&e),
+            Ok(()) => {
+                let _ = (p.flops(), p.min_bytes(true, true), p.config());
+                // Plans are built in memory: only for problems of modest size.
+                if p.rows() > 1 << 16 {
+                    return Ok(());
+                }
+                let plan = p
+                    .plan(132)
+                    .map_err(|e| TestCaseError::fail(format!("plan of a valid problem: {e}")))?;
+                let ws = gla::workspace_len(&p, &plan);
+                let (seg_words, comb_words) = gla::table_words(&plan);
+                let tables = gla::RawGlaTables {
+                    segments: fake(seg_words.len()),
+                    split: ws.map(|(state, decay)| gla::RawSplitWorkspace {
+                        combine: fake(comb_words.len()),
+                        seg_init: fake(state),
+                        delta: fake(state),
+                        decay_log2: fake(decay),
+                    }),
+                };
+                let t = gla::RawGlaTensors {
+                    q: fake(p.qk_len()),
+                    k: fake(p.qk_len()),
+                    v: fake(p.v_len()),
+                    g: fake(p.qk_len()),
+                    init_state: Some(fake(p.state_len())),
+                    o: fake(p.v_len()),
+                    final_state: Some(fake(p.state_len())),
+                };
+                // (The baseline's launches; the pingpong's encode tensor maps, which needs the
+                // driver: its launch sequence runs in the GPU tests.)
+                let exec = CheckingExec::all();
+                // SAFETY: `CheckingExec` never accesses the (made-up) views.
+                unsafe { gla::forward_raw(&exec, &p, &plan, &tables, &t) }
+                    .map_err(|e| TestCaseError::fail(format!("launch sequence: {e}")))?;
+                // Split: the state pass, the combination, the forward, none overlapping its
+                // predecessor (the baseline runs on sm_80 too).
+                let overlaps: Vec<bool> = exec.launched.borrow().iter().map(|l| l.1).collect();
+                prop_assert_eq!(overlaps, vec![false; if ws.is_some() { 3 } else { 1 }]);
+                // Every token of every sequence is in exactly one segment.
+                let covered: usize = plan.segments.iter().map(|s| s.len as usize).sum();
+                prop_assert_eq!(covered, p.rows());
+                Ok(())
+            }
+        }
+    })
+}
+
+pub fn mhc_validate_or_typed_error() -> TestResult {
+    let strategy = (
+        (
+            size(),
+            size(),
+            prop_oneof![1usize..=8, size()],
+            prop_oneof![(1usize..=64).prop_map(|x| 8 * x), size()],
+        ),
+        (any::<bool>(), prop_oneof![0u32..=40, any::<u32>()]),
+        prop_oneof![Just(f32::NAN), Just(-1.0f32), 0.0f32..1e-3],
+    );
+    property(strategy, |((b, s, n, c), (gamma, iters), eps)| {
+        let p = MhcProblem::new(b, s, n, c)
+            .with_gamma(gamma)
+            .with_iters(iters)
+            .with_eps(eps);
+        match p.validate() {
+            Err(e) => typed(&e),
+            Ok(()) => {
+                let _ = (p.forward_bytes(), p.backward_bytes(), p.projection_flops());
+                let plan = p.plan();
+                let (t, k, m) = (p.tokens(), p.k(), p.m());
+                let w = mhc::RawWeights {
+                    phi: fake(k * m),
+                    gamma: gamma.then(|| fake(k)),
+                    alpha: fake(3),
+                    bias: fake(m),
+                };
+                let sc = mhc::RawScratch {
+                    packed_f1: fake(plan.packed_f1),
+                    packed_b2: fake(plan.packed_b2),
+                    part_proj: fake(plan.part_proj),
+                    part_sumsq: fake(plan.part_sumsq),
+                    dh: fake(plan.dh),
+                    u: fake(plan.u),
+                    xcoef: fake(t),
+                    part_coef: fake(plan.part_coef),
+                    part_w: fake(plan.part_w),
+                };
+                let co = mhc::RawCoefficients {
+                    h_pre: fake(t * n),
+                    h_post: fake(t * n),
+                    h_res: fake(t * n * n),
+                    hproj: fake(t * m),
+                    rms: fake(t),
+                };
+                let gr = mhc::RawGradients {
+                    dx: fake(t * k),
+                    dy: fake(t * c),
+                    dphi: fake(k * m),
+                    dgamma: gamma.then(|| fake(k)),
+                    dalpha: fake(3),
+                    dbias: fake(m),
+                };
+                let exec = CheckingExec::all();
+                let fail = |what: &str, e: Error| TestCaseError::fail(format!("{what}: {e}"));
+                // SAFETY: `CheckingExec` never accesses the (made-up) views.
+                unsafe {
+                    mhc::forward_pre_raw(&exec, &p, &w, fake(t * k), &sc, &co, fake(t * c))
+                        .map_err(|e| fail("forward_pre", e))?;
+                    mhc::forward_post_raw(&exec, &p, fake(t * k), fake(t * c), &co, fake(t * k))
+                        .map_err(|e| fail("forward_post", e))?;
+                    mhc::backward_raw(
+                        &exec,
+                        &p,
+                        &w,
+                        fake(t * k),
+                        fake(t * c),
+                        &co,
+                        fake(t * c),
+                        fake(t * k),
+                        &sc,
+                        &gr,
+                    )
+                    .map_err(|e| fail("backward", e))?;
+                }
+                prop_assert!(!exec.launched.borrow().is_empty());
+                Ok(())
+            }
+        }
+    })
+}
