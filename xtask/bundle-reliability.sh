@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reliability sweep (issue #8), on a machine with an NVIDIA driver and compute-sanitizer:
+# The reliability sweep, on a machine with an NVIDIA driver and compute-sanitizer:
 #   1. every GPU test executable under each sanitizer tool (memcheck, racecheck, synccheck,
 #      initcheck), several runs at once (SWEEP_JOBS), negative controls and CPU-only tests left
 #      out (SANITIZER_SKIP). Each run has KERNELS_SANITIZER=<tool> in its environment: under

@@ -1,8 +1,8 @@
 //! `smoke_pingpong`: a producer warpgroup streams tiles with TMA into a 3-stage shared-memory
 //! ring guarded by mbarriers; two consumer warpgroups take alternate tiles, and a pair of named
-//! barriers makes them enter an ordered section strictly in turn. This is the pattern that
-//! deadlocked in the seed (`001`): there, flags in plain memory were spun on; here every wait is
-//! an mbarrier phase or a hardware named barrier, with counts matched below.
+//! barriers makes them enter an ordered section strictly in turn. Built so it cannot deadlock:
+//! nothing spins on flags in plain memory; every wait is an mbarrier phase or a hardware named
+//! barrier, with counts matched below.
 //!
 //! # Parameters
 //! [`PingpongParams`]: input tensor map (`[num_tiles * 64, 64]` bf16, box 64x64, no swizzle),
