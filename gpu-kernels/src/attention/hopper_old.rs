@@ -75,7 +75,8 @@
 //! NaN safety: as in the `mma.sync` path (masked logits -inf; a row whose maximum is -inf uses
 //! 0 as its reference; O = 0 and LSE = -inf for rows with no allowed key).
 
-use super::{Bf16, Elem, F16};
+use super::elem::{Bf16, Elem, F16};
+use super::softmax::{reference, softmax_folded_max, softmax_folded_p};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{fence, index, math, regs, smem, sync, warp};
@@ -712,7 +713,7 @@ fn mask_step<const SR: usize, const BN: u32, const SCALE: bool>(
 /// running maximum (reference) and sum of the thread's two rows, turns `s` into P (in f32, in
 /// place), and returns the factors by which O must be rescaled, if any (applied by the caller
 /// once O is not in use by a product). The folded modes are the `mma.sync` path's
-/// ([`super::softmax_folded_max`], [`super::softmax_folded_p`]): the accumulator layout of a
+/// ([`softmax_folded_max`], [`softmax_folded_p`]): the accumulator layout of a
 /// `wgmma` m64 tile is, per warp, that of `NT = BN / 8` m16n8 tiles.
 #[inline(always)]
 fn softmax_step<const SR: usize, const NT: usize, const BN: u32, const MODE: u32>(
@@ -738,11 +739,11 @@ fn softmax_step<const SR: usize, const NT: usize, const BN: u32, const MODE: u32
     let lazy = MODE == Softmax::FoldedLazy.code();
     let mut correction = [[1.0f32; 2]; 1];
     let (huge, rescale) =
-        super::softmax_folded_max::<1, NT>(tiles, m, l, r.scale_log2, lazy, &mut correction);
+        softmax_folded_max::<1, NT>(tiles, m, l, r.scale_log2, lazy, &mut correction);
     if huge {
-        super::softmax_folded_p::<1, NT, true>(tiles, m, l, r.scale_log2);
+        softmax_folded_p::<1, NT, true>(tiles, m, l, r.scale_log2);
     } else {
-        super::softmax_folded_p::<1, NT, false>(tiles, m, l, r.scale_log2);
+        softmax_folded_p::<1, NT, false>(tiles, m, l, r.scale_log2);
     }
     rescale.then_some(correction[0])
 }
@@ -769,7 +770,7 @@ fn softmax_scaled<const SR: usize>(
             mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
         }
         let new_max = row_max[h].max(mx);
-        let reference = super::reference(new_max);
+        let reference = reference(new_max);
         correction[h] = math::exp2(row_max[h] - reference);
         row_max[h] = new_max;
         row_sum[h] *= correction[h];
