@@ -72,10 +72,25 @@
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
 //!
-//! NaN safety: as in the `mma.sync` path (masked logits -inf; a row whose maximum is -inf uses
-//! 0 as its reference; O = 0 and LSE = -inf for rows with no allowed key).
+//! NaN safety: as in the `mma.sync` path ([`super::softmax`]: masked logits -inf; a row whose
+//! maximum is -inf uses 0 as its reference; O = 0 and LSE = -inf for rows with no allowed key).
+//!
+//! # Files
+//! - this file: the kernel body ([`forward`]: barrier setup, the role split, the producer's TMA
+//!   loop, the consumers' two main loops and the epilogue) and the entry points
+//!   (`hopper_kernel!`);
+//! - [`scheduler`]: the persistent grid's tiles;
+//! - [`mask`], [`softmax`]: the family's mask and online softmax on `wgmma` accumulators.
+//!
+//! The producer, the consumers and the epilogue stay in one function: moving them into
+//! functions of their own (with the shared-memory layout as a struct) reorders instructions in
+//! the PTX, which this layout keeps unchanged.
 
-use super::{Bf16, Elem, F16};
+mod mask;
+mod scheduler;
+mod softmax;
+
+use super::elem::{Bf16, Elem, F16};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{fence, index, math, regs, smem, sync, warp};
@@ -84,8 +99,11 @@ use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::{
     HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
     HOPPER_SCHED_BARRIER, HOPPER_THREADS, HOPPER_VARIANTS, HOPPER_WG_ROWS, HopperConfig,
-    HopperParams, Softmax, hopper_config_of,
+    HopperParams, hopper_config_of,
 };
+use mask::Rows;
+use scheduler::{Tile, tile};
+use softmax::{pack_p, rescale, softmax_step};
 
 /// Consumer warps arriving on an `empty` barrier per phase.
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
@@ -558,259 +576,6 @@ unsafe fn forward<
             q_iter += 1;
         }
     }
-}
-
-/// One tile of the persistent grid: 128 query rows of one (batch, head) and the key steps
-/// they may attend.
-#[derive(Clone, Copy)]
-struct Tile {
-    m0: u32,
-    head: u32,
-    batch: u32,
-    head_kv: u32,
-    rows_valid: u32,
-    /// First key step (keys `nb_lo * BN ..`).
-    nb_lo: u32,
-    /// Key steps (0 when no row of the tile may attend any key).
-    steps: u32,
-}
-
-/// Tile `t` (`< num_tiles`). The query blocks of one (batch, head) are consecutive, so that the
-/// blocks running at one time share K and V in L2 (measured on an H200: walking all heads of
-/// one query block first, longest first, was slower under causal masking at S = 8k-16k:
-/// bench/NOTES.md);
-/// under causal masking (`reverse_m`) each (batch, head) starts from its last, longest query
-/// block.
-#[inline(always)]
-fn tile<const BN: u32>(p: &HopperParams, t: u32) -> Tile {
-    let (m_idx, hb) = (t % p.num_m_blocks, t / p.num_m_blocks);
-    let m_block = if p.reverse_m != 0 {
-        p.num_m_blocks - 1 - m_idx
-    } else {
-        m_idx
-    };
-    let (head, batch) = (hb % p.heads_q, hb / p.heads_q);
-    let m0 = m_block * HOPPER_BLOCK_M;
-    let rows_valid = (p.seq_q - m0).min(HOPPER_BLOCK_M);
-    let offset = p.seq_k as i64 - p.seq_q as i64;
-    let n_lo = if p.window_left >= 0 {
-        (m0 as i64 + offset - p.window_left as i64).max(0)
-    } else {
-        0
-    };
-    let n_hi = if p.window_right >= 0 {
-        ((m0 + rows_valid - 1) as i64 + offset + p.window_right as i64 + 1).min(p.seq_k as i64)
-    } else {
-        p.seq_k as i64
-    };
-    let (nb_lo, steps) = if n_hi > n_lo {
-        let lo = n_lo as u32 / BN;
-        (lo, (n_hi as u32).div_ceil(BN) - lo)
-    } else {
-        (0, 0)
-    };
-    Tile {
-        m0,
-        head,
-        batch,
-        head_kv: head / (p.heads_q / p.heads_kv),
-        rows_valid,
-        nb_lo,
-        steps,
-    }
-}
-
-/// Where a thread's accumulator rows are, and the masking parameters.
-#[derive(Clone, Copy)]
-struct Rows {
-    m0: u32,
-    t: u32,
-    window_left: i32,
-    window_right: i32,
-    seq_k: i32,
-    offset: i32,
-    /// The allowed keys of the thread's two rows (`g`, `g + 8` of its warp): `key_lo ..=
-    /// key_hi` (empty when `key_lo > key_hi`).
-    key_lo: [i32; 2],
-    key_hi: [i32; 2],
-    scale_log2: f32,
-}
-
-impl Rows {
-    /// The masking of row `row` (block-relative rows `m0 + row`): its allowed keys are
-    /// `j < seq_k`, `j >= row + offset - window_left`, `j <= row + offset + window_right`
-    /// (the window bounds when set), as an inclusive range clamped to `0 ..= seq_k - 1`
-    /// (computed in i64: the sum of three values below 2^30 may leave i32).
-    fn key_range(
-        row: u32,
-        window_left: i32,
-        window_right: i32,
-        seq_k: i32,
-        offset: i32,
-    ) -> (i32, i32) {
-        let r = row as i64 + offset as i64;
-        let lo = if window_left >= 0 {
-            (r - window_left as i64).max(0)
-        } else {
-            0
-        };
-        let hi = if window_right >= 0 {
-            (r + window_right as i64).min(seq_k as i64 - 1)
-        } else {
-            seq_k as i64 - 1
-        };
-        // lo <= seq_k and hi >= -2^31 after the clamps: both fit i32 (hi only matters when
-        // compared with keys >= 0, so a very negative one is clamped to -1).
-        (lo.min(seq_k as i64) as i32, hi.max(-1) as i32)
-    }
-}
-
-/// Mask the logits of keys `n0 .. n0 + BN` (-inf outside each row's allowed range, only
-/// where the step crosses a window edge or `seq_k`), then scale them to base-2 logits when
-/// `SCALE`. Branch-free per element: two compares against the row's range (relative to the
-/// thread's first column) and a select.
-#[inline(always)]
-fn mask_step<const SR: usize, const BN: u32, const SCALE: bool>(
-    r: &Rows,
-    s: &mut [f32; SR],
-    n0: u32,
-) {
-    let (wl, wr, sk, off) = (r.window_left, r.window_right, r.seq_k, r.offset);
-    let row_lo = r.m0 as i32;
-    let row_hi = (r.m0 + HOPPER_BLOCK_M - 1) as i32;
-    let (key_lo, key_hi) = (n0 as i32, (n0 + BN - 1) as i32);
-    // i32 is exact: the host keeps lengths and windows below 2^30.
-    let needs_mask = key_hi >= sk
-        || (wr >= 0 && key_hi > row_lo + off + wr)
-        || (wl >= 0 && key_lo < row_hi + off - wl);
-    if needs_mask {
-        // Column of element (j, e): n0 + 2 t + 8 j + e % 2.
-        let base = (n0 + 2 * r.t) as i32;
-        let lo = [r.key_lo[0] - base, r.key_lo[1] - base];
-        let hi = [r.key_hi[0] - base, r.key_hi[1] - base];
-        for j in 0..SR / 4 {
-            for e in 0..4 {
-                let (h, c) = (e / 2, (8 * j + e % 2) as i32);
-                let allowed = c >= lo[h] && c <= hi[h];
-                s[4 * j + e] = if allowed {
-                    s[4 * j + e]
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
-        }
-    }
-    if SCALE {
-        for x in s.iter_mut() {
-            *x *= r.scale_log2;
-        }
-    }
-}
-
-/// One online-softmax step on the accumulators `s` of keys `n0 .. n0 + BN` in the softmax mode
-/// `MODE` ([`Softmax::code`](kernel_abi::attention::Softmax::code)): masks, updates the
-/// running maximum (reference) and sum of the thread's two rows, turns `s` into P (in f32, in
-/// place), and returns the factors by which O must be rescaled, if any (applied by the caller
-/// once O is not in use by a product). The folded modes are the `mma.sync` path's
-/// ([`super::softmax_folded_max`], [`super::softmax_folded_p`]): the accumulator layout of a
-/// `wgmma` m64 tile is, per warp, that of `NT = BN / 8` m16n8 tiles.
-#[inline(always)]
-fn softmax_step<const SR: usize, const NT: usize, const BN: u32, const MODE: u32>(
-    r: &Rows,
-    s: &mut [f32; SR],
-    n0: u32,
-    row_max: &mut [f32; 2],
-    row_sum: &mut [f32; 2],
-) -> Option<[f32; 2]> {
-    const { assert!(SR == 4 * NT) };
-    if MODE == Softmax::Scaled.code() {
-        mask_step::<SR, BN, true>(r, s, n0);
-        return Some(softmax_scaled::<SR>(s, row_max, row_sum));
-    }
-    mask_step::<SR, BN, false>(r, s, n0);
-    // SAFETY: `[f32; SR]` and `[[[f32; 4]; NT]; 1]` have the same size (asserted above), the
-    // same alignment and no padding; the borrow is exclusive.
-    let tiles = unsafe { &mut *(s as *mut [f32; SR]).cast::<[[[f32; 4]; NT]; 1]>() };
-    let (m, l) = (
-        core::array::from_mut(row_max),
-        core::array::from_mut(row_sum),
-    );
-    let lazy = MODE == Softmax::FoldedLazy.code();
-    let mut correction = [[1.0f32; 2]; 1];
-    let (huge, rescale) =
-        super::softmax_folded_max::<1, NT>(tiles, m, l, r.scale_log2, lazy, &mut correction);
-    if huge {
-        super::softmax_folded_p::<1, NT, true>(tiles, m, l, r.scale_log2);
-    } else {
-        super::softmax_folded_p::<1, NT, false>(tiles, m, l, r.scale_log2);
-    }
-    rescale.then_some(correction[0])
-}
-
-/// The scaled softmax ([`Softmax::Scaled`]) on base-2 logits: update the running maximum and
-/// sum of the thread's two rows, turn `s` into P (in f32, in place), and return the factor by
-/// which O must be rescaled. A row whose maximum is still -inf uses 0 as its reference, so no
-/// `-inf - -inf` is formed.
-#[inline(always)]
-fn softmax_scaled<const SR: usize>(
-    s: &mut [f32; SR],
-    row_max: &mut [f32; 2],
-    row_sum: &mut [f32; 2],
-) -> [f32; 2] {
-    let mut correction = [1.0f32; 2];
-    for h in 0..2 {
-        let mut mx = f32::NEG_INFINITY;
-        for j in 0..SR / 4 {
-            mx = mx.max(s[4 * j + 2 * h]).max(s[4 * j + 2 * h + 1]);
-        }
-        // SAFETY: all 32 lanes execute these shuffles (the callers' control flow is uniform).
-        unsafe {
-            mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 1));
-            mx = mx.max(warp::shfl_xor_f32(warp::FULL_MASK, mx, 2));
-        }
-        let new_max = row_max[h].max(mx);
-        let reference = super::reference(new_max);
-        correction[h] = math::exp2(row_max[h] - reference);
-        row_max[h] = new_max;
-        row_sum[h] *= correction[h];
-        for j in 0..SR / 4 {
-            let p0 = math::exp2(s[4 * j + 2 * h] - reference);
-            let p1 = math::exp2(s[4 * j + 2 * h + 1] - reference);
-            row_sum[h] += p0 + p1;
-            s[4 * j + 2 * h] = p0;
-            s[4 * j + 2 * h + 1] = p1;
-        }
-    }
-    correction
-}
-
-/// O's two rows of this thread times their factors.
-#[inline(always)]
-fn rescale<const OR: usize>(o: &mut [f32; OR], correction: [f32; 2]) {
-    for j in 0..OR / 4 {
-        for h in 0..2 {
-            o[4 * j + 2 * h] *= correction[h];
-            o[4 * j + 2 * h + 1] *= correction[h];
-        }
-    }
-}
-
-/// P (the exponentiated scores in `s`) as register A fragments of the P V product: the
-/// accumulator layout of two n8 tiles is the A fragment of a k16 slice. Call it only when no
-/// `wgmma` that reads the previous fragments is in flight (defining `wgmma` input registers
-/// while one runs makes ptxas serialize the pipeline).
-#[inline(always)]
-fn pack_p<E: Elem, const SR: usize, const NK: usize>(s: &[f32; SR]) -> [[u32; 4]; NK] {
-    let mut pa = [[0u32; 4]; NK];
-    for kk in 0..NK {
-        pa[kk] = [
-            E::pack(s[8 * kk], s[8 * kk + 1]),
-            E::pack(s[8 * kk + 2], s[8 * kk + 3]),
-            E::pack(s[8 * kk + 4], s[8 * kk + 5]),
-            E::pack(s[8 * kk + 6], s[8 * kk + 7]),
-        ];
-    }
-    pa
 }
 
 macro_rules! hopper_kernel {
