@@ -136,7 +136,8 @@ pub(super) unsafe fn matrix<
                 for n in 0..2 {
                     let w = convert::pack_bf16x2(o[n][2 * h] * scale, o[n][2 * h + 1] * scale);
                     // Relative to `o_rows`, which already points at the warp's first column
-                    // `dv0` (adding `dv0` again wrote past the row, into the next head or token).
+                    // `dv0` (adding `dv0` again would write past the row, into the next head
+                    // or token).
                     let col = 8 * n as u32 + 2 * l.t;
                     // SAFETY: row < valid rows of the chunk, dv0 + col + 1 < DV: inside o;
                     // 4-byte aligned (even column, contiguous rows).

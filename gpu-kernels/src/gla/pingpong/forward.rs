@@ -40,7 +40,6 @@ unsafe fn scores<const DK: u32, const NKK: usize>(
     // SAFETY: whole warp, uniform; the tiles were published (the caller's contract).
     let pa = unsafe { intra_scores::<DK, NKK>(lane, at(q_diag), at(k_half0), at(k_half1)) };
     let (g, t) = (lane / 4, lane % 4);
-    // The A-fragment words at their (row t, column s) places of P.
     // The A-fragment words at their (row t, column s) places of P (written out, not iterated
     // over an array, which LLVM left in local memory).
     let put = |row: u32, col: u32, w: u32| {
@@ -54,9 +53,17 @@ unsafe fn scores<const DK: u32, const NKK: usize>(
     put(g + 8, 8 + 2 * t, pa[3]);
 }
 
-/// The pingpong forward walk; see the pingpong module documentation. `SR = DK / 2` accumulator registers per
-/// m64 half of `S^T`, `MH = DV / 64` halves, `NKK = DK / 16`, `NCH = STEP / 16`. `st_mma` is
-/// `wgmma.m64n{DK}k16` (A MN-major, B MN-major), `st_fence` pins its accumulators.
+/// The pingpong forward walk; see the pingpong module documentation. `SR = DK / 2`
+/// accumulator registers per m64 half of `S^T`, `MH = DV / 64` halves, `NKK = DK / 16`,
+/// `NCH = STEP / 16`. `st_mma` is `wgmma.m64n{DK}k16` (A MN-major, B MN-major), `st_fence`
+/// pins its accumulators.
+///
+/// One function in named steps (moving them into functions of their own changed the
+/// generated code): set-up (rings, barriers, every consumer's item) and the barriers'
+/// initialization; the producer role; the consumer role: its item, the initial state (earlier
+/// segments folded in), then per step the wait on `full`, 1. the element-wise phase, 2. the
+/// intra-chunk scores, 3. the GEMM phase in turn, barrier L3 and the release of the stage; the
+/// final state.
 ///
 /// # Safety
 /// Launched as documented on [`GlaPingpongParams`] with the configuration `cfg`.
@@ -99,6 +106,7 @@ pub(super) unsafe fn walk<
                 && (PARTS == 1 || (PARTS == NC && NC == 2))
         )
     };
+    // Set-up.
     // Shared-item mode (`PingpongConfig::shares_item`): the consumers are the value parts of
     // one item, with one ring and the element-wise phase of step `i` done by consumer `i % 2`.
     let shared = PARTS > 1;
@@ -142,6 +150,7 @@ pub(super) unsafe fn walk<
     }
     let max_steps = n[0].max(n[1]).max(n[2]);
 
+    // The barriers' initialization.
     if tid == 0 {
         for t in tmaps {
             t.prefetch();
@@ -161,6 +170,7 @@ pub(super) unsafe fn walk<
     // SAFETY: all threads reach this barrier once, before the role split.
     unsafe { sync::sync_threads() };
 
+    // Producer role.
     if wg == 0 {
         // SAFETY: the whole producer warpgroup executes this, uniformly.
         unsafe { regs::decrease::<PP_PRODUCER_REGS>() };
@@ -202,7 +212,7 @@ pub(super) unsafe fn walk<
         return;
     }
 
-    // Consumers.
+    // Consumer role.
     // SAFETY: the whole consumer warpgroup executes this, uniformly.
     unsafe { regs::increase::<CREGS>() };
     // The state pass (this launch's primary when a sequence is split) may still be running:
@@ -326,6 +336,7 @@ pub(super) unsafe fn walk<
         }
     };
 
+    // The steps.
     let mut pos = RingPos::<STAGES>::of(0);
     for step in 0..it.steps {
         let s = pos.stage;
@@ -528,6 +539,7 @@ pub(super) unsafe fn walk<
         pos = pos.next();
     }
 
+    // The final state.
     if seg.flags & SEG_LAST != 0 && p.base.has_final != 0 {
         let out = p.base.final_state.wrapping_add(pair_head);
         for (mh, half) in st.iter().enumerate() {
