@@ -30,8 +30,8 @@ pub(super) fn state_index<const DV: u32>(l: &Lane, j: usize, e: usize) -> usize 
     (dk * DV + dv) as usize
 }
 
-/// The matrix phase of one chunk for one warp (see the baseline's module documentation). `OUT = false`:
-/// only the state update.
+/// The matrix phase of one chunk for one warp (see the baseline's module documentation).
+/// `OUT = false`: only the state update.
 ///
 /// # Safety
 /// Whole warp, uniform control flow; `var` and the raw v rows `v_rows ..+ 16` were published by

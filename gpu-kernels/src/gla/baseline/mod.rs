@@ -4,9 +4,9 @@
 //! in `host/src/gla/reference.rs`.
 //!
 //! # Parameters
-//! [`GlaParams`] (and [`CombineParams`](kernel_abi::gla::CombineParams)): contiguous q, k, g `[rows, H, DK]`, v, o
-//! `[rows, H, DV]` in bf16, f32 states `[seqs, H, DK, DV]`, the segment table and the
-//! workspace of the segment passes.
+//! [`GlaParams`] (and [`CombineParams`](kernel_abi::gla::CombineParams)): contiguous q, k, g
+//! `[rows, H, DK]`, v, o `[rows, H, DV]` in bf16, f32 states `[seqs, H, DK, DV]`, the segment
+//! table and the workspace of the segment passes.
 //!
 //! # Algorithm
 //! The chunkwise form of [`super::chunk`] (its module documentation derives the operand tiles
@@ -19,10 +19,10 @@
 //! One block per (segment, head); `DV / 16` warps, warp `w` owns value columns
 //! `16 w .. 16 w + 16` of the state (as `S^T` accumulators: m16 tiles over its 16 value
 //! columns, `DK / 8` n8 tiles over the key channels, `DK / 2` f32 per thread) and of the
-//! outputs. q, k, g, v stream through a `stages`-deep `cp.async` ring of [`STEP`](kernel_abi::gla::STEP) = 32 tokens
-//! (2 chunks); rows are padded by 16 bytes (conflict-free `ldmatrix`). The bf16 operand tiles
-//! of a chunk (`q_inter`, `q_diag`, `k_half0`, `k_half1`, `k_state`) and its decay row are
-//! double-buffered.
+//! outputs. q, k, g, v stream through a `stages`-deep `cp.async` ring of
+//! [`STEP`](kernel_abi::gla::STEP) = 32 tokens (2 chunks); rows are padded by 16 bytes
+//! (conflict-free `ldmatrix`). The bf16 operand tiles of a chunk (`q_inter`, `q_diag`,
+//! `k_half0`, `k_half1`, `k_state`) and its decay row are double-buffered.
 //!
 //! # Thread mapping
 //! Element-wise phase: `P = threads / (DK / 2)` consecutive lanes share a pair of key channels

@@ -10,9 +10,10 @@ use kernel_abi::gla::{
     CHUNK, CHUNKS_PER_STEP, GlaConfig, GlaLayout, GlaParams, SEG_FIRST, SEG_LAST, STEP, Segment,
 };
 
-/// The walk of one segment (see the baseline's module documentation). `OUT`: `gla_fwd` (outputs, from the
-/// segment's initial state, final state at the end of a sequence); else `gla_states` (from
-/// zero, writes `delta` and `decay_log2`; blocks of last segments exit at once).
+/// The walk of one segment (see the baseline's module documentation). `OUT`: `gla_fwd`
+/// (outputs, from the segment's initial state, final state at the end of a sequence); else
+/// `gla_states` (from zero, writes `delta` and `decay_log2`; blocks of last segments exit at
+/// once).
 ///
 /// # Safety
 /// Launched as documented on [`GlaParams`] with the configuration whose layout is `lay` and whose
