@@ -6,7 +6,9 @@
 //! planned for a pass on the tensors' device addresses ([`SemiCrfTensors`]: forward, backward,
 //! both, or Viterbi) into a [`SemiCrfPlan`] (pure: every launch with its grid, shared memory
 //! and parameters; no GPU needed), which runs on a stream or any executor
-//! ([`SemiCrfPlan::run`]). The launchers below do the three on this module's device buffers.
+//! ([`SemiCrfPlan::run`]). The launchers ([`forward_launch`], [`backward_launch`],
+//! [`forward_backward_launch`], [`viterbi_launch`]) do the three on this module's device
+//! buffers.
 //!
 //! # Use
 //! ```text
@@ -18,7 +20,12 @@
 //! let mut grads = Gradients::new(&problem, false)?;
 //! backward_launch(&gpu, &stream, &problem, &dev, &mut state, &mut grads)?; // gradients
 //! ```
-//! or the synchronous [`log_partition`], [`posterior`] and [`viterbi`].
+//! or the synchronous [`log_partition`], [`posterior`] and [`viterbi`]; or the steps themselves,
+//! on the buffers' views (or any memory of an executor):
+//! ```text
+//! let plan = problem.plan(&SemiCrfTensors::Forward { inputs: dev.views(), state: state.views() })?;
+//! unsafe { plan.run(&OnStream { gpu: &gpu, stream: &stream })? };      // log Z
+//! ```
 //!
 //! # Checkpointing and memory
 //! The forward scan keeps the alpha state (the ring of the last K rows and the current alpha
