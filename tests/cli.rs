@@ -517,7 +517,7 @@ fn semicrf_backward() -> TestResult {
     let d = Dir::new("semicrf_backward");
     let (b, t, k, c) = (2, 6, 3, 2);
     let p = SemiCrfProblem::new(b, t, k, c).with_checkpoint(2);
-    let inp = kernels::semicrf::random_inputs(&p, 32, false);
+    let inp = kernels_testing::semicrf::random_inputs(&p, 32, false);
     let lengths = vec![6u32, 4];
     write_inputs(
         &d.path("in.safetensors"),
@@ -1239,7 +1239,7 @@ fn gpu_gla(gpu: &'static Gpu) -> TestResult {
 fn gpu_semicrf(gpu: &'static Gpu) -> TestResult {
     let d = Dir::new("gpu_semicrf");
     let p = SemiCrfProblem::new(3, 40, 5, 4);
-    let inp = kernels::semicrf::random_inputs(&p, 53, true);
+    let inp = kernels_testing::semicrf::random_inputs(&p, 53, true);
     write_inputs(
         &d.path("in.safetensors"),
         &[

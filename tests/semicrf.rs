@@ -20,6 +20,7 @@ use kernels::memory::download;
 use kernels::semicrf::reference::{self, Model};
 use kernels::semicrf::{self, SemiCrfProblem};
 use kernels::{Error, Gpu};
+use kernels_testing::semicrf::{RandomInputs, random_inputs};
 
 /// A test problem: sizes, checkpoint interval (None: default), varied lengths, seed.
 #[derive(Clone, Copy, Debug)]
@@ -140,8 +141,8 @@ fn main() {
     s.run()
 }
 
-fn inputs(c: &Case) -> semicrf::RandomInputs {
-    semicrf::random_inputs(&c.problem(), c.seed, c.varied)
+fn inputs(c: &Case) -> RandomInputs {
+    random_inputs(&c.problem(), c.seed, c.varied)
 }
 
 fn rel_close(what: &str, got: f64, want: f64, rel: f64) -> TestResult {
@@ -169,7 +170,7 @@ fn reference_matches_brute_force() -> TestResult {
     ] {
         for varied in [false, true] {
             let p = SemiCrfProblem::new(3, t, k, c);
-            let inp = semicrf::random_inputs(&p, (t * 100 + k * 10 + c) as u64, varied);
+            let inp = random_inputs(&p, (t * 100 + k * 10 + c) as u64, varied);
             let m = Model::new(&p, &inp.view());
             let z = reference::log_partition(&m);
             let zf = reference::log_partition_factored(&m);
@@ -216,7 +217,7 @@ fn reference_matches_brute_force() -> TestResult {
 
 fn factored_equals_literal() -> TestResult {
     let p = SemiCrfProblem::new(3, 60, 7, 4);
-    let inp = semicrf::random_inputs(&p, 9, true);
+    let inp = random_inputs(&p, 9, true);
     let m = Model::new(&p, &inp.view());
     let (z, zf) = (
         reference::log_partition(&m),
@@ -257,7 +258,7 @@ fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
 
 fn marginals_cover_positions() -> TestResult {
     let p = SemiCrfProblem::new(2, 40, 6, 3);
-    let inp = semicrf::random_inputs(&p, 4, true);
+    let inp = random_inputs(&p, 4, true);
     let m = Model::new(&p, &inp.view());
     let post = reference::posterior(&m);
     check_cover(&p, &inp.lengths, |i| post.marginals[i], 1e-12)
@@ -293,7 +294,7 @@ fn check_cover(
 
 fn finite_differences() -> TestResult {
     let p = SemiCrfProblem::new(2, 12, 4, 3);
-    let inp = semicrf::random_inputs(&p, 21, true);
+    let inp = random_inputs(&p, 21, true);
     let m = Model::new(&p, &inp.view());
     let post = reference::posterior(&m);
     let total = |m: &Model| reference::log_partition(m).iter().sum::<f64>();
@@ -334,7 +335,7 @@ fn finite_differences() -> TestResult {
 
 fn viterbi_reference() -> TestResult {
     let p = SemiCrfProblem::new(3, 30, 5, 4);
-    let inp = semicrf::random_inputs(&p, 5, true);
+    let inp = random_inputs(&p, 5, true);
     let m = Model::new(&p, &inp.view());
     for (b, (score, segs)) in reference::viterbi(&m).iter().enumerate() {
         let s = reference::segmentation_score(&m, b, segs).ok_or("invalid Viterbi path")?;
@@ -355,7 +356,7 @@ fn viterbi_reference() -> TestResult {
 
 fn rejects_bad_input() -> TestResult {
     let p = SemiCrfProblem::new(2, 10, 3, 4);
-    let inp = semicrf::random_inputs(&p, 1, false);
+    let inp = random_inputs(&p, 1, false);
     inp.view()
         .validate(&p)
         .map_err(|e| format!("valid input rejected: {e}"))?;
@@ -379,7 +380,7 @@ fn rejects_bad_input() -> TestResult {
     let invalid: Check = |e| matches!(e, Error::InvalidArgument { .. });
     let shape: Check = |e| matches!(e, Error::ShapeMismatch { .. });
     let unsupported: Check = |e| matches!(e, Error::Unsupported { .. });
-    let cases: Vec<(&str, &semicrf::RandomInputs, SemiCrfProblem, Check)> = vec![
+    let cases: Vec<(&str, &RandomInputs, SemiCrfProblem, Check)> = vec![
         ("length > T", &bad_len, p, invalid),
         ("length 0", &zero_len, p, invalid),
         ("NaN score", &nan, p, invalid),
@@ -666,7 +667,7 @@ fn deterministic(g: &Gpu) -> TestResult {
 fn rejects_mismatched_buffers(g: &Gpu) -> TestResult {
     let p = SemiCrfProblem::new(2, 20, 4, 3);
     let q = SemiCrfProblem::new(2, 21, 4, 3);
-    let inp = semicrf::random_inputs(&p, 3, false);
+    let inp = random_inputs(&p, 3, false);
     let stream = gpu_ok(g.stream())?;
     let dev = gpu_ok(semicrf::DeviceInputs::upload(&p, &inp.view()))?;
     let mut wrong_state = gpu_ok(semicrf::ForwardState::new(&q))?;
@@ -692,7 +693,7 @@ fn rejects_mismatched_buffers(g: &Gpu) -> TestResult {
 fn scale(g: &Gpu) -> TestResult {
     let t = racecheck_size("T", 100_000, 2_000);
     let p = SemiCrfProblem::new(4, t, 32, 16);
-    let inp = semicrf::random_inputs(&p, 100, true);
+    let inp = random_inputs(&p, 100, true);
     let stream = gpu_ok(g.stream())?;
     let free_before = gpu_ok(kernels::memory::free_device_memory())?;
     let dev = gpu_ok(semicrf::DeviceInputs::upload(&p, &inp.view()))?;
@@ -811,7 +812,7 @@ fn kernel_model() -> TestResult {
         (2, 100, 7, 2, 31, true),
     ] {
         let p = SemiCrfProblem::new(b, t, k, c).with_checkpoint(s);
-        let inp = semicrf::random_inputs(&p, (t + k + c) as u64, varied);
+        let inp = random_inputs(&p, (t + k + c) as u64, varied);
         let m = Model::new(&p, &inp.view());
         let want = reference::posterior(&m);
         let mut dur = vec![0.0; k * c];
@@ -909,7 +910,7 @@ fn long_sequence_precision() -> TestResult {
 /// (if any) and a report of the measured errors.
 fn precision_case(t: usize, n: Numerics) -> Result<(Option<String>, String), String> {
     let p = SemiCrfProblem::new(1, t, 32, 16);
-    let inp = semicrf::random_inputs(&p, 100, false);
+    let inp = random_inputs(&p, 100, false);
     let m = Model::new(&p, &inp.view());
     let want = reference::posterior_factored(&m);
     let got = model::run(&m, n, p.checkpoint);

@@ -30,7 +30,7 @@
 //! O(S C + K C + C^2) per resident block (see [`segment_layout`]). Inputs and outputs are
 //! `B (T + 1) C` f32 each for the cumulative scores and their gradient.
 
-use crate::{SMEM_ALIGN, align_up};
+use crate::{Kernel, KernelDecl, SMEM_ALIGN, align_up};
 
 /// Threads per block of every semi-CRF kernel.
 pub const THREADS: u32 = 128;
@@ -238,6 +238,69 @@ pub const fn default_checkpoint(t: u32, k: u32, c: u32) -> u32 {
     }
     if s > cap as u64 { cap } else { s as u32 }
 }
+
+/// The problem sizes the shared memory of `semicrf_scan` and `semicrf_viterbi` depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScanShape {
+    /// Largest duration `K`.
+    pub k: u32,
+    /// Labels `C`.
+    pub c: u32,
+}
+
+/// The problem sizes the shared memory of `semicrf_marginals` depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentShape {
+    /// Checkpoint interval `S`.
+    pub ckpt: u32,
+    /// Largest duration `K`.
+    pub k: u32,
+    /// Labels `C`.
+    pub c: u32,
+}
+
+/// `semicrf_scan`: one block per (sequence, direction), [`THREADS`] threads,
+/// [`scan_layout`] of shared memory.
+pub const SEMICRF_SCAN: Kernel<ScanParams, ScanShape> =
+    Kernel::new("semicrf_scan", THREADS, 1, |s| scan_layout(s.k, s.c).bytes);
+
+/// `semicrf_viterbi`: one block per sequence, [`THREADS`] threads, [`scan_layout`] of shared
+/// memory.
+pub const SEMICRF_VITERBI: Kernel<ViterbiParams, ScanShape> =
+    Kernel::new("semicrf_viterbi", THREADS, 1, |s| {
+        scan_layout(s.k, s.c).bytes
+    });
+
+/// `semicrf_marginals`: one block per (checkpoint segment, sequence), [`THREADS`] threads,
+/// [`segment_layout`] of shared memory.
+pub const SEMICRF_MARGINALS: Kernel<MarginalParams, SegmentShape> =
+    Kernel::new("semicrf_marginals", THREADS, 1, |s| {
+        segment_layout(s.ckpt, s.k, s.c).bytes
+    });
+
+/// `semicrf_reduce`: one thread per partial count, [`REDUCE_THREADS`] threads per block, no
+/// shared memory.
+pub const SEMICRF_REDUCE: Kernel<ReduceParams> =
+    Kernel::new("semicrf_reduce", REDUCE_THREADS, 1, |()| 0);
+
+/// The family's kernels.
+pub const KERNELS: &[KernelDecl] = &[
+    SEMICRF_SCAN.info(),
+    SEMICRF_VITERBI.info(),
+    SEMICRF_MARGINALS.info(),
+    SEMICRF_REDUCE.info(),
+];
+
+/// `negative_semicrf_marginals_aliased`: `semicrf_marginals` with two segments writing one
+/// `partials` slice, a negative control for the test suites (`gpu-kernels/src/negative.rs`);
+/// the launch shape of [`SEMICRF_MARGINALS`].
+pub const NEGATIVE_SEMICRF_MARGINALS_ALIASED: Kernel<MarginalParams, SegmentShape> =
+    Kernel::new("negative_semicrf_marginals_aliased", THREADS, 1, |s| {
+        segment_layout(s.ckpt, s.k, s.c).bytes
+    });
+
+/// The family's negative controls (never launched by the library).
+pub const NEGATIVE: &[KernelDecl] = &[NEGATIVE_SEMICRF_MARGINALS_ALIASED.info()];
 
 /// Reduced partial counts per (sequence, segment): `K C` duration counts then `C C` transition
 /// counts.

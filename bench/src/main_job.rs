@@ -328,7 +328,7 @@ type TimeFn<'a> = dyn Fn(&mut dyn FnMut() -> Result<()>) -> Result<f64> + 'a;
 /// and 0 between.
 fn semicrf_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn) -> Result<Line> {
     let p = SemiCrfProblem::new(16, if quick { 200 } else { 1000 }, 32, 16);
-    let inp = semicrf::random_inputs(&p, 1, true);
+    let inp = kernels_testing::semicrf::random_inputs(&p, 1, true);
     let dev = semicrf::DeviceInputs::upload(&p, &inp.view())?;
     let mut st = semicrf::ForwardState::new(&p)?;
     let mut gr = semicrf::Gradients::new(&p, false)?;
@@ -506,7 +506,7 @@ fn cpu_references() {
         format!("{} words", img.len())
     });
     let p = SemiCrfProblem::new(4, 200, 16, 8);
-    let inp = semicrf::random_inputs(&p, 1, true);
+    let inp = kernels_testing::semicrf::random_inputs(&p, 1, true);
     timed("semicrf posterior (f64)", "B4 T200 K16 C8", &mut || {
         let post = semicrf::reference::posterior(&semicrf::reference::Model::new(&p, &inp.view()));
         format!("log Z[0] = {:.6}", post.log_z[0])

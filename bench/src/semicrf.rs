@@ -66,7 +66,7 @@ fn case(b: &mut Bench, (bs, t, k, c): (usize, usize, usize, usize), varied: bool
     let p = SemiCrfProblem::new(bs, t, k, c);
     p.validate()?;
     let seed = (bs * 7 + t + k * 3 + c) as u64 + u64::from(varied);
-    let inp = semicrf::random_inputs(&p, seed, varied);
+    let inp = kernels_testing::semicrf::random_inputs(&p, seed, varied);
     let free0 = free_device_memory()?;
     let dev = DeviceInputs::upload(&p, &inp.view())?;
     let mut st = ForwardState::new(&p)?;

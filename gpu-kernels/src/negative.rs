@@ -1,19 +1,20 @@
-//! Negative controls: kernels with a deliberate bug of the kinds the seeds hit, compiled into
+//! Negative controls: kernels with a deliberate bug of two kinds that a kernel can ship with
+//! (a missing barrier, blocks sharing a workspace slice), compiled into
 //! the PTX under `negative_*` names only so that the test suites can show their checks catch
 //! such bugs. The library never launches them (`kernels::negative`, behind the host crate's
-//! `negative-controls` feature, is the only launcher); each is an existing kernel's body
+//! `negative-controls` feature, and `kernels_testing::negative` are the only launchers); each is an existing kernel's body
 //! instantiated with its bug switched on, so nothing is duplicated.
 //!
 //! - `negative_block_reduce_no_barrier`: `smoke_block_reduce` without the barrier between the
-//!   warps' shared-memory stores and warp 0's loads (seed 000's missing barrier). Racecheck
+//!   warps' shared-memory stores and warp 0's loads. Racecheck
 //!   must report hazards, the emulator reports them on the CPU, and the sums are wrong
 //!   whenever warp 0 reads before another warp's store lands.
 //! - `negative_semicrf_marginals_aliased`: `semicrf_marginals` with two segments writing one
-//!   `partials` slice (seed 000's shared workspace): the duration and transition gradients
+//!   `partials` slice (a workspace shared between segments): the duration and transition gradients
 //!   are wrong (the other slice keeps its NaN poison). A global-memory race, which racecheck
 //!   does not see: the reference tests catch it.
 
-use kernel_abi::semicrf::{MarginalParams, THREADS};
+use kernel_abi::semicrf::MarginalParams;
 use kernel_abi::smoke::ReduceParams;
 
 /// `smoke_block_reduce` without its barrier (see the module documentation).
@@ -33,7 +34,7 @@ pub unsafe extern "ptx-kernel" fn negative_block_reduce_no_barrier(p: ReducePara
 /// As for `semicrf_marginals`; two blocks write the same `partials` words (a data race).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn negative_semicrf_marginals_aliased(p: MarginalParams) {
-    crate::launch_bounds!(negative_semicrf_marginals_aliased, THREADS, 1);
+    crate::launch_bounds!(negative_semicrf_marginals_aliased in kernel_abi::semicrf::NEGATIVE);
     // SAFETY: forwarded to the caller.
     unsafe { crate::semicrf::marginals::marginals::<true>(p) }
 }

@@ -28,7 +28,7 @@ fn main() -> Result<()> {
 fn default_problem(gpu: Option<&Gpu>) -> Result<()> {
     let p = SemiCrfProblem::new(16, 1000, 32, 16);
     p.validate()?;
-    let inp = semicrf::random_inputs(&p, 1, true);
+    let inp = kernels_testing::semicrf::random_inputs(&p, 1, true);
     let m = Model::new(&p, &inp.view());
     let start = std::time::Instant::now();
     let want = reference::log_partition_factored(&m);

@@ -5,4 +5,5 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod negative;
+pub mod semicrf;
 pub mod smoke;

@@ -45,7 +45,7 @@ pub fn four_families_bitwise(g: &'static Gpu) -> TestResult {
         1.0,
     )))?;
     let crf = SemiCrfProblem::new(4, 500, 8, 6);
-    let crf_in = semicrf::random_inputs(&crf, 32, true);
+    let crf_in = kernels_testing::semicrf::random_inputs(&crf, 32, true);
     let crf_dev = gpu_ok(semicrf::DeviceInputs::upload(&crf, &crf_in.view()))?;
     let gp = GlaProblem::new(2, 1000, 4, 64, 64).with_segment_len(256);
     let gq = gpu_ok(upload(&kernels::data::uniform_bf16(

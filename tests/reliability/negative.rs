@@ -134,7 +134,7 @@ pub fn reduce_no_barrier_racecheck_target(g: &'static Gpu) -> TestResult {
 pub fn semicrf_aliased_wrong(g: &'static Gpu) -> TestResult {
     // Eight segments per sequence: the aliased kernel loses the counts of the odd ones.
     let p = SemiCrfProblem::new(2, 60, 4, 3).with_checkpoint(8);
-    let inp = semicrf::random_inputs(&p, 21, false);
+    let inp = kernels_testing::semicrf::random_inputs(&p, 21, false);
     let want = semicrf::reference::posterior(&semicrf::reference::Model::new(&p, &inp.view()));
     let stream = gpu_ok(g.stream())?;
     let dev = gpu_ok(semicrf::DeviceInputs::upload(&p, &inp.view()))?;

@@ -13,7 +13,7 @@ pub fn semicrf_rejected() -> TestResult {
     let p = SemiCrfProblem::new(2, 8, 3, 2);
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         for which in 0..3 {
-            let mut inp = semicrf::random_inputs(&p, 3, false);
+            let mut inp = kernels_testing::semicrf::random_inputs(&p, 3, false);
             match which {
                 0 => inp.cumsum[5] = bad,
                 1 => inp.dur[1] = bad,
@@ -39,7 +39,7 @@ pub fn semicrf_rejected() -> TestResult {
 pub fn semicrf_gpu_rejected(g: &'static Gpu) -> TestResult {
     let stream = gpu_ok(g.stream())?;
     let p = SemiCrfProblem::new(3, 40, 6, 4);
-    let clean = semicrf::random_inputs(&p, 13, true);
+    let clean = kernels_testing::semicrf::random_inputs(&p, 13, true);
     let short = (0..p.batch)
         .find(|&b| (clean.lengths[b] as usize) < p.t)
         .unwrap_or(0);
@@ -49,7 +49,7 @@ pub fn semicrf_gpu_rejected(g: &'static Gpu) -> TestResult {
     );
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         for which in ["cumsum", "dur", "trans"] {
-            let mut inp = semicrf::random_inputs(&p, 13, true);
+            let mut inp = kernels_testing::semicrf::random_inputs(&p, 13, true);
             match which {
                 "cumsum" => inp.cumsum[(short * (p.t + 1) + p.t) * p.c + 1] = bad,
                 "dur" => inp.dur[p.c + 2] = bad,
@@ -83,7 +83,7 @@ pub fn semicrf_gpu_rejected(g: &'static Gpu) -> TestResult {
                 }
             }
         }
-        let mut inp = semicrf::random_inputs(&p, 13, true);
+        let mut inp = kernels_testing::semicrf::random_inputs(&p, 13, true);
         inp.trans[0] = bad;
         let e = semicrf::posterior(g, &stream, &p, &inp.view(), false)
             .err()

@@ -209,7 +209,7 @@ pub fn semicrf_validate_or_typed_error() -> TestResult {
                     launch_ok(name, bytes, &cfg, false)?;
                 }
                 if b * (t + 1) * k * c <= 4096 {
-                    let inp = semicrf::random_inputs(&p, 7, true);
+                    let inp = kernels_testing::semicrf::random_inputs(&p, 7, true);
                     inp.view()
                         .validate(&p)
                         .map_err(|e| TestCaseError::fail(format!("random inputs rejected: {e}")))?;

@@ -101,7 +101,11 @@ pub fn semicrf_small(g: &'static Gpu) -> TestResult {
             if let Some(s) = ckpt {
                 p = p.with_checkpoint(s);
             }
-            let inp = semicrf::random_inputs(&p, (b + 3 * t + 5 * k + 7 * c) as u64, true);
+            let inp = kernels_testing::semicrf::random_inputs(
+                &p,
+                (b + 3 * t + 5 * k + 7 * c) as u64,
+                true,
+            );
             let got = semicrf::posterior(g, &stream, &p, &inp.view(), false)
                 .map_err(|e| TestCaseError::fail(format!("{e}")))?;
             let want =

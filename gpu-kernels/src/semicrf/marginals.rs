@@ -12,8 +12,8 @@
 //! outputs (rows of `grad_cumsum` up to `T`, rows of `marginals` up to `T - 1`) and slice
 //! `(b, j)` of `partials`. Its workspace (the recomputed alpha, u and beta rows of its
 //! positions, their normalizers, its S rows, its ring and its count accumulators) is its own
-//! dynamic shared memory: no two segments share a workspace, so the seed's cross-segment race
-//! cannot occur, and no buffer is ever reset for reuse. Its inputs are read-only: the alpha
+//! dynamic shared memory: no two segments share a workspace, so no race between segments can
+//! occur, and no buffer is ever reset for reuse. Its inputs are read-only: the alpha
 //! checkpoint `j` (written by the forward scan at position `s0`) and, when `s1 = s0 + S <= L`,
 //! the beta checkpoint `j` (written by the reverse scan at `s1`); when `s1 > L` the reverse
 //! sweep starts at `L` from `beta[L, .] = 0` instead. Segments with `s0 > L` only write zeros.
@@ -45,8 +45,8 @@
 //! 1. Setup: every thread stores its share of the tables, the S rows, zeros for the
 //!    accumulators, and (from the alpha checkpoint) its own ring entries; leaders store
 //!    `qrow`; thread 0 stores the alpha and u rows of `s0` and their normalizer; barrier C0
-//!    publishes them (this is the barrier the seed's Triton kernel lacked after loading a
-//!    checkpoint). If the checkpoint's step ends a chunk, the scan rebased there: the same
+//!    publishes them (every thread's first step reads the checkpoint rows that other threads
+//!    stored). If the checkpoint's step ends a chunk, the scan rebased there: the same
 //!    rebase follows, then a barrier.
 //! 2. Alpha sweep, positions `s0 + 1 .. s1`: steps with barriers B1/B2 as in the scan; after
 //!    B2 the leaders store the step's alpha and u into the workspace row (written once, read
@@ -82,15 +82,15 @@ fn shift(m: f64) -> f64 {
 /// directions on the same inputs, checkpoint interval and normalizer buffers.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn semicrf_marginals(p: MarginalParams) {
-    crate::launch_bounds!(semicrf_marginals, THREADS, 1);
+    crate::launch_bounds!(semicrf_marginals in kernel_abi::semicrf::KERNELS);
     // SAFETY: forwarded to the caller.
     unsafe { marginals::<false>(p) }
 }
 
 /// The body of `semicrf_marginals`. `ALIAS_SEGMENTS = true` is the negative control
 /// `negative_semicrf_marginals_aliased` (`crate::negative`), never launched by the library:
-/// segments `2i` and `2i + 1` of a sequence share the `partials` slice of segment `2i` (the
-/// seed's shared workspace), so one segment's counts overwrite the other's and the slice of
+/// segments `2i` and `2i + 1` of a sequence share the `partials` slice of segment `2i` (a
+/// workspace shared between segments), so one segment's counts overwrite the other's and the slice of
 /// segment `2i + 1` is never written.
 ///
 /// # Safety

@@ -23,7 +23,7 @@ use kernel_abi::semicrf::{REDUCE_THREADS, ReduceParams, partial_len};
 /// partials written by `semicrf_marginals` for the same lengths and interval.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn semicrf_reduce(p: ReduceParams) {
-    crate::launch_bounds!(semicrf_reduce, REDUCE_THREADS, 1);
+    crate::launch_bounds!(semicrf_reduce in kernel_abi::semicrf::KERNELS);
     let e = index::block_idx_x() * REDUCE_THREADS + index::thread_idx_x();
     let n = partial_len(p.k, p.c);
     if e as usize >= n {

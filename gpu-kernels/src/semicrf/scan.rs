@@ -51,7 +51,7 @@ use kernel_abi::semicrf::{CHUNK, ScanParams, THREADS, scan_layout};
 /// holding its documented size and lengths in `1..=T`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn semicrf_scan(p: ScanParams) {
-    crate::launch_bounds!(semicrf_scan, THREADS, 1);
+    crate::launch_bounds!(semicrf_scan in kernel_abi::semicrf::KERNELS);
     let b = index::block_idx_x();
     let reverse = p.first_direction + index::block_idx_y() == 1;
     let (k, c) = (p.k, p.c);

@@ -35,7 +35,7 @@ use kernel_abi::semicrf::{CHUNK, THREADS, ViterbiParams, scan_layout};
 /// lengths in `1..=T`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn semicrf_viterbi(p: ViterbiParams) {
-    crate::launch_bounds!(semicrf_viterbi, THREADS, 1);
+    crate::launch_bounds!(semicrf_viterbi in kernel_abi::semicrf::KERNELS);
     let b = index::block_idx_x();
     let (k, c) = (p.k, p.c);
     let cz = c as usize;
