@@ -8,10 +8,12 @@
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
-use kernels::attention::{self, AttentionElem, AttentionProblem, Dtype, Path, View};
+use kernels::Arch;
+use kernels::attention::{
+    self, AttentionElem, AttentionProblem, AttentionTensors, Dtype, Path, Target, View,
+};
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
-use kernels::mhc::Exec;
 use kernels::{Error, Gpu, bf16, f16};
 use rand::Rng;
 
@@ -393,23 +395,25 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
     );
     let mut o = HostBuf::filled(q.len(), bf16::NAN);
     let mut lse = HostBuf::filled(p.lse_len(), f32::NAN);
-    let d = p.head_dim as u64;
-    let strides = |seq: usize, heads: usize| [seq as u64 * heads as u64 * d, heads as u64 * d, d];
-    let q_strides = strides(p.seq_q, p.heads_q);
-    let kv_strides = strides(p.seq_k, p.heads_kv);
-    let tensors = attention::MmaTensors {
-        q: (dq.view().addr(), q_strides),
-        k: (dk.view().addr(), kv_strides),
-        v: (dv.view().addr(), kv_strides),
-        o: (o.view().addr(), q_strides),
-        lse: lse.view().addr(),
+    let tensors = AttentionTensors {
+        q: View::contiguous(dq.view(), p.q_shape()),
+        k: View::contiguous(dk.view(), p.kv_shape()),
+        v: View::contiguous(dv.view(), p.kv_shape()),
+        o: View::contiguous(o.view(), p.q_shape()),
+        lse: lse.view(),
     };
     let what = format!("emulated {variant}: {} (seed {})", name(c), c.seed);
-    let launched = attention::mma_launch(p, Some(variant).filter(|v| *v != "default"), &tensors)
-        .and_then(|(kernel, launch, params)| {
-            // SAFETY: the buffers hold the contiguous tensors of `p` (the strides above), LSE
-            // has batch * heads_q * seq_q elements, and they outlive the (synchronous) launch.
-            unsafe { Emulator.launch_by_name(&kernel, &launch, &params) }
+    // The mma.sync path: what the plan picks for sm_80 (the emulator runs those kernels).
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 1,
+    };
+    let launched = p
+        .plan(target, &tensors, Some(variant).filter(|v| *v != "default"))
+        .and_then(|plan| {
+            // SAFETY: the views cover the host buffers (checked by the plan), which outlive
+            // the (synchronous) emulated launch; O and LSE overlap nothing.
+            unsafe { plan.run(&Emulator) }
         });
     launched.map_err(|e| format!("{what}: {e}"))?;
     ensure(

@@ -34,3 +34,6 @@ pub use problem::{
 };
 pub use reference::{naive_same_precision, reference, reference_rows};
 pub use run::{forward, forward_variant};
+
+#[cfg(test)]
+mod tests;
