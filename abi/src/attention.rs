@@ -141,10 +141,9 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             prefetch: false,
             softmax: Softmax::Scaled,
         }),
-        // Keys in steps of 32: measured on an H200 at S = 4k and 16k, 6-7% faster than steps of
-        // 64 (variant "n64"), which leave ptxas no registers to spare (bench/NOTES.md). The
-        // folded softmax with lazy rescaling: 1.05-1.08x SDPA-FLASH at S = 4k..16k, causal and
-        // not, where the scaled softmax (variant "scaled") measured 0.96-1.01x in the same run.
+        // Keys in steps of 32: faster than steps of 64 (variant "n64"), which leave ptxas no
+        // registers to spare; the folded softmax with lazy rescaling, faster than the scaled
+        // softmax (variant "scaled"). Measurements in bench/NOTES.md.
         128 => Some(TileConfig {
             head_dim: 128,
             block_m: 128,
@@ -192,8 +191,8 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
     ),
     // The previous default: keys in steps of 64 (255 registers and a spill).
     ("n64", TUNING_VARIANTS_N64),
-    // Steps of 64 with fragments loaded one k-slice ahead (+2-3% over "n64"; with steps of 32
-    // the prefetch measured 2-3% slower than without).
+    // Steps of 64 with fragments loaded one k-slice ahead (faster than "n64"; with steps of 32
+    // the prefetch is slower than without).
     (
         "n64pf",
         TileConfig {
@@ -222,9 +221,8 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
             softmax: Softmax::Scaled,
         },
     ),
-    // The D = 128 default tiles with the softmax modes of [`Softmax`] (ncu at D = 128: short
-    // scoreboard stalls of 1.81 cycles per issue against FlashAttention-2's 0.35).
-    // (`FoldedLazy` is the default since it measured fastest.)
+    // The D = 128 default tiles with the other softmax modes of [`Softmax`] (`FoldedLazy`, the
+    // default, is the fastest of the three).
     ("ffma", with_softmax(tile_config_of(128), Softmax::Folded)),
     ("scaled", with_softmax(tile_config_of(128), Softmax::Scaled)),
     // Steps of 64 with lazy rescaling: half the steps' fixed costs (barrier, Q fragments, maxima
@@ -348,8 +346,8 @@ pub struct HopperConfig {
     /// Stages of the K/V ring.
     pub stages: u32,
     /// Intra-warpgroup overlap (FlashAttention-3): issue S of step `i` with P V of step `i - 1`
-    /// and run the softmax while P V is in flight. Measured on an H200 (bench/NOTES.md): +1-3%
-    /// at D = 128, -25% at D = 256, where it is off.
+    /// and run the softmax while P V is in flight. Faster at D = 128, much slower at D = 256,
+    /// where it is off (bench/NOTES.md).
     pub overlap: bool,
     /// Pingpong between the consumer warpgroups (FlashAttention-3): named barriers
     /// `HOPPER_SCHED_BARRIER + c` make the two issue their `wgmma` batches in turns, so that
@@ -366,8 +364,8 @@ pub struct HopperConfig {
 pub enum HopperGrid {
     /// One block per multiprocessor (persistent) when every tile has the same steps (no
     /// causal mask, no window); else one block per tile, where the hardware's block scheduler
-    /// balances tiles of unequal length (measured on an H200, bench/NOTES.md: the static
-    /// round-robin of a persistent grid was up to 1.45x slower at S = 16k causal).
+    /// balances tiles of unequal length (the static round-robin of a persistent grid is much
+    /// slower on long causal problems; bench/NOTES.md).
     Auto,
     /// One block per multiprocessor (at most one per tile), whatever the mask.
     PerSm,
@@ -432,12 +430,11 @@ impl HopperConfig {
     }
 }
 
-/// The Hopper tile configuration for head dimension `d`, if supported. Measured on an H200
-/// (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head dimension; no
-/// pingpong turns (they measured 2-7% slower at D = 128 and 8-12% at D = 64, within 3% at
-/// D = 256); the intra-warpgroup overlap at
-/// D = 64 and 128 (at D = 256 the O accumulator of 128 registers leaves no room for a second
-/// S); the grid of [`HopperGrid::Auto`].
+/// The Hopper tile configuration for head dimension `d`, if supported. Chosen from
+/// measurements (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head
+/// dimension; no pingpong turns (slower at D = 64 and 128, no faster at D = 256); the
+/// intra-warpgroup overlap at D = 64 and 128 (at D = 256 the O accumulator of 128 registers
+/// leaves no room for a second S); the grid of [`HopperGrid::Auto`].
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     let base = HopperConfig {
         head_dim: d,

@@ -7,7 +7,6 @@ use kernel_abi::attention::HEAD_DIMS;
 
 pub use kernel_abi::attention::Dtype;
 
-
 /// A 16-bit element type the kernels take.
 pub trait AttentionElem: cust::memory::DeviceCopy + Copy + Default + Send + Sync + 'static {
     /// Its [`Dtype`].

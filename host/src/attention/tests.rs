@@ -85,7 +85,10 @@ fn every_entry_of_the_ptx_has_its_handle() {
                 .unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
         }
     }
-    assert_eq!(KERNELS.len(), 2 * 6 + TUNING_VARIANTS.len() + HOPPER_VARIANTS.len());
+    assert_eq!(
+        KERNELS.len(),
+        2 * 6 + TUNING_VARIANTS.len() + HOPPER_VARIANTS.len()
+    );
 }
 
 #[test]
@@ -170,7 +173,13 @@ fn strides_no_tensor_map_takes_fall_back_to_mma_sync() {
     let p = AttentionProblem::new(2, 64, 64, 1, 1, 64, Dtype::Bf16);
     let mut t = tensors::<bf16>(&p);
     let stride = 1usize << 39;
-    t.k = View::new(dev(2 << 40, 2 * stride), 0, &p.kv_shape(), &[stride, 64, 64, 1]).unwrap();
+    t.k = View::new(
+        dev(2 << 40, 2 * stride),
+        0,
+        &p.kv_shape(),
+        &[stride, 64, 64, 1],
+    )
+    .unwrap();
     let m = p.plan(target(Arch::Sm90a), &t, None).unwrap();
     assert_eq!(m.kernel().name, "attention_fwd_bf16_d64");
     let AttentionPlan::MmaSync { launch, .. } = &m else {
@@ -223,7 +232,10 @@ fn tuning_variants_by_name() {
         check(&h, Arch::Sm90a);
         for (p, arch) in [
             (p.clone(), Arch::Sm80),
-            (AttentionProblem::new(1, 100, 300, 2, 1, d, Dtype::F16), Arch::Sm90a),
+            (
+                AttentionProblem::new(1, 100, 300, 2, 1, d, Dtype::F16),
+                Arch::Sm90a,
+            ),
         ] {
             assert!(matches!(
                 plan(&p, arch, Some(name)),
@@ -274,7 +286,10 @@ fn mma_sync_grid_and_parameters() {
     };
     assert_eq!(launch.config().grid, (1, 1, 1));
     let a = launch.params();
-    assert_eq!((a.window_left, a.window_right, a.reverse_m), (UNBOUNDED, 0, 1));
+    assert_eq!(
+        (a.window_left, a.window_right, a.reverse_m),
+        (UNBOUNDED, 0, 1)
+    );
     assert_eq!(a.scale_log2, 0.125 * std::f32::consts::LOG2_E);
 }
 
@@ -321,7 +336,10 @@ fn hopper_grid_maps_and_parameters() {
     let bn = kernel.cfg.block_n;
     assert_eq!(maps[0].address, 1 << 40);
     assert_eq!(maps[0].dims[..4], [128, 8, 1100, 3]);
-    assert_eq!(maps[0].strides_bytes[..3], [2 * 128, 2 * 8 * 128, 2 * 1100 * 8 * 128]);
+    assert_eq!(
+        maps[0].strides_bytes[..3],
+        [2 * 128, 2 * 8 * 128, 2 * 1100 * 8 * 128]
+    );
     assert_eq!(maps[0].box_dims[..4], [64, 1, HOPPER_BLOCK_M, 1]);
     assert_eq!(maps[1].address, 2 << 40);
     assert_eq!(maps[1].dims[..4], [128, 2, 1100, 3]);
@@ -362,8 +380,13 @@ fn the_plan_refuses_bad_tensors() {
     ));
     let kn: usize = p.kv_shape().iter().product();
     let mut t = tensors::<bf16>(&p);
-    t.v = View::new(dev(3 << 40, kn + 1), 1, &p.kv_shape(), &contiguous_strides(p.kv_shape()))
-        .unwrap();
+    t.v = View::new(
+        dev(3 << 40, kn + 1),
+        1,
+        &p.kv_shape(),
+        &contiguous_strides(p.kv_shape()),
+    )
+    .unwrap();
     assert!(matches!(
         p.plan(target(Arch::Sm80), &t, None),
         Err(Error::Misaligned { .. })
@@ -379,8 +402,14 @@ fn the_plan_refuses_bad_tensors() {
 #[test]
 fn launch_shape_is_the_plans() {
     for (p, hopper) in [
-        (AttentionProblem::new(2, 1023, 1024, 4, 2, 256, Dtype::F16), false),
-        (AttentionProblem::new(2, 1023, 1024, 4, 2, 64, Dtype::Bf16).causal(), true),
+        (
+            AttentionProblem::new(2, 1023, 1024, 4, 2, 256, Dtype::F16),
+            false,
+        ),
+        (
+            AttentionProblem::new(2, 1023, 1024, 4, 2, 64, Dtype::Bf16).causal(),
+            true,
+        ),
     ] {
         let (name, bytes, cfg) = launch_shape(&p, hopper).unwrap();
         // The plan on a GPU with a multiprocessor per tile.
