@@ -15,6 +15,7 @@ use kernels::attention::{
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Error, Gpu, bf16, f16};
+use kernels_testing::attention as testing;
 use rand::Rng;
 
 #[derive(Clone, Debug)]
@@ -272,16 +273,7 @@ fn main() {
 }
 
 fn inputs<T: AttentionElem>(c: &Case) -> (Vec<T>, Vec<T>, Vec<T>) {
-    let p = &c.p;
-    let mut r = rng(c.seed);
-    let mut draw = |n: usize| -> Vec<T> {
-        (0..n)
-            .map(|_| T::from_f32(r.random_range(-c.range..c.range)))
-            .collect()
-    };
-    let qn = p.batch * p.seq_q * p.heads_q * p.head_dim;
-    let kn = p.batch * p.seq_k * p.heads_kv * p.head_dim;
-    (draw(qn), draw(kn), draw(kn))
+    testing::random_inputs(&c.p, c.range, c.seed)
 }
 
 /// Run on the GPU with contiguous tensors; returns O and LSE.
@@ -292,19 +284,7 @@ fn gpu_forward<T: AttentionElem>(
     k: &[T],
     v: &[T],
 ) -> kernels::Result<(Vec<T>, Vec<f32>)> {
-    let stream = g.stream()?;
-    let (dq, dk, dv) = (upload(q)?, upload(k)?, upload(v)?);
-    let dout = poisoned::<T>(q.len())?;
-    let mut dlse = poisoned::<f32>(p.lse_len())?;
-    let (qv, kv, vv) = (
-        View::contiguous(&dq, p.q_shape()),
-        View::contiguous(&dk, p.kv_shape()),
-        View::contiguous(&dv, p.kv_shape()),
-    );
-    let mut ov = View::contiguous(&dout, p.q_shape());
-    attention::forward(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse)?;
-    g.sync(&stream, "attention forward")?;
-    Ok((download(&dout)?, download(&dlse)?))
+    testing::device_forward(g, p, (q, k, v), None)
 }
 
 fn compare<T: AttentionElem>(
@@ -428,31 +408,7 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
 fn run_variant(g: &Gpu, c: &Case, variant: &str) -> TestResult {
     let (q, k, v) = inputs::<bf16>(c);
     let p = &c.p;
-    let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>)> {
-        let stream = g.stream()?;
-        let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
-        let dout = poisoned::<bf16>(q.len())?;
-        let mut dlse = poisoned::<f32>(p.lse_len())?;
-        let (qv, kv, vv) = (
-            View::contiguous(&dq, p.q_shape()),
-            View::contiguous(&dk, p.kv_shape()),
-            View::contiguous(&dv, p.kv_shape()),
-        );
-        let mut ov = View::contiguous(&dout, p.q_shape());
-        attention::forward_variant(
-            g,
-            &stream,
-            p,
-            &qv,
-            &kv,
-            &vv,
-            &mut ov,
-            &mut dlse,
-            Some(variant),
-        )?;
-        g.sync(&stream, "attention forward")?;
-        Ok((download(&dout)?, download(&dlse)?))
-    })();
+    let out = testing::device_forward(g, p, (&q, &k, &v), Some(variant));
     let (o, lse) = gpu_ok(out)?;
     compare(
         &format!("variant {variant}: {} (seed {})", name(c), c.seed),
