@@ -60,7 +60,9 @@ impl<T> Clone for AttentionTensors<'_, T> {
 }
 impl<T> Copy for AttentionTensors<'_, T> {}
 
-/// A planned forward pass: one launch, on one of the two paths.
+/// A planned forward pass: one launch, on one of the two paths. (One plan per call, made and
+/// run by value: the Hopper variant's size, its tensor maps, is not worth a box.)
+#[allow(clippy::large_enum_variant)]
 pub enum AttentionPlan {
     /// The `mma.sync` path: the launch, complete.
     MmaSync {
