@@ -8,11 +8,14 @@
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
-use kernels::attention::{self, AttentionElem, AttentionProblem, Dtype, Path, View};
+use kernels::Arch;
+use kernels::attention::{
+    self, AttentionElem, AttentionProblem, AttentionTensors, Dtype, Path, Target, View,
+};
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
-use kernels::mhc::Exec;
 use kernels::{Error, Gpu, bf16, f16};
+use kernels_testing::attention as testing;
 use rand::Rng;
 
 #[derive(Clone, Debug)]
@@ -270,16 +273,7 @@ fn main() {
 }
 
 fn inputs<T: AttentionElem>(c: &Case) -> (Vec<T>, Vec<T>, Vec<T>) {
-    let p = &c.p;
-    let mut r = rng(c.seed);
-    let mut draw = |n: usize| -> Vec<T> {
-        (0..n)
-            .map(|_| T::from_f32(r.random_range(-c.range..c.range)))
-            .collect()
-    };
-    let qn = p.batch * p.seq_q * p.heads_q * p.head_dim;
-    let kn = p.batch * p.seq_k * p.heads_kv * p.head_dim;
-    (draw(qn), draw(kn), draw(kn))
+    testing::random_inputs(&c.p, c.range, c.seed)
 }
 
 /// Run on the GPU with contiguous tensors; returns O and LSE.
@@ -290,19 +284,7 @@ fn gpu_forward<T: AttentionElem>(
     k: &[T],
     v: &[T],
 ) -> kernels::Result<(Vec<T>, Vec<f32>)> {
-    let stream = g.stream()?;
-    let (dq, dk, dv) = (upload(q)?, upload(k)?, upload(v)?);
-    let dout = poisoned::<T>(q.len())?;
-    let mut dlse = poisoned::<f32>(p.lse_len())?;
-    let (qv, kv, vv) = (
-        View::contiguous(&dq, p.q_shape()),
-        View::contiguous(&dk, p.kv_shape()),
-        View::contiguous(&dv, p.kv_shape()),
-    );
-    let mut ov = View::contiguous(&dout, p.q_shape());
-    attention::forward(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse)?;
-    g.sync(&stream, "attention forward")?;
-    Ok((download(&dout)?, download(&dlse)?))
+    testing::device_forward(g, p, (q, k, v), None)
 }
 
 fn compare<T: AttentionElem>(
@@ -393,23 +375,25 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
     );
     let mut o = HostBuf::filled(q.len(), bf16::NAN);
     let mut lse = HostBuf::filled(p.lse_len(), f32::NAN);
-    let d = p.head_dim as u64;
-    let strides = |seq: usize, heads: usize| [seq as u64 * heads as u64 * d, heads as u64 * d, d];
-    let q_strides = strides(p.seq_q, p.heads_q);
-    let kv_strides = strides(p.seq_k, p.heads_kv);
-    let tensors = attention::MmaTensors {
-        q: (dq.view().addr(), q_strides),
-        k: (dk.view().addr(), kv_strides),
-        v: (dv.view().addr(), kv_strides),
-        o: (o.view().addr(), q_strides),
-        lse: lse.view().addr(),
+    let tensors = AttentionTensors {
+        q: View::contiguous(dq.view(), p.q_shape()),
+        k: View::contiguous(dk.view(), p.kv_shape()),
+        v: View::contiguous(dv.view(), p.kv_shape()),
+        o: View::contiguous(o.view(), p.q_shape()),
+        lse: lse.view(),
     };
     let what = format!("emulated {variant}: {} (seed {})", name(c), c.seed);
-    let launched = attention::mma_launch(p, Some(variant).filter(|v| *v != "default"), &tensors)
-        .and_then(|(kernel, launch, params)| {
-            // SAFETY: the buffers hold the contiguous tensors of `p` (the strides above), LSE
-            // has batch * heads_q * seq_q elements, and they outlive the (synchronous) launch.
-            unsafe { Emulator.launch_by_name(&kernel, &launch, &params) }
+    // The mma.sync path: what the plan picks for sm_80 (the emulator runs those kernels).
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 1,
+    };
+    let launched = p
+        .plan(target, &tensors, Some(variant).filter(|v| *v != "default"))
+        .and_then(|plan| {
+            // SAFETY: the views cover the host buffers (checked by the plan), which outlive
+            // the (synchronous) emulated launch; O and LSE overlap nothing.
+            unsafe { plan.run(&Emulator) }
         });
     launched.map_err(|e| format!("{what}: {e}"))?;
     ensure(
@@ -424,31 +408,7 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
 fn run_variant(g: &Gpu, c: &Case, variant: &str) -> TestResult {
     let (q, k, v) = inputs::<bf16>(c);
     let p = &c.p;
-    let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>)> {
-        let stream = g.stream()?;
-        let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
-        let dout = poisoned::<bf16>(q.len())?;
-        let mut dlse = poisoned::<f32>(p.lse_len())?;
-        let (qv, kv, vv) = (
-            View::contiguous(&dq, p.q_shape()),
-            View::contiguous(&dk, p.kv_shape()),
-            View::contiguous(&dv, p.kv_shape()),
-        );
-        let mut ov = View::contiguous(&dout, p.q_shape());
-        attention::forward_variant(
-            g,
-            &stream,
-            p,
-            &qv,
-            &kv,
-            &vv,
-            &mut ov,
-            &mut dlse,
-            Some(variant),
-        )?;
-        g.sync(&stream, "attention forward")?;
-        Ok((download(&dout)?, download(&dlse)?))
-    })();
+    let out = testing::device_forward(g, p, (&q, &k, &v), Some(variant));
     let (o, lse) = gpu_ok(out)?;
     compare(
         &format!("variant {variant}: {} (seed {})", name(c), c.seed),

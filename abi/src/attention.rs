@@ -1,7 +1,8 @@
 //! Attention forward (FlashAttention-2 style, `ldmatrix` + `mma.sync`, `cp.async` pipeline):
 //! `O = softmax(scale Q K^T + mask) V` and the row log-sum-exp.
 
-use crate::{SMEM_ALIGN, WARP_SIZE};
+use crate::kernel::str_eq;
+use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 /// Head dimensions with a kernel.
 pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
@@ -140,10 +141,9 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             prefetch: false,
             softmax: Softmax::Scaled,
         }),
-        // Keys in steps of 32: measured on an H200 at S = 4k and 16k, 6-7% faster than steps of
-        // 64 (variant "n64"), which leave ptxas no registers to spare (bench/NOTES.md). The
-        // folded softmax with lazy rescaling: 1.05-1.08x SDPA-FLASH at S = 4k..16k, causal and
-        // not, where the scaled softmax (variant "scaled") measured 0.96-1.01x in the same run.
+        // Keys in steps of 32: faster than steps of 64 (variant "n64"), which leave ptxas no
+        // registers to spare; the folded softmax with lazy rescaling, faster than the scaled
+        // softmax (variant "scaled"). Measurements in bench/NOTES.md.
         128 => Some(TileConfig {
             head_dim: 128,
             block_m: 128,
@@ -191,8 +191,8 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
     ),
     // The previous default: keys in steps of 64 (255 registers and a spill).
     ("n64", TUNING_VARIANTS_N64),
-    // Steps of 64 with fragments loaded one k-slice ahead (+2-3% over "n64"; with steps of 32
-    // the prefetch measured 2-3% slower than without).
+    // Steps of 64 with fragments loaded one k-slice ahead (faster than "n64"; with steps of 32
+    // the prefetch is slower than without).
     (
         "n64pf",
         TileConfig {
@@ -221,9 +221,8 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
             softmax: Softmax::Scaled,
         },
     ),
-    // The D = 128 default tiles with the softmax modes of [`Softmax`] (ncu at D = 128: short
-    // scoreboard stalls of 1.81 cycles per issue against FlashAttention-2's 0.35).
-    // (`FoldedLazy` is the default since it measured fastest.)
+    // The D = 128 default tiles with the other softmax modes of [`Softmax`] (`FoldedLazy`, the
+    // default, is the fastest of the three).
     ("ffma", with_softmax(tile_config_of(128), Softmax::Folded)),
     ("scaled", with_softmax(tile_config_of(128), Softmax::Scaled)),
     // Steps of 64 with lazy rescaling: half the steps' fixed costs (barrier, Q fragments, maxima
@@ -347,8 +346,8 @@ pub struct HopperConfig {
     /// Stages of the K/V ring.
     pub stages: u32,
     /// Intra-warpgroup overlap (FlashAttention-3): issue S of step `i` with P V of step `i - 1`
-    /// and run the softmax while P V is in flight. Measured on an H200 (bench/NOTES.md): +1-3%
-    /// at D = 128, -25% at D = 256, where it is off.
+    /// and run the softmax while P V is in flight. Faster at D = 128, much slower at D = 256,
+    /// where it is off (bench/NOTES.md).
     pub overlap: bool,
     /// Pingpong between the consumer warpgroups (FlashAttention-3): named barriers
     /// `HOPPER_SCHED_BARRIER + c` make the two issue their `wgmma` batches in turns, so that
@@ -365,8 +364,8 @@ pub struct HopperConfig {
 pub enum HopperGrid {
     /// One block per multiprocessor (persistent) when every tile has the same steps (no
     /// causal mask, no window); else one block per tile, where the hardware's block scheduler
-    /// balances tiles of unequal length (measured on an H200, bench/NOTES.md: the static
-    /// round-robin of a persistent grid was up to 1.45x slower at S = 16k causal).
+    /// balances tiles of unequal length (the static round-robin of a persistent grid is much
+    /// slower on long causal problems; bench/NOTES.md).
     Auto,
     /// One block per multiprocessor (at most one per tile), whatever the mask.
     PerSm,
@@ -431,12 +430,11 @@ impl HopperConfig {
     }
 }
 
-/// The Hopper tile configuration for head dimension `d`, if supported. Measured on an H200
-/// (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head dimension; no
-/// pingpong turns (they measured 2-7% slower at D = 128 and 8-12% at D = 64, within 3% at
-/// D = 256); the intra-warpgroup overlap at
-/// D = 64 and 128 (at D = 256 the O accumulator of 128 registers leaves no room for a second
-/// S); the grid of [`HopperGrid::Auto`].
+/// The Hopper tile configuration for head dimension `d`, if supported. Chosen from
+/// measurements (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head
+/// dimension; no pingpong turns (slower at D = 64 and 128, no faster at D = 256); the
+/// intra-warpgroup overlap at D = 64 and 128 (at D = 256 the O accumulator of 128 registers
+/// leaves no room for a second S); the grid of [`HopperGrid::Auto`].
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     let base = HopperConfig {
         head_dim: d,
@@ -602,4 +600,337 @@ pub struct HopperParams {
     /// Tiles (`num_m_blocks * heads_q * batch`, below 2^31); block `b` of the grid computes
     /// tiles `b`, `b + grid`, `b + 2 grid`, ...
     pub num_tiles: u32,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel handles: every entry of the family, what it was compiled for, and its lookup.
+
+/// Element type of Q, K, V and O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    F16,
+}
+
+/// An `mma.sync` kernel: its handle (dynamic shared memory as a function of its tile
+/// configuration) and what it was compiled for.
+pub struct MmaKernel {
+    /// The handle; launch it with shape [`MmaKernel::tiles`].
+    pub kernel: Kernel<AttentionParams, TileConfig>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Tile configuration (its head dimension is the kernel's).
+    pub tiles: TileConfig,
+    /// The tuning variant ([`TUNING_VARIANTS`]), `None` for the default tiles of its head
+    /// dimension ([`tile_config`]).
+    pub variant: Option<&'static str>,
+}
+
+/// A Hopper kernel: its handle (dynamic shared memory as a function of its configuration) and
+/// what it was compiled for.
+pub struct HopperKernel {
+    /// The handle; launch it with shape [`HopperKernel::cfg`].
+    pub kernel: Kernel<HopperParams, HopperConfig>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Configuration (its head dimension is the kernel's).
+    pub cfg: HopperConfig,
+    /// The tuning variant ([`HOPPER_VARIANTS`]), `None` for the default configuration of its
+    /// head dimension ([`hopper_config`]).
+    pub variant: Option<&'static str>,
+}
+
+fn mma_smem(tiles: TileConfig) -> usize {
+    tiles.smem_bytes()
+}
+
+fn hopper_smem(cfg: HopperConfig) -> usize {
+    cfg.smem_bytes()
+}
+
+/// Whether `name` ends with `_{variant}` (a variant's entry name carries the variant's name).
+const fn names_variant(name: &str, variant: Option<&str>) -> bool {
+    let Some(variant) = variant else {
+        return true;
+    };
+    let (n, v) = (name.as_bytes(), variant.as_bytes());
+    if n.len() <= v.len() || n[n.len() - v.len() - 1] != b'_' {
+        return false;
+    }
+    let mut i = 0;
+    while i < v.len() {
+        if n[n.len() - v.len() + i] != v[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn mma(
+    name: &'static str,
+    dtype: Dtype,
+    tiles: TileConfig,
+    variant: Option<&'static str>,
+) -> MmaKernel {
+    assert!(names_variant(name, variant));
+    MmaKernel {
+        kernel: Kernel::new(name, tiles.threads(), tiles.blocks_per_sm, mma_smem),
+        dtype,
+        tiles,
+        variant,
+    }
+}
+
+const fn hopper(
+    name: &'static str,
+    dtype: Dtype,
+    cfg: HopperConfig,
+    variant: Option<&'static str>,
+) -> HopperKernel {
+    assert!(names_variant(name, variant));
+    HopperKernel {
+        kernel: Kernel::new(name, HOPPER_THREADS, 1, hopper_smem),
+        dtype,
+        cfg,
+        variant,
+    }
+}
+
+/// The `mma.sync` kernels: the default tiles for each dtype and head dimension, then the
+/// tuning variants (bf16) in the order of [`TUNING_VARIANTS`].
+pub const MMA_KERNELS: [MmaKernel; 6 + TUNING_VARIANTS.len()] = [
+    mma(
+        "attention_fwd_bf16_d64",
+        Dtype::Bf16,
+        tile_config_of(64),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d128",
+        Dtype::Bf16,
+        tile_config_of(128),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d256",
+        Dtype::Bf16,
+        tile_config_of(256),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d64",
+        Dtype::F16,
+        tile_config_of(64),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d128",
+        Dtype::F16,
+        tile_config_of(128),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d256",
+        Dtype::F16,
+        tile_config_of(256),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d128_mt1",
+        Dtype::Bf16,
+        TUNING_VARIANTS[0].1,
+        Some(TUNING_VARIANTS[0].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_n64",
+        Dtype::Bf16,
+        TUNING_VARIANTS[1].1,
+        Some(TUNING_VARIANTS[1].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_n64pf",
+        Dtype::Bf16,
+        TUNING_VARIANTS[2].1,
+        Some(TUNING_VARIANTS[2].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d256_n32",
+        Dtype::Bf16,
+        TUNING_VARIANTS[3].1,
+        Some(TUNING_VARIANTS[3].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_ffma",
+        Dtype::Bf16,
+        TUNING_VARIANTS[4].1,
+        Some(TUNING_VARIANTS[4].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_scaled",
+        Dtype::Bf16,
+        TUNING_VARIANTS[5].1,
+        Some(TUNING_VARIANTS[5].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_n64lazy",
+        Dtype::Bf16,
+        TUNING_VARIANTS[6].1,
+        Some(TUNING_VARIANTS[6].0),
+    ),
+];
+
+/// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
+/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`].
+pub const HOPPER_KERNELS: [HopperKernel; 6 + HOPPER_VARIANTS.len()] = [
+    hopper(
+        "attention_fwd_hopper_bf16_d64",
+        Dtype::Bf16,
+        hopper_config_of(64),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128",
+        Dtype::Bf16,
+        hopper_config_of(128),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d256",
+        Dtype::Bf16,
+        hopper_config_of(256),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d64",
+        Dtype::F16,
+        hopper_config_of(64),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d128",
+        Dtype::F16,
+        hopper_config_of(128),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d256",
+        Dtype::F16,
+        hopper_config_of(256),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hscaled",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[0].1,
+        Some(HOPPER_VARIANTS[0].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hpp",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[1].1,
+        Some(HOPPER_VARIANTS[1].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_h176",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[2].1,
+        Some(HOPPER_VARIANTS[2].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_h3",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[3].1,
+        Some(HOPPER_VARIANTS[3].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hnp",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[4].1,
+        Some(HOPPER_VARIANTS[4].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hstatic",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[5].1,
+        Some(HOPPER_VARIANTS[5].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hgrid3",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[6].1,
+        Some(HOPPER_VARIANTS[6].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d64_hpp64",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[7].1,
+        Some(HOPPER_VARIANTS[7].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d256_hpp256",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[8].1,
+        Some(HOPPER_VARIANTS[8].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d256_hscaled256",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[9].1,
+        Some(HOPPER_VARIANTS[9].0),
+    ),
+];
+
+/// The family's kernels (both paths).
+pub const KERNELS: &[KernelDecl] = &kernel_decls();
+
+const fn kernel_decls() -> [KernelDecl; MMA_KERNELS.len() + HOPPER_KERNELS.len()] {
+    let mut out = [MMA_KERNELS[0].kernel.info(); MMA_KERNELS.len() + HOPPER_KERNELS.len()];
+    let mut i = 0;
+    while i < MMA_KERNELS.len() {
+        out[i] = MMA_KERNELS[i].kernel.info();
+        i += 1;
+    }
+    let mut j = 0;
+    while j < HOPPER_KERNELS.len() {
+        out[i + j] = HOPPER_KERNELS[j].kernel.info();
+        j += 1;
+    }
+    out
+}
+
+fn same_variant(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => str_eq(a, b),
+        _ => false,
+    }
+}
+
+/// The `mma.sync` kernel for `dtype` and head dimension `head_dim`: the default tiles
+/// (`variant` `None`) or the tuning variant of that name, if one was built.
+pub fn mma_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    variant: Option<&str>,
+) -> Option<&'static MmaKernel> {
+    const ALL: &[MmaKernel] = &MMA_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype && k.tiles.head_dim == head_dim && same_variant(k.variant, variant)
+    })
+}
+
+/// The Hopper kernel for `dtype` and head dimension `head_dim`: the default configuration
+/// (`variant` `None`) or the tuning variant of that name, if one was built.
+pub fn hopper_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    variant: Option<&str>,
+) -> Option<&'static HopperKernel> {
+    const ALL: &[HopperKernel] = &HOPPER_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype && k.cfg.head_dim == head_dim && same_variant(k.variant, variant)
+    })
 }

@@ -1,14 +1,15 @@
-//! Family `attention`: the forward pass over the grid of the issue (batch x seq = 16k tokens,
-//! heads x D = 2048, seq 512..16k, D 64/128/256, causal and not) plus the seed's configuration,
-//! beside PyTorch SDPA with the FLASH (FlashAttention-2) and CUDNN backends on the same inputs.
+//! Family `attention`: the forward pass over the benchmark grid (batch x seq = 16k tokens,
+//! heads x D = 2048, seq 512..16k, D 64/128/256, causal and not) plus B = 16, H = 16,
+//! S = 2048, D = 64 causal, beside PyTorch SDPA with the FLASH (FlashAttention-2) and CUDNN
+//! backends on the same inputs.
 //!
 //! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking.
 //!
 //! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` and
-//! `KBENCH_ATTENTION_SEQS` restrict the grid (the peers follow it; the seed's configuration runs
-//! only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants to time
-//! (default: all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k, 8k,
-//! 16k within the grid's sequences).
+//! `KBENCH_ATTENTION_SEQS` restrict the grid (the peers follow it; B = 16, S = 2048 runs only
+//! when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants to time (default:
+//! all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k, 8k, 16k within
+//! the grid's sequences).
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
@@ -73,7 +74,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
             }
         }
     }
-    // The seed's configuration (B = 16, H = 16, S = 2048, D = 64, causal): 16 * 2048 * 16 * 64
+    // B = 16, H = 16, S = 2048, D = 64, causal: 16 * 2048 * 16 * 64
     // elements, exactly ELEMS.
     if dims.contains(&64) && seqs.contains(&2048) {
         configs.push((16, 2048, 16, 64, true));

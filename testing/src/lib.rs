@@ -4,6 +4,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod attention;
 pub mod negative;
 pub mod semicrf;
 pub mod smoke;

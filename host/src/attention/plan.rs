@@ -1,0 +1,389 @@
+//! The plan of a forward pass: which kernel, its grid and its parameters (tensor maps as
+//! [`MapSpec`]s), decided without a GPU.
+//!
+//! The path: the Hopper kernels (TMA, wgmma) when the target has them and the problem's tensors
+//! fit a TMA tensor map ([`Path::Auto`]), else the `mma.sync` kernels; [`Path`] can force either.
+//! A tuning variant (by name, for benchmarks) picks its path by the table it comes from
+//! ([`kernel_abi::attention::HOPPER_VARIANTS`] or [`kernel_abi::attention::TUNING_VARIANTS`]).
+
+use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
+use crate::error::{Error, Result};
+use crate::exec::DevView;
+use crate::gpu::{Gpu, LaunchConfig};
+use crate::launch::Launch;
+use crate::ptx::Arch;
+use crate::tensor_map::{MapDtype, MapSpec, MapSwizzle, TiledMap};
+use kernel_abi::attention::{
+    AttentionParams, HOPPER_ATOM, HOPPER_BLOCK_M, HopperConfig, HopperGrid, HopperKernel,
+    HopperParams, MmaKernel, TileConfig, UNBOUNDED, hopper_kernel, hopper_variant, mma_kernel,
+};
+use kernel_abi::{KernelDecl, TensorMap};
+
+/// What a plan needs to know of the GPU it runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The PTX target.
+    pub arch: Arch,
+    /// Streaming multiprocessors (the persistent grids of the Hopper path have one block each).
+    pub multiprocessors: u32,
+}
+
+impl Target {
+    /// The target of `gpu`.
+    pub fn of(gpu: &Gpu) -> Target {
+        Target {
+            arch: gpu.arch(),
+            multiprocessors: gpu.info().multiprocessors,
+        }
+    }
+}
+
+/// The tensors of a forward pass: Q, K, V, O as 4-dimensional views, LSE
+/// `[batch, heads_q, seq_q]` f32, contiguous.
+pub struct AttentionTensors<'a, T> {
+    /// Q `[batch, seq_q, heads_q, D]`.
+    pub q: View<'a, T>,
+    /// K `[batch, seq_k, heads_kv, D]`.
+    pub k: View<'a, T>,
+    /// V, as K.
+    pub v: View<'a, T>,
+    /// O, as Q (written; must not overlap the inputs).
+    pub o: View<'a, T>,
+    /// LSE (written).
+    pub lse: DevView<'a, f32>,
+}
+
+impl<T> Clone for AttentionTensors<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for AttentionTensors<'_, T> {}
+
+/// A planned forward pass: one launch, on one of the two paths. (One plan per call, made and
+/// run by value: the Hopper variant's size, its tensor maps, is not worth a box.)
+#[allow(clippy::large_enum_variant)]
+pub enum AttentionPlan {
+    /// The `mma.sync` path: the launch, complete.
+    MmaSync {
+        /// The kernel.
+        kernel: &'static MmaKernel,
+        /// Its launch: grid `(num_m_blocks, heads_q, batch)`.
+        launch: Launch<AttentionParams>,
+    },
+    /// The Hopper path: the launch, with the tensor maps still to be encoded by the driver.
+    Hopper {
+        /// The kernel.
+        kernel: &'static HopperKernel,
+        /// Blocks (one-dimensional; each walks the tiles `b, b + grid, ...`).
+        grid: (u32, u32, u32),
+        /// Q, K, V as the kernel's tensor maps describe them.
+        maps: [MapSpec; 3],
+        /// The parameters, with the tensor maps zero until [`AttentionPlan::run`] encodes them.
+        params: HopperParams,
+    },
+}
+
+impl AttentionProblem {
+    /// Plan the forward pass on `tensors` for `target`, with the default kernels or the tuning
+    /// variant `variant` (by its name in [`kernel_abi::attention::TUNING_VARIANTS`] or
+    /// [`kernel_abi::attention::HOPPER_VARIANTS`]; bf16 only). Validates the problem, the
+    /// tensors against it and the tensor maps (without the driver).
+    pub fn plan<T: AttentionElem>(
+        &self,
+        target: Target,
+        tensors: &AttentionTensors<'_, T>,
+        variant: Option<&str>,
+    ) -> Result<AttentionPlan> {
+        self.validate()?;
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(
+                "dtype",
+                format!(
+                    "the problem is {:?} but the tensors are {:?}",
+                    self.dtype,
+                    T::DTYPE
+                ),
+            ));
+        }
+        tensors.q.check("Q", self.q_shape())?;
+        tensors.k.check("K", self.kv_shape())?;
+        tensors.v.check("V", self.kv_shape())?;
+        tensors.o.check("O", self.q_shape())?;
+        if tensors.lse.len() != self.lse_len() {
+            return Err(Error::shape(
+                "LSE",
+                format!("{} elements", self.lse_len()),
+                tensors.lse.len(),
+            ));
+        }
+        let arch = target.arch;
+        let d = self.head_dim as u32;
+        if let Some(name) = variant
+            && hopper_variant(d, name).is_some()
+        {
+            // A tuning variant of the Hopper path (bf16 only).
+            let kernel = hopper_kernel(self.dtype, d, Some(name))
+                .filter(|_| arch.has_hopper_kernels())
+                .ok_or_else(|| {
+                    Error::unsupported(
+                        format!("Hopper tuning variant {name}"),
+                        format!(
+                            "built for bf16 on sm_90a; this is {:?} on {arch}",
+                            self.dtype
+                        ),
+                    )
+                })?;
+            return self.hopper_plan(kernel, target, tensors);
+        }
+        let hopper = match (self.path, variant) {
+            (_, Some(_)) | (Path::MmaSync, None) => false,
+            (Path::Hopper, None) => {
+                if !arch.has_hopper_kernels() {
+                    return Err(Error::unsupported(
+                        "attention path Hopper",
+                        format!("needs the sm_90a kernels; this GPU runs {arch}"),
+                    ));
+                }
+                true
+            }
+            // Every head dimension: the Hopper path measured faster on an H200 (bench/NOTES.md).
+            (Path::Auto, None) => arch.has_hopper_kernels(),
+        };
+        if hopper {
+            let kernel = hopper_kernel(self.dtype, d, None).expect("validated head dimension");
+            match self.hopper_plan(kernel, target, tensors) {
+                Ok(plan) => return Ok(plan),
+                Err(e) if self.path == Path::Hopper => return Err(e),
+                // Strides a tensor map cannot describe: the mma.sync path handles any.
+                Err(_) => {}
+            }
+        }
+        let kernel = match variant {
+            None => mma_kernel(self.dtype, d, None).expect("validated head dimension"),
+            Some(v) => mma_kernel(self.dtype, d, Some(v)).ok_or_else(|| {
+                Error::unsupported(
+                    format!("tuning variant {v}"),
+                    "not built for this dtype and head dimension",
+                )
+            })?,
+        };
+        Ok(self.mma_plan(kernel, tensors))
+    }
+
+    /// The `mma.sync` launch of `kernel` on the checked `tensors`.
+    fn mma_plan<T>(
+        &self,
+        kernel: &'static MmaKernel,
+        tensors: &AttentionTensors<'_, T>,
+    ) -> AttentionPlan {
+        let grid = mma_grid(self, &kernel.tiles);
+        let (left, right) = self.effective_window();
+        let params = AttentionParams {
+            q: tensors.q.ptr() as *const u16,
+            k: tensors.k.ptr() as *const u16,
+            v: tensors.v.ptr() as *const u16,
+            o: tensors.o.ptr() as *mut u16,
+            lse: tensors.lse.addr() as *mut f32,
+            q_strides: tensors.q.strides3(),
+            k_strides: tensors.k.strides3(),
+            v_strides: tensors.v.strides3(),
+            o_strides: tensors.o.strides3(),
+            batch: self.batch as u32,
+            seq_q: self.seq_q as u32,
+            seq_k: self.seq_k as u32,
+            heads_q: self.heads_q as u32,
+            heads_kv: self.heads_kv as u32,
+            scale_log2: self.softmax_scale() * std::f32::consts::LOG2_E,
+            window_left: left.map_or(UNBOUNDED, |l| l as i32),
+            window_right: right.map_or(UNBOUNDED, |r| r as i32),
+            num_m_blocks: grid.0,
+            reverse_m: u32::from(self.causal),
+        };
+        AttentionPlan::MmaSync {
+            kernel,
+            launch: Launch::new(&kernel.kernel, grid, kernel.tiles, params),
+        }
+    }
+
+    /// The Hopper launch of `kernel` on the checked `tensors`: an error if the problem has more
+    /// tiles than one launch takes or a tensor map cannot describe a view.
+    fn hopper_plan<T>(
+        &self,
+        kernel: &'static HopperKernel,
+        target: Target,
+        tensors: &AttentionTensors<'_, T>,
+    ) -> Result<AttentionPlan> {
+        let tiles = hopper_tiles(self);
+        if tiles > u64::from(HOPPER_MAX_TILES) {
+            return Err(Error::unsupported(
+                "attention path Hopper",
+                format!("{tiles} query tiles; one launch takes at most {HOPPER_MAX_TILES}"),
+            ));
+        }
+        let dtype = match self.dtype {
+            Dtype::Bf16 => MapDtype::Bf16,
+            Dtype::F16 => MapDtype::F16,
+        };
+        let map = |view: &View<'_, T>, rows: u32| {
+            let [b, s, h, d] = view.shape();
+            let st = view.strides();
+            TiledMap {
+                address: view.ptr(),
+                dtype,
+                dims: &[d as u64, h as u64, s as u64, b as u64],
+                strides_bytes: &[2 * st[2] as u64, 2 * st[1] as u64, 2 * st[0] as u64],
+                box_dims: &[HOPPER_ATOM, 1, rows, 1],
+                swizzle: MapSwizzle::B128,
+            }
+            .spec()
+        };
+        let maps = [
+            map(&tensors.q, HOPPER_BLOCK_M)?,
+            map(&tensors.k, kernel.cfg.block_n)?,
+            map(&tensors.v, kernel.cfg.block_n)?,
+        ];
+        let (left, right) = self.effective_window();
+        let params = HopperParams {
+            tmap_q: TensorMap::ZEROED,
+            tmap_k: TensorMap::ZEROED,
+            tmap_v: TensorMap::ZEROED,
+            o: tensors.o.ptr() as *mut u16,
+            lse: tensors.lse.addr() as *mut f32,
+            o_strides: tensors.o.strides3(),
+            seq_q: self.seq_q as u32,
+            seq_k: self.seq_k as u32,
+            heads_q: self.heads_q as u32,
+            heads_kv: self.heads_kv as u32,
+            scale_log2: self.softmax_scale() * std::f32::consts::LOG2_E,
+            window_left: left.map_or(UNBOUNDED, |l| l as i32),
+            window_right: right.map_or(UNBOUNDED, |r| r as i32),
+            num_m_blocks: (self.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
+            reverse_m: u32::from(self.causal),
+            batch: self.batch as u32,
+            num_tiles: u32::try_from(tiles).expect("checked above"),
+        };
+        Ok(AttentionPlan::Hopper {
+            kernel,
+            grid: hopper_grid(self, &kernel.cfg, target.multiprocessors),
+            maps,
+            params,
+        })
+    }
+}
+
+impl AttentionPlan {
+    /// What the kernel's handle declares.
+    pub fn kernel(&self) -> KernelDecl {
+        match self {
+            AttentionPlan::MmaSync { launch, .. } => *launch.kernel(),
+            AttentionPlan::Hopper { kernel, .. } => kernel.kernel.info(),
+        }
+    }
+
+    /// Whether the plan takes the Hopper path.
+    pub fn is_hopper(&self) -> bool {
+        matches!(self, AttentionPlan::Hopper { .. })
+    }
+
+    /// Grid, block and shared memory of the launch.
+    pub fn config(&self) -> LaunchConfig {
+        match self {
+            AttentionPlan::MmaSync { launch, .. } => *launch.config(),
+            AttentionPlan::Hopper {
+                kernel,
+                grid,
+                params,
+                ..
+            } => *Launch::new(&kernel.kernel, *grid, kernel.cfg, *params).config(),
+        }
+    }
+
+    /// The Hopper path's launch with the tensor maps encoded (needs the driver); `None` on the
+    /// `mma.sync` path.
+    pub fn hopper_launch(&self) -> Result<Option<Launch<HopperParams>>> {
+        let AttentionPlan::Hopper {
+            kernel,
+            grid,
+            maps,
+            params,
+        } = self
+        else {
+            return Ok(None);
+        };
+        let params = HopperParams {
+            tmap_q: maps[0].encode()?,
+            tmap_k: maps[1].encode()?,
+            tmap_v: maps[2].encode()?,
+            ..*params
+        };
+        Ok(Some(Launch::new(&kernel.kernel, *grid, kernel.cfg, params)))
+    }
+}
+
+/// The `mma.sync` path's grid: one block per (query tile, head, batch).
+fn mma_grid(problem: &AttentionProblem, tiles: &TileConfig) -> (u32, u32, u32) {
+    (
+        (problem.seq_q as u32).div_ceil(tiles.block_m),
+        problem.heads_q as u32,
+        problem.batch as u32,
+    )
+}
+
+/// The Hopper path's grid: at most one block per query tile, capped by the configuration's
+/// [`HopperGrid`] (one block per multiprocessor when persistent).
+fn hopper_grid(
+    problem: &AttentionProblem,
+    cfg: &HopperConfig,
+    multiprocessors: u32,
+) -> (u32, u32, u32) {
+    let tiles = hopper_tiles(problem).min(u64::from(HOPPER_MAX_TILES)) as u32;
+    let uniform = problem.effective_window() == (None, None);
+    let cap = match cfg.grid {
+        HopperGrid::Auto if uniform => multiprocessors.max(1),
+        HopperGrid::Auto | HopperGrid::PerTile => u32::MAX,
+        HopperGrid::PerSm => multiprocessors.max(1),
+        HopperGrid::Blocks(n) => n,
+    };
+    (tiles.min(cap).max(1), 1, 1)
+}
+
+/// Query tiles of the Hopper path: `ceil(seq_q / 128) * heads_q * batch`.
+fn hopper_tiles(problem: &AttentionProblem) -> u64 {
+    (problem.seq_q as u64).div_ceil(u64::from(HOPPER_BLOCK_M))
+        * problem.heads_q as u64
+        * problem.batch as u64
+}
+
+/// Most tiles one launch of the Hopper kernels takes (tile indices stay below 2^31, so that
+/// `index + grid` cannot wrap); larger problems take the `mma.sync` path.
+const HOPPER_MAX_TILES: u32 = 1 << 30;
+
+/// The kernel name, parameter-struct size and launch shape of the default kernel of a problem
+/// on the `mma.sync` path (`hopper == false`) or the Hopper path (the grid of a GPU with one
+/// multiprocessor per tile), after validation, without tensors: for checks of the launch
+/// against the PTX and the device limits over many problem sizes
+/// ([`crate::gpu::check_launch`]).
+pub fn launch_shape(
+    problem: &AttentionProblem,
+    hopper: bool,
+) -> Result<(String, usize, LaunchConfig)> {
+    problem.validate()?;
+    let d = problem.head_dim as u32;
+    let (kernel, cfg) = if hopper {
+        let k = hopper_kernel(problem.dtype, d, None).expect("validated head dimension");
+        let grid = hopper_grid(problem, &k.cfg, u32::MAX);
+        (
+            k.kernel.info(),
+            LaunchConfig::new(grid, k.kernel.threads, k.kernel.smem_bytes(k.cfg)),
+        )
+    } else {
+        let k = mma_kernel(problem.dtype, d, None).expect("validated head dimension");
+        let grid = mma_grid(problem, &k.tiles);
+        (
+            k.kernel.info(),
+            LaunchConfig::new(grid, k.kernel.threads, k.kernel.smem_bytes(k.tiles)),
+        )
+    };
+    Ok((kernel.name.to_string(), kernel.param_bytes, cfg))
+}
