@@ -5,11 +5,12 @@ use half::bf16;
 use kernels::data::{rng, uniform_bf16, uniform_f32};
 use kernels::gemm::{self, GemmProblem};
 use kernels::memory::{download, poisoned, upload, zeroed};
+use kernels::mhc::MhcProblem;
 use kernels::mhc::reference::{self as mhc_reference, MhcData};
-use kernels::mhc::{MhcDeviceRun, MhcProblem};
 use kernels::semicrf::{self, SemiCrfProblem};
 use kernels::timing::time_on_stream;
 use kernels::{Gpu, Result, smoke};
+use kernels_testing::mhc::MhcDeviceRun;
 use std::process::ExitCode;
 use std::time::Instant;
 
