@@ -51,3 +51,6 @@ pub use run::{
     MhcCoefficients, MhcGradients, MhcWeights, MhcWorkspace, backward, backward_raw, forward_post,
     forward_post_raw, forward_pre, forward_pre_raw,
 };
+
+#[cfg(test)]
+mod tests;
