@@ -552,9 +552,9 @@ impl MhcForwardPre {
     /// duration of the launches, and the outputs (`coeffs`, scratch, `x_in`) do not overlap each
     /// other or the inputs.
     pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
-        // SAFETY (every launch): the plan checked every view's length and alignment against the
-        // problem (packings and partials of the plan's sizes, x and x_in 16-byte aligned); the
-        // grids cover every packed word, T and every K chunk (chunks_per_split * splits >=
+        // SAFETY: for every launch, the plan checked every view's length and alignment against
+        // the problem (packings and partials of the plan's sizes, x and x_in 16-byte aligned);
+        // the grids cover every packed word, T and every K chunk (chunks_per_split * splits >=
         // chunks), T C / 8 vectors; 2 <= n <= 8; the memory is live (the caller's contract).
         unsafe {
             exec.launch(&self.prep)?;
@@ -583,7 +583,7 @@ impl MhcBackward {
     /// # Safety
     /// As for [`MhcForwardPre::run`] (outputs: scratch and the gradients).
     pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
-        // SAFETY (every launch): sizes and alignment checked by the plan, dgamma given exactly
+        // SAFETY: for every launch, sizes and alignment checked by the plan, dgamma given exactly
         // when gamma is; the grids cover T (dH, coefficients: coef_blocks rows of part_coef, dx),
         // K and every token (wgrad: tokens_per_split a multiple of WG_STEP), K rows and the
         // M + 3 coefficient outputs (finalize); bwd_coeff's shared memory is sized for the

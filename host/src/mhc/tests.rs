@@ -123,7 +123,8 @@ fn launches(
 fn plan_splits_and_sizes_of_awkward_problems() {
     // (problem, variant), then token blocks, chunks per split, projection splits, K tiles,
     // tokens per split, weight-gradient splits, coefficient blocks.
-    let cases: [((usize, usize, usize, usize), Option<&'static str>, [u32; 7]); 5] = [
+    type Case = ((usize, usize, usize, usize), Option<&'static str>, [u32; 7]);
+    let cases: [Case; 5] = [
         // The benchmark shape: 128 token blocks, 2 K splits; 64 K tiles, 4 token splits.
         ((4, 4096, 4, 4096), None, [128, 256, 2, 64, 4096, 4, 1024]),
         // Its 3-stage variant aims for 384 blocks: 3 K splits of 171 chunks.
