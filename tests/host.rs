@@ -105,64 +105,10 @@ fn expected_kernels(arch: Arch) -> Vec<(String, usize)> {
 
 /// The mHC kernels (portable: in every target), with their parameter struct and block size.
 fn mhc_kernels() -> Vec<(String, usize, u32)> {
-    use kernel_abi::mhc::*;
-    let mut k = vec![
-        (
-            "mhc_prep".to_string(),
-            size_of::<PrepParams>(),
-            PREP_THREADS,
-        ),
-        (
-            "mhc_fwd_coeff".to_string(),
-            size_of::<FwdCoeffParams>(),
-            COEFF_THREADS,
-        ),
-        (
-            "mhc_bwd_coeff".to_string(),
-            size_of::<BwdCoeffParams>(),
-            COEFF_THREADS,
-        ),
-    ];
-    for n in MIN_N..=MAX_N {
-        k.extend([
-            (
-                format!("mhc_fwd_proj_n{n}"),
-                size_of::<ProjParams>(),
-                PROJ_THREADS,
-            ),
-            (
-                format!("mhc_fwd_pre_n{n}"),
-                size_of::<PreParams>(),
-                APPLY_THREADS,
-            ),
-            (
-                format!("mhc_fwd_post_n{n}"),
-                size_of::<PostParams>(),
-                APPLY_THREADS,
-            ),
-            (
-                format!("mhc_bwd_dh_n{n}"),
-                size_of::<DhParams>(),
-                DH_THREADS,
-            ),
-            (
-                format!("mhc_bwd_finalize_n{n}"),
-                size_of::<FinalizeParams>(),
-                FIN_THREADS,
-            ),
-            (
-                format!("mhc_bwd_dx_n{n}"),
-                size_of::<DxParams>(),
-                DX_THREADS,
-            ),
-            (
-                format!("mhc_bwd_wgrad_n{n}"),
-                size_of::<WgradParams>(),
-                WG_THREADS,
-            ),
-        ]);
-    }
-    k
+    kernel_abi::mhc::KERNELS
+        .iter()
+        .map(|k| (k.name.to_string(), k.param_bytes, k.threads))
+        .collect()
 }
 
 fn ptx_kernels_and_parameter_sizes() -> TestResult {

@@ -14,12 +14,13 @@ use kernel_abi::mhc as abi;
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::memory::{poisoned, upload};
-use kernels::mhc::reference::{self, MhcData};
+use kernels::mhc::reference::{self, MhcData, MhcHostOutputs};
 use kernels::mhc::{
-    self, MhcCoefficients, MhcDeviceRun, MhcGradients, MhcHostOutputs, MhcProblem, MhcWeights,
-    MhcWorkspace, RawCoefficients, RawGradients, RawScratch, RawWeights,
+    self, MhcCoefficients, MhcGradients, MhcProblem, MhcWeights, MhcWorkspace, RawCoefficients,
+    RawGradients, RawScratch, RawWeights,
 };
 use kernels::{Error, Gpu, bf16};
+use kernels_testing::mhc::MhcDeviceRun;
 
 /// One configuration: `(B, S, n, C)`, gamma, Sinkhorn iterations, seed.
 #[derive(Clone, Copy, Debug)]
@@ -65,7 +66,7 @@ impl Case {
     }
 }
 
-/// GPU configurations: the seed's three, every n from 2 to 8, C = 8 mod 16, token counts that
+/// GPU configurations: three of the default n = 4, every n from 2 to 8, C = 8 mod 16, token counts that
 /// fill no tile, 1 and 100 iterations, one token.
 const GPU_CASES: [Case; 13] = [
     case(2, 64, 4, 128, false, 20),
@@ -140,7 +141,7 @@ fn main() {
         Needs::Gpu,
         |g| on_gpu(g, LARGE),
     );
-    for (v, vn, _) in kernel_abi::mhc::PROJ_VARIANTS {
+    for &kernel_abi::mhc::ProjVariant { name: v, n: vn, .. } in kernel_abi::mhc::PROJ_VARIANTS {
         s.gpu(&format!("mhc/gpu/proj_variant_{v}"), Needs::Gpu, move |g| {
             // 8 token blocks, several pipeline steps per block (the ring wraps).
             let c = case(2, 512, vn as usize, 1000, true, 20);
@@ -333,31 +334,27 @@ fn run_emulated(data: &MhcData) -> kernels::Result<MhcHostOutputs> {
         dalpha: dalpha.view(),
         dbias: dbias.view(),
     };
-    // SAFETY: every view is a distinct host buffer of the problem's size, alive for the calls;
+    // The plan's launches, run in the emulator.
+    let plan = p.plan();
+    let forward_pre =
+        plan.forward_pre(&weights, x.view(), &raw_scratch, &raw_coeffs, x_in.view())?;
+    let forward_post = plan.forward_post(x.view(), y.view(), &raw_coeffs, x_next.view())?;
+    let backward = plan.backward(
+        &weights,
+        x.view(),
+        y.view(),
+        &raw_coeffs,
+        d_xin.view(),
+        d_xnext.view(),
+        &raw_scratch,
+        &raw_grads,
+    )?;
+    // SAFETY: every view is a distinct host buffer of the problem's size, alive for the runs;
     // the emulator runs on host memory.
     unsafe {
-        mhc::forward_pre_raw(
-            &Emulator,
-            p,
-            &weights,
-            x.view(),
-            &raw_scratch,
-            &raw_coeffs,
-            x_in.view(),
-        )?;
-        mhc::forward_post_raw(&Emulator, p, x.view(), y.view(), &raw_coeffs, x_next.view())?;
-        mhc::backward_raw(
-            &Emulator,
-            p,
-            &weights,
-            x.view(),
-            y.view(),
-            &raw_coeffs,
-            d_xin.view(),
-            d_xnext.view(),
-            &raw_scratch,
-            &raw_grads,
-        )?;
+        forward_pre.run(&Emulator)?;
+        forward_post.run(&Emulator)?;
+        backward.run(&Emulator)?;
     }
     let guards = [
         x.guards_intact(),

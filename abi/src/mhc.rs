@@ -12,7 +12,7 @@
 //! `#[inline]`: kernels call them with run-time arguments, and the kernel crate's PTX must not
 //! reference functions of this crate.
 
-use crate::WARP_SIZE;
+use crate::{Kernel, KernelDecl, WARP_SIZE};
 
 /// Smallest number of streams.
 pub const MIN_N: u32 = 2;
@@ -246,47 +246,80 @@ pub const fn proj_config(_n: u32) -> ProjConfig {
     }
 }
 
-/// Tuning variants of the projection (name, `n`, configuration): kernels
-/// `mhc_fwd_proj_n{n}_{name}`, measured beside the default by the benchmark.
-pub const PROJ_VARIANTS: [(&str, u32, ProjConfig); 3] = [
+/// A tuning variant of the projection's pipeline: kernel `mhc_fwd_proj_n{n}_{name}`, measured
+/// beside the default by the benchmark.
+pub struct ProjVariant {
+    /// The variant's name (the kernel name's suffix).
+    pub name: &'static str,
+    /// Streams.
+    pub n: u32,
+    /// The pipeline.
+    pub config: ProjConfig,
+    /// The kernel.
+    pub kernel: Kernel<ProjParams>,
+}
+
+/// Dynamic shared memory of the projection variant `PROJ_VARIANTS[I]`.
+fn proj_variant_smem<const I: usize>(_: ()) -> usize {
+    let v = &PROJ_VARIANTS[I];
+    v.config.smem_bytes(v.n)
+}
+
+/// The tuning variants of the projection.
+pub const PROJ_VARIANTS: &[ProjVariant] = &[
     // Rows of 128 bytes, 3 stages (67 KB: 3 blocks per SM), one wave of 384 blocks.
-    (
-        "c2s3",
-        4,
-        ProjConfig {
+    ProjVariant {
+        name: "c2s3",
+        n: 4,
+        config: ProjConfig {
             stage_chunks: 2,
             stages: 3,
             target_blocks: 384,
         },
-    ),
+        kernel: Kernel::new(
+            "mhc_fwd_proj_n4_c2s3",
+            PROJ_THREADS,
+            1,
+            proj_variant_smem::<0>,
+        ),
+    },
     // Rows of 256 bytes, 3 stages (132 KB: 1 block per SM), one wave of 128 blocks.
-    (
-        "c4s3",
-        4,
-        ProjConfig {
+    ProjVariant {
+        name: "c4s3",
+        n: 4,
+        config: ProjConfig {
             stage_chunks: 4,
             stages: 3,
             target_blocks: 128,
         },
-    ),
+        kernel: Kernel::new(
+            "mhc_fwd_proj_n4_c4s3",
+            PROJ_THREADS,
+            1,
+            proj_variant_smem::<1>,
+        ),
+    },
     // Rows of 512 bytes, 2 stages (176 KB: 1 block per SM), one wave of 128 blocks.
-    (
-        "c8s2",
-        4,
-        ProjConfig {
+    ProjVariant {
+        name: "c8s2",
+        n: 4,
+        config: ProjConfig {
             stage_chunks: 8,
             stages: 2,
             target_blocks: 128,
         },
-    ),
+        kernel: Kernel::new(
+            "mhc_fwd_proj_n4_c8s2",
+            PROJ_THREADS,
+            1,
+            proj_variant_smem::<2>,
+        ),
+    },
 ];
 
-/// The configuration of tuning variant `name` for `n` streams, if there is one.
-pub fn proj_variant(n: u32, name: &str) -> Option<ProjConfig> {
-    PROJ_VARIANTS
-        .iter()
-        .find(|(v, vn, _)| *v == name && *vn == n)
-        .map(|(_, _, c)| *c)
+/// The tuning variant `name` of the projection for `n` streams, if there is one.
+pub fn proj_variant(n: u32, name: &str) -> Option<&'static ProjVariant> {
+    PROJ_VARIANTS.iter().find(|v| v.name == name && v.n == n)
 }
 
 /// Parameters of `mhc_fwd_proj_n{N}`: for the `proj_tokens(n)` tokens of block `blockIdx.x` and
@@ -684,10 +717,149 @@ pub const fn finalize_smem_bytes() -> usize {
     (FIN_THREADS / WARP_SIZE) as usize * 4 + crate::SMEM_ALIGN
 }
 
+// ---------------------------------------------------------------------------------------------
+// The kernel handles.
+
+// Dynamic shared memory of the per-`n` kernels, as functions of `N` for `per_n!`.
+
+fn no_smem<const N: u32>(_: ()) -> usize {
+    0
+}
+
+fn proj_smem<const N: u32>(_: ()) -> usize {
+    proj_config(N).smem_bytes(N)
+}
+
+fn dx_smem<const N: u32>(_: ()) -> usize {
+    dx_smem_bytes(N)
+}
+
+fn wg_smem<const N: u32>(_: ()) -> usize {
+    wg_smem_bytes(N)
+}
+
+fn finalize_smem<const N: u32>(_: ()) -> usize {
+    finalize_smem_bytes()
+}
+
+/// The handles of one kernel for every `n` from `MIN_N` to `MAX_N` (index `n - MIN_N`): entry
+/// `{prefix}{n}`, `threads` per block, `min` resident blocks per SM (one per `n`), dynamic
+/// shared memory `smem::<n>`.
+macro_rules! per_n {
+    ($prefix:literal, $threads:expr, [$($n:literal: $min:expr),*], $smem:ident) => {
+        &[$(Kernel::new(concat!($prefix, $n), $threads, $min, $smem::<$n>)),*]
+    };
+}
+
+/// `mhc_prep`: one packed word per thread.
+pub const PREP: Kernel<PrepParams> = Kernel::new("mhc_prep", PREP_THREADS, 1, |()| 0);
+
+/// `mhc_fwd_proj_n{n}` (index `n - MIN_N`): the default pipeline `proj_config(n)`.
+pub const FWD_PROJ: &[Kernel<ProjParams>] =
+    per_n!("mhc_fwd_proj_n", PROJ_THREADS, [2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1], proj_smem);
+
+/// `mhc_fwd_coeff`.
+pub const FWD_COEFF: Kernel<FwdCoeffParams> =
+    Kernel::new("mhc_fwd_coeff", COEFF_THREADS, 1, |()| 0);
+
+/// `mhc_fwd_pre_n{n}` (index `n - MIN_N`).
+pub const FWD_PRE: &[Kernel<PreParams>] =
+    per_n!("mhc_fwd_pre_n", APPLY_THREADS, [2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1], no_smem);
+
+/// `mhc_fwd_post_n{n}` (index `n - MIN_N`): for `n <= 4`, 3 resident blocks per SM (which caps
+/// the registers).
+pub const FWD_POST: &[Kernel<PostParams>] =
+    per_n!("mhc_fwd_post_n", APPLY_THREADS, [2: 3, 3: 3, 4: 3, 5: 1, 6: 1, 7: 1, 8: 1], no_smem);
+
+/// `mhc_bwd_dh_n{n}` (index `n - MIN_N`).
+pub const BWD_DH: &[Kernel<DhParams>] =
+    per_n!("mhc_bwd_dh_n", DH_THREADS, [2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1], no_smem);
+
+/// `mhc_bwd_coeff`: its shared memory is a function of the Sinkhorn iterations.
+pub const BWD_COEFF: Kernel<BwdCoeffParams, u32> =
+    Kernel::new("mhc_bwd_coeff", COEFF_THREADS, 1, bwd_coeff_smem_bytes);
+
+/// `mhc_bwd_dx_n{n}` (index `n - MIN_N`).
+pub const BWD_DX: &[Kernel<DxParams>] =
+    per_n!("mhc_bwd_dx_n", DX_THREADS, [2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1], dx_smem);
+
+/// `mhc_bwd_wgrad_n{n}` (index `n - MIN_N`).
+pub const BWD_WGRAD: &[Kernel<WgradParams>] =
+    per_n!("mhc_bwd_wgrad_n", WG_THREADS, [2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1], wg_smem);
+
+/// `mhc_bwd_finalize_n{n}` (index `n - MIN_N`).
+pub const BWD_FINALIZE: &[Kernel<FinalizeParams>] = per_n!(
+    "mhc_bwd_finalize_n",
+    FIN_THREADS,
+    [2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1],
+    finalize_smem
+);
+
+/// The handle of `n` streams in a per-`n` table (`FWD_PRE`, ...), if `n` is supported.
+pub fn for_n<P, S>(table: &'static [Kernel<P, S>], n: u32) -> Option<&'static Kernel<P, S>> {
+    table.get(n.checked_sub(MIN_N)? as usize)
+}
+
+/// Kernels per `n`.
+const PER_N: usize = (MAX_N - MIN_N + 1) as usize;
+
+/// Every kernel of the family.
+const ALL: [KernelDecl; 3 + 7 * PER_N + 3] = {
+    let mut all = [PREP.info(); 3 + 7 * PER_N + 3];
+    all[1] = FWD_COEFF.info();
+    all[2] = BWD_COEFF.info();
+    let mut i = 0;
+    while i < PER_N {
+        all[3 + 7 * i] = FWD_PROJ[i].info();
+        all[4 + 7 * i] = FWD_PRE[i].info();
+        all[5 + 7 * i] = FWD_POST[i].info();
+        all[6 + 7 * i] = BWD_DH[i].info();
+        all[7 + 7 * i] = BWD_DX[i].info();
+        all[8 + 7 * i] = BWD_WGRAD[i].info();
+        all[9 + 7 * i] = BWD_FINALIZE[i].info();
+        i += 1;
+    }
+    let mut v = 0;
+    while v < PROJ_VARIANTS.len() {
+        all[3 + 7 * PER_N + v] = PROJ_VARIANTS[v].kernel.info();
+        v += 1;
+    }
+    all
+};
+
+/// The family's kernels.
+pub const KERNELS: &[KernelDecl] = &ALL;
+
 const _: () = {
     assert!(m_of(MAX_N) + 3 == COEF_PARTIAL);
     assert!(COEF_PARTIAL <= FIN_THREADS);
     assert!(COEFF_THREADS.is_multiple_of(WARP_SIZE) && WARP_SIZE.is_multiple_of(GROUP));
     assert!(MAX_N <= GROUP);
     assert!(!dx_coef_stride(4).is_multiple_of(2) && !dx_coef_stride(8).is_multiple_of(2));
+    assert!(FWD_PROJ.len() == PER_N && FWD_PRE.len() == PER_N && FWD_POST.len() == PER_N);
+    assert!(BWD_DH.len() == PER_N && BWD_DX.len() == PER_N);
+    assert!(BWD_WGRAD.len() == PER_N && BWD_FINALIZE.len() == PER_N);
+    assert!(PROJ_VARIANTS.len() == 3);
+    // Every variant's kernel is `mhc_fwd_proj_n{n}_{name}`.
+    let mut v = 0;
+    while v < PROJ_VARIANTS.len() {
+        let var = &PROJ_VARIANTS[v];
+        let (kn, base, name) = (
+            var.kernel.name.as_bytes(),
+            FWD_PROJ[(var.n - MIN_N) as usize].name.as_bytes(),
+            var.name.as_bytes(),
+        );
+        assert!(kn.len() == base.len() + 1 + name.len() && kn[base.len()] == b'_');
+        let mut i = 0;
+        while i < base.len() {
+            assert!(kn[i] == base[i]);
+            i += 1;
+        }
+        let mut i = 0;
+        while i < name.len() {
+            assert!(kn[base.len() + 1 + i] == name[i]);
+            i += 1;
+        }
+        v += 1;
+    }
 };

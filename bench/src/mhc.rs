@@ -14,9 +14,10 @@
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernels::memory::{copy_async, zeroed};
+use kernels::mhc::MhcProblem;
 use kernels::mhc::reference::{self, MhcData};
-use kernels::mhc::{MhcDeviceRun, MhcProblem};
 use kernels::{Error, Result};
+use kernels_testing::mhc::MhcDeviceRun;
 use serde_json::json;
 
 /// The benchmark shape (and a small one for `--quick`).
@@ -106,8 +107,9 @@ pub fn run(b: &mut Bench) -> Result<()> {
         fwd_err.max(bwd_err),
     );
     // Tuning variants of the projection's pipeline (same inputs; validated like the default).
-    for (name, vn, _) in kernel_abi::mhc::PROJ_VARIANTS {
-        if vn as usize != n {
+    for variant in kernel_abi::mhc::PROJ_VARIANTS {
+        let name = variant.name;
+        if variant.n as usize != n {
             continue;
         }
         run.problem.proj_variant = Some(name);

@@ -8,7 +8,7 @@ use kernels::Gpu;
 use kernels::memory::{download, poisoned, upload};
 use kernels::mhc::reference::{self as mref, MhcData, Weights};
 use kernels::mhc::{
-    DEFAULT_EPS, DEFAULT_SINKHORN_ITERS, MhcCoefficients, MhcDeviceRun, MhcProblem, MhcWeights,
+    DEFAULT_EPS, DEFAULT_SINKHORN_ITERS, MhcCoefficients, MhcGradients, MhcProblem, MhcWeights,
     MhcWorkspace,
 };
 use kernels::timing::Timings;
@@ -247,22 +247,67 @@ impl MhcJob {
 
     fn gpu_backward(&self, gpu: &Gpu, repeat: Option<u32>) -> Result<(Outputs, Option<Timings>)> {
         let p = &self.p;
+        let (t, c, k) = (p.tokens(), p.c, p.k());
+        let data = self.data();
         let stream = gpu.stream()?;
-        let mut run = MhcDeviceRun::upload(&self.data())?;
+        let (x, y) = (upload(&data.x)?, upload(&data.y)?);
+        let (d_xin, d_xnext) = (upload(&data.d_xin)?, upload(&data.d_xnext)?);
+        let (phi, alpha, bias) = (
+            upload(&data.phi)?,
+            upload(&data.alpha)?,
+            upload(&data.bias)?,
+        );
+        let gamma = data.gamma.as_deref().map(upload).transpose()?;
+        let weights = MhcWeights {
+            phi: &phi,
+            gamma: gamma.as_ref(),
+            alpha: &alpha,
+            bias: &bias,
+        };
+        let mut workspace = MhcWorkspace::new(p)?;
+        let mut coeffs = MhcCoefficients::new(p)?;
+        let mut grads = MhcGradients::new(p)?;
+        let mut x_in = poisoned::<bf16>(t * c)?;
+        let mut x_next = poisoned::<bf16>(t * k)?;
         let timings = launch_timed(gpu, &stream, repeat, "mHC forward+backward", || {
-            run.forward(gpu, &stream)?;
-            run.backward(gpu, &stream)
+            kernels::mhc::forward_pre(
+                gpu,
+                &stream,
+                p,
+                &weights,
+                &x,
+                &mut workspace,
+                &mut coeffs,
+                &mut x_in,
+            )?;
+            kernels::mhc::forward_post(gpu, &stream, p, &x, &y, &coeffs, &mut x_next)?;
+            kernels::mhc::backward(
+                gpu,
+                &stream,
+                p,
+                &weights,
+                &x,
+                &y,
+                &coeffs,
+                &d_xin,
+                &d_xnext,
+                &mut workspace,
+                &mut grads,
+            )
         })?;
-        let h = run.download()?;
         let mut out = Outputs::default();
-        out.push("dx", &self.shape(&[p.n, p.c]), Data::Bf16(h.dx));
-        out.push("dy", &self.shape(&[p.c]), Data::Bf16(h.dy));
-        out.push("dphi", &[p.k(), p.m()], Data::F32(h.dphi));
-        if let Some(g) = h.dgamma {
-            out.push("dgamma", &[p.k()], Data::F32(g));
+        out.push(
+            "dx",
+            &self.shape(&[p.n, p.c]),
+            Data::Bf16(download(&grads.dx)?),
+        );
+        out.push("dy", &self.shape(&[p.c]), Data::Bf16(download(&grads.dy)?));
+        out.push("dphi", &[k, p.m()], Data::F32(download(&grads.dphi)?));
+        if let Some(g) = &grads.dgamma {
+            out.push("dgamma", &[k], Data::F32(download(g)?));
         }
-        out.push("dalpha", &[3], Data::F32(h.dalpha));
-        out.push("dbias", &[p.m()], Data::F32(h.dbias));
+        out.push("dalpha", &[3], Data::F32(download(&grads.dalpha)?));
+        out.push("dbias", &[p.m()], Data::F32(download(&grads.dbias)?));
         Ok((out, timings))
     }
 }

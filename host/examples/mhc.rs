@@ -3,10 +3,11 @@
 //! validated against the f64 reference, then timed. Without a GPU it says so and runs the
 //! reference on a small problem.
 
+use kernels::mhc::MhcProblem;
 use kernels::mhc::reference::{self, MhcData};
-use kernels::mhc::{MhcDeviceRun, MhcProblem};
 use kernels::timing::time_on_stream;
 use kernels::{Gpu, Result};
+use kernels_testing::mhc::MhcDeviceRun;
 use std::process::ExitCode;
 use std::time::Instant;
 

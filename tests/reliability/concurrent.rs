@@ -117,7 +117,7 @@ pub fn four_families_bitwise(g: &'static Gpu) -> TestResult {
             },
         )?;
         // mHC.
-        let mut m = mhc::MhcDeviceRun::upload(&mdata)?;
+        let mut m = kernels_testing::mhc::MhcDeviceRun::upload(&mdata)?;
         m.forward(g, st(3))?;
         m.backward(g, st(3))?;
         for s in streams {

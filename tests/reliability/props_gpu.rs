@@ -308,7 +308,7 @@ pub fn mhc_small(g: &'static Gpu) -> TestResult {
             .with_gamma(gamma)
             .with_iters(iters);
         let data = mhc::reference::MhcData::random(&p, seed);
-        let mut dev = prop_gpu(mhc::MhcDeviceRun::upload(&data))?;
+        let mut dev = prop_gpu(kernels_testing::mhc::MhcDeviceRun::upload(&data))?;
         prop_gpu(dev.forward(g, &stream))?;
         prop_gpu(dev.backward(g, &stream))?;
         prop_gpu(g.sync(&stream, "mHC forward and backward"))?;

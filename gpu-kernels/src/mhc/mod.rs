@@ -41,15 +41,8 @@
 //! `x_next` needs `y`, which the layer computes from `x_in`: so `x` is read by the projection,
 //! by `x_in` and by `x_next` (the projection's token tiles are far too large to keep on chip,
 //! and `phi'` must be reused over many tokens to stay out of the way).
-
-//! # Expected time at that shape (H200, copy ~4.2 TB/s; streaming kernels at ~3.9 TB/s)
-//! Forward: `mhc_prep` ~10 us, projection 512 MB ~0.135 ms, coefficients ~10 us, `x_in`
-//! 640 MB ~0.165 ms, `x_next` 1152 MB ~0.295 ms: ~0.62 ms for the 1.88 GB the forward must move
-//! (3.0 TB/s, ~73% of copy; PyTorch eager measured 3.8 ms). Backward: `dH` and `dy` 1.41 GB
-//! ~0.36 ms, coefficients ~15 us, `dx` 1.66 GB ~0.43-0.5 ms, weight gradient 512 MB ~0.135 ms,
-//! finalize and prep ~20 us: ~1.0 ms. Forward + backward ~1.6-1.7 ms (eager 12.0 ms,
-//! `torch.compile` 5.0 ms). Tensor-core work per forward + backward is ~100 GFLOP (split
-//! operands and padding included), ~0.2 ms at `mma.sync` rates, hidden under the memory time.
+//!
+//! Measured times at that shape, beside PyTorch's, are in `bench/NOTES.md`.
 
 mod apply;
 mod coeff;
@@ -62,11 +55,11 @@ mod wgrad;
 
 use kernel_abi::mhc::*;
 
-/// Declare kernels: the PTX entry point of each (its launch bounds: `threads`, and `min B`
-/// resident blocks per SM where given, which caps registers so B blocks fit), and, in host
-/// builds, the emulator's table of the same bodies.
+/// Declare kernels: the PTX entry point of each, with the launch bounds of its handle in
+/// `kernel_abi::mhc::KERNELS` (threads, and resident blocks per SM, which cap the registers), and,
+/// in host builds, the emulator's table of the same bodies.
 macro_rules! kernels {
-    ($( $name:ident ($params:ty), $threads:expr $(, min $min_blocks:expr)? => $body:expr; )*) => {
+    ($( $name:ident ($params:ty) => $body:expr; )*) => {
         $(
             /// A PTX entry point; see the module of its body for the kernel's documentation.
             ///
@@ -75,7 +68,7 @@ macro_rules! kernels {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: $params) {
-                crate::launch_bounds!($name, $threads, (1 $(* 0 + $min_blocks)?));
+                crate::launch_bounds!($name in kernel_abi::mhc::KERNELS);
                 // SAFETY: forwarded to the launcher (the body's contract).
                 unsafe { $body(p) }
             }
@@ -87,7 +80,8 @@ macro_rules! kernels {
             crate::emu::EmuKernel {
                 name: stringify!($name),
                 params: core::mem::size_of::<$params>(),
-                threads: $threads,
+                threads: kernel_abi::kernel::find(kernel_abi::mhc::KERNELS, stringify!($name))
+                    .threads,
                 run: {
                     unsafe fn run(p: *const u8) {
                         // SAFETY: the emulator passes a parameter struct of this kernel's type
@@ -102,97 +96,78 @@ macro_rules! kernels {
 }
 
 kernels! {
-    mhc_prep(PrepParams), PREP_THREADS => prep::run;
+    mhc_prep(PrepParams) => prep::run;
 
-    mhc_fwd_proj_n2(ProjParams), PROJ_THREADS => proj::run::<2, 1, 2, { proj_config(2).stage_chunks }, { proj_config(2).stages }, { proj_config(2).stages - 2 }>;
-    mhc_fwd_proj_n3(ProjParams), PROJ_THREADS => proj::run::<3, 2, 2, { proj_config(3).stage_chunks }, { proj_config(3).stages }, { proj_config(3).stages - 2 }>;
-    mhc_fwd_proj_n4(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { proj_config(4).stage_chunks }, { proj_config(4).stages }, { proj_config(4).stages - 2 }>;
-    mhc_fwd_proj_n4_c2s3(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[0].2.stage_chunks }, { PROJ_VARIANTS[0].2.stages }, { PROJ_VARIANTS[0].2.stages - 2 }>;
-    mhc_fwd_proj_n4_c4s3(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[1].2.stage_chunks }, { PROJ_VARIANTS[1].2.stages }, { PROJ_VARIANTS[1].2.stages - 2 }>;
-    mhc_fwd_proj_n4_c8s2(ProjParams), PROJ_THREADS => proj::run::<4, 3, 2, { PROJ_VARIANTS[2].2.stage_chunks }, { PROJ_VARIANTS[2].2.stages }, { PROJ_VARIANTS[2].2.stages - 2 }>;
-    mhc_fwd_proj_n5(ProjParams), PROJ_THREADS => proj::run::<5, 5, 2, { proj_config(5).stage_chunks }, { proj_config(5).stages }, { proj_config(5).stages - 2 }>;
-    mhc_fwd_proj_n6(ProjParams), PROJ_THREADS => proj::run::<6, 6, 2, { proj_config(6).stage_chunks }, { proj_config(6).stages }, { proj_config(6).stages - 2 }>;
-    mhc_fwd_proj_n7(ProjParams), PROJ_THREADS => proj::run::<7, 8, 2, { proj_config(7).stage_chunks }, { proj_config(7).stages }, { proj_config(7).stages - 2 }>;
-    mhc_fwd_proj_n8(ProjParams), PROJ_THREADS => proj::run::<8, 10, 2, { proj_config(8).stage_chunks }, { proj_config(8).stages }, { proj_config(8).stages - 2 }>;
+    mhc_fwd_proj_n2(ProjParams) => proj::run::<2, 1, 2, { proj_config(2).stage_chunks }, { proj_config(2).stages }, { proj_config(2).stages - 2 }>;
+    mhc_fwd_proj_n3(ProjParams) => proj::run::<3, 2, 2, { proj_config(3).stage_chunks }, { proj_config(3).stages }, { proj_config(3).stages - 2 }>;
+    mhc_fwd_proj_n4(ProjParams) => proj::run::<4, 3, 2, { proj_config(4).stage_chunks }, { proj_config(4).stages }, { proj_config(4).stages - 2 }>;
+    mhc_fwd_proj_n4_c2s3(ProjParams) => proj::run::<4, 3, 2, { PROJ_VARIANTS[0].config.stage_chunks }, { PROJ_VARIANTS[0].config.stages }, { PROJ_VARIANTS[0].config.stages - 2 }>;
+    mhc_fwd_proj_n4_c4s3(ProjParams) => proj::run::<4, 3, 2, { PROJ_VARIANTS[1].config.stage_chunks }, { PROJ_VARIANTS[1].config.stages }, { PROJ_VARIANTS[1].config.stages - 2 }>;
+    mhc_fwd_proj_n4_c8s2(ProjParams) => proj::run::<4, 3, 2, { PROJ_VARIANTS[2].config.stage_chunks }, { PROJ_VARIANTS[2].config.stages }, { PROJ_VARIANTS[2].config.stages - 2 }>;
+    mhc_fwd_proj_n5(ProjParams) => proj::run::<5, 5, 2, { proj_config(5).stage_chunks }, { proj_config(5).stages }, { proj_config(5).stages - 2 }>;
+    mhc_fwd_proj_n6(ProjParams) => proj::run::<6, 6, 2, { proj_config(6).stage_chunks }, { proj_config(6).stages }, { proj_config(6).stages - 2 }>;
+    mhc_fwd_proj_n7(ProjParams) => proj::run::<7, 8, 2, { proj_config(7).stage_chunks }, { proj_config(7).stages }, { proj_config(7).stages - 2 }>;
+    mhc_fwd_proj_n8(ProjParams) => proj::run::<8, 10, 2, { proj_config(8).stage_chunks }, { proj_config(8).stages }, { proj_config(8).stages - 2 }>;
 
-    mhc_fwd_coeff(FwdCoeffParams), COEFF_THREADS => coeff::forward;
+    mhc_fwd_coeff(FwdCoeffParams) => coeff::forward;
 
-    mhc_fwd_pre_n2(PreParams), APPLY_THREADS => apply::pre::<2>;
-    mhc_fwd_pre_n3(PreParams), APPLY_THREADS => apply::pre::<3>;
-    mhc_fwd_pre_n4(PreParams), APPLY_THREADS => apply::pre::<4>;
-    mhc_fwd_pre_n5(PreParams), APPLY_THREADS => apply::pre::<5>;
-    mhc_fwd_pre_n6(PreParams), APPLY_THREADS => apply::pre::<6>;
-    mhc_fwd_pre_n7(PreParams), APPLY_THREADS => apply::pre::<7>;
-    mhc_fwd_pre_n8(PreParams), APPLY_THREADS => apply::pre::<8>;
+    mhc_fwd_pre_n2(PreParams) => apply::pre::<2>;
+    mhc_fwd_pre_n3(PreParams) => apply::pre::<3>;
+    mhc_fwd_pre_n4(PreParams) => apply::pre::<4>;
+    mhc_fwd_pre_n5(PreParams) => apply::pre::<5>;
+    mhc_fwd_pre_n6(PreParams) => apply::pre::<6>;
+    mhc_fwd_pre_n7(PreParams) => apply::pre::<7>;
+    mhc_fwd_pre_n8(PreParams) => apply::pre::<8>;
 
-    mhc_fwd_post_n2(PostParams), APPLY_THREADS, min 3 => apply::post::<2>;
-    mhc_fwd_post_n3(PostParams), APPLY_THREADS, min 3 => apply::post::<3>;
-    mhc_fwd_post_n4(PostParams), APPLY_THREADS, min 3 => apply::post::<4>;
-    mhc_fwd_post_n5(PostParams), APPLY_THREADS => apply::post::<5>;
-    mhc_fwd_post_n6(PostParams), APPLY_THREADS => apply::post::<6>;
-    mhc_fwd_post_n7(PostParams), APPLY_THREADS => apply::post::<7>;
-    mhc_fwd_post_n8(PostParams), APPLY_THREADS => apply::post::<8>;
+    mhc_fwd_post_n2(PostParams) => apply::post::<2>;
+    mhc_fwd_post_n3(PostParams) => apply::post::<3>;
+    mhc_fwd_post_n4(PostParams) => apply::post::<4>;
+    mhc_fwd_post_n5(PostParams) => apply::post::<5>;
+    mhc_fwd_post_n6(PostParams) => apply::post::<6>;
+    mhc_fwd_post_n7(PostParams) => apply::post::<7>;
+    mhc_fwd_post_n8(PostParams) => apply::post::<8>;
 
-    mhc_bwd_dh_n2(DhParams), DH_THREADS => dh::run::<2>;
-    mhc_bwd_dh_n3(DhParams), DH_THREADS => dh::run::<3>;
-    mhc_bwd_dh_n4(DhParams), DH_THREADS => dh::run::<4>;
-    mhc_bwd_dh_n5(DhParams), DH_THREADS => dh::run::<5>;
-    mhc_bwd_dh_n6(DhParams), DH_THREADS => dh::run::<6>;
-    mhc_bwd_dh_n7(DhParams), DH_THREADS => dh::run::<7>;
-    mhc_bwd_dh_n8(DhParams), DH_THREADS => dh::run::<8>;
+    mhc_bwd_dh_n2(DhParams) => dh::run::<2>;
+    mhc_bwd_dh_n3(DhParams) => dh::run::<3>;
+    mhc_bwd_dh_n4(DhParams) => dh::run::<4>;
+    mhc_bwd_dh_n5(DhParams) => dh::run::<5>;
+    mhc_bwd_dh_n6(DhParams) => dh::run::<6>;
+    mhc_bwd_dh_n7(DhParams) => dh::run::<7>;
+    mhc_bwd_dh_n8(DhParams) => dh::run::<8>;
 
-    mhc_bwd_coeff(BwdCoeffParams), COEFF_THREADS => coeff::backward;
+    mhc_bwd_coeff(BwdCoeffParams) => coeff::backward;
 
-    mhc_bwd_dx_n2(DxParams), DX_THREADS => dx::run::<2, 1>;
-    mhc_bwd_dx_n3(DxParams), DX_THREADS => dx::run::<3, 1>;
-    mhc_bwd_dx_n4(DxParams), DX_THREADS => dx::run::<4, 2>;
-    mhc_bwd_dx_n5(DxParams), DX_THREADS => dx::run::<5, 3>;
-    mhc_bwd_dx_n6(DxParams), DX_THREADS => dx::run::<6, 3>;
-    mhc_bwd_dx_n7(DxParams), DX_THREADS => dx::run::<7, 4>;
-    mhc_bwd_dx_n8(DxParams), DX_THREADS => dx::run::<8, 5>;
+    mhc_bwd_dx_n2(DxParams) => dx::run::<2, 1>;
+    mhc_bwd_dx_n3(DxParams) => dx::run::<3, 1>;
+    mhc_bwd_dx_n4(DxParams) => dx::run::<4, 2>;
+    mhc_bwd_dx_n5(DxParams) => dx::run::<5, 3>;
+    mhc_bwd_dx_n6(DxParams) => dx::run::<6, 3>;
+    mhc_bwd_dx_n7(DxParams) => dx::run::<7, 4>;
+    mhc_bwd_dx_n8(DxParams) => dx::run::<8, 5>;
 
-    mhc_bwd_wgrad_n2(WgradParams), WG_THREADS => wgrad::run::<2, 1, 4>;
-    mhc_bwd_wgrad_n3(WgradParams), WG_THREADS => wgrad::run::<3, 2, 4>;
-    mhc_bwd_wgrad_n4(WgradParams), WG_THREADS => wgrad::run::<4, 3, 4>;
-    mhc_bwd_wgrad_n5(WgradParams), WG_THREADS => wgrad::run::<5, 5, 2>;
-    mhc_bwd_wgrad_n6(WgradParams), WG_THREADS => wgrad::run::<6, 6, 2>;
-    mhc_bwd_wgrad_n7(WgradParams), WG_THREADS => wgrad::run::<7, 8, 2>;
-    mhc_bwd_wgrad_n8(WgradParams), WG_THREADS => wgrad::run::<8, 10, 2>;
+    mhc_bwd_wgrad_n2(WgradParams) => wgrad::run::<2, 1, 4>;
+    mhc_bwd_wgrad_n3(WgradParams) => wgrad::run::<3, 2, 4>;
+    mhc_bwd_wgrad_n4(WgradParams) => wgrad::run::<4, 3, 4>;
+    mhc_bwd_wgrad_n5(WgradParams) => wgrad::run::<5, 5, 2>;
+    mhc_bwd_wgrad_n6(WgradParams) => wgrad::run::<6, 6, 2>;
+    mhc_bwd_wgrad_n7(WgradParams) => wgrad::run::<7, 8, 2>;
+    mhc_bwd_wgrad_n8(WgradParams) => wgrad::run::<8, 10, 2>;
 
-    mhc_bwd_finalize_n2(FinalizeParams), FIN_THREADS => finalize::run::<2, 8>;
-    mhc_bwd_finalize_n3(FinalizeParams), FIN_THREADS => finalize::run::<3, 15>;
-    mhc_bwd_finalize_n4(FinalizeParams), FIN_THREADS => finalize::run::<4, 24>;
-    mhc_bwd_finalize_n5(FinalizeParams), FIN_THREADS => finalize::run::<5, 35>;
-    mhc_bwd_finalize_n6(FinalizeParams), FIN_THREADS => finalize::run::<6, 48>;
-    mhc_bwd_finalize_n7(FinalizeParams), FIN_THREADS => finalize::run::<7, 63>;
-    mhc_bwd_finalize_n8(FinalizeParams), FIN_THREADS => finalize::run::<8, 80>;
+    mhc_bwd_finalize_n2(FinalizeParams) => finalize::run::<2, 8>;
+    mhc_bwd_finalize_n3(FinalizeParams) => finalize::run::<3, 15>;
+    mhc_bwd_finalize_n4(FinalizeParams) => finalize::run::<4, 24>;
+    mhc_bwd_finalize_n5(FinalizeParams) => finalize::run::<5, 35>;
+    mhc_bwd_finalize_n6(FinalizeParams) => finalize::run::<6, 48>;
+    mhc_bwd_finalize_n7(FinalizeParams) => finalize::run::<7, 63>;
+    mhc_bwd_finalize_n8(FinalizeParams) => finalize::run::<8, 80>;
 }
 
-/// `a == b` at compile time.
-const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
-// The variant kernels above take their configuration by index: the names must match the table
-// the host launches them by.
+// The variant kernels above take their configuration by index in `PROJ_VARIANTS`, whose
+// entries name their kernels.
 const _: () = assert!(
-    str_eq(PROJ_VARIANTS[0].0, "c2s3")
-        && str_eq(PROJ_VARIANTS[1].0, "c4s3")
-        && str_eq(PROJ_VARIANTS[2].0, "c8s2")
-        && PROJ_VARIANTS[0].1 == 4
-        && PROJ_VARIANTS[1].1 == 4
-        && PROJ_VARIANTS[2].1 == 4
+    kernel_abi::kernel::str_eq(PROJ_VARIANTS[0].kernel.name, "mhc_fwd_proj_n4_c2s3")
+        && kernel_abi::kernel::str_eq(PROJ_VARIANTS[1].kernel.name, "mhc_fwd_proj_n4_c4s3")
+        && kernel_abi::kernel::str_eq(PROJ_VARIANTS[2].kernel.name, "mhc_fwd_proj_n4_c8s2")
 );
 
 /// Unpack a bf16 pair (low half first) to f32.

@@ -30,15 +30,15 @@
 //! quarter-warp, in different bank halves), then the stage's `phi'` blocks as they lie in the
 //! packing. Copies do not hold registers, so each SM keeps `ST - 1` stages per block in flight
 //! (88 KB at `n = 4` by default: 2 blocks of 44 KB stages), more than HBM needs at its unloaded
-//! latency (~26 KB per SM at 4.3 TB/s and ~800 ns). Measured, the kernel stays near half of the
-//! DRAM peak with any of the configurations tried (`bench/NOTES.md`). Pieces of rows past `T`, of K past `K`, or of
-//! chunks past the block's range are zero-filled without reading.
+//! latency (~26 KB per SM at 4.3 TB/s and ~800 ns); the configurations' times are in
+//! `bench/NOTES.md`. Pieces of rows past `T`, of K past `K`, or of chunks past the block's range
+//! are zero-filled without reading.
 //!
 //! # Thread mapping
 //! `PROJ_THREADS` = 4 warps. Copies: thread `tid` copies piece `tid % P` of rows
 //! `tid / P + (128 / P) i` (`P = 4 SC` pieces per row: `P` threads read a row's `64 SC`
-//! contiguous bytes), then pieces `tid + 128 i` of the `phi'` blocks. Products: lane `(g, t)` of warp `w` holds, for tile `mt`, the rows
-//! `(w MT + mt) 16 + g (+8)` of the block; it reads its `x` vectors and its `hi`/`lo` B words
+//! contiguous bytes), then pieces `tid + 128 i` of the `phi'` blocks. Products: lane `(g, t)` of
+//! warp `w` holds, for tile `mt`, the rows `(w MT + mt) 16 + g (+8)` of the block; it reads its `x` vectors and its `hi`/`lo` B words
 //! with one `ld.shared.v4` each. The sum of squares accumulates per lane over its 8 values per
 //! row and chunk, then over the 4 lanes `t` (shuffles). Accumulator element `(row, 2t + e)` of
 //! tile `j` is coefficient `m = 8 j + 2 t + e`. Only rows `< T` and `m < M` are written.
