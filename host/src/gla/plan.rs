@@ -560,3 +560,253 @@ pub unsafe fn forward_raw<E: Exec>(
     // SAFETY: the caller's contract.
     unsafe { plan.run(exec, tables) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::check_kernel_launch;
+    use kernel_abi::gla::{KERNELS, pingpong_config_of};
+
+    /// The largest dynamic shared memory of a block on an H100/H200.
+    const HOPPER_MAX_SMEM: usize = 227 * 1024;
+
+    fn view<'a, T>(addr: u64, len: usize) -> DevView<'a, T> {
+        // SAFETY: only planned, never dereferenced.
+        unsafe { DevView::from_raw(addr, len) }
+    }
+
+    fn tensors<'a>(p: &GlaProblem) -> GlaTensors<'a> {
+        GlaTensors {
+            q: view(1 << 30, p.qk_len()),
+            k: view(2 << 30, p.qk_len()),
+            v: view(3 << 30, p.v_len()),
+            g: view(4 << 30, p.qk_len()),
+            init_state: Some(view(5 << 30, p.state_len())),
+            o: view(6 << 30, p.v_len()),
+            final_state: Some(view(7 << 30, p.state_len())),
+        }
+    }
+
+    fn workspace<'a>(plan: &GlaLaunchPlan) -> GlaWorkspace<'a> {
+        let (segments, combine) = plan.table_words();
+        GlaWorkspace {
+            segments: view(8 << 30, segments.len()),
+            split: plan.workspace.map(|(state, decay)| GlaSplitWorkspace {
+                combine: view(9 << 30, combine.len()),
+                seg_init: view(10 << 30, state),
+                delta: view(11 << 30, state),
+                decay_log2: view(12 << 30, decay),
+            }),
+        }
+    }
+
+    /// The plan's launches on a made-up workspace, each checked against the PTX of `arches`.
+    fn checked_launches(plan: &GlaLaunchPlan, arches: &[Arch]) -> Vec<GlaLaunch> {
+        let launches = plan
+            .launches(&workspace(plan), &[TensorMap::ZEROED; 4])
+            .unwrap();
+        for l in &launches {
+            for &arch in arches {
+                check_kernel_launch(arch, l.kernel(), l.config(), HOPPER_MAX_SMEM)
+                    .unwrap_or_else(|e| panic!("{arch}: {e}"));
+            }
+        }
+        launches
+    }
+
+    fn names(plan: &GlaLaunchPlan) -> Vec<&'static str> {
+        plan.steps.iter().map(GlaStep::name).collect()
+    }
+
+    #[test]
+    fn the_table_lists_every_entry_of_the_ptx_with_its_launch_bounds() {
+        for arch in Arch::ALL {
+            let ptx = arch.kernels();
+            let mut in_ptx: Vec<&str> = ptx
+                .keys()
+                .map(String::as_str)
+                .filter(|n| n.starts_with("gla_"))
+                .collect();
+            let mut declared: Vec<&str> = KERNELS
+                .iter()
+                .map(|k| k.name)
+                .filter(|n| arch.has_hopper_kernels() || !n.contains("_pp_"))
+                .collect();
+            in_ptx.sort();
+            declared.sort();
+            assert_eq!(in_ptx, declared, "{arch}");
+            for k in KERNELS.iter().filter(|k| ptx.contains_key(k.name)) {
+                let info = &ptx[k.name];
+                assert_eq!(info.max_threads, Some(k.threads), "{arch} {}", k.name);
+                assert_eq!(info.min_blocks, Some(k.min_blocks), "{arch} {}", k.name);
+                assert_eq!(info.params, vec![k.param_bytes], "{arch} {}", k.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_is_the_baseline_without_a_split() {
+        let p = GlaProblem::new(2, 100, 3, 64, 128).with_scale(0.5);
+        for arch in Arch::ALL {
+            let plan = p.launch_plan(arch, 132, &tensors(&p)).unwrap();
+            assert_eq!(plan.kernel, GlaKernel::Baseline);
+            assert_eq!(names(&plan), ["gla_fwd_dk64_dv128"]);
+            assert_eq!(plan.workspace, None);
+            assert!(plan.maps.is_none());
+            let launches = checked_launches(&plan, &Arch::ALL);
+            let GlaLaunch::Baseline(l) = launches[0] else {
+                panic!("{launches:?}")
+            };
+            assert_eq!(l.config().grid, (2, 3, 1));
+            assert_eq!(l.config().block, (256, 1, 1));
+            assert!(!l.config().overlap_previous);
+            let params = l.params();
+            assert_eq!(params.q as u64, 1 << 30);
+            assert_eq!(params.o as u64, 6 << 30);
+            assert_eq!(params.segments as u64, 8 << 30);
+            assert!(params.seg_init.is_null() && params.delta.is_null());
+            assert_eq!((params.heads, params.scale), (3, 0.5));
+            assert_eq!((params.has_init, params.has_final), (1, 1));
+        }
+    }
+
+    #[test]
+    fn a_split_baseline_runs_states_combine_forward() {
+        // Three segments of 32, 32 and 1 tokens per sequence.
+        let p = GlaProblem::new(2, 65, 3, 128, 128).with_segment_len(32);
+        let mut t = tensors(&p);
+        t.init_state = None;
+        let plan = p.launch_plan(Arch::Sm80, 132, &t).unwrap();
+        assert_eq!(
+            names(&plan),
+            [
+                "gla_states_dk128_dv128",
+                "gla_combine",
+                "gla_fwd_dk128_dv128"
+            ]
+        );
+        assert_eq!(plan.segments.segments.len(), 6);
+        assert_eq!(plan.workspace, Some((6 * 3 * 128 * 128, 6 * 3 * 128)));
+        let launches = checked_launches(&plan, &Arch::ALL);
+        let grids: Vec<_> = launches.iter().map(|l| l.config().grid).collect();
+        assert_eq!(grids, [(6, 3, 1), (2, 3, 64), (6, 3, 1)]);
+        assert!(launches.iter().all(|l| !l.config().overlap_previous));
+        let GlaLaunch::Combine(c) = launches[1] else {
+            panic!("{launches:?}")
+        };
+        let c = c.params();
+        assert_eq!(c.entries as u64, 9 << 30);
+        assert_eq!((c.seg_init as u64, c.delta as u64), (10 << 30, 11 << 30));
+        assert_eq!((c.heads, c.dk, c.dv, c.has_init), (3, 128, 128, 0));
+        assert!(c.init_state.is_null());
+        let GlaLaunch::Baseline(f) = launches[2] else {
+            panic!("{launches:?}")
+        };
+        assert_eq!(f.params().decay_log2 as u64, 12 << 30);
+    }
+
+    #[test]
+    fn the_pingpong_overlaps_its_forward_with_the_state_pass() {
+        for (dk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            let pcfg = pingpong_config_of(dk as u32, dv as u32);
+            let p = GlaProblem::new(1, 1000, 3, dk, dv)
+                .with_segment_len(320)
+                .with_kernel(GlaKernel::Pingpong);
+            let plan = p.launch_plan(Arch::Sm90a, 132, &tensors(&p)).unwrap();
+            assert_eq!(plan.kernel, GlaKernel::Pingpong);
+            assert_eq!(
+                names(&plan),
+                [
+                    format!("gla_states_pp_dk{dk}_dv{dv}"),
+                    format!("gla_fwd_pp_dk{dk}_dv{dv}")
+                ]
+            );
+            let launches = checked_launches(&plan, &[Arch::Sm90a]);
+            let items = 4 * 3 * pcfg.dv_parts;
+            let grids: Vec<_> = launches.iter().map(|l| l.config().grid).collect();
+            assert_eq!(grids, [(12, 1, 1), (items.div_ceil(pcfg.consumers), 1, 1)]);
+            let overlaps: Vec<_> = launches
+                .iter()
+                .map(|l| l.config().overlap_previous)
+                .collect();
+            assert_eq!(overlaps, [false, true]);
+            let GlaLaunch::Pingpong(f) = launches[1] else {
+                panic!("{launches:?}")
+            };
+            assert_eq!(f.params().items, items);
+            assert_eq!(f.params().base.delta as u64, 11 << 30);
+            let maps = plan.maps.unwrap();
+            let rows = p.rows() as u64;
+            assert_eq!(maps[0].address, 1 << 30);
+            assert_eq!(maps[0].dims[..3], [dk as u64, 3, rows]);
+            assert_eq!(maps[3].dims[..3], [dv as u64, 3, rows]);
+            assert_eq!(maps[3].box_dims[..3], [PP_ATOM, 1, pcfg.step]);
+            // Unsplit: the forward alone, not overlapping anything.
+            let p = p.with_segment_len(usize::MAX);
+            let plan = p.launch_plan(Arch::Sm90a, 132, &tensors(&p)).unwrap();
+            let launches = checked_launches(&plan, &[Arch::Sm90a]);
+            assert_eq!(launches.len(), 1);
+            assert!(!launches[0].config().overlap_previous);
+            assert_eq!(plan.workspace, None);
+        }
+    }
+
+    #[test]
+    fn the_automatic_split_fills_one_wave() {
+        // 132 SMs, one block of 256 threads per SM at dk = dv = 128.
+        let p = GlaProblem::new(1, 16384, 16, 128, 128);
+        let plan = p.launch_plan(Arch::Sm90a, 132, &tensors(&p)).unwrap();
+        assert_eq!(plan.segments.segments.len() * 16, 128);
+        // Three blocks per SM at dk = dv = 64.
+        let p = GlaProblem::new(4, 4096, 32, 64, 64);
+        let plan = p.launch_plan(Arch::Sm80, 132, &tensors(&p)).unwrap();
+        assert_eq!(plan.segments.segments.len() * 32, 3 * 128);
+        // Enough (batch, head) pairs: nothing split, no workspace.
+        let p = GlaProblem::new(8, 4096, 64, 64, 64);
+        let plan = p.launch_plan(Arch::Sm80, 132, &tensors(&p)).unwrap();
+        assert_eq!((plan.segments.segments.len(), plan.workspace), (8, None));
+    }
+
+    #[test]
+    fn plans_refuse_what_the_kernels_cannot_do() {
+        let p = GlaProblem::new(1, 64, 2, 64, 64).with_kernel(GlaKernel::Pingpong);
+        assert!(matches!(
+            p.launch_plan(Arch::Sm80, 132, &tensors(&p)),
+            Err(Error::Unsupported { .. })
+        ));
+        let p = GlaProblem::new(1, 64, 2, 96, 64);
+        assert!(matches!(
+            p.launch_plan(Arch::Sm90a, 132, &tensors(&p)),
+            Err(Error::Unsupported { .. })
+        ));
+        let p = GlaProblem::new(1, 64, 2, 64, 64).with_segment_len(32);
+        let mut t = tensors(&p);
+        t.v = view(3 << 30, p.v_len() - 1);
+        assert!(matches!(
+            p.launch_plan(Arch::Sm80, 132, &t),
+            Err(Error::ShapeMismatch { .. })
+        ));
+        t = tensors(&p);
+        t.o = view((6 << 30) + 8, p.v_len());
+        assert!(matches!(
+            p.launch_plan(Arch::Sm80, 132, &t),
+            Err(Error::Misaligned { .. })
+        ));
+        // A split plan needs the workspace of its size.
+        let plan = p.launch_plan(Arch::Sm80, 132, &tensors(&p)).unwrap();
+        let mut w = workspace(&plan);
+        w.split = None;
+        assert!(matches!(
+            plan.launches(&w, &[TensorMap::ZEROED; 4]),
+            Err(Error::InvalidArgument { .. })
+        ));
+        let mut w = workspace(&plan);
+        if let Some(s) = &mut w.split {
+            s.delta = view(11 << 30, 1);
+        }
+        assert!(matches!(
+            plan.launches(&w, &[TensorMap::ZEROED; 4]),
+            Err(Error::ShapeMismatch { .. })
+        ));
+    }
+}
