@@ -1,7 +1,7 @@
 //! GLA forward against the f64 recurrence (`gla::reference::recurrence`).
 //!
 //! Tolerance: relative L2 error `||x - ref|| / ||ref|| <= 1e-2` for the outputs and for the
-//! final states (the bound for bf16 inputs; the kernels round q, k variants, the
+//! final states (the bound for bf16 inputs; the kernels round q, k variants, the
 //! intra-chunk scores, the state operand and the output to bf16, each a relative 2^-9, so the
 //! expected error is a few 1e-3). Every output element must be finite (outputs are poisoned with
 //! NaN before the launch, so an unwritten element fails).
@@ -88,7 +88,7 @@ fn name(c: &Case) -> String {
 fn cases() -> Vec<Case> {
     let slow = Decay::Uniform(-0.05, 0.0);
     let mut v = Vec::new();
-    // The lengths, on every head-dimension pair (Dk != Dv included).
+    // Lengths of one token, around a step and long, on every head-dimension pair (Dk != Dv included).
     for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
         for t in [1, 63, 64, 65, 1000] {
             v.push(case(2, t, 2, dk, dv, slow));

@@ -649,11 +649,11 @@ impl PingpongConfig {
 /// `dk = dv = 64` and of 32 tokens otherwise, two per consumer's ring. At `dk = dv = 128` an
 /// item is half of the value columns (`dv_parts = 2`): a whole `128 x 128` state (128 f32
 /// registers per consumer thread) with the fragments and the element-wise phase exceeded the
-/// 168 registers ptxas allocates at 384 threads (520-byte spill, 1.5x slower than the baseline
-/// when measured); the two halves of one (segment, head) share the block's one ring of three
-/// stages ([`PingpongConfig::shares_item`]).
+/// 168 registers ptxas allocates at 384 threads (a 520-byte spill, slower than the baseline);
+/// the two halves of one (segment, head) share the block's one ring of three stages
+/// ([`PingpongConfig::shares_item`]).
 /// (Three consumers of 32-token stages at `dk = dv = 64`, whose code fits the 128 registers
-/// ptxas allocates at 512 threads, measured 4-8% slower: bench/NOTES.md.)
+/// ptxas allocates at 512 threads, are slower than two: bench/NOTES.md.)
 pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
     match (dk, dv) {
         (64, 64) => Some(PingpongConfig {

@@ -3,3 +3,5 @@
 //! library itself. Nothing here is part of the library's API.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod gla;
