@@ -98,7 +98,8 @@ pub enum GlaStep {
         /// The parameters.
         params: CombineParams,
     },
-    /// A pingpong kernel: `gla_states_pp_dk*_dv*` or `gla_fwd_pp_dk*_dv*`.
+    /// A pingpong kernel: `gla_states_pp_dk*_dv*` or `gla_fwd_pp_dk*_dv*` (its tensor maps are
+    /// the plan's [`GlaLaunchPlan::maps`]).
     Pingpong {
         /// The kernel.
         kernel: &'static Kernel<GlaPingpongParams>,
@@ -107,8 +108,10 @@ pub enum GlaStep {
         /// Launched overlapping the previous kernel (programmatic dependent launch): the
         /// forward after the state pass.
         overlapping_previous: bool,
-        /// The parameters.
-        params: GlaPingpongParams,
+        /// The parameters besides the tensor maps ([`GlaPingpongParams::base`]).
+        base: GlaParams,
+        /// [`GlaPingpongParams::items`].
+        items: u32,
     },
 }
 
@@ -144,14 +147,14 @@ impl GlaStep {
 }
 
 /// A launch of a plan with its workspace and tensor maps filled in, ready to run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum GlaLaunch {
     /// `gla_states_dk*_dv*` or `gla_fwd_dk*_dv*`.
     Baseline(Launch<GlaParams>),
     /// `gla_combine`.
     Combine(Launch<CombineParams>),
-    /// `gla_states_pp_dk*_dv*` or `gla_fwd_pp_dk*_dv*`.
-    Pingpong(Launch<GlaPingpongParams>),
+    /// `gla_states_pp_dk*_dv*` or `gla_fwd_pp_dk*_dv*` (boxed: four tensor maps).
+    Pingpong(Box<Launch<GlaPingpongParams>>),
 }
 
 impl GlaLaunch {
@@ -300,21 +303,14 @@ impl GlaLaunchPlan {
                 map(&t.v, p.dv)?,
             ];
             let items = blocks * pcfg.dv_parts;
-            let params = GlaPingpongParams {
-                tmap_q: TensorMap::ZEROED,
-                tmap_k: TensorMap::ZEROED,
-                tmap_g: TensorMap::ZEROED,
-                tmap_v: TensorMap::ZEROED,
-                base: params,
-                items,
-            };
             if split {
                 // One block per (segment, head), all value columns.
                 steps.push(GlaStep::Pingpong {
                     kernel: states,
                     grid: (blocks, 1, 1),
                     overlapping_previous: false,
-                    params,
+                    base: params,
+                    items,
                 });
             }
             // The forward folds the earlier segments' states into each item's initial state
@@ -326,7 +322,8 @@ impl GlaLaunchPlan {
                 kernel: fwd,
                 grid: (items.div_ceil(pcfg.consumers), 1, 1),
                 overlapping_previous: split,
-                params,
+                base: params,
+                items,
             });
             Ok(GlaLaunchPlan {
                 kernel: GlaKernel::Pingpong,
@@ -450,7 +447,8 @@ impl GlaLaunchPlan {
                 kernel,
                 grid,
                 overlapping_previous,
-                params,
+                base,
+                items,
             } => {
                 let launch = Launch::new(
                     kernel,
@@ -461,15 +459,15 @@ impl GlaLaunchPlan {
                         tmap_k: tmaps[1],
                         tmap_g: tmaps[2],
                         tmap_v: tmaps[3],
-                        base: with_workspace(params.base),
-                        items: params.items,
+                        base: with_workspace(base),
+                        items,
                     },
                 );
-                GlaLaunch::Pingpong(if overlapping_previous {
+                GlaLaunch::Pingpong(Box::new(if overlapping_previous {
                     launch.overlapping_previous()
                 } else {
                     launch
-                })
+                }))
             }
         });
         Ok(launches.collect())
@@ -654,7 +652,7 @@ mod tests {
             assert_eq!(plan.workspace, None);
             assert!(plan.maps.is_none());
             let launches = checked_launches(&plan, &Arch::ALL);
-            let GlaLaunch::Baseline(l) = launches[0] else {
+            let GlaLaunch::Baseline(l) = &launches[0] else {
                 panic!("{launches:?}")
             };
             assert_eq!(l.config().grid, (2, 3, 1));
@@ -691,7 +689,7 @@ mod tests {
         let grids: Vec<_> = launches.iter().map(|l| l.config().grid).collect();
         assert_eq!(grids, [(6, 3, 1), (2, 3, 64), (6, 3, 1)]);
         assert!(launches.iter().all(|l| !l.config().overlap_previous));
-        let GlaLaunch::Combine(c) = launches[1] else {
+        let GlaLaunch::Combine(c) = &launches[1] else {
             panic!("{launches:?}")
         };
         let c = c.params();
@@ -699,7 +697,7 @@ mod tests {
         assert_eq!((c.seg_init as u64, c.delta as u64), (10 << 30, 11 << 30));
         assert_eq!((c.heads, c.dk, c.dv, c.has_init), (3, 128, 128, 0));
         assert!(c.init_state.is_null());
-        let GlaLaunch::Baseline(f) = launches[2] else {
+        let GlaLaunch::Baseline(f) = &launches[2] else {
             panic!("{launches:?}")
         };
         assert_eq!(f.params().decay_log2 as u64, 12 << 30);
@@ -730,7 +728,7 @@ mod tests {
                 .map(|l| l.config().overlap_previous)
                 .collect();
             assert_eq!(overlaps, [false, true]);
-            let GlaLaunch::Pingpong(f) = launches[1] else {
+            let GlaLaunch::Pingpong(f) = &launches[1] else {
                 panic!("{launches:?}")
             };
             assert_eq!(f.params().items, items);
