@@ -1,7 +1,7 @@
 //! GLA forward against the f64 recurrence (`gla::reference::recurrence`).
 //!
 //! Tolerance: relative L2 error `||x - ref|| / ||ref|| <= 1e-2` for the outputs and for the
-//! final states (the bound for bf16 inputs; the kernels round q, k variants, the
+//! final states (the bound for bf16 inputs; the kernels round q, k variants, the
 //! intra-chunk scores, the state operand and the output to bf16, each a relative 2^-9, so the
 //! expected error is a few 1e-3). Every output element must be finite (outputs are poisoned with
 //! NaN before the launch, so an unwritten element fails).
@@ -9,8 +9,8 @@
 //! The same cases run on the CPU through `gla::reference::chunked`, the kernels' algorithm in
 //! f32 (chunking, clamping, reference points, `ex2.approx.ftz`'s flush to zero, bf16 roundings,
 //! segment passes), so that the algorithm itself is checked here without a GPU; and small cases (`gla/emulated/...`) run
-//! the kernels' own code in the CPU emulator (`kernel-emulator`), through `gla::forward_raw`,
-//! the launch sequence of the GPU path, with the same tolerance and guard bands around every
+//! the kernels' own code in the CPU emulator (`kernel-emulator`), through the problem's plan
+//! (`GlaProblem::launch_plan`, `GlaLaunchPlan::run`), the launch sequence of the GPU path, with the same tolerance and guard bands around every
 //! buffer (a write outside one fails the test).
 
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -18,11 +18,11 @@ use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::data::rng;
 use kernels::gla::reference::{self, HostInputs, rel_l2};
 use kernels::gla::{
-    self, G_FLOOR, GlaInputs, GlaKernel, GlaOutputs, GlaPlan, GlaProblem, RawGlaTables,
-    RawGlaTensors, RawSplitWorkspace, SegmentPlan, plan_segments,
+    self, G_FLOOR, GlaInputs, GlaKernel, GlaOutputs, GlaPlan, GlaProblem, GlaSplitWorkspace,
+    GlaTensors, GlaWorkspace, SegmentPlan, plan_segments,
 };
 use kernels::memory::{download, poisoned, upload};
-use kernels::{Error, Gpu, bf16};
+use kernels::{Arch, Error, Gpu, bf16};
 use rand::Rng;
 
 /// The bound on the relative L2 errors.
@@ -88,7 +88,7 @@ fn name(c: &Case) -> String {
 fn cases() -> Vec<Case> {
     let slow = Decay::Uniform(-0.05, 0.0);
     let mut v = Vec::new();
-    // The lengths, on every head-dimension pair (Dk != Dv included).
+    // Lengths of one token, around a step and long, on every head-dimension pair (Dk != Dv included).
     for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
         for t in [1, 63, 64, 65, 1000] {
             v.push(case(2, t, 2, dk, dv, slow));
@@ -428,9 +428,12 @@ fn diagnose(p: &GlaProblem, got: &[bf16], want: &[f64]) {
     println!("  rel L2 by eighth of the token rows: {}", list(&by_eighth));
 }
 
+/// Multiprocessors of the GPU the CPU runs plan for (an H100/H200).
+const CPU_SMS: usize = 132;
+
 fn cpu_plan(p: &GlaProblem) -> kernels::Result<SegmentPlan> {
-    // Without a GPU the automatic choice has no SM count: use 132 (an H100/H200).
-    p.plan(132)
+    // Without a GPU the automatic choice has no SM count.
+    p.plan(CPU_SMS)
 }
 
 fn cpu_chunked(c: &Case) -> TestResult {
@@ -455,16 +458,15 @@ fn fail(e: Error) -> kernel_tests::TestFailure {
     format!("{e}").into()
 }
 
-/// Run in the CPU emulator through `gla::forward_raw` (the launch sequence of
-/// `GlaPlan::forward`): host buffers with guard bands, outputs and workspace poisoned with NaN.
-/// Also returns the buffers a kernel wrote outside of (their guard bands changed).
+/// Run in the CPU emulator through the problem's plan (`GlaProblem::launch_plan`, the launches
+/// of `GlaPlan::forward`, run by `GlaLaunchPlan::run`): host buffers with guard bands, outputs
+/// and workspace poisoned with NaN. Also returns the buffers a kernel wrote outside of (their
+/// guard bands changed).
 fn emulator_forward(
     p: &GlaProblem,
     d: &Data,
     final_state: bool,
 ) -> kernels::Result<(Run, Vec<&'static str>)> {
-    let plan = cpu_plan(p)?;
-    let (seg_words, combine_words) = gla::table_words(&plan);
     let (mut q, mut k, mut v, mut g) = (
         HostBuf::from_slice(&d.q),
         HostBuf::from_slice(&d.k),
@@ -474,23 +476,7 @@ fn emulator_forward(
     let mut init = d.init.as_deref().map(HostBuf::from_slice);
     let mut o = HostBuf::filled(p.v_len(), bf16::NAN);
     let mut fs = final_state.then(|| HostBuf::filled(p.state_len(), f32::NAN));
-    let mut segments = HostBuf::from_slice(&seg_words);
-    let mut combine = HostBuf::from_slice(&combine_words);
-    let (state, decay) = gla::workspace_len(p, &plan).unwrap_or((0, 0));
-    let mut seg_init = HostBuf::filled(state, f32::NAN);
-    let mut delta = HostBuf::filled(state, f32::NAN);
-    let mut decay_log2 = HostBuf::filled(decay, f32::NAN);
-    let split = !plan.combine.is_empty();
-    let tables = RawGlaTables {
-        segments: segments.view(),
-        split: split.then(|| RawSplitWorkspace {
-            combine: combine.view(),
-            seg_init: seg_init.view(),
-            delta: delta.view(),
-            decay_log2: decay_log2.view(),
-        }),
-    };
-    let tensors = RawGlaTensors {
+    let tensors = GlaTensors {
         q: q.view(),
         k: k.view(),
         v: v.view(),
@@ -499,9 +485,28 @@ fn emulator_forward(
         o: o.view(),
         final_state: fs.as_mut().map(|b| b.view()),
     };
+    // The emulator runs the baseline kernels (those of every target); without a GPU the
+    // automatic choice has no SM count: 132 (an H100/H200).
+    let plan = p.launch_plan(Arch::Sm80, CPU_SMS, &tensors)?;
+    let (seg_words, combine_words) = plan.table_words();
+    let mut segments = HostBuf::from_slice(&seg_words);
+    let mut combine = HostBuf::from_slice(&combine_words);
+    let (state, decay) = plan.workspace.unwrap_or((0, 0));
+    let mut seg_init = HostBuf::filled(state, f32::NAN);
+    let mut delta = HostBuf::filled(state, f32::NAN);
+    let mut decay_log2 = HostBuf::filled(decay, f32::NAN);
+    let workspace = GlaWorkspace {
+        segments: segments.view(),
+        split: plan.workspace.map(|_| GlaSplitWorkspace {
+            combine: combine.view(),
+            seg_init: seg_init.view(),
+            delta: delta.view(),
+            decay_log2: decay_log2.view(),
+        }),
+    };
     // SAFETY: every view is a distinct host buffer of the size the problem and plan need,
     // alive for the call; the emulator runs on host memory; the tables hold the plan's words.
-    unsafe { gla::forward_raw(&Emulator, p, &plan, &tables, &tensors)? };
+    unsafe { plan.run(&Emulator, &workspace)? };
     let guards = [
         ("q", q.guards_intact()),
         ("k", k.guards_intact()),
@@ -524,7 +529,7 @@ fn emulator_forward(
         Run {
             o: o.to_vec(),
             final_state: fs.as_ref().map(|b| b.to_vec()),
-            plan,
+            plan: plan.segments,
         },
         outside,
     ))

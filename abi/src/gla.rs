@@ -17,7 +17,7 @@
 //! Splitting sequences into segments is what gives the GPU enough blocks when `batch * heads`
 //! is small (long sequences); with one segment per sequence only `gla_fwd` runs.
 
-use crate::{SMEM_ALIGN, WARP_SIZE, align_up};
+use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE, align_up};
 
 /// Tokens per chunk: the rows of one `mma.sync` m16 tile. The intra-chunk part is this one
 /// 16 x 16 block; everything before the chunk reaches it through the state.
@@ -649,11 +649,11 @@ impl PingpongConfig {
 /// `dk = dv = 64` and of 32 tokens otherwise, two per consumer's ring. At `dk = dv = 128` an
 /// item is half of the value columns (`dv_parts = 2`): a whole `128 x 128` state (128 f32
 /// registers per consumer thread) with the fragments and the element-wise phase exceeded the
-/// 168 registers ptxas allocates at 384 threads (520-byte spill, 1.5x slower than the baseline
-/// when measured); the two halves of one (segment, head) share the block's one ring of three
-/// stages ([`PingpongConfig::shares_item`]).
+/// 168 registers ptxas allocates at 384 threads (a 520-byte spill, slower than the baseline);
+/// the two halves of one (segment, head) share the block's one ring of three stages
+/// ([`PingpongConfig::shares_item`]).
 /// (Three consumers of 32-token stages at `dk = dv = 64`, whose code fits the 128 registers
-/// ptxas allocates at 512 threads, measured 4-8% slower: bench/NOTES.md.)
+/// ptxas allocates at 512 threads, are slower than two: bench/NOTES.md.)
 pub const fn pingpong_config(dk: u32, dv: u32) -> Option<PingpongConfig> {
     match (dk, dv) {
         (64, 64) => Some(PingpongConfig {
@@ -718,3 +718,91 @@ pub struct GlaPingpongParams {
     /// Items: `segments * heads * dv_parts`.
     pub items: u32,
 }
+
+/// Declare the handles of each head-dimension pair's four kernels (the baseline's forward and
+/// state pass, the pingpong's forward and state pass), the family's table, and the lookups by
+/// head dimensions.
+macro_rules! gla_kernels {
+    ($( ($dk:literal, $dv:literal): $fwd:ident, $states:ident, $fwd_pp:ident, $states_pp:ident; )*) => {
+        $(
+            #[doc = concat!("`gla_fwd_dk", stringify!($dk), "_dv", stringify!($dv), "`: grid ",
+                "`(segments, heads)`, [`GlaConfig::threads`] threads, [`GlaConfig::smem_bytes`].")]
+            pub const $fwd: Kernel<GlaParams> = Kernel::new(
+                concat!("gla_fwd_dk", stringify!($dk), "_dv", stringify!($dv)),
+                config_of($dk, $dv).threads(),
+                config_of($dk, $dv).blocks_per_sm,
+                |()| config_of($dk, $dv).smem_bytes(),
+            );
+            #[doc = concat!("`gla_states_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
+                "launched as the forward kernel of the pair.")]
+            pub const $states: Kernel<GlaParams> = Kernel::new(
+                concat!("gla_states_dk", stringify!($dk), "_dv", stringify!($dv)),
+                config_of($dk, $dv).threads(),
+                config_of($dk, $dv).blocks_per_sm,
+                |()| config_of($dk, $dv).smem_bytes(),
+            );
+            #[doc = concat!("`gla_fwd_pp_dk", stringify!($dk), "_dv", stringify!($dv), "` ",
+                "(sm_90a): grid `ceil(items / consumers)`, [`PingpongConfig::threads`] threads, ",
+                "[`PingpongConfig::smem_bytes`].")]
+            pub const $fwd_pp: Kernel<GlaPingpongParams> = Kernel::new(
+                concat!("gla_fwd_pp_dk", stringify!($dk), "_dv", stringify!($dv)),
+                pingpong_config_of($dk, $dv).threads(),
+                1,
+                |()| pingpong_config_of($dk, $dv).smem_bytes(),
+            );
+            #[doc = concat!("`gla_states_pp_dk", stringify!($dk), "_dv", stringify!($dv), "` ",
+                "(sm_90a): grid `segments * heads`, [`PP_STATE_THREADS`] threads, ",
+                "[`PingpongConfig::state_smem_bytes`].")]
+            pub const $states_pp: Kernel<GlaPingpongParams> = Kernel::new(
+                concat!("gla_states_pp_dk", stringify!($dk), "_dv", stringify!($dv)),
+                PP_STATE_THREADS,
+                1,
+                |()| pingpong_config_of($dk, $dv).state_smem_bytes(),
+            );
+        )*
+
+        /// The family's kernels.
+        pub const KERNELS: &[KernelDecl] = &[
+            $( $fwd.info(), $states.info(), $fwd_pp.info(), $states_pp.info(), )*
+            GLA_COMBINE.info(),
+        ];
+
+        /// The baseline kernels `(gla_fwd, gla_states)` of head dimensions `(dk, dv)`, if any.
+        pub const fn baseline_kernels(
+            dk: u32,
+            dv: u32,
+        ) -> Option<(&'static Kernel<GlaParams>, &'static Kernel<GlaParams>)> {
+            match (dk, dv) {
+                $( ($dk, $dv) => Some((&$fwd, &$states)), )*
+                _ => None,
+            }
+        }
+
+        /// The pingpong kernels `(gla_fwd_pp, gla_states_pp)` of head dimensions `(dk, dv)`,
+        /// if any.
+        pub const fn pingpong_kernels(
+            dk: u32,
+            dv: u32,
+        ) -> Option<(
+            &'static Kernel<GlaPingpongParams>,
+            &'static Kernel<GlaPingpongParams>,
+        )> {
+            match (dk, dv) {
+                $( ($dk, $dv) => Some((&$fwd_pp, &$states_pp)), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+gla_kernels! {
+    (64, 64): GLA_FWD_DK64_DV64, GLA_STATES_DK64_DV64, GLA_FWD_PP_DK64_DV64, GLA_STATES_PP_DK64_DV64;
+    (64, 128): GLA_FWD_DK64_DV128, GLA_STATES_DK64_DV128, GLA_FWD_PP_DK64_DV128, GLA_STATES_PP_DK64_DV128;
+    (128, 64): GLA_FWD_DK128_DV64, GLA_STATES_DK128_DV64, GLA_FWD_PP_DK128_DV64, GLA_STATES_PP_DK128_DV64;
+    (128, 128): GLA_FWD_DK128_DV128, GLA_STATES_DK128_DV128, GLA_FWD_PP_DK128_DV128, GLA_STATES_PP_DK128_DV128;
+}
+
+/// `gla_combine`: grid `(split sequences, heads, ceil(dk dv / COMBINE_THREADS))`,
+/// [`COMBINE_THREADS`] threads, no dynamic shared memory.
+pub const GLA_COMBINE: Kernel<CombineParams> =
+    Kernel::new("gla_combine", COMBINE_THREADS, 1, |()| 0);

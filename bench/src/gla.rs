@@ -1,8 +1,8 @@
-//! Family `gla`: the chunkwise GLA forward on the configurations, beside
+//! Family `gla`: the chunkwise GLA forward on the benchmark configurations, beside
 //! flash-linear-attention's `chunk_gla` (fla-core 0.6.0, Triton) and a PyTorch chunked reference
 //! on the same inputs (`bench/peers/gla.py`).
 //!
-//! Configurations: the seed's (B = 4, H = 32, Dk = Dv = 64, T = 1024, 2048, 4096) and
+//! Configurations: B = 4, H = 32, Dk = Dv = 64 at T = 1024, 2048, 4096, and
 //! Dk = Dv = 128 at T = 8192 (B = 2, H = 16) and T = 16384 (B = 1, H = 16); every one holds
 //! at most `B T H D` = 2^25 elements per tensor, so one set of inputs serves them all (each
 //! configuration takes prefixes). Log-decays are
@@ -24,12 +24,12 @@ use kernels::gla::reference::{self, HostInputs, rel_l2};
 use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaPlan, GlaProblem};
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
-use rand::Rng;
+use kernels_testing::gla::log_sigmoid_decays;
 
 /// Elements of each input tensor (every configuration uses exactly this many).
 const ELEMS: usize = 1 << 25;
 
-/// The configurations `(B, T, H, D)` (Dk = Dv = D).
+/// The configurations `(B, T, H, D)` (Dk = Dv = D).
 pub const CONFIGS: [(usize, usize, usize, usize); 5] = [
     (4, 1024, 32, 64),
     (4, 2048, 32, 64),
@@ -37,16 +37,6 @@ pub const CONFIGS: [(usize, usize, usize, usize); 5] = [
     (2, 8192, 16, 128),
     (1, 16384, 16, 128),
 ];
-
-/// Log-decays `log(sigmoid(x))`, `x` uniform in `[-3, 3)`, rounded to bf16.
-pub fn log_sigmoid_decays(r: &mut impl Rng, n: usize) -> Vec<bf16> {
-    (0..n)
-        .map(|_| {
-            let x: f64 = r.random_range(-3.0..3.0);
-            bf16::from_f64(-(1.0 + (-x).exp()).ln())
-        })
-        .collect()
-}
 
 /// Run the family.
 pub fn run(b: &mut Bench) -> Result<()> {

@@ -386,7 +386,7 @@ fn gla_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn) -> 
     let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
     let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
     let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
-    let g = crate::gla::log_sigmoid_decays(&mut r, p.qk_len());
+    let g = kernels_testing::gla::log_sigmoid_decays(&mut r, p.qk_len());
     let init = uniform_f32(&mut r, p.state_len(), -1.0, 1.0);
     let (dq, dk, dv, dg, di) = (
         upload(&q)?,
@@ -523,7 +523,7 @@ fn cpu_references() {
         let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
         let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
         let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
-        let g = crate::gla::log_sigmoid_decays(&mut r, p.qk_len());
+        let g = kernels_testing::gla::log_sigmoid_decays(&mut r, p.qk_len());
         timed("gla recurrence (f64)", "B1 T256 H2 dk64 dv64", &mut || {
             let host = HostInputs {
                 q: &q,

@@ -10,17 +10,7 @@ use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::time_on_stream;
 use kernels::{Gpu, bf16};
-use rand::Rng;
-
-/// Log-decays `log(sigmoid(x))`, `x` uniform in `[-3, 3)`.
-fn decays(r: &mut impl Rng, n: usize) -> Vec<bf16> {
-    (0..n)
-        .map(|_| {
-            let x: f64 = r.random_range(-3.0..3.0);
-            bf16::from_f64(-(1.0 + (-x).exp()).ln())
-        })
-        .collect()
-}
+use kernels_testing::gla::log_sigmoid_decays;
 
 struct Data {
     q: Vec<bf16>,
@@ -36,7 +26,7 @@ fn data(p: &GlaProblem, seed: u64) -> Data {
         q: uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0),
         k: uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0),
         v: uniform_bf16(&mut r, p.v_len(), -1.0, 1.0),
-        g: decays(&mut r, p.qk_len()),
+        g: log_sigmoid_decays(&mut r, p.qk_len()),
         init: uniform_f32(&mut r, p.state_len(), -1.0, 1.0),
     }
 }

@@ -5,6 +5,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod attention;
+pub mod gla;
 pub mod mhc;
 pub mod negative;
 pub mod semicrf;
