@@ -2,7 +2,7 @@
 //! other executor of the kernels (the CPU emulator of the tests), over raw device memory.
 
 use crate::error::Result;
-use crate::gpu::{Gpu, LaunchConfig};
+use crate::gpu::Gpu;
 use crate::launch::Launch;
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::stream::Stream;
@@ -81,26 +81,11 @@ impl<'a, T: DeviceCopy> From<&'a mut DeviceBuffer<T>> for DevView<'a, T> {
 /// Something that launches this crate's kernels: a GPU stream ([`OnStream`]), or the CPU
 /// emulator of the tests.
 pub trait Exec {
-    /// Launch kernel `name` by its name (being replaced by [`Exec::launch`]) with parameter
-    /// struct `params` (see [`Gpu::launch_by_name`]).
-    ///
-    /// # Safety
-    /// `params` satisfies the kernel's contract for this executor's memory.
-    unsafe fn launch_by_name<P: Copy>(
-        &self,
-        name: &str,
-        cfg: &LaunchConfig,
-        params: &P,
-    ) -> Result<()>;
-
     /// Run `launch` (see [`Gpu::launch`]).
     ///
     /// # Safety
     /// The launch's parameters satisfy the kernel's contract for this executor's memory.
-    unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.launch_by_name(launch.name(), launch.config(), launch.params()) }
-    }
+    unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> Result<()>;
 }
 
 /// Launches on a GPU stream.
@@ -112,16 +97,6 @@ pub struct OnStream<'a> {
 }
 
 impl Exec for OnStream<'_> {
-    unsafe fn launch_by_name<P: Copy>(
-        &self,
-        name: &str,
-        cfg: &LaunchConfig,
-        params: &P,
-    ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.gpu.launch_by_name(self.stream, name, cfg, params) }
-    }
-
     unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> Result<()> {
         // SAFETY: forwarded to the caller.
         unsafe { self.gpu.launch(self.stream, launch) }

@@ -167,38 +167,6 @@ impl Gpu {
             })
     }
 
-    /// Launch kernel `name` by its name (being replaced by [`Gpu::launch`] and typed handles),
-    /// with one parameter struct `params`, after checking the launch
-    /// against the PTX declaration and the device limits:
-    /// - the kernel exists and takes exactly one parameter of `size_of::<P>()` bytes;
-    /// - the block has at most the kernel's declared `.maxntid` threads (and 1024);
-    /// - grid and block dimensions are non-zero and within the device's limits;
-    /// - the dynamic shared memory fits the device (the opt-in limit is raised when needed);
-    /// - [`LaunchConfig::overlap_previous`] only on `sm_90a` code.
-    ///
-    /// # Safety
-    /// `params` must satisfy the kernel's documented contract: its pointers refer to live device
-    /// allocations of the documented sizes, its sizes match them, and `cfg` is the launch shape
-    /// the kernel documents. With `cfg.overlap_previous`, the kernel waits for the stream's
-    /// previous kernel (`griddepcontrol.wait`) as [`LaunchConfig::overlap_previous`] requires.
-    pub unsafe fn launch_by_name<P: Copy>(
-        &self,
-        stream: &Stream,
-        name: &str,
-        cfg: &LaunchConfig,
-        params: &P,
-    ) -> Result<()> {
-        check_launch(
-            self.arch,
-            name,
-            cfg,
-            std::mem::size_of::<P>(),
-            self.info.max_shared_memory_per_block,
-        )?;
-        // SAFETY: forwarded to the caller; the launch was checked above.
-        unsafe { self.launch_checked(stream, name, cfg, params) }
-    }
-
     /// Launch `launch` on `stream`, after checking it against what the kernel's PTX declares
     /// and the device's limits ([`check_kernel_launch`]): the entry exists with one parameter
     /// of the handle's struct size and the handle's launch bounds, the grid is within the

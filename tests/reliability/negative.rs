@@ -2,12 +2,13 @@
 //! aliasing that the checks must catch. The sanitizer passes of `bundle/run.sh` leave these
 //! tests out; `bundle/reliability.sh` runs them under racecheck and expects hazards.
 
+use kernel_abi::smoke::{NEGATIVE_BLOCK_REDUCE_NO_BARRIER, ReduceParams, SMOKE_BLOCK_REDUCE};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{TestResult, check_close, ensure, gpu_ok};
 use kernels::memory::{download, poisoned, upload};
 use kernels::mhc::Exec;
 use kernels::semicrf::{self, SemiCrfProblem};
-use kernels::{Gpu, LaunchConfig};
+use kernels::{Gpu, Kernel, Launch};
 
 pub fn emulated_reduce_barrier_hazard() -> TestResult {
     // The emulator finds the missing barrier whatever the order its threads run in, and the
@@ -17,7 +18,7 @@ pub fn emulated_reduce_barrier_hazard() -> TestResult {
     let data: Vec<f32> = (0..blocks * threads * 2)
         .map(|i| (i % 17) as f32 - 8.0)
         .collect();
-    let run = |name: &str| -> Result<Vec<f32>, String> {
+    let run = |kernel: &Kernel<ReduceParams>| -> Result<Vec<f32>, String> {
         let mut input = HostBuf::from_slice(&data);
         let mut partial = HostBuf::filled(blocks as usize, f32::NAN);
         let params = kernel_abi::smoke::ReduceParams {
@@ -25,23 +26,19 @@ pub fn emulated_reduce_barrier_hazard() -> TestResult {
             partial: partial.view().addr() as *mut f32,
             n: data.len() as u32,
         };
-        let cfg = LaunchConfig::new(
-            (blocks, 1, 1),
-            threads,
-            kernel_abi::smoke::reduce_smem_bytes(),
-        );
+        let launch = Launch::new(kernel, (blocks, 1, 1), (), params);
         // SAFETY: input holds n f32 and partial one per block, as the kernel requires.
-        unsafe { Emulator.launch_by_name(name, &cfg, &params) }.map_err(|e| e.to_string())?;
+        unsafe { Emulator.launch(&launch) }.map_err(|e| e.to_string())?;
         Ok(partial.to_vec())
     };
-    let good = run("smoke_block_reduce").map_err(|e| format!("the correct kernel failed: {e}"))?;
+    let good = run(&SMOKE_BLOCK_REDUCE).map_err(|e| format!("the correct kernel failed: {e}"))?;
     let want = kernels_testing::smoke::block_reduce_reference(&data, blocks);
     for (b, (x, w)) in good.iter().zip(&want).enumerate() {
         ensure((*x as f64 - w.0).abs() <= 1e-4 * w.1.max(1.0), || {
             format!("block {b}: {x} vs {}", w.0)
         })?;
     }
-    let err = run("negative_block_reduce_no_barrier")
+    let err = run(&NEGATIVE_BLOCK_REDUCE_NO_BARRIER)
         .err()
         .ok_or("the emulator did not report the missing barrier")?;
     ensure(err.contains("hazard"), || {

@@ -8,10 +8,10 @@ use crate::HOPPER_MAX_SMEM;
 use kernel_tests::TestResult;
 use kernels::attention::{self, AttentionProblem, Dtype};
 use kernels::gla::{self, GlaProblem};
-use kernels::gpu::check_launch;
+use kernels::gpu::{check_kernel_launch, check_launch};
 use kernels::mhc::{self, DevView, Exec, MhcProblem};
 use kernels::semicrf::{self, SemiCrfProblem};
-use kernels::{Arch, Error, LaunchConfig};
+use kernels::{Arch, Error, Launch, LaunchConfig};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::RefCell;
@@ -243,18 +243,13 @@ impl CheckingExec {
 }
 
 impl Exec for CheckingExec {
-    unsafe fn launch_by_name<P: Copy>(
-        &self,
-        name: &str,
-        cfg: &LaunchConfig,
-        _params: &P,
-    ) -> kernels::Result<()> {
+    unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> kernels::Result<()> {
         for arch in Arch::ALL {
-            check_launch(arch, name, cfg, std::mem::size_of::<P>(), HOPPER_MAX_SMEM)?;
+            check_kernel_launch(arch, launch.kernel(), launch.config(), HOPPER_MAX_SMEM)?;
         }
         self.launched
             .borrow_mut()
-            .push((name.to_string(), cfg.overlap_previous));
+            .push((launch.name().to_string(), launch.config().overlap_previous));
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! over its emulated device layer (`kernel_emulator::emu`), behind the same [`Exec`] interface the
 //! GPU launches use, and aligned host buffers standing in for device memory.
 
-use kernels::LaunchConfig;
+use kernels::Launch;
 use kernels::mhc::{DevView, Exec};
 use kernels::{Error, Result};
 
@@ -10,12 +10,9 @@ use kernels::{Error, Result};
 pub struct Emulator;
 
 impl Exec for Emulator {
-    unsafe fn launch_by_name<P: Copy>(
-        &self,
-        name: &str,
-        cfg: &LaunchConfig,
-        params: &P,
-    ) -> Result<()> {
+    unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> Result<()> {
+        let name = launch.name();
+        let cfg = launch.config();
         let invalid = |reason: String| Error::InvalidLaunch {
             kernel: name.to_string(),
             reason,
@@ -34,8 +31,13 @@ impl Exec for Emulator {
                 kernel.params
             )));
         }
-        if cfg.block.1 != 1 || cfg.block.2 != 1 {
-            return Err(invalid("only one-dimensional blocks are emulated".into()));
+        if kernel.threads != launch.kernel().threads || cfg.block != (kernel.threads, 1, 1) {
+            return Err(invalid(format!(
+                "block {:?}; the emulated kernel has {} threads, its handle {}",
+                cfg.block,
+                kernel.threads,
+                launch.kernel().threads
+            )));
         }
         // SAFETY: forwarded to the caller (the parameter struct's contract); its type's size
         // matches the kernel's.
@@ -45,7 +47,7 @@ impl Exec for Emulator {
                 cfg.grid,
                 cfg.block.0,
                 cfg.shared_mem_bytes,
-                params as *const P as *const u8,
+                launch.params() as *const P as *const u8,
             )
         }
         .map_err(|e| invalid(format!("emulated kernel failed: {e}")))
