@@ -86,6 +86,7 @@
 //! functions of their own (with the shared-memory layout as a struct) reorders instructions in
 //! the PTX, which this layout keeps unchanged.
 
+mod epilogue;
 mod mask;
 mod scheduler;
 mod softmax;
@@ -93,7 +94,7 @@ mod softmax;
 use super::elem::{Bf16, Elem, F16};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{fence, index, math, regs, smem, sync, warp};
+use crate::arch::{fence, index, regs, smem, sync};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::{
@@ -538,39 +539,9 @@ unsafe fn forward<
         }
 
         // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
-        let o_base = p
-            .o
-            .wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
-        for h in 0..2 {
-            let mut sum = row_sum[h];
-            // SAFETY: all 32 lanes execute these shuffles.
-            unsafe {
-                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 1);
-                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 2);
-            }
-            let (inv, lse) = if sum > 0.0 {
-                (1.0 / sum, (row_max[h] + math::log2(sum)) * math::LN_2)
-            } else {
-                (0.0, f32::NEG_INFINITY)
-            };
-            let row = warp_row + g + 8 * h as u32;
-            if row < rows_valid {
-                let i = m0 + row;
-                let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
-                for j in 0..OR / 4 {
-                    let v = E::pack(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-                    // SAFETY: row i < seq_q, column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
-                    // (16-byte aligned rows, even column).
-                    unsafe { *(dst.wrapping_add(8 * j + 2 * t as usize) as *mut u32) = v };
-                }
-                if t == 0 {
-                    let idx =
-                        (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
-                    // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
-                    unsafe { *p.lse.add(idx as usize) = lse };
-                }
-            }
-        }
+        epilogue::store_tile!(
+            E, OR, p, o, row_max, row_sum, m0, head, batch, rows_valid, warp_row, g, t
+        );
         if steps > 0 {
             kv += steps;
             q_iter += 1;
