@@ -88,6 +88,7 @@
 
 mod epilogue;
 mod mask;
+mod producer;
 mod scheduler;
 mod softmax;
 
@@ -98,7 +99,7 @@ use crate::arch::{fence, index, regs, smem, sync};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::{
-    HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
+    HOPPER_BLOCK_M, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
     HOPPER_SCHED_BARRIER, HOPPER_THREADS, HOPPER_VARIANTS, HOPPER_WG_ROWS, HopperConfig,
     HopperParams, hopper_config_of,
 };
@@ -198,81 +199,12 @@ unsafe fn forward<
         // SAFETY: the whole producer warpgroup executes this, uniformly.
         unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
         if tid == 0 {
-            // K/V tiles through the rings and Q tiles loaded so far (tiles without a step load
-            // nothing, on both sides).
-            let (mut kv, mut q_iter) = (0u32, 0u32);
-            let mut t = index::block_idx_x();
-            while t < p.num_tiles {
-                let tl = tile::<BN>(p, t);
-                t += index::grid_dim_x();
-                if tl.steps == 0 {
-                    continue;
-                }
-                // SAFETY: Q's tile is free once `q_empty` completed its previous phase (the
-                // consumers' last S of the previous tile is complete; the first pass does not
-                // wait); `q_full` expects exactly the Q boxes' bytes; the destinations are
-                // 1024-aligned column blocks sized by the ABI, read only after the phase
-                // completes; the D coordinates are multiples of 64 elements (TMA's 16-byte
-                // rule holds).
-                unsafe {
-                    q_empty.wait_parity((q_iter & 1) ^ 1);
-                    q_full.arrive_expect_tx(cfg.q_bytes());
-                    for cb in 0..cblocks {
-                        let dst = q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M);
-                        let x = (cb * HOPPER_ATOM) as i32;
-                        let (h, b) = (tl.head as i32, tl.batch as i32);
-                        tmap_q.load_4d(dst, x, h, tl.m0 as i32, b, q_full);
-                    }
-                }
-                // Tiles in the order the consumers read them: with the overlap K of step i + 1
-                // before V of step i (S of step i + 1 is issued before P V of step i), else K
-                // and V of each step.
-                let load = |j: u32, k: bool| {
-                    let pos = RingPos::<STAGES>::of(kv + j);
-                    let (full, empty, map, dst) = if k {
-                        (
-                            full_k(pos.stage),
-                            empty_k(pos.stage),
-                            tmap_k,
-                            k_s(pos.stage),
-                        )
-                    } else {
-                        (
-                            full_v(pos.stage),
-                            empty_v(pos.stage),
-                            tmap_v,
-                            v_s(pos.stage),
-                        )
-                    };
-                    let n0 = ((tl.nb_lo + j) * BN) as i32;
-                    // SAFETY: ring protocol (module docs): the slot is free once `empty`
-                    // completed its previous phase; `full` expects exactly the tile's bytes;
-                    // the destination is untouched until that phase completes.
-                    unsafe {
-                        empty.wait_parity(pos.phase ^ 1);
-                        full.arrive_expect_tx(cfg.tile_bytes());
-                        for cb in 0..cblocks {
-                            let x = (cb * HOPPER_ATOM) as i32;
-                            let d = dst + cb * cfg.block_bytes(BN);
-                            let (h, b) = (tl.head_kv as i32, tl.batch as i32);
-                            map.load_4d(d, x, h, n0, b, full);
-                        }
-                    }
-                };
-                if OVERLAP {
-                    load(0, true);
-                }
-                for step in 0..tl.steps {
-                    if !OVERLAP {
-                        load(step, true);
-                    } else if step + 1 < tl.steps {
-                        load(step + 1, true);
-                    }
-                    load(step, false);
-                }
-                kv += tl.steps;
-                q_iter += 1;
-            }
+            producer::load_tiles!(
+                p, cfg, cblocks, [tmap_q, tmap_k, tmap_v],
+                q: (q_s, q_full, q_empty),
+                k: (k_s, full_k, empty_k),
+                v: (v_s, full_v, empty_v)
+            );
         }
         return;
     }
