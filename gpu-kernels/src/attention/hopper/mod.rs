@@ -21,8 +21,8 @@
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, and its
-//! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead). Warpgroups 1 and 2
-//! consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
+//! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead).
+//! Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
 //! of the block; per step it issues `wgmma.m64n{block_n}k16` for S (`block_n / 2` f32
 //! registers), does the online softmax on its accumulators (a row is held by the 4 lanes of a
 //! quad), converts P to A fragments in registers, and issues `wgmma.m64n{D}k16` (register A)
@@ -64,10 +64,10 @@
 //!   its last batch; so each barrier sees exactly `n` syncs and `n` arrivals, and the batches
 //!   alternate strictly: 0, 1, 0, 1, ... Across tiles too: consumer 1 reaches its next tile's
 //!   first arrival only after its last batch, whose turn came from consumer 0's last batch, so
-//!   consumer 0 has passed its last sync of the tile and never sees two arrivals in one phase. No wait on the rings happens between a sync and its arrival, and the producer
-//!   issues the tiles in the order both consumers read them (each tile it waits for was
-//!   released by both consumers at an earlier batch), so the turns cannot deadlock with the
-//!   rings.
+//!   consumer 0 has passed its last sync of the tile and never sees two arrivals in one phase.
+//!   No wait on the rings happens between a sync and its arrival, and the producer issues the
+//!   tiles in the order both consumers read them (each tile it waits for was released by both
+//!   consumers at an earlier batch), so the turns cannot deadlock with the rings.
 //! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
@@ -76,15 +76,19 @@
 //! maximum is -inf uses 0 as its reference; O = 0 and LSE = -inf for rows with no allowed key).
 //!
 //! # Files
-//! - this file: the kernel body ([`forward`]: barrier setup, the role split, the producer's TMA
-//!   loop, the consumers' two main loops and the epilogue) and the entry points
-//!   (`hopper_kernel!`);
+//! - this file: the entry points (`hopper_kernel!`) and [`forward`]: barrier setup and the role
+//!   split;
+//! - [`producer`]: the producer's TMA loop (`load_tiles!`);
+//! - [`consumer`]: the consumers' tile loop, both main loops (`consume_tiles!`, with the
+//!   `wgmma` batches `issue_s!` and `issue_pv!`);
+//! - [`epilogue`]: O and LSE stored per consumer and tile (`store_tile!`);
+//! - [`named_barrier`]: the pingpong turn barriers;
 //! - [`scheduler`]: the persistent grid's tiles;
 //! - [`mask`], [`softmax`]: the family's mask and online softmax on `wgmma` accumulators.
 //!
-//! The producer, the consumers and the epilogue stay in one function: moving them into
-//! functions of their own (with the shared-memory layout as a struct) reorders instructions in
-//! the PTX, which this layout keeps unchanged.
+//! The producer, the consumers and the epilogue are macros expanded in [`forward`], not
+//! functions: as `#[inline(always)]` functions (taking the same values and closures) they
+//! changed the kernels' PTX, which the expansions keep unchanged.
 
 mod consumer;
 mod epilogue;
@@ -108,7 +112,7 @@ use kernel_abi::attention::{
 /// Consumer warps arriving on an `empty` barrier per phase.
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 
-/// The forward pass; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
+/// The forward pass: barrier setup and the role split; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
 /// accumulator registers of S and O; `NT = block_n / 8`, `NK = block_n / 16`, `DK = D / 16`;
 /// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
 /// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`). The
