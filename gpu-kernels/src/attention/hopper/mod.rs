@@ -105,8 +105,8 @@ use crate::arch::{fence, index, regs, smem, sync};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::{
-    HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS, HOPPER_THREADS, HOPPER_VARIANTS,
-    HopperConfig, HopperParams, hopper_config_of,
+    HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS, HOPPER_VARIANTS, HopperConfig,
+    HopperParams, hopper_config_of,
 };
 
 /// Consumer warps arriving on an `empty` barrier per phase.
@@ -230,7 +230,7 @@ macro_rules! hopper_kernel {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: HopperParams) {
             const CFG: HopperConfig = $cfg;
-            crate::launch_bounds!($name, HOPPER_THREADS, 1);
+            crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
             let tmaps = [
                 tensor_map_ptr!($name, 0, HopperParams, tmap_q),
                 tensor_map_ptr!($name, 0, HopperParams, tmap_k),
