@@ -236,7 +236,7 @@ struct HostProblem {
 impl HostProblem {
     fn new(data: &MhcData) -> Self {
         let p = &data.problem;
-        let plan = p.plan();
+        let plan = p.layout();
         let (t, n, c, k, m) = (p.tokens(), p.n, p.c, p.k(), p.m());
         let nan = |len| HostBuf::filled(len, f32::NAN);
         let nan16 = |len| HostBuf::filled(len, bf16::NAN);
@@ -335,7 +335,7 @@ fn run_emulated(data: &MhcData) -> kernels::Result<MhcHostOutputs> {
         dbias: dbias.view(),
     };
     // The plan's launches, run in the emulator.
-    let plan = p.plan();
+    let plan = p.layout();
     let forward_pre =
         plan.forward_pre(&weights, x.view(), &raw_scratch, &raw_coeffs, x_in.view())?;
     let forward_post = plan.forward_post(x.view(), y.view(), &raw_coeffs, x_next.view())?;

@@ -365,7 +365,7 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
             Err(e) => typed(&e),
             Ok(()) => {
                 let _ = (p.forward_bytes(), p.backward_bytes(), p.projection_flops());
-                let plan = p.plan();
+                let plan = p.layout();
                 let (t, k, m) = (p.tokens(), p.k(), p.m());
                 let w = mhc::RawWeights {
                     phi: fake(k * m),

@@ -1,7 +1,9 @@
 //! Running the passes: over views on any [`Exec`] ([`forward_pre_raw`], ...), and on `cust`
 //! buffers on a stream ([`forward_pre`], ...), each a thin wrapper over plan and run.
 
-use super::{MhcPlan, MhcProblem, RawCoefficients, RawGradients, RawScratch, RawWeights};
+use super::{
+    MhcLayout, MhcProblem, MhcTensors, RawCoefficients, RawGradients, RawScratch, RawWeights,
+};
 use crate::error::Result;
 use crate::exec::{DevView, Exec, OnStream};
 use crate::gpu::Gpu;
@@ -11,7 +13,7 @@ use cust::stream::Stream;
 use half::bf16;
 
 /// The first half of the forward over views: coefficients (saved in `coeffs`) and `x_in`
-/// ([`MhcPlan::forward_pre`], then run).
+/// ([`MhcLayout::forward_pre`], then run).
 ///
 /// # Safety
 /// Every view refers to memory `exec`'s kernels can access, for the duration of the launches;
@@ -27,12 +29,15 @@ pub unsafe fn forward_pre_raw(
     coeffs: &RawCoefficients,
     x_in: DevView<bf16>,
 ) -> Result<()> {
-    problem.validate()?;
-    let launches = problem
-        .plan()
-        .forward_pre(weights, x, scratch, coeffs, x_in)?;
+    let plan = problem.plan(&MhcTensors::ForwardPre {
+        weights: *weights,
+        x,
+        scratch: *scratch,
+        coeffs: *coeffs,
+        x_in,
+    })?;
     // SAFETY: forwarded to the caller.
-    unsafe { launches.run(exec) }
+    unsafe { plan.run(exec) }
 }
 
 /// The second half of the forward over views: `x_next = H_res x + H_post^T y`.
@@ -47,10 +52,14 @@ pub unsafe fn forward_post_raw(
     coeffs: &RawCoefficients,
     x_next: DevView<bf16>,
 ) -> Result<()> {
-    problem.validate()?;
-    let launches = problem.plan().forward_post(x, y, coeffs, x_next)?;
+    let plan = problem.plan(&MhcTensors::ForwardPost {
+        x,
+        y,
+        coeffs: *coeffs,
+        x_next,
+    })?;
     // SAFETY: forwarded to the caller.
-    unsafe { launches.run(exec) }
+    unsafe { plan.run(exec) }
 }
 
 /// The backward over views.
@@ -70,12 +79,18 @@ pub unsafe fn backward_raw(
     scratch: &RawScratch,
     grads: &RawGradients,
 ) -> Result<()> {
-    problem.validate()?;
-    let launches = problem
-        .plan()
-        .backward(weights, x, y, coeffs, d_xin, d_xnext, scratch, grads)?;
+    let plan = problem.plan(&MhcTensors::Backward {
+        weights: *weights,
+        x,
+        y,
+        coeffs: *coeffs,
+        d_xin,
+        d_xnext,
+        scratch: *scratch,
+        grads: *grads,
+    })?;
     // SAFETY: forwarded to the caller.
-    unsafe { launches.run(exec) }
+    unsafe { plan.run(exec) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,7 +186,7 @@ impl MhcWorkspace {
     /// Scratch for `problem`.
     pub fn new(problem: &MhcProblem) -> Result<Self> {
         problem.validate()?;
-        let p: MhcPlan = problem.plan();
+        let p: MhcLayout = problem.layout();
         Ok(MhcWorkspace {
             packed_f1: zeroed(p.packed_f1)?,
             packed_b2: zeroed(p.packed_b2)?,
