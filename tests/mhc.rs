@@ -14,13 +14,14 @@ use kernel_abi::mhc as abi;
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::memory::{poisoned, upload};
-use kernels::mhc::reference::{self, MhcData, MhcHostOutputs};
+use kernels::mhc::reference::{self, MhcData};
 use kernels::mhc::{
     self, MhcCoefficients, MhcGradients, MhcProblem, MhcWeights, MhcWorkspace, RawCoefficients,
     RawGradients, RawScratch, RawWeights,
 };
 use kernels::{Error, Gpu, bf16};
 use kernels_testing::mhc::MhcDeviceRun;
+use kernels_testing::mhc::MhcHostOutputs;
 
 /// One configuration: `(B, S, n, C)`, gamma, Sinkhorn iterations, seed.
 #[derive(Clone, Copy, Debug)]
@@ -181,12 +182,12 @@ fn main() {
 /// Compare every output with the f64 reference, print one line per output, fail on any
 /// element out of tolerance.
 fn check_outputs(data: &MhcData, out: &MhcHostOutputs, label: &str) -> TestResult {
-    let cmp = reference::compare(data, out, None);
+    let cmp = kernels_testing::mhc::compare(data, out, None);
     for line in cmp.lines(label) {
         println!("{line}");
     }
     let p = &data.problem;
-    for name in reference::OUTPUTS {
+    for name in kernels_testing::mhc::OUTPUTS {
         let expected = !(name == "dgamma" && !p.gamma);
         ensure(!expected || cmp.get(name).values > 0, || {
             format!("{label}: {name} was not compared")
@@ -844,7 +845,7 @@ fn nonfinite_case(
     let label = format!("{what} {poison:?}");
     // Every other token: within tolerance (a non-finite value is out of any tolerance).
     let others: Vec<usize> = (0..p.tokens()).filter(|&i| i != t).collect();
-    let cmp = reference::compare(&data, &out, Some(&others));
+    let cmp = kernels_testing::mhc::compare(&data, &out, Some(&others));
     let worst = cmp.stats.iter().fold(0.0f64, |m, s| m.max(s.max_ratio));
     let failures = cmp.failures();
     ensure(failures.is_empty(), || {

@@ -300,7 +300,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
         run.forward(gpu, &stream)?;
         run.backward(gpu, &stream)
     })?;
-    let cmp = mhc_reference::compare(&data, &run.download()?, None);
+    let cmp = kernels_testing::mhc::compare(&data, &run.download()?, None);
     for f in cmp.failures() {
         println!("mhc: {f}");
     }

@@ -75,7 +75,7 @@ pub fn four_families_bitwise(g: &'static Gpu) -> TestResult {
     let mp = MhcProblem::new(2, 256, 4, 256);
     let mdata = mhc::reference::MhcData::random(&mp, 33);
 
-    let run_all = |streams: &[kernels::Stream]| -> kernels::Result<(Bits, mhc::MhcHostOutputs)> {
+    let run_all = |streams: &[kernels::Stream]| -> kernels::Result<(Bits, kernels_testing::mhc::MhcHostOutputs)> {
         let st = |i: usize| &streams[i % streams.len()];
         // Attention.
         let ao = poisoned::<bf16>(2 * 300 * 4 * 128)?;

@@ -313,8 +313,8 @@ pub fn mhc_small(g: &'static Gpu) -> TestResult {
         prop_gpu(dev.backward(g, &stream))?;
         prop_gpu(g.sync(&stream, "mHC forward and backward"))?;
         let out = prop_gpu(dev.download())?;
-        let cmp = mhc::reference::compare(&data, &out, None);
-        for name in mhc::reference::OUTPUTS {
+        let cmp = kernels_testing::mhc::compare(&data, &out, None);
+        for name in kernels_testing::mhc::OUTPUTS {
             prop_assert!(
                 cmp.get(name).values > 0 || (name == "dgamma" && !gamma),
                 "{name} was not compared"

@@ -44,7 +44,6 @@ pub use plan::{
     RawGradients, RawScratch, RawWeights,
 };
 pub use problem::{DEFAULT_EPS, DEFAULT_SINKHORN_ITERS, MhcProblem};
-pub use reference::MhcHostOutputs;
 pub use run::{
     MhcCoefficients, MhcGradients, MhcWeights, MhcWorkspace, backward, backward_raw, forward_post,
     forward_post_raw, forward_pre, forward_pre_raw,

@@ -647,8 +647,10 @@ pub enum MhcTensors<'a> {
     },
 }
 
-/// The launches of one pass on its tensors ([`MhcProblem::plan`]).
+/// The launches of one pass on its tensors ([`MhcProblem::plan`]). Its variants differ in size
+/// (the backward has six launches); a plan lives for one call, on the stack, so none is boxed.
 #[derive(Clone, Copy, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum MhcPlan {
     /// [`MhcTensors::ForwardPre`].
     ForwardPre(MhcForwardPre),
