@@ -319,7 +319,7 @@ impl SegmentPlan {
 }
 
 /// Split every sequence into segments of about `segment_len` tokens: a sequence of `len`
-/// tokens gets `n = ceil(len / segment_len)` segments (`usize::MAX`: one), see [`split`].
+/// tokens gets `n = ceil(len / segment_len)` segments (`usize::MAX`: one), see `split`.
 pub fn plan_segments(problem: &GlaProblem, segment_len: usize) -> Result<SegmentPlan> {
     problem.validate()?;
     if segment_len == 0 || (segment_len != usize::MAX && !segment_len.is_multiple_of(STEP as usize))
