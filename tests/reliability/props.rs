@@ -7,7 +7,7 @@
 use crate::HOPPER_MAX_SMEM;
 use kernel_tests::TestResult;
 use kernels::attention::{self, AttentionProblem, Dtype};
-use kernels::gla::{self, GlaProblem};
+use kernels::gla::{self, GlaKernel, GlaProblem};
 use kernels::gpu::{check_kernel_launch, check_launch};
 use kernels::mhc::{self, DevView, Exec, MhcProblem};
 use kernels::semicrf::{self, SemiCrfProblem};
@@ -227,16 +227,23 @@ pub fn semicrf_validate_or_typed_error() -> TestResult {
 }
 
 /// An executor that runs nothing: it checks each launch as `Gpu::launch` would (without a
-/// device) against the PTX of every target, and records the kernel names and whether each
-/// launch overlaps its predecessor.
+/// device) against the PTX of its targets (every target, or those given), and records the
+/// kernel names and whether each launch overlaps its predecessor.
 struct CheckingExec {
+    archs: &'static [Arch],
     launched: RefCell<Vec<(String, bool)>>,
 }
 
 impl CheckingExec {
     /// Checking against every target.
     fn all() -> Self {
+        CheckingExec::on(&Arch::ALL)
+    }
+
+    /// Checking against the targets `archs` (those a plan's kernels exist for).
+    fn on(archs: &'static [Arch]) -> Self {
         CheckingExec {
+            archs,
             launched: RefCell::new(Vec::new()),
         }
     }
@@ -244,7 +251,7 @@ impl CheckingExec {
 
 impl Exec for CheckingExec {
     unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> kernels::Result<()> {
-        for arch in Arch::ALL {
+        for &arch in self.archs {
             check_kernel_launch(arch, launch.kernel(), launch.config(), HOPPER_MAX_SMEM)?;
         }
         self.launched
@@ -303,21 +310,7 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                 if p.rows() > 1 << 16 {
                     return Ok(());
                 }
-                let plan = p
-                    .plan(132)
-                    .map_err(|e| TestCaseError::fail(format!("plan of a valid problem: {e}")))?;
-                let ws = gla::workspace_len(&p, &plan);
-                let (seg_words, comb_words) = gla::table_words(&plan);
-                let tables = gla::RawGlaTables {
-                    segments: fake(seg_words.len()),
-                    split: ws.map(|(state, decay)| gla::RawSplitWorkspace {
-                        combine: fake(comb_words.len()),
-                        seg_init: fake(state),
-                        delta: fake(state),
-                        decay_log2: fake(decay),
-                    }),
-                };
-                let t = gla::RawGlaTensors {
+                let t = gla::GlaTensors {
                     q: fake(p.qk_len()),
                     k: fake(p.qk_len()),
                     v: fake(p.v_len()),
@@ -326,19 +319,57 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                     o: fake(p.v_len()),
                     final_state: Some(fake(p.state_len())),
                 };
-                // (The baseline's launches; the pingpong's encode tensor maps, which needs the
-                // driver: its launch sequence runs in the GPU tests.)
-                let exec = CheckingExec::all();
-                // SAFETY: `CheckingExec` never accesses the (made-up) views.
-                unsafe { gla::forward_raw(&exec, &p, &plan, &tables, &t) }
-                    .map_err(|e| TestCaseError::fail(format!("launch sequence: {e}")))?;
-                // Split: the state pass, the combination, the forward, none overlapping its
-                // predecessor (the baseline runs on sm_80 too).
-                let overlaps: Vec<bool> = exec.launched.borrow().iter().map(|l| l.1).collect();
-                prop_assert_eq!(overlaps, vec![false; if ws.is_some() { 3 } else { 1 }]);
-                // Every token of every sequence is in exactly one segment.
-                let covered: usize = plan.segments.iter().map(|s| s.len as usize).sum();
-                prop_assert_eq!(covered, p.rows());
+                // `Auto` (the baseline, on every target) and the pingpong (sm_90a only).
+                let every: &'static [Arch] = &Arch::ALL;
+                for (kernel, arch, archs) in [
+                    (GlaKernel::Auto, Arch::Sm80, every),
+                    (GlaKernel::Pingpong, Arch::Sm90a, &[Arch::Sm90a]),
+                ] {
+                    let p = p.clone().with_kernel(kernel);
+                    let target = gla::Target {
+                        arch,
+                        multiprocessors: 132,
+                    };
+                    let plan = p.plan(target, &t).map_err(|e| {
+                        TestCaseError::fail(format!("{kernel:?} plan of a valid problem: {e}"))
+                    })?;
+                    let (seg_words, comb_words) = plan.segments.table_words();
+                    let workspace = gla::GlaWorkspace {
+                        segments: fake(seg_words.len()),
+                        split: plan.workspace.map(|(state, decay)| gla::GlaSplitWorkspace {
+                            combine: fake(comb_words.len()),
+                            seg_init: fake(state),
+                            delta: fake(state),
+                            decay_log2: fake(decay),
+                        }),
+                    };
+                    // The launches with zeroed tensor maps (encoding them needs the driver;
+                    // `plan.maps` were validated by the plan).
+                    let launches = plan
+                        .launches(&workspace, &[kernel_abi::TensorMap::ZEROED; 4])
+                        .map_err(|e| TestCaseError::fail(format!("{kernel:?} launches: {e}")))?;
+                    let exec = CheckingExec::on(archs);
+                    for launch in &launches {
+                        // SAFETY: `CheckingExec` never accesses the (made-up) views.
+                        unsafe { launch.run(&exec) }.map_err(|e| {
+                            TestCaseError::fail(format!("{kernel:?} launch sequence: {e}"))
+                        })?;
+                    }
+                    // Split: the state pass, the combination (baseline only), the forward;
+                    // only the pingpong's forward overlaps its predecessor.
+                    let split = plan.workspace.is_some();
+                    let overlaps: Vec<bool> = exec.launched.borrow().iter().map(|l| l.1).collect();
+                    let want = match (kernel, split) {
+                        (GlaKernel::Pingpong, true) => vec![false, true],
+                        (GlaKernel::Pingpong, false) => vec![false],
+                        (_, split) => vec![false; if split { 3 } else { 1 }],
+                    };
+                    prop_assert_eq!(overlaps, want);
+                    // Every token of every sequence is in exactly one segment.
+                    let covered: usize =
+                        plan.segments.segments.iter().map(|s| s.len as usize).sum();
+                    prop_assert_eq!(covered, p.rows());
+                }
                 Ok(())
             }
         }

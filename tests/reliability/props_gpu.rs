@@ -233,8 +233,8 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
         } else {
             None
         };
-        let mut plan = prop_gpu(gla::GlaPlan::new(g, &p))?;
-        prop_gpu(plan.forward(
+        let mut session = prop_gpu(gla::GlaSession::new(g, &p))?;
+        prop_gpu(session.forward(
             g,
             &stream,
             &gla::GlaInputs {
@@ -264,7 +264,7 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
         prop_assert!(
             err_o <= GLA_TOL && err_s <= GLA_TOL,
             "{} segments: o rel L2 {err_o:.3e}, final state {err_s:.3e} (tol {GLA_TOL:.0e})",
-            plan.segments().segments.len()
+            session.segments().segments.len()
         );
         Ok(())
     };
