@@ -6,9 +6,16 @@
 //!
 //! Macros rather than functions, expanded in the kernel body: the producer and the epilogue
 //! moved into `#[inline(always)]` functions already changed the kernels' PTX, and the
-//! expansion is the kernel body's own code. The two main loops are written out separately:
-//! they order the `wgmma` batches, their waits and the slot releases differently (S_i and
-//! P_{i-1} V_{i-1} in one batch with `wait_group 1` in the pipeline).
+//! expansion is the kernel body's own code.
+//!
+//! The two main loops share a step's halves: [`s_step!`] (wait for K, S = Q K^T, wait, release
+//! K) and [`pv_step!`] (wait for V, rescale O, O += P V, wait, release V), each with its
+//! pingpong turn. One step after the other is `s_step!`, the softmax, `pv_step!`; the pipeline
+//! uses `s_step!` for step 0 and `pv_step!` for the last P V, and in between issues S_i and
+//! P_{i-1} V_{i-1} under one turn with `wait_group 1` between them, so its iteration calls the
+//! batches ([`issue_s!`], [`issue_pv!`]) directly. One step after the other rescales O right
+//! after the softmax, before packing P (`pv_step!` gets no factor): rescaling after V's wait
+//! and the turn, as the pipeline's last P V does, changes those kernels' PTX.
 
 /// One `wgmma` batch S = Q K^T of ring slot `$stage` into `$s` for consumer `$c`: the fence,
 /// the products (K-major Q and K; 16-wide K slices through the column blocks), the commit.
@@ -64,8 +71,8 @@ pub(super) use issue_pv;
 
 /// The S half of a step, on its own: waits for K in ring position `$pos`, takes the turn,
 /// issues S = Q K^T, passes the turn, waits for the product and releases the K slot; evaluates
-/// to S. Q must be published (`q_full` waited for). `$turns` are `consume_tiles!`'s `take_turn`,
-/// `pass_turn` and `release`; the other parameters are its own.
+/// to S. Q must be published (`q_full` waited for). `($take_turn, $pass_turn, $release)` are
+/// [`consume_tiles!`]'s closures of those names; the other parameters are its own.
 macro_rules! s_step {
     (
         $cfg:ident, $c:ident, ($take_turn:ident, $pass_turn:ident, $release:ident),
@@ -151,22 +158,33 @@ macro_rules! consume_tiles {
         let c = $wg - 1;
         let lane = $crate::arch::index::lane_id();
         let (g, t) = (lane / 4, lane % 4);
-        let warp_row = c * ::kernel_abi::attention::HOPPER_WG_ROWS + ($crate::arch::index::warp_id() % 4) * 16;
+        let warp_row = c * ::kernel_abi::attention::HOPPER_WG_ROWS
+            + ($crate::arch::index::warp_id() % 4) * 16;
         // Pingpong turns (module docs): consumer `c` syncs on `HOPPER_SCHED_BARRIER + c` before
         // each `wgmma` batch and, after issuing it, arrives on the other's barrier; the last
-        // consumer's last batch passes no turn (nobody waits for it), and consumer 1 hands consumer
-        // 0 the first turn.
+        // consumer's last batch passes no turn (nobody waits for it), and consumer 1 hands
+        // consumer 0 the first turn.
         let take_turn = || {
             if PINGPONG {
                 // SAFETY: whole warpgroup, uniform control flow; matched by the other consumer's
                 // arrivals as counted in the module docs.
-                unsafe { $crate::arch::sync::named_sync(::kernel_abi::attention::HOPPER_SCHED_BARRIER + c, $crate::attention::hopper::named_barrier::SCHED_THREADS) };
+                unsafe {
+                    $crate::arch::sync::named_sync(
+                        ::kernel_abi::attention::HOPPER_SCHED_BARRIER + c,
+                        $crate::attention::hopper::named_barrier::SCHED_THREADS,
+                    )
+                };
             }
         };
         let pass_turn = |last: bool| {
             if PINGPONG && !(last && c == ::kernel_abi::attention::HOPPER_CONSUMERS - 1) {
                 // SAFETY: as for `take_turn`: one arrival per sync of the other consumer.
-                unsafe { $crate::arch::sync::named_arrive(::kernel_abi::attention::HOPPER_SCHED_BARRIER + (c ^ 1), $crate::attention::hopper::named_barrier::SCHED_THREADS) };
+                unsafe {
+                    $crate::arch::sync::named_arrive(
+                        ::kernel_abi::attention::HOPPER_SCHED_BARRIER + (c ^ 1),
+                        $crate::attention::hopper::named_barrier::SCHED_THREADS,
+                    )
+                };
             }
         };
 
@@ -222,7 +240,12 @@ macro_rules! consume_tiles {
             let mut row_sum = [0.0f32; 2];
             if PINGPONG && steps > 0 && c == 1 {
                 // SAFETY: consumer 0's first turn of this tile (module docs).
-                unsafe { $crate::arch::sync::named_arrive(::kernel_abi::attention::HOPPER_SCHED_BARRIER, $crate::attention::hopper::named_barrier::SCHED_THREADS) };
+                unsafe {
+                    $crate::arch::sync::named_arrive(
+                        ::kernel_abi::attention::HOPPER_SCHED_BARRIER,
+                        $crate::attention::hopper::named_barrier::SCHED_THREADS,
+                    )
+                };
             }
             // This tile's first K/V position in the rings.
             let first = $crate::arch::mbarrier::RingPos::<STAGES>::of(kv);
@@ -318,13 +341,12 @@ macro_rules! consume_tiles {
                     $s_fence(&mut s_next);
                     release($empty_k(pos.stage));
                     let n0 = (nb_lo + step) * BN;
-                    correction = $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE>(
-                        &rows,
-                        &mut s_next,
-                        n0,
-                        &mut row_max,
-                        &mut row_sum,
-                    );
+                    correction = $crate::attention::hopper::softmax::softmax_step::<
+                        SR,
+                        NT,
+                        BN,
+                        MODE,
+                    >(&rows, &mut s_next, n0, &mut row_max, &mut row_sum);
                     // SAFETY: whole warpgroup.
                     unsafe { $crate::arch::wgmma::wait_group::<0>() };
                     $o_fence(&mut o);
