@@ -6,19 +6,30 @@
 //!
 //! Macros rather than functions, expanded in the kernel body: the producer and the epilogue
 //! moved into `#[inline(always)]` functions already changed the kernels' PTX, and the
-//! expansion is the kernel body's own code. The two main loops are written out separately:
-//! they order the `wgmma` batches, their waits and the slot releases differently (S_i and
-//! P_{i-1} V_{i-1} in one batch with `wait_group 1` in the pipeline).
+//! expansion is the kernel body's own code.
+//!
+//! The two main loops share a step's halves: [`s_step!`] (wait for K, S = Q K^T, wait, release
+//! K) and [`pv_step!`] (wait for V, rescale O, O += P V, wait, release V), each with its
+//! pingpong turn. One step after the other is `s_step!`, the softmax, `pv_step!`; the pipeline
+//! uses `s_step!` for step 0 and `pv_step!` for the last P V, and in between issues S_i and
+//! P_{i-1} V_{i-1} under one turn with `wait_group 1` between them, so its iteration calls the
+//! batches ([`issue_s!`], [`issue_pv!`]) directly. One step after the other rescales O right
+//! after the softmax, before packing P (`pv_step!` gets no factor): rescaling after V's wait
+//! and the turn, as the pipeline's last P V does, changes those kernels' PTX.
 
-/// S = Q K^T of ring slot `$stage` into `$s` for consumer `$c` (K-major Q and K; 16-wide K
-/// slices through the column blocks); `$s_zero` / `$s_mma` are the `wgmma` shapes, `$q_s` the
-/// Q tile, `$k_s` the K slots' closure. Macros rather than closures: a closure called from
-/// several places may stay a function call, and a call between `wgmma`s serializes them.
+/// One `wgmma` batch S = Q K^T of ring slot `$stage` into `$s` for consumer `$c`: the fence,
+/// the products (K-major Q and K; 16-wide K slices through the column blocks), the commit.
+/// `$s_zero` / `$s_mma` are the `wgmma` shapes, `$q_s` the Q tile, `$k_s` the K slots' closure.
+/// Macros rather than closures: a closure called from several places may stay a function
+/// call, and a call between `wgmma`s serializes them. Unsafe as the `wgmma` functions it calls:
+/// the whole warpgroup, uniform control flow, Q and K published and not overwritten before the
+/// `wait_group` that retires the batch.
 macro_rules! issue_s {
     (
         $s_zero:ident, $s_mma:ident, $cfg:ident, $q_s:ident, $k_s:ident, $c:ident;
         $s:expr, $stage:expr
     ) => {
+        $crate::arch::wgmma::fence();
         for kk in 0..DK as u32 {
             let (cb, within) = (kk / 4, 32 * (kk % 4));
             let a = $crate::arch::wgmma::Descriptor::k_major_sw128(
@@ -35,14 +46,17 @@ macro_rules! issue_s {
                 $s_mma($s, a, b);
             }
         }
+        $crate::arch::wgmma::commit_group();
     };
 }
 pub(super) use issue_s;
 
-/// O += P V of ring slot `$stage` (P from the registers `$pa`, V MN-major) with the `wgmma`
-/// shape `$o_mma`; `$v_s` is the V slots' closure.
+/// One `wgmma` batch O += P V of ring slot `$stage` (P from the registers `$pa`, V MN-major):
+/// the fence, the products with the `wgmma` shape `$o_mma`, the commit; `$v_s` is the V slots'
+/// closure. Unsafe as [`issue_s!`], for V.
 macro_rules! issue_pv {
     ($o_mma:ident, $cfg:ident, $v_s:ident; $o:expr, $pa:expr, $stage:expr) => {
+        $crate::arch::wgmma::fence();
         for kk in 0..NK {
             let b = $crate::arch::wgmma::Descriptor::mn_major_sw128(
                 $v_s($stage) + 2048 * kk as u32,
@@ -50,9 +64,79 @@ macro_rules! issue_pv {
             );
             $o_mma($o, $pa[kk], b);
         }
+        $crate::arch::wgmma::commit_group();
     };
 }
 pub(super) use issue_pv;
+
+/// The S half of a step, on its own: waits for K in ring position `$pos`, takes the turn,
+/// issues S = Q K^T, passes the turn, waits for the product and releases the K slot; evaluates
+/// to S. Q must be published (`q_full` waited for). `($take_turn, $pass_turn, $release)` are
+/// [`consume_tiles!`]'s closures of those names; the other parameters are its own.
+macro_rules! s_step {
+    (
+        $cfg:ident, $c:ident, ($take_turn:ident, $pass_turn:ident, $release:ident),
+        q: $q_s:ident,
+        k: ($k_s:ident, $full_k:ident, $empty_k:ident),
+        s: ($s_zero:ident, $s_mma:ident, $s_fence:ident);
+        $pos:expr
+    ) => {{
+        let pos = $pos;
+        // SAFETY: the producer issues every step's K, so this phase completes.
+        unsafe { $full_k(pos.stage).wait_parity(pos.phase) };
+        let mut s = [0.0f32; SR];
+        $take_turn();
+        // SAFETY: whole warpgroup, uniform control flow; Q and K were published by the completed
+        // mbarrier phases and are not overwritten before `empty_k` is arrived on.
+        unsafe {
+            $crate::attention::hopper::consumer::issue_s!(
+                $s_zero, $s_mma, $cfg, $q_s, $k_s, $c; &mut s, pos.stage
+            );
+        }
+        $pass_turn(false);
+        // SAFETY: whole warpgroup.
+        unsafe { $crate::arch::wgmma::wait_group::<0>() };
+        $s_fence(&mut s);
+        $release($empty_k(pos.stage));
+        s
+    }};
+}
+pub(super) use s_step;
+
+/// The P V half of a step, on its own: waits for V in ring position `$pos`, takes the turn,
+/// rescales `$o` by `$correction` (if any), issues O += P V with P in `$pa`, passes the turn
+/// (`$last`: the tile's last batch), waits for the product and releases the V slot. Parameters
+/// as for [`s_step!`].
+macro_rules! pv_step {
+    (
+        $cfg:ident, ($take_turn:ident, $pass_turn:ident, $release:ident),
+        v: ($v_s:ident, $full_v:ident, $empty_v:ident),
+        o: ($o_mma:ident, $o_fence:ident);
+        $o:ident, $pa:expr, $correction:expr, $pos:expr, $last:expr
+    ) => {{
+        let pos = $pos;
+        // SAFETY: the producer issues every step's V, so this phase completes.
+        unsafe { $full_v(pos.stage).wait_parity(pos.phase) };
+        $take_turn();
+        if let Some(correction) = $correction {
+            $crate::attention::hopper::softmax::rescale(&mut $o, correction);
+        }
+        // SAFETY: whole warpgroup, uniform control flow; V was published by the completed phase
+        // and is released only after the wait below; `wgmma.fence` orders the rescale of `o`
+        // and the writes of `pa` before the products.
+        unsafe {
+            $crate::attention::hopper::consumer::issue_pv!(
+                $o_mma, $cfg, $v_s; &mut $o, $pa, pos.stage
+            );
+        }
+        $pass_turn($last);
+        // SAFETY: whole warpgroup.
+        unsafe { $crate::arch::wgmma::wait_group::<0>() };
+        $o_fence(&mut $o);
+        $release($empty_v(pos.stage));
+    }};
+}
+pub(super) use pv_step;
 
 /// The consumer's loop over the block's tiles, with the epilogue of each: every thread of
 /// consumer warpgroup `$wg` (1 or 2) expands it once, after the mbarriers were initialized
@@ -74,22 +158,33 @@ macro_rules! consume_tiles {
         let c = $wg - 1;
         let lane = $crate::arch::index::lane_id();
         let (g, t) = (lane / 4, lane % 4);
-        let warp_row = c * ::kernel_abi::attention::HOPPER_WG_ROWS + ($crate::arch::index::warp_id() % 4) * 16;
+        let warp_row = c * ::kernel_abi::attention::HOPPER_WG_ROWS
+            + ($crate::arch::index::warp_id() % 4) * 16;
         // Pingpong turns (module docs): consumer `c` syncs on `HOPPER_SCHED_BARRIER + c` before
         // each `wgmma` batch and, after issuing it, arrives on the other's barrier; the last
-        // consumer's last batch passes no turn (nobody waits for it), and consumer 1 hands consumer
-        // 0 the first turn.
+        // consumer's last batch passes no turn (nobody waits for it), and consumer 1 hands
+        // consumer 0 the first turn.
         let take_turn = || {
             if PINGPONG {
                 // SAFETY: whole warpgroup, uniform control flow; matched by the other consumer's
                 // arrivals as counted in the module docs.
-                unsafe { $crate::arch::sync::named_sync(::kernel_abi::attention::HOPPER_SCHED_BARRIER + c, $crate::attention::hopper::named_barrier::SCHED_THREADS) };
+                unsafe {
+                    $crate::arch::sync::named_sync(
+                        ::kernel_abi::attention::HOPPER_SCHED_BARRIER + c,
+                        $crate::attention::hopper::named_barrier::SCHED_THREADS,
+                    )
+                };
             }
         };
         let pass_turn = |last: bool| {
             if PINGPONG && !(last && c == ::kernel_abi::attention::HOPPER_CONSUMERS - 1) {
                 // SAFETY: as for `take_turn`: one arrival per sync of the other consumer.
-                unsafe { $crate::arch::sync::named_arrive(::kernel_abi::attention::HOPPER_SCHED_BARRIER + (c ^ 1), $crate::attention::hopper::named_barrier::SCHED_THREADS) };
+                unsafe {
+                    $crate::arch::sync::named_arrive(
+                        ::kernel_abi::attention::HOPPER_SCHED_BARRIER + (c ^ 1),
+                        $crate::attention::hopper::named_barrier::SCHED_THREADS,
+                    )
+                };
             }
         };
 
@@ -145,7 +240,12 @@ macro_rules! consume_tiles {
             let mut row_sum = [0.0f32; 2];
             if PINGPONG && steps > 0 && c == 1 {
                 // SAFETY: consumer 0's first turn of this tile (module docs).
-                unsafe { $crate::arch::sync::named_arrive(::kernel_abi::attention::HOPPER_SCHED_BARRIER, $crate::attention::hopper::named_barrier::SCHED_THREADS) };
+                unsafe {
+                    $crate::arch::sync::named_arrive(
+                        ::kernel_abi::attention::HOPPER_SCHED_BARRIER,
+                        $crate::attention::hopper::named_barrier::SCHED_THREADS,
+                    )
+                };
             }
             // This tile's first K/V position in the rings.
             let first = $crate::arch::mbarrier::RingPos::<STAGES>::of(kv);
@@ -155,74 +255,57 @@ macro_rules! consume_tiles {
                 unsafe { $q_full.wait_parity(q_iter & 1) };
                 let mut pos = first;
                 for step in 0..steps {
-                    // SAFETY: the producer issues every step's K, so this phase completes.
-                    unsafe { $full_k(pos.stage).wait_parity(pos.phase) };
-                    let mut s = [0.0f32; SR];
-                    take_turn();
-                    // SAFETY: whole warpgroup, uniform control flow; Q and K were published by the
-                    // completed mbarrier phases and are not overwritten before `empty_k` is arrived on.
-                    unsafe {
-                        $crate::arch::wgmma::fence();
-                        $crate::attention::hopper::consumer::issue_s!($s_zero, $s_mma, $cfg, $q_s, $k_s, c; &mut s, pos.stage);
-                        $crate::arch::wgmma::commit_group();
-                    }
-                    pass_turn(false);
-                    // SAFETY: whole warpgroup.
-                    unsafe { $crate::arch::wgmma::wait_group::<0>() };
-                    $s_fence(&mut s);
-                    release($empty_k(pos.stage));
+                    let mut s = $crate::attention::hopper::consumer::s_step!(
+                        $cfg, c, (take_turn, pass_turn, release),
+                        q: $q_s,
+                        k: ($k_s, $full_k, $empty_k),
+                        s: ($s_zero, $s_mma, $s_fence);
+                        pos
+                    );
                     let n0 = (nb_lo + step) * BN;
-                    let correction =
-                        $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, n0, &mut row_max, &mut row_sum);
+                    let correction = $crate::attention::hopper::softmax::softmax_step::<
+                        SR,
+                        NT,
+                        BN,
+                        MODE,
+                    >(&rows, &mut s, n0, &mut row_max, &mut row_sum);
                     if let Some(correction) = correction {
                         $crate::attention::hopper::softmax::rescale(&mut o, correction);
                     }
                     let pa = $crate::attention::hopper::softmax::pack_p::<E, SR, NK>(&s);
-                    // SAFETY: the producer issues every step's V, so this phase completes.
-                    unsafe { $full_v(pos.stage).wait_parity(pos.phase) };
-                    take_turn();
-                    // SAFETY: as above (V published, released after the wait); `wgmma.fence` orders
-                    // the rescale of `o` and the writes of `pa` before the products.
-                    unsafe {
-                        $crate::arch::wgmma::fence();
-                        $crate::attention::hopper::consumer::issue_pv!($o_mma, $cfg, $v_s; &mut o, pa, pos.stage);
-                        $crate::arch::wgmma::commit_group();
-                    }
-                    pass_turn(step + 1 == steps);
-                    // SAFETY: whole warpgroup.
-                    unsafe { $crate::arch::wgmma::wait_group::<0>() };
-                    $o_fence(&mut o);
-                    release($empty_v(pos.stage));
+                    $crate::attention::hopper::consumer::pv_step!(
+                        $cfg, (take_turn, pass_turn, release),
+                        v: ($v_s, $full_v, $empty_v),
+                        o: ($o_mma, $o_fence);
+                        o, pa, None, pos, step + 1 == steps
+                    );
                     pos = pos.next();
                 }
                 // Every S of the tile is complete: Q's tile may be reloaded.
                 release($q_empty);
             }
             if steps > 0 && OVERLAP {
-                // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
-                // iteration i issues S_i, rescales O (the factor of step i - 1), issues
-                // O += P_{i-1} V_{i-1}, and runs the softmax of S_i while the P V product is in flight.
-                // SAFETY: the producer issues Q and every K, so these phases complete.
-                unsafe {
-                    $q_full.wait_parity(q_iter & 1);
-                    $full_k(first.stage).wait_parity(first.phase);
-                }
-                let mut s = [0.0f32; SR];
-                take_turn();
-                // SAFETY: whole warpgroup, uniform control flow; Q and K_0 were published by the
-                // completed phases.
-                unsafe {
-                    $crate::arch::wgmma::fence();
-                    $crate::attention::hopper::consumer::issue_s!($s_zero, $s_mma, $cfg, $q_s, $k_s, c; &mut s, first.stage);
-                    $crate::arch::wgmma::commit_group();
-                }
-                pass_turn(false);
-                // SAFETY: whole warpgroup.
-                unsafe { $crate::arch::wgmma::wait_group::<0>() };
-                $s_fence(&mut s);
-                release($empty_k(first.stage));
+                // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup
+                // overlap): iteration i issues S_i, rescales O (the factor of step i - 1), issues
+                // O += P_{i-1} V_{i-1}, and runs the softmax of S_i while the P V product is in
+                // flight. Step 0's S and the last step's P V are the steps' own halves.
+                // SAFETY: the producer issues Q when `steps > 0`, completing this phase.
+                unsafe { $q_full.wait_parity(q_iter & 1) };
+                let mut s = $crate::attention::hopper::consumer::s_step!(
+                    $cfg, c, (take_turn, pass_turn, release),
+                    q: $q_s,
+                    k: ($k_s, $full_k, $empty_k),
+                    s: ($s_zero, $s_mma, $s_fence);
+                    first
+                );
                 // O is still 0: the first factor does not matter.
-                $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
+                $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE>(
+                    &rows,
+                    &mut s,
+                    nb_lo * BN,
+                    &mut row_max,
+                    &mut row_sum,
+                );
                 let mut pa = $crate::attention::hopper::softmax::pack_p::<E, SR, NK>(&s);
                 let mut correction = None;
                 let mut prev = first;
@@ -235,68 +318,56 @@ macro_rules! consume_tiles {
                         $full_v(prev.stage).wait_parity(prev.phase);
                     }
                     take_turn();
-                    // SAFETY: whole warpgroup, uniform control flow. K_i and V_{i-1} were published by
-                    // their `full` phases and are released only after the `wait_group`s below. The
-                    // first fence orders the writes of `pa` before the products, the second the
-                    // rescale of `o` (which S_next does not read).
+                    // SAFETY: whole warpgroup, uniform control flow. K_i and V_{i-1} were published
+                    // by their `full` phases and are released only after the `wait_group`s below.
+                    // The first batch's fence orders the writes of `pa` before the products, the
+                    // second's the rescale of `o` (which S_next does not read).
                     unsafe {
-                        $crate::arch::wgmma::fence();
-                        $crate::attention::hopper::consumer::issue_s!($s_zero, $s_mma, $cfg, $q_s, $k_s, c; &mut s_next, pos.stage);
-                        $crate::arch::wgmma::commit_group();
+                        $crate::attention::hopper::consumer::issue_s!(
+                            $s_zero, $s_mma, $cfg, $q_s, $k_s, c; &mut s_next, pos.stage
+                        );
                         if let Some(correction) = correction {
                             $crate::attention::hopper::softmax::rescale(&mut o, correction);
                         }
-                        $crate::arch::wgmma::fence();
-                        $crate::attention::hopper::consumer::issue_pv!($o_mma, $cfg, $v_s; &mut o, pa, prev.stage);
-                        $crate::arch::wgmma::commit_group();
+                        $crate::attention::hopper::consumer::issue_pv!(
+                            $o_mma, $cfg, $v_s; &mut o, pa, prev.stage
+                        );
                     }
                     pass_turn(false);
-                    // Groups complete in order: at most one pending means S_next is complete (the P V
-                    // product may still run).
+                    // Groups complete in order: at most one pending means S_next is complete (the
+                    // P V product may still run).
                     // SAFETY: whole warpgroup.
                     unsafe { $crate::arch::wgmma::wait_group::<1>() };
                     $s_fence(&mut s_next);
                     release($empty_k(pos.stage));
                     let n0 = (nb_lo + step) * BN;
-                    correction = $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE>(
-                        &rows,
-                        &mut s_next,
-                        n0,
-                        &mut row_max,
-                        &mut row_sum,
-                    );
+                    correction = $crate::attention::hopper::softmax::softmax_step::<
+                        SR,
+                        NT,
+                        BN,
+                        MODE,
+                    >(&rows, &mut s_next, n0, &mut row_max, &mut row_sum);
                     // SAFETY: whole warpgroup.
                     unsafe { $crate::arch::wgmma::wait_group::<0>() };
                     $o_fence(&mut o);
                     for kk in 0..NK {
-                        // The P V product read `pa` until the wait above: keep its registers until here.
+                        // The P V product read `pa` until the wait above: keep its registers
+                        // until here.
                         $crate::arch::wgmma::pin_fragment(&mut pa[kk]);
                     }
                     release($empty_v(prev.stage));
                     pa = $crate::attention::hopper::softmax::pack_p::<E, SR, NK>(&s_next);
                     prev = pos;
                 }
-                // Every S of the tile is complete (the last one waited for above): Q's tile may be
-                // reloaded while the last P V runs.
+                // Every S of the tile is complete (the last one waited for above): Q's tile may
+                // be reloaded while the last P V runs.
                 release($q_empty);
-                // The last step's P V.
-                // SAFETY: the producer issues every V.
-                unsafe { $full_v(prev.stage).wait_parity(prev.phase) };
-                take_turn();
-                if let Some(correction) = correction {
-                    $crate::attention::hopper::softmax::rescale(&mut o, correction);
-                }
-                // SAFETY: as in the loop (whole warpgroup; V published; released after the wait).
-                unsafe {
-                    $crate::arch::wgmma::fence();
-                    $crate::attention::hopper::consumer::issue_pv!($o_mma, $cfg, $v_s; &mut o, pa, prev.stage);
-                    $crate::arch::wgmma::commit_group();
-                }
-                pass_turn(true);
-                // SAFETY: whole warpgroup.
-                unsafe { $crate::arch::wgmma::wait_group::<0>() };
-                $o_fence(&mut o);
-                release($empty_v(prev.stage));
+                $crate::attention::hopper::consumer::pv_step!(
+                    $cfg, (take_turn, pass_turn, release),
+                    v: ($v_s, $full_v, $empty_v),
+                    o: ($o_mma, $o_fence);
+                    o, pa, correction, prev, true
+                );
             }
 
             // Epilogue: finish the row sums across the quad, normalize, store O and LSE.

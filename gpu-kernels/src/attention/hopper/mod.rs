@@ -80,7 +80,7 @@
 //!   split;
 //! - [`producer`]: the producer's TMA loop (`load_tiles!`);
 //! - [`consumer`]: the consumers' tile loop, both main loops (`consume_tiles!`, with the
-//!   `wgmma` batches `issue_s!` and `issue_pv!`);
+//!   step halves `s_step!` and `pv_step!` and the `wgmma` batches `issue_s!` and `issue_pv!`);
 //! - [`epilogue`]: O and LSE stored per consumer and tile (`store_tile!`);
 //! - [`named_barrier`]: the pingpong turn barriers;
 //! - [`scheduler`]: the persistent grid's tiles;
