@@ -735,11 +735,14 @@ fn rejects_bad_buffers() -> TestResult {
         } else {
             h.x.view()
         };
-        // SAFETY: validation rejects these views before any launch (what the test checks); had
-        // it not, the views are host buffers the emulator could access.
-        let r = unsafe {
-            mhc::forward_pre_raw(&Emulator, &p, &weights, x, &scratch, &coeffs, h.x_in.view())
-        };
+        let r = p
+            .plan()
+            .forward_pre(&weights, x, &scratch, &coeffs, h.x_in.view())
+            .and_then(|launches| {
+                // SAFETY: planning rejects these views before any launch (what the test
+                // checks); had it not, the views are host buffers the emulator could access.
+                unsafe { launches.run(&Emulator) }
+            });
         expect(what, r, check)?;
     }
     Ok(())

@@ -1,82 +1,14 @@
-//! Running the passes: over views on any [`Exec`] ([`forward_pre_raw`], ...), and on `cust`
-//! buffers on a stream ([`forward_pre`], ...), each a thin wrapper over plan and run.
+//! Running the passes on `cust` buffers on a stream ([`forward_pre`], ...), each a thin wrapper
+//! over validate, plan and run.
 
 use super::{MhcPlan, MhcProblem, RawCoefficients, RawGradients, RawScratch, RawWeights};
 use crate::error::Result;
-use crate::exec::{DevView, Exec, OnStream};
+use crate::exec::{DevView, OnStream};
 use crate::gpu::Gpu;
 use crate::memory::{poisoned, zeroed};
 use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 use half::bf16;
-
-/// The first half of the forward over views: coefficients (saved in `coeffs`) and `x_in`
-/// ([`MhcPlan::forward_pre`], then run).
-///
-/// # Safety
-/// Every view refers to memory `exec`'s kernels can access, for the duration of the launches;
-/// outputs (`coeffs`, `scratch`, `x_in`) do not overlap each other or the inputs. Sizes and
-/// alignment are validated here.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn forward_pre_raw(
-    exec: &impl Exec,
-    problem: &MhcProblem,
-    weights: &RawWeights,
-    x: DevView<bf16>,
-    scratch: &RawScratch,
-    coeffs: &RawCoefficients,
-    x_in: DevView<bf16>,
-) -> Result<()> {
-    problem.validate()?;
-    let launches = problem
-        .plan()
-        .forward_pre(weights, x, scratch, coeffs, x_in)?;
-    // SAFETY: forwarded to the caller.
-    unsafe { launches.run(exec) }
-}
-
-/// The second half of the forward over views: `x_next = H_res x + H_post^T y`.
-///
-/// # Safety
-/// As for [`forward_pre_raw`] (`x_next` is the only output).
-pub unsafe fn forward_post_raw(
-    exec: &impl Exec,
-    problem: &MhcProblem,
-    x: DevView<bf16>,
-    y: DevView<bf16>,
-    coeffs: &RawCoefficients,
-    x_next: DevView<bf16>,
-) -> Result<()> {
-    problem.validate()?;
-    let launches = problem.plan().forward_post(x, y, coeffs, x_next)?;
-    // SAFETY: forwarded to the caller.
-    unsafe { launches.run(exec) }
-}
-
-/// The backward over views.
-///
-/// # Safety
-/// As for [`forward_pre_raw`] (outputs: `scratch`, `grads`).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn backward_raw(
-    exec: &impl Exec,
-    problem: &MhcProblem,
-    weights: &RawWeights,
-    x: DevView<bf16>,
-    y: DevView<bf16>,
-    coeffs: &RawCoefficients,
-    d_xin: DevView<bf16>,
-    d_xnext: DevView<bf16>,
-    scratch: &RawScratch,
-    grads: &RawGradients,
-) -> Result<()> {
-    problem.validate()?;
-    let launches = problem
-        .plan()
-        .backward(weights, x, y, coeffs, d_xin, d_xnext, scratch, grads)?;
-    // SAFETY: forwarded to the caller.
-    unsafe { launches.run(exec) }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Typed device API.
@@ -261,21 +193,19 @@ pub fn forward_pre(
     x_in: &mut DeviceBuffer<bf16>,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
+    problem.validate()?;
+    let launches = problem.plan().forward_pre(
+        &weights.raw(),
+        x.into(),
+        &workspace.raw_mut(),
+        &coeffs.raw_mut(),
+        x_in.into(),
+    )?;
     // SAFETY: every view comes from a live device buffer of this GPU's context, borrowed for the
     // call (outputs mutably, so they cannot alias each other or the inputs); launches are
     // ordered on `stream`, and the buffers outlive them only if the caller synchronizes before
     // dropping them, as for every asynchronous launch in this crate.
-    unsafe {
-        forward_pre_raw(
-            &exec,
-            problem,
-            &weights.raw(),
-            x.into(),
-            &workspace.raw_mut(),
-            &coeffs.raw_mut(),
-            x_in.into(),
-        )
-    }
+    unsafe { launches.run(&exec) }
 }
 
 /// The second half of the forward on `stream` (asynchronous), once the layer produced
@@ -290,17 +220,12 @@ pub fn forward_post(
     x_next: &mut DeviceBuffer<bf16>,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
+    problem.validate()?;
+    let launches = problem
+        .plan()
+        .forward_post(x.into(), y.into(), &coeffs.raw(), x_next.into())?;
     // SAFETY: as in `forward_pre`.
-    unsafe {
-        forward_post_raw(
-            &exec,
-            problem,
-            x.into(),
-            y.into(),
-            &coeffs.raw(),
-            x_next.into(),
-        )
-    }
+    unsafe { launches.run(&exec) }
 }
 
 /// The backward on `stream` (asynchronous): from `d_xin [T, C]` and `d_xnext [T, n, C]`, all
@@ -320,19 +245,17 @@ pub fn backward(
     grads: &mut MhcGradients,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
+    problem.validate()?;
+    let launches = problem.plan().backward(
+        &weights.raw(),
+        x.into(),
+        y.into(),
+        &coeffs.raw(),
+        d_xin.into(),
+        d_xnext.into(),
+        &workspace.raw_mut(),
+        &grads.raw_mut(),
+    )?;
     // SAFETY: as in `forward_pre`.
-    unsafe {
-        backward_raw(
-            &exec,
-            problem,
-            &weights.raw(),
-            x.into(),
-            y.into(),
-            &coeffs.raw(),
-            d_xin.into(),
-            d_xnext.into(),
-            &workspace.raw_mut(),
-            &grads.raw_mut(),
-        )
-    }
+    unsafe { launches.run(&exec) }
 }
