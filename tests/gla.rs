@@ -10,16 +10,16 @@
 //! f32 (chunking, clamping, reference points, `ex2.approx.ftz`'s flush to zero, bf16 roundings,
 //! segment passes), so that the algorithm itself is checked here without a GPU; and small cases (`gla/emulated/...`) run
 //! the kernels' own code in the CPU emulator (`kernel-emulator`), through the problem's plan
-//! (`GlaProblem::launch_plan`, `GlaLaunchPlan::run`), the launch sequence of the GPU path, with the same tolerance and guard bands around every
-//! buffer (a write outside one fails the test).
+//! (`GlaProblem::plan`, `GlaPlan::run`), the launch sequence of the GPU path, with the same
+//! tolerance and guard bands around every buffer (a write outside one fails the test).
 
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::data::rng;
 use kernels::gla::reference::{self, HostInputs, rel_l2};
 use kernels::gla::{
-    self, G_FLOOR, GlaInputs, GlaKernel, GlaOutputs, GlaPlan, GlaProblem, GlaSplitWorkspace,
-    GlaTensors, GlaWorkspace, SegmentPlan, plan_segments,
+    self, G_FLOOR, GlaInputs, GlaKernel, GlaOutputs, GlaProblem, GlaSession, GlaSplitWorkspace,
+    GlaTensors, GlaWorkspace, SegmentPlan, Target, plan_segments,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Arch, Error, Gpu, bf16};
@@ -429,22 +429,22 @@ fn diagnose(p: &GlaProblem, got: &[bf16], want: &[f64]) {
 }
 
 /// Multiprocessors of the GPU the CPU runs plan for (an H100/H200).
-const CPU_SMS: usize = 132;
+const CPU_SMS: u32 = 132;
 
-fn cpu_plan(p: &GlaProblem) -> kernels::Result<SegmentPlan> {
+fn cpu_segments(p: &GlaProblem) -> kernels::Result<SegmentPlan> {
     // Without a GPU the automatic choice has no SM count.
-    p.plan(CPU_SMS)
+    p.segments(CPU_SMS as usize)
 }
 
 fn cpu_chunked(c: &Case) -> TestResult {
     let d = data(c);
     let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
-    let plan = gpu_ok(cpu_plan(&c.p))?;
-    let got = gpu_ok(reference::chunked(&c.p, &d.host(), &plan))?;
+    let segments = gpu_ok(cpu_segments(&c.p))?;
+    let got = gpu_ok(reference::chunked(&c.p, &d.host(), &segments))?;
     compare(
         &format!(
             "CPU chunked, {} segments (seed {})",
-            plan.segments.len(),
+            segments.segments.len(),
             c.seed
         ),
         c,
@@ -458,8 +458,8 @@ fn fail(e: Error) -> kernel_tests::TestFailure {
     format!("{e}").into()
 }
 
-/// Run in the CPU emulator through the problem's plan (`GlaProblem::launch_plan`, the launches
-/// of `GlaPlan::forward`, run by `GlaLaunchPlan::run`): host buffers with guard bands, outputs
+/// Run in the CPU emulator through the problem's plan (`GlaProblem::plan`, the launches of
+/// `GlaSession::forward`, run by `GlaPlan::run`): host buffers with guard bands, outputs
 /// and workspace poisoned with NaN. Also returns the buffers a kernel wrote outside of (their
 /// guard bands changed).
 fn emulator_forward(
@@ -487,8 +487,12 @@ fn emulator_forward(
     };
     // The emulator runs the baseline kernels (those of every target); without a GPU the
     // automatic choice has no SM count: 132 (an H100/H200).
-    let plan = p.launch_plan(Arch::Sm80, CPU_SMS, &tensors)?;
-    let (seg_words, combine_words) = plan.table_words();
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: CPU_SMS,
+    };
+    let plan = p.plan(target, &tensors)?;
+    let (seg_words, combine_words) = plan.segments.table_words();
     let mut segments = HostBuf::from_slice(&seg_words);
     let mut combine = HostBuf::from_slice(&combine_words);
     let (state, decay) = plan.workspace.unwrap_or((0, 0));
@@ -529,7 +533,7 @@ fn emulator_forward(
         Run {
             o: o.to_vec(),
             final_state: fs.as_ref().map(|b| b.to_vec()),
-            plan: plan.segments,
+            segments: plan.segments,
         },
         outside,
     ))
@@ -539,7 +543,7 @@ fn emulated(c: &Case) -> TestResult {
     let d = data(c);
     let (r, outside) = emulator_forward(&c.p, &d, c.final_state).map_err(fail)?;
     let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
-    let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.plan))?;
+    let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.segments))?;
     let mirror_o: Vec<f64> = mirror.o.iter().map(|x| x.to_f64()).collect();
     println!(
         "  {}: rel L2 distance of o to the CPU run of the algorithm {:.3e}",
@@ -549,7 +553,7 @@ fn emulated(c: &Case) -> TestResult {
     let checked = compare(
         &format!(
             "emulated, {} segments (seed {})",
-            r.plan.segments.len(),
+            r.segments.segments.len(),
             c.seed
         ),
         c,
@@ -574,8 +578,8 @@ fn gpu_forward(g: &Gpu, p: &GlaProblem, d: &Data, final_state: bool) -> kernels:
     } else {
         None
     };
-    let mut plan = GlaPlan::new(g, p)?;
-    plan.forward(
+    let mut session = GlaSession::new(g, p)?;
+    session.forward(
         g,
         &stream,
         &GlaInputs {
@@ -594,14 +598,14 @@ fn gpu_forward(g: &Gpu, p: &GlaProblem, d: &Data, final_state: bool) -> kernels:
     Ok(Run {
         o: download(&o)?,
         final_state: fs.as_ref().map(download).transpose()?,
-        plan: plan.segments().clone(),
+        segments: session.segments().clone(),
     })
 }
 
 struct Run {
     o: Vec<bf16>,
     final_state: Option<Vec<f32>>,
-    plan: SegmentPlan,
+    segments: SegmentPlan,
 }
 
 fn run(g: &Gpu, c: &Case) -> TestResult {
@@ -609,12 +613,12 @@ fn run(g: &Gpu, c: &Case) -> TestResult {
     let r = gpu_ok(gpu_forward(g, &c.p, &d, c.final_state))?;
     let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
     // Diagnostic: distance to the CPU run of the same algorithm on the same segments.
-    let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.plan))?;
+    let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.segments))?;
     let mirror_o: Vec<f64> = mirror.o.iter().map(|x| x.to_f64()).collect();
     println!(
         "  {}: {} segments; rel L2 distance of o to the CPU run of the algorithm {:.3e}",
         name(c),
-        r.plan.segments.len(),
+        r.segments.segments.len(),
         rel_l2(r.o.iter().map(|x| x.to_f64()), &mirror_o)
     );
     compare(
@@ -702,7 +706,7 @@ fn diag_spiky_with(g: &Gpu, kernel: GlaKernel) -> TestResult {
         let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
         for gpu in &gpus {
             let r = gpu_ok(gpu_forward(gpu, &c.p, &d, c.final_state))?;
-            let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.plan))?;
+            let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.segments))?;
             let mirror_o: Vec<f64> = mirror.o.iter().map(|x| x.to_f64()).collect();
             let o_err = rel_l2(r.o.iter().map(|x| x.to_f64()), &exact.o);
             println!(
@@ -976,7 +980,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
     let mut o = gpu_ok(poisoned::<bf16>(p.v_len()))?;
     let mut o_short = gpu_ok(poisoned::<bf16>(p.v_len() - 8))?;
     let mut fs_bad = gpu_ok(poisoned::<f32>(p.state_len() - 1))?;
-    let mut plan = gpu_ok(GlaPlan::new(g, &p))?;
+    let mut session = gpu_ok(GlaSession::new(g, &p))?;
     let shape = |e: &Error| matches!(e, Error::ShapeMismatch { .. });
     let inputs = |q, k, v, gg, init| GlaInputs {
         q,
@@ -987,7 +991,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
     };
     expect_err(
         "short k",
-        plan.forward(
+        session.forward(
             g,
             &stream,
             &inputs(&qk, &short, &vv, &qk, None),
@@ -1000,7 +1004,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
     )?;
     expect_err(
         "v with dk elements",
-        plan.forward(
+        session.forward(
             g,
             &stream,
             &inputs(&qk, &qk, &qk, &qk, None),
@@ -1013,7 +1017,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
     )?;
     expect_err(
         "short o",
-        plan.forward(
+        session.forward(
             g,
             &stream,
             &inputs(&qk, &qk, &vv, &qk, None),
@@ -1026,7 +1030,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
     )?;
     expect_err(
         "initial state of the wrong size",
-        plan.forward(
+        session.forward(
             g,
             &stream,
             &inputs(&qk, &qk, &vv, &qk, Some(&state_bad)),
@@ -1039,7 +1043,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
     )?;
     expect_err(
         "final state of the wrong size",
-        plan.forward(
+        session.forward(
             g,
             &stream,
             &inputs(&qk, &qk, &vv, &qk, None),
@@ -1051,8 +1055,8 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
         shape,
     )?;
     expect_err(
-        "dk 96 plan",
-        GlaPlan::new(g, &GlaProblem::new(1, 64, 2, 96, 64)).map(|_| ()),
+        "dk 96 session",
+        GlaSession::new(g, &GlaProblem::new(1, 64, 2, 96, 64)).map(|_| ()),
         |e| matches!(e, Error::Unsupported { .. }),
     )?;
     // Nothing was launched by the rejected calls: o is still poisoned.
@@ -1298,7 +1302,7 @@ fn nonfinite_gpu(g: &Gpu, kernel: GlaKernel) -> TestResult {
         let p = GlaProblem::new(1, 64, 2, 64, 64).with_scale(scale);
         expect_err(
             &format!("scale {scale}"),
-            GlaPlan::new(g, &p).map(|_| ()),
+            GlaSession::new(g, &p).map(|_| ()),
             |e| matches!(e, Error::InvalidArgument { .. }),
         )?;
     }

@@ -14,13 +14,14 @@ use kernel_abi::mhc as abi;
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::memory::{poisoned, upload};
-use kernels::mhc::reference::{self, MhcData, MhcHostOutputs};
+use kernels::mhc::reference::{self, MhcData};
 use kernels::mhc::{
-    self, MhcCoefficients, MhcGradients, MhcProblem, MhcWeights, MhcWorkspace, RawCoefficients,
-    RawGradients, RawScratch, RawWeights,
+    self, MhcCoefficients, MhcGradients, MhcProblem, MhcTensors, MhcWeights, MhcWorkspace,
+    RawCoefficients, RawGradients, RawScratch, RawWeights,
 };
 use kernels::{Error, Gpu, bf16};
 use kernels_testing::mhc::MhcDeviceRun;
+use kernels_testing::mhc::MhcHostOutputs;
 
 /// One configuration: `(B, S, n, C)`, gamma, Sinkhorn iterations, seed.
 #[derive(Clone, Copy, Debug)]
@@ -181,12 +182,12 @@ fn main() {
 /// Compare every output with the f64 reference, print one line per output, fail on any
 /// element out of tolerance.
 fn check_outputs(data: &MhcData, out: &MhcHostOutputs, label: &str) -> TestResult {
-    let cmp = reference::compare(data, out, None);
+    let cmp = kernels_testing::mhc::compare(data, out, None);
     for line in cmp.lines(label) {
         println!("{line}");
     }
     let p = &data.problem;
-    for name in reference::OUTPUTS {
+    for name in kernels_testing::mhc::OUTPUTS {
         let expected = !(name == "dgamma" && !p.gamma);
         ensure(!expected || cmp.get(name).values > 0, || {
             format!("{label}: {name} was not compared")
@@ -236,7 +237,7 @@ struct HostProblem {
 impl HostProblem {
     fn new(data: &MhcData) -> Self {
         let p = &data.problem;
-        let plan = p.plan();
+        let plan = p.layout();
         let (t, n, c, k, m) = (p.tokens(), p.n, p.c, p.k(), p.m());
         let nan = |len| HostBuf::filled(len, f32::NAN);
         let nan16 = |len| HostBuf::filled(len, bf16::NAN);
@@ -335,7 +336,7 @@ fn run_emulated(data: &MhcData) -> kernels::Result<MhcHostOutputs> {
         dbias: dbias.view(),
     };
     // The plan's launches, run in the emulator.
-    let plan = p.plan();
+    let plan = p.layout();
     let forward_pre =
         plan.forward_pre(&weights, x.view(), &raw_scratch, &raw_coeffs, x_in.view())?;
     let forward_post = plan.forward_post(x.view(), y.view(), &raw_coeffs, x_next.view())?;
@@ -736,12 +737,17 @@ fn rejects_bad_buffers() -> TestResult {
             h.x.view()
         };
         let r = p
-            .plan()
-            .forward_pre(&weights, x, &scratch, &coeffs, h.x_in.view())
-            .and_then(|launches| {
+            .plan(&MhcTensors::ForwardPre {
+                weights,
+                x,
+                scratch,
+                coeffs,
+                x_in: h.x_in.view(),
+            })
+            .and_then(|plan| {
                 // SAFETY: planning rejects these views before any launch (what the test
                 // checks); had it not, the views are host buffers the emulator could access.
-                unsafe { launches.run(&Emulator) }
+                unsafe { plan.run(&Emulator) }
             });
         expect(what, r, check)?;
     }
@@ -847,7 +853,7 @@ fn nonfinite_case(
     let label = format!("{what} {poison:?}");
     // Every other token: within tolerance (a non-finite value is out of any tolerance).
     let others: Vec<usize> = (0..p.tokens()).filter(|&i| i != t).collect();
-    let cmp = reference::compare(&data, &out, Some(&others));
+    let cmp = kernels_testing::mhc::compare(&data, &out, Some(&others));
     let worst = cmp.stats.iter().fold(0.0f64, |m, s| m.max(s.max_ratio));
     let failures = cmp.failures();
     ensure(failures.is_empty(), || {

@@ -21,7 +21,7 @@
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernels::gla::reference::{self, HostInputs, rel_l2};
-use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaPlan, GlaProblem};
+use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaProblem, GlaSession};
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
 use kernels_testing::gla::log_sigmoid_decays;
@@ -66,7 +66,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
         // (two waves of blocks instead of one), to see where the balance lies.
         let sms = b.gpu.info().multiprocessors as usize;
         let longest = p
-            .plan(sms)?
+            .segments(sms)?
             .segments
             .iter()
             .map(|s| s.len)
@@ -138,8 +138,8 @@ fn one(
         upload(host.g)?,
     );
     let mut o = poisoned::<bf16>(p.v_len())?;
-    let mut plan = GlaPlan::new(&b.gpu, p)?;
-    let segments = plan.segments().segments.len();
+    let mut session = GlaSession::new(&b.gpu, p)?;
+    let segments = session.segments().segments.len();
     let inputs = GlaInputs {
         q: &dq,
         k: &dk,
@@ -150,7 +150,7 @@ fn one(
     let t = {
         let (gpu, stream) = (&b.gpu, &b.stream);
         b.time(|| {
-            plan.forward(
+            session.forward(
                 gpu,
                 stream,
                 &inputs,
@@ -196,7 +196,7 @@ fn one(
         .insert("segments".into(), serde_json::json!(segments));
     row.extra.insert(
         "longest_segment".into(),
-        serde_json::json!(plan.segments().segments.iter().map(|s| s.len).max()),
+        serde_json::json!(session.segments().segments.iter().map(|s| s.len).max()),
     );
     row.extra
         .insert("rel_l2_err".into(), serde_json::json!(err));

@@ -300,7 +300,7 @@ fn gpu_jobs(gpu: &Gpu, quick: bool) -> Result<Vec<Line>> {
         run.forward(gpu, &stream)?;
         run.backward(gpu, &stream)
     })?;
-    let cmp = mhc_reference::compare(&data, &run.download()?, None);
+    let cmp = kernels_testing::mhc::compare(&data, &run.download()?, None);
     for f in cmp.failures() {
         println!("mhc: {f}");
     }
@@ -380,7 +380,7 @@ fn semicrf_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn)
 /// a relative L2 error of 1e-2 of the f64 recurrence (the test suite's bound).
 fn gla_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn) -> Result<Line> {
     use kernels::gla::reference::{HostInputs, recurrence_head, rel_l2};
-    use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
+    use kernels::gla::{GlaInputs, GlaOutputs, GlaProblem, GlaSession};
     let p = GlaProblem::new(2, if quick { 1024 } else { 4096 }, 16, 128, 128);
     let mut r = rng(5);
     let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
@@ -397,7 +397,7 @@ fn gla_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn) -> 
     );
     let mut o = poisoned::<bf16>(p.v_len())?;
     let mut fs = poisoned::<f32>(p.state_len())?;
-    let mut plan = GlaPlan::new(gpu, &p)?;
+    let mut session = GlaSession::new(gpu, &p)?;
     let inputs = GlaInputs {
         q: &dq,
         k: &dk,
@@ -406,7 +406,7 @@ fn gla_line(gpu: &Gpu, stream: &kernels::Stream, quick: bool, time: &TimeFn) -> 
         init_state: Some(&di),
     };
     let ms = time(&mut || {
-        plan.forward(
+        session.forward(
             gpu,
             stream,
             &inputs,

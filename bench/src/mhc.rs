@@ -15,7 +15,7 @@ use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernels::memory::{copy_async, zeroed};
 use kernels::mhc::MhcProblem;
-use kernels::mhc::reference::{self, MhcData};
+use kernels::mhc::reference::MhcData;
 use kernels::{Error, Result};
 use kernels_testing::mhc::MhcDeviceRun;
 use serde_json::json;
@@ -53,8 +53,8 @@ pub fn run(b: &mut Bench) -> Result<()> {
     run.backward(&b.gpu, &b.stream)?;
     b.gpu.sync(&b.stream, "mhc forward and backward")?;
     let out = run.download()?;
-    let tokens = reference::sample_tokens(&p, 64);
-    let cmp = reference::compare(&data, &out, Some(&tokens));
+    let tokens = kernels_testing::mhc::sample_tokens(&p, 64);
+    let cmp = kernels_testing::mhc::compare(&data, &out, Some(&tokens));
     if !cmp.ok() {
         return Err(Error::invalid(
             "mHC result",
@@ -117,7 +117,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
         run.forward(&b.gpu, &b.stream)?;
         b.gpu.sync(&b.stream, "mhc forward (variant)")?;
         let vout = run.download()?;
-        let vcmp = reference::compare(&data, &vout, Some(&tokens));
+        let vcmp = kernels_testing::mhc::compare(&data, &vout, Some(&tokens));
         if !vcmp.ok() {
             return Err(Error::invalid(
                 "mHC result (projection variant)",

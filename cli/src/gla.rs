@@ -6,7 +6,7 @@ use clap::Args;
 use half::bf16;
 use kernels::Gpu;
 use kernels::gla::reference::{HostInputs, recurrence};
-use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
+use kernels::gla::{GlaInputs, GlaOutputs, GlaProblem, GlaSession};
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::Timings;
 use safetensors::Dtype as St;
@@ -148,7 +148,7 @@ impl Job for GlaJob {
         let init = self.init.as_deref().map(upload).transpose()?;
         let mut o = poisoned::<bf16>(p.v_len())?;
         let mut fin = poisoned::<f32>(p.state_len())?;
-        let mut plan = GlaPlan::new(gpu, p)?;
+        let mut session = GlaSession::new(gpu, p)?;
         let inputs = GlaInputs {
             q: &q,
             k: &k,
@@ -157,7 +157,7 @@ impl Job for GlaJob {
             init_state: init.as_ref(),
         };
         let timings = launch_timed(gpu, &stream, repeat, "GLA forward", || {
-            plan.forward(
+            session.forward(
                 gpu,
                 &stream,
                 &inputs,

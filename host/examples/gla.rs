@@ -6,7 +6,7 @@
 
 use kernels::data::{rng, uniform_bf16, uniform_f32};
 use kernels::gla::reference::{self, HostInputs, rel_l2};
-use kernels::gla::{GlaInputs, GlaOutputs, GlaPlan, GlaProblem};
+use kernels::gla::{GlaInputs, GlaOutputs, GlaProblem, GlaSession};
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::time_on_stream;
 use kernels::{Gpu, bf16};
@@ -73,7 +73,7 @@ fn run(gpu: &Gpu, p: &GlaProblem, what: &str) -> Result<(), Box<dyn std::error::
     );
     let mut o = poisoned::<bf16>(p.v_len())?;
     let mut fs = poisoned::<f32>(p.state_len())?;
-    let mut plan = GlaPlan::new(gpu, p)?;
+    let mut session = GlaSession::new(gpu, p)?;
     let inputs = GlaInputs {
         q: &dq,
         k: &dk,
@@ -82,7 +82,7 @@ fn run(gpu: &Gpu, p: &GlaProblem, what: &str) -> Result<(), Box<dyn std::error::
         init_state: Some(&di),
     };
     let t = time_on_stream(gpu, &stream, 5, 20, || {
-        plan.forward(
+        session.forward(
             gpu,
             &stream,
             &inputs,
@@ -104,7 +104,7 @@ fn run(gpu: &Gpu, p: &GlaProblem, what: &str) -> Result<(), Box<dyn std::error::
         t.median_ms(),
         p.rows() as f64 / t.median_ms() / 1e3,
         p.flops() / t.median_ms() / 1e9,
-        plan.segments().segments.len()
+        session.segments().segments.len()
     );
     Ok(())
 }
@@ -119,13 +119,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let small = GlaProblem::new(1, 300, 2, 64, 64);
             let d = data(&small, 7);
             let exact = reference::recurrence(&small, &d.host())?;
-            let plan = kernels::gla::plan_segments(&small, 64)?;
-            let chunked = reference::chunked(&small, &d.host(), &plan)?;
+            let segments = kernels::gla::plan_segments(&small, 64)?;
+            let chunked = reference::chunked(&small, &d.host(), &segments)?;
             let err = rel_l2(chunked.o.iter().map(|x| x.to_f64()), &exact.o);
             println!(
                 "CPU chunked algorithm ({} segments) vs f64 recurrence, B1 T300 H2 dk64 dv64: \
                  rel L2 error {err:.2e}",
-                plan.segments.len()
+                segments.segments.len()
             );
             assert!(err <= 1e-2);
             return Ok(());

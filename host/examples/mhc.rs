@@ -57,7 +57,7 @@ fn on_gpu(gpu: &Gpu, p: &MhcProblem) -> Result<bool> {
     run.forward(gpu, &stream)?;
     run.backward(gpu, &stream)?;
     gpu.sync(&stream, "mhc forward and backward")?;
-    let cmp = reference::compare(&data, &run.download()?, None);
+    let cmp = kernels_testing::mhc::compare(&data, &run.download()?, None);
     for line in cmp.lines("  ") {
         println!("{line}");
     }

@@ -11,6 +11,7 @@
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
 pub mod attention;
+pub mod catalog;
 pub mod data;
 pub mod error;
 pub mod exec;

@@ -149,6 +149,7 @@ impl Builder {
         let text = std::fs::read_to_string(&asm)
             .map_err(|e| err(format!("reading {}: {e}", asm.display())))?;
         let ptx = postprocess(&text).map_err(|e| err(format!("{}: {e}", asm.display())))?;
+        check_launch_bounds(&ptx).map_err(|e| err(format!("{}: {e}", asm.display())))?;
         std::fs::create_dir_all(out_dir)
             .map_err(|e| err(format!("creating {}: {e}", out_dir.display())))?;
         let dest = out_dir.join(ptx_file_name(target));
@@ -346,6 +347,26 @@ pub fn postprocess(ptx: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// Check that every kernel of post-processed PTX declares launch bounds (`.maxntid` and
+/// `.minnctapersm`): the kernel crate's `launch_bounds!` writes them from the kernel's handle in
+/// `kernel_abi`, so an entry without them was written without a handle.
+pub fn check_launch_bounds(ptx: &str) -> Result<(), String> {
+    let missing: Vec<String> = kernel_signatures(ptx)
+        .into_iter()
+        .filter(|(_, info)| info.max_threads.is_none() || info.min_blocks.is_none())
+        .map(|(name, _)| name)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "kernels without launch bounds (every entry expands `launch_bounds!(name in \
+             kernel_abi::<family>::KERNELS)`): {}",
+            missing.join(", ")
+        ))
+    }
+}
+
 /// A `.param .align A .b8 NAME[BYTES]` kernel-parameter declaration.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ParamDecl<'a> {
@@ -493,5 +514,14 @@ mod tests {
         assert!(postprocess(&twice).unwrap_err().contains("two different"));
         let unknown = marked.replace("@launch-bounds k ", "@launch-bounds q ");
         assert!(postprocess(&unknown).unwrap_err().contains("kernel q"));
+        // `j` has no marker: the build refuses it; with one, it passes.
+        assert!(check_launch_bounds(&out).unwrap_err().contains(": j"));
+        let both = marked.replace(
+            "@launch-bounds k 384 1",
+            "@launch-bounds k 384 1\n// @launch-bounds j 128 2",
+        );
+        let out = postprocess(&both).unwrap();
+        check_launch_bounds(&out).unwrap();
+        assert_eq!(kernel_signatures(&out)["j"].min_blocks, Some(2));
     }
 }

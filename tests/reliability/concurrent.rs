@@ -75,7 +75,7 @@ pub fn four_families_bitwise(g: &'static Gpu) -> TestResult {
     let mp = MhcProblem::new(2, 256, 4, 256);
     let mdata = mhc::reference::MhcData::random(&mp, 33);
 
-    let run_all = |streams: &[kernels::Stream]| -> kernels::Result<(Bits, mhc::MhcHostOutputs)> {
+    let run_all = |streams: &[kernels::Stream]| -> kernels::Result<(Bits, kernels_testing::mhc::MhcHostOutputs)> {
         let st = |i: usize| &streams[i % streams.len()];
         // Attention.
         let ao = poisoned::<bf16>(2 * 300 * 4 * 128)?;
@@ -98,10 +98,10 @@ pub fn four_families_bitwise(g: &'static Gpu) -> TestResult {
         let mut cgr = semicrf::Gradients::new(&crf, true)?;
         semicrf::forward_backward_launch(g, st(1), &crf, &crf_dev, &mut cst, &mut cgr)?;
         // GLA.
-        let mut plan = gla::GlaPlan::new(g, &gp)?;
+        let mut session = gla::GlaSession::new(g, &gp)?;
         let mut go = poisoned::<bf16>(gp.v_len())?;
         let mut gfin = poisoned::<f32>(gp.state_len())?;
-        plan.forward(
+        session.forward(
             g,
             st(2),
             &gla::GlaInputs {

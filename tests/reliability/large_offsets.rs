@@ -128,8 +128,8 @@ pub fn gla_gpu(g: &'static Gpu) -> TestResult {
     );
     let mut o = gpu_ok(poisoned::<bf16>((n0 + len) * d))?;
     let mut fin = gpu_ok(poisoned::<f32>(p.state_len()))?;
-    let mut plan = gpu_ok(gla::GlaPlan::new(g, &p))?;
-    gpu_ok(plan.forward(
+    let mut session = gpu_ok(gla::GlaSession::new(g, &p))?;
+    gpu_ok(session.forward(
         g,
         &stream,
         &gla::GlaInputs {

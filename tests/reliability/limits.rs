@@ -179,7 +179,7 @@ pub fn mhc() -> TestResult {
     // T n C = 2^40 (the limit) with T = 2^20 tokens: 2^40 elements of x, accepted.
     let p = MhcProblem::new(1 << 10, 1 << 10, 4, 1 << 18);
     p.validate().map_err(|e| format!("{e}"))?;
-    let plan = p.plan();
+    let plan = p.layout();
     ensure(plan.part_w > 0 && plan.dh == p.tokens() * p.m(), || {
         format!("{plan:?}")
     })?;

@@ -11,9 +11,9 @@ use kernels::attention::{
     self, AttentionElem, AttentionPlan, AttentionProblem, AttentionTensors, Dtype, Path, Target,
     View,
 };
-use kernels::gla::{self, GlaProblem};
+use kernels::gla::{self, GlaKernel, GlaProblem};
 use kernels::gpu::check_kernel_launch;
-use kernels::mhc::{self, DevView, Exec, MhcProblem};
+use kernels::mhc::{self, DevView, Exec, MhcProblem, MhcTensors};
 use kernels::semicrf::{
     self, GradientViews, InputViews, SemiCrfPlan, SemiCrfProblem, SemiCrfTensors, StateViews,
     ViterbiViews,
@@ -361,16 +361,23 @@ pub(crate) fn semicrf_launches(plan: &SemiCrfPlan) -> Vec<(&KernelDecl, &LaunchC
 }
 
 /// An executor that runs nothing: it checks each launch as `Gpu::launch` would (without a
-/// device) against the PTX of every target, and records the kernel names and whether each
-/// launch overlaps its predecessor.
+/// device) against the PTX of its targets (every target, or those given), and records the
+/// kernel names and whether each launch overlaps its predecessor.
 struct CheckingExec {
+    archs: &'static [Arch],
     launched: RefCell<Vec<(String, bool)>>,
 }
 
 impl CheckingExec {
     /// Checking against every target.
     fn all() -> Self {
+        CheckingExec::on(&Arch::ALL)
+    }
+
+    /// Checking against the targets `archs` (those a plan's kernels exist for).
+    fn on(archs: &'static [Arch]) -> Self {
         CheckingExec {
+            archs,
             launched: RefCell::new(Vec::new()),
         }
     }
@@ -378,7 +385,7 @@ impl CheckingExec {
 
 impl Exec for CheckingExec {
     unsafe fn launch<P: Copy>(&self, launch: &Launch<P>) -> kernels::Result<()> {
-        for arch in Arch::ALL {
+        for &arch in self.archs {
             check_kernel_launch(arch, launch.kernel(), launch.config(), HOPPER_MAX_SMEM)?;
         }
         self.launched
@@ -438,21 +445,7 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                 if p.rows() > 1 << 16 {
                     return Ok(());
                 }
-                let plan = p
-                    .plan(132)
-                    .map_err(|e| TestCaseError::fail(format!("plan of a valid problem: {e}")))?;
-                let ws = gla::workspace_len(&p, &plan);
-                let (seg_words, comb_words) = gla::table_words(&plan);
-                let tables = gla::RawGlaTables {
-                    segments: fake(seg_words.len()),
-                    split: ws.map(|(state, decay)| gla::RawSplitWorkspace {
-                        combine: fake(comb_words.len()),
-                        seg_init: fake(state),
-                        delta: fake(state),
-                        decay_log2: fake(decay),
-                    }),
-                };
-                let t = gla::RawGlaTensors {
+                let t = gla::GlaTensors {
                     q: fake(p.qk_len()),
                     k: fake(p.qk_len()),
                     v: fake(p.v_len()),
@@ -461,19 +454,57 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                     o: fake(p.v_len()),
                     final_state: Some(fake(p.state_len())),
                 };
-                // (The baseline's launches; the pingpong's encode tensor maps, which needs the
-                // driver: its launch sequence runs in the GPU tests.)
-                let exec = CheckingExec::all();
-                // SAFETY: `CheckingExec` never accesses the (made-up) views.
-                unsafe { gla::forward_raw(&exec, &p, &plan, &tables, &t) }
-                    .map_err(|e| TestCaseError::fail(format!("launch sequence: {e}")))?;
-                // Split: the state pass, the combination, the forward, none overlapping its
-                // predecessor (the baseline runs on sm_80 too).
-                let overlaps: Vec<bool> = exec.launched.borrow().iter().map(|l| l.1).collect();
-                prop_assert_eq!(overlaps, vec![false; if ws.is_some() { 3 } else { 1 }]);
-                // Every token of every sequence is in exactly one segment.
-                let covered: usize = plan.segments.iter().map(|s| s.len as usize).sum();
-                prop_assert_eq!(covered, p.rows());
+                // `Auto` (the baseline, on every target) and the pingpong (sm_90a only).
+                let every: &'static [Arch] = &Arch::ALL;
+                for (kernel, arch, archs) in [
+                    (GlaKernel::Auto, Arch::Sm80, every),
+                    (GlaKernel::Pingpong, Arch::Sm90a, &[Arch::Sm90a]),
+                ] {
+                    let p = p.clone().with_kernel(kernel);
+                    let target = gla::Target {
+                        arch,
+                        multiprocessors: 132,
+                    };
+                    let plan = p.plan(target, &t).map_err(|e| {
+                        TestCaseError::fail(format!("{kernel:?} plan of a valid problem: {e}"))
+                    })?;
+                    let (seg_words, comb_words) = plan.segments.table_words();
+                    let workspace = gla::GlaWorkspace {
+                        segments: fake(seg_words.len()),
+                        split: plan.workspace.map(|(state, decay)| gla::GlaSplitWorkspace {
+                            combine: fake(comb_words.len()),
+                            seg_init: fake(state),
+                            delta: fake(state),
+                            decay_log2: fake(decay),
+                        }),
+                    };
+                    // The launches with zeroed tensor maps (encoding them needs the driver;
+                    // `plan.maps` were validated by the plan).
+                    let launches = plan
+                        .launches(&workspace, &[kernel_abi::TensorMap::ZEROED; 4])
+                        .map_err(|e| TestCaseError::fail(format!("{kernel:?} launches: {e}")))?;
+                    let exec = CheckingExec::on(archs);
+                    for launch in &launches {
+                        // SAFETY: `CheckingExec` never accesses the (made-up) views.
+                        unsafe { launch.run(&exec) }.map_err(|e| {
+                            TestCaseError::fail(format!("{kernel:?} launch sequence: {e}"))
+                        })?;
+                    }
+                    // Split: the state pass, the combination (baseline only), the forward;
+                    // only the pingpong's forward overlaps its predecessor.
+                    let split = plan.workspace.is_some();
+                    let overlaps: Vec<bool> = exec.launched.borrow().iter().map(|l| l.1).collect();
+                    let want = match (kernel, split) {
+                        (GlaKernel::Pingpong, true) => vec![false, true],
+                        (GlaKernel::Pingpong, false) => vec![false],
+                        (_, split) => vec![false; if split { 3 } else { 1 }],
+                    };
+                    prop_assert_eq!(overlaps, want);
+                    // Every token of every sequence is in exactly one segment.
+                    let covered: usize =
+                        plan.segments.segments.iter().map(|s| s.len as usize).sum();
+                    prop_assert_eq!(covered, p.rows());
+                }
                 Ok(())
             }
         }
@@ -500,7 +531,7 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
             Err(e) => typed(&e),
             Ok(()) => {
                 let _ = (p.forward_bytes(), p.backward_bytes(), p.projection_flops());
-                let plan = p.plan();
+                let layout = p.layout();
                 let (t, k, m) = (p.tokens(), p.k(), p.m());
                 let w = mhc::RawWeights {
                     phi: fake(k * m),
@@ -509,15 +540,15 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
                     bias: fake(m),
                 };
                 let sc = mhc::RawScratch {
-                    packed_f1: fake(plan.packed_f1),
-                    packed_b2: fake(plan.packed_b2),
-                    part_proj: fake(plan.part_proj),
-                    part_sumsq: fake(plan.part_sumsq),
-                    dh: fake(plan.dh),
-                    u: fake(plan.u),
+                    packed_f1: fake(layout.packed_f1),
+                    packed_b2: fake(layout.packed_b2),
+                    part_proj: fake(layout.part_proj),
+                    part_sumsq: fake(layout.part_sumsq),
+                    dh: fake(layout.dh),
+                    u: fake(layout.u),
                     xcoef: fake(t),
-                    part_coef: fake(plan.part_coef),
-                    part_w: fake(plan.part_w),
+                    part_coef: fake(layout.part_coef),
+                    part_w: fake(layout.part_w),
                 };
                 let co = mhc::RawCoefficients {
                     h_pre: fake(t * n),
@@ -536,30 +567,44 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
                 };
                 let exec = CheckingExec::all();
                 let fail = |what: &str, e: Error| TestCaseError::fail(format!("{what}: {e}"));
-                let pre = plan
-                    .forward_pre(&w, fake(t * k), &sc, &co, fake(t * c))
-                    .map_err(|e| fail("forward_pre", e))?;
-                // SAFETY: `CheckingExec` never accesses the (made-up) views.
-                unsafe { pre.run(&exec) }.map_err(|e| fail("forward_pre", e))?;
-                let post = plan
-                    .forward_post(fake(t * k), fake(t * c), &co, fake(t * k))
-                    .map_err(|e| fail("forward_post", e))?;
-                // SAFETY: as above.
-                unsafe { post.run(&exec) }.map_err(|e| fail("forward_post", e))?;
-                let backward = plan
-                    .backward(
-                        &w,
-                        fake(t * k),
-                        fake(t * c),
-                        &co,
-                        fake(t * c),
-                        fake(t * k),
-                        &sc,
-                        &gr,
-                    )
-                    .map_err(|e| fail("backward", e))?;
-                // SAFETY: as above.
-                unsafe { backward.run(&exec) }.map_err(|e| fail("backward", e))?;
+                for (what, tensors) in [
+                    (
+                        "forward_pre",
+                        MhcTensors::ForwardPre {
+                            weights: w,
+                            x: fake(t * k),
+                            scratch: sc,
+                            coeffs: co,
+                            x_in: fake(t * c),
+                        },
+                    ),
+                    (
+                        "forward_post",
+                        MhcTensors::ForwardPost {
+                            x: fake(t * k),
+                            y: fake(t * c),
+                            coeffs: co,
+                            x_next: fake(t * k),
+                        },
+                    ),
+                    (
+                        "backward",
+                        MhcTensors::Backward {
+                            weights: w,
+                            x: fake(t * k),
+                            y: fake(t * c),
+                            coeffs: co,
+                            d_xin: fake(t * c),
+                            d_xnext: fake(t * k),
+                            scratch: sc,
+                            grads: gr,
+                        },
+                    ),
+                ] {
+                    let plan = p.plan(&tensors).map_err(|e| fail(what, e))?;
+                    // SAFETY: `CheckingExec` never accesses the (made-up) views.
+                    unsafe { plan.run(&exec) }.map_err(|e| fail(what, e))?;
+                }
                 prop_assert!(!exec.launched.borrow().is_empty());
                 Ok(())
             }

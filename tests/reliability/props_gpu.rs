@@ -233,8 +233,8 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
         } else {
             None
         };
-        let mut plan = prop_gpu(gla::GlaPlan::new(g, &p))?;
-        prop_gpu(plan.forward(
+        let mut session = prop_gpu(gla::GlaSession::new(g, &p))?;
+        prop_gpu(session.forward(
             g,
             &stream,
             &gla::GlaInputs {
@@ -264,7 +264,7 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
         prop_assert!(
             err_o <= GLA_TOL && err_s <= GLA_TOL,
             "{} segments: o rel L2 {err_o:.3e}, final state {err_s:.3e} (tol {GLA_TOL:.0e})",
-            plan.segments().segments.len()
+            session.segments().segments.len()
         );
         Ok(())
     };
@@ -313,8 +313,8 @@ pub fn mhc_small(g: &'static Gpu) -> TestResult {
         prop_gpu(dev.backward(g, &stream))?;
         prop_gpu(g.sync(&stream, "mHC forward and backward"))?;
         let out = prop_gpu(dev.download())?;
-        let cmp = mhc::reference::compare(&data, &out, None);
-        for name in mhc::reference::OUTPUTS {
+        let cmp = kernels_testing::mhc::compare(&data, &out, None);
+        for name in kernels_testing::mhc::OUTPUTS {
             prop_assert!(
                 cmp.get(name).values > 0 || (name == "dgamma" && !gamma),
                 "{name} was not compared"

@@ -171,11 +171,14 @@ fn compare(old: &str, new: &str) -> Report {
     report
 }
 
-/// The kernels (`.entry` bodies by name) and the rest of a module.
+/// The kernels (`.entry` bodies by name) and the rest of a module. A kernel runs from its
+/// `.entry` line to the `}` that closes its body (braces are counted: bodies hold nested `{ }`
+/// scopes, some at the start of a line; comments are left out of the count).
 fn split(ptx: &str) -> (BTreeMap<String, String>, String) {
     let mut kernels = BTreeMap::new();
     let mut module = String::new();
-    let mut current: Option<(String, String)> = None;
+    // The kernel being read: name, text, brace depth, whether its body has opened.
+    let mut current: Option<(String, String, i64, bool)> = None;
     for line in ptx.lines() {
         let t = line.trim();
         if current.is_none()
@@ -184,14 +187,25 @@ fn split(ptx: &str) -> (BTreeMap<String, String>, String) {
                 .or(t.strip_prefix(".entry "))
         {
             let name = rest.split('(').next().unwrap_or("").trim().to_string();
-            current = Some((name, String::new()));
+            current = Some((name, String::new(), 0, false));
         }
         match &mut current {
-            Some((_, body)) => {
+            Some((_, body, depth, opened)) => {
                 body.push_str(line);
                 body.push('\n');
-                if line == "}" {
-                    let (name, body) = current.take().expect("inside a kernel");
+                let code = line.split("//").next().unwrap_or("");
+                for c in code.chars() {
+                    match c {
+                        '{' => {
+                            *depth += 1;
+                            *opened = true;
+                        }
+                        '}' => *depth -= 1,
+                        _ => {}
+                    }
+                }
+                if *opened && *depth == 0 {
+                    let (name, body, _, _) = current.take().expect("inside a kernel");
                     kernels.insert(name, body);
                 }
             }
@@ -351,6 +365,24 @@ mod tests {
         let r = compare(m1, &m3);
         assert_eq!(r.different.len(), 1);
         assert_eq!(r.different[0].0, "b");
+    }
+
+    #[test]
+    fn nested_scopes_stay_inside_their_kernel() {
+        let m1 = ".visible .entry a(\n)\n{\n{\nadd.s32 %r1, %r2, 1;\n}\nsub.s32 %r3, %r1, 1;\n}\n";
+        let m2 = ".visible .entry a(\n)\n{\n{\nadd.s32 %r1, %r2, 1;\n}\nsub.s32 %r3, %r1, 2;\n}\n";
+        let (kernels, module) = split(m1);
+        assert!(
+            module.is_empty(),
+            "everything belongs to the kernel: {module:?}"
+        );
+        assert!(kernels["a"].contains("sub.s32"));
+        let r = compare(m1, m2);
+        assert_eq!(
+            r.different.len(),
+            1,
+            "a difference after a nested scope is seen"
+        );
     }
 
     #[test]

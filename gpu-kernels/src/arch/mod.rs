@@ -59,9 +59,9 @@ macro_rules! launch_bounds {
     ($kernel:ident in $table:expr) => {{
         const DECL: kernel_abi::KernelDecl =
             kernel_abi::kernel::find($table, stringify!($kernel));
-        $crate::launch_bounds!($kernel, DECL.threads, DECL.min_blocks);
+        $crate::launch_bounds!(@marker $kernel, DECL.threads, DECL.min_blocks);
     }};
-    ($kernel:ident, $max_threads:expr, $min_blocks:expr) => {{
+    (@marker $kernel:ident, $max_threads:expr, $min_blocks:expr) => {{
         // SAFETY: an assembler comment; no instruction is emitted.
         unsafe {
             core::arch::asm!(

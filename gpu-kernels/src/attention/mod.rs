@@ -5,9 +5,10 @@
 //!
 //! - [`mma`]: the portable kernel, FlashAttention-2 style on `mma.sync` tensor cores (any GPU of
 //!   compute capability >= 8.0; also compiled for the CPU by the emulator);
-//! - `hopper` (sm_90a only): TMA, mbarrier rings, `wgmma` and warp specialization (the kernel
-//!   body with its barrier protocol; the tile scheduler, and the mask and softmax on `wgmma`
-//!   accumulators, in files of their own).
+//! - `hopper` (sm_90a only): TMA, mbarrier rings, `wgmma` and warp specialization (the role
+//!   split with its barrier protocol; the producer, the consumers' main loops, the epilogue,
+//!   the named barriers, the tile scheduler, and the mask and softmax on `wgmma` accumulators,
+//!   in files of their own).
 //!
 //! Shared by both: [`elem`] (the bf16/f16 element types), [`mask`] (which keys a row may
 //! attend), [`softmax`] (the online softmax in base 2, its folded and lazy modes, NaN safety).

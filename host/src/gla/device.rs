@@ -1,10 +1,8 @@
-//! The forward pass on a GPU over `cust` buffers: [`GlaPlan`] keeps a problem's segment tables
-//! and workspace on the device and plans and runs each launch ([`GlaLaunchPlan`]) on a stream.
+//! The forward pass on a GPU over `cust` buffers: a [`GlaSession`] keeps a problem's segment
+//! tables and workspace on the device, and each of its runs plans the launches on the given
+//! buffers ([`GlaPlan`]) and runs them on a stream.
 
-use super::plan::{
-    GlaLaunchPlan, GlaSplitWorkspace, GlaTensors, GlaWorkspace, check_arch, table_words,
-    workspace_len,
-};
+use super::plan::{GlaPlan, GlaSplitWorkspace, GlaTensors, GlaWorkspace, check_arch};
 use super::problem::{GlaProblem, SegmentPlan};
 use crate::error::Result;
 use crate::exec::OnStream;
@@ -38,13 +36,14 @@ pub struct GlaOutputs<'a> {
 
 /// A problem made ready to run on one GPU: its segments (for the GPU's multiprocessors), their
 /// tables on the device and the workspace of the segment passes. Build once, run many times
-/// (one run at a time: the workspace is the plan's); each run plans its launches on the given
-/// tensors ([`GlaLaunchPlan`]) and runs them.
-pub struct GlaPlan {
+/// (one run at a time: the workspace is the session's); each run ([`GlaSession::forward`])
+/// plans its launches on the given buffers ([`GlaProblem::plan`]'s [`GlaPlan`], on the
+/// session's segments) and runs them.
+pub struct GlaSession {
     problem: GlaProblem,
-    plan: SegmentPlan,
+    segments: SegmentPlan,
     /// The segment table as words (`[start, len, seq, flags]` per entry).
-    segments: DeviceBuffer<u32>,
+    segment_table: DeviceBuffer<u32>,
     /// `(combine table, seg_init, delta, decay_log2)` when some sequence has several segments.
     split: Option<SplitWorkspace>,
 }
@@ -57,17 +56,17 @@ struct SplitWorkspace {
     decay_log2: DeviceBuffer<f32>,
 }
 
-impl GlaPlan {
+impl GlaSession {
     /// Validate `problem`, decide the segments for `gpu`, upload the tables and allocate the
     /// workspace (`(2 dk dv + dk) * 4` bytes per segment and head, only when a sequence is
     /// split).
-    pub fn new(gpu: &Gpu, problem: &GlaProblem) -> Result<GlaPlan> {
+    pub fn new(gpu: &Gpu, problem: &GlaProblem) -> Result<GlaSession> {
         problem.validate()?;
-        let plan = problem.plan(gpu.info().multiprocessors as usize)?;
+        let segments = problem.segments(gpu.info().multiprocessors as usize)?;
         gpu.bind()?;
-        let (segment_words, combine_words) = table_words(&plan);
-        let segments = upload(&segment_words)?;
-        let split = match workspace_len(problem, &plan) {
+        let (segment_words, combine_words) = segments.table_words();
+        let segment_table = upload(&segment_words)?;
+        let split = match problem.workspace_len(&segments) {
             None => None,
             Some((state, decay)) => Some(SplitWorkspace {
                 combine: upload(&combine_words)?,
@@ -76,10 +75,10 @@ impl GlaPlan {
                 decay_log2: poisoned(decay)?,
             }),
         };
-        Ok(GlaPlan {
+        Ok(GlaSession {
             problem: problem.clone(),
-            plan,
             segments,
+            segment_table,
             split,
         })
     }
@@ -91,7 +90,7 @@ impl GlaPlan {
 
     /// The segment decomposition.
     pub fn segments(&self) -> &SegmentPlan {
-        &self.plan
+        &self.segments
     }
 
     /// Launch the forward pass on `stream` (asynchronous; up to three kernels).
@@ -112,9 +111,9 @@ impl GlaPlan {
             final_state: outputs.final_state.as_mut().map(|b| (&mut **b).into()),
         };
         check_arch(&self.problem, gpu.arch())?;
-        let plan = GlaLaunchPlan::for_segments(&self.problem, self.plan.clone(), &tensors)?;
+        let plan = GlaPlan::for_segments(&self.problem, self.segments.clone(), &tensors)?;
         let workspace = GlaWorkspace {
-            segments: (&self.segments).into(),
+            segments: (&self.segment_table).into(),
             split: self.split.as_mut().map(|w| GlaSplitWorkspace {
                 combine: (&w.combine).into(),
                 seg_init: (&mut w.seg_init).into(),
@@ -123,13 +122,14 @@ impl GlaPlan {
             }),
         };
         // SAFETY: every view is a live allocation of this GPU's context (device buffers,
-        // borrowed for the call, the outputs mutably), the tables hold this plan's words
-        // (uploaded by `new`) and the workspace its sizes.
+        // borrowed for the call, the outputs mutably), the tables hold the words of the plan's
+        // segments (the session's, uploaded by `new`) and the workspace its sizes.
         unsafe { plan.run(&OnStream { gpu, stream }, &workspace) }
     }
 }
 
-/// Convenience: plan and launch `problem` on `stream`, then wait for it (tests, examples).
+/// Convenience: make a [`GlaSession`] for `problem`, run it on `stream`, then wait for it
+/// (tests, examples).
 pub fn forward_sync(
     gpu: &Gpu,
     stream: &Stream,
@@ -137,7 +137,7 @@ pub fn forward_sync(
     inputs: &GlaInputs,
     outputs: &mut GlaOutputs,
 ) -> Result<()> {
-    let mut plan = GlaPlan::new(gpu, problem)?;
-    plan.forward(gpu, stream, inputs, outputs)?;
+    let mut session = GlaSession::new(gpu, problem)?;
+    session.forward(gpu, stream, inputs, outputs)?;
     gpu.sync(stream, "GLA forward")
 }

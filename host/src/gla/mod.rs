@@ -37,30 +37,25 @@
 //!
 //! # Problem, plan, run
 //! A [`GlaProblem`] (sizes and options, [`GlaProblem::validate`]) is planned on its tensors
-//! ([`GlaTensors`]) for a PTX target and a multiprocessor count into a [`GlaLaunchPlan`]
-//! ([`GlaProblem::launch_plan`]; pure: the kernels (baseline or pingpong, from
-//! [`GlaKernel`]), the segments, every launch's grid and parameters, the workspace sizes and
-//! the pingpong's tensor maps), which runs on any executor with its workspace
-//! ([`GlaLaunchPlan::run`]: a stream, or the CPU emulator of the tests). [`GlaPlan`] does this
-//! on a GPU over `cust` buffers, with the segment tables and the workspace kept on the device
-//! between runs; [`forward_sync`] plans, runs and waits.
+//! ([`GlaTensors`]) for a [`Target`] (PTX target and multiprocessor count) into a [`GlaPlan`]
+//! ([`GlaProblem::plan`]; pure: the kernels (baseline or pingpong, from [`GlaKernel`]), the
+//! segments ([`GlaProblem::segments`]), every launch's grid and parameters, the workspace sizes
+//! and the pingpong's tensor maps, decided without a GPU), which runs on any executor with its
+//! workspace ([`GlaPlan::run`]: a stream, or the CPU emulator of the tests; the workspace's
+//! tables hold [`SegmentPlan::table_words`]).
+//!
+//! On a GPU over `cust` buffers, a [`GlaSession`] is a problem made ready on one GPU: its
+//! segments, their tables uploaded and the workspace allocated once; each
+//! [`GlaSession::forward`] plans on the given buffers and runs on a stream. [`forward_sync`]
+//! makes a session, runs it and waits.
 
 mod device;
 mod plan;
 mod problem;
 pub mod reference;
 
-pub use device::{GlaInputs, GlaOutputs, GlaPlan, forward_sync};
+pub use crate::attention::Target;
+pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;
-pub use plan::{
-    GlaLaunch, GlaLaunchPlan, GlaSplitWorkspace, GlaStep, GlaTensors, GlaWorkspace, forward_raw,
-    table_words, workspace_len,
-};
+pub use plan::{GlaLaunch, GlaPlan, GlaSplitWorkspace, GlaStep, GlaTensors, GlaWorkspace};
 pub use problem::{GlaKernel, GlaProblem, MIN_AUTO_SEGMENT, SegmentPlan, plan_auto, plan_segments};
-
-/// The former name of [`GlaWorkspace`].
-pub type RawGlaTables<'a> = GlaWorkspace<'a>;
-/// The former name of [`GlaSplitWorkspace`].
-pub type RawSplitWorkspace<'a> = GlaSplitWorkspace<'a>;
-/// The former name of [`GlaTensors`].
-pub type RawGlaTensors<'a> = GlaTensors<'a>;

@@ -1,8 +1,9 @@
-//! The plan: every launch of a forward pass decided on the CPU ([`GlaLaunchPlan`]: the kernels,
-//! the segments, the grids, the parameters, the workspace sizes, the pingpong's tensor maps), and
-//! its run on any executor ([`GlaLaunchPlan::run`]).
+//! The plan: every launch of a forward pass decided on the CPU ([`GlaPlan`]: the kernels, the
+//! segments, the grids, the parameters, the workspace sizes, the pingpong's tensor maps), and
+//! its run on any executor ([`GlaPlan::run`]).
 
 use super::problem::{GlaKernel, GlaProblem, SegmentPlan};
+use crate::attention::Target;
 use crate::error::{Error, Result};
 use crate::exec::{DevView, Exec};
 use crate::gpu::LaunchConfig;
@@ -36,8 +37,8 @@ pub struct GlaTensors<'a> {
 }
 
 /// The workspace of a plan as device views: its segment table and, when a sequence is split,
-/// the combination table and the buffers of the segment passes (contents from
-/// [`GlaLaunchPlan::table_words`], sizes from [`GlaLaunchPlan::workspace`]).
+/// the combination table and the buffers of the segment passes (contents from the plan's
+/// [`SegmentPlan::table_words`], sizes from [`GlaPlan::workspace`]).
 #[derive(Clone, Copy)]
 pub struct GlaWorkspace<'a> {
     /// The segment table as words (`[start, len, seq, flags]` per segment).
@@ -63,7 +64,7 @@ pub struct GlaSplitWorkspace<'a> {
 /// parameters, and the workspace it needs. Pure (built on the CPU, no GPU needed); the
 /// workspace's addresses are filled in, and the pingpong's tensor maps encoded, when it runs.
 #[derive(Clone, Debug)]
-pub struct GlaLaunchPlan {
+pub struct GlaPlan {
     /// The kernels that run: [`GlaKernel::Baseline`] or [`GlaKernel::Pingpong`] (`Auto`
     /// resolved).
     pub kernel: GlaKernel,
@@ -78,7 +79,7 @@ pub struct GlaLaunchPlan {
     pub steps: Vec<GlaStep>,
 }
 
-/// One launch of a [`GlaLaunchPlan`]: its kernel, grid and parameters, with the workspace's
+/// One launch of a [`GlaPlan`]: its kernel, grid and parameters, with the workspace's
 /// pointers (and the pingpong's tensor maps) still zero.
 #[derive(Clone, Copy)]
 pub enum GlaStep {
@@ -99,7 +100,7 @@ pub enum GlaStep {
         params: CombineParams,
     },
     /// A pingpong kernel: `gla_states_pp_dk*_dv*` or `gla_fwd_pp_dk*_dv*` (its tensor maps are
-    /// the plan's [`GlaLaunchPlan::maps`]).
+    /// the plan's [`GlaPlan::maps`]).
     Pingpong {
         /// The kernel.
         kernel: &'static Kernel<GlaPingpongParams>,
@@ -179,9 +180,9 @@ impl GlaLaunch {
     /// Run the launch on `exec`.
     ///
     /// # Safety
-    /// As [`GlaLaunchPlan::run`], with every launch of the plan before this one run before it on
+    /// As [`GlaPlan::run`], with every launch of the plan before this one run before it on
     /// `exec`.
-    unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
+    pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
         match self {
             // SAFETY: q, k, g, v, o have the problem's sizes and the states N * heads * dk * dv
             // elements (checked by the plan); the segment table covers exactly the problem's
@@ -221,31 +222,26 @@ pub(super) fn check_arch(problem: &GlaProblem, arch: Arch) -> Result<()> {
 }
 
 impl GlaProblem {
-    /// Plan the forward pass on `tensors` for PTX target `arch` on a GPU of `sms`
-    /// multiprocessors (the automatic segment length fills one wave of its resident blocks):
+    /// Plan the forward pass on `tensors` for `target` (its PTX target, and its
+    /// multiprocessors: the automatic segment length fills one wave of their resident blocks):
     /// validates the problem, the tensors' sizes and alignment and the tensor maps (without the
     /// driver).
-    pub fn launch_plan(
-        &self,
-        arch: Arch,
-        sms: usize,
-        tensors: &GlaTensors<'_>,
-    ) -> Result<GlaLaunchPlan> {
+    pub fn plan(&self, target: Target, tensors: &GlaTensors<'_>) -> Result<GlaPlan> {
         self.validate()?;
-        check_arch(self, arch)?;
-        GlaLaunchPlan::for_segments(self, self.plan(sms)?, tensors)
+        check_arch(self, target.arch)?;
+        let segments = self.segments(target.multiprocessors as usize)?;
+        GlaPlan::for_segments(self, segments, tensors)
     }
 }
 
-impl GlaLaunchPlan {
-    /// The plan of `problem` on `segments` (made for it by [`GlaProblem::plan`],
-    /// [`super::plan_segments`] or [`super::plan_auto`]) and `t`, for any target (see
-    /// [`GlaProblem::launch_plan`]).
+impl GlaPlan {
+    /// The plan of `problem` on `segments` (made for it by [`GlaProblem::segments`]) and `t`,
+    /// for any target (see [`GlaProblem::plan`]).
     pub(super) fn for_segments(
         problem: &GlaProblem,
         segments: SegmentPlan,
         t: &GlaTensors<'_>,
-    ) -> Result<GlaLaunchPlan> {
+    ) -> Result<GlaPlan> {
         let p = problem;
         p.validate()?;
         check_view("q [B, T, H, dk]", &t.q, p.qk_len())?;
@@ -259,7 +255,7 @@ impl GlaLaunchPlan {
         if let Some(s) = &t.final_state {
             check_view("final state [N, H, dk, dv]", s, p.state_len())?;
         }
-        let workspace = workspace_len(p, &segments);
+        let workspace = p.workspace_len(&segments);
         let split = workspace.is_some();
         let null = std::ptr::null_mut::<f32>();
         let params = GlaParams {
@@ -325,7 +321,7 @@ impl GlaLaunchPlan {
                 base: params,
                 items,
             });
-            Ok(GlaLaunchPlan {
+            Ok(GlaPlan {
                 kernel: GlaKernel::Pingpong,
                 segments,
                 workspace,
@@ -365,7 +361,7 @@ impl GlaLaunchPlan {
                 grid,
                 params,
             });
-            Ok(GlaLaunchPlan {
+            Ok(GlaPlan {
                 kernel: GlaKernel::Baseline,
                 segments,
                 workspace,
@@ -375,13 +371,8 @@ impl GlaLaunchPlan {
         }
     }
 
-    /// The words of the segment table and of the combination table ([`table_words`]).
-    pub fn table_words(&self) -> (Vec<u32>, Vec<u32>) {
-        table_words(&self.segments)
-    }
-
     /// The launches on `workspace` (checked against the plan's sizes), with the pingpong's
-    /// tensor maps `tmaps` (q, k, g, v; encoded from [`GlaLaunchPlan::maps`], ignored by the
+    /// tensor maps `tmaps` (q, k, g, v; encoded from [`GlaPlan::maps`], ignored by the
     /// baseline).
     pub fn launches(
         &self,
@@ -479,7 +470,7 @@ impl GlaLaunchPlan {
     /// # Safety
     /// The tensors the plan was made for and `workspace` are memory of `exec`'s device, alive
     /// and not otherwise accessed until the launches completed; the workspace's tables hold the
-    /// plan's words ([`GlaLaunchPlan::table_words`]).
+    /// words of the plan's segments ([`SegmentPlan::table_words`]).
     pub unsafe fn run(&self, exec: &impl Exec, workspace: &GlaWorkspace<'_>) -> Result<()> {
         // Check the workspace before the driver encodes anything.
         self.launches(workspace, &[TensorMap::ZEROED; 4])?;
@@ -493,32 +484,6 @@ impl GlaLaunchPlan {
         }
         Ok(())
     }
-}
-
-/// The words of a segment plan's segment table and of its combination table (what the
-/// workspace's tables hold).
-pub fn table_words(plan: &SegmentPlan) -> (Vec<u32>, Vec<u32>) {
-    let segments = plan
-        .segments
-        .iter()
-        .flat_map(|s| [s.start, s.len, s.seq, s.flags])
-        .collect();
-    let combine = plan
-        .combine
-        .iter()
-        .flat_map(|c| [c.seq, c.first, c.count, c.pad])
-        .collect();
-    (segments, combine)
-}
-
-/// Elements of the workspace buffers of a segment plan, `(seg_init and delta each,
-/// decay_log2)`, when some sequence is split (else `None`: no workspace).
-pub fn workspace_len(problem: &GlaProblem, plan: &SegmentPlan) -> Option<(usize, usize)> {
-    if plan.combine.is_empty() {
-        return None;
-    }
-    let n = plan.segments.len() * problem.heads;
-    Some((n * problem.dk * problem.dv, n * problem.dk))
 }
 
 fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
@@ -539,26 +504,6 @@ fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// The launch sequence of a forward pass on any executor, over raw views: plans `problem` on
-/// `plan`'s segments and `t` (for any target: the caller chose the kernels) and runs it on
-/// `tables` ([`GlaLaunchPlan::for_segments`], [`GlaLaunchPlan::run`]).
-///
-/// # Safety
-/// Every view is memory of `exec`'s device, alive and not otherwise accessed until the launches
-/// completed; `tables` hold the words of `plan` ([`table_words`]), which was made for `problem`
-/// ([`GlaProblem::plan`] or [`super::plan_segments`]).
-pub unsafe fn forward_raw<E: Exec>(
-    exec: &E,
-    problem: &GlaProblem,
-    plan: &SegmentPlan,
-    tables: &GlaWorkspace<'_>,
-    t: &GlaTensors<'_>,
-) -> Result<()> {
-    let plan = GlaLaunchPlan::for_segments(problem, plan.clone(), t)?;
-    // SAFETY: the caller's contract.
-    unsafe { plan.run(exec, tables) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,6 +512,14 @@ mod tests {
 
     /// The largest dynamic shared memory of a block on an H100/H200.
     const HOPPER_MAX_SMEM: usize = 227 * 1024;
+
+    /// PTX target `arch` on a GPU of 132 multiprocessors (as an H100/H200).
+    fn target(arch: Arch) -> Target {
+        Target {
+            arch,
+            multiprocessors: 132,
+        }
+    }
 
     fn view<'a, T>(addr: u64, len: usize) -> DevView<'a, T> {
         // SAFETY: only planned, never dereferenced.
@@ -585,8 +538,8 @@ mod tests {
         }
     }
 
-    fn workspace<'a>(plan: &GlaLaunchPlan) -> GlaWorkspace<'a> {
-        let (segments, combine) = plan.table_words();
+    fn workspace<'a>(plan: &GlaPlan) -> GlaWorkspace<'a> {
+        let (segments, combine) = plan.segments.table_words();
         GlaWorkspace {
             segments: view(8 << 30, segments.len()),
             split: plan.workspace.map(|(state, decay)| GlaSplitWorkspace {
@@ -599,7 +552,7 @@ mod tests {
     }
 
     /// The plan's launches on a made-up workspace, each checked against the PTX of `arches`.
-    fn checked_launches(plan: &GlaLaunchPlan, arches: &[Arch]) -> Vec<GlaLaunch> {
+    fn checked_launches(plan: &GlaPlan, arches: &[Arch]) -> Vec<GlaLaunch> {
         let launches = plan
             .launches(&workspace(plan), &[TensorMap::ZEROED; 4])
             .unwrap();
@@ -612,7 +565,7 @@ mod tests {
         launches
     }
 
-    fn names(plan: &GlaLaunchPlan) -> Vec<&'static str> {
+    fn names(plan: &GlaPlan) -> Vec<&'static str> {
         plan.steps.iter().map(GlaStep::name).collect()
     }
 
@@ -646,7 +599,7 @@ mod tests {
     fn the_default_is_the_baseline_without_a_split() {
         let p = GlaProblem::new(2, 100, 3, 64, 128).with_scale(0.5);
         for arch in Arch::ALL {
-            let plan = p.launch_plan(arch, 132, &tensors(&p)).unwrap();
+            let plan = p.plan(target(arch), &tensors(&p)).unwrap();
             assert_eq!(plan.kernel, GlaKernel::Baseline);
             assert_eq!(names(&plan), ["gla_fwd_dk64_dv128"]);
             assert_eq!(plan.workspace, None);
@@ -674,7 +627,7 @@ mod tests {
         let p = GlaProblem::new(2, 65, 3, 128, 128).with_segment_len(32);
         let mut t = tensors(&p);
         t.init_state = None;
-        let plan = p.launch_plan(Arch::Sm80, 132, &t).unwrap();
+        let plan = p.plan(target(Arch::Sm80), &t).unwrap();
         assert_eq!(
             names(&plan),
             [
@@ -710,7 +663,7 @@ mod tests {
             let p = GlaProblem::new(1, 1000, 3, dk, dv)
                 .with_segment_len(320)
                 .with_kernel(GlaKernel::Pingpong);
-            let plan = p.launch_plan(Arch::Sm90a, 132, &tensors(&p)).unwrap();
+            let plan = p.plan(target(Arch::Sm90a), &tensors(&p)).unwrap();
             assert_eq!(plan.kernel, GlaKernel::Pingpong);
             assert_eq!(
                 names(&plan),
@@ -741,7 +694,7 @@ mod tests {
             assert_eq!(maps[3].box_dims[..3], [PP_ATOM, 1, pcfg.step]);
             // Unsplit: the forward alone, not overlapping anything.
             let p = p.with_segment_len(usize::MAX);
-            let plan = p.launch_plan(Arch::Sm90a, 132, &tensors(&p)).unwrap();
+            let plan = p.plan(target(Arch::Sm90a), &tensors(&p)).unwrap();
             let launches = checked_launches(&plan, &[Arch::Sm90a]);
             assert_eq!(launches.len(), 1);
             assert!(!launches[0].config().overlap_previous);
@@ -753,15 +706,15 @@ mod tests {
     fn the_automatic_split_fills_one_wave() {
         // 132 SMs, one block of 256 threads per SM at dk = dv = 128.
         let p = GlaProblem::new(1, 16384, 16, 128, 128);
-        let plan = p.launch_plan(Arch::Sm90a, 132, &tensors(&p)).unwrap();
+        let plan = p.plan(target(Arch::Sm90a), &tensors(&p)).unwrap();
         assert_eq!(plan.segments.segments.len() * 16, 128);
         // Three blocks per SM at dk = dv = 64.
         let p = GlaProblem::new(4, 4096, 32, 64, 64);
-        let plan = p.launch_plan(Arch::Sm80, 132, &tensors(&p)).unwrap();
+        let plan = p.plan(target(Arch::Sm80), &tensors(&p)).unwrap();
         assert_eq!(plan.segments.segments.len() * 32, 3 * 128);
         // Enough (batch, head) pairs: nothing split, no workspace.
         let p = GlaProblem::new(8, 4096, 64, 64, 64);
-        let plan = p.launch_plan(Arch::Sm80, 132, &tensors(&p)).unwrap();
+        let plan = p.plan(target(Arch::Sm80), &tensors(&p)).unwrap();
         assert_eq!((plan.segments.segments.len(), plan.workspace), (8, None));
     }
 
@@ -769,29 +722,29 @@ mod tests {
     fn plans_refuse_what_the_kernels_cannot_do() {
         let p = GlaProblem::new(1, 64, 2, 64, 64).with_kernel(GlaKernel::Pingpong);
         assert!(matches!(
-            p.launch_plan(Arch::Sm80, 132, &tensors(&p)),
+            p.plan(target(Arch::Sm80), &tensors(&p)),
             Err(Error::Unsupported { .. })
         ));
         let p = GlaProblem::new(1, 64, 2, 96, 64);
         assert!(matches!(
-            p.launch_plan(Arch::Sm90a, 132, &tensors(&p)),
+            p.plan(target(Arch::Sm90a), &tensors(&p)),
             Err(Error::Unsupported { .. })
         ));
         let p = GlaProblem::new(1, 64, 2, 64, 64).with_segment_len(32);
         let mut t = tensors(&p);
         t.v = view(3 << 30, p.v_len() - 1);
         assert!(matches!(
-            p.launch_plan(Arch::Sm80, 132, &t),
+            p.plan(target(Arch::Sm80), &t),
             Err(Error::ShapeMismatch { .. })
         ));
         t = tensors(&p);
         t.o = view((6 << 30) + 8, p.v_len());
         assert!(matches!(
-            p.launch_plan(Arch::Sm80, 132, &t),
+            p.plan(target(Arch::Sm80), &t),
             Err(Error::Misaligned { .. })
         ));
         // A split plan needs the workspace of its size.
-        let plan = p.launch_plan(Arch::Sm80, 132, &tensors(&p)).unwrap();
+        let plan = p.plan(target(Arch::Sm80), &tensors(&p)).unwrap();
         let mut w = workspace(&plan);
         w.split = None;
         assert!(matches!(

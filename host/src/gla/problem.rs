@@ -1,5 +1,5 @@
 //! The problem: sizes and options ([`GlaProblem`], validated by [`GlaProblem::validate`]), and
-//! its decomposition into segments ([`SegmentPlan`]).
+//! its decomposition into segments ([`SegmentPlan`], from [`GlaProblem::segments`]).
 
 use crate::error::{Error, Result};
 use kernel_abi::gla::{
@@ -262,9 +262,9 @@ impl GlaProblem {
     }
 
     /// The segments of a forward pass on a GPU with `sms` multiprocessors (what
-    /// [`GlaProblem::launch_plan`] launches on): with [`GlaProblem::segment_len`],
+    /// [`GlaProblem::plan`] launches on): with [`GlaProblem::segment_len`],
     /// [`plan_segments`]; else [`plan_auto`] for one wave of the kernels' resident blocks.
-    pub fn plan(&self, sms: usize) -> Result<SegmentPlan> {
+    pub fn segments(&self, sms: usize) -> Result<SegmentPlan> {
         // (segment, head) pairs per SM for one wave.
         let per_sm = match pingpong_config(self.dk as u32, self.dv as u32) {
             // One block per SM, one item per consumer warpgroup, `dv_parts` items per pair.
@@ -275,6 +275,17 @@ impl GlaProblem {
             Some(l) => plan_segments(self, l),
             None => plan_auto(self, sms * per_sm),
         }
+    }
+
+    /// Elements of the workspace buffers of a forward pass on `segments` (made for this
+    /// problem), `(seg_init and delta each, decay_log2)`, when some sequence is split (else
+    /// `None`: no workspace beyond the segment table).
+    pub fn workspace_len(&self, segments: &SegmentPlan) -> Option<(usize, usize)> {
+        if segments.combine.is_empty() {
+            return None;
+        }
+        let n = segments.segments.len() * self.heads;
+        Some((n * self.dk * self.dv, n * self.dk))
     }
 }
 
@@ -288,8 +299,27 @@ pub struct SegmentPlan {
     pub combine: Vec<CombineEntry>,
 }
 
+impl SegmentPlan {
+    /// The words of the segment table (`[start, len, seq, flags]` per segment) and of the
+    /// combination table (`[seq, first, count, 0]` per split sequence): what a forward pass's
+    /// workspace tables hold.
+    pub fn table_words(&self) -> (Vec<u32>, Vec<u32>) {
+        let segments = self
+            .segments
+            .iter()
+            .flat_map(|s| [s.start, s.len, s.seq, s.flags])
+            .collect();
+        let combine = self
+            .combine
+            .iter()
+            .flat_map(|c| [c.seq, c.first, c.count, c.pad])
+            .collect();
+        (segments, combine)
+    }
+}
+
 /// Split every sequence into segments of about `segment_len` tokens: a sequence of `len`
-/// tokens gets `n = ceil(len / segment_len)` segments (`usize::MAX`: one), see [`split`].
+/// tokens gets `n = ceil(len / segment_len)` segments (`usize::MAX`: one), see `split`.
 pub fn plan_segments(problem: &GlaProblem, segment_len: usize) -> Result<SegmentPlan> {
     problem.validate()?;
     if segment_len == 0 || (segment_len != usize::MAX && !segment_len.is_multiple_of(STEP as usize))

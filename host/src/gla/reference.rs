@@ -4,10 +4,11 @@
 //!   per sequence and head, `S = S0` (or 0), then for each token `t`
 //!   `S[d][e] = exp(g[t][d]) S[d][e] + k[t][d] v[t][e]` and
 //!   `o[t][e] = scale sum_d q[t][d] S[d][e]`; the final state is the last `S`.
-//! - [`chunked`]: the kernels' algorithm on the CPU in f32, with the kernels' chunking, clamping,
-//!   reference points, flushes to zero of `ex2`, bf16 roundings and segment passes, so the algorithm (not only its GPU
-//!   implementation) is checked against the recurrence; see `gpu-kernels/src/gla` for the
-//!   derivation of each factor.
+//! - [`chunked`]: the kernels' algorithm on the CPU in f32, with the kernels' chunking,
+//!   clamping, reference points, flushes to zero of `ex2`, bf16 roundings and segment passes (on
+//!   the segments of [`GlaProblem::segments`] or any other [`SegmentPlan`]), so the algorithm
+//!   (not only its GPU implementation) is checked against the recurrence; see
+//!   `gpu-kernels/src/gla` for the derivation of each factor.
 
 // The formulas are index loops over (token, key channel, value channel), as on paper.
 #![allow(clippy::needless_range_loop)]

@@ -17,11 +17,12 @@
 //!
 //! # API
 //! The family's three steps: an [`MhcProblem`] (sizes and options, [`MhcProblem::validate`])
-//! is planned ([`MhcProblem::plan`]: [`MhcPlan`], pure: splits, grids, scratch sizes); for the
-//! tensors of one call the plan gives each pass's launches ([`MhcPlan::forward_pre`],
-//! [`MhcPlan::forward_post`], [`MhcPlan::backward`]: typed launches of the kernel handles in
-//! `kernel_abi::mhc`, checked against the problem), which run on any [`Exec`]: a GPU stream, or
-//! the CPU emulator of the tests.
+//! is planned for the tensors of one pass ([`MhcProblem::plan`] on [`MhcTensors`]: the forward's
+//! first half, its second half, or the backward) into an [`MhcPlan`] (pure: typed launches of the
+//! kernel handles in `kernel_abi::mhc`, every view checked against the problem), which runs on
+//! any [`Exec`] ([`MhcPlan::run`]): a GPU stream, or the CPU emulator of the tests. The splits,
+//! grids and scratch sizes the launches share are the problem's [`MhcLayout`]
+//! ([`MhcProblem::layout`]).
 //!
 //! On `cust` buffers: the weights ([`MhcWeights`]), the saved coefficients
 //! ([`MhcCoefficients`], written by [`forward_pre`], read by [`forward_post`] and [`backward`]),
@@ -38,11 +39,10 @@ mod run;
 
 pub use crate::exec::{DevView, Exec, OnStream};
 pub use plan::{
-    MhcBackward, MhcForwardPost, MhcForwardPre, MhcPlan, RawCoefficients, RawGradients, RawScratch,
-    RawWeights,
+    MhcBackward, MhcForwardPost, MhcForwardPre, MhcLayout, MhcPlan, MhcTensors, RawCoefficients,
+    RawGradients, RawScratch, RawWeights,
 };
 pub use problem::{DEFAULT_EPS, DEFAULT_SINKHORN_ITERS, MhcProblem};
-pub use reference::MhcHostOutputs;
 pub use run::{
     MhcCoefficients, MhcGradients, MhcWeights, MhcWorkspace, backward, forward_post, forward_pre,
 };

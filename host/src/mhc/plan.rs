@@ -1,4 +1,4 @@
-//! The plan of a valid problem (splits, grids, scratch sizes: [`MhcPlan`]) and, for the tensors
+//! The plan of a valid problem (splits, grids, scratch sizes: [`MhcLayout`]) and, for the tensors
 //! of one call, the launches of each pass ([`MhcForwardPre`], [`MhcForwardPost`],
 //! [`MhcBackward`]): pure, checked against the problem (sizes, alignment, gamma), run on any
 //! [`Exec`].
@@ -17,7 +17,7 @@ use kernel_abi::mhc::{
 impl MhcProblem {
     /// Splits, grids and scratch sizes (the problem must be valid: see
     /// [`MhcProblem::validate`]; the launches of the plan validate it again).
-    pub fn plan(&self) -> MhcPlan {
+    pub fn layout(&self) -> MhcLayout {
         let (n, c) = (self.n as u32, self.c as u32);
         let (t, k) = (self.tokens() as u32, self.k() as u32);
         let proj = self.proj_config();
@@ -33,7 +33,7 @@ impl MhcProblem {
         let w_splits = steps.div_ceil(steps_per_split);
         let (m, m16) = (abi::m_of(n) as usize, abi::m16_of(n) as usize);
         let coef_blocks = t.div_ceil(abi::COEFF_TOKENS);
-        MhcPlan {
+        MhcLayout {
             problem: *self,
             proj,
             token_blocks,
@@ -57,7 +57,7 @@ impl MhcProblem {
 
 /// How a valid problem is launched: splits, grids, scratch sizes (elements).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MhcPlan {
+pub struct MhcLayout {
     /// The problem.
     pub problem: MhcProblem,
     /// The projection's pipeline.
@@ -122,7 +122,7 @@ pub struct RawCoefficients<'a> {
     pub rms: DevView<'a, f32>,
 }
 
-/// The scratch buffers as views (sizes in [`MhcPlan`]).
+/// The scratch buffers as views (sizes in [`MhcLayout`]).
 #[derive(Clone, Copy)]
 pub struct RawScratch<'a> {
     /// Projection packing of `phi'`.
@@ -248,7 +248,7 @@ fn check_coefficients(problem: &MhcProblem, c: &RawCoefficients) -> Result<()> {
     check("rms", &c.rms, t, 4)
 }
 
-fn check_scratch(plan: &MhcPlan, s: &RawScratch) -> Result<()> {
+fn check_scratch(plan: &MhcLayout, s: &RawScratch) -> Result<()> {
     let t = plan.problem.tokens();
     check("scratch packed_f1", &s.packed_f1, plan.packed_f1, 16)?;
     check("scratch packed_b2", &s.packed_b2, plan.packed_b2, 16)?;
@@ -281,7 +281,7 @@ fn null_or<T>(view: Option<DevView<'_, T>>) -> *const T {
     view.map_or(std::ptr::null(), |v| v.ptr())
 }
 
-impl MhcPlan {
+impl MhcLayout {
     /// The launch of `mhc_prep`: pack `phi'` (weights and scratch checked by the callers).
     fn prep(&self, w: &RawWeights, s: &RawScratch) -> Result<Launch<PrepParams>> {
         let params = PrepParams {
@@ -595,6 +595,122 @@ impl MhcBackward {
             exec.launch(&self.dx)?;
             exec.launch(&self.wgrad)?;
             exec.launch(&self.finalize)
+        }
+    }
+}
+
+/// The tensors of one call of a pass, as views.
+#[derive(Clone, Copy)]
+pub enum MhcTensors<'a> {
+    /// The forward's first half: the coefficients of every token (into `coeffs`) and `x_in`.
+    ForwardPre {
+        /// The weights.
+        weights: RawWeights<'a>,
+        /// `[T, n, C]` bf16.
+        x: DevView<'a, bf16>,
+        /// Scratch of the layout's sizes.
+        scratch: RawScratch<'a>,
+        /// The saved coefficients (written).
+        coeffs: RawCoefficients<'a>,
+        /// `[T, C]` bf16 (written).
+        x_in: DevView<'a, bf16>,
+    },
+    /// The forward's second half: `x_next = H_res x + H_post^T y`.
+    ForwardPost {
+        /// `[T, n, C]` bf16.
+        x: DevView<'a, bf16>,
+        /// `[T, C]` bf16, the layer's output.
+        y: DevView<'a, bf16>,
+        /// The saved coefficients.
+        coeffs: RawCoefficients<'a>,
+        /// `[T, n, C]` bf16 (written).
+        x_next: DevView<'a, bf16>,
+    },
+    /// The backward: every gradient into `grads`.
+    Backward {
+        /// The weights.
+        weights: RawWeights<'a>,
+        /// `[T, n, C]` bf16.
+        x: DevView<'a, bf16>,
+        /// `[T, C]` bf16.
+        y: DevView<'a, bf16>,
+        /// The saved coefficients.
+        coeffs: RawCoefficients<'a>,
+        /// `[T, C]` bf16: the gradient of `x_in`.
+        d_xin: DevView<'a, bf16>,
+        /// `[T, n, C]` bf16: the gradient of `x_next`.
+        d_xnext: DevView<'a, bf16>,
+        /// Scratch of the layout's sizes.
+        scratch: RawScratch<'a>,
+        /// The gradients (written).
+        grads: RawGradients<'a>,
+    },
+}
+
+/// The launches of one pass on its tensors ([`MhcProblem::plan`]). Its variants differ in size
+/// (the backward has six launches); a plan lives for one call, on the stack, so none is boxed.
+#[derive(Clone, Copy, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum MhcPlan {
+    /// [`MhcTensors::ForwardPre`].
+    ForwardPre(MhcForwardPre),
+    /// [`MhcTensors::ForwardPost`].
+    ForwardPost(MhcForwardPost),
+    /// [`MhcTensors::Backward`].
+    Backward(MhcBackward),
+}
+
+impl MhcProblem {
+    /// Plan one pass on `tensors`: the problem and every view are checked (length, alignment,
+    /// gamma given exactly when the problem has it), the launches built from the
+    /// [`MhcProblem::layout`]. Pure: no GPU needed.
+    pub fn plan(&self, tensors: &MhcTensors<'_>) -> Result<MhcPlan> {
+        self.validate()?;
+        let layout = self.layout();
+        Ok(match *tensors {
+            MhcTensors::ForwardPre {
+                weights,
+                x,
+                scratch,
+                coeffs,
+                x_in,
+            } => MhcPlan::ForwardPre(layout.forward_pre(&weights, x, &scratch, &coeffs, x_in)?),
+            MhcTensors::ForwardPost {
+                x,
+                y,
+                coeffs,
+                x_next,
+            } => MhcPlan::ForwardPost(layout.forward_post(x, y, &coeffs, x_next)?),
+            MhcTensors::Backward {
+                weights,
+                x,
+                y,
+                coeffs,
+                d_xin,
+                d_xnext,
+                scratch,
+                grads,
+            } => MhcPlan::Backward(
+                layout.backward(&weights, x, y, &coeffs, d_xin, d_xnext, &scratch, &grads)?,
+            ),
+        })
+    }
+}
+
+impl MhcPlan {
+    /// Run the pass's launches in order (asynchronous on a stream).
+    ///
+    /// # Safety
+    /// As for [`MhcForwardPre::run`]: the planned tensors are live memory of `exec`, outputs
+    /// overlap nothing.
+    pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
+        // SAFETY: forwarded to the caller; each pass's launches were checked by the plan.
+        unsafe {
+            match self {
+                MhcPlan::ForwardPre(p) => p.run(exec),
+                MhcPlan::ForwardPost(p) => p.run(exec),
+                MhcPlan::Backward(p) => p.run(exec),
+            }
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Running the passes on `cust` buffers on a stream ([`forward_pre`], ...), each a thin wrapper
-//! over validate, plan and run.
+//! over plan and run.
 
-use super::{MhcPlan, MhcProblem, RawCoefficients, RawGradients, RawScratch, RawWeights};
+use super::{
+    MhcLayout, MhcProblem, MhcTensors, RawCoefficients, RawGradients, RawScratch, RawWeights,
+};
 use crate::error::Result;
 use crate::exec::{DevView, OnStream};
 use crate::gpu::Gpu;
@@ -86,7 +88,7 @@ impl MhcCoefficients {
     }
 }
 
-/// Scratch memory of the launches (sizes from [`MhcProblem::plan`]).
+/// Scratch memory of the launches (sizes from [`MhcProblem::layout`]).
 pub struct MhcWorkspace {
     packed_f1: DeviceBuffer<u32>,
     packed_b2: DeviceBuffer<u32>,
@@ -103,7 +105,7 @@ impl MhcWorkspace {
     /// Scratch for `problem`.
     pub fn new(problem: &MhcProblem) -> Result<Self> {
         problem.validate()?;
-        let p: MhcPlan = problem.plan();
+        let p: MhcLayout = problem.layout();
         Ok(MhcWorkspace {
             packed_f1: zeroed(p.packed_f1)?,
             packed_b2: zeroed(p.packed_b2)?,
@@ -193,19 +195,18 @@ pub fn forward_pre(
     x_in: &mut DeviceBuffer<bf16>,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
-    problem.validate()?;
-    let launches = problem.plan().forward_pre(
-        &weights.raw(),
-        x.into(),
-        &workspace.raw_mut(),
-        &coeffs.raw_mut(),
-        x_in.into(),
-    )?;
+    let plan = problem.plan(&MhcTensors::ForwardPre {
+        weights: weights.raw(),
+        x: x.into(),
+        scratch: workspace.raw_mut(),
+        coeffs: coeffs.raw_mut(),
+        x_in: x_in.into(),
+    })?;
     // SAFETY: every view comes from a live device buffer of this GPU's context, borrowed for the
     // call (outputs mutably, so they cannot alias each other or the inputs); launches are
     // ordered on `stream`, and the buffers outlive them only if the caller synchronizes before
     // dropping them, as for every asynchronous launch in this crate.
-    unsafe { launches.run(&exec) }
+    unsafe { plan.run(&exec) }
 }
 
 /// The second half of the forward on `stream` (asynchronous), once the layer produced
@@ -220,12 +221,14 @@ pub fn forward_post(
     x_next: &mut DeviceBuffer<bf16>,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
-    problem.validate()?;
-    let launches = problem
-        .plan()
-        .forward_post(x.into(), y.into(), &coeffs.raw(), x_next.into())?;
+    let plan = problem.plan(&MhcTensors::ForwardPost {
+        x: x.into(),
+        y: y.into(),
+        coeffs: coeffs.raw(),
+        x_next: x_next.into(),
+    })?;
     // SAFETY: as in `forward_pre`.
-    unsafe { launches.run(&exec) }
+    unsafe { plan.run(&exec) }
 }
 
 /// The backward on `stream` (asynchronous): from `d_xin [T, C]` and `d_xnext [T, n, C]`, all
@@ -245,17 +248,16 @@ pub fn backward(
     grads: &mut MhcGradients,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
-    problem.validate()?;
-    let launches = problem.plan().backward(
-        &weights.raw(),
-        x.into(),
-        y.into(),
-        &coeffs.raw(),
-        d_xin.into(),
-        d_xnext.into(),
-        &workspace.raw_mut(),
-        &grads.raw_mut(),
-    )?;
+    let plan = problem.plan(&MhcTensors::Backward {
+        weights: weights.raw(),
+        x: x.into(),
+        y: y.into(),
+        coeffs: coeffs.raw(),
+        d_xin: d_xin.into(),
+        d_xnext: d_xnext.into(),
+        scratch: workspace.raw_mut(),
+        grads: grads.raw_mut(),
+    })?;
     // SAFETY: as in `forward_pre`.
-    unsafe { launches.run(&exec) }
+    unsafe { plan.run(&exec) }
 }

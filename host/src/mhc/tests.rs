@@ -41,7 +41,7 @@ struct Tensors<'a> {
 }
 
 fn tensors<'a>(p: &MhcProblem, a: &Addresses) -> Tensors<'a> {
-    let plan = p.plan();
+    let plan = p.layout();
     let (t, n, c, k, m) = (p.tokens(), p.n, p.c, p.k(), p.m());
     Tensors {
         weights: RawWeights {
@@ -85,16 +85,37 @@ fn tensors<'a>(p: &MhcProblem, a: &Addresses) -> Tensors<'a> {
     }
 }
 
-/// The launches of the three passes on `t`.
+/// The launches of the three passes on `t`, planned by [`MhcProblem::plan`].
 fn passes(p: &MhcProblem, t: &Tensors) -> Result<(MhcForwardPre, MhcForwardPost, MhcBackward)> {
-    let plan = p.plan();
-    Ok((
-        plan.forward_pre(&t.weights, t.x, &t.scratch, &t.coeffs, t.x_in)?,
-        plan.forward_post(t.x, t.y, &t.coeffs, t.x_next)?,
-        plan.backward(
-            &t.weights, t.x, t.y, &t.coeffs, t.d_xin, t.d_xnext, &t.scratch, &t.grads,
-        )?,
-    ))
+    let pre = p.plan(&MhcTensors::ForwardPre {
+        weights: t.weights,
+        x: t.x,
+        scratch: t.scratch,
+        coeffs: t.coeffs,
+        x_in: t.x_in,
+    })?;
+    let post = p.plan(&MhcTensors::ForwardPost {
+        x: t.x,
+        y: t.y,
+        coeffs: t.coeffs,
+        x_next: t.x_next,
+    })?;
+    let bwd = p.plan(&MhcTensors::Backward {
+        weights: t.weights,
+        x: t.x,
+        y: t.y,
+        coeffs: t.coeffs,
+        d_xin: t.d_xin,
+        d_xnext: t.d_xnext,
+        scratch: t.scratch,
+        grads: t.grads,
+    })?;
+    match (pre, post, bwd) {
+        (MhcPlan::ForwardPre(pre), MhcPlan::ForwardPost(post), MhcPlan::Backward(bwd)) => {
+            Ok((pre, post, bwd))
+        }
+        other => panic!("each pass planned as another: {other:?}"),
+    }
 }
 
 /// Every launch of the passes: its handle's facts and its configuration.
@@ -146,7 +167,7 @@ fn plan_splits_and_sizes_of_awkward_problems() {
             ..MhcProblem::new(b, s, n, c)
         };
         p.validate().unwrap();
-        let plan = p.plan();
+        let plan = p.layout();
         let got = [
             plan.token_blocks,
             plan.chunks_per_split,
@@ -219,7 +240,7 @@ fn launches_carry_the_tensors_and_grids() {
     let a = Addresses::new();
     let t = tensors(&p, &a);
     let (pre, post, bwd) = passes(&p, &t).unwrap();
-    let plan = p.plan();
+    let plan = p.layout();
     let (tokens, c) = (p.tokens() as u32, p.c as u32);
     assert_eq!(
         pre.proj.config().grid,
@@ -314,7 +335,7 @@ fn the_kernel_table_matches_the_ptx() {
 fn launches_check_the_problem_and_the_tensors() {
     let p = MhcProblem::new(1, 4, 4, 16);
     let a = Addresses::new();
-    let plan = p.plan();
+    let plan = p.layout();
     let t = tensors(&p, &a);
     let pre = |t: &Tensors| plan.forward_pre(&t.weights, t.x, &t.scratch, &t.coeffs, t.x_in);
 

@@ -21,8 +21,8 @@
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, and its
-//! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead). Warpgroups 1 and 2
-//! consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
+//! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead).
+//! Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
 //! of the block; per step it issues `wgmma.m64n{block_n}k16` for S (`block_n / 2` f32
 //! registers), does the online softmax on its accumulators (a row is held by the 4 lanes of a
 //! quad), converts P to A fragments in registers, and issues `wgmma.m64n{D}k16` (register A)
@@ -64,10 +64,10 @@
 //!   its last batch; so each barrier sees exactly `n` syncs and `n` arrivals, and the batches
 //!   alternate strictly: 0, 1, 0, 1, ... Across tiles too: consumer 1 reaches its next tile's
 //!   first arrival only after its last batch, whose turn came from consumer 0's last batch, so
-//!   consumer 0 has passed its last sync of the tile and never sees two arrivals in one phase. No wait on the rings happens between a sync and its arrival, and the producer
-//!   issues the tiles in the order both consumers read them (each tile it waits for was
-//!   released by both consumers at an earlier batch), so the turns cannot deadlock with the
-//!   rings.
+//!   consumer 0 has passed its last sync of the tile and never sees two arrivals in one phase.
+//!   No wait on the rings happens between a sync and its arrival, and the producer issues the
+//!   tiles in the order both consumers read them (each tile it waits for was released by both
+//!   consumers at an earlier batch), so the turns cannot deadlock with the rings.
 //! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
@@ -76,46 +76,43 @@
 //! maximum is -inf uses 0 as its reference; O = 0 and LSE = -inf for rows with no allowed key).
 //!
 //! # Files
-//! - this file: the kernel body ([`forward`]: barrier setup, the role split, the producer's TMA
-//!   loop, the consumers' two main loops and the epilogue) and the entry points
-//!   (`hopper_kernel!`);
+//! - this file: the entry points (`hopper_kernel!`) and [`forward`]: barrier setup and the role
+//!   split;
+//! - [`producer`]: the producer's TMA loop (`load_tiles!`);
+//! - [`consumer`]: the consumers' tile loop, both main loops (`consume_tiles!`, with the
+//!   `wgmma` batches `issue_s!` and `issue_pv!`);
+//! - [`epilogue`]: O and LSE stored per consumer and tile (`store_tile!`);
+//! - [`named_barrier`]: the pingpong turn barriers;
 //! - [`scheduler`]: the persistent grid's tiles;
 //! - [`mask`], [`softmax`]: the family's mask and online softmax on `wgmma` accumulators.
 //!
-//! The producer, the consumers and the epilogue stay in one function: moving them into
-//! functions of their own (with the shared-memory layout as a struct) reorders instructions in
-//! the PTX, which this layout keeps unchanged.
+//! The producer, the consumers and the epilogue are macros expanded in [`forward`], not
+//! functions: as `#[inline(always)]` functions (taking the same values and closures) they
+//! changed the kernels' PTX, which the expansions keep unchanged.
 
+mod consumer;
+mod epilogue;
 mod mask;
+mod named_barrier;
+mod producer;
 mod scheduler;
 mod softmax;
 
 use super::elem::{Bf16, Elem, F16};
-use crate::arch::mbarrier::{Mbarrier, RingPos};
+use crate::arch::mbarrier::Mbarrier;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{fence, index, math, regs, smem, sync, warp};
+use crate::arch::{fence, index, regs, smem, sync};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::{
-    HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
-    HOPPER_SCHED_BARRIER, HOPPER_THREADS, HOPPER_VARIANTS, HOPPER_WG_ROWS, HopperConfig,
+    HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS, HOPPER_VARIANTS, HopperConfig,
     HopperParams, hopper_config_of,
 };
-use mask::Rows;
-use scheduler::{Tile, tile};
-use softmax::{pack_p, rescale, softmax_step};
 
 /// Consumer warps arriving on an `empty` barrier per phase.
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 
-/// Threads per phase of a pingpong turn barrier: one consumer syncs, the other arrives.
-const SCHED_THREADS: u32 = 2 * WARPGROUP_SIZE;
-const _: () = assert!(
-    HOPPER_CONSUMERS == 2,
-    "the pingpong turns pair two consumers"
-);
-
-/// The forward pass; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
+/// The forward pass: barrier setup and the role split; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
 /// accumulator registers of S and O; `NT = block_n / 8`, `NK = block_n / 16`, `DK = D / 16`;
 /// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
 /// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`). The
@@ -197,81 +194,12 @@ unsafe fn forward<
         // SAFETY: the whole producer warpgroup executes this, uniformly.
         unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
         if tid == 0 {
-            // K/V tiles through the rings and Q tiles loaded so far (tiles without a step load
-            // nothing, on both sides).
-            let (mut kv, mut q_iter) = (0u32, 0u32);
-            let mut t = index::block_idx_x();
-            while t < p.num_tiles {
-                let tl = tile::<BN>(p, t);
-                t += index::grid_dim_x();
-                if tl.steps == 0 {
-                    continue;
-                }
-                // SAFETY: Q's tile is free once `q_empty` completed its previous phase (the
-                // consumers' last S of the previous tile is complete; the first pass does not
-                // wait); `q_full` expects exactly the Q boxes' bytes; the destinations are
-                // 1024-aligned column blocks sized by the ABI, read only after the phase
-                // completes; the D coordinates are multiples of 64 elements (TMA's 16-byte
-                // rule holds).
-                unsafe {
-                    q_empty.wait_parity((q_iter & 1) ^ 1);
-                    q_full.arrive_expect_tx(cfg.q_bytes());
-                    for cb in 0..cblocks {
-                        let dst = q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M);
-                        let x = (cb * HOPPER_ATOM) as i32;
-                        let (h, b) = (tl.head as i32, tl.batch as i32);
-                        tmap_q.load_4d(dst, x, h, tl.m0 as i32, b, q_full);
-                    }
-                }
-                // Tiles in the order the consumers read them: with the overlap K of step i + 1
-                // before V of step i (S of step i + 1 is issued before P V of step i), else K
-                // and V of each step.
-                let load = |j: u32, k: bool| {
-                    let pos = RingPos::<STAGES>::of(kv + j);
-                    let (full, empty, map, dst) = if k {
-                        (
-                            full_k(pos.stage),
-                            empty_k(pos.stage),
-                            tmap_k,
-                            k_s(pos.stage),
-                        )
-                    } else {
-                        (
-                            full_v(pos.stage),
-                            empty_v(pos.stage),
-                            tmap_v,
-                            v_s(pos.stage),
-                        )
-                    };
-                    let n0 = ((tl.nb_lo + j) * BN) as i32;
-                    // SAFETY: ring protocol (module docs): the slot is free once `empty`
-                    // completed its previous phase; `full` expects exactly the tile's bytes;
-                    // the destination is untouched until that phase completes.
-                    unsafe {
-                        empty.wait_parity(pos.phase ^ 1);
-                        full.arrive_expect_tx(cfg.tile_bytes());
-                        for cb in 0..cblocks {
-                            let x = (cb * HOPPER_ATOM) as i32;
-                            let d = dst + cb * cfg.block_bytes(BN);
-                            let (h, b) = (tl.head_kv as i32, tl.batch as i32);
-                            map.load_4d(d, x, h, n0, b, full);
-                        }
-                    }
-                };
-                if OVERLAP {
-                    load(0, true);
-                }
-                for step in 0..tl.steps {
-                    if !OVERLAP {
-                        load(step, true);
-                    } else if step + 1 < tl.steps {
-                        load(step + 1, true);
-                    }
-                    load(step, false);
-                }
-                kv += tl.steps;
-                q_iter += 1;
-            }
+            producer::load_tiles!(
+                p, cfg, cblocks, [tmap_q, tmap_k, tmap_v],
+                q: (q_s, q_full, q_empty),
+                k: (k_s, full_k, empty_k),
+                v: (v_s, full_v, empty_v)
+            );
         }
         return;
     }
@@ -279,303 +207,14 @@ unsafe fn forward<
     // Consumers.
     // SAFETY: the whole consumer warpgroup executes this, uniformly.
     unsafe { regs::increase::<HOPPER_CONSUMER_REGS>() };
-    let c = wg - 1;
-    let lane = index::lane_id();
-    let (g, t) = (lane / 4, lane % 4);
-    let warp_row = c * HOPPER_WG_ROWS + (index::warp_id() % 4) * 16;
-    // S = Q K^T of stage `stage` (K-major Q and K; 16-wide K slices through the column blocks).
-    // Macros rather than closures: a closure called from several places may stay a function
-    // call, and a call between `wgmma`s serializes them.
-    macro_rules! issue_s {
-        ($s:expr, $stage:expr) => {
-            for kk in 0..DK as u32 {
-                let (cb, within) = (kk / 4, 32 * (kk % 4));
-                let a = Descriptor::k_major_sw128(
-                    q_s + cb * cfg.block_bytes(HOPPER_BLOCK_M) + c * HOPPER_WG_ROWS * 128 + within,
-                );
-                let b = Descriptor::k_major_sw128(k_s($stage) + cb * cfg.block_bytes(BN) + within);
-                if kk == 0 {
-                    s_zero($s, a, b);
-                } else {
-                    s_mma($s, a, b);
-                }
-            }
-        };
-    }
-    // O += P V of stage `stage` (P from registers, V MN-major).
-    macro_rules! issue_pv {
-        ($o:expr, $pa:expr, $stage:expr) => {
-            for kk in 0..NK {
-                let b =
-                    Descriptor::mn_major_sw128(v_s($stage) + 2048 * kk as u32, cfg.block_bytes(BN));
-                o_mma($o, $pa[kk], b);
-            }
-        };
-    }
-
-    // Pingpong turns (module docs): consumer `c` syncs on `HOPPER_SCHED_BARRIER + c` before
-    // each `wgmma` batch and, after issuing it, arrives on the other's barrier; the last
-    // consumer's last batch passes no turn (nobody waits for it), and consumer 1 hands consumer
-    // 0 the first turn.
-    let take_turn = || {
-        if PINGPONG {
-            // SAFETY: whole warpgroup, uniform control flow; matched by the other consumer's
-            // arrivals as counted in the module docs.
-            unsafe { sync::named_sync(HOPPER_SCHED_BARRIER + c, SCHED_THREADS) };
-        }
-    };
-    let pass_turn = |last: bool| {
-        if PINGPONG && !(last && c == HOPPER_CONSUMERS - 1) {
-            // SAFETY: as for `take_turn`: one arrival per sync of the other consumer.
-            unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER + (c ^ 1), SCHED_THREADS) };
-        }
-    };
-
-    // Release of a K or V slot: one arrival per consumer warp and phase, once every product
-    // reading it is complete.
-    let release = |bar: Mbarrier| {
-        if lane == 0 {
-            // SAFETY: the callers arrive only after the `wait_group` that completes the last
-            // product reading the slot; one arrival per warp per phase (the count is the
-            // consumer warps).
-            unsafe { bar.arrive() };
-        }
-    };
-
-    let (mut kv, mut q_iter) = (0u32, 0u32);
-    let mut tile_idx = index::block_idx_x();
-    while tile_idx < p.num_tiles {
-        let Tile {
-            m0,
-            head,
-            batch,
-            rows_valid,
-            nb_lo,
-            steps,
-            ..
-        } = tile::<BN>(p, tile_idx);
-        tile_idx += index::grid_dim_x();
-        let offset = p.seq_k as i64 - p.seq_q as i64;
-        let range = |h: u32| {
-            let row = m0 + warp_row + g + 8 * h;
-            Rows::key_range(
-                row,
-                p.window_left,
-                p.window_right,
-                p.seq_k as i32,
-                offset as i32,
-            )
-        };
-        let (range0, range1) = (range(0), range(1));
-        let rows = Rows {
-            m0,
-            t,
-            window_left: p.window_left,
-            window_right: p.window_right,
-            seq_k: p.seq_k as i32,
-            offset: offset as i32,
-            key_lo: [range0.0, range1.0],
-            key_hi: [range0.1, range1.1],
-            scale_log2: p.scale_log2,
-        };
-        let mut o = [0.0f32; OR];
-        let mut row_max = [f32::NEG_INFINITY; 2];
-        let mut row_sum = [0.0f32; 2];
-        if PINGPONG && steps > 0 && c == 1 {
-            // SAFETY: consumer 0's first turn of this tile (module docs).
-            unsafe { sync::named_arrive(HOPPER_SCHED_BARRIER, SCHED_THREADS) };
-        }
-        // This tile's first K/V position in the rings.
-        let first = RingPos::<STAGES>::of(kv);
-        if steps > 0 && !OVERLAP {
-            // One step after the other: S, softmax, P V, each product waited for.
-            // SAFETY: the producer issues Q when `steps > 0`, completing this phase.
-            unsafe { q_full.wait_parity(q_iter & 1) };
-            let mut pos = first;
-            for step in 0..steps {
-                // SAFETY: the producer issues every step's K, so this phase completes.
-                unsafe { full_k(pos.stage).wait_parity(pos.phase) };
-                let mut s = [0.0f32; SR];
-                take_turn();
-                // SAFETY: whole warpgroup, uniform control flow; Q and K were published by the
-                // completed mbarrier phases and are not overwritten before `empty_k` is arrived on.
-                unsafe {
-                    wgmma::fence();
-                    issue_s!(&mut s, pos.stage);
-                    wgmma::commit_group();
-                }
-                pass_turn(false);
-                // SAFETY: whole warpgroup.
-                unsafe { wgmma::wait_group::<0>() };
-                s_fence(&mut s);
-                release(empty_k(pos.stage));
-                let n0 = (nb_lo + step) * BN;
-                let correction =
-                    softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, n0, &mut row_max, &mut row_sum);
-                if let Some(correction) = correction {
-                    rescale(&mut o, correction);
-                }
-                let pa = pack_p::<E, SR, NK>(&s);
-                // SAFETY: the producer issues every step's V, so this phase completes.
-                unsafe { full_v(pos.stage).wait_parity(pos.phase) };
-                take_turn();
-                // SAFETY: as above (V published, released after the wait); `wgmma.fence` orders
-                // the rescale of `o` and the writes of `pa` before the products.
-                unsafe {
-                    wgmma::fence();
-                    issue_pv!(&mut o, pa, pos.stage);
-                    wgmma::commit_group();
-                }
-                pass_turn(step + 1 == steps);
-                // SAFETY: whole warpgroup.
-                unsafe { wgmma::wait_group::<0>() };
-                o_fence(&mut o);
-                release(empty_v(pos.stage));
-                pos = pos.next();
-            }
-            // Every S of the tile is complete: Q's tile may be reloaded.
-            release(q_empty);
-        }
-        if steps > 0 && OVERLAP {
-            // Software pipeline within the warpgroup (FlashAttention-3's intra-warpgroup overlap):
-            // iteration i issues S_i, rescales O (the factor of step i - 1), issues
-            // O += P_{i-1} V_{i-1}, and runs the softmax of S_i while the P V product is in flight.
-            // SAFETY: the producer issues Q and every K, so these phases complete.
-            unsafe {
-                q_full.wait_parity(q_iter & 1);
-                full_k(first.stage).wait_parity(first.phase);
-            }
-            let mut s = [0.0f32; SR];
-            take_turn();
-            // SAFETY: whole warpgroup, uniform control flow; Q and K_0 were published by the
-            // completed phases.
-            unsafe {
-                wgmma::fence();
-                issue_s!(&mut s, first.stage);
-                wgmma::commit_group();
-            }
-            pass_turn(false);
-            // SAFETY: whole warpgroup.
-            unsafe { wgmma::wait_group::<0>() };
-            s_fence(&mut s);
-            release(empty_k(first.stage));
-            // O is still 0: the first factor does not matter.
-            softmax_step::<SR, NT, BN, MODE>(&rows, &mut s, nb_lo * BN, &mut row_max, &mut row_sum);
-            let mut pa = pack_p::<E, SR, NK>(&s);
-            let mut correction = None;
-            let mut prev = first;
-            for step in 1..steps {
-                let pos = prev.next();
-                let mut s_next = [0.0f32; SR];
-                // SAFETY: the producer issues every K and V, so these phases complete.
-                unsafe {
-                    full_k(pos.stage).wait_parity(pos.phase);
-                    full_v(prev.stage).wait_parity(prev.phase);
-                }
-                take_turn();
-                // SAFETY: whole warpgroup, uniform control flow. K_i and V_{i-1} were published by
-                // their `full` phases and are released only after the `wait_group`s below. The
-                // first fence orders the writes of `pa` before the products, the second the
-                // rescale of `o` (which S_next does not read).
-                unsafe {
-                    wgmma::fence();
-                    issue_s!(&mut s_next, pos.stage);
-                    wgmma::commit_group();
-                    if let Some(correction) = correction {
-                        rescale(&mut o, correction);
-                    }
-                    wgmma::fence();
-                    issue_pv!(&mut o, pa, prev.stage);
-                    wgmma::commit_group();
-                }
-                pass_turn(false);
-                // Groups complete in order: at most one pending means S_next is complete (the P V
-                // product may still run).
-                // SAFETY: whole warpgroup.
-                unsafe { wgmma::wait_group::<1>() };
-                s_fence(&mut s_next);
-                release(empty_k(pos.stage));
-                let n0 = (nb_lo + step) * BN;
-                correction = softmax_step::<SR, NT, BN, MODE>(
-                    &rows,
-                    &mut s_next,
-                    n0,
-                    &mut row_max,
-                    &mut row_sum,
-                );
-                // SAFETY: whole warpgroup.
-                unsafe { wgmma::wait_group::<0>() };
-                o_fence(&mut o);
-                for kk in 0..NK {
-                    // The P V product read `pa` until the wait above: keep its registers until here.
-                    wgmma::pin_fragment(&mut pa[kk]);
-                }
-                release(empty_v(prev.stage));
-                pa = pack_p::<E, SR, NK>(&s_next);
-                prev = pos;
-            }
-            // Every S of the tile is complete (the last one waited for above): Q's tile may be
-            // reloaded while the last P V runs.
-            release(q_empty);
-            // The last step's P V.
-            // SAFETY: the producer issues every V.
-            unsafe { full_v(prev.stage).wait_parity(prev.phase) };
-            take_turn();
-            if let Some(correction) = correction {
-                rescale(&mut o, correction);
-            }
-            // SAFETY: as in the loop (whole warpgroup; V published; released after the wait).
-            unsafe {
-                wgmma::fence();
-                issue_pv!(&mut o, pa, prev.stage);
-                wgmma::commit_group();
-            }
-            pass_turn(true);
-            // SAFETY: whole warpgroup.
-            unsafe { wgmma::wait_group::<0>() };
-            o_fence(&mut o);
-            release(empty_v(prev.stage));
-        }
-
-        // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
-        let o_base = p
-            .o
-            .wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
-        for h in 0..2 {
-            let mut sum = row_sum[h];
-            // SAFETY: all 32 lanes execute these shuffles.
-            unsafe {
-                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 1);
-                sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 2);
-            }
-            let (inv, lse) = if sum > 0.0 {
-                (1.0 / sum, (row_max[h] + math::log2(sum)) * math::LN_2)
-            } else {
-                (0.0, f32::NEG_INFINITY)
-            };
-            let row = warp_row + g + 8 * h as u32;
-            if row < rows_valid {
-                let i = m0 + row;
-                let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
-                for j in 0..OR / 4 {
-                    let v = E::pack(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-                    // SAFETY: row i < seq_q, column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
-                    // (16-byte aligned rows, even column).
-                    unsafe { *(dst.wrapping_add(8 * j + 2 * t as usize) as *mut u32) = v };
-                }
-                if t == 0 {
-                    let idx =
-                        (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
-                    // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
-                    unsafe { *p.lse.add(idx as usize) = lse };
-                }
-            }
-        }
-        if steps > 0 {
-            kv += steps;
-            q_iter += 1;
-        }
-    }
+    consumer::consume_tiles!(
+        p, cfg, wg,
+        q: (q_s, q_full, q_empty),
+        k: (k_s, full_k, empty_k),
+        v: (v_s, full_v, empty_v),
+        s: (s_zero, s_mma, s_fence),
+        o: (o_mma, o_fence)
+    );
 }
 
 macro_rules! hopper_kernel {
@@ -591,7 +230,7 @@ macro_rules! hopper_kernel {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: HopperParams) {
             const CFG: HopperConfig = $cfg;
-            crate::launch_bounds!($name, HOPPER_THREADS, 1);
+            crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
             let tmaps = [
                 tensor_map_ptr!($name, 0, HopperParams, tmap_q),
                 tensor_map_ptr!($name, 0, HopperParams, tmap_k),

@@ -21,8 +21,8 @@ pub(super) struct Tile {
 
 /// Tile `t` (`< num_tiles`). The query blocks of one (batch, head) are consecutive, so that the
 /// blocks running at one time share K and V in L2 (walking all heads of one query block first,
-/// longest first, was slower under causal masking: bench/NOTES.md); under causal masking (`reverse_m`) each (batch, head) starts from its last, longest query
-/// block.
+/// longest first, was slower under causal masking: bench/NOTES.md); under causal masking
+/// (`reverse_m`) each (batch, head) starts from its last, longest query block.
 #[inline(always)]
 pub(super) fn tile<const BN: u32>(p: &HopperParams, t: u32) -> Tile {
     let (m_idx, hb) = (t % p.num_m_blocks, t / p.num_m_blocks);

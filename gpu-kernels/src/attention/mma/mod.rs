@@ -266,7 +266,7 @@ macro_rules! attention_kernels {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams) {
-                crate::launch_bounds!($name, $cfg.threads(), $cfg.blocks_per_sm);
+                crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
                 // SAFETY: forwarded to the caller.
                 unsafe { attention_body!(p, $elem, $cfg) }
             }

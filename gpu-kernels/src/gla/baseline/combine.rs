@@ -18,7 +18,7 @@ use kernel_abi::gla::{CombineEntry, CombineParams};
 #[cfg(target_arch = "nvptx64")]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn gla_combine(p: CombineParams) {
-    crate::launch_bounds!(gla_combine, kernel_abi::gla::COMBINE_THREADS, 1);
+    crate::launch_bounds!(gla_combine in kernel_abi::gla::KERNELS);
     // SAFETY: forwarded to the caller.
     unsafe { combine(p) }
 }

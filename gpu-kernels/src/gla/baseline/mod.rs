@@ -98,8 +98,7 @@ macro_rules! gla_kernels {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $fwd(p: GlaParams) {
-                crate::launch_bounds!($fwd, config_of($dk, $dv).threads(),
-                                      config_of($dk, $dv).blocks_per_sm);
+                crate::launch_bounds!($fwd in kernel_abi::gla::KERNELS);
                 // SAFETY: forwarded to the caller.
                 unsafe { gla_body!(p, $dk, $dv, true) }
             }
@@ -112,8 +111,7 @@ macro_rules! gla_kernels {
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $states(p: GlaParams) {
-                crate::launch_bounds!($states, config_of($dk, $dv).threads(),
-                                      config_of($dk, $dv).blocks_per_sm);
+                crate::launch_bounds!($states in kernel_abi::gla::KERNELS);
                 // SAFETY: forwarded to the caller.
                 unsafe { gla_body!(p, $dk, $dv, false) }
             }

@@ -131,8 +131,7 @@ use crate::tensor_map_ptr;
 use forward::walk;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::gla::{
-    CHUNK, GlaPingpongParams, PP_STATE_THREADS, PingpongConfig, SEG_LAST, Segment,
-    pingpong_config_of,
+    CHUNK, GlaPingpongParams, PingpongConfig, SEG_LAST, Segment, pingpong_config_of,
 };
 use states::states_walk;
 
@@ -257,7 +256,7 @@ macro_rules! gla_pp_kernels {
             /// documentation).
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $fwd(p: GlaPingpongParams) {
-                crate::launch_bounds!($fwd, pingpong_config_of($dk, $dv).threads(), 1);
+                crate::launch_bounds!($fwd in kernel_abi::gla::KERNELS);
                 let tmaps = [
                     tensor_map_ptr!($fwd, 0, GlaPingpongParams, tmap_q),
                     tensor_map_ptr!($fwd, 0, GlaPingpongParams, tmap_k),
@@ -278,7 +277,7 @@ macro_rules! gla_pp_kernels {
             /// `delta` and `decay_log2` hold a slice per (segment, head).
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $states(p: GlaPingpongParams) {
-                crate::launch_bounds!($states, PP_STATE_THREADS, 1);
+                crate::launch_bounds!($states in kernel_abi::gla::KERNELS);
                 let tmaps = [
                     tensor_map_ptr!($states, 0, GlaPingpongParams, tmap_q),
                     tensor_map_ptr!($states, 0, GlaPingpongParams, tmap_k),

@@ -7,10 +7,6 @@
 //! ([`ParamGrads`]). The kernels compute the same functions in f32 (and bf16 for the
 //! activations); [`tol_bf16`] and [`tol_f32`] state how close they must be.
 
-mod compare;
-
-pub use compare::{Comparison, MhcHostOutputs, OUTPUTS, Stat, compare, sample_tokens};
-
 use super::MhcProblem;
 use crate::data::{rng, uniform_bf16, uniform_f32};
 use half::bf16;

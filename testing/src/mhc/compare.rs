@@ -1,11 +1,11 @@
 //! Comparing kernel outputs with the reference, output by output, within the tolerances of
-//! [`tol_bf16`], [`tol_f32`] and [`tol_proj`].
+//! the reference's `tol_bf16`, `tol_f32` and `tol_proj`.
 
-use super::{
-    MhcData, MhcProblem, ParamGrads, fold_tokens, token_backward, token_forward, tol_bf16, tol_f32,
-    tol_proj,
-};
 use half::bf16;
+use kernels::mhc::MhcProblem;
+use kernels::mhc::reference::{
+    MhcData, ParamGrads, fold_tokens, token_backward, token_forward, tol_bf16, tol_f32, tol_proj,
+};
 
 /// Error statistics of one output tensor.
 #[derive(Clone, Debug, Default)]

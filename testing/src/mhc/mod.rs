@@ -1,9 +1,14 @@
-//! mHC: every device buffer of one problem from host data ([`MhcDeviceRun`]), for the tests,
-//! the benchmarks and the examples.
+//! mHC: every device buffer of one problem from host data ([`MhcDeviceRun`]), and the
+//! comparison of the kernels' outputs with the reference ([`compare`]), for the tests, the
+//! benchmarks and the examples.
+
+mod compare;
+
+pub use compare::{Comparison, MhcHostOutputs, OUTPUTS, Stat, compare, sample_tokens};
 
 use kernels::Result;
 use kernels::memory::poisoned;
-use kernels::mhc::reference::{self, MhcHostOutputs};
+use kernels::mhc::reference;
 use kernels::mhc::{
     MhcCoefficients, MhcGradients, MhcProblem, MhcWeights, MhcWorkspace, backward, forward_post,
     forward_pre,

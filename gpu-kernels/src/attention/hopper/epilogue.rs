@@ -1,0 +1,60 @@
+//! The epilogue of the Hopper kernel, per consumer thread and tile: the row sums finished
+//! across the quad, O normalized and stored from the accumulators, and the LSE (rows with no
+//! allowed key get O = 0 and LSE = -inf).
+//!
+//! A macro rather than a function: the expansion is the consumer's own code, so the kernels'
+//! PTX does not depend on how a call would be inlined (an `#[inline(always)]` function here
+//! already swapped two independent instructions of the PTX).
+
+/// Store the thread's two rows of O, normalized by the finished row sums, and their LSE, for
+/// the tile at query row `$m0` of (`$batch`, `$head`): rows `$warp_row + $g` and
+/// `$warp_row + $g + 8` of the tile, at or past `$rows_valid` not stored; `$t = lane % 4`
+/// picks the column pair of each n8 tile of the accumulators `$o` (`[f32; $or]`); `$row_max`
+/// and `$row_sum` are the thread's partial softmax statistics of the two rows. The whole warp
+/// expands it in uniform control flow (the row sums are finished by shuffles); `$p` is the
+/// kernel's `&HopperParams` and `$e` the element type.
+macro_rules! store_tile {
+    (
+        $e:ty, $or:expr, $p:ident, $o:ident, $row_max:ident, $row_sum:ident,
+        $m0:ident, $head:ident, $batch:ident, $rows_valid:ident, $warp_row:ident, $g:ident, $t:ident
+    ) => {
+        let o_base = $p.o.wrapping_add(
+            ($batch as u64 * $p.o_strides[0] + $head as u64 * $p.o_strides[2]) as usize,
+        );
+        for h in 0..2 {
+            let mut sum = $row_sum[h];
+            // SAFETY: all 32 lanes execute these shuffles.
+            unsafe {
+                sum += $crate::arch::warp::shfl_xor_f32($crate::arch::warp::FULL_MASK, sum, 1);
+                sum += $crate::arch::warp::shfl_xor_f32($crate::arch::warp::FULL_MASK, sum, 2);
+            }
+            let (inv, lse) = if sum > 0.0 {
+                (
+                    1.0 / sum,
+                    ($row_max[h] + $crate::arch::math::log2(sum)) * $crate::arch::math::LN_2,
+                )
+            } else {
+                (0.0, f32::NEG_INFINITY)
+            };
+            let row = $warp_row + $g + 8 * h as u32;
+            if row < $rows_valid {
+                let i = $m0 + row;
+                let dst = o_base.wrapping_add((i as u64 * $p.o_strides[1]) as usize);
+                for j in 0..$or / 4 {
+                    let v = <$e>::pack($o[4 * j + 2 * h] * inv, $o[4 * j + 2 * h + 1] * inv);
+                    // SAFETY: row i < seq_q, column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
+                    // (16-byte aligned rows, even column).
+                    unsafe { *(dst.wrapping_add(8 * j + 2 * $t as usize) as *mut u32) = v };
+                }
+                if $t == 0 {
+                    let idx = ($batch as u64 * $p.heads_q as u64 + $head as u64)
+                        * $p.seq_q as u64
+                        + i as u64;
+                    // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
+                    unsafe { *$p.lse.add(idx as usize) = lse };
+                }
+            }
+        }
+    };
+}
+pub(super) use store_tile;

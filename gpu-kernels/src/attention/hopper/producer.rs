@@ -1,0 +1,100 @@
+//! The producer of the Hopper kernel: thread 0 of warpgroup 0 issues every TMA load of the
+//! block (Q once per tile, then K and V of each step through their rings) in the order the
+//! consumers read them. The barrier protocol is in the module documentation of [`super`].
+//!
+//! A macro rather than a function, expanded in the kernel body: moving this loop into an
+//! `#[inline(always)]` function (taking the same values and closures) changed the PTX of the
+//! consumers' descriptor arithmetic; the expansion is the kernel body's own code.
+
+/// The producer's loop over the block's tiles (thread 0 only, once, after the mbarriers were
+/// initialized and published). `$p`: the kernel's `&HopperParams`; `$cfg`: its
+/// `&HopperConfig`; `$cblocks`: the column blocks of a tile; the tensor maps of Q, K and V;
+/// then per operand its shared memory and its `full` and `empty` mbarriers: the Q tile
+/// `$q_s` with `$q_full`, `$q_empty`, and the closures of ring slot `s`: `$k_s(s)`,
+/// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES` and `OVERLAP` are the
+/// kernel's const parameters.
+macro_rules! load_tiles {
+    (
+        $p:ident, $cfg:ident, $cblocks:ident, [$tmap_q:ident, $tmap_k:ident, $tmap_v:ident],
+        q: ($q_s:ident, $q_full:ident, $q_empty:ident),
+        k: ($k_s:ident, $full_k:ident, $empty_k:ident),
+        v: ($v_s:ident, $full_v:ident, $empty_v:ident)
+    ) => {
+        // K/V tiles through the rings and Q tiles loaded so far (tiles without a step load
+        // nothing, on both sides).
+        let (mut kv, mut q_iter) = (0u32, 0u32);
+        let mut t = $crate::arch::index::block_idx_x();
+        while t < $p.num_tiles {
+            let tl = $crate::attention::hopper::scheduler::tile::<BN>($p, t);
+            t += $crate::arch::index::grid_dim_x();
+            if tl.steps == 0 {
+                continue;
+            }
+            // SAFETY: Q's tile is free once `q_empty` completed its previous phase (the
+            // consumers' last S of the previous tile is complete; the first pass does not
+            // wait); `q_full` expects exactly the Q boxes' bytes; the destinations are
+            // 1024-aligned column blocks sized by the ABI, read only after the phase
+            // completes; the D coordinates are multiples of 64 elements (TMA's 16-byte
+            // rule holds).
+            unsafe {
+                $q_empty.wait_parity((q_iter & 1) ^ 1);
+                $q_full.arrive_expect_tx($cfg.q_bytes());
+                for cb in 0..$cblocks {
+                    let dst = $q_s + cb * $cfg.block_bytes(::kernel_abi::attention::HOPPER_BLOCK_M);
+                    let x = (cb * ::kernel_abi::attention::HOPPER_ATOM) as i32;
+                    let (h, b) = (tl.head as i32, tl.batch as i32);
+                    $tmap_q.load_4d(dst, x, h, tl.m0 as i32, b, $q_full);
+                }
+            }
+            // Tiles in the order the consumers read them: with the overlap K of step i + 1
+            // before V of step i (S of step i + 1 is issued before P V of step i), else K
+            // and V of each step.
+            let load = |j: u32, k: bool| {
+                let pos = $crate::arch::mbarrier::RingPos::<STAGES>::of(kv + j);
+                let (full, empty, map, dst) = if k {
+                    (
+                        $full_k(pos.stage),
+                        $empty_k(pos.stage),
+                        $tmap_k,
+                        $k_s(pos.stage),
+                    )
+                } else {
+                    (
+                        $full_v(pos.stage),
+                        $empty_v(pos.stage),
+                        $tmap_v,
+                        $v_s(pos.stage),
+                    )
+                };
+                let n0 = ((tl.nb_lo + j) * BN) as i32;
+                // SAFETY: ring protocol (module docs): the slot is free once `empty`
+                // completed its previous phase; `full` expects exactly the tile's bytes;
+                // the destination is untouched until that phase completes.
+                unsafe {
+                    empty.wait_parity(pos.phase ^ 1);
+                    full.arrive_expect_tx($cfg.tile_bytes());
+                    for cb in 0..$cblocks {
+                        let x = (cb * ::kernel_abi::attention::HOPPER_ATOM) as i32;
+                        let d = dst + cb * $cfg.block_bytes(BN);
+                        let (h, b) = (tl.head_kv as i32, tl.batch as i32);
+                        map.load_4d(d, x, h, n0, b, full);
+                    }
+                }
+            };
+            if OVERLAP {
+                load(0, true);
+            }
+            for step in 0..tl.steps {
+                if !OVERLAP {
+                    load(step, true);
+                } else if step + 1 < tl.steps {
+                    load(step + 1, true);
+                }
+                load(step, false);
+            }
+            kv += tl.steps;
+            q_iter += 1;
+        }
+    };
+}
+pub(super) use load_tiles;
