@@ -1,8 +1,9 @@
 //! Tests that need no GPU: the PTX embedded in this build, host-side validation, references.
 
 use kernel_abi::TensorMap;
-use kernel_abi::semicrf;
+use kernel_abi::attention::{self, Dtype};
 use kernel_abi::smoke::*;
+use kernel_abi::{gla, semicrf};
 use kernel_tests::{Suite, TestResult, ensure};
 use kernels::tensor_map::{MapDtype, MapSwizzle, TiledMap};
 use kernels::{Arch, Error};
@@ -33,81 +34,119 @@ fn main() {
     s.run()
 }
 
+/// The `mma.sync` attention kernels: the default tiles of each dtype and head dimension, then
+/// the tuning variants (bf16), each with the threads of its tile configuration.
+fn attention_mma_kernels() -> Vec<(&'static str, u32)> {
+    let mut k = Vec::new();
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        for d in attention::HEAD_DIMS {
+            let kernel = attention::mma_kernel(dtype, d, None).expect("a default mma.sync kernel");
+            let cfg = attention::tile_config(d).expect("a tile configuration");
+            k.push((kernel.kernel.name, cfg.threads()));
+        }
+    }
+    for (name, cfg) in attention::TUNING_VARIANTS {
+        let kernel = attention::mma_kernel(Dtype::Bf16, cfg.head_dim, Some(name))
+            .expect("a kernel for every tuning variant");
+        k.push((kernel.kernel.name, cfg.threads()));
+    }
+    k
+}
+
+/// The Hopper attention kernels (sm_90a only): the default configuration of each dtype and head
+/// dimension, then the tuning variants (bf16).
+fn attention_hopper_kernels() -> Vec<&'static str> {
+    let mut k = Vec::new();
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        for d in attention::HEAD_DIMS {
+            let kernel = attention::hopper_kernel(dtype, d, None).expect("a default Hopper kernel");
+            k.push(kernel.kernel.name);
+        }
+    }
+    for (name, cfg) in attention::HOPPER_VARIANTS {
+        let kernel = attention::hopper_kernel(Dtype::Bf16, cfg.head_dim, Some(name))
+            .expect("a kernel for every Hopper tuning variant");
+        k.push(kernel.kernel.name);
+    }
+    k
+}
+
+/// The baseline GLA kernels `gla_fwd`, `gla_states` of every pair of head dimensions, with the
+/// threads of its configuration.
+fn gla_baseline_kernels() -> Vec<(&'static str, u32)> {
+    let mut k = Vec::new();
+    for dk in gla::HEAD_DIMS {
+        for dv in gla::HEAD_DIMS {
+            let (fwd, states) = gla::baseline_kernels(dk, dv).expect("GLA kernels");
+            let threads = gla::config(dk, dv).expect("a GLA configuration").threads();
+            k.push((fwd.name, threads));
+            k.push((states.name, threads));
+        }
+    }
+    k
+}
+
 /// The kernels the host launches, per target, with the parameter struct each takes.
-fn expected_kernels(arch: Arch) -> Vec<(String, usize)> {
-    let mut k: Vec<(String, usize)> = vec![
-        ("smoke_block_reduce".into(), size_of::<ReduceParams>()),
-        ("smoke_mma_tile".into(), size_of::<MmaTileParams>()),
+fn expected_kernels(arch: Arch) -> Vec<(&'static str, usize)> {
+    let mut k: Vec<(&'static str, usize)> = vec![
+        (SMOKE_BLOCK_REDUCE.name, size_of::<ReduceParams>()),
+        (SMOKE_MMA_TILE.name, size_of::<MmaTileParams>()),
     ];
     k.extend(
         mhc_kernels()
             .into_iter()
             .map(|(name, params, _)| (name, params)),
     );
+    k.extend([
+        (semicrf::SEMICRF_SCAN.name, size_of::<semicrf::ScanParams>()),
+        (
+            semicrf::SEMICRF_VITERBI.name,
+            size_of::<semicrf::ViterbiParams>(),
+        ),
+        (
+            semicrf::SEMICRF_MARGINALS.name,
+            size_of::<semicrf::MarginalParams>(),
+        ),
+        (
+            semicrf::SEMICRF_REDUCE.name,
+            size_of::<semicrf::ReduceParams>(),
+        ),
+    ]);
+    let params = size_of::<attention::AttentionParams>();
     k.extend(
-        [
-            ("semicrf_scan", size_of::<semicrf::ScanParams>()),
-            ("semicrf_viterbi", size_of::<semicrf::ViterbiParams>()),
-            ("semicrf_marginals", size_of::<semicrf::MarginalParams>()),
-            ("semicrf_reduce", size_of::<semicrf::ReduceParams>()),
-        ]
-        .map(|(name, bytes)| (name.to_string(), bytes)),
+        attention_mma_kernels()
+            .into_iter()
+            .map(|(n, _)| (n, params)),
     );
-    let attention = size_of::<kernel_abi::attention::AttentionParams>();
-    let hopper = size_of::<kernel_abi::attention::HopperParams>();
-    for dtype in ["bf16", "f16"] {
-        for d in kernel_abi::attention::HEAD_DIMS {
-            k.push((format!("attention_fwd_{dtype}_d{d}"), attention));
-            if arch.has_hopper_kernels() {
-                k.push((format!("attention_fwd_hopper_{dtype}_d{d}"), hopper));
-            }
-        }
-    }
-    let gla = size_of::<kernel_abi::gla::GlaParams>();
-    for dk in kernel_abi::gla::HEAD_DIMS {
-        for dv in kernel_abi::gla::HEAD_DIMS {
-            k.push((format!("gla_fwd_dk{dk}_dv{dv}"), gla));
-            k.push((format!("gla_states_dk{dk}_dv{dv}"), gla));
-        }
-    }
-    k.push((
-        "gla_combine".into(),
-        size_of::<kernel_abi::gla::CombineParams>(),
-    ));
-    for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
-        k.push((
-            format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
-            attention,
-        ));
-    }
     if arch.has_hopper_kernels() {
-        for (name, cfg) in kernel_abi::attention::HOPPER_VARIANTS {
-            k.push((
-                format!("attention_fwd_hopper_bf16_d{}_{name}", cfg.head_dim),
-                size_of::<kernel_abi::attention::HopperParams>(),
-            ));
-        }
-        k.extend(
-            [
-                ("gemm_bf16_tn", size_of::<kernel_abi::gemm::GemmParams>()),
-                ("smoke_tma_load", size_of::<TmaLoadParams>()),
-                ("smoke_wgmma_n64", size_of::<WgmmaTileParams>()),
-                ("smoke_wgmma_n128", size_of::<WgmmaTileParams>()),
-                ("smoke_wgmma_n256", size_of::<WgmmaTileParams>()),
-                ("smoke_wgmma_mn", size_of::<WgmmaMnParams>()),
-                ("smoke_pingpong", size_of::<PingpongParams>()),
-            ]
-            .map(|(name, bytes)| (name.to_string(), bytes)),
-        );
+        let params = size_of::<attention::HopperParams>();
+        k.extend(attention_hopper_kernels().into_iter().map(|n| (n, params)));
+    }
+    let params = size_of::<gla::GlaParams>();
+    k.extend(gla_baseline_kernels().into_iter().map(|(n, _)| (n, params)));
+    k.push((gla::GLA_COMBINE.name, size_of::<gla::CombineParams>()));
+    if arch.has_hopper_kernels() {
+        k.extend([
+            (
+                kernel_abi::gemm::GEMM_BF16_TN.name,
+                size_of::<kernel_abi::gemm::GemmParams>(),
+            ),
+            (SMOKE_TMA_LOAD.name, size_of::<TmaLoadParams>()),
+            (SMOKE_WGMMA_N64.name, size_of::<WgmmaTileParams>()),
+            (SMOKE_WGMMA_N128.name, size_of::<WgmmaTileParams>()),
+            (SMOKE_WGMMA_N256.name, size_of::<WgmmaTileParams>()),
+            (SMOKE_WGMMA_MN.name, size_of::<WgmmaMnParams>()),
+            (SMOKE_PINGPONG.name, size_of::<PingpongParams>()),
+        ]);
     }
     k
 }
 
 /// The mHC kernels (portable: in every target), with their parameter struct and block size.
-fn mhc_kernels() -> Vec<(String, usize, u32)> {
+fn mhc_kernels() -> Vec<(&'static str, usize, u32)> {
     kernel_abi::mhc::KERNELS
         .iter()
-        .map(|k| (k.name.to_string(), k.param_bytes, k.threads))
+        .map(|k| (k.name, k.param_bytes, k.threads))
         .collect()
 }
 
@@ -116,7 +155,7 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
         let kernels = arch.kernels();
         for (name, bytes) in expected_kernels(arch) {
             let info = kernels
-                .get(&name)
+                .get(name)
                 .ok_or(format!("{name} missing from the {arch} PTX"))?;
             ensure(info.params == [bytes], || {
                 format!(
@@ -131,55 +170,33 @@ fn ptx_kernels_and_parameter_sizes() -> TestResult {
         );
     }
     ensure(
-        !Arch::Sm80.kernels().contains_key("smoke_wgmma_n64"),
+        !Arch::Sm80.kernels().contains_key(SMOKE_WGMMA_N64.name),
         || "Hopper kernels must not be in the sm_80 PTX".into(),
     )
 }
 
 fn ptx_launch_bounds() -> TestResult {
-    let mut bounds: Vec<(String, u32)> = [
-        ("gla_combine", kernel_abi::gla::COMBINE_THREADS),
-        ("smoke_block_reduce", REDUCE_THREADS),
-        ("smoke_mma_tile", MMA_THREADS),
-        ("smoke_pingpong", PINGPONG_THREADS),
-        ("gemm_bf16_tn", kernel_abi::gemm::THREADS),
-        ("semicrf_scan", semicrf::THREADS),
-        ("semicrf_viterbi", semicrf::THREADS),
-        ("semicrf_marginals", semicrf::THREADS),
-        ("semicrf_reduce", semicrf::REDUCE_THREADS),
-    ]
-    .map(|(name, threads)| (name.to_string(), threads))
-    .into();
-    for dtype in ["bf16", "f16"] {
-        for d in kernel_abi::attention::HEAD_DIMS {
-            let cfg = kernel_abi::attention::tile_config(d).ok_or("missing tile config")?;
-            bounds.push((format!("attention_fwd_{dtype}_d{d}"), cfg.threads()));
-            bounds.push((
-                format!("attention_fwd_hopper_{dtype}_d{d}"),
-                kernel_abi::attention::HOPPER_THREADS,
-            ));
-        }
-    }
-    for (name, cfg) in kernel_abi::attention::TUNING_VARIANTS {
-        bounds.push((
-            format!("attention_fwd_bf16_d{}_{name}", cfg.head_dim),
-            cfg.threads(),
-        ));
-    }
-    for (name, cfg) in kernel_abi::attention::HOPPER_VARIANTS {
-        bounds.push((
-            format!("attention_fwd_hopper_bf16_d{}_{name}", cfg.head_dim),
-            kernel_abi::attention::HOPPER_THREADS,
-        ));
-    }
-    for dk in kernel_abi::gla::HEAD_DIMS {
-        for dv in kernel_abi::gla::HEAD_DIMS {
-            let cfg = kernel_abi::gla::config(dk, dv).ok_or("missing GLA config")?;
-            for kind in ["fwd", "states"] {
-                bounds.push((format!("gla_{kind}_dk{dk}_dv{dv}"), cfg.threads()));
-            }
-        }
-    }
+    let mut bounds: Vec<(&'static str, u32)> = vec![
+        (gla::GLA_COMBINE.name, gla::COMBINE_THREADS),
+        (SMOKE_BLOCK_REDUCE.name, REDUCE_THREADS),
+        (SMOKE_MMA_TILE.name, MMA_THREADS),
+        (SMOKE_PINGPONG.name, PINGPONG_THREADS),
+        (
+            kernel_abi::gemm::GEMM_BF16_TN.name,
+            kernel_abi::gemm::THREADS,
+        ),
+        (semicrf::SEMICRF_SCAN.name, semicrf::THREADS),
+        (semicrf::SEMICRF_VITERBI.name, semicrf::THREADS),
+        (semicrf::SEMICRF_MARGINALS.name, semicrf::THREADS),
+        (semicrf::SEMICRF_REDUCE.name, semicrf::REDUCE_THREADS),
+    ];
+    bounds.extend(attention_mma_kernels());
+    bounds.extend(
+        attention_hopper_kernels()
+            .into_iter()
+            .map(|n| (n, attention::HOPPER_THREADS)),
+    );
+    bounds.extend(gla_baseline_kernels());
     bounds.extend(
         mhc_kernels()
             .into_iter()
@@ -187,7 +204,7 @@ fn ptx_launch_bounds() -> TestResult {
     );
     for (name, threads) in bounds {
         for arch in Arch::ALL {
-            if let Some(info) = arch.kernels().get(&name) {
+            if let Some(info) = arch.kernels().get(name) {
                 ensure(info.max_threads == Some(threads), || {
                     format!(
                         "{arch} {name}: .maxntid {:?}, expected {threads}",
@@ -202,14 +219,20 @@ fn ptx_launch_bounds() -> TestResult {
 
 fn ptx_tensor_map_alignment() -> TestResult {
     let ptx = Arch::Sm90a.ptx();
+    let hopper = |dtype, d| {
+        attention::hopper_kernel(dtype, d, None)
+            .expect("a default Hopper kernel")
+            .kernel
+            .name
+    };
     for kernel in [
-        "smoke_tma_load",
-        "smoke_wgmma_n64",
-        "smoke_wgmma_mn",
-        "smoke_pingpong",
-        "gemm_bf16_tn",
-        "attention_fwd_hopper_bf16_d128",
-        "attention_fwd_hopper_f16_d256",
+        SMOKE_TMA_LOAD.name,
+        SMOKE_WGMMA_N64.name,
+        SMOKE_WGMMA_MN.name,
+        SMOKE_PINGPONG.name,
+        kernel_abi::gemm::GEMM_BF16_TN.name,
+        hopper(Dtype::Bf16, 128),
+        hopper(Dtype::F16, 256),
     ] {
         let decl = format!(".param .align 64 .b8 {kernel}_param_0[");
         ensure(ptx.contains(&decl), || {

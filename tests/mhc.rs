@@ -16,8 +16,8 @@ use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::memory::{poisoned, upload};
 use kernels::mhc::reference::{self, MhcData};
 use kernels::mhc::{
-    self, MhcCoefficients, MhcGradients, MhcProblem, MhcWeights, MhcWorkspace, RawCoefficients,
-    RawGradients, RawScratch, RawWeights,
+    self, MhcCoefficients, MhcGradients, MhcProblem, MhcTensors, MhcWeights, MhcWorkspace,
+    RawCoefficients, RawGradients, RawScratch, RawWeights,
 };
 use kernels::{Error, Gpu, bf16};
 use kernels_testing::mhc::MhcDeviceRun;
@@ -736,11 +736,19 @@ fn rejects_bad_buffers() -> TestResult {
         } else {
             h.x.view()
         };
-        // SAFETY: validation rejects these views before any launch (what the test checks); had
-        // it not, the views are host buffers the emulator could access.
-        let r = unsafe {
-            mhc::forward_pre_raw(&Emulator, &p, &weights, x, &scratch, &coeffs, h.x_in.view())
-        };
+        let r = p
+            .plan(&MhcTensors::ForwardPre {
+                weights,
+                x,
+                scratch,
+                coeffs,
+                x_in: h.x_in.view(),
+            })
+            .and_then(|plan| {
+                // SAFETY: planning rejects these views before any launch (what the test
+                // checks); had it not, the views are host buffers the emulator could access.
+                unsafe { plan.run(&Emulator) }
+            });
         expect(what, r, check)?;
     }
     Ok(())

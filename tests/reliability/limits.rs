@@ -2,10 +2,11 @@
 //! largest head dimension and sequence lengths; no allocation.
 
 use crate::HOPPER_MAX_SMEM;
+use crate::props::{attention_plan, semicrf_launches, semicrf_passes};
 use kernel_tests::{TestResult, ensure};
-use kernels::attention::{self, AttentionProblem, Dtype};
+use kernels::attention::{AttentionProblem, Dtype, Path};
 use kernels::gla::GlaProblem;
-use kernels::gpu::check_launch;
+use kernels::gpu::{check_kernel_launch, check_launch};
 use kernels::mhc::MhcProblem;
 use kernels::semicrf::SemiCrfProblem;
 use kernels::{Arch, Error, LaunchConfig};
@@ -17,18 +18,25 @@ pub fn attention() -> TestResult {
     let q_elems: u128 = big.q_shape().iter().map(|&x| x as u128).product();
     ensure(q_elems > 1 << 31, || "not above 2^31".into())?;
     big.validate().map_err(|e| format!("{e}"))?;
-    for hopper in [false, true] {
-        let (name, bytes, cfg) =
-            attention::launch_shape(&big, hopper).map_err(|e| format!("{e}"))?;
-        check_launch(Arch::Sm90a, &name, &cfg, bytes, HOPPER_MAX_SMEM)
+    // Both paths' launches (the `mma.sync` path planned for sm_80), on the sm_90a PTX.
+    for (arch, path, hopper) in [
+        (Arch::Sm80, Path::Auto, false),
+        (Arch::Sm90a, Path::Hopper, true),
+    ] {
+        let plan = attention_plan(&big.clone().path(path), arch).map_err(|e| format!("{e}"))?;
+        ensure(plan.is_hopper() == hopper, || {
+            format!("{path:?} planned {}", plan.kernel().name)
+        })?;
+        check_kernel_launch(Arch::Sm90a, &plan.kernel(), &plan.config(), HOPPER_MAX_SMEM)
             .map_err(|e| format!("{e}"))?;
     }
     // The longest sequences: seq < 2^30 each; LSE entries batch * heads * seq_q < 2^32.
     let long =
         AttentionProblem::new(1, (1 << 30) - 1, (1 << 30) - 1, 2, 1, 256, Dtype::Bf16).causal();
     long.validate().map_err(|e| format!("{e}"))?;
-    let (name, bytes, cfg) = attention::launch_shape(&long, false).map_err(|e| format!("{e}"))?;
-    check_launch(Arch::Sm80, &name, &cfg, bytes, HOPPER_MAX_SMEM).map_err(|e| format!("{e}"))?;
+    let plan = attention_plan(&long, Arch::Sm80).map_err(|e| format!("{e}"))?;
+    check_kernel_launch(Arch::Sm80, &plan.kernel(), &plan.config(), HOPPER_MAX_SMEM)
+        .map_err(|e| format!("{e}"))?;
     for (p, what) in [
         (
             AttentionProblem::new(1, 1 << 30, 1, 1, 1, 64, Dtype::Bf16),
@@ -67,9 +75,13 @@ pub fn semicrf() -> TestResult {
         "not above 2^31".into()
     })?;
     p.validate().map_err(|e| format!("{e}"))?;
-    for (name, bytes, cfg) in p.launches() {
-        check_launch(Arch::Sm90a, name, &cfg, bytes, HOPPER_MAX_SMEM)
-            .map_err(|e| format!("{e}"))?;
+    // Every launch of every pass, on the sm_90a PTX.
+    for tensors in semicrf_passes(&p) {
+        let plan = p.plan(&tensors).map_err(|e| format!("{e}"))?;
+        for (kernel, cfg) in semicrf_launches(&plan) {
+            check_kernel_launch(Arch::Sm90a, kernel, cfg, HOPPER_MAX_SMEM)
+                .map_err(|e| format!("{e}"))?;
+        }
     }
     let m = p.memory();
     ensure(m.marginals as u64 > 1 << 31, || {

@@ -5,13 +5,20 @@
 //! checked without a GPU; small valid problems also run the CPU reference.
 
 use crate::HOPPER_MAX_SMEM;
+use kernel_abi::semicrf::{SEMICRF_MARGINALS, SEMICRF_REDUCE, SEMICRF_SCAN, SEMICRF_VITERBI};
 use kernel_tests::TestResult;
-use kernels::attention::{self, AttentionProblem, Dtype};
+use kernels::attention::{
+    self, AttentionElem, AttentionPlan, AttentionProblem, AttentionTensors, Dtype, Path, Target,
+    View,
+};
 use kernels::gla::{self, GlaKernel, GlaProblem};
-use kernels::gpu::{check_kernel_launch, check_launch};
-use kernels::mhc::{self, DevView, Exec, MhcProblem};
-use kernels::semicrf::{self, SemiCrfProblem};
-use kernels::{Arch, Error, Launch, LaunchConfig};
+use kernels::gpu::check_kernel_launch;
+use kernels::mhc::{self, DevView, Exec, MhcProblem, MhcTensors};
+use kernels::semicrf::{
+    self, GradientViews, InputViews, SemiCrfPlan, SemiCrfProblem, SemiCrfTensors, StateViews,
+    ViterbiViews,
+};
+use kernels::{Arch, Error, KernelDecl, Launch, LaunchConfig, bf16, f16};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::RefCell;
@@ -68,10 +75,10 @@ fn size() -> impl Strategy<Value = usize> {
     ]
 }
 
-/// The launch checks of `Gpu::launch` on every PTX target, for an H100/H200's limits.
+/// The launch checks of `Gpu::launch` of `kernel` (a handle's declaration) on every PTX target
+/// (those with the Hopper kernels if `hopper_only`), for an H100/H200's limits.
 fn launch_ok(
-    name: &str,
-    param_bytes: usize,
+    kernel: &KernelDecl,
     cfg: &LaunchConfig,
     hopper_only: bool,
 ) -> Result<(), TestCaseError> {
@@ -79,7 +86,7 @@ fn launch_ok(
         if hopper_only && !arch.has_hopper_kernels() {
             continue;
         }
-        check_launch(arch, name, cfg, param_bytes, HOPPER_MAX_SMEM).map_err(|e| {
+        check_kernel_launch(arch, kernel, cfg, HOPPER_MAX_SMEM).map_err(|e| {
             TestCaseError::fail(format!(
                 "a validated problem would launch invalidly on {arch}: {e}"
             ))
@@ -138,10 +145,24 @@ pub fn attention_validate_or_typed_error() -> TestResult {
                 Ok(()) => {
                     // Everything a launch computes from the problem stays in range.
                     let _ = (p.flops(), p.lse_len(), p.q_shape(), p.kv_shape());
-                    for hopper in [false, true] {
-                        let (name, bytes, cfg) = attention::launch_shape(&p, hopper)
-                            .map_err(|e| TestCaseError::fail(format!("launch shape: {e}")))?;
-                        launch_ok(&name, bytes, &cfg, hopper)?;
+                    // The `mma.sync` path (sm_80's, and sm_90a's fallback) on every target.
+                    let plan_err = |e: Error| TestCaseError::fail(format!("plan: {e}"));
+                    let mma = attention_plan(&p, Arch::Sm80).map_err(plan_err)?;
+                    prop_assert!(!mma.is_hopper());
+                    launch_ok(&mma.kernel(), &mma.config(), false)?;
+                    // The Hopper path: its launch, or a typed refusal (too many tiles, strides
+                    // no tensor map describes) and the default path falling back to `mma.sync`.
+                    match attention_plan(&p.clone().path(Path::Hopper), Arch::Sm90a) {
+                        Ok(hopper) => {
+                            prop_assert!(hopper.is_hopper());
+                            launch_ok(&hopper.kernel(), &hopper.config(), true)?;
+                        }
+                        Err(e) => {
+                            typed(&e)?;
+                            let auto = attention_plan(&p, Arch::Sm90a).map_err(plan_err)?;
+                            prop_assert!(!auto.is_hopper());
+                            launch_ok(&auto.kernel(), &auto.config(), true)?;
+                        }
                     }
                     // Small problems: the reference runs, and rows are finite or fully masked.
                     if b * sq * sk * hq * d <= 1 << 16 {
@@ -162,6 +183,30 @@ pub fn attention_validate_or_typed_error() -> TestResult {
             }
         },
     )
+}
+
+/// The plan of `p` for `arch` on made-up contiguous tensors ([`fake`]: planned, never run), on
+/// a GPU with a multiprocessor per tile (the Hopper path's largest grid).
+pub(crate) fn attention_plan(p: &AttentionProblem, arch: Arch) -> kernels::Result<AttentionPlan> {
+    fn plan<T: AttentionElem>(p: &AttentionProblem, arch: Arch) -> kernels::Result<AttentionPlan> {
+        let (q, kv) = (p.q_shape(), p.kv_shape());
+        let tensors = AttentionTensors::<T> {
+            q: View::contiguous(fake(q.iter().product()), q),
+            k: View::contiguous(fake(kv.iter().product()), kv),
+            v: View::contiguous(fake(kv.iter().product()), kv),
+            o: View::contiguous(fake(q.iter().product()), q),
+            lse: fake(p.lse_len()),
+        };
+        let target = Target {
+            arch,
+            multiprocessors: u32::MAX,
+        };
+        p.plan(target, &tensors, None)
+    }
+    match p.dtype {
+        Dtype::Bf16 => plan::<bf16>(p, arch),
+        Dtype::F16 => plan::<f16>(p, arch),
+    }
 }
 
 pub fn attention_view_bounds() -> TestResult {
@@ -205,9 +250,31 @@ pub fn semicrf_validate_or_typed_error() -> TestResult {
             Err(e) => typed(&e),
             Ok(()) => {
                 let _ = (p.num_segments(), p.lanes(), p.memory(), p.scan_terms());
-                for (name, bytes, cfg) in p.launches() {
-                    launch_ok(name, bytes, &cfg, false)?;
+                // Every pass: the forward scan; the reverse scan, the segment kernel and the
+                // reduction; both scans in one launch, then the same; the Viterbi kernel.
+                let exec = CheckingExec::all();
+                for tensors in semicrf_passes(&p) {
+                    let plan = p
+                        .plan(&tensors)
+                        .map_err(|e| TestCaseError::fail(format!("plan: {e}")))?;
+                    // SAFETY: `CheckingExec` never accesses the (made-up) views.
+                    unsafe { plan.run(&exec) }
+                        .map_err(|e| TestCaseError::fail(format!("launch sequence: {e}")))?;
                 }
+                let names: Vec<String> =
+                    exec.launched.borrow().iter().map(|l| l.0.clone()).collect();
+                let (scan, marginals, reduce, viterbi) = (
+                    SEMICRF_SCAN.name,
+                    SEMICRF_MARGINALS.name,
+                    SEMICRF_REDUCE.name,
+                    SEMICRF_VITERBI.name,
+                );
+                prop_assert_eq!(
+                    names,
+                    [
+                        scan, scan, marginals, reduce, scan, marginals, reduce, viterbi
+                    ]
+                );
                 if b * (t + 1) * k * c <= 4096 {
                     let inp = kernels_testing::semicrf::random_inputs(&p, 7, true);
                     inp.view()
@@ -224,6 +291,73 @@ pub fn semicrf_validate_or_typed_error() -> TestResult {
             }
         }
     })
+}
+
+/// The tensors of every pass of `p` ([`fake`] views: planned, never accessed): forward,
+/// backward, forward and backward, Viterbi.
+pub(crate) fn semicrf_passes<'a>(p: &SemiCrfProblem) -> [SemiCrfTensors<'a>; 4] {
+    let n = p.buffer_lens();
+    let inputs = InputViews {
+        cumsum: fake(n.cumsum),
+        dur: fake(n.dur),
+        trans: fake(n.trans),
+        lengths: fake(n.lengths),
+    };
+    let state = StateViews {
+        log_z: fake(n.log_z),
+        log_z64: fake(n.log_z64),
+        alpha_ckpt: fake(n.alpha_ckpt),
+        alpha_norm: fake(n.alpha_norm),
+        beta_ckpt: fake(n.beta_ckpt),
+        beta_norm: fake(n.beta_norm),
+        partials: fake(n.partials),
+    };
+    let grads = |marginals: bool| GradientViews {
+        grad_cumsum: fake(n.grad_cumsum),
+        grad_dur: fake(n.grad_dur),
+        grad_trans: fake(n.grad_trans),
+        marginals: marginals.then(|| fake(n.marginals)),
+    };
+    let out = ViterbiViews {
+        score: fake(n.viterbi_score),
+        backptr: fake(n.viterbi_backptr),
+        seg_start: fake(n.viterbi_segments),
+        seg_dur: fake(n.viterbi_segments),
+        seg_label: fake(n.viterbi_segments),
+        seg_count: fake(n.viterbi_count),
+    };
+    [
+        SemiCrfTensors::Forward { inputs, state },
+        SemiCrfTensors::Backward {
+            inputs,
+            state,
+            grads: grads(false),
+        },
+        SemiCrfTensors::ForwardBackward {
+            inputs,
+            state,
+            grads: grads(true),
+        },
+        SemiCrfTensors::Viterbi { inputs, out },
+    ]
+}
+
+/// Every launch of a semi-CRF plan, in order, with what its handle declares.
+pub(crate) fn semicrf_launches(plan: &SemiCrfPlan) -> Vec<(&KernelDecl, &LaunchConfig)> {
+    let mut v = Vec::new();
+    if let Some(l) = &plan.scan {
+        v.push((l.kernel(), l.config()));
+    }
+    if let Some(l) = &plan.marginals {
+        v.push((l.kernel(), l.config()));
+    }
+    if let Some(l) = &plan.reduce {
+        v.push((l.kernel(), l.config()));
+    }
+    if let Some(l) = &plan.viterbi {
+        v.push((l.kernel(), l.config()));
+    }
+    v
 }
 
 /// An executor that runs nothing: it checks each launch as `Gpu::launch` would (without a
@@ -261,10 +395,11 @@ impl Exec for CheckingExec {
     }
 }
 
-/// A view of `len` elements at a made-up, 16-byte aligned address: only for [`CheckingExec`],
-/// which never accesses memory.
+/// A view of `len` elements at a made-up, 16-byte aligned address: only for plans that are
+/// never run, or run only on [`CheckingExec`], which never accesses memory.
 fn fake<'a, T>(len: usize) -> DevView<'a, T> {
-    // SAFETY: the view is only passed to `CheckingExec`, which never dereferences it.
+    // SAFETY: the view is only planned, and run only on `CheckingExec`, which never
+    // dereferences it.
     unsafe { DevView::from_raw(1 << 40, len) }
 }
 
@@ -396,7 +531,7 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
             Err(e) => typed(&e),
             Ok(()) => {
                 let _ = (p.forward_bytes(), p.backward_bytes(), p.projection_flops());
-                let plan = p.layout();
+                let layout = p.layout();
                 let (t, k, m) = (p.tokens(), p.k(), p.m());
                 let w = mhc::RawWeights {
                     phi: fake(k * m),
@@ -405,15 +540,15 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
                     bias: fake(m),
                 };
                 let sc = mhc::RawScratch {
-                    packed_f1: fake(plan.packed_f1),
-                    packed_b2: fake(plan.packed_b2),
-                    part_proj: fake(plan.part_proj),
-                    part_sumsq: fake(plan.part_sumsq),
-                    dh: fake(plan.dh),
-                    u: fake(plan.u),
+                    packed_f1: fake(layout.packed_f1),
+                    packed_b2: fake(layout.packed_b2),
+                    part_proj: fake(layout.part_proj),
+                    part_sumsq: fake(layout.part_sumsq),
+                    dh: fake(layout.dh),
+                    u: fake(layout.u),
                     xcoef: fake(t),
-                    part_coef: fake(plan.part_coef),
-                    part_w: fake(plan.part_w),
+                    part_coef: fake(layout.part_coef),
+                    part_w: fake(layout.part_w),
                 };
                 let co = mhc::RawCoefficients {
                     h_pre: fake(t * n),
@@ -432,25 +567,43 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
                 };
                 let exec = CheckingExec::all();
                 let fail = |what: &str, e: Error| TestCaseError::fail(format!("{what}: {e}"));
-                // SAFETY: `CheckingExec` never accesses the (made-up) views.
-                unsafe {
-                    mhc::forward_pre_raw(&exec, &p, &w, fake(t * k), &sc, &co, fake(t * c))
-                        .map_err(|e| fail("forward_pre", e))?;
-                    mhc::forward_post_raw(&exec, &p, fake(t * k), fake(t * c), &co, fake(t * k))
-                        .map_err(|e| fail("forward_post", e))?;
-                    mhc::backward_raw(
-                        &exec,
-                        &p,
-                        &w,
-                        fake(t * k),
-                        fake(t * c),
-                        &co,
-                        fake(t * c),
-                        fake(t * k),
-                        &sc,
-                        &gr,
-                    )
-                    .map_err(|e| fail("backward", e))?;
+                for (what, tensors) in [
+                    (
+                        "forward_pre",
+                        MhcTensors::ForwardPre {
+                            weights: w,
+                            x: fake(t * k),
+                            scratch: sc,
+                            coeffs: co,
+                            x_in: fake(t * c),
+                        },
+                    ),
+                    (
+                        "forward_post",
+                        MhcTensors::ForwardPost {
+                            x: fake(t * k),
+                            y: fake(t * c),
+                            coeffs: co,
+                            x_next: fake(t * k),
+                        },
+                    ),
+                    (
+                        "backward",
+                        MhcTensors::Backward {
+                            weights: w,
+                            x: fake(t * k),
+                            y: fake(t * c),
+                            coeffs: co,
+                            d_xin: fake(t * c),
+                            d_xnext: fake(t * k),
+                            scratch: sc,
+                            grads: gr,
+                        },
+                    ),
+                ] {
+                    let plan = p.plan(&tensors).map_err(|e| fail(what, e))?;
+                    // SAFETY: `CheckingExec` never accesses the (made-up) views.
+                    unsafe { plan.run(&exec) }.map_err(|e| fail(what, e))?;
                 }
                 prop_assert!(!exec.launched.borrow().is_empty());
                 Ok(())

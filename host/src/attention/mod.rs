@@ -28,7 +28,7 @@ mod problem;
 pub mod reference;
 mod run;
 
-pub use plan::{AttentionPlan, AttentionTensors, Target, launch_shape};
+pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };

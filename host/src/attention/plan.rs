@@ -358,32 +358,3 @@ fn hopper_tiles(problem: &AttentionProblem) -> u64 {
 /// Most tiles one launch of the Hopper kernels takes (tile indices stay below 2^31, so that
 /// `index + grid` cannot wrap); larger problems take the `mma.sync` path.
 const HOPPER_MAX_TILES: u32 = 1 << 30;
-
-/// The kernel name, parameter-struct size and launch shape of the default kernel of a problem
-/// on the `mma.sync` path (`hopper == false`) or the Hopper path (the grid of a GPU with one
-/// multiprocessor per tile), after validation, without tensors: for checks of the launch
-/// against the PTX and the device limits over many problem sizes
-/// ([`crate::gpu::check_launch`]).
-pub fn launch_shape(
-    problem: &AttentionProblem,
-    hopper: bool,
-) -> Result<(String, usize, LaunchConfig)> {
-    problem.validate()?;
-    let d = problem.head_dim as u32;
-    let (kernel, cfg) = if hopper {
-        let k = hopper_kernel(problem.dtype, d, None).expect("validated head dimension");
-        let grid = hopper_grid(problem, &k.cfg, u32::MAX);
-        (
-            k.kernel.info(),
-            LaunchConfig::new(grid, k.kernel.threads, k.kernel.smem_bytes(k.cfg)),
-        )
-    } else {
-        let k = mma_kernel(problem.dtype, d, None).expect("validated head dimension");
-        let grid = mma_grid(problem, &k.tiles);
-        (
-            k.kernel.info(),
-            LaunchConfig::new(grid, k.kernel.threads, k.kernel.smem_bytes(k.tiles)),
-        )
-    };
-    Ok((kernel.name.to_string(), kernel.param_bytes, cfg))
-}

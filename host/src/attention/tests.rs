@@ -398,33 +398,3 @@ fn the_plan_refuses_bad_tensors() {
         Err(Error::ShapeMismatch { .. })
     ));
 }
-
-#[test]
-fn launch_shape_is_the_plans() {
-    for (p, hopper) in [
-        (
-            AttentionProblem::new(2, 1023, 1024, 4, 2, 256, Dtype::F16),
-            false,
-        ),
-        (
-            AttentionProblem::new(2, 1023, 1024, 4, 2, 64, Dtype::Bf16).causal(),
-            true,
-        ),
-    ] {
-        let (name, bytes, cfg) = launch_shape(&p, hopper).unwrap();
-        // The plan on a GPU with a multiprocessor per tile.
-        let arch = if hopper { Arch::Sm90a } else { Arch::Sm80 };
-        let t = Target {
-            arch,
-            multiprocessors: u32::MAX,
-        };
-        let plan = match p.dtype {
-            Dtype::Bf16 => p.plan(t, &tensors::<bf16>(&p), None),
-            Dtype::F16 => p.plan(t, &tensors::<f16>(&p), None),
-        }
-        .unwrap();
-        assert_eq!(name, plan.kernel().name);
-        assert_eq!(bytes, plan.kernel().param_bytes);
-        assert_eq!(cfg, plan.config());
-    }
-}

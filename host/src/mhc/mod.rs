@@ -27,8 +27,7 @@
 //! On `cust` buffers: the weights ([`MhcWeights`]), the saved coefficients
 //! ([`MhcCoefficients`], written by [`forward_pre`], read by [`forward_post`] and [`backward`]),
 //! a scratch [`MhcWorkspace`] and [`MhcGradients`]; every launcher is asynchronous on the given
-//! stream. The same passes over raw device views: [`forward_pre_raw`], [`forward_post_raw`],
-//! [`backward_raw`].
+//! stream.
 //!
 //! Kernels, tiling and the reasons for them: `gpu-kernels/src/mhc/`.
 
@@ -45,8 +44,7 @@ pub use plan::{
 };
 pub use problem::{DEFAULT_EPS, DEFAULT_SINKHORN_ITERS, MhcProblem};
 pub use run::{
-    MhcCoefficients, MhcGradients, MhcWeights, MhcWorkspace, backward, backward_raw, forward_post,
-    forward_post_raw, forward_pre, forward_pre_raw,
+    MhcCoefficients, MhcGradients, MhcWeights, MhcWorkspace, backward, forward_post, forward_pre,
 };
 
 #[cfg(test)]

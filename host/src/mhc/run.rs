@@ -1,97 +1,16 @@
-//! Running the passes: over views on any [`Exec`] ([`forward_pre_raw`], ...), and on `cust`
-//! buffers on a stream ([`forward_pre`], ...), each a thin wrapper over plan and run.
+//! Running the passes on `cust` buffers on a stream ([`forward_pre`], ...), each a thin wrapper
+//! over plan and run.
 
 use super::{
     MhcLayout, MhcProblem, MhcTensors, RawCoefficients, RawGradients, RawScratch, RawWeights,
 };
 use crate::error::Result;
-use crate::exec::{DevView, Exec, OnStream};
+use crate::exec::{DevView, OnStream};
 use crate::gpu::Gpu;
 use crate::memory::{poisoned, zeroed};
 use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 use half::bf16;
-
-/// The first half of the forward over views: coefficients (saved in `coeffs`) and `x_in`
-/// ([`MhcLayout::forward_pre`], then run).
-///
-/// # Safety
-/// Every view refers to memory `exec`'s kernels can access, for the duration of the launches;
-/// outputs (`coeffs`, `scratch`, `x_in`) do not overlap each other or the inputs. Sizes and
-/// alignment are validated here.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn forward_pre_raw(
-    exec: &impl Exec,
-    problem: &MhcProblem,
-    weights: &RawWeights,
-    x: DevView<bf16>,
-    scratch: &RawScratch,
-    coeffs: &RawCoefficients,
-    x_in: DevView<bf16>,
-) -> Result<()> {
-    let plan = problem.plan(&MhcTensors::ForwardPre {
-        weights: *weights,
-        x,
-        scratch: *scratch,
-        coeffs: *coeffs,
-        x_in,
-    })?;
-    // SAFETY: forwarded to the caller.
-    unsafe { plan.run(exec) }
-}
-
-/// The second half of the forward over views: `x_next = H_res x + H_post^T y`.
-///
-/// # Safety
-/// As for [`forward_pre_raw`] (`x_next` is the only output).
-pub unsafe fn forward_post_raw(
-    exec: &impl Exec,
-    problem: &MhcProblem,
-    x: DevView<bf16>,
-    y: DevView<bf16>,
-    coeffs: &RawCoefficients,
-    x_next: DevView<bf16>,
-) -> Result<()> {
-    let plan = problem.plan(&MhcTensors::ForwardPost {
-        x,
-        y,
-        coeffs: *coeffs,
-        x_next,
-    })?;
-    // SAFETY: forwarded to the caller.
-    unsafe { plan.run(exec) }
-}
-
-/// The backward over views.
-///
-/// # Safety
-/// As for [`forward_pre_raw`] (outputs: `scratch`, `grads`).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn backward_raw(
-    exec: &impl Exec,
-    problem: &MhcProblem,
-    weights: &RawWeights,
-    x: DevView<bf16>,
-    y: DevView<bf16>,
-    coeffs: &RawCoefficients,
-    d_xin: DevView<bf16>,
-    d_xnext: DevView<bf16>,
-    scratch: &RawScratch,
-    grads: &RawGradients,
-) -> Result<()> {
-    let plan = problem.plan(&MhcTensors::Backward {
-        weights: *weights,
-        x,
-        y,
-        coeffs: *coeffs,
-        d_xin,
-        d_xnext,
-        scratch: *scratch,
-        grads: *grads,
-    })?;
-    // SAFETY: forwarded to the caller.
-    unsafe { plan.run(exec) }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Typed device API.
@@ -169,7 +88,7 @@ impl MhcCoefficients {
     }
 }
 
-/// Scratch memory of the launches (sizes from [`MhcProblem::plan`]).
+/// Scratch memory of the launches (sizes from [`MhcProblem::layout`]).
 pub struct MhcWorkspace {
     packed_f1: DeviceBuffer<u32>,
     packed_b2: DeviceBuffer<u32>,
@@ -276,21 +195,18 @@ pub fn forward_pre(
     x_in: &mut DeviceBuffer<bf16>,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
+    let plan = problem.plan(&MhcTensors::ForwardPre {
+        weights: weights.raw(),
+        x: x.into(),
+        scratch: workspace.raw_mut(),
+        coeffs: coeffs.raw_mut(),
+        x_in: x_in.into(),
+    })?;
     // SAFETY: every view comes from a live device buffer of this GPU's context, borrowed for the
     // call (outputs mutably, so they cannot alias each other or the inputs); launches are
     // ordered on `stream`, and the buffers outlive them only if the caller synchronizes before
     // dropping them, as for every asynchronous launch in this crate.
-    unsafe {
-        forward_pre_raw(
-            &exec,
-            problem,
-            &weights.raw(),
-            x.into(),
-            &workspace.raw_mut(),
-            &coeffs.raw_mut(),
-            x_in.into(),
-        )
-    }
+    unsafe { plan.run(&exec) }
 }
 
 /// The second half of the forward on `stream` (asynchronous), once the layer produced
@@ -305,17 +221,14 @@ pub fn forward_post(
     x_next: &mut DeviceBuffer<bf16>,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
+    let plan = problem.plan(&MhcTensors::ForwardPost {
+        x: x.into(),
+        y: y.into(),
+        coeffs: coeffs.raw(),
+        x_next: x_next.into(),
+    })?;
     // SAFETY: as in `forward_pre`.
-    unsafe {
-        forward_post_raw(
-            &exec,
-            problem,
-            x.into(),
-            y.into(),
-            &coeffs.raw(),
-            x_next.into(),
-        )
-    }
+    unsafe { plan.run(&exec) }
 }
 
 /// The backward on `stream` (asynchronous): from `d_xin [T, C]` and `d_xnext [T, n, C]`, all
@@ -335,19 +248,16 @@ pub fn backward(
     grads: &mut MhcGradients,
 ) -> Result<()> {
     let exec = OnStream { gpu, stream };
+    let plan = problem.plan(&MhcTensors::Backward {
+        weights: weights.raw(),
+        x: x.into(),
+        y: y.into(),
+        coeffs: coeffs.raw(),
+        d_xin: d_xin.into(),
+        d_xnext: d_xnext.into(),
+        scratch: workspace.raw_mut(),
+        grads: grads.raw_mut(),
+    })?;
     // SAFETY: as in `forward_pre`.
-    unsafe {
-        backward_raw(
-            &exec,
-            problem,
-            &weights.raw(),
-            x.into(),
-            y.into(),
-            &coeffs.raw(),
-            d_xin.into(),
-            d_xnext.into(),
-            &workspace.raw_mut(),
-            &grads.raw_mut(),
-        )
-    }
+    unsafe { plan.run(&exec) }
 }

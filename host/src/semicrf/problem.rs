@@ -1,14 +1,8 @@
 //! The problem: sizes, checkpoint interval, host inputs, and what the launches of a problem
-//! need (launch shapes, buffer sizes, device memory).
+//! need (shared-memory shapes, buffer sizes, device memory).
 
-use super::plan;
 use crate::error::{Error, Result};
-use crate::gpu::LaunchConfig;
-use kernel_abi::Kernel;
-use kernel_abi::semicrf::{
-    self as abi, MAX_C, SEMICRF_MARGINALS, SEMICRF_REDUCE, SEMICRF_SCAN, SEMICRF_VITERBI,
-    ScanShape, SegmentShape,
-};
+use kernel_abi::semicrf::{self as abi, MAX_C, ScanShape, SegmentShape};
 
 /// Sizes of a semi-CRF problem and its checkpoint interval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,35 +212,6 @@ impl SemiCrfProblem {
             gradients: 4 * (b * (t + 1) * c + k * c + c * c),
             marginals: 4 * b * t * k * c,
         }
-    }
-
-    /// The launch shape of each kernel of this problem: `semicrf_scan` (both directions in one
-    /// launch, the largest grid), `semicrf_marginals`, `semicrf_reduce`, `semicrf_viterbi`,
-    /// with the size of its parameter struct: the launches of [`super::SemiCrfPlan`]s, for checks
-    /// against the PTX and the device limits without a GPU ([`crate::gpu::check_launch`]).
-    pub fn launches(&self) -> [(&'static str, usize, LaunchConfig); 4] {
-        fn of<P, S>(
-            kernel: &Kernel<P, S>,
-            grid: (u32, u32, u32),
-            shape: S,
-        ) -> (&'static str, usize, LaunchConfig) {
-            let cfg = LaunchConfig::new(grid, kernel.threads, kernel.smem_bytes(shape));
-            (kernel.name, kernel.param_bytes(), cfg)
-        }
-        [
-            of(&SEMICRF_SCAN, plan::scan_grid(self, 2), self.scan_shape()),
-            of(
-                &SEMICRF_MARGINALS,
-                plan::marginals_grid(self),
-                self.segment_shape(),
-            ),
-            of(&SEMICRF_REDUCE, plan::reduce_grid(self), ()),
-            of(
-                &SEMICRF_VITERBI,
-                plan::viterbi_grid(self),
-                self.scan_shape(),
-            ),
-        ]
     }
 
     /// The sizes the shared memory of the scans depends on.
