@@ -338,14 +338,14 @@ pub fn watchdog_limit() -> Duration {
         .unwrap_or(DEFAULT_WATCHDOG)
 }
 
-/// The checks [`Gpu::launch`] makes before launching kernel `name` of `arch`'s PTX with a
-/// parameter struct of `param_bytes` bytes on a device allowing `max_smem` bytes of dynamic
-/// shared memory per block (without a device: tests check launch sequences with it):
+/// The checks of [`check_kernel_launch`] that need only the kernel's name, parameter size and
+/// the launch: kernel `name` of `arch`'s PTX, a parameter struct of `param_bytes` bytes, a device
+/// allowing `max_smem` bytes of dynamic shared memory per block:
 /// - the kernel exists and takes exactly one parameter of `param_bytes` bytes;
 /// - the block has at most the kernel's declared `.maxntid` threads (and 1024);
 /// - grid and block dimensions are non-zero and within the device's limits;
 /// - the dynamic shared memory fits `max_smem`.
-pub fn check_launch(
+fn check_launch(
     arch: Arch,
     name: &str,
     cfg: &LaunchConfig,

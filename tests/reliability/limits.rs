@@ -6,7 +6,7 @@ use crate::props::{attention_plan, semicrf_launches, semicrf_passes};
 use kernel_tests::{TestResult, ensure};
 use kernels::attention::{AttentionProblem, Dtype, Path};
 use kernels::gla::GlaProblem;
-use kernels::gpu::{check_kernel_launch, check_launch};
+use kernels::gpu::check_kernel_launch;
 use kernels::mhc::MhcProblem;
 use kernels::semicrf::SemiCrfProblem;
 use kernels::{Arch, Error, LaunchConfig};
@@ -151,21 +151,14 @@ pub fn gla() -> TestResult {
     }
     // An overlapped launch (programmatic dependent launch) needs sm_90a code: the same launch
     // of a baseline kernel passes on sm_80 without it and is refused with it.
-    let bytes = std::mem::size_of::<kernel_abi::gla::GlaParams>();
-    let cfg = LaunchConfig::new((1, 1, 1), 128, 0);
-    check_launch(
+    let (fwd, _) = kernel_abi::gla::baseline_kernels(64, 64).ok_or("no (64, 64) baseline")?;
+    let cfg = LaunchConfig::new((1, 1, 1), fwd.threads, fwd.smem_bytes(()));
+    check_kernel_launch(Arch::Sm80, &fwd.info(), &cfg, HOPPER_MAX_SMEM)
+        .map_err(|e| format!("{e}"))?;
+    let e = check_kernel_launch(
         Arch::Sm80,
-        "gla_fwd_dk64_dv64",
-        &cfg,
-        bytes,
-        HOPPER_MAX_SMEM,
-    )
-    .map_err(|e| format!("{e}"))?;
-    let e = check_launch(
-        Arch::Sm80,
-        "gla_fwd_dk64_dv64",
+        &fwd.info(),
         &cfg.overlapping_previous(),
-        bytes,
         HOPPER_MAX_SMEM,
     )
     .err()
