@@ -48,6 +48,7 @@ fn main() {
     }
     s.gpu("gpu/attention_check", Needs::Gpu, gpu_attention);
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
+    s.gpu("gpu/gla_kernels_check", Needs::Hopper, gpu_gla_kernels);
     s.gpu("gpu/semicrf_check", Needs::Gpu, gpu_semicrf);
     s.gpu("gpu/mhc_check", Needs::Gpu, gpu_mhc);
     s.run()
@@ -787,6 +788,7 @@ fn args() -> TestResult {
         &["attention", "in", "-o", "out", "--repeat", "0"],
         &["attention", "in"],
         &["semicrf", "in", "-o", "out", "--marginals"],
+        &["gla", "in", "-o", "out", "--kernel", "fastest"],
     ] {
         let r = Cli::try_parse_from(std::iter::once("kernels-cli").chain(bad.iter().copied()));
         ensure(r.is_err(), || format!("accepted: {bad:?}"))?;
@@ -1191,7 +1193,18 @@ fn gpu_attention(gpu: &'static Gpu) -> TestResult {
 }
 
 fn gpu_gla(gpu: &'static Gpu) -> TestResult {
-    let d = Dir::new("gpu_gla");
+    gpu_gla_with(gpu, "gpu_gla", "")
+}
+
+/// `--kernel baseline` and `--kernel pingpong` on the same inputs (a Hopper GPU runs both).
+fn gpu_gla_kernels(gpu: &'static Gpu) -> TestResult {
+    gpu_gla_with(gpu, "gpu_gla_baseline", " --kernel baseline")?;
+    gpu_gla_with(gpu, "gpu_gla_pingpong", " --kernel pingpong")
+}
+
+/// `gla --check` (with `extra` options) on packed sequences with initial states.
+fn gpu_gla_with(gpu: &'static Gpu, dir: &str, extra: &str) -> TestResult {
+    let d = Dir::new(dir);
     let cu = vec![0usize, 40, 100];
     let p = GlaProblem::varlen(cu.clone(), 2, 64, 64);
     let mut r = rng(52);
@@ -1230,7 +1243,9 @@ fn gpu_gla(gpu: &'static Gpu) -> TestResult {
     check_run(
         gpu,
         &d,
-        &d.command("gla @in.safetensors -o @out.safetensors --check"),
+        &d.command(&format!(
+            "gla @in.safetensors -o @out.safetensors --check{extra}"
+        )),
         &[("o", 2e-2), ("final_state", 1e-2)],
     )
     .map(|_| ())

@@ -6,7 +6,7 @@ use clap::Args;
 use half::bf16;
 use kernels::Gpu;
 use kernels::gla::reference::{HostInputs, recurrence};
-use kernels::gla::{GlaInputs, GlaOutputs, GlaProblem, GlaSession};
+use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaProblem, GlaSession};
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::Timings;
 use safetensors::Dtype as St;
@@ -44,6 +44,32 @@ pub struct GlaArgs {
     /// for the GPU). GPU only; the result does not depend on it beyond rounding.
     #[arg(long, value_name = "TOKENS")]
     pub segment_len: Option<usize>,
+    /// The kernels that compute the forward: `auto` (the library's choice for the GPU),
+    /// `baseline` (the portable `mma.sync` kernels, any GPU) or `pingpong` (the warp-specialized
+    /// Hopper kernels; an error on other GPUs). GPU only.
+    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
+    pub kernel: KernelArg,
+}
+
+/// `--kernel`: which GLA kernels run ([`GlaKernel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelArg {
+    /// [`GlaKernel::Auto`].
+    Auto,
+    /// [`GlaKernel::Baseline`].
+    Baseline,
+    /// [`GlaKernel::Pingpong`].
+    Pingpong,
+}
+
+impl From<KernelArg> for GlaKernel {
+    fn from(k: KernelArg) -> GlaKernel {
+        match k {
+            KernelArg::Auto => GlaKernel::Auto,
+            KernelArg::Baseline => GlaKernel::Baseline,
+            KernelArg::Pingpong => GlaKernel::Pingpong,
+        }
+    }
 }
 
 /// The tensors `gla` reads.
@@ -104,6 +130,7 @@ pub fn job(args: &GlaArgs) -> Result<GlaJob> {
     if let Some(l) = args.segment_len {
         p = p.with_segment_len(l);
     }
+    p = p.with_kernel(args.kernel.into());
     p.validate()?;
     Ok(GlaJob {
         p,
