@@ -107,10 +107,11 @@ fn widen<T: AttentionElem>(x: &[T]) -> Vec<f64> {
     x.iter().map(|x| x.to_f32() as f64).collect()
 }
 
-/// The softmax of query row `i` of query head `h` of batch `b` over every key: writes
-/// `P_j = exp(s_j - max) / sum_l exp(s_l - max)` (`= exp(s_j - LSE)`) into `probs` (`seq_k` values, 0 where the mask forbids key `j`) and
-/// returns `LSE = log sum_j exp(s_j)` of the logits `s_j = scale q_i . k_j`; `-inf` (and
-/// `P = 0`) for a row with no allowed key. Q and K are contiguous f64 tensors.
+/// The softmax of query row `i` of query head `h` of batch `b` over every key, from the logits
+/// `s_j = scale q_i . k_j` of the allowed keys: writes
+/// `P_j = exp(s_j - max) / sum_l exp(s_l - max)` (`= exp(s_j - LSE)`) into `probs` (`seq_k`
+/// values, 0 where the mask forbids key `j`) and returns `LSE = log sum_j exp(s_j)`; `-inf`
+/// (and `P = 0`) for a row with no allowed key. Q and K are contiguous f64 tensors.
 pub fn row_softmax(
     p: &AttentionProblem,
     q: &[f64],
@@ -167,8 +168,8 @@ pub fn reference_f64(p: &AttentionProblem, q: &[f64], k: &[f64], v: &[f64]) -> A
             lse[i] = row_softmax(p, q, k, (b, i, h), &mut probs);
             let oi = &mut o[i * d..(i + 1) * d];
             for (j, &pj) in probs.iter().enumerate() {
-                if pj == 0.0 {
-                    continue; // masked (or underflowed): no contribution; O = 0 for empty rows
+                if !p.allowed(i, j) {
+                    continue; // O = 0 for a row with no allowed key
                 }
                 let vj = row(v, p.seq_k, p.heads_kv, d, b, j, hk);
                 for (x, y) in oi.iter_mut().zip(vj) {
