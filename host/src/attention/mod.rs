@@ -21,7 +21,8 @@
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
-//! rule of the tests).
+//! rule of the tests). [`reference::backward`] is the f64 specification of the gradients dQ,
+//! dK and dV (no GPU backward yet).
 
 mod plan;
 mod problem;

@@ -1,8 +1,30 @@
-//! CPU implementations of attention: the f64 reference (the specification) and a naive
-//! implementation in the input precision (what the tolerance rule compares against).
+//! CPU implementations of attention: the f64 reference (the specification) of the forward and
+//! of the backward, and a naive forward in the input precision (what the tolerance rule
+//! compares against).
 //!
 //! Inputs are contiguous host tensors: Q `[batch, seq_q, heads_q, D]`, K and V
-//! `[batch, seq_k, heads_kv, D]`. Work is spread over (batch, head) pairs on all CPU cores.
+//! `[batch, seq_k, heads_kv, D]`. The forward spreads its work over (batch, head) pairs on all
+//! CPU cores; the backward is written for clarity only.
+//!
+//! # Backward semantics
+//!
+//! For query row `i` of query head `h` (key/value head `hk = h / (heads_q / heads_kv)`):
+//!
+//! - logits `s_j = scale q_i . k_j` over the allowed keys `j` (the forward's mask,
+//!   [`AttentionProblem::allowed`]), probabilities `P_j = exp(s_j - LSE_i)`,
+//!   `LSE_i = log sum_j exp(s_j)`, output `O_i = sum_j P_j v_j`: one function,
+//!   [`row_softmax`], gives `P` and `LSE` to the forward and the backward.
+//! - Given the gradients of a scalar loss with respect to the outputs, `dO` (shape of O) and
+//!   `dLSE` (shape of LSE; absent = zero):
+//!   - `dP_j = dO_i . v_j`, `delta_i = dO_i . O_i` (`= sum_j P_j dP_j`),
+//!   - `dS_j = P_j (dP_j - delta_i + dLSE_i)`: the softmax's Jacobian
+//!     `dP_j / ds_l = P_j (1[j = l] - P_l)` gives `P_l (dP_l - delta_i)`, and
+//!     `dLSE_i / ds_l = P_l` gives `P_l dLSE_i`,
+//!   - `dq_i = scale sum_j dS_j k_j`, `dk_j += scale dS_j q_i`, `dv_j += P_j dO_i`.
+//! - `dK` and `dV` of a key/value head sum the contributions of every query head of its group
+//!   (grouped-query and multi-query attention) and of every query row.
+//! - A row with no allowed key (`O = 0`, `LSE = -inf`) contributes nothing: its `dQ` row is
+//!   exactly 0, whatever its `dO` and `dLSE`, and no gradient is NaN.
 
 use super::{AttentionElem, AttentionProblem};
 
@@ -19,6 +41,20 @@ pub struct AttentionOutput {
 fn row<T: Copy>(x: &[T], seq: usize, heads: usize, d: usize, b: usize, i: usize, h: usize) -> &[T] {
     let start = ((b * seq + i) * heads + h) * d;
     &x[start..start + d]
+}
+
+/// [`row`], mutable.
+fn row_mut(
+    x: &mut [f64],
+    seq: usize,
+    heads: usize,
+    d: usize,
+    b: usize,
+    i: usize,
+    h: usize,
+) -> &mut [f64] {
+    let start = ((b * seq + i) * heads + h) * d;
+    &mut x[start..start + d]
 }
 
 /// O rows and LSE of one (batch, head).
@@ -66,6 +102,48 @@ fn per_head(
     AttentionOutput { o, lse }
 }
 
+/// Inputs read as f64 (exact for bf16 and f16).
+fn widen<T: AttentionElem>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|x| x.to_f32() as f64).collect()
+}
+
+/// The softmax of query row `i` of query head `h` of batch `b` over every key, from the logits
+/// `s_j = scale q_i . k_j` of the allowed keys: writes
+/// `P_j = exp(s_j - max) / sum_l exp(s_l - max)` (`= exp(s_j - LSE)`) into `probs` (`seq_k`
+/// values, 0 where the mask forbids key `j`) and returns `LSE = log sum_j exp(s_j)`; `-inf`
+/// (and `P = 0`) for a row with no allowed key. Q and K are contiguous f64 tensors.
+pub fn row_softmax(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    (b, i, h): (usize, usize, usize),
+    probs: &mut [f64],
+) -> f64 {
+    let d = p.head_dim;
+    let hk = h / (p.heads_q / p.heads_kv);
+    let scale = p.softmax_scale() as f64;
+    let qi = row(q, p.seq_q, p.heads_q, d, b, i, h);
+    for (j, s) in probs.iter_mut().enumerate() {
+        *s = if p.allowed(i, j) {
+            let kj = row(k, p.seq_k, p.heads_kv, d, b, j, hk);
+            scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>()
+        } else {
+            f64::NEG_INFINITY
+        };
+    }
+    let max = probs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        probs.iter_mut().for_each(|x| *x = 0.0);
+        return f64::NEG_INFINITY;
+    }
+    // Normalized by the sum rather than as `exp(s_j - LSE)`: `LSE` rounds to `max` once the
+    // logits are so large that `ln sum` is below their ulp.
+    probs.iter_mut().for_each(|x| *x = (*x - max).exp());
+    let sum: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= sum);
+    max + sum.ln()
+}
+
 /// The f64 reference: exact softmax of `scale q.k` over the allowed keys of each row, computed
 /// in f64 from the (already rounded) inputs.
 pub fn reference<T: AttentionElem>(
@@ -74,47 +152,30 @@ pub fn reference<T: AttentionElem>(
     k: &[T],
     v: &[T],
 ) -> AttentionOutput {
+    reference_f64(p, &widen(q), &widen(k), &widen(v))
+}
+
+/// [`reference`] on f64 inputs (e.g. for finite differences, which need unrounded inputs).
+pub fn reference_f64(p: &AttentionProblem, q: &[f64], k: &[f64], v: &[f64]) -> AttentionOutput {
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
-    let scale = p.softmax_scale() as f64;
-    let q64: Vec<f64> = q.iter().map(|x| x.to_f32() as f64).collect();
-    let k64: Vec<f64> = k.iter().map(|x| x.to_f32() as f64).collect();
-    let v64: Vec<f64> = v.iter().map(|x| x.to_f32() as f64).collect();
     per_head(p, |b, h| {
         let hk = h / group;
         let mut o = vec![0.0; p.seq_q * d];
         let mut lse = vec![f64::NEG_INFINITY; p.seq_q];
-        let mut logits = vec![0.0; p.seq_k];
+        let mut probs = vec![0.0; p.seq_k];
         for i in 0..p.seq_q {
-            let qi = row(&q64, p.seq_q, p.heads_q, d, b, i, h);
-            let mut max = f64::NEG_INFINITY;
-            for (j, l) in logits.iter_mut().enumerate() {
-                *l = if p.allowed(i, j) {
-                    let kj = row(&k64, p.seq_k, p.heads_kv, d, b, j, hk);
-                    scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>()
-                } else {
-                    f64::NEG_INFINITY
-                };
-                max = max.max(*l);
-            }
-            if max == f64::NEG_INFINITY {
-                continue; // no allowed key: O = 0, LSE = -inf
-            }
-            let mut sum = 0.0;
+            lse[i] = row_softmax(p, q, k, (b, i, h), &mut probs);
             let oi = &mut o[i * d..(i + 1) * d];
-            for (j, &l) in logits.iter().enumerate() {
-                if l == f64::NEG_INFINITY {
-                    continue;
+            for (j, &pj) in probs.iter().enumerate() {
+                if !p.allowed(i, j) {
+                    continue; // O = 0 for a row with no allowed key
                 }
-                let w = (l - max).exp();
-                sum += w;
-                let vj = row(&v64, p.seq_k, p.heads_kv, d, b, j, hk);
+                let vj = row(v, p.seq_k, p.heads_kv, d, b, j, hk);
                 for (x, y) in oi.iter_mut().zip(vj) {
-                    *x += w * y;
+                    *x += pj * y;
                 }
             }
-            oi.iter_mut().for_each(|x| *x /= sum);
-            lse[i] = max + sum.ln();
         }
         (o, lse)
     })
@@ -233,4 +294,94 @@ pub fn reference_rows<T: AttentionElem>(
             (o, max + sum.ln())
         })
         .collect()
+}
+
+/// dQ, dK and dV of a scalar loss, in the layouts of Q, K and V.
+#[derive(Clone, Debug)]
+pub struct AttentionGrads {
+    /// `[batch, seq_q, heads_q, D]`.
+    pub dq: Vec<f64>,
+    /// `[batch, seq_k, heads_kv, D]`, summed over the query heads of each group.
+    pub dk: Vec<f64>,
+    /// `[batch, seq_k, heads_kv, D]`, summed over the query heads of each group.
+    pub dv: Vec<f64>,
+}
+
+/// The f64 reference of the backward (see the module's "Backward semantics"): the gradients
+/// with respect to Q, K and V of a loss whose gradients with respect to O and LSE are `d_o`
+/// (`[batch, seq_q, heads_q, D]`) and `d_lse` (`[batch, heads_q, seq_q]`; `None` = zero).
+/// Inputs are read as f64.
+pub fn backward<T: AttentionElem>(
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+) -> AttentionGrads {
+    let d_lse: Option<Vec<f64>> = d_lse.map(|g| g.iter().map(|&x| x as f64).collect());
+    backward_f64(
+        p,
+        &widen(q),
+        &widen(k),
+        &widen(v),
+        &widen(d_o),
+        d_lse.as_deref(),
+    )
+}
+
+/// [`backward`] on f64 inputs.
+pub fn backward_f64(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    d_lse: Option<&[f64]>,
+) -> AttentionGrads {
+    let d = p.head_dim;
+    let group = p.heads_q / p.heads_kv;
+    let scale = p.softmax_scale() as f64;
+    let forward = reference_f64(p, q, k, v);
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    let mut probs = vec![0.0; p.seq_k];
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    for b in 0..p.batch {
+        for h in 0..p.heads_q {
+            let hk = h / group;
+            for i in 0..p.seq_q {
+                let lse = row_softmax(p, q, k, (b, i, h), &mut probs);
+                if lse == f64::NEG_INFINITY {
+                    continue; // no allowed key: P = 0, the row contributes nothing
+                }
+                let qi = row(q, p.seq_q, p.heads_q, d, b, i, h);
+                let oi = row(&forward.o, p.seq_q, p.heads_q, d, b, i, h);
+                let doi = row(d_o, p.seq_q, p.heads_q, d, b, i, h);
+                let dlse_i = d_lse.map_or(0.0, |g| g[(b * p.heads_q + h) * p.seq_q + i]);
+                let delta = dot(doi, oi);
+                for (j, &pj) in probs.iter().enumerate() {
+                    if !p.allowed(i, j) {
+                        continue;
+                    }
+                    let kj = row(k, p.seq_k, p.heads_kv, d, b, j, hk);
+                    let vj = row(v, p.seq_k, p.heads_kv, d, b, j, hk);
+                    let dpj = dot(doi, vj);
+                    let dsj = pj * (dpj - delta + dlse_i);
+                    let dqi = row_mut(&mut dq, p.seq_q, p.heads_q, d, b, i, h);
+                    dqi.iter_mut()
+                        .zip(kj)
+                        .for_each(|(x, y)| *x += scale * dsj * y);
+                    let dkj = row_mut(&mut dk, p.seq_k, p.heads_kv, d, b, j, hk);
+                    dkj.iter_mut()
+                        .zip(qi)
+                        .for_each(|(x, y)| *x += scale * dsj * y);
+                    let dvj = row_mut(&mut dv, p.seq_k, p.heads_kv, d, b, j, hk);
+                    dvj.iter_mut().zip(doi).for_each(|(x, y)| *x += pj * y);
+                }
+            }
+        }
+    }
+    AttentionGrads { dq, dk, dv }
 }
