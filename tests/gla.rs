@@ -13,6 +13,10 @@
 //! (`GlaProblem::plan`, `GlaPlan::run`), the launch sequence of the GPU path, with the same
 //! tolerance and guard bands around every buffer (a write outside one fails the test).
 
+// The backward reference's checks (`reference/backward/...`), in a file of their own.
+#[path = "gla/backward.rs"]
+mod backward;
+
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
 use kernels::data::rng;
@@ -283,6 +287,7 @@ fn main() {
     for c in emulated_cases() {
         s.cpu(&format!("gla/emulated/{}", name(&c)), move || emulated(&c));
     }
+    backward::register(&mut s);
     s.cpu("gla/segment_plan", segment_plan);
     s.cpu("gla/rejects_bad_problems", rejects_bad_problems);
     s.gpu("gla/rejects_bad_tensors", Needs::Gpu, rejects_bad_tensors);

@@ -1,4 +1,4 @@
-//! CPU references of the GLA forward.
+//! CPU references of the GLA forward, and the f64 backward of the recurrence.
 //!
 //! - [`recurrence`]: **the specification**, in f64, written as the recurrence itself:
 //!   per sequence and head, `S = S0` (or 0), then for each token `t`
@@ -9,9 +9,18 @@
 //!   the segments of [`GlaProblem::segments`] or any other [`SegmentPlan`]), so the algorithm
 //!   (not only its GPU implementation) is checked against the recurrence; see
 //!   `gpu-kernels/src/gla` for the derivation of each factor.
+//! - [`backward()`]: **the specification of the gradients** (dq, dk, dv, dg, the initial
+//!   states'), in f64, of the recurrence with `g` clamped at `G_FLOOR` ([`clamped_recurrence`]);
+//!   derived in `reference/backward.rs`.
 
 // The formulas are index loops over (token, key channel, value channel), as on paper.
 #![allow(clippy::needless_range_loop)]
+
+mod backward;
+
+pub use backward::{
+    ExactInputs, Gradients, OutputGrads, backward, backward_head, clamped_recurrence,
+};
 
 use super::{GlaProblem, SegmentPlan};
 use crate::error::{Error, Result};
