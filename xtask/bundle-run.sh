@@ -13,7 +13,8 @@
 # Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
 #                           [--tests "smoke host"] [--tools "memcheck racecheck synccheck initcheck"]
 #                           [--bench-args "..."]
-# Environment: SANITIZER_SKIP (test-name substrings, separated by commas or spaces, left out of the sanitizer
+# Environment: EXTRA_WHEELS (a folder of more peer wheels, e.g. FlashAttention-4's, brought to the
+# machine separately: installed with the shipped ones), SANITIZER_SKIP (test-name substrings, separated by commas or spaces, left out of the sanitizer
 # passes), SANITIZER_THREADS, SANITIZER_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT.
 # Prints a summary table last; full logs go to RESULTS_DIR/logs.
 set -uo pipefail
@@ -99,12 +100,19 @@ if [ "$do_bench" = 1 ]; then
   export KERNELS_PEERS_DIR="$here/peers"
   # The peers' pure-Python packages (fla, flash-semicrf, torch-struct), shipped as wheels:
   # installed offline into the results folder, never system-wide.
-  if compgen -G "$here/wheels/*.whl" >/dev/null; then
+  wheels=("$here"/wheels/*.whl)
+  if [ -n "${EXTRA_WHEELS:-}" ]; then wheels+=("$EXTRA_WHEELS"/*.whl); fi
+  if compgen -G "$here/wheels/*.whl" >/dev/null || [ -n "${EXTRA_WHEELS:-}" ]; then
     py="$out/pydeps"
     if python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
-        --target "$py" "$here"/wheels/*.whl > "$out/logs/pip.log" 2>&1; then
+        --target "$py" "${wheels[@]}" > "$out/logs/pip.log" 2>&1; then
       export PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}"
-      note "peers: $(cd "$here/wheels" && ls -- *.whl | tr '\n' ' ')installed into $py"
+      # CUTLASS's DSL (FlashAttention-4) finds its packages through a .pth file, which a
+      # --target install does not read.
+      if [ -d "$py/nvidia_cutlass_dsl/dsl_packages" ]; then
+        export PYTHONPATH="$py/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
+      fi
+      note "peers: $(for w in "${wheels[@]}"; do printf '%s ' "${w##*/}"; done)installed into $py"
     else
       note "peers: installing the shipped wheels failed (logs/pip.log): those peers record a note"
     fi
