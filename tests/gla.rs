@@ -260,10 +260,12 @@ fn data(c: &Case) -> Data {
 
 fn main() {
     let mut s = Suite::new();
-    for c in cases() {
+    // The baseline kernels (forced: the automatic choice is the pingpong on sm_90a).
+    for mut c in cases() {
         let n = name(&c);
         let cc = c.clone();
         s.cpu(&format!("gla/cpu_chunked/{n}"), move || cpu_chunked(&cc));
+        c.p.kernel = GlaKernel::Baseline;
         s.gpu(&format!("gla/gpu/{n}"), Needs::Gpu, move |g| run(g, &c));
     }
     // The warp-specialized pingpong kernels (sm_90a), every case of the baseline's suite.
@@ -284,6 +286,10 @@ fn main() {
     s.gpu("gla/pingpong/diag_spiky", Needs::Hopper, |g| {
         diag_spiky_with(g, GlaKernel::Pingpong)
     });
+    // The automatic choice: the kernels `GlaKernel::Auto` resolves to on this GPU (the
+    // pingpong on sm_90a), on a few cases of the suite (every head-dimension pair, packed
+    // sequences, split sequences).
+    s.gpu("gla/auto", Needs::Gpu, auto_choice);
     for c in emulated_cases() {
         s.cpu(&format!("gla/emulated/{}", name(&c)), move || emulated(&c));
     }
@@ -319,7 +325,8 @@ fn main() {
             c.p.segment_len = Some(128);
             run(g, &c)?;
             run(g, &case(1, 65, 2, 64, 128, Decay::Spiky))?;
-            // The pingpong kernels exist only in the sm_90a PTX: a typed error here.
+            // `Auto` chose the baseline there (above); the pingpong kernels exist only in the
+            // sm_90a PTX: a typed error here.
             c.p.kernel = GlaKernel::Pingpong;
             match gpu_forward(g, &c.p, &data(&c), true) {
                 Err(Error::Unsupported { .. }) => {
@@ -437,8 +444,11 @@ fn diagnose(p: &GlaProblem, got: &[bf16], want: &[f64]) {
 const CPU_SMS: u32 = 132;
 
 fn cpu_segments(p: &GlaProblem) -> kernels::Result<SegmentPlan> {
-    // Without a GPU the automatic choice has no SM count.
-    p.segments(CPU_SMS as usize)
+    // Without a GPU the automatic choice has no target: an H100/H200's (sm_90a, 132 SMs).
+    p.segments(Target {
+        arch: Arch::Sm90a,
+        multiprocessors: CPU_SMS,
+    })
 }
 
 fn cpu_chunked(c: &Case) -> TestResult {
@@ -490,8 +500,8 @@ fn emulator_forward(
         o: o.view(),
         final_state: fs.as_mut().map(|b| b.view()),
     };
-    // The emulator runs the baseline kernels (those of every target); without a GPU the
-    // automatic choice has no SM count: 132 (an H100/H200).
+    // The emulator runs the baseline kernels (those of every target; `Auto` chooses them on
+    // sm_80); without a GPU the automatic choice has no SM count: 132 (an H100/H200).
     let target = Target {
         arch: Arch::Sm80,
         multiprocessors: CPU_SMS,
@@ -539,6 +549,7 @@ fn emulator_forward(
             o: o.to_vec(),
             final_state: fs.as_ref().map(|b| b.to_vec()),
             segments: plan.segments,
+            kernel: plan.kernel,
         },
         outside,
     ))
@@ -604,6 +615,7 @@ fn gpu_forward(g: &Gpu, p: &GlaProblem, d: &Data, final_state: bool) -> kernels:
         o: download(&o)?,
         final_state: fs.as_ref().map(download).transpose()?,
         segments: session.segments().clone(),
+        kernel: session.kernel(),
     })
 }
 
@@ -611,9 +623,16 @@ struct Run {
     o: Vec<bf16>,
     final_state: Option<Vec<f32>>,
     segments: SegmentPlan,
+    /// The kernels that ran (the problem's choice, `Auto` resolved).
+    kernel: GlaKernel,
 }
 
 fn run(g: &Gpu, c: &Case) -> TestResult {
+    run_checked(g, c).map(|_| ())
+}
+
+/// [`run`], returning the kernels that ran.
+fn run_checked(g: &Gpu, c: &Case) -> Result<GlaKernel, kernel_tests::TestFailure> {
     let d = data(c);
     let r = gpu_ok(gpu_forward(g, &c.p, &d, c.final_state))?;
     let exact = gpu_ok(reference::recurrence(&c.p, &d.host()))?;
@@ -621,8 +640,10 @@ fn run(g: &Gpu, c: &Case) -> TestResult {
     let mirror = gpu_ok(reference::chunked(&c.p, &d.host(), &r.segments))?;
     let mirror_o: Vec<f64> = mirror.o.iter().map(|x| x.to_f64()).collect();
     println!(
-        "  {}: {} segments; rel L2 distance of o to the CPU run of the algorithm {:.3e}",
+        "  {}: {:?} kernels, {} segments; rel L2 distance of o to the CPU run of the algorithm \
+         {:.3e}",
         name(c),
+        r.kernel,
         r.segments.segments.len(),
         rel_l2(r.o.iter().map(|x| x.to_f64()), &mirror_o)
     );
@@ -632,7 +653,45 @@ fn run(g: &Gpu, c: &Case) -> TestResult {
         &exact,
         &r.o,
         r.final_state.as_deref(),
-    )
+    )?;
+    Ok(r.kernel)
+}
+
+/// `GlaKernel::Auto` on this GPU: the pingpong on sm_90a, else the baseline (the session says
+/// which ran), within the tolerance on a few cases of the suite.
+fn auto_choice(g: &Gpu) -> TestResult {
+    let want = if g.arch().has_hopper_kernels() {
+        GlaKernel::Pingpong
+    } else {
+        GlaKernel::Baseline
+    };
+    let slow = Decay::Uniform(-0.05, 0.0);
+    let mut cases: Vec<Case> = [(64, 64), (128, 128), (64, 128), (128, 64)]
+        .into_iter()
+        .map(|(dk, dv)| case(2, 1000, 2, dk, dv, slow))
+        .collect();
+    let mut c = case(1, 0, 2, 64, 64, slow);
+    c.p = GlaProblem::varlen(vec![0, 1, 17, 333, 1333], 2, 64, 64);
+    c.seed = 4545;
+    cases.push(c);
+    let mut c = case(1, 4096, 2, 128, 128, Decay::Spiky);
+    c.init = false;
+    cases.push(c);
+    for c in &cases {
+        ensure(c.p.kernel == GlaKernel::Auto, || {
+            "not the automatic choice".into()
+        })?;
+        let ran = run_checked(g, c)?;
+        ensure(ran == want, || {
+            format!(
+                "{}: Auto ran {ran:?} on {}, expected {want:?}",
+                name(c),
+                g.arch()
+            )
+        })?;
+    }
+    println!("Auto on {}: {want:?}", g.arch());
+    Ok(())
 }
 
 /// Chunk-channels (per sequence, head, chunk, key channel) whose cross-half factor
@@ -856,9 +915,12 @@ fn segment_plan() -> TestResult {
             )?;
         }
     }
-    // The benchmark's configurations on an H100/H200 (132 SMs): one wave.
+    // The benchmark's configurations on an H100/H200 (132 SMs): one wave (of the baseline's
+    // blocks, three per SM at D = 64 and one at D = 128, or of the pingpong's items, two per SM
+    // at D = 64 and one (segment, head) per SM at D = 128).
     for (p, slots, want) in [
         (GlaProblem::new(4, 4096, 32, 64, 64), 3 * 132, 3 * 128),
+        (GlaProblem::new(4, 4096, 32, 64, 64), 2 * 132, 2 * 128),
         (GlaProblem::new(2, 8192, 16, 128, 128), 132, 128),
         (GlaProblem::new(1, 16384, 16, 128, 128), 132, 128),
     ] {

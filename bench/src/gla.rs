@@ -9,8 +9,13 @@
 //! `g = log(sigmoid(x))`, `x` uniform in `[-3, 3)` (fla's tests use `logsigmoid(randn)`), no
 //! initial state, no final state (fla's defaults).
 //!
-//! Rows: `ours` (segments chosen automatically: one wave of blocks), `ours-noseg` (one segment
-//! per sequence, no state pass), `ours-split2x` (segments half as long as the automatic ones).
+//! Rows: `ours` (the library's automatic choice: kernels for the GPU, the pingpong on sm_90,
+//! and segments for one wave of their blocks); the baseline forced, `ours-baseline` (automatic
+//! segments), `ours-baseline-noseg` (one segment per sequence, no state pass),
+//! `ours-baseline-split2x` (segments half as long as its automatic ones); on sm_90 the pingpong
+//! forced, `ours-pingpong` (automatic segments), `ours-pingpong-noseg`,
+//! `ours-pingpong-seg-base` (the baseline's automatic segment length). Each row records the
+//! kernels that ran (`kernel`).
 //! Work counts: FLOPs `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products per token and
 //! head, the same for every implementation whatever its chunking), tokens/s `B T / time`, GB/s
 //! over the minimum traffic (q, k, g, v read once, o written once, bf16).
@@ -21,7 +26,7 @@
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernels::gla::reference::{self, HostInputs, rel_l2};
-use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaProblem, GlaSession};
+use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaProblem, GlaSession, Target};
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
 use kernels_testing::gla::log_sigmoid_decays;
@@ -62,11 +67,12 @@ pub fn run(b: &mut Bench) -> Result<()> {
             g: &g[..p.qk_len()],
             init_state: None,
         };
-        // The automatic split, no split, and twice as many segments as the automatic choice
-        // (two waves of blocks instead of one), to see where the balance lies.
-        let sms = b.gpu.info().multiprocessors as usize;
+        // The baseline: its automatic split, no split, and twice as many segments as its
+        // automatic choice (two waves of blocks instead of one), to see where the balance lies.
         let longest = p
-            .segments(sms)?
+            .clone()
+            .with_kernel(GlaKernel::Baseline)
+            .segments(Target::of(&b.gpu))?
             .segments
             .iter()
             .map(|s| s.len)
@@ -75,9 +81,14 @@ pub fn run(b: &mut Bench) -> Result<()> {
         let half = (longest / 2).div_ceil(32).max(1) * 32;
         let mut o_auto = None;
         let mut variants = vec![
-            (None, None, GlaKernel::Baseline),
-            (Some("noseg"), Some(usize::MAX), GlaKernel::Baseline),
-            (Some("split2x"), Some(half), GlaKernel::Baseline),
+            (None, None, GlaKernel::Auto),
+            (Some("baseline"), None, GlaKernel::Baseline),
+            (
+                Some("baseline-noseg"),
+                Some(usize::MAX),
+                GlaKernel::Baseline,
+            ),
+            (Some("baseline-split2x"), Some(half), GlaKernel::Baseline),
         ];
         if b.gpu.arch().has_hopper_kernels()
             && p.clone()
@@ -194,6 +205,10 @@ fn one(
     );
     row.extra
         .insert("segments".into(), serde_json::json!(segments));
+    row.extra.insert(
+        "kernel".into(),
+        serde_json::json!(format!("{:?}", session.kernel()).to_lowercase()),
+    );
     row.extra.insert(
         "longest_segment".into(),
         serde_json::json!(session.segments().segments.iter().map(|s| s.len).max()),

@@ -132,45 +132,58 @@ fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
     md
 }
 
-/// The GLA family in brief: per configuration, the baseline as shipped (`ours`, automatic
-/// segments), the warp-specialized pingpong (`ours-pingpong`) and fla's `chunk_gla` of the same
-/// run, with the pingpong's rates and its speed-up over both.
+/// The GLA family in brief: per configuration, the library's automatic choice (`ours`, with the
+/// kernels it ran), the baseline and the warp-specialized pingpong each forced
+/// (`ours-baseline`, `ours-pingpong`, automatic segments) and fla's `chunk_gla` of the same
+/// run, with the automatic choice's rates and its speed-up over the baseline and fla. (In runs
+/// recorded while `ours` was the baseline, its rows have no `kernel`: `ours` is the baseline
+/// there and the pingpong row gives the rates.)
 fn gla_summary(f: &ResultsFile) -> String {
     let mut md = String::from(
-        "Summary (`baseline` = `ours`, the `mma.sync` kernels with automatic segments; \
-         `pingpong` = `ours-pingpong`; `x` = how many times faster the pingpong is). Work \
-         counts of every row: FLOPs `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products \
-         per token and head, the same for every implementation whatever its chunking), tokens/s \
-         `B T / time`, GB/s over the minimum traffic (q, k, g, v read once, o written once, \
-         bf16).\n\n\
-         | config | baseline ms | pingpong ms | pingpong M tokens/s | pingpong TFLOP/s | \
-         x baseline | fla chunk_gla ms | x fla |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "Summary (`ours` = the automatic choice, `kernel` = the kernels it ran; `baseline` = \
+         `ours-baseline`, `pingpong` = `ours-pingpong`, each forced, automatic segments; `x` = \
+         how many times faster the automatic choice is). Work counts of every row: FLOPs \
+         `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products per token and head, the \
+         same for every implementation whatever its chunking), tokens/s `B T / time`, GB/s over \
+         the minimum traffic (q, k, g, v read once, o written once, bf16).\n\n\
+         | config | kernel | ours ms | baseline ms | pingpong ms | ours M tokens/s | \
+         ours TFLOP/s | x baseline | fla chunk_gla ms | x fla |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for base in f.rows.iter().filter(|r| r.implementation == "ours") {
-        let key = config_text(base);
+    for auto in f.rows.iter().filter(|r| r.implementation == "ours") {
+        let key = config_text(auto);
         let find = |pred: &dyn Fn(&str) -> bool| {
             f.rows
                 .iter()
                 .find(|r| pred(&r.implementation) && config_text(r) == key)
         };
-        let Some(pp) = find(&|i| i == "ours-pingpong") else {
-            continue;
+        let pp = find(&|i| i == "ours-pingpong");
+        let recorded = auto.extra.get("kernel").and_then(Value::as_str);
+        let (kernel, ours, base) = match recorded {
+            Some(k) => (k, auto, find(&|i| i == "ours-baseline")),
+            None => match pp {
+                Some(pp) => ("pingpong", pp, Some(auto)),
+                None => continue,
+            },
         };
         let fla = find(&|i| i.starts_with("fla"));
-        let tokens = recorded_tokens_per_s(pp);
+        let ms = |r: Option<&Row>| r.map_or(String::new(), |r| format!("{:.4}", r.median_ms));
+        let times = |r: Option<&Row>| {
+            r.map_or(String::new(), |r| {
+                format!("{:.2}x", r.median_ms / ours.median_ms)
+            })
+        };
         writeln!(
             md,
-            "| {key} | {:.4} | {:.4} | {} | {} | {:.2}x | {} | {} |",
-            base.median_ms,
-            pp.median_ms,
-            tokens.map_or(String::new(), |t| format!("{:.1}", t / 1e6)),
-            pp.tflops.map_or(String::new(), |t| format!("{t:.1}")),
-            base.median_ms / pp.median_ms,
-            fla.map_or(String::new(), |r| format!("{:.4}", r.median_ms)),
-            fla.map_or(String::new(), |r| format!(
-                "{:.2}x",
-                r.median_ms / pp.median_ms
-            )),
+            "| {key} | {kernel} | {:.4} | {} | {} | {} | {} | {} | {} | {} |",
+            ours.median_ms,
+            ms(base),
+            ms(pp),
+            recorded_tokens_per_s(ours).map_or(String::new(), |t| format!("{:.1}", t / 1e6)),
+            ours.tflops.map_or(String::new(), |t| format!("{t:.1}")),
+            times(base),
+            ms(fla),
+            times(fla),
         )
         .unwrap();
     }

@@ -44,7 +44,8 @@ pub struct GlaArgs {
     /// for the GPU). GPU only; the result does not depend on it beyond rounding.
     #[arg(long, value_name = "TOKENS")]
     pub segment_len: Option<usize>,
-    /// The kernels that compute the forward: `auto` (the library's choice for the GPU),
+    /// The kernels that compute the forward: `auto` (the library's choice for the GPU: the
+    /// pingpong on sm_90, else the baseline),
     /// `baseline` (the portable `mma.sync` kernels, any GPU) or `pingpong` (the warp-specialized
     /// Hopper kernels; an error on other GPUs). GPU only.
     #[arg(long, value_enum, default_value_t = KernelArg::Auto)]

@@ -3,7 +3,7 @@
 
 use kernel_tests::{TestResult, ensure, gpu_ok, racecheck_size};
 use kernels::attention::{self, AttentionProblem, Dtype, Path, View};
-use kernels::gla::{self, GlaProblem};
+use kernels::gla::{self, GlaKernel, GlaProblem};
 use kernels::memory::{download, poisoned};
 use kernels::{Gpu, bf16};
 
@@ -87,7 +87,8 @@ pub fn attention_gpu(g: &'static Gpu) -> TestResult {
 
 /// Offsets past 2^31 elements in GLA: packed sequences `[0, N0)` (poisoned content, not
 /// checked) and `[N0, N0 + 300)` with `64 N0 > 2^31`, one head, Dk = Dv = 64: the second
-/// sequence against the f64 recurrence. 22 GB of device memory. Under racecheck the first
+/// sequence against the f64 recurrence, on the baseline and (sm_90a) the automatic choice, the
+/// pingpong. 22 GB of device memory. Under racecheck the first
 /// sequence has 1000 tokens instead ([`racecheck_size`]): the kernels walk 33.5 million tokens
 /// of it otherwise, each chunk with the same shared-memory protocol.
 pub fn gla_gpu(g: &'static Gpu) -> TestResult {
@@ -126,34 +127,49 @@ pub fn gla_gpu(g: &'static Gpu) -> TestResult {
         gpu_ok(place(&v))?,
         gpu_ok(place(&gd))?,
     );
-    let mut o = gpu_ok(poisoned::<bf16>((n0 + len) * d))?;
-    let mut fin = gpu_ok(poisoned::<f32>(p.state_len()))?;
-    let mut session = gpu_ok(gla::GlaSession::new(g, &p))?;
-    gpu_ok(session.forward(
-        g,
-        &stream,
-        &gla::GlaInputs {
-            q: &dq,
-            k: &dk,
-            v: &dv,
-            g: &dg,
-            init_state: None,
-        },
-        &mut gla::GlaOutputs {
-            o: &mut o,
-            final_state: Some(&mut fin),
-        },
-    ))?;
-    gpu_ok(g.sync(&stream, "gla (large offsets)"))?;
-    let got = gpu_ok(kernels::memory::download_range(&o, n0 * d, len * d))?;
-    let state = gpu_ok(kernels::memory::download_range(&fin, d * d, d * d))?;
-    let err_o = gla::reference::rel_l2(got.iter().map(|x| x.to_f32() as f64), &want.o);
-    let err_s = gla::reference::rel_l2(state.iter().map(|x| *x as f64), &want.final_state);
-    println!(
-        "sequence 2 at element {}: rel L2 o {err_o:.3e}, final state {err_s:.3e} (tol 1e-2)",
-        n0 * d
-    );
-    ensure(err_o <= 1e-2 && err_s <= 1e-2, || {
-        format!("o rel L2 {err_o:.3e}, final state {err_s:.3e} (tol 1e-2)")
-    })
+    // The baseline, and on sm_90a also the automatic choice (the pingpong), on the same inputs;
+    // each into a fresh poisoned output.
+    let mut choices = vec![GlaKernel::Baseline];
+    if g.arch().has_hopper_kernels() {
+        choices.push(GlaKernel::Auto);
+    }
+    for kernel in choices {
+        let p = p.clone().with_kernel(kernel);
+        let mut o = gpu_ok(poisoned::<bf16>((n0 + len) * d))?;
+        let mut fin = gpu_ok(poisoned::<f32>(p.state_len()))?;
+        let mut session = gpu_ok(gla::GlaSession::new(g, &p))?;
+        gpu_ok(session.forward(
+            g,
+            &stream,
+            &gla::GlaInputs {
+                q: &dq,
+                k: &dk,
+                v: &dv,
+                g: &dg,
+                init_state: None,
+            },
+            &mut gla::GlaOutputs {
+                o: &mut o,
+                final_state: Some(&mut fin),
+            },
+        ))?;
+        gpu_ok(g.sync(&stream, "gla (large offsets)"))?;
+        let got = gpu_ok(kernels::memory::download_range(&o, n0 * d, len * d))?;
+        let state = gpu_ok(kernels::memory::download_range(&fin, d * d, d * d))?;
+        let err_o = gla::reference::rel_l2(got.iter().map(|x| x.to_f32() as f64), &want.o);
+        let err_s = gla::reference::rel_l2(state.iter().map(|x| *x as f64), &want.final_state);
+        println!(
+            "{:?} kernels: sequence 2 at element {}: rel L2 o {err_o:.3e}, final state \
+             {err_s:.3e} (tol 1e-2)",
+            session.kernel(),
+            n0 * d
+        );
+        ensure(err_o <= 1e-2 && err_s <= 1e-2, || {
+            format!(
+                "{:?} kernels: o rel L2 {err_o:.3e}, final state {err_s:.3e} (tol 1e-2)",
+                session.kernel()
+            )
+        })?;
+    }
+    Ok(())
 }

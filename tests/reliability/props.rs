@@ -454,11 +454,20 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                     o: fake(p.v_len()),
                     final_state: Some(fake(p.state_len())),
                 };
-                // `Auto` (the baseline, on every target) and the pingpong (sm_90a only).
+                // `Auto` (the baseline on sm_80, the pingpong on sm_90a), and each forced: the
+                // baseline (every target) and the pingpong (sm_90a only).
                 let every: &'static [Arch] = &Arch::ALL;
-                for (kernel, arch, archs) in [
-                    (GlaKernel::Auto, Arch::Sm80, every),
-                    (GlaKernel::Pingpong, Arch::Sm90a, &[Arch::Sm90a]),
+                let hopper: &'static [Arch] = &[Arch::Sm90a];
+                for (kernel, arch, archs, resolved) in [
+                    (GlaKernel::Auto, Arch::Sm80, every, GlaKernel::Baseline),
+                    (GlaKernel::Auto, Arch::Sm90a, hopper, GlaKernel::Pingpong),
+                    (GlaKernel::Baseline, Arch::Sm90a, every, GlaKernel::Baseline),
+                    (
+                        GlaKernel::Pingpong,
+                        Arch::Sm90a,
+                        hopper,
+                        GlaKernel::Pingpong,
+                    ),
                 ] {
                     let p = p.clone().with_kernel(kernel);
                     let target = gla::Target {
@@ -468,6 +477,7 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                     let plan = p.plan(target, &t).map_err(|e| {
                         TestCaseError::fail(format!("{kernel:?} plan of a valid problem: {e}"))
                     })?;
+                    prop_assert_eq!(plan.kernel, resolved);
                     let (seg_words, comb_words) = plan.segments.table_words();
                     let workspace = gla::GlaWorkspace {
                         segments: fake(seg_words.len()),
@@ -494,7 +504,7 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                     // only the pingpong's forward overlaps its predecessor.
                     let split = plan.workspace.is_some();
                     let overlaps: Vec<bool> = exec.launched.borrow().iter().map(|l| l.1).collect();
-                    let want = match (kernel, split) {
+                    let want = match (resolved, split) {
                         (GlaKernel::Pingpong, true) => vec![false, true],
                         (GlaKernel::Pingpong, false) => vec![false],
                         (_, split) => vec![false; if split { 3 } else { 1 }],

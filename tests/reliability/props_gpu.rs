@@ -4,7 +4,7 @@
 use crate::run_attention;
 use kernel_tests::{TestResult, gpu_ok};
 use kernels::attention::{self, AttentionProblem, Dtype, Path};
-use kernels::gla::{self, GlaProblem};
+use kernels::gla::{self, GlaKernel, GlaProblem};
 use kernels::memory::{download, poisoned, upload};
 use kernels::mhc::{self, MhcProblem};
 use kernels::semicrf::{self, SemiCrfProblem};
@@ -167,7 +167,8 @@ type GlaCase = (
 /// GLA on random shapes against the f64 recurrence: T of any length (rarely a multiple of the
 /// 16-token chunk), packed variable lengths, every (Dk, Dv) pair, with and without initial and
 /// final states, automatic and forced segments (state pass and combination), log-decays
-/// uniform in `[lo, 0)` for lo in {-0.05, -1, -3}. Relative L2 error of o and of the final
+/// uniform in `[lo, 0)` for lo in {-0.05, -1, -3}; each case on the baseline kernels and, on
+/// sm_90a, on the automatic choice (the pingpong). Relative L2 error of o and of the final
 /// states at most [`GLA_TOL`]; outputs start poisoned (an unwritten or non-finite element fails).
 pub fn gla_small(g: &'static Gpu) -> TestResult {
     const CASES: u32 = 24;
@@ -190,6 +191,11 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
         prop_oneof![Just(-0.05f32), Just(-1.0), Just(-3.0)],
     );
     let worst = std::cell::Cell::new((0.0f64, 0.0f64));
+    let choices = if g.arch().has_hopper_kernels() {
+        vec![GlaKernel::Baseline, GlaKernel::Auto]
+    } else {
+        vec![GlaKernel::Baseline]
+    };
     let run = |case: GlaCase| -> Result<(), TestCaseError> {
         let seed = seed_of(&case);
         let (shape, heads, (dk, dv), seg, (init, fin), lo) = case;
@@ -227,45 +233,51 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
             prop_gpu(upload(&gd))?,
         );
         let dinit = prop_gpu(init_state.as_deref().map(upload).transpose())?;
-        let mut o = prop_gpu(poisoned::<bf16>(p.v_len()))?;
-        let mut fs = if fin {
-            Some(prop_gpu(poisoned::<f32>(p.state_len()))?)
-        } else {
-            None
-        };
-        let mut session = prop_gpu(gla::GlaSession::new(g, &p))?;
-        prop_gpu(session.forward(
-            g,
-            &stream,
-            &gla::GlaInputs {
-                q: &dq,
-                k: &dkb,
-                v: &dvb,
-                g: &dg,
-                init_state: dinit.as_ref(),
-            },
-            &mut gla::GlaOutputs {
-                o: &mut o,
-                final_state: fs.as_mut(),
-            },
-        ))?;
-        prop_gpu(g.sync(&stream, "GLA forward"))?;
-        let o = prop_gpu(download(&o))?;
-        let err_o = gla::reference::rel_l2(o.iter().map(|x| x.to_f64()), &want.o);
-        let err_s = match &fs {
-            Some(b) => gla::reference::rel_l2(
-                prop_gpu(download(b))?.iter().map(|&x| x as f64),
-                &want.final_state,
-            ),
-            None => 0.0,
-        };
-        let (wo, ws) = worst.get();
-        worst.set((wo.max(err_o), ws.max(err_s)));
-        prop_assert!(
-            err_o <= GLA_TOL && err_s <= GLA_TOL,
-            "{} segments: o rel L2 {err_o:.3e}, final state {err_s:.3e} (tol {GLA_TOL:.0e})",
-            session.segments().segments.len()
-        );
+        // The baseline, and on sm_90a also the automatic choice (the pingpong).
+        for &kernel in &choices {
+            p.kernel = kernel;
+            let mut o = prop_gpu(poisoned::<bf16>(p.v_len()))?;
+            let mut fs = if fin {
+                Some(prop_gpu(poisoned::<f32>(p.state_len()))?)
+            } else {
+                None
+            };
+            let mut session = prop_gpu(gla::GlaSession::new(g, &p))?;
+            prop_gpu(session.forward(
+                g,
+                &stream,
+                &gla::GlaInputs {
+                    q: &dq,
+                    k: &dkb,
+                    v: &dvb,
+                    g: &dg,
+                    init_state: dinit.as_ref(),
+                },
+                &mut gla::GlaOutputs {
+                    o: &mut o,
+                    final_state: fs.as_mut(),
+                },
+            ))?;
+            prop_gpu(g.sync(&stream, "GLA forward"))?;
+            let o = prop_gpu(download(&o))?;
+            let err_o = gla::reference::rel_l2(o.iter().map(|x| x.to_f64()), &want.o);
+            let err_s = match &fs {
+                Some(b) => gla::reference::rel_l2(
+                    prop_gpu(download(b))?.iter().map(|&x| x as f64),
+                    &want.final_state,
+                ),
+                None => 0.0,
+            };
+            let (wo, ws) = worst.get();
+            worst.set((wo.max(err_o), ws.max(err_s)));
+            prop_assert!(
+                err_o <= GLA_TOL && err_s <= GLA_TOL,
+                "{:?} kernels, {} segments: o rel L2 {err_o:.3e}, final state {err_s:.3e} \
+                 (tol {GLA_TOL:.0e})",
+                session.kernel(),
+                session.segments().segments.len()
+            );
+        }
         Ok(())
     };
     gpu_runner(CASES)
@@ -273,7 +285,8 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
         .map_err(|e| format!("{e}"))?;
     let (o, st) = worst.get();
     println!(
-        "{CASES} cases on {}: worst rel L2 o {o:.3e}, final state {st:.3e} (tol {GLA_TOL:.0e})",
+        "{CASES} cases on {}, kernels {choices:?}: worst rel L2 o {o:.3e}, final state {st:.3e} \
+         (tol {GLA_TOL:.0e})",
         g.arch()
     );
     Ok(())

@@ -2,8 +2,8 @@
 //! tables and workspace on the device, and each of its runs plans the launches on the given
 //! buffers ([`GlaPlan`]) and runs them on a stream.
 
-use super::plan::{GlaPlan, GlaSplitWorkspace, GlaTensors, GlaWorkspace, check_arch};
-use super::problem::{GlaProblem, SegmentPlan};
+use super::plan::{GlaPlan, GlaSplitWorkspace, GlaTensors, GlaWorkspace};
+use super::problem::{GlaKernel, GlaProblem, SegmentPlan, check_kernel};
 use crate::error::Result;
 use crate::exec::OnStream;
 use crate::gpu::Gpu;
@@ -34,13 +34,16 @@ pub struct GlaOutputs<'a> {
     pub final_state: Option<&'a mut DeviceBuffer<f32>>,
 }
 
-/// A problem made ready to run on one GPU: its segments (for the GPU's multiprocessors), their
-/// tables on the device and the workspace of the segment passes. Build once, run many times
+/// A problem made ready to run on one GPU: its kernels (for the GPU's PTX target), its segments
+/// (for those kernels on the GPU's multiprocessors), their tables on the device and the
+/// workspace of the segment passes. Build once, run many times
 /// (one run at a time: the workspace is the session's); each run ([`GlaSession::forward`])
 /// plans its launches on the given buffers ([`GlaProblem::plan`]'s [`GlaPlan`], on the
 /// session's segments) and runs them.
 pub struct GlaSession {
     problem: GlaProblem,
+    /// The kernels that run ([`GlaProblem::kernel_for`] the GPU's target).
+    kernel: GlaKernel,
     segments: SegmentPlan,
     /// The segment table as words (`[start, len, seq, flags]` per entry).
     segment_table: DeviceBuffer<u32>,
@@ -57,12 +60,13 @@ struct SplitWorkspace {
 }
 
 impl GlaSession {
-    /// Validate `problem`, decide the segments for `gpu`, upload the tables and allocate the
-    /// workspace (`(2 dk dv + dk) * 4` bytes per segment and head, only when a sequence is
-    /// split).
+    /// Validate `problem`, decide the kernels and the segments for `gpu`, upload the tables and
+    /// allocate the workspace (`(2 dk dv + dk) * 4` bytes per segment and head, only when a
+    /// sequence is split).
     pub fn new(gpu: &Gpu, problem: &GlaProblem) -> Result<GlaSession> {
         problem.validate()?;
-        let segments = problem.segments(gpu.info().multiprocessors as usize)?;
+        let kernel = problem.kernel_for(gpu.arch())?;
+        let segments = problem.segments_of(kernel, gpu.info().multiprocessors as usize)?;
         gpu.bind()?;
         let (segment_words, combine_words) = segments.table_words();
         let segment_table = upload(&segment_words)?;
@@ -77,6 +81,7 @@ impl GlaSession {
         };
         Ok(GlaSession {
             problem: problem.clone(),
+            kernel,
             segments,
             segment_table,
             split,
@@ -86,6 +91,12 @@ impl GlaSession {
     /// The problem.
     pub fn problem(&self) -> &GlaProblem {
         &self.problem
+    }
+
+    /// The kernels that run: [`GlaKernel::Baseline`] or [`GlaKernel::Pingpong`] (the problem's
+    /// choice, `Auto` resolved for the GPU).
+    pub fn kernel(&self) -> GlaKernel {
+        self.kernel
     }
 
     /// The segment decomposition.
@@ -110,8 +121,9 @@ impl GlaSession {
             o: (&mut *outputs.o).into(),
             final_state: outputs.final_state.as_mut().map(|b| (&mut **b).into()),
         };
-        check_arch(&self.problem, gpu.arch())?;
-        let plan = GlaPlan::for_segments(&self.problem, self.segments.clone(), &tensors)?;
+        check_kernel(self.kernel, gpu.arch())?;
+        let plan =
+            GlaPlan::for_segments(&self.problem, self.kernel, self.segments.clone(), &tensors)?;
         let workspace = GlaWorkspace {
             segments: (&self.segment_table).into(),
             split: self.split.as_mut().map(|w| GlaSplitWorkspace {

@@ -38,16 +38,17 @@
 //! # Problem, plan, run
 //! A [`GlaProblem`] (sizes and options, [`GlaProblem::validate`]) is planned on its tensors
 //! ([`GlaTensors`]) for a [`Target`] (PTX target and multiprocessor count) into a [`GlaPlan`]
-//! ([`GlaProblem::plan`]; pure: the kernels (baseline or pingpong, from [`GlaKernel`]), the
-//! segments ([`GlaProblem::segments`]), every launch's grid and parameters, the workspace sizes
-//! and the pingpong's tensor maps, decided without a GPU), which runs on any executor with its
-//! workspace ([`GlaPlan::run`]: a stream, or the CPU emulator of the tests; the workspace's
-//! tables hold [`SegmentPlan::table_words`]).
+//! ([`GlaProblem::plan`]; pure: the kernels ([`GlaProblem::kernel_for`]: by default the
+//! warp-specialized pingpong on sm_90a and the portable baseline elsewhere, or the one
+//! [`GlaKernel`] forces), the segments ([`GlaProblem::segments`]), every launch's grid and
+//! parameters, the workspace sizes and the pingpong's tensor maps, decided without a GPU), which
+//! runs on any executor with its workspace ([`GlaPlan::run`]: a stream, or the CPU emulator of
+//! the tests; the workspace's tables hold [`SegmentPlan::table_words`]).
 //!
 //! On a GPU over `cust` buffers, a [`GlaSession`] is a problem made ready on one GPU: its
-//! segments, their tables uploaded and the workspace allocated once; each
-//! [`GlaSession::forward`] plans on the given buffers and runs on a stream. [`forward_sync`]
-//! makes a session, runs it and waits.
+//! kernels ([`GlaSession::kernel`]), its segments, their tables uploaded and the workspace
+//! allocated once; each [`GlaSession::forward`] plans on the given buffers and runs on a
+//! stream. [`forward_sync`] makes a session, runs it and waits.
 
 mod device;
 mod plan;

@@ -8,7 +8,6 @@ use crate::error::{Error, Result};
 use crate::exec::{DevView, Exec};
 use crate::gpu::LaunchConfig;
 use crate::launch::Launch;
-use crate::ptx::Arch;
 use crate::tensor_map::{MapDtype, MapSpec, MapSwizzle, TiledMap};
 use half::bf16;
 use kernel_abi::gla::{
@@ -210,35 +209,26 @@ impl GlaLaunch {
     }
 }
 
-/// Whether `problem`'s kernels exist for PTX target `arch`.
-pub(super) fn check_arch(problem: &GlaProblem, arch: Arch) -> Result<()> {
-    if problem.uses_pingpong() && !arch.has_hopper_kernels() {
-        return Err(Error::unsupported(
-            "the GLA pingpong kernels",
-            format!("they need an sm_90 GPU (TMA, wgmma); this one is {arch}"),
-        ));
-    }
-    Ok(())
-}
-
 impl GlaProblem {
-    /// Plan the forward pass on `tensors` for `target` (its PTX target, and its
-    /// multiprocessors: the automatic segment length fills one wave of their resident blocks):
-    /// validates the problem, the tensors' sizes and alignment and the tensor maps (without the
-    /// driver).
+    /// Plan the forward pass on `tensors` for `target` (its PTX target: which kernels run,
+    /// [`GlaProblem::kernel_for`]; and its multiprocessors: the automatic segment length fills
+    /// one wave of their resident blocks): validates the problem, the tensors' sizes and
+    /// alignment and the tensor maps (without the driver).
     pub fn plan(&self, target: Target, tensors: &GlaTensors<'_>) -> Result<GlaPlan> {
         self.validate()?;
-        check_arch(self, target.arch)?;
-        let segments = self.segments(target.multiprocessors as usize)?;
-        GlaPlan::for_segments(self, segments, tensors)
+        let kernel = self.kernel_for(target.arch)?;
+        let segments = self.segments_of(kernel, target.multiprocessors as usize)?;
+        GlaPlan::for_segments(self, kernel, segments, tensors)
     }
 }
 
 impl GlaPlan {
-    /// The plan of `problem` on `segments` (made for it by [`GlaProblem::segments`]) and `t`,
-    /// for any target (see [`GlaProblem::plan`]).
+    /// The plan of `problem` with `kernel` (resolved for the target by
+    /// [`GlaProblem::kernel_for`]: the baseline or the pingpong) on `segments` (made for it by
+    /// [`GlaProblem::segments`]) and `t` (see [`GlaProblem::plan`]).
     pub(super) fn for_segments(
         problem: &GlaProblem,
+        kernel: GlaKernel,
         segments: SegmentPlan,
         t: &GlaTensors<'_>,
     ) -> Result<GlaPlan> {
@@ -278,7 +268,8 @@ impl GlaPlan {
         let (dk, dv) = (p.dk as u32, p.dv as u32);
         let blocks = (segments.segments.len() * p.heads) as u32;
         let mut steps = Vec::new();
-        if p.uses_pingpong() {
+        debug_assert_ne!(kernel, GlaKernel::Auto, "resolved by kernel_for");
+        if kernel == GlaKernel::Pingpong {
             let pcfg = pingpong_config(dk, dv).expect("validated head dimensions");
             let (fwd, states) = pingpong_kernels(dk, dv).expect("validated head dimensions");
             let map = |view: &DevView<'_, bf16>, d: usize| {
@@ -508,6 +499,7 @@ fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
 mod tests {
     use super::*;
     use crate::gpu::check_kernel_launch;
+    use crate::ptx::Arch;
     use kernel_abi::gla::{KERNELS, pingpong_config_of};
 
     /// The largest dynamic shared memory of a block on an H100/H200.
@@ -596,9 +588,14 @@ mod tests {
     }
 
     #[test]
-    fn the_default_is_the_baseline_without_a_split() {
+    fn the_baseline_without_a_split() {
         let p = GlaProblem::new(2, 100, 3, 64, 128).with_scale(0.5);
-        for arch in Arch::ALL {
+        for (arch, kernel) in [
+            (Arch::Sm80, GlaKernel::Auto),
+            (Arch::Sm80, GlaKernel::Baseline),
+            (Arch::Sm90a, GlaKernel::Baseline),
+        ] {
+            let p = p.clone().with_kernel(kernel);
             let plan = p.plan(target(arch), &tensors(&p)).unwrap();
             assert_eq!(plan.kernel, GlaKernel::Baseline);
             assert_eq!(names(&plan), ["gla_fwd_dk64_dv128"]);
@@ -618,6 +615,93 @@ mod tests {
             assert!(params.seg_init.is_null() && params.delta.is_null());
             assert_eq!((params.heads, params.scale), (3, 0.5));
             assert_eq!((params.has_init, params.has_final), (1, 1));
+        }
+    }
+
+    /// The automatic choice: the pingpong on sm_90a for every head-dimension pair, every
+    /// length, packed sequences, forced segments, with and without states; the baseline on
+    /// sm_80. The segments are those of the chosen kernels' wave.
+    #[test]
+    fn auto_is_the_pingpong_on_sm_90a_and_the_baseline_on_sm_80() {
+        let mut problems = Vec::new();
+        for (dk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            for t in [1, 65, 1000, 16384] {
+                problems.push(GlaProblem::new(1, t, 2, dk, dv));
+            }
+            problems.push(GlaProblem::varlen(vec![0, 1, 17, 300, 5000], 3, dk, dv));
+            problems.push(GlaProblem::new(2, 1000, 2, dk, dv).with_segment_len(64));
+            problems.push(GlaProblem::new(2, 1000, 2, dk, dv).with_segment_len(usize::MAX));
+        }
+        for p in &problems {
+            for (init, fin) in [(true, true), (false, false)] {
+                let mut t = tensors(p);
+                if !init {
+                    t.init_state = None;
+                }
+                if !fin {
+                    t.final_state = None;
+                }
+                for (arch, want) in [
+                    (Arch::Sm90a, GlaKernel::Pingpong),
+                    (Arch::Sm80, GlaKernel::Baseline),
+                ] {
+                    assert_eq!(p.kernel_for(arch).unwrap(), want, "{arch} {p:?}");
+                    let plan = p.plan(target(arch), &t).unwrap();
+                    assert_eq!(plan.kernel, want, "{arch} {p:?}");
+                    let forced = p.clone().with_kernel(want);
+                    assert_eq!(
+                        plan.segments,
+                        forced.segments(target(arch)).unwrap(),
+                        "{arch} {p:?}"
+                    );
+                    let forced_plan = forced.plan(target(arch), &t).unwrap();
+                    assert_eq!(names(&plan), names(&forced_plan), "{arch} {p:?}");
+                    let pingpong = want == GlaKernel::Pingpong;
+                    assert_eq!(plan.maps.is_some(), pingpong, "{arch} {p:?}");
+                    assert!(
+                        names(&plan).iter().all(|n| n.contains("_pp_") == pingpong),
+                        "{arch} {p:?}: {:?}",
+                        names(&plan)
+                    );
+                    checked_launches(&plan, &[arch]);
+                }
+            }
+        }
+        // The automatic segments fill the chosen kernels' wave: at dk = dv = 64 the baseline
+        // keeps three blocks per SM (3 * 132 (segment, head) pairs), the pingpong two items
+        // (2 * 132); B4 H32 T4k: 3 and 2 segments per sequence.
+        let p = GlaProblem::new(4, 4096, 32, 64, 64);
+        let per_seq = |arch| {
+            let plan = p.plan(target(arch), &tensors(&p)).unwrap();
+            plan.segments.segments.len() / 4
+        };
+        assert_eq!((per_seq(Arch::Sm80), per_seq(Arch::Sm90a)), (3, 2));
+    }
+
+    #[test]
+    fn a_forced_choice_is_kept_and_checked() {
+        let p = GlaProblem::new(1, 64, 2, 64, 64);
+        let baseline = p.clone().with_kernel(GlaKernel::Baseline);
+        assert_eq!(
+            baseline.kernel_for(Arch::Sm90a).unwrap(),
+            GlaKernel::Baseline
+        );
+        let pingpong = p.with_kernel(GlaKernel::Pingpong);
+        assert_eq!(
+            pingpong.kernel_for(Arch::Sm90a).unwrap(),
+            GlaKernel::Pingpong
+        );
+        for result in [
+            pingpong.kernel_for(Arch::Sm80).map(|_| ()),
+            pingpong.segments(target(Arch::Sm80)).map(|_| ()),
+            pingpong
+                .plan(target(Arch::Sm80), &tensors(&pingpong))
+                .map(|_| ()),
+        ] {
+            assert!(
+                matches!(result, Err(Error::Unsupported { .. })),
+                "{result:?}"
+            );
         }
     }
 
@@ -704,10 +788,13 @@ mod tests {
 
     #[test]
     fn the_automatic_split_fills_one_wave() {
-        // 132 SMs, one block of 256 threads per SM at dk = dv = 128.
+        // 132 SMs, one block of 256 threads per SM at dk = dv = 128 (the baseline), or one
+        // pingpong block of two items, the value halves of one (segment, head).
         let p = GlaProblem::new(1, 16384, 16, 128, 128);
-        let plan = p.plan(target(Arch::Sm90a), &tensors(&p)).unwrap();
-        assert_eq!(plan.segments.segments.len() * 16, 128);
+        for arch in Arch::ALL {
+            let plan = p.plan(target(arch), &tensors(&p)).unwrap();
+            assert_eq!(plan.segments.segments.len() * 16, 128, "{arch}");
+        }
         // Three blocks per SM at dk = dv = 64.
         let p = GlaProblem::new(4, 4096, 32, 64, 64);
         let plan = p.plan(target(Arch::Sm80), &tensors(&p)).unwrap();

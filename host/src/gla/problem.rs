@@ -1,7 +1,9 @@
 //! The problem: sizes and options ([`GlaProblem`], validated by [`GlaProblem::validate`]), and
 //! its decomposition into segments ([`SegmentPlan`], from [`GlaProblem::segments`]).
 
+use crate::attention::Target;
 use crate::error::{Error, Result};
+use crate::ptx::Arch;
 use kernel_abi::gla::{
     CombineEntry, GlaConfig, HEAD_DIMS, SEG_FIRST, SEG_LAST, STEP, Segment, config, pingpong_config,
 };
@@ -13,7 +15,8 @@ pub const MIN_AUTO_SEGMENT: usize = 256;
 /// Which kernels compute the forward pass (same API, same results within the tolerance).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GlaKernel {
-    /// The baseline `mma.sync` kernels on every GPU.
+    /// The plan chooses ([`GlaProblem::kernel_for`]): the pingpong on an sm_90a target for
+    /// every `(dk, dv)` it has kernels for (every supported pair), else the baseline.
     #[default]
     Auto,
     /// The baseline: every warp the same work, `cp.async` ring, plain barriers (sm_80+).
@@ -96,9 +99,24 @@ impl GlaProblem {
         self
     }
 
-    /// Whether the pingpong kernels run (`Auto` is the baseline).
-    pub fn uses_pingpong(&self) -> bool {
-        self.kernel == GlaKernel::Pingpong
+    /// The kernels that run on PTX target `arch`: [`GlaKernel::Baseline`] or
+    /// [`GlaKernel::Pingpong`]. `Auto` is the pingpong where the target has it (sm_90a: TMA,
+    /// `wgmma`) and it exists for `(dk, dv)`, else the baseline; the pingpong's kernels cover
+    /// every shape the baseline's do (any length, packed sequences, segments, initial and final
+    /// states). A forced choice is kept; the pingpong on another target is an error.
+    pub fn kernel_for(&self, arch: Arch) -> Result<GlaKernel> {
+        let kernel = match self.kernel {
+            GlaKernel::Auto
+                if arch.has_hopper_kernels()
+                    && pingpong_config(self.dk as u32, self.dv as u32).is_some() =>
+            {
+                GlaKernel::Pingpong
+            }
+            GlaKernel::Auto => GlaKernel::Baseline,
+            forced => forced,
+        };
+        check_kernel(kernel, arch)?;
+        Ok(kernel)
     }
 
     /// The output scale in effect.
@@ -182,7 +200,9 @@ impl GlaProblem {
             }
         }
         self.config()?;
-        if self.uses_pingpong() && pingpong_config(self.dk as u32, self.dv as u32).is_none() {
+        if self.kernel == GlaKernel::Pingpong
+            && pingpong_config(self.dk as u32, self.dv as u32).is_none()
+        {
             return Err(Error::unsupported(
                 format!(
                     "the GLA pingpong kernels at dk = {}, dv = {}",
@@ -261,14 +281,20 @@ impl GlaProblem {
         Ok(())
     }
 
-    /// The segments of a forward pass on a GPU with `sms` multiprocessors (what
-    /// [`GlaProblem::plan`] launches on): with [`GlaProblem::segment_len`],
-    /// [`plan_segments`]; else [`plan_auto`] for one wave of the kernels' resident blocks.
-    pub fn segments(&self, sms: usize) -> Result<SegmentPlan> {
+    /// The segments of a forward pass on `target` (what [`GlaProblem::plan`] launches on):
+    /// with [`GlaProblem::segment_len`], [`plan_segments`]; else [`plan_auto`] for one wave of
+    /// the resident blocks of the kernels [`GlaProblem::kernel_for`] chooses.
+    pub fn segments(&self, target: Target) -> Result<SegmentPlan> {
+        let kernel = self.kernel_for(target.arch)?;
+        self.segments_of(kernel, target.multiprocessors as usize)
+    }
+
+    /// The segments for `kernel` (resolved: baseline or pingpong) on `sms` multiprocessors.
+    pub(super) fn segments_of(&self, kernel: GlaKernel, sms: usize) -> Result<SegmentPlan> {
         // (segment, head) pairs per SM for one wave.
         let per_sm = match pingpong_config(self.dk as u32, self.dv as u32) {
             // One block per SM, one item per consumer warpgroup, `dv_parts` items per pair.
-            Some(c) if self.uses_pingpong() => (c.consumers / c.dv_parts).max(1) as usize,
+            Some(c) if kernel == GlaKernel::Pingpong => (c.consumers / c.dv_parts).max(1) as usize,
             _ => self.config()?.blocks_per_sm as usize,
         };
         match self.segment_len {
@@ -287,6 +313,17 @@ impl GlaProblem {
         let n = segments.segments.len() * self.heads;
         Some((n * self.dk * self.dv, n * self.dk))
     }
+}
+
+/// Whether `kernel` (resolved: baseline or pingpong) exists for PTX target `arch`.
+pub(super) fn check_kernel(kernel: GlaKernel, arch: Arch) -> Result<()> {
+    if kernel == GlaKernel::Pingpong && !arch.has_hopper_kernels() {
+        return Err(Error::unsupported(
+            "the GLA pingpong kernels",
+            format!("they need an sm_90 GPU (TMA, wgmma); this one is {arch}"),
+        ));
+    }
+    Ok(())
 }
 
 /// The work decomposition of a problem: the segment table (in token order; the segments of a
