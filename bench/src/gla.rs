@@ -20,6 +20,11 @@
 //! head, the same for every implementation whatever its chunking), tokens/s `B T / time`, GB/s
 //! over the minimum traffic (q, k, g, v read once, o written once, bf16).
 //!
+//! The automatic choice, checked beyond those five: on a Hopper GPU, rows `gla_fwd_choice` time
+//! the baseline and the pingpong forced on small and uneven problems ([`CHOICE_CONFIGS`]: one
+//! head, short sequences, Dk != Dv; no peers), to show where the choice stands when launch and
+//! set-up costs dominate.
+//!
 //! Validation of our rows: the f64 recurrence on two (sequence, head) pairs per configuration,
 //! relative L2 error of their outputs <= 1e-2.
 
@@ -41,6 +46,18 @@ pub const CONFIGS: [(usize, usize, usize, usize); 5] = [
     (4, 4096, 32, 64),
     (2, 8192, 16, 128),
     (1, 16384, 16, 128),
+];
+
+/// Small and uneven configurations `(B, T, H, Dk, Dv)` of the `gla_fwd_choice` rows.
+pub const CHOICE_CONFIGS: [(usize, usize, usize, usize, usize); 8] = [
+    (1, 64, 1, 64, 64),
+    (1, 100, 2, 128, 128),
+    (1, 512, 4, 64, 128),
+    (2, 1000, 8, 128, 64),
+    (8, 128, 32, 64, 64),
+    (1, 4096, 2, 128, 128),
+    (16, 256, 16, 128, 128),
+    (1, 32768, 4, 64, 64),
 ];
 
 /// Run the family.
@@ -116,7 +133,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
         for (variant, segment, kernel) in variants {
             let mut pv = p.clone().with_kernel(kernel);
             pv.segment_len = segment;
-            let o = one(b, &pv, &host, variant)?;
+            let o = one(b, &pv, &host, variant, "gla_fwd")?;
             if variant.is_none() {
                 o_auto = Some(o);
             }
@@ -130,6 +147,26 @@ pub fn run(b: &mut Bench) -> Result<()> {
             &[("ours", Tensor::Bf16(&o, vec![batch, t, heads, d]))],
         )?;
     }
+    if !b.quick && b.gpu.arch().has_hopper_kernels() {
+        for (batch, t, heads, dk, dv) in CHOICE_CONFIGS {
+            let p = GlaProblem::new(batch, t, heads, dk, dv);
+            p.validate()?;
+            let host = HostInputs {
+                q: &q[..p.qk_len()],
+                k: &k[..p.qk_len()],
+                v: &v[..p.v_len()],
+                g: &g[..p.qk_len()],
+                init_state: None,
+            };
+            for (variant, kernel) in [
+                ("baseline", GlaKernel::Baseline),
+                ("pingpong", GlaKernel::Pingpong),
+            ] {
+                let pv = p.clone().with_kernel(kernel);
+                one(b, &pv, &host, Some(variant), "gla_fwd_choice")?;
+            }
+        }
+    }
     b.run_peers();
     Ok(())
 }
@@ -140,6 +177,7 @@ fn one(
     p: &GlaProblem,
     host: &HostInputs,
     variant: Option<&str>,
+    kernel_name: &str,
 ) -> Result<Vec<bf16>> {
     // The configuration's inputs: prefixes of the shared tensors.
     let (dq, dk, dv, dg) = (
@@ -195,7 +233,7 @@ fn one(
     let cfg = config!(
         "B": p.batch, "T": p.seq_len, "H": p.heads, "dk": p.dk, "dv": p.dv, "dtype": "bf16"
     );
-    let mut row = Row::ours("gla_fwd", cfg, &t)
+    let mut row = Row::ours(kernel_name, cfg, &t)
         .flops(p.flops())
         .bytes(p.min_bytes(false, false))
         .err(err);
