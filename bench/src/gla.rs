@@ -15,7 +15,7 @@
 //! `ours-baseline-split2x` (segments half as long as its automatic ones); on sm_90 the pingpong
 //! forced, `ours-pingpong` (automatic segments), `ours-pingpong-noseg`,
 //! `ours-pingpong-seg-base` (the baseline's automatic segment length). Each row records the
-//! kernels that ran (`kernel`).
+//! kernels that ran (`gla_kernel`; `kernel` is the operation, as in every row).
 //! Work counts: FLOPs `4 B T H Dk Dv` (the recurrence's two rank-`Dk Dv` products per token and
 //! head, the same for every implementation whatever its chunking), tokens/s `B T / time`, GB/s
 //! over the minimum traffic (q, k, g, v read once, o written once, bf16).
@@ -244,7 +244,7 @@ fn one(
     row.extra
         .insert("segments".into(), serde_json::json!(segments));
     row.extra.insert(
-        "kernel".into(),
+        "gla_kernel".into(),
         serde_json::json!(format!("{:?}", session.kernel()).to_lowercase()),
     );
     row.extra.insert(

@@ -136,7 +136,7 @@ fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
 /// kernels it ran), the baseline and the warp-specialized pingpong each forced
 /// (`ours-baseline`, `ours-pingpong`, automatic segments) and fla's `chunk_gla` of the same
 /// run, with the automatic choice's rates and its speed-up over the baseline and fla. (In runs
-/// recorded while `ours` was the baseline, its rows have no `kernel`: `ours` is the baseline
+/// recorded while `ours` was the baseline, its rows have no `gla_kernel`: `ours` is the baseline
 /// there and the pingpong row gives the rates.)
 fn gla_summary(f: &ResultsFile) -> String {
     let mut md = String::from(
@@ -158,7 +158,7 @@ fn gla_summary(f: &ResultsFile) -> String {
                 .find(|r| pred(&r.implementation) && config_text(r) == key)
         };
         let pp = find(&|i| i == "ours-pingpong");
-        let recorded = auto.extra.get("kernel").and_then(Value::as_str);
+        let recorded = auto.extra.get("gla_kernel").and_then(Value::as_str);
         let (kernel, ours, base) = match recorded {
             Some(k) => (k, auto, find(&|i| i == "ours-baseline")),
             None => match pp {

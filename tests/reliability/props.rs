@@ -454,13 +454,28 @@ pub fn gla_validate_or_typed_error() -> TestResult {
                     o: fake(p.v_len()),
                     final_state: Some(fake(p.state_len())),
                 };
-                // `Auto` (the baseline on sm_80, the pingpong on sm_90a), and each forced: the
-                // baseline (every target) and the pingpong (sm_90a only).
+                // `Auto` (the baseline on sm_80; on sm_90a the pingpong from
+                // `PINGPONG_MIN_PAIRS` (sequence, head) pairs up, else the baseline), and each
+                // forced: the baseline (every target) and the pingpong (sm_90a only).
+                let auto_hopper = if p.num_seqs() * p.heads >= gla::PINGPONG_MIN_PAIRS {
+                    GlaKernel::Pingpong
+                } else {
+                    GlaKernel::Baseline
+                };
                 let every: &'static [Arch] = &Arch::ALL;
                 let hopper: &'static [Arch] = &[Arch::Sm90a];
                 for (kernel, arch, archs, resolved) in [
                     (GlaKernel::Auto, Arch::Sm80, every, GlaKernel::Baseline),
-                    (GlaKernel::Auto, Arch::Sm90a, hopper, GlaKernel::Pingpong),
+                    (
+                        GlaKernel::Auto,
+                        Arch::Sm90a,
+                        if auto_hopper == GlaKernel::Pingpong {
+                            hopper
+                        } else {
+                            every
+                        },
+                        auto_hopper,
+                    ),
                     (GlaKernel::Baseline, Arch::Sm90a, every, GlaKernel::Baseline),
                     (
                         GlaKernel::Pingpong,

@@ -59,4 +59,7 @@ pub use crate::attention::Target;
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;
 pub use plan::{GlaLaunch, GlaPlan, GlaSplitWorkspace, GlaStep, GlaTensors, GlaWorkspace};
-pub use problem::{GlaKernel, GlaProblem, MIN_AUTO_SEGMENT, SegmentPlan, plan_auto, plan_segments};
+pub use problem::{
+    GlaKernel, GlaProblem, MIN_AUTO_SEGMENT, PINGPONG_MIN_PAIRS, SegmentPlan, plan_auto,
+    plan_segments,
+};

@@ -498,6 +498,7 @@ fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gla::PINGPONG_MIN_PAIRS;
     use crate::gpu::check_kernel_launch;
     use crate::ptx::Arch;
     use kernel_abi::gla::{KERNELS, pingpong_config_of};
@@ -618,15 +619,18 @@ mod tests {
         }
     }
 
-    /// The automatic choice: the pingpong on sm_90a for every head-dimension pair, every
-    /// length, packed sequences, forced segments, with and without states; the baseline on
-    /// sm_80. The segments are those of the chosen kernels' wave.
+    /// The automatic choice: on sm_90a the pingpong from `PINGPONG_MIN_PAIRS` (sequence, head)
+    /// pairs up, the baseline below, for every head-dimension pair, every length, packed
+    /// sequences, forced segments, with and without states; the baseline on sm_80. The
+    /// segments are those of the chosen kernels' wave.
     #[test]
     fn auto_is_the_pingpong_on_sm_90a_and_the_baseline_on_sm_80() {
         let mut problems = Vec::new();
         for (dk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
             for t in [1, 65, 1000, 16384] {
-                problems.push(GlaProblem::new(1, t, 2, dk, dv));
+                for heads in [2, PINGPONG_MIN_PAIRS - 1, PINGPONG_MIN_PAIRS, 32] {
+                    problems.push(GlaProblem::new(1, t, heads, dk, dv));
+                }
             }
             problems.push(GlaProblem::varlen(vec![0, 1, 17, 300, 5000], 3, dk, dv));
             problems.push(GlaProblem::new(2, 1000, 2, dk, dv).with_segment_len(64));
@@ -641,10 +645,12 @@ mod tests {
                 if !fin {
                     t.final_state = None;
                 }
-                for (arch, want) in [
-                    (Arch::Sm90a, GlaKernel::Pingpong),
-                    (Arch::Sm80, GlaKernel::Baseline),
-                ] {
+                let on_hopper = if p.num_seqs() * p.heads >= PINGPONG_MIN_PAIRS {
+                    GlaKernel::Pingpong
+                } else {
+                    GlaKernel::Baseline
+                };
+                for (arch, want) in [(Arch::Sm90a, on_hopper), (Arch::Sm80, GlaKernel::Baseline)] {
                     assert_eq!(p.kernel_for(arch).unwrap(), want, "{arch} {p:?}");
                     let plan = p.plan(target(arch), &t).unwrap();
                     assert_eq!(plan.kernel, want, "{arch} {p:?}");

@@ -50,6 +50,12 @@ pub struct GlaProblem {
     pub kernel: GlaKernel,
 }
 
+/// (Sequence, head) pairs from which the automatic choice on sm_90a is the pingpong. With fewer,
+/// each pair is cut into many segments to fill the GPU, and the baseline measured as fast or
+/// faster (H100: 1 to 4 pairs, up to 16% faster at one sequence of 32k tokens with 4 heads;
+/// bench/NOTES.md); from 8 pairs up the pingpong was as fast or faster on every measured shape.
+pub const PINGPONG_MIN_PAIRS: usize = 8;
+
 impl GlaProblem {
     /// `batch` sequences of `seq_len` tokens each.
     pub fn new(batch: usize, seq_len: usize, heads: usize, dk: usize, dv: usize) -> Self {
@@ -101,14 +107,16 @@ impl GlaProblem {
 
     /// The kernels that run on PTX target `arch`: [`GlaKernel::Baseline`] or
     /// [`GlaKernel::Pingpong`]. `Auto` is the pingpong where the target has it (sm_90a: TMA,
-    /// `wgmma`) and it exists for `(dk, dv)`, else the baseline; the pingpong's kernels cover
-    /// every shape the baseline's do (any length, packed sequences, segments, initial and final
-    /// states). A forced choice is kept; the pingpong on another target is an error.
+    /// `wgmma`), it exists for `(dk, dv)` and the problem has at least [`PINGPONG_MIN_PAIRS`]
+    /// (sequence, head) pairs, else the baseline; the pingpong's kernels cover every shape the
+    /// baseline's do (any length, packed sequences, segments, initial and final states). A
+    /// forced choice is kept; the pingpong on another target is an error.
     pub fn kernel_for(&self, arch: Arch) -> Result<GlaKernel> {
         let kernel = match self.kernel {
             GlaKernel::Auto
                 if arch.has_hopper_kernels()
-                    && pingpong_config(self.dk as u32, self.dv as u32).is_some() =>
+                    && pingpong_config(self.dk as u32, self.dv as u32).is_some()
+                    && self.num_seqs() * self.heads >= PINGPONG_MIN_PAIRS =>
             {
                 GlaKernel::Pingpong
             }
