@@ -342,16 +342,8 @@ fn strided_views(g: &Gpu, deterministic: bool) -> TestResult {
     let p = b.c.p.clone();
     let x = inputs::<bf16>(&b);
     let row = h * d;
-    let mut packed = vec![bf16::ZERO; bs * s * 5 * row];
-    for (which, t) in [&x.q, &x.k, &x.v, &x.o, &x.d_o].into_iter().enumerate() {
-        for bi in 0..bs {
-            for si in 0..s {
-                let src = (bi * s + si) * row;
-                let dst = ((bi * s + si) * 5 + which) * row;
-                packed[dst..dst + row].copy_from_slice(&t[src..src + row]);
-            }
-        }
-    }
+    let dims = (bs, s, row);
+    let packed = pack(&[&x.q, &x.k, &x.v, &x.o, &x.d_o], dims);
     let shape = [bs, s, h, d];
     let out = (|| -> kernels::Result<Vec<bf16>> {
         let stream = g.stream()?;
@@ -381,24 +373,108 @@ fn strided_views(g: &Gpu, deterministic: bool) -> TestResult {
         download(&grads)
     })();
     let grads = gpu_ok(out)?;
-    let unpack = |which: usize| -> Vec<bf16> {
-        let mut v = Vec::with_capacity(bs * s * row);
-        for bi in 0..bs {
-            for si in 0..s {
-                let start = ((bi * s + si) * 3 + which) * row;
-                v.extend_from_slice(&grads[start..start + row]);
-            }
-        }
-        v
-    };
     compare(
         &format!("strided views ({})", bwd_name(&b)),
         &p,
         &x,
-        &unpack(0),
-        &unpack(1),
-        &unpack(2),
+        &unpack(&grads, 3, 0, dims),
+        &unpack(&grads, 3, 1, dims),
+        &unpack(&grads, 3, 2, dims),
     )
+}
+
+/// Packs row-major `[b, s, h, d]` tensors into one `[b, s, n, h, d]` buffer.
+fn pack<T: Copy + Default>(tensors: &[&[T]], (bs, s, row): (usize, usize, usize)) -> Vec<T> {
+    let n = tensors.len();
+    let mut packed = vec![T::default(); bs * s * n * row];
+    for (which, t) in tensors.iter().enumerate() {
+        for i in 0..bs * s {
+            let dst = (i * n + which) * row;
+            packed[dst..dst + row].copy_from_slice(&t[i * row..(i + 1) * row]);
+        }
+    }
+    packed
+}
+
+/// Tensor `which` of a packed `[b, s, n, h, d]` buffer, row-major `[b, s, h, d]`.
+fn unpack<T: Copy>(
+    packed: &[T],
+    n: usize,
+    which: usize,
+    (bs, s, row): (usize, usize, usize),
+) -> Vec<T> {
+    let mut v = Vec::with_capacity(bs * s * row);
+    for i in 0..bs * s {
+        let start = (i * n + which) * row;
+        v.extend_from_slice(&packed[start..start + row]);
+    }
+    v
+}
+
+/// [`strided_views`] in the emulator: every kernel reads and writes through its own strides
+/// (each tensor's differ from the others' in use).
+fn strided_emulated(deterministic: bool) -> TestResult {
+    let (bs, s, h, d) = (1, 40, 2, 64);
+    let mut c = case(bs, s, s, h, h, d, Dtype::Bf16);
+    c.p.causal = true;
+    let b = BwdCase {
+        c,
+        with_dlse: true,
+        deterministic,
+    };
+    let p = b.c.p.clone();
+    let x = inputs::<bf16>(&b);
+    let dims = (bs, s, h * d);
+    let mut packed = HostBuf::from_slice(&pack(&[&x.q, &x.k, &x.v, &x.o, &x.d_o], dims));
+    let mut grads = HostBuf::filled(bs * s * 3 * h * d, bf16::NAN);
+    let mut lse = HostBuf::from_slice(&x.lse);
+    let mut d_lse = HostBuf::from_slice(x.d_lse.as_deref().expect("the case has dLSE"));
+    let shape = [bs, s, h, d];
+    let in_strides = [s * 5 * h * d, 5 * h * d, d, 1];
+    let out_strides = [s * 3 * h * d, 3 * h * d, d, 1];
+    let (pv, gv) = (packed.view(), grads.view());
+    let view = |buf, i: usize, st: &[usize; 4]| View::new(buf, i * h * d, &shape, st);
+    let what = format!("emulated strided views ({})", bwd_name(&b));
+    let launched = (|| -> kernels::Result<()> {
+        let tensors = AttentionBackwardTensors {
+            q: view(pv, 0, &in_strides)?,
+            k: view(pv, 1, &in_strides)?,
+            v: view(pv, 2, &in_strides)?,
+            o: view(pv, 3, &in_strides)?,
+            d_o: view(pv, 4, &in_strides)?,
+            lse: lse.view(),
+            d_lse: Some(d_lse.view()),
+            dq: view(gv, 0, &out_strides)?,
+            dk: view(gv, 1, &out_strides)?,
+            dv: view(gv, 2, &out_strides)?,
+        };
+        let target = Target {
+            arch: Arch::Sm80,
+            multiprocessors: 1,
+        };
+        let plan = p.plan_backward(target, &tensors, BackwardOptions { deterministic })?;
+        let mut delta = HostBuf::filled(plan.delta_len(), f32::NAN);
+        let mut accum =
+            (plan.dq_accum_len() > 0).then(|| HostBuf::filled(plan.dq_accum_len(), f32::NAN));
+        let ws = BackwardWorkspace {
+            delta: delta.view(),
+            dq_accum: accum.as_mut().map(|a| a.view()),
+        };
+        // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
+        // (synchronous) emulated launches; the workspace is separate memory.
+        unsafe { plan.run(&Emulator, &ws) }
+    })();
+    launched.map_err(|e| format!("{what}: {e}"))?;
+    ensure(grads.guards_intact(), || {
+        format!("{what}: a write outside its buffer")
+    })?;
+    let g = grads.to_vec();
+    let (dq, dk, dv) = (
+        unpack(&g, 3, 0, dims),
+        unpack(&g, 3, 1, dims),
+        unpack(&g, 3, 2, dims),
+    );
+    compare(&what, &p, &x, &dq, &dk, &dv)
 }
 
 /// A backward case.
@@ -428,6 +504,10 @@ fn emulated_cases() -> Vec<(Case, bool)> {
     c.p.window = (Some(0), Some(0));
     v.push((c, true));
     v.push((case(1, 17, 20, 2, 1, 256, Dtype::Bf16), true));
+    // Many steps per block: 2 query heads x 4 query blocks for each key block.
+    let mut c = case(1, 100, 70, 4, 2, 64, Dtype::Bf16);
+    c.p.window = (Some(50), None);
+    v.push((c, false));
     v
 }
 
@@ -471,6 +551,13 @@ pub fn register(s: &mut Suite) {
                 Dtype::F16 => run_emulated::<f16>(&b),
             });
         }
+    }
+    for deterministic in [false, true] {
+        let n = format!(
+            "attention_bwd/emulated/strided_views_{}",
+            if deterministic { "det" } else { "atomic" }
+        );
+        s.cpu(&n, move || strided_emulated(deterministic));
     }
     for (i, c) in gpu_cases().into_iter().enumerate() {
         for deterministic in [false, true] {
