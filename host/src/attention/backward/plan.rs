@@ -138,7 +138,7 @@ fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
         .filter(|&i| shape[i] > 1)
         .map(|i| (strides[i] as i128, shape[i] as i128))
         .collect();
-    dims.sort_by(|x, y| y.0.cmp(&x.0));
+    dims.sort_by_key(|d| std::cmp::Reverse(d.0));
     let mut extent = row;
     for &(stride, n) in dims.iter().rev() {
         if stride < extent {
@@ -219,7 +219,7 @@ impl AttentionProblem {
             for (other, view) in inputs.iter().chain(&outputs[i + 1..]) {
                 if views_overlap(out, view) {
                     return Err(Error::invalid(
-                        format!("{name}"),
+                        name.to_string(),
                         format!("overlaps {other} (outputs must not alias any tensor)"),
                     ));
                 }
@@ -228,7 +228,7 @@ impl AttentionProblem {
             for (other, view) in flat.into_iter().flatten() {
                 if spans_meet(span(out), flat_span(&view)) {
                     return Err(Error::invalid(
-                        format!("{name}"),
+                        name.to_string(),
                         format!("overlaps {other} (outputs must not alias any tensor)"),
                     ));
                 }

@@ -22,7 +22,7 @@ impl AttentionBackwardPlan {
     /// whole run; the workspace overlaps none of the tensors.
     pub unsafe fn run(&self, exec: &impl Exec, ws: &BackwardWorkspace<'_>) -> Result<()> {
         let launches = self.launches(ws)?;
-        // SAFETY (the three launches): the plan checked every view (shape, contiguous head
+        // SAFETY: (the three launches) the plan checked every view (shape, contiguous head
         // dimension, 16-byte aligned start and strides, in bounds of its memory), LSE's and
         // dLSE's lengths, that the outputs alias nothing, and validated the sizes and window;
         // `launches` checked the workspace's sizes and alignment; the grids are the ones the
