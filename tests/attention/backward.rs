@@ -22,6 +22,7 @@ use kernels::attention::{
     BackwardWorkspace, Dtype, Target, View, naive_backward_same_precision,
 };
 use kernels::data::rng;
+use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Gpu, bf16, f16};
 use rand::Rng;
@@ -64,12 +65,21 @@ fn inputs<T: AttentionElem>(b: &BwdCase) -> Inputs<T> {
     let d_o: Vec<T> = (0..q.len())
         .map(|_| T::from_f32(r.random_range(-1.0..1.0)))
         .collect();
+    let fwd = reference(p, &q, &k, &v);
+    // dLSE of the rows with no allowed key: NaN and infinities, which must not reach any
+    // gradient (such a row contributes nothing).
     let d_lse = b.with_dlse.then(|| {
         (0..p.lse_len())
-            .map(|_| r.random_range(-1.0f32..1.0))
+            .map(|i| {
+                let x = r.random_range(-1.0f32..1.0);
+                if fwd.lse[i] == f64::NEG_INFINITY {
+                    [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][i % 3]
+                } else {
+                    x
+                }
+            })
             .collect()
     });
-    let fwd = reference(p, &q, &k, &v);
     let o = fwd.o.iter().map(|&x| T::from_f32(x as f32)).collect();
     let lse = fwd.lse.iter().map(|&x| x as f32).collect();
     Inputs {
@@ -141,7 +151,21 @@ fn compare<T: AttentionElem>(
             }
         }
     }
-    println!("{what}: max |G - ref|:{line} {empty} empty rows");
+    // Keys no query may attend: dK and dV rows exactly 0.
+    let mut unseen = 0;
+    for b in 0..p.batch {
+        for j in (0..p.seq_k).filter(|&j| (0..p.seq_q).all(|i| !p.allowed(i, j))) {
+            for h in 0..p.heads_kv {
+                unseen += 1;
+                let start = ((b * p.seq_k + j) * p.heads_kv + h) * d;
+                let zero = |g: &[f64]| g[start..start + d].iter().all(|&x| x == 0.0);
+                ensure(zero(&got.dk) && zero(&got.dv), || {
+                    format!("{what}: dK/dV row (b {b}, j {j}, h {h}) seen by no query, not 0")
+                })?;
+            }
+        }
+    }
+    println!("{what}: max |G - ref|:{line} {empty} empty rows, {unseen} unseen keys");
     ensure(failures.is_empty(), || {
         format!("{what}: {}", failures.join("; "))
     })
@@ -261,6 +285,62 @@ fn device_backward<T: AttentionElem>(
     Ok((download(&dq)?, download(&dk)?, download(&dv)?))
 }
 
+/// Two backward passes of the same problem at once, on two streams (each with its own outputs
+/// and workspace), through the plan.
+#[allow(clippy::type_complexity)]
+fn concurrent_backward<T: AttentionElem>(
+    g: &Gpu,
+    p: &AttentionProblem,
+    d: &DevCase<T>,
+    options: BackwardOptions,
+) -> kernels::Result<Vec<(Vec<T>, Vec<T>, Vec<T>)>> {
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let streams = [g.stream()?, g.stream()?];
+    let mut outs = Vec::new();
+    for _ in 0..2 {
+        outs.push((
+            poisoned::<T>(d.q.len())?,
+            poisoned::<T>(d.k.len())?,
+            poisoned::<T>(d.k.len())?,
+        ));
+    }
+    let mut workspaces = Vec::new();
+    for (stream, (dq, dk, dv)) in streams.iter().zip(&outs) {
+        let tensors = AttentionBackwardTensors {
+            q: View::contiguous(&d.q, qs),
+            k: View::contiguous(&d.k, ks),
+            v: View::contiguous(&d.v, ks),
+            o: View::contiguous(&d.o, qs),
+            d_o: View::contiguous(&d.d_o, qs),
+            lse: (&d.lse).into(),
+            d_lse: d.d_lse.as_ref().map(|x| x.into()),
+            dq: View::contiguous(dq, qs),
+            dk: View::contiguous(dk, ks),
+            dv: View::contiguous(dv, ks),
+        };
+        let plan = p.plan_backward(Target::of(g), &tensors, options)?;
+        let delta = poisoned::<f32>(plan.delta_len())?;
+        let accum = (plan.dq_accum_len() > 0)
+            .then(|| poisoned::<f32>(plan.dq_accum_len()))
+            .transpose()?;
+        let ws = BackwardWorkspace {
+            delta: (&delta).into(),
+            dq_accum: accum.as_ref().map(|a| a.into()),
+        };
+        // SAFETY: every buffer lives until both streams are synchronized below; the outputs
+        // and workspaces of the two runs are distinct allocations.
+        unsafe { plan.run(&OnStream { gpu: g, stream }, &ws) }?;
+        workspaces.push((delta, accum));
+    }
+    for stream in &streams {
+        g.sync(stream, "attention backward on two streams")?;
+    }
+    drop(workspaces);
+    outs.iter()
+        .map(|(dq, dk, dv)| Ok((download(dq)?, download(dk)?, download(dv)?)))
+        .collect()
+}
+
 fn run_gpu<T: AttentionElem>(g: &Gpu, b: &BwdCase) -> TestResult {
     let p = &b.c.p;
     let x = inputs::<T>(b);
@@ -298,12 +378,12 @@ fn deterministic_bitwise(g: &Gpu) -> TestResult {
     };
     let runs = (|| {
         let d = dev_case(&x)?;
-        let (s1, s2) = (g.stream()?, g.stream()?);
         let mut runs = Vec::new();
-        for i in 0..22 {
-            let s = if i < 20 { &s1 } else { &s2 };
-            runs.push(device_backward(g, s, &b.c.p, &d, options)?);
+        let s1 = g.stream()?;
+        for _ in 0..20 {
+            runs.push(device_backward(g, &s1, &b.c.p, &d, options)?);
         }
+        runs.extend(concurrent_backward(g, &b.c.p, &d, options)?);
         Ok(runs)
     })();
     let runs = gpu_ok(runs)?;
@@ -316,7 +396,10 @@ fn deterministic_bitwise(g: &Gpu) -> TestResult {
             || format!("deterministic backward: run {i} differs from run 0"),
         )?;
     }
-    println!("deterministic backward: 22 runs (20 on one stream, 2 on another) bitwise identical");
+    println!(
+        "deterministic backward: 22 runs (20 in turn on one stream, 2 at once on two streams) \
+         bitwise identical"
+    );
     compare(
         "deterministic backward",
         &b.c.p,
