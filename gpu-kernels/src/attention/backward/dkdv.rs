@@ -43,7 +43,7 @@ use super::super::mask;
 use super::frag::{a_rows, a_trans, at, mma_ab, mma_abt, pack_a};
 use crate::arch::{atomic, cp_async, global, index, math, smem, sync};
 use crate::tiles::load_rows;
-use kernel_abi::attention::backward::{AttentionBwdParams, BwdTileConfig};
+use kernel_abi::attention::backward::{AttentionBwdParams, BWD_STAGES, BwdTileConfig};
 
 /// n8 tiles of dQ columns per pass of the dQ product (16 accumulator registers).
 const DQ_PASS: usize = 4;
@@ -97,6 +97,8 @@ pub(super) unsafe fn dkdv<
 ) {
     const { assert!(KD as u32 * 16 == D && NTQ as u32 * 8 == BM && KQ as u32 * 16 == BM) };
     const { assert!(KN as u32 * 16 == BN && WT.is_multiple_of(2) && QT.is_multiple_of(DQ_PASS)) };
+    // The protocol waits for every copy at the top of each step: a 2-stage ring.
+    const { assert!(BWD_STAGES == 2) };
     let lane = index::lane_id();
     let warp = index::warp_id();
     let (g, t) = (lane / 4, lane % 4);
@@ -173,10 +175,10 @@ pub(super) unsafe fn dkdv<
             // SAFETY: barrier (A) of the protocol; every thread reaches it `steps` times.
             unsafe { sync::sync_threads() };
             if step + 1 < steps {
-                load_step(step + 1, (step + 1) % 2);
+                load_step(step + 1, (step + 1) % BWD_STAGES);
             }
             cp_async::commit_group();
-            let stage = step % 2;
+            let stage = step % BWD_STAGES;
             let (h, m0) = (head_of(step), m0_of(step));
             let row_base = (batch as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64;
 

@@ -30,7 +30,7 @@ use super::super::mask;
 use super::frag::{a_rows, at, mma_ab, mma_abt, pack_a};
 use crate::arch::{cp_async, global, index, math, smem, sync};
 use crate::tiles::load_rows;
-use kernel_abi::attention::backward::{AttentionBwdParams, DqTileConfig};
+use kernel_abi::attention::backward::{AttentionBwdParams, DQ_STAGES, DqTileConfig};
 
 /// The kernel body; see the module documentation. `RB` bytes per padded row, `KD = D / 16`,
 /// `DT = D / 8`, `NT = BN / 8`, `KN = BN / 16`.
@@ -57,6 +57,8 @@ pub(super) unsafe fn dq<
 ) {
     const { assert!(KD as u32 * 16 == D && DT as u32 * 8 == D) };
     const { assert!(NT as u32 * 8 == BN && KN as u32 * 16 == BN && BM / 16 * 32 == THREADS) };
+    // The protocol waits for every copy at the top of each step: a 2-stage ring.
+    const { assert!(DQ_STAGES == 2) };
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
     let warp_row = 16 * index::warp_id();
@@ -147,10 +149,10 @@ pub(super) unsafe fn dq<
             // SAFETY: barrier protocol step 2; every thread reaches it `steps` times.
             unsafe { sync::sync_threads() };
             if step + 1 < steps {
-                load_kv(step + 1, (step + 1) % 2);
+                load_kv(step + 1, (step + 1) % DQ_STAGES);
             }
             cp_async::commit_group();
-            let stage = step % 2;
+            let stage = step % DQ_STAGES;
             let n0 = n0_of(step);
             let mut s = [[0.0f32; 4]; NT];
             let mut dp = [[0.0f32; 4]; NT];
