@@ -25,6 +25,7 @@ use kernels::data::rng;
 use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Gpu, bf16, f16};
+use kernels_testing::attention::{BackwardInputs, device_backward as device_backward_host};
 use rand::Rng;
 
 /// Relative floor of the tolerance (times `max |ref|` of the gradient).
@@ -350,15 +351,19 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, b: &BwdCase) -> TestResult {
         g.arch(),
         b.c.seed
     );
-    let out = (|| {
-        let d = dev_case(&x)?;
-        let stream = g.stream()?;
-        let options = BackwardOptions {
-            deterministic: b.deterministic,
-        };
-        device_backward(g, &stream, p, &d, options)
-    })();
-    let (dq, dk, dv) = gpu_ok(out)?;
+    let host = BackwardInputs {
+        q: &x.q,
+        k: &x.k,
+        v: &x.v,
+        o: &x.o,
+        lse: &x.lse,
+        d_o: &x.d_o,
+        d_lse: x.d_lse.as_deref(),
+    };
+    let options = BackwardOptions {
+        deterministic: b.deterministic,
+    };
+    let (dq, dk, dv) = gpu_ok(device_backward_host(g, p, &host, options))?;
     compare(&what, p, &x, &dq, &dk, &dv)
 }
 
