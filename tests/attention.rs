@@ -4,6 +4,8 @@
 //! `O_naive` is a straightforward implementation in the input precision
 //! (`attention::naive_same_precision`); LSE within `1e-3 * max(1, |ref|)` (absolute below 1,
 //! relative above: LSE grows with the logits), and `-inf` exactly where the reference has it.
+//!
+//! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs`.
 
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -17,6 +19,9 @@ use kernels::memory::{download, poisoned, upload};
 use kernels::{Error, Gpu, bf16, f16};
 use kernels_testing::attention as testing;
 use rand::Rng;
+
+#[path = "attention/backward.rs"]
+mod backward;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -274,6 +279,7 @@ fn main() {
             backward_against_finite_differences(&c)
         });
     }
+    backward::register(&mut s);
     s.run()
 }
 

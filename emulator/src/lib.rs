@@ -16,6 +16,7 @@ pub mod emu;
 /// The device layer of `gpu-kernels/src/arch`, emulated: the functions the portable kernels
 /// use, with the same signatures and safety contracts.
 pub mod arch {
+    pub mod atomic;
     pub mod convert;
     pub mod cp_async;
     pub mod global;

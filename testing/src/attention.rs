@@ -1,4 +1,5 @@
-//! Attention: random inputs and whole forward passes on the GPU, for the tests and benchmarks.
+//! Attention: random inputs and whole forward and backward passes on the GPU, for the tests and
+//! benchmarks.
 
 use kernels::attention::{self, AttentionElem, AttentionProblem, View};
 use kernels::data::rng;
@@ -44,4 +45,66 @@ pub fn device_forward<T: AttentionElem>(
     attention::forward_variant(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse, variant)?;
     g.sync(&stream, "attention forward")?;
     Ok((download(&dout)?, download(&dlse)?))
+}
+
+/// The inputs of a backward pass (contiguous host tensors): Q, K, V, the forward's O and LSE,
+/// dO and optionally dLSE.
+pub struct BackwardInputs<'a, T> {
+    /// Q `[batch, seq_q, heads_q, D]`.
+    pub q: &'a [T],
+    /// K `[batch, seq_k, heads_kv, D]`.
+    pub k: &'a [T],
+    /// V, as K.
+    pub v: &'a [T],
+    /// O, as Q.
+    pub o: &'a [T],
+    /// LSE `[batch, heads_q, seq_q]`.
+    pub lse: &'a [f32],
+    /// dO, as Q.
+    pub d_o: &'a [T],
+    /// dLSE, as LSE.
+    pub d_lse: Option<&'a [f32]>,
+}
+
+/// The backward pass of `p` on the GPU with contiguous tensors (outputs poisoned before the
+/// launch); returns dQ, dK, dV.
+pub fn device_backward<T: AttentionElem>(
+    g: &Gpu,
+    p: &AttentionProblem,
+    x: &BackwardInputs<'_, T>,
+    options: attention::BackwardOptions,
+) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let stream = g.stream()?;
+    let (q, k, v, o, d_o) = (
+        upload(x.q)?,
+        upload(x.k)?,
+        upload(x.v)?,
+        upload(x.o)?,
+        upload(x.d_o)?,
+    );
+    let lse = upload(x.lse)?;
+    let d_lse = x.d_lse.map(upload).transpose()?;
+    let (dq, dk, dv) = (
+        poisoned::<T>(x.q.len())?,
+        poisoned::<T>(x.k.len())?,
+        poisoned::<T>(x.k.len())?,
+    );
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    attention::backward(
+        g,
+        &stream,
+        p,
+        &View::contiguous(&q, qs),
+        &View::contiguous(&k, ks),
+        &View::contiguous(&v, ks),
+        &View::contiguous(&o, qs),
+        &lse,
+        &View::contiguous(&d_o, qs),
+        d_lse.as_ref(),
+        &mut View::contiguous(&dq, qs),
+        &mut View::contiguous(&dk, ks),
+        &mut View::contiguous(&dv, ks),
+        options,
+    )?;
+    Ok((download(&dq)?, download(&dk)?, download(&dv)?))
 }

@@ -16,3 +16,15 @@ pub unsafe fn add_u32(ptr: *mut u32, v: u32) -> u32 {
     };
     old
 }
+
+/// `red.global.add.f32`: add `v` to `*ptr` atomically, without returning the old value (a
+/// reduction: the thread does not wait for it). The order in which several threads' additions
+/// land is unspecified, so a sum of more than two terms is not bitwise reproducible.
+///
+/// # Safety
+/// `ptr` is a valid, 4-byte aligned pointer to global memory.
+#[inline(always)]
+pub unsafe fn red_add_f32(ptr: *mut f32, v: f32) {
+    // SAFETY: the caller guarantees `ptr` is a valid global address.
+    unsafe { asm!("red.global.add.f32 [{0}], {1};", in(reg64) ptr, in(reg32) v, options(nostack)) };
+}

@@ -12,7 +12,11 @@
 //!
 //! Shared by both: [`elem`] (the bf16/f16 element types), [`mask`] (which keys a row may
 //! attend), [`softmax`] (the online softmax in base 2, its folded and lazy modes, NaN safety).
+//!
+//! [`backward`]: the gradients on the `mma.sync` path (preprocess, dK/dV with dQ by atomics or
+//! a deterministic dQ kernel, dQ conversion), with the forward's mask and element types.
 
+pub mod backward;
 pub mod elem;
 #[cfg(target_feature = "sm_90a")]
 pub mod hopper;

@@ -22,18 +22,26 @@
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
 //! rule of the tests). [`reference::backward`] is the f64 specification of the gradients dQ,
-//! dK and dV (no GPU backward yet).
+//! dK and dV, computed on the GPU by [`backward()`] ([`backward`] module: the plan and its
+//! launches).
 
+pub mod backward;
 mod plan;
 mod problem;
 pub mod reference;
 mod run;
 
+pub use backward::{
+    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardPath,
+    BackwardWorkspace, backward,
+};
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
-pub use reference::{naive_same_precision, reference, reference_rows};
+pub use reference::{
+    naive_backward_same_precision, naive_same_precision, reference, reference_rows,
+};
 pub use run::{forward, forward_variant};
 
 #[cfg(test)]

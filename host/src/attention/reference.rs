@@ -385,3 +385,95 @@ pub fn backward_f64(
     }
     AttentionGrads { dq, dk, dv }
 }
+
+/// The backward computed the way a straightforward implementation in the input precision T
+/// would (an unfused framework path through its autograd): the forward of
+/// [`naive_same_precision`] (`Q scale`, the scores, P and O rounded to T), then `dP = dO V^T`
+/// rounded to T, `delta = sum_j P_j dP_j` in f32, `dS = P (dP - delta + dLSE)` rounded to T, and
+/// `dQ = dS K`, `dK = dS^T (Q scale)`, `dV = P^T dO` with f32 accumulation rounded to T (dK and dV
+/// summed over the query heads of a group in f32 before rounding). Its error against
+/// [`backward`] sets the tolerance of the kernels' gradients (FlashAttention's rule).
+pub fn naive_backward_same_precision<T: AttentionElem>(
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+) -> AttentionGrads {
+    let d = p.head_dim;
+    let group = p.heads_q / p.heads_kv;
+    let scale = p.softmax_scale();
+    let round = |x: f32| T::from_f32(x).to_f32();
+    let f32s = |x: &[T]| -> Vec<f32> { x.iter().map(|x| x.to_f32()).collect() };
+    let qs: Vec<f32> = q.iter().map(|x| round(x.to_f32() * scale)).collect();
+    let (k32, v32, do32) = (f32s(k), f32s(v), f32s(d_o));
+    let mut dq = vec![0.0f64; q.len()];
+    let mut dk32 = vec![0.0f32; k.len()];
+    let mut dv32 = vec![0.0f32; v.len()];
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let mut probs = vec![0.0f32; p.seq_k];
+    let mut ds = vec![0.0f32; p.seq_k];
+    for b in 0..p.batch {
+        for h in 0..p.heads_q {
+            let hk = h / group;
+            for i in 0..p.seq_q {
+                let qi = row(&qs, p.seq_q, p.heads_q, d, b, i, h);
+                let doi = row(&do32, p.seq_q, p.heads_q, d, b, i, h);
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in probs.iter_mut().enumerate() {
+                    *s = if p.allowed(i, j) {
+                        round(dot(qi, row(&k32, p.seq_k, p.heads_kv, d, b, j, hk)))
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    max = max.max(*s);
+                }
+                if max == f32::NEG_INFINITY {
+                    continue; // no allowed key: the row contributes nothing
+                }
+                let sum: f32 = probs.iter().map(|&s| (s - max).exp()).sum();
+                probs
+                    .iter_mut()
+                    .for_each(|s| *s = round((*s - max).exp() / sum));
+                let mut delta = 0.0f32;
+                for (j, ds) in ds.iter_mut().enumerate() {
+                    *ds = if probs[j] == 0.0 {
+                        0.0
+                    } else {
+                        round(dot(doi, row(&v32, p.seq_k, p.heads_kv, d, b, j, hk)))
+                    };
+                    delta += probs[j] * *ds;
+                }
+                let dlse = d_lse.map_or(0.0, |g| g[(b * p.heads_q + h) * p.seq_q + i]);
+                for (j, ds) in ds.iter_mut().enumerate() {
+                    *ds = round(probs[j] * (*ds - delta + dlse));
+                }
+                let mut acc = vec![0.0f32; d];
+                for j in 0..p.seq_k {
+                    if probs[j] == 0.0 && ds[j] == 0.0 {
+                        continue;
+                    }
+                    let kj = row(&k32, p.seq_k, p.heads_kv, d, b, j, hk);
+                    for (x, y) in acc.iter_mut().zip(kj) {
+                        *x += ds[j] * y;
+                    }
+                    let start = ((b * p.seq_k + j) * p.heads_kv + hk) * d;
+                    for c in 0..d {
+                        dk32[start + c] += ds[j] * qi[c];
+                        dv32[start + c] += probs[j] * doi[c];
+                    }
+                }
+                let start = ((b * p.seq_q + i) * p.heads_q + h) * d;
+                for c in 0..d {
+                    dq[start + c] = round(round(acc[c]) * scale) as f64;
+                }
+            }
+        }
+    }
+    AttentionGrads {
+        dq,
+        dk: dk32.iter().map(|&x| round(x) as f64).collect(),
+        dv: dv32.iter().map(|&x| round(x) as f64).collect(),
+    }
+}

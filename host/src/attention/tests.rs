@@ -7,6 +7,7 @@ use crate::exec::DevView;
 use crate::gpu::check_kernel_launch;
 use crate::ptx::Arch;
 use half::{bf16, f16};
+use kernel_abi::attention::backward::BWD_KERNEL_COUNT;
 use kernel_abi::attention::{
     HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VARIANTS, HopperGrid, KERNELS, MMA_KERNELS,
     TUNING_VARIANTS, UNBOUNDED, hopper_config, tile_config,
@@ -66,7 +67,7 @@ fn dtype_name(d: Dtype) -> &'static str {
 fn every_entry_of_the_ptx_has_its_handle() {
     for arch in [Arch::Sm90a, Arch::Sm80] {
         for name in arch.kernels().keys() {
-            if name.starts_with("attention_fwd") {
+            if name.starts_with("attention_") {
                 assert!(
                     KERNELS.iter().any(|k| k.name == name),
                     "{name} ({arch}) has no handle"
@@ -87,7 +88,7 @@ fn every_entry_of_the_ptx_has_its_handle() {
     }
     assert_eq!(
         KERNELS.len(),
-        2 * 6 + TUNING_VARIANTS.len() + HOPPER_VARIANTS.len()
+        2 * 6 + TUNING_VARIANTS.len() + HOPPER_VARIANTS.len() + BWD_KERNEL_COUNT
     );
 }
 

@@ -1,8 +1,11 @@
 //! Attention forward (FlashAttention-2 style, `ldmatrix` + `mma.sync`, `cp.async` pipeline):
-//! `O = softmax(scale Q K^T + mask) V` and the row log-sum-exp.
+//! `O = softmax(scale Q K^T + mask) V` and the row log-sum-exp; the backward's handles in
+//! [`backward`].
 
 use crate::kernel::str_eq;
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
+
+pub mod backward;
 
 /// Head dimensions with a kernel.
 pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
@@ -883,11 +886,13 @@ pub const HOPPER_KERNELS: [HopperKernel; 6 + HOPPER_VARIANTS.len()] = [
     ),
 ];
 
-/// The family's kernels (both paths).
+/// The family's kernels (both forward paths, then the backward's).
 pub const KERNELS: &[KernelDecl] = &kernel_decls();
 
-const fn kernel_decls() -> [KernelDecl; MMA_KERNELS.len() + HOPPER_KERNELS.len()] {
-    let mut out = [MMA_KERNELS[0].kernel.info(); MMA_KERNELS.len() + HOPPER_KERNELS.len()];
+const FAMILY_KERNELS: usize = MMA_KERNELS.len() + HOPPER_KERNELS.len() + backward::BWD_KERNEL_COUNT;
+
+const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
+    let mut out = [MMA_KERNELS[0].kernel.info(); FAMILY_KERNELS];
     let mut i = 0;
     while i < MMA_KERNELS.len() {
         out[i] = MMA_KERNELS[i].kernel.info();
@@ -897,6 +902,12 @@ const fn kernel_decls() -> [KernelDecl; MMA_KERNELS.len() + HOPPER_KERNELS.len()
     while j < HOPPER_KERNELS.len() {
         out[i + j] = HOPPER_KERNELS[j].kernel.info();
         j += 1;
+    }
+    let bwd = backward::bwd_kernel_decls();
+    let mut k = 0;
+    while k < bwd.len() {
+        out[i + j + k] = bwd[k];
+        k += 1;
     }
     out
 }

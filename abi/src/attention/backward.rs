@@ -1,0 +1,490 @@
+//! Attention backward on the `mma.sync` path (FlashAttention-2's structure): the parameter
+//! struct of its kernels, their tile shapes and shared-memory layouts, and the handles.
+//!
+//! Five kernels per element type and head dimension, launched in this order:
+//!
+//! 1. `attention_bwd_pre_*`: `delta'[b, h, i] = sum_d dO O - dLSE` (0 for a row whose LSE is
+//!    -inf), and the dQ accumulator zeroed (when there is one);
+//! 2. `attention_bwd_*` (dQ by atomics) or `attention_bwd_dkdv_*` (deterministic mode): one block
+//!    per [`BwdTileConfig::block_n`] keys of one key/value head, dK and dV in registers over every
+//!    query head of the group and every query block that sees the keys; the first also adds
+//!    its share of dQ into the f32 accumulator with `red.global.add.f32`;
+//! 3. `attention_bwd_dq_convert_*` (after the atomics: the accumulator times the scale to dQ) or
+//!    `attention_bwd_dq_*` (deterministic mode: one block per query block recomputes P and dS
+//!    over the keys its rows see and writes dQ; no atomics, bitwise reproducible).
+
+use super::{Dtype, tile_config_of};
+use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
+
+/// Parameters of every backward kernel (each reads the fields its role needs; the others may
+/// be null). Masking is the forward's ([`super::AttentionParams`]); the logits are
+/// `s = scale q . k`, `P = exp(s - LSE)`, `dS = P (dP - delta')`, and
+/// `dQ = scale dS K`, `dK = scale dS^T Q`, `dV = P^T dO`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionBwdParams {
+    /// Q `[batch, seq_q, heads_q, D]` (16-bit elements), strides `q_strides`.
+    pub q: *const u16,
+    /// K `[batch, seq_k, heads_kv, D]`.
+    pub k: *const u16,
+    /// V `[batch, seq_k, heads_kv, D]`.
+    pub v: *const u16,
+    /// O of the forward `[batch, seq_q, heads_q, D]` (read by the preprocess only).
+    pub o: *const u16,
+    /// dO `[batch, seq_q, heads_q, D]`.
+    pub d_o: *const u16,
+    /// dQ `[batch, seq_q, heads_q, D]` (written by the dQ kernel or the conversion).
+    pub dq: *mut u16,
+    /// dK `[batch, seq_k, heads_kv, D]`.
+    pub dk: *mut u16,
+    /// dV `[batch, seq_k, heads_kv, D]`.
+    pub dv: *mut u16,
+    /// LSE of the forward `[batch, heads_q, seq_q]` f32, contiguous (natural log).
+    pub lse: *const f32,
+    /// dLSE `[batch, heads_q, seq_q]` f32, contiguous; null when the loss does not use LSE.
+    pub d_lse: *const f32,
+    /// `delta'` `[batch, heads_q, seq_q]` f32, contiguous (workspace, written by the preprocess).
+    pub delta: *mut f32,
+    /// dQ accumulator `[batch, heads_q, seq_q, D]` f32, contiguous (workspace; null in
+    /// deterministic mode).
+    pub dq_accum: *mut f32,
+    /// Element strides of Q for batch, sequence, head (the head dimension is contiguous).
+    pub q_strides: [u64; 3],
+    /// Element strides of K.
+    pub k_strides: [u64; 3],
+    /// Element strides of V.
+    pub v_strides: [u64; 3],
+    /// Element strides of O.
+    pub o_strides: [u64; 3],
+    /// Element strides of dO.
+    pub do_strides: [u64; 3],
+    /// Element strides of dQ.
+    pub dq_strides: [u64; 3],
+    /// Element strides of dK.
+    pub dk_strides: [u64; 3],
+    /// Element strides of dV.
+    pub dv_strides: [u64; 3],
+    /// Batch size.
+    pub batch: u32,
+    /// Query length.
+    pub seq_q: u32,
+    /// Key/value length.
+    pub seq_k: u32,
+    /// Query heads (a multiple of `heads_kv`).
+    pub heads_q: u32,
+    /// Key/value heads.
+    pub heads_kv: u32,
+    /// Softmax scale.
+    pub scale: f32,
+    /// Softmax scale times log2(e) (the kernels exponentiate in base 2).
+    pub scale_log2: f32,
+    /// Left window size, or [`super::UNBOUNDED`].
+    pub window_left: i32,
+    /// Right window size (0 for causal), or [`super::UNBOUNDED`].
+    pub window_right: i32,
+}
+
+/// Threads per block of the preprocess and of the dQ conversion.
+pub const ROW_THREADS: u32 = 128;
+/// Query rows per block of the preprocess and of the dQ conversion.
+pub const ROW_BLOCK: u32 = 64;
+
+/// Tiles of the dK/dV kernels (`attention_bwd_*`, `attention_bwd_dkdv_*`) for one head
+/// dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdTileConfig {
+    /// Head dimension D.
+    pub head_dim: u32,
+    /// Keys per block (16 per warp row).
+    pub block_n: u32,
+    /// Query rows per step (Q and dO tiles in a 2-stage `cp.async` ring).
+    pub block_m: u32,
+    /// Warps sharing 16 keys: each recomputes their `S^T` and `dP^T` and owns `D / d_split`
+    /// columns of their dK and dV (at D = 256 the accumulators of all D columns would not fit
+    /// in one warp's registers).
+    pub d_split: u32,
+    /// Resident blocks per SM the launch bounds ask for.
+    pub blocks_per_sm: u32,
+}
+
+impl BwdTileConfig {
+    /// Warps per block.
+    #[inline]
+    pub const fn warps(&self) -> u32 {
+        self.block_n / 16 * self.d_split
+    }
+
+    /// Threads per block.
+    #[inline]
+    pub const fn threads(&self) -> u32 {
+        self.warps() * WARP_SIZE
+    }
+
+    /// dK/dV columns of one warp.
+    #[inline]
+    pub const fn warp_cols(&self) -> u32 {
+        self.head_dim / self.d_split
+    }
+
+    /// Column groups of the block's dQ product `dS K` (`[block_m, D]`): warp `w` computes m16
+    /// tile `w % (block_m / 16)` over columns group `w / (block_m / 16)`.
+    #[inline]
+    pub const fn dq_col_groups(&self) -> u32 {
+        self.warps() / (self.block_m / 16)
+    }
+
+    /// dQ columns of one warp.
+    #[inline]
+    pub const fn dq_cols(&self) -> u32 {
+        self.head_dim / self.dq_col_groups()
+    }
+
+    /// Bytes of one padded row of a `[rows, D]` tile (as in the forward:
+    /// [`super::TileConfig::row_bytes`]).
+    #[inline]
+    pub const fn row_bytes(&self) -> u32 {
+        tile_config_of(self.head_dim).row_bytes()
+    }
+
+    /// Bytes of one padded row of the `dS^T` tile (`[block_n, block_m]` 16-bit).
+    #[inline]
+    pub const fn ds_row_bytes(&self) -> u32 {
+        self.block_m * 2 + 16
+    }
+
+    /// Bytes of a `[rows, D]` tile.
+    #[inline]
+    pub const fn tile_bytes(&self, rows: u32) -> usize {
+        (rows * self.row_bytes()) as usize
+    }
+
+    /// Offset of the K tile (`[block_n, D]`).
+    #[inline]
+    pub const fn k_offset(&self) -> usize {
+        0
+    }
+
+    /// Offset of the V tile (`[block_n, D]`).
+    #[inline]
+    pub const fn v_offset(&self) -> usize {
+        self.tile_bytes(self.block_n)
+    }
+
+    /// Offset of stage `s`'s Q tile (`[block_m, D]`).
+    #[inline]
+    pub const fn q_offset(&self, s: u32) -> usize {
+        2 * self.tile_bytes(self.block_n) + 2 * s as usize * self.tile_bytes(self.block_m)
+    }
+
+    /// Offset of stage `s`'s dO tile (`[block_m, D]`).
+    #[inline]
+    pub const fn do_offset(&self, s: u32) -> usize {
+        self.q_offset(s) + self.tile_bytes(self.block_m)
+    }
+
+    /// Offset of the `dS^T` tile (`[block_n, block_m]`, keys major; dQ kernels only).
+    #[inline]
+    pub const fn ds_offset(&self) -> usize {
+        self.q_offset(BWD_STAGES)
+    }
+
+    /// Dynamic shared memory of the kernel with (`with_dq`) or without the `dS^T` tile.
+    #[inline]
+    pub const fn smem_bytes(&self, with_dq: bool) -> usize {
+        let ds = if with_dq {
+            (self.block_n * self.ds_row_bytes()) as usize
+        } else {
+            0
+        };
+        self.ds_offset() + ds + SMEM_ALIGN
+    }
+}
+
+/// Stages of the Q/dO ring of the dK/dV kernels.
+pub const BWD_STAGES: u32 = 2;
+
+/// The dK/dV tiles for head dimension `d`, if supported.
+pub const fn bwd_tile_config(d: u32) -> Option<BwdTileConfig> {
+    match d {
+        64 | 128 => Some(BwdTileConfig {
+            head_dim: d,
+            block_n: 64,
+            block_m: 32,
+            d_split: 1,
+            blocks_per_sm: 2,
+        }),
+        256 => Some(BwdTileConfig {
+            head_dim: 256,
+            block_n: 64,
+            block_m: 32,
+            d_split: 2,
+            blocks_per_sm: 1,
+        }),
+        _ => None,
+    }
+}
+
+/// [`bwd_tile_config`] for a supported head dimension (compile-time use in kernels).
+pub const fn bwd_tile_config_of(d: u32) -> BwdTileConfig {
+    match bwd_tile_config(d) {
+        Some(c) => c,
+        None => panic!("unsupported head dimension"),
+    }
+}
+
+/// Tiles of the deterministic dQ kernel (`attention_bwd_dq_*`) for one head dimension: the
+/// forward's structure (a block owns query rows, walks the keys in steps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DqTileConfig {
+    /// Head dimension D.
+    pub head_dim: u32,
+    /// Query rows per block (16 per warp).
+    pub block_m: u32,
+    /// Keys per step (K and V tiles in a 2-stage `cp.async` ring).
+    pub block_n: u32,
+    /// Resident blocks per SM the launch bounds ask for.
+    pub blocks_per_sm: u32,
+}
+
+/// Stages of the K/V ring of the dQ kernel.
+pub const DQ_STAGES: u32 = 2;
+
+impl DqTileConfig {
+    /// Warps per block.
+    #[inline]
+    pub const fn warps(&self) -> u32 {
+        self.block_m / 16
+    }
+
+    /// Threads per block.
+    #[inline]
+    pub const fn threads(&self) -> u32 {
+        self.warps() * WARP_SIZE
+    }
+
+    /// Bytes of a `[rows, D]` tile.
+    #[inline]
+    pub const fn tile_bytes(&self, rows: u32) -> usize {
+        (rows * tile_config_of(self.head_dim).row_bytes()) as usize
+    }
+
+    /// Offset of the Q tile (`[block_m, D]`).
+    #[inline]
+    pub const fn q_offset(&self) -> usize {
+        0
+    }
+
+    /// Offset of the dO tile (`[block_m, D]`).
+    #[inline]
+    pub const fn do_offset(&self) -> usize {
+        self.tile_bytes(self.block_m)
+    }
+
+    /// Offset of stage `s`'s K tile (`[block_n, D]`).
+    #[inline]
+    pub const fn k_offset(&self, s: u32) -> usize {
+        2 * self.tile_bytes(self.block_m) + 2 * s as usize * self.tile_bytes(self.block_n)
+    }
+
+    /// Offset of stage `s`'s V tile (`[block_n, D]`).
+    #[inline]
+    pub const fn v_offset(&self, s: u32) -> usize {
+        self.k_offset(s) + self.tile_bytes(self.block_n)
+    }
+
+    /// Dynamic shared memory of the kernel.
+    #[inline]
+    pub const fn smem_bytes(&self) -> usize {
+        self.k_offset(DQ_STAGES) + SMEM_ALIGN
+    }
+}
+
+/// The dQ tiles for head dimension `d`, if supported.
+pub const fn dq_tile_config(d: u32) -> Option<DqTileConfig> {
+    match d {
+        64 | 128 => Some(DqTileConfig {
+            head_dim: d,
+            block_m: 64,
+            block_n: 64,
+            blocks_per_sm: 2,
+        }),
+        // The dQ accumulator takes 128 registers per thread: keys in steps of 32.
+        256 => Some(DqTileConfig {
+            head_dim: 256,
+            block_m: 64,
+            block_n: 32,
+            blocks_per_sm: 1,
+        }),
+        _ => None,
+    }
+}
+
+/// [`dq_tile_config`] for a supported head dimension (compile-time use in kernels).
+pub const fn dq_tile_config_of(d: u32) -> DqTileConfig {
+    match dq_tile_config(d) {
+        Some(c) => c,
+        None => panic!("unsupported head dimension"),
+    }
+}
+
+/// The backward kernels of one element type and head dimension.
+pub struct BwdKernels {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// `delta'` and the zeroed dQ accumulator; grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)`.
+    pub pre: Kernel<AttentionBwdParams>,
+    /// dK, dV, and dQ by atomics; grid `(ceil(seq_k / block_n), heads_kv, batch)`.
+    pub dkdv_dq: Kernel<AttentionBwdParams, BwdTileConfig>,
+    /// dK and dV only (deterministic mode); grid as for `dkdv_dq`.
+    pub dkdv: Kernel<AttentionBwdParams, BwdTileConfig>,
+    /// dQ of the accumulator times the scale; grid as for `pre`.
+    pub dq_convert: Kernel<AttentionBwdParams>,
+    /// dQ recomputed per query block (deterministic mode); grid
+    /// `(ceil(seq_q / block_m), heads_q, batch)`.
+    pub dq: Kernel<AttentionBwdParams, DqTileConfig>,
+    /// Tiles of `dkdv_dq` and `dkdv`.
+    pub tiles: BwdTileConfig,
+    /// Tiles of `dq`.
+    pub dq_tiles: DqTileConfig,
+}
+
+fn no_smem(_: ()) -> usize {
+    0
+}
+
+fn smem_with_dq(t: BwdTileConfig) -> usize {
+    t.smem_bytes(true)
+}
+
+fn smem_without_dq(t: BwdTileConfig) -> usize {
+    t.smem_bytes(false)
+}
+
+fn dq_smem(t: DqTileConfig) -> usize {
+    t.smem_bytes()
+}
+
+/// The kernels named `attention_bwd_{role}{dtype}_d{d}` (`names`: pre, main, dkdv, convert, dq).
+const fn bwd(dtype: Dtype, d: u32, names: [&'static str; 5]) -> BwdKernels {
+    let tiles = bwd_tile_config_of(d);
+    let dq_tiles = dq_tile_config_of(d);
+    BwdKernels {
+        dtype,
+        head_dim: d,
+        pre: Kernel::new(names[0], ROW_THREADS, 1, no_smem),
+        dkdv_dq: Kernel::new(names[1], tiles.threads(), tiles.blocks_per_sm, smem_with_dq),
+        dkdv: Kernel::new(
+            names[2],
+            tiles.threads(),
+            tiles.blocks_per_sm,
+            smem_without_dq,
+        ),
+        dq_convert: Kernel::new(names[3], ROW_THREADS, 1, no_smem),
+        dq: Kernel::new(
+            names[4],
+            dq_tiles.threads(),
+            dq_tiles.blocks_per_sm,
+            dq_smem,
+        ),
+        tiles,
+        dq_tiles,
+    }
+}
+
+/// The backward kernels for each element type and head dimension.
+pub const BWD_KERNELS: [BwdKernels; 6] = [
+    bwd(
+        Dtype::Bf16,
+        64,
+        [
+            "attention_bwd_pre_bf16_d64",
+            "attention_bwd_bf16_d64",
+            "attention_bwd_dkdv_bf16_d64",
+            "attention_bwd_dq_convert_bf16_d64",
+            "attention_bwd_dq_bf16_d64",
+        ],
+    ),
+    bwd(
+        Dtype::Bf16,
+        128,
+        [
+            "attention_bwd_pre_bf16_d128",
+            "attention_bwd_bf16_d128",
+            "attention_bwd_dkdv_bf16_d128",
+            "attention_bwd_dq_convert_bf16_d128",
+            "attention_bwd_dq_bf16_d128",
+        ],
+    ),
+    bwd(
+        Dtype::Bf16,
+        256,
+        [
+            "attention_bwd_pre_bf16_d256",
+            "attention_bwd_bf16_d256",
+            "attention_bwd_dkdv_bf16_d256",
+            "attention_bwd_dq_convert_bf16_d256",
+            "attention_bwd_dq_bf16_d256",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        64,
+        [
+            "attention_bwd_pre_f16_d64",
+            "attention_bwd_f16_d64",
+            "attention_bwd_dkdv_f16_d64",
+            "attention_bwd_dq_convert_f16_d64",
+            "attention_bwd_dq_f16_d64",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        128,
+        [
+            "attention_bwd_pre_f16_d128",
+            "attention_bwd_f16_d128",
+            "attention_bwd_dkdv_f16_d128",
+            "attention_bwd_dq_convert_f16_d128",
+            "attention_bwd_dq_f16_d128",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        256,
+        [
+            "attention_bwd_pre_f16_d256",
+            "attention_bwd_f16_d256",
+            "attention_bwd_dkdv_f16_d256",
+            "attention_bwd_dq_convert_f16_d256",
+            "attention_bwd_dq_f16_d256",
+        ],
+    ),
+];
+
+/// Backward kernels in [`BWD_KERNELS`] (five per entry).
+pub const BWD_KERNEL_COUNT: usize = 5 * BWD_KERNELS.len();
+
+/// Every backward handle, for the family's table.
+pub const fn bwd_kernel_decls() -> [KernelDecl; BWD_KERNEL_COUNT] {
+    let mut out = [BWD_KERNELS[0].pre.info(); BWD_KERNEL_COUNT];
+    let mut i = 0;
+    while i < BWD_KERNELS.len() {
+        let k = &BWD_KERNELS[i];
+        out[5 * i] = k.pre.info();
+        out[5 * i + 1] = k.dkdv_dq.info();
+        out[5 * i + 2] = k.dkdv.info();
+        out[5 * i + 3] = k.dq_convert.info();
+        out[5 * i + 4] = k.dq.info();
+        i += 1;
+    }
+    out
+}
+
+/// The backward kernels for `dtype` and head dimension `head_dim`, if built.
+pub fn bwd_kernels(dtype: Dtype, head_dim: u32) -> Option<&'static BwdKernels> {
+    const ALL: &[BwdKernels] = &BWD_KERNELS;
+    ALL.iter()
+        .find(|k| k.dtype == dtype && k.head_dim == head_dim)
+}

@@ -1,0 +1,343 @@
+//! The dK/dV kernels (`attention_bwd_*`, `attention_bwd_dkdv_*`): one block per `BN` keys of
+//! one key/value head, dK and dV accumulated in registers (f32) over every query head of the
+//! group and every query block that sees the keys; with `DQ`, each step's share of dQ added
+//! into the f32 accumulator.
+//!
+//! # Tiling
+//! The block's K and V tiles (`[BN, D]`) are loaded once; Q and dO tiles of `BM` query rows
+//! stream through a 2-stage `cp.async` ring ([`kernel_abi::attention::backward::BwdTileConfig`]
+//! is the table and the shared-memory layout). The steps are the query blocks `[mb_lo, mb_hi)`
+//! that may see a key of the block (causal and window bounds: the others are skipped), for each
+//! query head of the group in turn.
+//!
+//! # Thread mapping
+//! Warp `w` owns keys `16 (w % (BN / 16)) ..+ 16` of the block and dK/dV columns
+//! `(w / (BN / 16)) D / d_split ..+ D / d_split`. Per step it computes, with keys as rows,
+//! `S^T = K Q^T` and `dP^T = V dO^T` (`16 x BM`, all of D), then
+//! `P^T = exp2(S^T scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf),
+//! `dS^T = P^T (dP^T - delta')`, and `dV += P^T dO`, `dK += dS^T Q` on its columns (P and dS
+//! rounded to the element type as A fragments). With `DQ`, the warps of the first column
+//! group store `dS^T` (element type) in shared memory, and warp `w` computes the m16 tile
+//! `w % (BM / 16)` of `dQ_step = dS K` on its column group `w / (BM / 16)`, added into the
+//! accumulator with `red.global.add.f32` (the order of additions across blocks is not fixed:
+//! the deterministic mode builds this kernel without `DQ`).
+//!
+//! # Barrier protocol
+//! `cp.async` groups: K, V and step 0's Q/dO form group 0; each iteration commits one group
+//! (step `i + 1`'s Q/dO, or empty). At iteration `i`:
+//! 1. `cp.async.wait_group(0)`: this thread's copies of step `i` (and of K, V) are complete.
+//! 2. `sync_threads` (A): every thread's copies are complete and visible; every thread has
+//!    finished iteration `i - 1`: its reads of stage `(i - 1) % 2` and (with `DQ`) of the
+//!    `dS^T` tile.
+//! 3. Step `i + 1`'s copies are issued into stage `(i + 1) % 2 = (i - 1) % 2`: free by (A).
+//! 4. Products from stage `i % 2`, K and V (reads only).
+//! 5. With `DQ`: the first column group's warps store `dS^T` (free by (A)); `sync_threads` (B)
+//!    publishes it; every warp reads it and K for its dQ tile. The next write of `dS^T` comes
+//!    after the next iteration's (A).
+//!
+//! Every thread runs the same number of iterations (the step count is block-uniform), so the
+//! barrier counts match. The block waits for all its copies before the epilogue.
+
+use super::super::elem::Elem;
+use super::super::mask;
+use super::frag::{a_rows, a_trans, at, mma_ab, mma_abt, pack_a};
+use crate::arch::{atomic, cp_async, global, index, math, smem, sync};
+use crate::tiles::load_rows;
+use kernel_abi::attention::backward::{AttentionBwdParams, BWD_STAGES, BwdTileConfig};
+
+/// n8 tiles of dQ columns per pass of the dQ product (16 accumulator registers).
+const DQ_PASS: usize = 4;
+
+/// Issue the copies of a `[ROWS, D]` tile (rows `>= valid` zero-filled).
+#[inline(always)]
+fn load<const D: u32, const RB: u32, const ROWS: u32, const THREADS: u32>(
+    dst: u32,
+    base: *const u16,
+    first_row: u32,
+    stride: u64,
+    valid: u32,
+) {
+    load_rows::<D, ROWS, THREADS>(
+        dst,
+        at::<RB>,
+        base,
+        first_row as u64 * stride,
+        stride,
+        valid,
+    )
+}
+
+/// The kernel body; see the module documentation. `RB` bytes per padded `[.., D]` row,
+/// `DSRB` per padded `dS^T` row, `KD = D / 16`, `NTQ = BM / 8`, `KQ = BM / 16`, `KN = BN / 16`,
+/// `WT = D / d_split / 8` (dK/dV n8 tiles of a warp), `QT` dQ n8 tiles of a warp.
+///
+/// # Safety
+/// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)`, the configuration's threads and
+/// shared memory, and parameters satisfying [`AttentionBwdParams`]'s contract (validated by the
+/// host): with `DQ` the accumulator zeroed by the preprocess of the same launch sequence.
+#[inline(always)]
+pub(super) unsafe fn dkdv<
+    E: Elem,
+    const D: u32,
+    const RB: u32,
+    const DSRB: u32,
+    const BN: u32,
+    const BM: u32,
+    const KD: usize,
+    const NTQ: usize,
+    const KQ: usize,
+    const KN: usize,
+    const WT: usize,
+    const QT: usize,
+    const THREADS: u32,
+    const DQ: bool,
+>(
+    p: &AttentionBwdParams,
+    cfg: &BwdTileConfig,
+) {
+    const { assert!(KD as u32 * 16 == D && NTQ as u32 * 8 == BM && KQ as u32 * 16 == BM) };
+    const { assert!(KN as u32 * 16 == BN && WT.is_multiple_of(2) && QT.is_multiple_of(DQ_PASS)) };
+    // The protocol waits for every copy at the top of each step: a 2-stage ring.
+    const { assert!(BWD_STAGES == 2) };
+    let lane = index::lane_id();
+    let warp = index::warp_id();
+    let (g, t) = (lane / 4, lane % 4);
+    let (n_block, head_kv, batch) = (
+        index::block_idx_x(),
+        index::block_idx_y(),
+        index::block_idx_z(),
+    );
+    let n0 = n_block * BN;
+    let keys_valid = (p.seq_k - n0).min(BN);
+    let key_row = 16 * (warp % (BN / 16));
+    let col_chunk = (warp / (BN / 16)) * (WT as u32);
+    let group = p.heads_q / p.heads_kv;
+
+    // Query rows that may see a key of the block: [i_lo, i_hi).
+    let off = p.seq_k as i64 - p.seq_q as i64;
+    let (wl, wr) = (p.window_left, p.window_right);
+    let i_lo = if wr >= 0 {
+        (n0 as i64 - off - wr as i64).max(0)
+    } else {
+        0
+    };
+    let i_hi = if wl >= 0 {
+        ((n0 + keys_valid) as i64 - off + wl as i64).min(p.seq_q as i64)
+    } else {
+        p.seq_q as i64
+    };
+    let (mb_lo, m_steps) = if i_hi > i_lo {
+        let lo = i_lo as u32 / BM;
+        (lo, (i_hi as u32).div_ceil(BM) - lo)
+    } else {
+        (0, 0)
+    };
+    let steps = group * m_steps;
+
+    let mut dk = [[0.0f32; 4]; WT];
+    let mut dv = [[0.0f32; 4]; WT];
+
+    if steps > 0 {
+        let smem = smem::aligned_base();
+        let k_s = smem + cfg.k_offset() as u32;
+        let v_s = smem + cfg.v_offset() as u32;
+        let q_s = |stage: u32| smem + cfg.q_offset(stage) as u32;
+        let do_s = |stage: u32| smem + cfg.do_offset(stage) as u32;
+        let ds_s = smem + cfg.ds_offset() as u32;
+        // Step `s`: query head and first query row.
+        let head_of = |s: u32| head_kv * group + s / m_steps;
+        let m0_of = |s: u32| (mb_lo + s % m_steps) * BM;
+        let load_step = |s: u32, stage: u32| {
+            let (h, m0) = (head_of(s), m0_of(s));
+            let valid = (p.seq_q - m0).min(BM);
+            let q_base = p
+                .q
+                .wrapping_add((batch as u64 * p.q_strides[0] + h as u64 * p.q_strides[2]) as usize);
+            let do_base = p.d_o.wrapping_add(
+                (batch as u64 * p.do_strides[0] + h as u64 * p.do_strides[2]) as usize,
+            );
+            load::<D, RB, BM, THREADS>(q_s(stage), q_base, m0, p.q_strides[1], valid);
+            load::<D, RB, BM, THREADS>(do_s(stage), do_base, m0, p.do_strides[1], valid);
+        };
+        let k_base = p.k.wrapping_add(
+            (batch as u64 * p.k_strides[0] + head_kv as u64 * p.k_strides[2]) as usize,
+        );
+        let v_base = p.v.wrapping_add(
+            (batch as u64 * p.v_strides[0] + head_kv as u64 * p.v_strides[2]) as usize,
+        );
+        load::<D, RB, BN, THREADS>(k_s, k_base, n0, p.k_strides[1], keys_valid);
+        load::<D, RB, BN, THREADS>(v_s, v_base, n0, p.v_strides[1], keys_valid);
+        load_step(0, 0);
+        cp_async::commit_group();
+
+        for step in 0..steps {
+            cp_async::wait_group::<0>();
+            // SAFETY: barrier (A) of the protocol; every thread reaches it `steps` times.
+            unsafe { sync::sync_threads() };
+            if step + 1 < steps {
+                load_step(step + 1, (step + 1) % BWD_STAGES);
+            }
+            cp_async::commit_group();
+            let stage = step % BWD_STAGES;
+            let (h, m0) = (head_of(step), m0_of(step));
+            let row_base = (batch as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64;
+
+            // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys.
+            let mut s = [[0.0f32; 4]; NTQ];
+            let mut dp = [[0.0f32; 4]; NTQ];
+            // SAFETY: K, V (group 0) and this stage were published by (A) and are not written
+            // before the next (A); whole warp, uniform control flow.
+            unsafe {
+                mma_abt::<E, RB, KD, NTQ>(
+                    lane,
+                    &mut s,
+                    |kk| a_rows::<RB>(lane, k_s, key_row, kk),
+                    q_s(stage),
+                    0,
+                );
+                mma_abt::<E, RB, KD, NTQ>(
+                    lane,
+                    &mut dp,
+                    |kk| a_rows::<RB>(lane, v_s, key_row, kk),
+                    do_s(stage),
+                    0,
+                );
+            }
+
+            // LSE (base 2, +inf where P must be 0) and delta' of the thread's query columns.
+            let mut lse2 = [[f32::INFINITY; 2]; NTQ];
+            let mut delta = [[0.0f32; 2]; NTQ];
+            for j in 0..NTQ {
+                for e in 0..2 {
+                    let i = m0 + 8 * j as u32 + 2 * t + e as u32;
+                    if i < p.seq_q {
+                        let idx = (row_base + i as u64) as usize;
+                        // SAFETY: idx < batch heads_q seq_q: inside LSE and delta.
+                        let (l, d) = unsafe {
+                            (
+                                global::load_nc_f32(p.lse.wrapping_add(idx)),
+                                global::load_nc_f32(p.delta.wrapping_add(idx)),
+                            )
+                        };
+                        if l != f32::NEG_INFINITY {
+                            lse2[j][e] = l * math::LOG2_E;
+                        }
+                        delta[j][e] = d;
+                    }
+                }
+            }
+            let needs_mask = m0 + BM > p.seq_q
+                || mask::step_needs_mask::<BM, BN>(m0, n0, off as i32, wl, wr, p.seq_k as i32);
+            for j in 0..NTQ {
+                for e in 0..4 {
+                    let key = (n0 + key_row + g + 8 * (e as u32 / 2)) as i32;
+                    let i = m0 + 8 * j as u32 + 2 * t + (e as u32 % 2);
+                    let mut pr = math::exp2(math::fma(s[j][e], p.scale_log2, -lse2[j][e % 2]));
+                    if needs_mask
+                        && !(i < p.seq_q
+                            && mask::allowed(i as i32, key, off as i32, wl, wr, p.seq_k as i32))
+                    {
+                        pr = 0.0;
+                    }
+                    s[j][e] = pr;
+                    dp[j][e] = pr * (dp[j][e] - delta[j][e % 2]);
+                }
+            }
+
+            // dV += P^T dO, dK += dS^T Q on the warp's columns.
+            // SAFETY: as above.
+            unsafe {
+                mma_ab::<E, RB, KQ, WT>(
+                    lane,
+                    &mut dv,
+                    |kk| pack_a::<E, NTQ>(&s, kk),
+                    do_s(stage),
+                    col_chunk,
+                );
+                mma_ab::<E, RB, KQ, WT>(
+                    lane,
+                    &mut dk,
+                    |kk| pack_a::<E, NTQ>(&dp, kk),
+                    q_s(stage),
+                    col_chunk,
+                );
+            }
+
+            if DQ {
+                if warp < BN / 16 {
+                    for j in 0..NTQ {
+                        for hh in 0..2 {
+                            let row = key_row + g + 8 * hh as u32;
+                            let addr = ds_s + row * DSRB + (8 * j as u32 + 2 * t) * 2;
+                            let v = E::pack(dp[j][2 * hh], dp[j][2 * hh + 1]);
+                            // SAFETY: inside the dS^T tile (row < BN, column < BM), 4-byte
+                            // aligned; free since (A) (protocol step 5), one writer per word.
+                            unsafe { smem::SmemValue::store(addr, v) };
+                        }
+                    }
+                }
+                // SAFETY: barrier (B); every thread reaches it once per iteration.
+                unsafe { sync::sync_threads() };
+                let mq = warp % (BM / 16);
+                let cg = warp / (BM / 16);
+                // The warp's dQ columns in passes of `DQ_PASS` n8 tiles (fewer live registers
+                // beside dK and dV).
+                for pass in 0..QT / DQ_PASS {
+                    let chunk0 = cg * QT as u32 + (pass * DQ_PASS) as u32;
+                    let mut dq = [[0.0f32; 4]; DQ_PASS];
+                    // SAFETY: dS^T published by (B), K by (A); neither is written before the
+                    // next (A); whole warp, uniform control flow.
+                    unsafe {
+                        mma_ab::<E, RB, KN, DQ_PASS>(
+                            lane,
+                            &mut dq,
+                            |kk| a_trans::<DSRB>(lane, ds_s, 16 * kk as u32, 2 * mq),
+                            k_s,
+                            chunk0,
+                        )
+                    };
+                    for j in 0..DQ_PASS {
+                        for e in 0..4 {
+                            let i = m0 + 16 * mq + g + 8 * (e as u32 / 2);
+                            let col = 8 * (chunk0 + j as u32) + 2 * t + (e as u32 % 2);
+                            if i < p.seq_q {
+                                let idx = (row_base + i as u64) * D as u64 + col as u64;
+                                let dst = p.dq_accum.wrapping_add(idx as usize);
+                                // SAFETY: row i < seq_q of the accumulator, column < D: inside
+                                // it, 4-byte aligned.
+                                unsafe { atomic::red_add_f32(dst, dq[j][e]) };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        cp_async::wait_all();
+    }
+
+    // dK (times the scale) and dV of the warp's keys and columns.
+    let dk_base = p
+        .dk
+        .wrapping_add((batch as u64 * p.dk_strides[0] + head_kv as u64 * p.dk_strides[2]) as usize);
+    let dv_base = p
+        .dv
+        .wrapping_add((batch as u64 * p.dv_strides[0] + head_kv as u64 * p.dv_strides[2]) as usize);
+    for hh in 0..2 {
+        let key = n0 + key_row + g + 8 * hh as u32;
+        if key < p.seq_k {
+            let dk_row = dk_base.wrapping_add((key as u64 * p.dk_strides[1]) as usize);
+            let dv_row = dv_base.wrapping_add((key as u64 * p.dv_strides[1]) as usize);
+            for j in 0..WT {
+                let col = (8 * (col_chunk + j as u32) + 2 * t) as usize;
+                let k2 = E::pack(dk[j][2 * hh] * p.scale, dk[j][2 * hh + 1] * p.scale);
+                let v2 = E::pack(dv[j][2 * hh], dv[j][2 * hh + 1]);
+                // SAFETY: key < seq_k, column + 1 < D: inside dK and dV; 4-byte aligned
+                // (16-byte aligned rows, even column); each element has one writer.
+                unsafe {
+                    *(dk_row.wrapping_add(col) as *mut u32) = k2;
+                    *(dv_row.wrapping_add(col) as *mut u32) = v2;
+                }
+            }
+        }
+    }
+}

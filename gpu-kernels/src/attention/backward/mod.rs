@@ -1,0 +1,153 @@
+//! Attention backward on `mma.sync` tensor cores (any GPU of compute capability >= 8.0; also
+//! compiled for the CPU by the emulator), FlashAttention-2's structure: dQ, dK, dV of
+//! `O = softmax(scale Q K^T + mask) V` given dO, the forward's O and LSE, and optionally dLSE.
+//!
+//! # Parameters
+//! [`AttentionBwdParams`] (one struct for the five roles): the tensors with arbitrary batch,
+//! sequence and head strides (head dimension contiguous, rows 16-byte aligned), LSE, dLSE and
+//! the workspaces (`delta'`, the dQ accumulator), sizes, scale, window.
+//!
+//! # Kernels (launched in this order by the host's plan)
+//! - [`rows`]: `attention_bwd_pre_*`, `delta' = rowsum(dO O) - dLSE` and the accumulator
+//!   zeroed;
+//! - [`dkdv`]: `attention_bwd_*` (dK, dV and dQ by `red.global.add.f32`) and
+//!   `attention_bwd_dkdv_*` (dK, dV; deterministic mode), one block per key block;
+//! - [`rows`]: `attention_bwd_dq_convert_*`, dQ from the accumulator; or [`dq`]:
+//!   `attention_bwd_dq_*`, dQ recomputed per query block (deterministic mode).
+//!
+//! Each file documents its kernels' tiling, thread mapping and barrier protocol; [`frag`] holds
+//! the fragment products they share. The mask is the forward's ([`super::mask`]); a row whose
+//! LSE is -inf (no allowed key) has P = 0 and contributes nothing, never NaN.
+
+mod dkdv;
+mod dq;
+mod frag;
+mod rows;
+
+use super::elem::{Bf16, F16};
+use kernel_abi::attention::backward::{
+    AttentionBwdParams, BwdTileConfig, DqTileConfig, bwd_tile_config_of, dq_tile_config_of,
+};
+
+/// The body of a dK/dV kernel for element type `$elem`, head dimension `$d`, with (`true`) or
+/// without the dQ atomics.
+macro_rules! dkdv_body {
+    ($p:expr, $elem:ty, $d:expr, $with_dq:expr) => {{
+        const CFG: BwdTileConfig = bwd_tile_config_of($d);
+        dkdv::dkdv::<
+            $elem,
+            { CFG.head_dim },
+            { CFG.row_bytes() },
+            { CFG.ds_row_bytes() },
+            { CFG.block_n },
+            { CFG.block_m },
+            { (CFG.head_dim / 16) as usize },
+            { (CFG.block_m / 8) as usize },
+            { (CFG.block_m / 16) as usize },
+            { (CFG.block_n / 16) as usize },
+            { (CFG.warp_cols() / 8) as usize },
+            { (CFG.dq_cols() / 8) as usize },
+            { CFG.threads() },
+            $with_dq,
+        >(&$p, &CFG)
+    }};
+}
+
+/// The body of the deterministic dQ kernel for element type `$elem`, head dimension `$d`.
+macro_rules! dq_body {
+    ($p:expr, $elem:ty, $d:expr) => {{
+        const CFG: DqTileConfig = dq_tile_config_of($d);
+        dq::dq::<
+            $elem,
+            { CFG.head_dim },
+            { kernel_abi::attention::tile_config_of($d).row_bytes() },
+            { CFG.block_m },
+            { CFG.block_n },
+            { (CFG.head_dim / 16) as usize },
+            { (CFG.head_dim / 8) as usize },
+            { (CFG.block_n / 8) as usize },
+            { (CFG.block_n / 16) as usize },
+            { CFG.threads() },
+        >(&$p, &CFG)
+    }};
+}
+
+/// Declare the kernels: the PTX entry points (with their launch bounds) and, in host builds,
+/// the emulator's table of the same bodies. Each line: entry name, threads, body on `$p`.
+macro_rules! backward_kernels {
+    ($( $name:ident, $threads:expr, |$p:ident| $body:expr; )*) => {
+        $(
+            /// See the module documentation (the role and configuration named in the macro
+            /// call).
+            ///
+            /// # Safety
+            /// Launched with the grid, threads and shared memory of its handle in
+            /// `kernel_abi::attention::backward::BWD_KERNELS`, in the order of the host's plan,
+            /// on parameters satisfying [`AttentionBwdParams`]'s contract (validated by the
+            /// host).
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name($p: AttentionBwdParams) {
+                crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
+                // SAFETY: forwarded to the caller.
+                unsafe { $body }
+            }
+        )*
+
+        /// The backward kernels, for the CPU emulator (`crate::emu`).
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
+            $(
+                crate::emu::EmuKernel {
+                    name: stringify!($name),
+                    params: core::mem::size_of::<AttentionBwdParams>(),
+                    threads: $threads,
+                    run: {
+                        unsafe fn run(ptr: *const u8) {
+                            // SAFETY: the emulator passes a parameter struct of this kernel's
+                            // type (it checks the size), whose contract the caller upholds.
+                            unsafe {
+                                let $p = core::ptr::read_unaligned(ptr as *const AttentionBwdParams);
+                                $body
+                            }
+                        }
+                        run
+                    },
+                },
+            )*
+        ];
+    };
+}
+
+backward_kernels! {
+    attention_bwd_pre_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Bf16, 64>(&p);
+    attention_bwd_pre_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Bf16, 128>(&p);
+    attention_bwd_pre_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Bf16, 256>(&p);
+    attention_bwd_pre_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<F16, 64>(&p);
+    attention_bwd_pre_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<F16, 128>(&p);
+    attention_bwd_pre_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<F16, 256>(&p);
+    attention_bwd_dq_convert_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Bf16, 64>(&p);
+    attention_bwd_dq_convert_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Bf16, 128>(&p);
+    attention_bwd_dq_convert_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Bf16, 256>(&p);
+    attention_bwd_dq_convert_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<F16, 64>(&p);
+    attention_bwd_dq_convert_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<F16, 128>(&p);
+    attention_bwd_dq_convert_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<F16, 256>(&p);
+    attention_bwd_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, Bf16, 64, true);
+    attention_bwd_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, Bf16, 128, true);
+    attention_bwd_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, Bf16, 256, true);
+    attention_bwd_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, F16, 64, true);
+    attention_bwd_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, F16, 128, true);
+    attention_bwd_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, F16, 256, true);
+    attention_bwd_dkdv_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, Bf16, 64, false);
+    attention_bwd_dkdv_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, Bf16, 128, false);
+    attention_bwd_dkdv_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, Bf16, 256, false);
+    attention_bwd_dkdv_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, F16, 64, false);
+    attention_bwd_dkdv_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, F16, 128, false);
+    attention_bwd_dkdv_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, F16, 256, false);
+    attention_bwd_dq_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(p, Bf16, 64);
+    attention_bwd_dq_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(p, Bf16, 128);
+    attention_bwd_dq_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(p, Bf16, 256);
+    attention_bwd_dq_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(p, F16, 64);
+    attention_bwd_dq_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(p, F16, 128);
+    attention_bwd_dq_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(p, F16, 256);
+}

@@ -1,0 +1,138 @@
+//! The row-wise kernels of the backward: the preprocess (`delta'` and the zeroed dQ
+//! accumulator) and the dQ conversion (accumulator times the scale to the element type).
+//!
+//! # Thread mapping (both)
+//! A block covers [`ROW_BLOCK`] query rows of one (batch, head): thread `tid` handles 16-byte
+//! chunk `tid % (D / 8)` (8 elements) of rows `tid / (D / 8) + k (ROW_THREADS / (D / 8))`. The
+//! `D / 8` threads of a row are consecutive lanes of one warp (`D / 8` divides 32), so the row's
+//! dot product reduces with `xor` shuffles. No shared memory, no barrier.
+
+use super::super::elem::Elem;
+use crate::arch::{global, index, warp};
+use kernel_abi::attention::backward::{AttentionBwdParams, ROW_BLOCK, ROW_THREADS};
+
+/// The element offset of row `i` of head `h` of batch `b` in a strided `[b, s, h, D]` view.
+#[inline(always)]
+fn row_offset(strides: &[u64; 3], b: u32, i: u32, h: u32) -> usize {
+    (b as u64 * strides[0] + i as u64 * strides[1] + h as u64 * strides[2]) as usize
+}
+
+/// `delta'[b, h, i] = sum_d dO O - dLSE` (0 where LSE is -inf: such a row has no allowed key,
+/// its P is 0, and a non-finite dLSE must not reach its `dS = P (dP - delta')`); the dQ
+/// accumulator's rows zeroed when it is not null.
+///
+/// # Safety
+/// Launched with grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)` and [`ROW_THREADS`] threads
+/// on parameters satisfying [`AttentionBwdParams`]'s contract (O, dO, LSE, dLSE, delta and the
+/// accumulator of the sizes documented there).
+#[inline(always)]
+pub(super) unsafe fn preprocess<E: Elem, const D: u32>(p: &AttentionBwdParams) {
+    let chunks = D / 8;
+    const { assert!(D / 8 <= 32 && ROW_THREADS.is_multiple_of(D / 8)) };
+    let per_pass = ROW_THREADS / chunks;
+    let tid = index::thread_idx_x();
+    let (r0, c) = (tid / chunks, tid % chunks);
+    let (h, b) = (index::block_idx_y(), index::block_idx_z());
+    let m0 = index::block_idx_x() * ROW_BLOCK;
+    for k in 0..ROW_BLOCK / per_pass {
+        let i = m0 + r0 + k * per_pass;
+        let mut acc = 0.0f32;
+        if i < p.seq_q {
+            let o =
+                p.o.wrapping_add(row_offset(&p.o_strides, b, i, h) + 8 * c as usize);
+            let d_o = p
+                .d_o
+                .wrapping_add(row_offset(&p.do_strides, b, i, h) + 8 * c as usize);
+            // SAFETY: row i < seq_q, elements 8 c .. 8 c + 8 < D: inside O and dO, 16-byte
+            // aligned (host-checked start and strides).
+            let (ov, dv) = unsafe {
+                (
+                    global::load_nc_v4(o as *const u32),
+                    global::load_nc_v4(d_o as *const u32),
+                )
+            };
+            for w in 0..4 {
+                let (o0, o1) = E::unpack(ov[w]);
+                let (d0, d1) = E::unpack(dv[w]);
+                acc += o0 * d0 + o1 * d1;
+            }
+        }
+        let mut lanes = 1;
+        while lanes < chunks {
+            // SAFETY: all 32 lanes execute these shuffles (uniform trip count).
+            acc += unsafe { warp::shfl_xor_f32(warp::FULL_MASK, acc, lanes) };
+            lanes *= 2;
+        }
+        if i < p.seq_q {
+            let idx =
+                ((b as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64 + i as u64) as usize;
+            if c == 0 {
+                // SAFETY: idx < batch heads_q seq_q: inside LSE, dLSE (when not null), delta.
+                unsafe {
+                    let lse = global::load_nc_f32(p.lse.wrapping_add(idx));
+                    let d_lse = if p.d_lse.is_null() {
+                        0.0
+                    } else {
+                        global::load_nc_f32(p.d_lse.wrapping_add(idx))
+                    };
+                    let delta = if lse == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        acc - d_lse
+                    };
+                    *p.delta.wrapping_add(idx) = delta;
+                }
+            }
+            if !p.dq_accum.is_null() {
+                let dst = p.dq_accum.wrapping_add(idx * D as usize + 8 * c as usize);
+                // SAFETY: row idx of the `[.., D]` f32 accumulator, elements 8 c .. 8 c + 8:
+                // inside it, 16-byte aligned (host-allocated, D a multiple of 8).
+                unsafe {
+                    global::store_v4(dst as *mut u32, [0; 4]);
+                    global::store_v4(dst.wrapping_add(4) as *mut u32, [0; 4]);
+                }
+            }
+        }
+    }
+}
+
+/// `dQ = scale * accumulator`, in the element type, into the strided dQ view.
+///
+/// # Safety
+/// As for [`preprocess`] (grid, threads), with the accumulator and dQ of the sizes documented
+/// on [`AttentionBwdParams`].
+#[inline(always)]
+pub(super) unsafe fn convert<E: Elem, const D: u32>(p: &AttentionBwdParams) {
+    let chunks = D / 8;
+    let per_pass = ROW_THREADS / chunks;
+    let tid = index::thread_idx_x();
+    let (r0, c) = (tid / chunks, tid % chunks);
+    let (h, b) = (index::block_idx_y(), index::block_idx_z());
+    let m0 = index::block_idx_x() * ROW_BLOCK;
+    for k in 0..ROW_BLOCK / per_pass {
+        let i = m0 + r0 + k * per_pass;
+        if i < p.seq_q {
+            let idx =
+                ((b as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64 + i as u64) as usize;
+            let src = p.dq_accum.wrapping_add(idx * D as usize + 8 * c as usize);
+            // SAFETY: inside the accumulator (as in `preprocess`), 16-byte aligned.
+            let (lo, hi) = unsafe {
+                (
+                    global::load_nc_v4(src as *const u32),
+                    global::load_nc_v4(src.wrapping_add(4) as *const u32),
+                )
+            };
+            let x = |w: u32| f32::from_bits(w) * p.scale;
+            let out = [
+                E::pack(x(lo[0]), x(lo[1])),
+                E::pack(x(lo[2]), x(lo[3])),
+                E::pack(x(hi[0]), x(hi[1])),
+                E::pack(x(hi[2]), x(hi[3])),
+            ];
+            let dst =
+                p.dq.wrapping_add(row_offset(&p.dq_strides, b, i, h) + 8 * c as usize);
+            // SAFETY: row i < seq_q, elements 8 c .. 8 c + 8: inside dQ, 16-byte aligned.
+            unsafe { global::store_v4(dst as *mut u32, out) };
+        }
+    }
+}

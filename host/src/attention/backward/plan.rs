@@ -1,0 +1,391 @@
+//! The plan of a backward pass: which kernels, their grids and parameters, and the workspace
+//! they need, decided without a GPU.
+
+use super::super::plan::Target;
+use super::super::problem::{AttentionElem, AttentionProblem, View, last_element};
+use crate::error::{Error, Result};
+use crate::exec::DevView;
+use crate::launch::Launch;
+use kernel_abi::attention::UNBOUNDED;
+use kernel_abi::attention::backward::{AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels};
+
+/// Options of the backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackwardOptions {
+    /// Bitwise reproducible gradients: dQ from its own kernel over query blocks (no atomics,
+    /// no dQ accumulator), at the cost of recomputing P and dS once more.
+    pub deterministic: bool,
+}
+
+/// Which kernels compute the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackwardPath {
+    /// The `mma.sync` kernels (every GPU of compute capability >= 8.0, Hopper included).
+    MmaSync,
+}
+
+/// The tensors of a backward pass. Inputs: Q, K, V, the forward's O and LSE, the gradients dO
+/// and (optionally) dLSE of the loss. Outputs: dQ (a view like Q's), dK and dV (like K's),
+/// which must overlap neither each other nor the inputs.
+pub struct AttentionBackwardTensors<'a, T> {
+    /// Q `[batch, seq_q, heads_q, D]`.
+    pub q: View<'a, T>,
+    /// K `[batch, seq_k, heads_kv, D]`.
+    pub k: View<'a, T>,
+    /// V, as K.
+    pub v: View<'a, T>,
+    /// O of the forward, as Q.
+    pub o: View<'a, T>,
+    /// dO, as Q.
+    pub d_o: View<'a, T>,
+    /// LSE of the forward `[batch, heads_q, seq_q]` f32 (natural log), contiguous.
+    pub lse: DevView<'a, f32>,
+    /// dLSE, as LSE; `None` when the loss does not depend on LSE.
+    pub d_lse: Option<DevView<'a, f32>>,
+    /// dQ, as Q (written).
+    pub dq: View<'a, T>,
+    /// dK, as K (written).
+    pub dk: View<'a, T>,
+    /// dV, as K (written).
+    pub dv: View<'a, T>,
+}
+
+impl<T> Clone for AttentionBackwardTensors<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for AttentionBackwardTensors<'_, T> {}
+
+/// Device scratch of a backward pass, sized by [`AttentionBackwardPlan::delta_len`] and
+/// [`AttentionBackwardPlan::dq_accum_len`]; it must overlap none of the tensors.
+#[derive(Clone, Copy)]
+pub struct BackwardWorkspace<'a> {
+    /// `delta'` `[batch, heads_q, seq_q]` f32.
+    pub delta: DevView<'a, f32>,
+    /// The dQ accumulator `[batch, heads_q, seq_q, D]` f32, 16-byte aligned (`None` in
+    /// deterministic mode, which has none).
+    pub dq_accum: Option<DevView<'a, f32>>,
+}
+
+/// The launches of a planned backward, in order, with the workspace's addresses.
+pub struct BackwardLaunches {
+    /// `delta'` and the zeroed accumulator.
+    pub pre: Launch<AttentionBwdParams>,
+    /// dK, dV (and dQ by atomics unless deterministic).
+    pub dkdv: Launch<AttentionBwdParams>,
+    /// dQ: the conversion of the accumulator, or the deterministic dQ kernel.
+    pub dq: Launch<AttentionBwdParams>,
+}
+
+/// A planned backward pass: three launches on the `mma.sync` path, the workspace sizes.
+pub struct AttentionBackwardPlan {
+    path: BackwardPath,
+    kernels: &'static BwdKernels,
+    deterministic: bool,
+    /// Parameters with null workspace pointers (filled in by [`AttentionBackwardPlan::launches`]).
+    params: AttentionBwdParams,
+    row_grid: (u32, u32, u32),
+    dkdv_grid: (u32, u32, u32),
+    dq_grid: (u32, u32, u32),
+    delta_len: usize,
+    dq_accum_len: usize,
+}
+
+/// A byte range `[start, end)` of device memory.
+type Span = (u64, u64);
+
+/// The bytes a view reaches (from its first element's address through its last element).
+fn span<T>(v: &View<'_, T>) -> Span {
+    let last = last_element(0, v.shape(), v.strides()).expect("a checked, non-empty view");
+    let size = std::mem::size_of::<T>() as u64;
+    (v.ptr(), v.ptr() + (last as u64 + 1) * size)
+}
+
+/// The bytes of a flat view.
+fn flat_span<T>(v: &DevView<'_, T>) -> Span {
+    let size = std::mem::size_of::<T>() as u64;
+    (v.addr(), v.addr() + v.len() as u64 * size)
+}
+
+fn spans_meet(a: Span, b: Span) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+/// Whether two checked views of the same element type share an element. Views with the same
+/// strides whose rows nest (each dimension's stride covers the extent of the smaller ones, the
+/// smallest covers a row of D elements: e.g. Q, K, V or dQ, dK, dV as views into one packed
+/// `[b, s, 3, h, d]` tensor) are compared exactly, row by row; other pairs by the bytes they
+/// span (conservative).
+fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
+    let (sa, sb) = (span(a), span(b));
+    if !spans_meet(sa, sb) {
+        return false;
+    }
+    if a.strides() != b.strides() || a.shape() != b.shape() {
+        return true;
+    }
+    let (shape, strides) = (a.shape(), a.strides());
+    let size = std::mem::size_of::<T>() as i128;
+    let delta = (b.ptr() as i128 - a.ptr() as i128) / size;
+    if (b.ptr() as i128 - a.ptr() as i128) % size != 0 {
+        return true;
+    }
+    let row = shape[3] as i128;
+    // Dimensions of more than one element, by stride descending.
+    let mut dims: Vec<(i128, i128)> = (0..3)
+        .filter(|&i| shape[i] > 1)
+        .map(|i| (strides[i] as i128, shape[i] as i128))
+        .collect();
+    dims.sort_by_key(|d| std::cmp::Reverse(d.0));
+    let mut extent = row;
+    for &(stride, n) in dims.iter().rev() {
+        if stride < extent {
+            return true; // rows do not nest: keep the conservative answer
+        }
+        extent = stride * n;
+    }
+    // Rows nest: some rows of the two views meet iff `|delta + sum n_k s_k| < D` for integers
+    // `|n_k| < shape_k`; at each dimension only the two multiples nearest to cancelling the
+    // remainder can lead there (the smaller dimensions reach less than one stride).
+    fn search(rest: i128, dims: &[(i128, i128)], row: i128) -> bool {
+        let Some(&(stride, n)) = dims.first() else {
+            return rest.abs() < row;
+        };
+        let base = (-rest).div_euclid(stride);
+        [base, base + 1]
+            .into_iter()
+            .filter(|m| m.abs() < n)
+            .any(|m| search(rest + m * stride, &dims[1..], row))
+    }
+    search(delta, &dims, row)
+}
+
+impl AttentionProblem {
+    /// Plan the backward pass on `tensors` for `target`. Validates the problem, every view
+    /// (as the forward validates its views: shape, contiguous head dimension, 16-byte aligned
+    /// start and strides, in bounds), LSE's and dLSE's lengths, and that the outputs overlap
+    /// neither each other nor the inputs.
+    pub fn plan_backward<T: AttentionElem>(
+        &self,
+        target: Target,
+        tensors: &AttentionBackwardTensors<'_, T>,
+        options: BackwardOptions,
+    ) -> Result<AttentionBackwardPlan> {
+        self.validate()?;
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(
+                "dtype",
+                format!(
+                    "the problem is {:?} but the tensors are {:?}",
+                    self.dtype,
+                    T::DTYPE
+                ),
+            ));
+        }
+        let t = tensors;
+        t.q.check("Q", self.q_shape())?;
+        t.k.check("K", self.kv_shape())?;
+        t.v.check("V", self.kv_shape())?;
+        t.o.check("O", self.q_shape())?;
+        t.d_o.check("dO", self.q_shape())?;
+        t.dq.check("dQ", self.q_shape())?;
+        t.dk.check("dK", self.kv_shape())?;
+        t.dv.check("dV", self.kv_shape())?;
+        for (what, len) in [
+            ("LSE", Some(t.lse.len())),
+            ("dLSE", t.d_lse.map(|d| d.len())),
+        ] {
+            if let Some(len) = len
+                && len != self.lse_len()
+            {
+                return Err(Error::shape(
+                    what,
+                    format!("{} elements", self.lse_len()),
+                    len,
+                ));
+            }
+        }
+        let outputs = [("dQ", &t.dq), ("dK", &t.dk), ("dV", &t.dv)];
+        let inputs = [
+            ("Q", &t.q),
+            ("K", &t.k),
+            ("V", &t.v),
+            ("O", &t.o),
+            ("dO", &t.d_o),
+        ];
+        for (i, (name, out)) in outputs.iter().enumerate() {
+            for (other, view) in inputs.iter().chain(&outputs[i + 1..]) {
+                if views_overlap(out, view) {
+                    return Err(Error::invalid(
+                        name.to_string(),
+                        format!("overlaps {other} (outputs must not alias any tensor)"),
+                    ));
+                }
+            }
+            let flat = [Some(("LSE", t.lse)), t.d_lse.map(|d| ("dLSE", d))];
+            for (other, view) in flat.into_iter().flatten() {
+                if spans_meet(span(out), flat_span(&view)) {
+                    return Err(Error::invalid(
+                        name.to_string(),
+                        format!("overlaps {other} (outputs must not alias any tensor)"),
+                    ));
+                }
+            }
+        }
+        // Every target takes the mma.sync kernels (a Hopper backward would be chosen here).
+        let _ = target;
+        let d = self.head_dim as u32;
+        let kernels = bwd_kernels(self.dtype, d).expect("validated head dimension");
+        let (left, right) = self.effective_window();
+        let scale = self.softmax_scale();
+        let params = AttentionBwdParams {
+            q: t.q.ptr() as *const u16,
+            k: t.k.ptr() as *const u16,
+            v: t.v.ptr() as *const u16,
+            o: t.o.ptr() as *const u16,
+            d_o: t.d_o.ptr() as *const u16,
+            dq: t.dq.ptr() as *mut u16,
+            dk: t.dk.ptr() as *mut u16,
+            dv: t.dv.ptr() as *mut u16,
+            lse: t.lse.addr() as *const f32,
+            d_lse: t.d_lse.map_or(std::ptr::null(), |d| d.addr() as *const f32),
+            delta: std::ptr::null_mut(),
+            dq_accum: std::ptr::null_mut(),
+            q_strides: t.q.strides3(),
+            k_strides: t.k.strides3(),
+            v_strides: t.v.strides3(),
+            o_strides: t.o.strides3(),
+            do_strides: t.d_o.strides3(),
+            dq_strides: t.dq.strides3(),
+            dk_strides: t.dk.strides3(),
+            dv_strides: t.dv.strides3(),
+            batch: self.batch as u32,
+            seq_q: self.seq_q as u32,
+            seq_k: self.seq_k as u32,
+            heads_q: self.heads_q as u32,
+            heads_kv: self.heads_kv as u32,
+            scale,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            window_left: left.map_or(UNBOUNDED, |l| l as i32),
+            window_right: right.map_or(UNBOUNDED, |r| r as i32),
+        };
+        let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
+        let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
+        Ok(AttentionBackwardPlan {
+            path: BackwardPath::MmaSync,
+            kernels,
+            deterministic: options.deterministic,
+            params,
+            row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
+            dkdv_grid: (sk.div_ceil(kernels.tiles.block_n), hkv, b),
+            dq_grid: (sq.div_ceil(kernels.dq_tiles.block_m), hq, b),
+            delta_len: self.lse_len(),
+            dq_accum_len: if options.deterministic {
+                0
+            } else {
+                self.lse_len() * self.head_dim
+            },
+        })
+    }
+}
+
+impl AttentionBackwardPlan {
+    /// The path.
+    pub fn path(&self) -> BackwardPath {
+        self.path
+    }
+
+    /// Whether dQ comes from the deterministic kernel.
+    pub fn deterministic(&self) -> bool {
+        self.deterministic
+    }
+
+    /// The kernels of the plan's element type and head dimension.
+    pub fn kernels(&self) -> &'static BwdKernels {
+        self.kernels
+    }
+
+    /// f32 elements of the workspace's `delta'`: `batch heads_q seq_q`.
+    pub fn delta_len(&self) -> usize {
+        self.delta_len
+    }
+
+    /// f32 elements of the workspace's dQ accumulator: `batch heads_q seq_q D`, 0 in
+    /// deterministic mode.
+    pub fn dq_accum_len(&self) -> usize {
+        self.dq_accum_len
+    }
+
+    /// The three launches with the workspace `ws`, after checking its sizes and alignment.
+    pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<BackwardLaunches> {
+        if ws.delta.len() != self.delta_len {
+            return Err(Error::shape(
+                "backward workspace delta",
+                format!("{} elements", self.delta_len),
+                ws.delta.len(),
+            ));
+        }
+        if !ws.delta.addr().is_multiple_of(4) {
+            return Err(Error::Misaligned {
+                what: "backward workspace delta".into(),
+                required: 4,
+                actual: ws.delta.addr() % 4,
+            });
+        }
+        let accum = if self.deterministic {
+            std::ptr::null_mut()
+        } else {
+            let acc = ws.dq_accum.ok_or_else(|| {
+                Error::invalid(
+                    "backward workspace",
+                    "the dQ accumulator is required unless deterministic",
+                )
+            })?;
+            if acc.len() != self.dq_accum_len {
+                return Err(Error::shape(
+                    "backward workspace dQ accumulator",
+                    format!("{} elements", self.dq_accum_len),
+                    acc.len(),
+                ));
+            }
+            if !acc.addr().is_multiple_of(16) {
+                return Err(Error::Misaligned {
+                    what: "backward workspace dQ accumulator".into(),
+                    required: 16,
+                    actual: acc.addr() % 16,
+                });
+            }
+            if spans_meet(flat_span(&acc), flat_span(&ws.delta)) {
+                return Err(Error::invalid(
+                    "backward workspace",
+                    "the dQ accumulator overlaps delta",
+                ));
+            }
+            acc.addr() as *mut f32
+        };
+        let params = AttentionBwdParams {
+            delta: ws.delta.addr() as *mut f32,
+            dq_accum: accum,
+            ..self.params
+        };
+        let k = self.kernels;
+        let (dkdv, dq) = if self.deterministic {
+            (
+                Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params),
+                Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params),
+            )
+        } else {
+            (
+                Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params),
+                Launch::new(&k.dq_convert, self.row_grid, (), params),
+            )
+        };
+        Ok(BackwardLaunches {
+            pre: Launch::new(&k.pre, self.row_grid, (), params),
+            dkdv,
+            dq,
+        })
+    }
+}

@@ -1,0 +1,314 @@
+//! CPU tests of the backward's handles and plan: names and tiles of every handle, grids,
+//! parameters and workspace sizes, every launch against each target's PTX, and bad tensors and
+//! workspaces rejected with typed errors.
+
+use super::*;
+use crate::attention::{AttentionProblem, Dtype, Target, View};
+use crate::error::{Error, Result};
+use crate::exec::DevView;
+use crate::gpu::check_kernel_launch;
+use crate::ptx::Arch;
+use half::{bf16, f16};
+use kernel_abi::attention::backward::{
+    BWD_KERNELS, ROW_BLOCK, ROW_THREADS, bwd_tile_config, dq_tile_config,
+};
+use kernel_abi::attention::{HEAD_DIMS, UNBOUNDED};
+
+/// The most dynamic shared memory a block may have on the GPUs the tests assume (H100, H200).
+const MAX_SMEM: usize = 227 * 1024;
+
+fn target(arch: Arch) -> Target {
+    Target {
+        arch,
+        multiprocessors: 132,
+    }
+}
+
+fn dev<'a, T>(addr: u64, len: usize) -> DevView<'a, T> {
+    // SAFETY: only planned, never dereferenced.
+    unsafe { DevView::from_raw(addr, len) }
+}
+
+/// Contiguous tensors of `p` at made-up, well-aligned, disjoint addresses.
+fn tensors<'a, T>(p: &AttentionProblem, d_lse: bool) -> AttentionBackwardTensors<'a, T> {
+    let qn = p.q_shape().iter().product();
+    let kn = p.kv_shape().iter().product();
+    let q = |i: u64| View::contiguous(dev(i << 40, qn), p.q_shape());
+    let k = |i: u64| View::contiguous(dev(i << 40, kn), p.kv_shape());
+    AttentionBackwardTensors {
+        q: q(1),
+        k: k(2),
+        v: k(3),
+        o: q(4),
+        d_o: q(5),
+        lse: dev(6 << 40, p.lse_len()),
+        d_lse: d_lse.then(|| dev(7 << 40, p.lse_len())),
+        dq: q(8),
+        dk: k(9),
+        dv: k(10),
+    }
+}
+
+fn plan(p: &AttentionProblem, deterministic: bool) -> Result<AttentionBackwardPlan> {
+    let options = BackwardOptions { deterministic };
+    match p.dtype {
+        Dtype::Bf16 => p.plan_backward(target(Arch::Sm90a), &tensors::<bf16>(p, true), options),
+        Dtype::F16 => p.plan_backward(target(Arch::Sm90a), &tensors::<f16>(p, true), options),
+    }
+}
+
+/// A workspace of the plan's sizes at made-up addresses.
+fn workspace<'a>(plan: &AttentionBackwardPlan) -> BackwardWorkspace<'a> {
+    BackwardWorkspace {
+        delta: dev(20 << 40, plan.delta_len()),
+        dq_accum: (plan.dq_accum_len() > 0).then(|| dev(21 << 40, plan.dq_accum_len())),
+    }
+}
+
+fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Bf16 => "bf16",
+        Dtype::F16 => "f16",
+    }
+}
+
+#[test]
+fn handles_are_named_by_role_dtype_and_head_dim() {
+    assert_eq!(BWD_KERNELS.len(), 2 * HEAD_DIMS.len());
+    for k in &BWD_KERNELS {
+        let (dt, d) = (dtype_name(k.dtype), k.head_dim);
+        assert_eq!(k.pre.name, format!("attention_bwd_pre_{dt}_d{d}"));
+        assert_eq!(k.dkdv_dq.name, format!("attention_bwd_{dt}_d{d}"));
+        assert_eq!(k.dkdv.name, format!("attention_bwd_dkdv_{dt}_d{d}"));
+        assert_eq!(
+            k.dq_convert.name,
+            format!("attention_bwd_dq_convert_{dt}_d{d}")
+        );
+        assert_eq!(k.dq.name, format!("attention_bwd_dq_{dt}_d{d}"));
+        assert_eq!(Some(k.tiles), bwd_tile_config(d));
+        assert_eq!(Some(k.dq_tiles), dq_tile_config(d));
+        assert_eq!(k.dkdv_dq.threads, k.tiles.threads());
+        assert_eq!(k.dq.threads, k.dq_tiles.threads());
+        assert_eq!(
+            (k.pre.threads, k.dq_convert.threads),
+            (ROW_THREADS, ROW_THREADS)
+        );
+        // The dQ kernel of the atomic mode has the dS^T tile; the deterministic dK/dV not.
+        assert!(k.dkdv_dq.smem_bytes(k.tiles) > k.dkdv.smem_bytes(k.tiles));
+        assert!(k.dkdv_dq.smem_bytes(k.tiles) <= MAX_SMEM);
+        assert!(k.dq.smem_bytes(k.dq_tiles) <= MAX_SMEM);
+    }
+}
+
+#[test]
+fn grids_parameters_and_workspace_sizes() {
+    let mut p = AttentionProblem::new(3, 113, 203, 8, 2, 128, Dtype::Bf16).causal();
+    p.window = (Some(40), None);
+    for deterministic in [false, true] {
+        let plan = plan(&p, deterministic).unwrap();
+        assert_eq!(plan.path(), BackwardPath::MmaSync);
+        assert_eq!(plan.deterministic(), deterministic);
+        assert_eq!(plan.delta_len(), 3 * 8 * 113);
+        let accum = if deterministic { 0 } else { 3 * 8 * 113 * 128 };
+        assert_eq!(plan.dq_accum_len(), accum);
+        let ws = workspace(&plan);
+        let l = plan.launches(&ws).unwrap();
+        let k = plan.kernels();
+        assert_eq!(l.pre.name(), k.pre.name);
+        assert_eq!(l.pre.config().grid, (113u32.div_ceil(ROW_BLOCK), 8, 3));
+        assert_eq!(
+            l.dkdv.config().grid,
+            (203u32.div_ceil(k.tiles.block_n), 2, 3)
+        );
+        if deterministic {
+            assert_eq!(l.dkdv.name(), k.dkdv.name);
+            assert_eq!(l.dq.name(), k.dq.name);
+            assert_eq!(
+                l.dq.config().grid,
+                (113u32.div_ceil(k.dq_tiles.block_m), 8, 3)
+            );
+            assert!(l.pre.params().dq_accum.is_null());
+        } else {
+            assert_eq!(l.dkdv.name(), k.dkdv_dq.name);
+            assert_eq!(l.dq.name(), k.dq_convert.name);
+            assert_eq!(l.dq.config().grid, l.pre.config().grid);
+            assert_eq!(l.pre.params().dq_accum as u64, 21 << 40);
+        }
+        let params = l.dkdv.params();
+        assert_eq!(params.delta as u64, 20 << 40);
+        assert_eq!(params.d_lse as u64, 7 << 40);
+        assert_eq!((params.window_left, params.window_right), (40, 0));
+        assert_eq!(
+            (params.seq_q, params.seq_k, params.heads_q, params.heads_kv),
+            (113, 203, 8, 2)
+        );
+        assert_eq!(params.dq_strides, [113 * 8 * 128, 8 * 128, 128]);
+        let scale = 1.0 / (128f32).sqrt();
+        assert_eq!(params.scale, scale);
+        assert_eq!(params.scale_log2, scale * std::f32::consts::LOG2_E);
+    }
+    let p = AttentionProblem::new(1, 5, 7, 2, 2, 64, Dtype::F16);
+    let l = plan(&p, false).unwrap();
+    let params = l.launches(&workspace(&l)).unwrap().pre;
+    assert_eq!(
+        (params.params().window_left, params.params().window_right),
+        (UNBOUNDED, UNBOUNDED)
+    );
+}
+
+#[test]
+fn every_launch_passes_the_ptx_checks() {
+    for arch in [Arch::Sm90a, Arch::Sm80] {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for d in HEAD_DIMS {
+                for deterministic in [false, true] {
+                    let p = AttentionProblem::new(2, 239, 17, 4, 2, d as usize, dtype).causal();
+                    let plan = plan(&p, deterministic).unwrap();
+                    let l = plan.launches(&workspace(&plan)).unwrap();
+                    for (kernel, cfg) in [
+                        (l.pre.kernel(), l.pre.config()),
+                        (l.dkdv.kernel(), l.dkdv.config()),
+                        (l.dq.kernel(), l.dq.config()),
+                    ] {
+                        check_kernel_launch(arch, kernel, cfg, MAX_SMEM)
+                            .unwrap_or_else(|e| panic!("{} ({arch}): {e}", kernel.name));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn is_invalid(r: Result<AttentionBackwardPlan>) -> bool {
+    matches!(r, Err(Error::InvalidArgument { .. }))
+}
+
+#[test]
+fn bad_tensors_are_rejected() {
+    let p = AttentionProblem::new(1, 64, 64, 2, 2, 64, Dtype::Bf16);
+    let good = tensors::<bf16>(&p, false);
+    let opts = BackwardOptions::default();
+    let plan = |t: &AttentionBackwardTensors<bf16>| p.plan_backward(target(Arch::Sm80), t, opts);
+    assert!(plan(&good).is_ok());
+    // Outputs aliasing an input or each other.
+    assert!(is_invalid(plan(&AttentionBackwardTensors {
+        dq: good.q,
+        ..good
+    })));
+    assert!(is_invalid(plan(&AttentionBackwardTensors {
+        dk: good.dv,
+        ..good
+    })));
+    assert!(is_invalid(plan(&AttentionBackwardTensors {
+        dv: good.d_o,
+        ..good
+    })));
+    let partial = View::contiguous(dev::<bf16>((1 << 40) + 1024, 64 * 2 * 64), p.q_shape());
+    assert!(is_invalid(plan(&AttentionBackwardTensors {
+        dq: partial,
+        ..good
+    })));
+    // dK over LSE's bytes.
+    let lse_alias = View::contiguous(dev::<bf16>(6 << 40, 64 * 2 * 64), p.kv_shape());
+    assert!(is_invalid(plan(&AttentionBackwardTensors {
+        dk: lse_alias,
+        ..good
+    })));
+    // Interleaved, disjoint views of one packed buffer are accepted; overlapping ones are not.
+    let (s, h, d) = (64, 2, 64);
+    let packed = dev::<bf16>(30 << 40, s * 3 * h * d);
+    let strides = [s * 3 * h * d, 3 * h * d, d, 1];
+    let view = |i: usize| View::new(packed, i * h * d, &p.q_shape(), &strides).unwrap();
+    let interleaved = AttentionBackwardTensors {
+        dq: view(0),
+        dk: view(1),
+        dv: view(2),
+        ..good
+    };
+    assert!(plan(&interleaved).is_ok());
+    let shifted = View::new(packed, h * d - 8, &p.q_shape(), &strides).unwrap();
+    assert!(is_invalid(plan(&AttentionBackwardTensors {
+        dk: shifted,
+        ..interleaved
+    })));
+    // Shapes, lengths, alignment, dtype.
+    let wrong = View::contiguous(dev::<bf16>(11 << 40, 64 * 2 * 64), [1, 64, 4, 32]);
+    assert!(matches!(
+        plan(&AttentionBackwardTensors { d_o: wrong, ..good }),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        plan(&AttentionBackwardTensors {
+            d_lse: Some(dev(12 << 40, 3)),
+            ..good
+        }),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let misaligned = View::new(
+        dev::<bf16>(13 << 40, 64 * 2 * 64 + 8),
+        1,
+        &p.q_shape(),
+        &[8192, 128, 64, 1],
+    )
+    .unwrap();
+    assert!(matches!(
+        plan(&AttentionBackwardTensors {
+            dv: misaligned,
+            ..good
+        }),
+        Err(Error::Misaligned { .. })
+    ));
+    let h16 = tensors::<f16>(&p, false);
+    assert!(is_invalid(p.plan_backward(target(Arch::Sm80), &h16, opts)));
+    // Problems.
+    let mut bad = p.clone();
+    bad.head_dim = 96;
+    assert!(matches!(
+        bad.plan_backward(target(Arch::Sm80), &good, opts),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn bad_workspaces_are_rejected() {
+    let p = AttentionProblem::new(1, 64, 64, 2, 2, 64, Dtype::Bf16);
+    let atomic = plan(&p, false).unwrap();
+    let good = workspace(&atomic);
+    assert!(atomic.launches(&good).is_ok());
+    let no_accum = BackwardWorkspace {
+        dq_accum: None,
+        ..good
+    };
+    assert!(matches!(
+        atomic.launches(&no_accum),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let short = BackwardWorkspace {
+        delta: dev(20 << 40, 3),
+        ..good
+    };
+    assert!(matches!(
+        atomic.launches(&short),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let odd = BackwardWorkspace {
+        dq_accum: Some(dev(21 << 40 | 4, atomic.dq_accum_len())),
+        ..good
+    };
+    assert!(matches!(
+        atomic.launches(&odd),
+        Err(Error::Misaligned { .. })
+    ));
+    let overlap = BackwardWorkspace {
+        dq_accum: Some(dev(20 << 40, atomic.dq_accum_len())),
+        ..good
+    };
+    assert!(matches!(
+        atomic.launches(&overlap),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // The deterministic plan takes no accumulator (and ignores one).
+    let det = plan(&p, true).unwrap();
+    assert_eq!(det.dq_accum_len(), 0);
+    assert!(det.launches(&no_accum).is_ok());
+}

@@ -1,0 +1,672 @@
+//! Attention backward (`attention::backward`, the `mma.sync` kernels) against the f64 reference
+//! `attention::reference::backward`.
+//!
+//! Inputs: Q, K, V, dO uniform in `[-1, 1)` (dLSE too where the case has it), O and LSE the f64
+//! reference forward's (O rounded to the element type, LSE to f32), so that the backward is
+//! tested on its own.
+//!
+//! Tolerance (FlashAttention's rule), per gradient G in dQ, dK, dV:
+//! `max |G - ref| <= 2 max |G_naive - ref| + 1e-3 max |ref|`, where `G_naive` is
+//! `attention::naive_backward_same_precision` (the same computation in the input precision);
+//! every element finite (outputs are poisoned with NaN before the run), and the dQ rows of rows
+//! with no allowed key exactly 0.
+
+use super::name as case_name;
+use super::{Case, case};
+use kernel_tests::emu::{Emulator, HostBuf};
+use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
+use kernels::Arch;
+use kernels::attention::reference::{AttentionGrads, backward as reference_backward, reference};
+use kernels::attention::{
+    self, AttentionBackwardTensors, AttentionElem, AttentionProblem, BackwardOptions,
+    BackwardWorkspace, Dtype, Target, View, naive_backward_same_precision,
+};
+use kernels::data::rng;
+use kernels::exec::OnStream;
+use kernels::memory::{download, poisoned, upload};
+use kernels::{Gpu, bf16, f16};
+use kernels_testing::attention::{BackwardInputs, device_backward as device_backward_host};
+use rand::Rng;
+
+/// Relative floor of the tolerance (times `max |ref|` of the gradient).
+const FLOOR: f64 = 1e-3;
+
+/// A backward case: the problem, whether the loss has an LSE term, which mode.
+#[derive(Clone)]
+struct BwdCase {
+    c: Case,
+    with_dlse: bool,
+    deterministic: bool,
+}
+
+fn bwd_name(b: &BwdCase) -> String {
+    format!(
+        "{}{}_{}",
+        case_name(&b.c),
+        if b.with_dlse { "_dlse" } else { "" },
+        if b.deterministic { "det" } else { "atomic" }
+    )
+}
+
+/// The inputs of a case: Q, K, V, dO, dLSE, and the forward's O (element type) and LSE.
+struct Inputs<T> {
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    d_o: Vec<T>,
+    d_lse: Option<Vec<f32>>,
+    o: Vec<T>,
+    lse: Vec<f32>,
+}
+
+fn inputs<T: AttentionElem>(b: &BwdCase) -> Inputs<T> {
+    let p = &b.c.p;
+    let (q, k, v) = kernels_testing::attention::random_inputs::<T>(p, b.c.range, b.c.seed);
+    let mut r = rng(b.c.seed ^ 0xd0d0);
+    let d_o: Vec<T> = (0..q.len())
+        .map(|_| T::from_f32(r.random_range(-1.0..1.0)))
+        .collect();
+    let fwd = reference(p, &q, &k, &v);
+    // dLSE of the rows with no allowed key: NaN and infinities, which must not reach any
+    // gradient (such a row contributes nothing).
+    let d_lse = b.with_dlse.then(|| {
+        (0..p.lse_len())
+            .map(|i| {
+                let x = r.random_range(-1.0f32..1.0);
+                if fwd.lse[i] == f64::NEG_INFINITY {
+                    [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][i % 3]
+                } else {
+                    x
+                }
+            })
+            .collect()
+    });
+    let o = fwd.o.iter().map(|&x| T::from_f32(x as f32)).collect();
+    let lse = fwd.lse.iter().map(|&x| x as f32).collect();
+    Inputs {
+        q,
+        k,
+        v,
+        d_o,
+        d_lse,
+        o,
+        lse,
+    }
+}
+
+/// The gradients against the reference with the tolerance of the module documentation.
+fn compare<T: AttentionElem>(
+    what: &str,
+    p: &AttentionProblem,
+    x: &Inputs<T>,
+    dq: &[T],
+    dk: &[T],
+    dv: &[T],
+) -> TestResult {
+    let want = reference_backward(p, &x.q, &x.k, &x.v, &x.d_o, x.d_lse.as_deref());
+    let naive = naive_backward_same_precision(p, &x.q, &x.k, &x.v, &x.d_o, x.d_lse.as_deref());
+    let max_diff = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    };
+    let wide = |x: &[T]| -> Vec<f64> { x.iter().map(|x| x.to_f32() as f64).collect() };
+    let got = AttentionGrads {
+        dq: wide(dq),
+        dk: wide(dk),
+        dv: wide(dv),
+    };
+    let mut line = String::new();
+    let mut failures = Vec::new();
+    for (name, g, w, n) in [
+        ("dQ", &got.dq, &want.dq, &naive.dq),
+        ("dK", &got.dk, &want.dk, &naive.dk),
+        ("dV", &got.dv, &want.dv, &naive.dv),
+    ] {
+        if let Some(i) = g.iter().position(|x| !x.is_finite()) {
+            return Err(format!("{what}: {name}[{i}] = {} (NaN: unwritten?)", g[i]).into());
+        }
+        let err = max_diff(g, w);
+        let naive_err = max_diff(n, w);
+        let scale = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let tol = 2.0 * naive_err + FLOOR * scale;
+        line.push_str(&format!(
+            " {name} {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3 x {scale:.2e});"
+        ));
+        if err > tol {
+            failures.push(format!("{name} max error {err:.3e} > {tol:.3e}"));
+        }
+    }
+    // Rows with no allowed key: dQ exactly 0.
+    let d = p.head_dim;
+    let mut empty = 0;
+    for b in 0..p.batch {
+        for i in (0..p.seq_q).filter(|&i| (0..p.seq_k).all(|j| !p.allowed(i, j))) {
+            for h in 0..p.heads_q {
+                empty += 1;
+                let start = ((b * p.seq_q + i) * p.heads_q + h) * d;
+                ensure(got.dq[start..start + d].iter().all(|&x| x == 0.0), || {
+                    format!("{what}: dQ row (b {b}, i {i}, h {h}) has no allowed key, not 0")
+                })?;
+            }
+        }
+    }
+    // Keys no query may attend: dK and dV rows exactly 0.
+    let mut unseen = 0;
+    for b in 0..p.batch {
+        for j in (0..p.seq_k).filter(|&j| (0..p.seq_q).all(|i| !p.allowed(i, j))) {
+            for h in 0..p.heads_kv {
+                unseen += 1;
+                let start = ((b * p.seq_k + j) * p.heads_kv + h) * d;
+                let zero = |g: &[f64]| g[start..start + d].iter().all(|&x| x == 0.0);
+                ensure(zero(&got.dk) && zero(&got.dv), || {
+                    format!("{what}: dK/dV row (b {b}, j {j}, h {h}) seen by no query, not 0")
+                })?;
+            }
+        }
+    }
+    println!("{what}: max |G - ref|:{line} {empty} empty rows, {unseen} unseen keys");
+    ensure(failures.is_empty(), || {
+        format!("{what}: {}", failures.join("; "))
+    })
+}
+
+/// The backward in the CPU emulator (the `mma.sync` kernels' own code), outputs poisoned.
+fn run_emulated<T: AttentionElem>(b: &BwdCase) -> TestResult {
+    let p = &b.c.p;
+    let x = inputs::<T>(b);
+    let what = format!("emulated backward {} (seed {})", bwd_name(b), b.c.seed);
+    let (mut q, mut k, mut v, mut o, mut d_o) = (
+        HostBuf::from_slice(&x.q),
+        HostBuf::from_slice(&x.k),
+        HostBuf::from_slice(&x.v),
+        HostBuf::from_slice(&x.o),
+        HostBuf::from_slice(&x.d_o),
+    );
+    let mut lse = HostBuf::from_slice(&x.lse);
+    let mut d_lse = x.d_lse.as_ref().map(|d| HostBuf::from_slice(d));
+    let nan = T::from_f32(f32::NAN);
+    let mut dq = HostBuf::filled(x.q.len(), nan);
+    let mut dk = HostBuf::filled(x.k.len(), nan);
+    let mut dv = HostBuf::filled(x.k.len(), nan);
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let tensors = AttentionBackwardTensors {
+        q: View::contiguous(q.view(), qs),
+        k: View::contiguous(k.view(), ks),
+        v: View::contiguous(v.view(), ks),
+        o: View::contiguous(o.view(), qs),
+        d_o: View::contiguous(d_o.view(), qs),
+        lse: lse.view(),
+        d_lse: d_lse.as_mut().map(|d| d.view()),
+        dq: View::contiguous(dq.view(), qs),
+        dk: View::contiguous(dk.view(), ks),
+        dv: View::contiguous(dv.view(), ks),
+    };
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 1,
+    };
+    let options = BackwardOptions {
+        deterministic: b.deterministic,
+    };
+    let plan = p
+        .plan_backward(target, &tensors, options)
+        .map_err(|e| format!("{what}: {e}"))?;
+    let mut delta = HostBuf::filled(plan.delta_len(), f32::NAN);
+    let mut accum =
+        (plan.dq_accum_len() > 0).then(|| HostBuf::filled(plan.dq_accum_len(), f32::NAN));
+    let ws = BackwardWorkspace {
+        delta: delta.view(),
+        dq_accum: accum.as_mut().map(|a| a.view()),
+    };
+    // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
+    // (synchronous) emulated launches; the workspace is separate memory.
+    unsafe { plan.run(&Emulator, &ws) }.map_err(|e| format!("{what}: {e}"))?;
+    ensure(
+        dq.guards_intact() && dk.guards_intact() && dv.guards_intact() && delta.guards_intact(),
+        || format!("{what}: a write outside its buffer"),
+    )?;
+    compare(&what, p, &x, &dq.to_vec(), &dk.to_vec(), &dv.to_vec())
+}
+
+/// Device buffers of a case's inputs and poisoned outputs.
+struct DevCase<T: AttentionElem> {
+    q: kernels::DeviceBuffer<T>,
+    k: kernels::DeviceBuffer<T>,
+    v: kernels::DeviceBuffer<T>,
+    o: kernels::DeviceBuffer<T>,
+    d_o: kernels::DeviceBuffer<T>,
+    lse: kernels::DeviceBuffer<f32>,
+    d_lse: Option<kernels::DeviceBuffer<f32>>,
+}
+
+fn dev_case<T: AttentionElem>(x: &Inputs<T>) -> kernels::Result<DevCase<T>> {
+    Ok(DevCase {
+        q: upload(&x.q)?,
+        k: upload(&x.k)?,
+        v: upload(&x.v)?,
+        o: upload(&x.o)?,
+        d_o: upload(&x.d_o)?,
+        lse: upload(&x.lse)?,
+        d_lse: x.d_lse.as_ref().map(|d| upload(d)).transpose()?,
+    })
+}
+
+/// One backward on `stream` with contiguous tensors into fresh poisoned outputs.
+fn device_backward<T: AttentionElem>(
+    g: &Gpu,
+    stream: &kernels::Stream,
+    p: &AttentionProblem,
+    d: &DevCase<T>,
+    options: BackwardOptions,
+) -> kernels::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (dq, dk, dv) = (
+        poisoned::<T>(d.q.len())?,
+        poisoned::<T>(d.k.len())?,
+        poisoned::<T>(d.k.len())?,
+    );
+    attention::backward(
+        g,
+        stream,
+        p,
+        &View::contiguous(&d.q, qs),
+        &View::contiguous(&d.k, ks),
+        &View::contiguous(&d.v, ks),
+        &View::contiguous(&d.o, qs),
+        &d.lse,
+        &View::contiguous(&d.d_o, qs),
+        d.d_lse.as_ref(),
+        &mut View::contiguous(&dq, qs),
+        &mut View::contiguous(&dk, ks),
+        &mut View::contiguous(&dv, ks),
+        options,
+    )?;
+    Ok((download(&dq)?, download(&dk)?, download(&dv)?))
+}
+
+/// Two backward passes of the same problem at once, on two streams (each with its own outputs
+/// and workspace), through the plan.
+#[allow(clippy::type_complexity)]
+fn concurrent_backward<T: AttentionElem>(
+    g: &Gpu,
+    p: &AttentionProblem,
+    d: &DevCase<T>,
+    options: BackwardOptions,
+) -> kernels::Result<Vec<(Vec<T>, Vec<T>, Vec<T>)>> {
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let streams = [g.stream()?, g.stream()?];
+    let mut outs = Vec::new();
+    for _ in 0..2 {
+        outs.push((
+            poisoned::<T>(d.q.len())?,
+            poisoned::<T>(d.k.len())?,
+            poisoned::<T>(d.k.len())?,
+        ));
+    }
+    let mut workspaces = Vec::new();
+    for (stream, (dq, dk, dv)) in streams.iter().zip(&outs) {
+        let tensors = AttentionBackwardTensors {
+            q: View::contiguous(&d.q, qs),
+            k: View::contiguous(&d.k, ks),
+            v: View::contiguous(&d.v, ks),
+            o: View::contiguous(&d.o, qs),
+            d_o: View::contiguous(&d.d_o, qs),
+            lse: (&d.lse).into(),
+            d_lse: d.d_lse.as_ref().map(|x| x.into()),
+            dq: View::contiguous(dq, qs),
+            dk: View::contiguous(dk, ks),
+            dv: View::contiguous(dv, ks),
+        };
+        let plan = p.plan_backward(Target::of(g), &tensors, options)?;
+        let delta = poisoned::<f32>(plan.delta_len())?;
+        let accum = (plan.dq_accum_len() > 0)
+            .then(|| poisoned::<f32>(plan.dq_accum_len()))
+            .transpose()?;
+        let ws = BackwardWorkspace {
+            delta: (&delta).into(),
+            dq_accum: accum.as_ref().map(|a| a.into()),
+        };
+        // SAFETY: every buffer lives until both streams are synchronized below; the outputs
+        // and workspaces of the two runs are distinct allocations.
+        unsafe { plan.run(&OnStream { gpu: g, stream }, &ws) }?;
+        workspaces.push((delta, accum));
+    }
+    for stream in &streams {
+        g.sync(stream, "attention backward on two streams")?;
+    }
+    drop(workspaces);
+    outs.iter()
+        .map(|(dq, dk, dv)| Ok((download(dq)?, download(dk)?, download(dv)?)))
+        .collect()
+}
+
+fn run_gpu<T: AttentionElem>(g: &Gpu, b: &BwdCase) -> TestResult {
+    let p = &b.c.p;
+    let x = inputs::<T>(b);
+    let what = format!(
+        "backward {} on {} (seed {})",
+        bwd_name(b),
+        g.arch(),
+        b.c.seed
+    );
+    let host = BackwardInputs {
+        q: &x.q,
+        k: &x.k,
+        v: &x.v,
+        o: &x.o,
+        lse: &x.lse,
+        d_o: &x.d_o,
+        d_lse: x.d_lse.as_deref(),
+    };
+    let options = BackwardOptions {
+        deterministic: b.deterministic,
+    };
+    let (dq, dk, dv) = gpu_ok(device_backward_host(g, p, &host, options))?;
+    compare(&what, p, &x, &dq, &dk, &dv)
+}
+
+/// Deterministic mode: 20 runs on one stream and 2 on a second stream give bitwise identical
+/// gradients (and they match the reference).
+fn deterministic_bitwise(g: &Gpu) -> TestResult {
+    let mut c = case(2, 300, 257, 4, 2, 128, Dtype::Bf16);
+    c.p.causal = true;
+    let b = BwdCase {
+        c,
+        with_dlse: true,
+        deterministic: true,
+    };
+    let x = inputs::<bf16>(&b);
+    let options = BackwardOptions {
+        deterministic: true,
+    };
+    let runs = (|| {
+        let d = dev_case(&x)?;
+        let mut runs = Vec::new();
+        let s1 = g.stream()?;
+        for _ in 0..20 {
+            runs.push(device_backward(g, &s1, &b.c.p, &d, options)?);
+        }
+        runs.extend(concurrent_backward(g, &b.c.p, &d, options)?);
+        Ok(runs)
+    })();
+    let runs = gpu_ok(runs)?;
+    let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (i, r) in runs.iter().enumerate().skip(1) {
+        ensure(
+            bits(&r.0) == bits(&runs[0].0)
+                && bits(&r.1) == bits(&runs[0].1)
+                && bits(&r.2) == bits(&runs[0].2),
+            || format!("deterministic backward: run {i} differs from run 0"),
+        )?;
+    }
+    println!(
+        "deterministic backward: 22 runs (20 in turn on one stream, 2 at once on two streams) \
+         bitwise identical"
+    );
+    compare(
+        "deterministic backward",
+        &b.c.p,
+        &x,
+        &runs[0].0,
+        &runs[0].1,
+        &runs[0].2,
+    )
+}
+
+/// Q, K, V, O, dO as strided views of one packed `[b, s, 5, h, d]` buffer; dQ, dK, dV as views
+/// of one packed `[b, s, 3, h, d]` output (MHA, `seq_q = seq_k`): the plan must accept the
+/// interleaved, non-overlapping outputs, and the results match the contiguous run's.
+fn strided_views(g: &Gpu, deterministic: bool) -> TestResult {
+    let (bs, s, h, d) = (2, 150, 3, 64);
+    let mut c = case(bs, s, s, h, h, d, Dtype::Bf16);
+    c.p.causal = true;
+    let b = BwdCase {
+        c,
+        with_dlse: false,
+        deterministic,
+    };
+    let p = b.c.p.clone();
+    let x = inputs::<bf16>(&b);
+    let row = h * d;
+    let dims = (bs, s, row);
+    let packed = pack(&[&x.q, &x.k, &x.v, &x.o, &x.d_o], dims);
+    let shape = [bs, s, h, d];
+    let out = (|| -> kernels::Result<Vec<bf16>> {
+        let stream = g.stream()?;
+        let dp = upload(&packed)?;
+        let lse = upload(&x.lse)?;
+        let grads = poisoned::<bf16>(bs * s * 3 * row)?;
+        let in_strides = [s * 5 * row, 5 * row, d, 1];
+        let out_strides = [s * 3 * row, 3 * row, d, 1];
+        let view = |i: usize| View::new(&dp, i * row, &shape, &in_strides);
+        let out = |i: usize| View::new(&grads, i * row, &shape, &out_strides);
+        attention::backward(
+            g,
+            &stream,
+            &p,
+            &view(0)?,
+            &view(1)?,
+            &view(2)?,
+            &view(3)?,
+            &lse,
+            &view(4)?,
+            None,
+            &mut out(0)?,
+            &mut out(1)?,
+            &mut out(2)?,
+            BackwardOptions { deterministic },
+        )?;
+        download(&grads)
+    })();
+    let grads = gpu_ok(out)?;
+    compare(
+        &format!("strided views ({})", bwd_name(&b)),
+        &p,
+        &x,
+        &unpack(&grads, 3, 0, dims),
+        &unpack(&grads, 3, 1, dims),
+        &unpack(&grads, 3, 2, dims),
+    )
+}
+
+/// Packs row-major `[b, s, h, d]` tensors into one `[b, s, n, h, d]` buffer.
+fn pack<T: Copy + Default>(tensors: &[&[T]], (bs, s, row): (usize, usize, usize)) -> Vec<T> {
+    let n = tensors.len();
+    let mut packed = vec![T::default(); bs * s * n * row];
+    for (which, t) in tensors.iter().enumerate() {
+        for i in 0..bs * s {
+            let dst = (i * n + which) * row;
+            packed[dst..dst + row].copy_from_slice(&t[i * row..(i + 1) * row]);
+        }
+    }
+    packed
+}
+
+/// Tensor `which` of a packed `[b, s, n, h, d]` buffer, row-major `[b, s, h, d]`.
+fn unpack<T: Copy>(
+    packed: &[T],
+    n: usize,
+    which: usize,
+    (bs, s, row): (usize, usize, usize),
+) -> Vec<T> {
+    let mut v = Vec::with_capacity(bs * s * row);
+    for i in 0..bs * s {
+        let start = (i * n + which) * row;
+        v.extend_from_slice(&packed[start..start + row]);
+    }
+    v
+}
+
+/// [`strided_views`] in the emulator: every kernel reads and writes through its own strides
+/// (each tensor's differ from the others' in use).
+fn strided_emulated(deterministic: bool) -> TestResult {
+    let (bs, s, h, d) = (1, 40, 2, 64);
+    let mut c = case(bs, s, s, h, h, d, Dtype::Bf16);
+    c.p.causal = true;
+    let b = BwdCase {
+        c,
+        with_dlse: true,
+        deterministic,
+    };
+    let p = b.c.p.clone();
+    let x = inputs::<bf16>(&b);
+    let dims = (bs, s, h * d);
+    let mut packed = HostBuf::from_slice(&pack(&[&x.q, &x.k, &x.v, &x.o, &x.d_o], dims));
+    let mut grads = HostBuf::filled(bs * s * 3 * h * d, bf16::NAN);
+    let mut lse = HostBuf::from_slice(&x.lse);
+    let mut d_lse = HostBuf::from_slice(x.d_lse.as_deref().expect("the case has dLSE"));
+    let shape = [bs, s, h, d];
+    let in_strides = [s * 5 * h * d, 5 * h * d, d, 1];
+    let out_strides = [s * 3 * h * d, 3 * h * d, d, 1];
+    let (pv, gv) = (packed.view(), grads.view());
+    let view = |buf, i: usize, st: &[usize; 4]| View::new(buf, i * h * d, &shape, st);
+    let what = format!("emulated strided views ({})", bwd_name(&b));
+    let launched = (|| -> kernels::Result<()> {
+        let tensors = AttentionBackwardTensors {
+            q: view(pv, 0, &in_strides)?,
+            k: view(pv, 1, &in_strides)?,
+            v: view(pv, 2, &in_strides)?,
+            o: view(pv, 3, &in_strides)?,
+            d_o: view(pv, 4, &in_strides)?,
+            lse: lse.view(),
+            d_lse: Some(d_lse.view()),
+            dq: view(gv, 0, &out_strides)?,
+            dk: view(gv, 1, &out_strides)?,
+            dv: view(gv, 2, &out_strides)?,
+        };
+        let target = Target {
+            arch: Arch::Sm80,
+            multiprocessors: 1,
+        };
+        let plan = p.plan_backward(target, &tensors, BackwardOptions { deterministic })?;
+        let mut delta = HostBuf::filled(plan.delta_len(), f32::NAN);
+        let mut accum =
+            (plan.dq_accum_len() > 0).then(|| HostBuf::filled(plan.dq_accum_len(), f32::NAN));
+        let ws = BackwardWorkspace {
+            delta: delta.view(),
+            dq_accum: accum.as_mut().map(|a| a.view()),
+        };
+        // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
+        // (synchronous) emulated launches; the workspace is separate memory.
+        unsafe { plan.run(&Emulator, &ws) }
+    })();
+    launched.map_err(|e| format!("{what}: {e}"))?;
+    ensure(grads.guards_intact(), || {
+        format!("{what}: a write outside its buffer")
+    })?;
+    let g = grads.to_vec();
+    let (dq, dk, dv) = (
+        unpack(&g, 3, 0, dims),
+        unpack(&g, 3, 1, dims),
+        unpack(&g, 3, 2, dims),
+    );
+    compare(&what, &p, &x, &dq, &dk, &dv)
+}
+
+/// A backward case.
+fn bc(c: Case, with_dlse: bool, deterministic: bool) -> BwdCase {
+    BwdCase {
+        c,
+        with_dlse,
+        deterministic,
+    }
+}
+
+/// Small problems for the emulator (one OS thread per GPU thread): D 64, 128, 256, bf16 and
+/// f16, causal, window, GQA 2:1, `seq_q != seq_k`, odd lengths, rows with no allowed key.
+fn emulated_cases() -> Vec<(Case, bool)> {
+    let mut v = Vec::new();
+    v.push((case(1, 17, 33, 2, 1, 64, Dtype::Bf16), true));
+    let mut c = case(1, 33, 17, 2, 2, 128, Dtype::Bf16); // causal, 16 rows with no key
+    c.p.causal = true;
+    v.push((c, true));
+    let mut c = case(1, 70, 90, 2, 1, 64, Dtype::F16);
+    c.p.window = (Some(16), Some(8));
+    v.push((c, false));
+    let mut c = case(1, 65, 130, 1, 1, 128, Dtype::F16);
+    c.p.causal = true;
+    v.push((c, true));
+    let mut c = case(1, 40, 30, 2, 1, 128, Dtype::Bf16); // diag i - 10: rows 0..10 empty
+    c.p.window = (Some(0), Some(0));
+    v.push((c, true));
+    v.push((case(1, 17, 20, 2, 1, 256, Dtype::Bf16), true));
+    // Many steps per block: 2 query heads x 4 query blocks for each key block.
+    let mut c = case(1, 100, 70, 4, 2, 64, Dtype::Bf16);
+    c.p.window = (Some(50), None);
+    v.push((c, false));
+    v
+}
+
+/// The GPU grid: dtype x D x mask x GQA x odd lengths x mode, and the extra checks.
+fn gpu_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        for d in [64, 128, 256] {
+            for (sq, sk) in [(1, 1), (113, 203), (239, 17), (300, 300)] {
+                for mask in 0..3 {
+                    for (hq, hkv) in [(2, 2), (4, 2)] {
+                        let mut c = case(1 + (sq < 200) as usize, sq, sk, hq, hkv, d, dtype);
+                        match mask {
+                            1 => c.p.causal = true,
+                            2 => c.p.window = (Some(40), Some(7)),
+                            _ => {}
+                        }
+                        v.push(c);
+                    }
+                }
+            }
+        }
+    }
+    // Rows with no allowed key (causal with seq_q > seq_k), MQA, a longer causal problem.
+    let mut c = case(2, 300, 100, 4, 1, 128, Dtype::Bf16);
+    c.p.causal = true;
+    v.push(c);
+    let mut c = case(1, 1023, 1024, 2, 1, 128, Dtype::Bf16);
+    c.p.causal = true;
+    v.push(c);
+    v
+}
+
+pub fn register(s: &mut Suite) {
+    for (c, with_dlse) in emulated_cases() {
+        for deterministic in [false, true] {
+            let b = bc(c.clone(), with_dlse, deterministic);
+            let n = format!("attention_bwd/emulated/{}", bwd_name(&b));
+            s.cpu(&n, move || match b.c.p.dtype {
+                Dtype::Bf16 => run_emulated::<bf16>(&b),
+                Dtype::F16 => run_emulated::<f16>(&b),
+            });
+        }
+    }
+    for deterministic in [false, true] {
+        let n = format!(
+            "attention_bwd/emulated/strided_views_{}",
+            if deterministic { "det" } else { "atomic" }
+        );
+        s.cpu(&n, move || strided_emulated(deterministic));
+    }
+    for (i, c) in gpu_cases().into_iter().enumerate() {
+        for deterministic in [false, true] {
+            let b = bc(c.clone(), i % 2 == 0, deterministic);
+            let n = format!("attention_bwd/gpu/{}", bwd_name(&b));
+            s.gpu(&n, Needs::Gpu, move |g| match b.c.p.dtype {
+                Dtype::Bf16 => run_gpu::<bf16>(g, &b),
+                Dtype::F16 => run_gpu::<f16>(g, &b),
+            });
+        }
+    }
+    s.gpu(
+        "attention_bwd/deterministic_bitwise",
+        Needs::Gpu,
+        deterministic_bitwise,
+    );
+    for deterministic in [false, true] {
+        let n = format!(
+            "attention_bwd/strided_views_{}",
+            if deterministic { "det" } else { "atomic" }
+        );
+        s.gpu(&n, Needs::Gpu, move |g| strided_views(g, deterministic));
+    }
+}
