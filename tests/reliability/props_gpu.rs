@@ -168,7 +168,8 @@ type GlaCase = (
 /// 16-token chunk), packed variable lengths, every (Dk, Dv) pair, with and without initial and
 /// final states, automatic and forced segments (state pass and combination), log-decays
 /// uniform in `[lo, 0)` for lo in {-0.05, -1, -3}; each case on the baseline kernels and, on
-/// sm_90a, on the automatic choice (the pingpong). Relative L2 error of o and of the final
+/// sm_90a, on the pingpong (forced: with these few (sequence, head) pairs the automatic choice
+/// is mostly the baseline). Relative L2 error of o and of the final
 /// states at most [`GLA_TOL`]; outputs start poisoned (an unwritten or non-finite element fails).
 pub fn gla_small(g: &'static Gpu) -> TestResult {
     const CASES: u32 = 24;
@@ -192,7 +193,7 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
     );
     let worst = std::cell::Cell::new((0.0f64, 0.0f64));
     let choices = if g.arch().has_hopper_kernels() {
-        vec![GlaKernel::Baseline, GlaKernel::Auto]
+        vec![GlaKernel::Baseline, GlaKernel::Pingpong]
     } else {
         vec![GlaKernel::Baseline]
     };
