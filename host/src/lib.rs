@@ -24,6 +24,7 @@ pub mod mhc;
 #[cfg(feature = "negative-controls")]
 pub mod negative;
 pub mod ptx;
+pub mod raw;
 pub mod semicrf;
 pub mod tensor_map;
 pub mod timing;
