@@ -6,6 +6,7 @@ mod ptx;
 mod ptx_diff;
 mod setup;
 mod util;
+mod wheel;
 
 use std::process::{Command, ExitCode};
 use util::Result;
@@ -47,6 +48,10 @@ const TASKS: &[(&str, &str)] = &[
         "ptx-diff",
         "ptx-diff BASE: every kernel's PTX against commit BASE's, up to register and label names",
     ),
+    (
+        "wheel",
+        "build the Python package (rustkernels: PyO3 + maturin) into target/wheels/",
+    ),
     ("ci", "what CI runs: test, fmt --check, clippy, check-ptx"),
 ];
 
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         "run" => run_main(rest),
         "clippy" => clippy(),
         "bundle" => bundle::bundle(),
+        "wheel" => wheel::wheel().map(|_| ()),
         "report" => report(rest),
         "ci" => ci(),
         other => Err(format!(
