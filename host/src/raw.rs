@@ -285,21 +285,15 @@ pub fn primary_gpu(ordinal: u32) -> Result<&'static Gpu> {
     })?;
     let mut current: cu::CUcontext = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
-    check(
-        unsafe { cu::cuCtxGetCurrent(&mut current) },
-        "reading the current context",
-    )?;
+    let r = unsafe { cu::cuCtxGetCurrent(&mut current) };
+    check(r, "reading the current context")?;
     let mut primary: cu::CUcontext = std::ptr::null_mut();
     // SAFETY: a valid out-pointer and device; the reference taken is released just below.
-    check(
-        unsafe { cu::cuDevicePrimaryCtxRetain(&mut primary, device.as_raw()) },
-        "retaining the primary context",
-    )?;
+    let r = unsafe { cu::cuDevicePrimaryCtxRetain(&mut primary, device.as_raw()) };
+    check(r, "retaining the primary context")?;
     // SAFETY: releases the reference taken above (a `Gpu`, if any, holds its own).
-    check(
-        unsafe { cu::cuDevicePrimaryCtxRelease_v2(device.as_raw()) },
-        "releasing the primary context",
-    )?;
+    let r = unsafe { cu::cuDevicePrimaryCtxRelease_v2(device.as_raw()) };
+    check(r, "releasing the primary context")?;
     if !current.is_null() && current != primary {
         return Err(Error::invalid(
             "current CUDA context",
@@ -361,10 +355,8 @@ impl RawStream {
         let stream = stream as usize as cu::CUstream;
         let mut ctx: cu::CUcontext = std::ptr::null_mut();
         // SAFETY: `stream` is live or special (the caller's contract); a valid out-pointer.
-        check(
-            unsafe { cu::cuStreamGetCtx(stream, &mut ctx) },
-            "reading the stream's context",
-        )?;
+        let r = unsafe { cu::cuStreamGetCtx(stream, &mut ctx) };
+        check(r, "reading the stream's context")?;
         if ctx != gpu.context() {
             return Err(Error::invalid(
                 "stream",
@@ -415,10 +407,8 @@ mod tests {
         assert_eq!((view.addr(), view.len(), offset), (0x0f00, 0x100, 0x80));
         t.ptr = 0x1001;
         // SAFETY: as above.
-        assert!(matches!(
-            unsafe { t.storage::<bf16>("T") },
-            Err(Error::Misaligned { .. })
-        ));
+        let misaligned = unsafe { t.storage::<bf16>("T") };
+        assert!(matches!(misaligned, Err(Error::Misaligned { .. })));
         t.ptr = 0x0e00;
         // SAFETY: as above.
         assert!(unsafe { t.storage::<bf16>("T") }.is_err());

@@ -113,7 +113,7 @@ fn plan_typed<T: AttentionElem + RawElem>(
         let (memory, offset) = unsafe { t.storage::<T>(what) }?;
         View::new(memory, offset, &t.shape, &strides)
     };
-    Ok(problem.plan(
+    problem.plan(
         target,
         &AttentionTensors {
             q: view("Q", t.q)?,
@@ -123,7 +123,7 @@ fn plan_typed<T: AttentionElem + RawElem>(
             lse: lse_view(problem, t.lse)?,
         },
         None,
-    )?)
+    )
 }
 
 /// LSE as a contiguous `[batch, heads_q, seq_q]` f32 view (dimensions of size 1 may have any
