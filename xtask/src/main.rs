@@ -52,7 +52,7 @@ const TASKS: &[(&str, &str)] = &[
         "wheel",
         "build the Python package (rustkernels: PyO3 + maturin) into target/wheels/",
     ),
-    ("ci", "what CI runs: test, fmt --check, clippy, check-ptx"),
+    ("ci", "what CI runs: test, fmt --check, clippy, wheel, check-ptx"),
 ];
 
 fn main() -> ExitCode {
@@ -189,6 +189,7 @@ fn ci() -> Result {
             .args(["--", "--check"]),
     )?;
     clippy()?;
+    wheel::wheel()?;
     ptx::check()?;
     let table = ptx::table_path();
     let diff = Command::new("git")
