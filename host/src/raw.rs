@@ -95,7 +95,7 @@ impl RawTensor {
     pub fn contiguous(ptr: u64, dtype: ElemType, shape: &[usize]) -> RawTensor {
         let mut strides = vec![1i64; shape.len()];
         for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * shape[i + 1] as i64;
+            strides[i] = strides[i + 1].saturating_mul(shape[i + 1] as i64);
         }
         RawTensor {
             ptr,
@@ -103,7 +103,7 @@ impl RawTensor {
             shape: shape.to_vec(),
             strides,
             storage_ptr: ptr,
-            storage_bytes: shape.iter().product::<usize>() * dtype.size(),
+            storage_bytes: shape.iter().fold(dtype.size(), |n, &d| n.saturating_mul(d)),
         }
     }
 
@@ -186,27 +186,45 @@ impl RawTensor {
     /// driver's pointer attributes; no device memory is read). A host pointer, memory of
     /// another device, or a storage longer than its allocation is an error.
     pub fn check_memory(&self, what: &str, gpu: &Gpu) -> Result<()> {
-        let attr = |a: cu::CUpointer_attribute, out: *mut std::ffi::c_void| {
-            // SAFETY: `out` points at a value of the attribute's documented type (an int for
-            // the ordinal, a CUdeviceptr for the range's start, a size_t for its size); the
-            // driver only inspects the address, never the memory behind it.
-            let r = unsafe { cu::cuPointerGetAttribute(out, a, self.storage_ptr) };
-            check(r, &format!("querying the memory of {what}"))
-        };
+        use cu::CUpointer_attribute as A;
+        let mut memory_type: u32 = 0;
         let mut ordinal: i32 = -1;
-        attr(
-            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        let mut start: cu::CUdeviceptr = 0;
+        let mut size: usize = 0;
+        let mut attributes = [
+            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        ];
+        let mut data: [*mut std::ffi::c_void; 4] = [
+            (&mut memory_type as *mut u32).cast(),
             (&mut ordinal as *mut i32).cast(),
-        )
-        .map_err(|_| {
-            Error::invalid(
+            (&mut start as *mut cu::CUdeviceptr).cast(),
+            (&mut size as *mut usize).cast(),
+        ];
+        // SAFETY: each data pointer points at a value of its attribute's documented type
+        // (CUmemorytype, int, CUdeviceptr, size_t). The plural query inspects only the address:
+        // for one the driver does not know it leaves the values at zero and succeeds (the
+        // singular query would fail, which sanitizers report as an API error).
+        let r = unsafe {
+            cu::cuPointerGetAttributes(
+                attributes.len() as u32,
+                attributes.as_mut_ptr(),
+                data.as_mut_ptr(),
+                self.storage_ptr,
+            )
+        };
+        check(r, &format!("querying the memory of {what}"))?;
+        if memory_type != cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Err(Error::invalid(
                 what,
                 format!(
                     "{:#x} is not device memory known to the CUDA driver (a host tensor?)",
                     self.storage_ptr
                 ),
-            )
-        })?;
+            ));
+        }
         if ordinal != gpu.ordinal() as i32 {
             return Err(Error::invalid(
                 what,
@@ -219,27 +237,14 @@ impl RawTensor {
         // The allocation (for memory mapped with the virtual memory API, as PyTorch's
         // expandable segments are, the reserved address range). Where the driver cannot say,
         // the storage's own description stands.
-        let (mut start, mut size): (cu::CUdeviceptr, usize) = (0, 0);
-        let range = attr(
-            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            (&mut start as *mut cu::CUdeviceptr).cast(),
-        )
-        .and_then(|()| {
-            attr(
-                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                (&mut size as *mut usize).cast(),
-            )
-        });
-        if range.is_err() || size == 0 {
-            return Ok(());
-        }
         let end = self.storage_ptr as u128 + self.storage_bytes as u128;
-        if end > start as u128 + size as u128 {
+        let allocation_end = start as u128 + size as u128;
+        if size > 0 && start <= self.storage_ptr && end > allocation_end {
             return Err(Error::shape(
                 format!("{what} storage"),
                 format!(
                     "at most {} bytes (the allocation at {start:#x} ends there)",
-                    start as u128 + size as u128 - self.storage_ptr as u128
+                    allocation_end - self.storage_ptr as u128
                 ),
                 format!("{} bytes", self.storage_bytes),
             ));

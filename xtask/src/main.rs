@@ -52,7 +52,10 @@ const TASKS: &[(&str, &str)] = &[
         "wheel",
         "build the Python package (rustkernels: PyO3 + maturin) into target/wheels/",
     ),
-    ("ci", "what CI runs: test, fmt --check, clippy, wheel, check-ptx"),
+    (
+        "ci",
+        "what CI runs: test, fmt --check, clippy, wheel, check-ptx",
+    ),
 ];
 
 fn main() -> ExitCode {
