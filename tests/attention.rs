@@ -15,7 +15,7 @@ use kernels::attention::{
     self, AttentionElem, AttentionProblem, AttentionTensors, Dtype, Path, Target, View,
 };
 use kernels::data::rng;
-use kernels::memory::{download, poisoned, upload};
+use kernels::memory::{download, download_range, poisoned, upload};
 use kernels::{Error, Gpu, bf16, f16};
 use kernels_testing::attention as testing;
 use rand::Rng;
@@ -267,6 +267,7 @@ fn main() {
     }
     s.gpu("attention/packed_qkv_views", Needs::Gpu, packed_qkv);
     s.gpu("attention/deterministic", Needs::Gpu, deterministic);
+    s.gpu("attention/raw_api", Needs::Gpu, raw_api);
     s.cpu("attention/rejects_bad_problems", rejects_bad_problems);
     s.gpu(
         "attention/rejects_bad_tensors",
@@ -487,6 +488,121 @@ fn packed_qkv(g: &Gpu) -> TestResult {
         seed: 77,
     };
     compare("packed qkv views", &c, &q, &k, &v, &o, &lse)
+}
+
+/// The raw API (`forward_raw`: addresses, shapes, strides, a stream handle; the kernels loaded
+/// into the device's primary context by `kernels::raw`) on packed-QKV views and an O at an
+/// offset into a larger allocation: bitwise equal to the typed API, and memory the driver does
+/// not know, or a storage longer than its allocation, refused.
+fn raw_api(g: &Gpu) -> TestResult {
+    use kernels::raw::{ElemType, RawStream, RawTensor};
+    let (b, s, hq, hkv, d) = (2, 333, 8, 2, 128);
+    let p = AttentionProblem::new(b, s, s, hq, hkv, d, Dtype::Bf16).causal();
+    let mut r = rng(78);
+    let width = hq + 2 * hkv;
+    let packed: Vec<bf16> = (0..b * s * width * d)
+        .map(|_| bf16::from_f32(r.random_range(-1.0..1.0)))
+        .collect();
+    let strides = [s * width * d, width * d, d, 1];
+    let raw_strides: Vec<i64> = strides.iter().map(|&x| x as i64).collect();
+    let o_offset = 1024;
+    let out = (|| -> kernels::Result<_> {
+        let stream = g.stream()?;
+        let dp = upload(&packed)?;
+        let typed_o = poisoned::<bf16>(b * s * hq * d)?;
+        let mut typed_lse = poisoned::<f32>(p.lse_len())?;
+        let qv = View::new(&dp, 0, &p.q_shape(), &strides)?;
+        let kv = View::new(&dp, hq * d, &p.kv_shape(), &strides)?;
+        let vv = View::new(&dp, (hq + hkv) * d, &p.kv_shape(), &strides)?;
+        let mut ov = View::contiguous(&typed_o, p.q_shape());
+        attention::forward(g, &stream, &p, &qv, &kv, &vv, &mut ov, &mut typed_lse)?;
+
+        let raw_o = poisoned::<bf16>(o_offset + b * s * hq * d)?;
+        let raw_lse = poisoned::<f32>(p.lse_len())?;
+        let base = dp.as_device_ptr().as_raw();
+        let packed_bytes = packed.len() * 2;
+        let view = |first: usize, shape: [usize; 4]| RawTensor {
+            ptr: base + 2 * first as u64,
+            dtype: ElemType::Bf16,
+            shape: shape.to_vec(),
+            strides: raw_strides.clone(),
+            storage_ptr: base,
+            storage_bytes: packed_bytes,
+        };
+        let (q, k, v) = (
+            view(0, p.q_shape()),
+            view(hq * d, p.kv_shape()),
+            view((hq + hkv) * d, p.kv_shape()),
+        );
+        let o_base = raw_o.as_device_ptr().as_raw();
+        let o = RawTensor {
+            ptr: o_base + 2 * o_offset as u64,
+            storage_ptr: o_base,
+            storage_bytes: raw_o.len() * 2,
+            ..RawTensor::contiguous(0, ElemType::Bf16, &p.q_shape())
+        };
+        let lse =
+            RawTensor::contiguous(raw_lse.as_device_ptr().as_raw(), ElemType::F32, &[b, hq, s]);
+        let options = attention::AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        // SAFETY: a live stream of the GPU's context (the device's primary context, as
+        // `Gpu::new` retains it), kept until the end of this closure.
+        let raw_stream = unsafe { RawStream::new(g.ordinal(), stream.as_inner() as u64) }?;
+        let launch = |o: &RawTensor| {
+            let tensors = attention::RawAttentionTensors {
+                q: &q,
+                k: &k,
+                v: &v,
+                o,
+                lse: &lse,
+            };
+            // SAFETY: Q, K, V, LSE and the good O lie in live device buffers of this function,
+            // synchronized below before the buffers drop; the bad O's are refused before any
+            // launch (the test's assertion).
+            unsafe { attention::forward_raw(&raw_stream, &options, &tensors) }
+        };
+        launch(&o)?;
+        g.sync(&stream, "attention forward (typed and raw)")?;
+        let results = (
+            download(&typed_o)?,
+            download(&typed_lse)?,
+            download_range(&raw_o, o_offset, b * s * hq * d)?,
+            download(&raw_lse)?,
+        );
+        // Memory the driver does not know (a host vector), and a storage past its allocation.
+        let host = vec![bf16::ZERO; b * s * hq * d];
+        let host_o = RawTensor::contiguous(host.as_ptr() as u64, ElemType::Bf16, &p.q_shape());
+        let longer = RawTensor {
+            storage_bytes: o.storage_bytes + 4096,
+            ..o.clone()
+        };
+        let refused = [&host_o, &longer].map(launch);
+        Ok((results, refused))
+    })();
+    let ((typed_o, typed_lse, raw_o, raw_lse), refused) = gpu_ok(out)?;
+    ensure(raw_o == typed_o, || {
+        "raw O differs from the typed API's".into()
+    })?;
+    let same_lse = raw_lse
+        .iter()
+        .zip(&typed_lse)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    ensure(same_lse, || "raw LSE differs from the typed API's".into())?;
+    let [host, longer] = refused;
+    ensure(
+        matches!(&host, Err(Error::InvalidArgument { reason, .. }) if reason.contains("not device memory")),
+        || format!("a host pointer as O: {host:?}"),
+    )?;
+    ensure(
+        matches!(&longer, Err(Error::ShapeMismatch { what, .. }) if what == "O storage"),
+        || format!("a storage past its allocation: {longer:?}"),
+    )?;
+    println!(
+        "attention/raw_api: raw == typed bitwise; host memory and an overlong storage refused"
+    );
+    Ok(())
 }
 
 /// Two different problems launched on two streams at once give the same results as alone.

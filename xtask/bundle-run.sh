@@ -7,26 +7,31 @@
 #      they race by design; bundle/reliability.sh runs them and expects the hazards), each run
 #      with KERNELS_SANITIZER=<tool> (under racecheck the largest problems shrink, see
 #      reliability.sh);
-#   3. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
+#   3. the Python package: the rustkernels wheel installed offline into <results>/pydeps, and
+#      its GPU check (python/test_attention.py: against an f64 reference, bad input,
+#      torch.compile), then again in quick mode on the portable PTX (KERNELS_ARCH=sm_80);
+#   4. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
 #      (peers run through python3 on the same inputs; the peers' packages are installed first
 #      from wheels/ into <results>/pydeps, offline).
-# Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-bench] [--families "a b"]
+# Usage: run.sh RESULTS_DIR [--no-tests] [--no-sanitizer] [--no-python] [--no-bench] [--families "a b"]
 #                           [--tests "smoke host"] [--tools "memcheck racecheck synccheck initcheck"]
 #                           [--bench-args "..."]
 # Environment: EXTRA_WHEELS (a folder of more peer wheels, e.g. FlashAttention-4's, brought to the
-# machine separately: installed with the shipped ones), SANITIZER_SKIP (test-name substrings, separated by commas or spaces, left out of the sanitizer
-# passes), SANITIZER_THREADS, SANITIZER_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT.
+# machine separately: installed with the shipped ones), SANITIZER_SKIP (test-name substrings,
+# separated by commas or spaces, left out of the sanitizer passes), SANITIZER_THREADS,
+# SANITIZER_TIMEOUT, TEST_TIMEOUT, PYTHON_TIMEOUT, BENCH_TIMEOUT.
 # Prints a summary table last; full logs go to RESULTS_DIR/logs.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: run.sh RESULTS_DIR [options]}"
 shift
-do_tests=1 do_san=1 do_bench=1 families="smoke" only_tests="" bench_args=""
+do_tests=1 do_san=1 do_python=1 do_bench=1 families="smoke" only_tests="" bench_args=""
 tools="memcheck racecheck synccheck initcheck"
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-tests) do_tests=0 ;;
     --no-sanitizer) do_san=0 ;;
+    --no-python) do_python=0 ;;
     --no-bench) do_bench=0 ;;
     --families) families="$2"; shift ;;
     --tests) only_tests="$2"; shift ;;
@@ -92,6 +97,35 @@ if [ "$do_san" = 1 ]; then
         note "sanitizer $tool $name: rc=$rc $(( $(date +%s) - start ))s ${errors:-no summary} | ${tests:-no result line}"
         [ "$rc" = 0 ] || status=1
       done
+    done
+  fi
+fi
+
+if [ "$do_python" = 1 ]; then
+  # The rustkernels wheel, installed offline into the results folder (never system-wide), and
+  # its GPU check; a second, quick pass loads the portable (sm_80) PTX instead.
+  if ! compgen -G "$here/python/*.whl" >/dev/null; then
+    note "python: no rustkernels wheel in this bundle"
+  elif ! python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
+      --upgrade --target "$out/pydeps" "$here"/python/*.whl > "$out/logs/pip-rustkernels.log" 2>&1; then
+    note "python: installing the rustkernels wheel failed (logs/pip-rustkernels.log)"
+    status=1
+  else
+    for pass in default sm_80; do
+      log="$out/logs/python-attention-$pass.log"
+      start=$(date +%s)
+      if [ "$pass" = sm_80 ]; then
+        KERNELS_ARCH=sm_80 PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 \
+          "${PYTHON_TIMEOUT:-900}" python3 "$here/python/test_attention.py" --quick > "$log" 2>&1
+      else
+        PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
+          python3 "$here/python/test_attention.py" > "$log" 2>&1
+      fi
+      rc=$?
+      line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+      note "python attention ($pass): rc=$rc $(( $(date +%s) - start ))s ${line:-no result line}"
+      grep -E '^(SKIP|FAIL)' "$log" | head -20 | sed 's/^/    /' | tee -a "$summary"
+      [ "$rc" = 0 ] || status=1
     done
   fi
 fi

@@ -53,6 +53,7 @@ pub struct Gpu {
     module: Module,
     info: DeviceInfo,
     arch: Arch,
+    ordinal: u32,
     ctx: Context,
 }
 
@@ -75,16 +76,7 @@ pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
 impl Gpu {
     /// Device 0 with the best PTX target for it (or the one named by `KERNELS_ARCH`).
     pub fn new() -> Result<Gpu> {
-        let forced = match std::env::var(ARCH_ENV) {
-            Ok(name) => Some(Arch::from_name(&name).ok_or_else(|| {
-                Error::invalid(
-                    ARCH_ENV,
-                    format!("unknown target {name:?}; use sm_90a or sm_80"),
-                )
-            })?),
-            Err(_) => None,
-        };
-        Gpu::with_arch(0, forced)
+        Gpu::with_arch(0, forced_arch()?)
     }
 
     /// Device `ordinal` with PTX target `arch` (or the best one for the device).
@@ -126,6 +118,7 @@ impl Gpu {
             module,
             info,
             arch,
+            ordinal,
             ctx,
         })
     }
@@ -138,6 +131,16 @@ impl Gpu {
     /// The PTX target in use.
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// The context (the device's primary context).
+    pub fn context(&self) -> cu::CUcontext {
+        self.ctx.as_raw()
     }
 
     /// Make this GPU's context current on the calling thread.
@@ -179,6 +182,20 @@ impl Gpu {
     /// the one the kernel documents. With [`LaunchConfig::overlap_previous`], the kernel waits
     /// for the stream's previous kernel (`griddepcontrol.wait`) as that option requires.
     pub unsafe fn launch<P: Copy>(&self, stream: &Stream, launch: &Launch<P>) -> Result<()> {
+        // SAFETY: forwarded to the caller; `stream` is a live stream (borrowed).
+        unsafe { self.launch_on(stream.as_inner(), launch) }
+    }
+
+    /// [`Gpu::launch`] on a raw stream handle.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`], and `stream` is a live stream of this GPU's context (or one of the
+    /// driver's special handles: the legacy or per-thread default stream).
+    pub(crate) unsafe fn launch_on<P: Copy>(
+        &self,
+        stream: cu::CUstream,
+        launch: &Launch<P>,
+    ) -> Result<()> {
         check_kernel_launch(
             self.arch,
             launch.kernel(),
@@ -195,7 +212,7 @@ impl Gpu {
     /// As [`Gpu::launch`], with the launch already checked against the PTX and the device.
     unsafe fn launch_checked<P: Copy>(
         &self,
-        stream: &Stream,
+        stream: cu::CUstream,
         name: &str,
         cfg: &LaunchConfig,
         params: &P,
@@ -218,7 +235,7 @@ impl Gpu {
                 grid_dim: [gx, gy, gz],
                 block_dim: [cfg.block.0, cfg.block.1, cfg.block.2],
                 shared_mem_bytes: cfg.shared_mem_bytes as u32,
-                stream: stream.as_inner(),
+                stream,
                 attrs: &mut attr,
                 num_attrs: 1,
             };
@@ -252,7 +269,7 @@ impl Gpu {
                 cfg.block.1,
                 cfg.block.2,
                 cfg.shared_mem_bytes as u32,
-                stream.as_inner(),
+                stream,
                 &mut arg as *mut *mut c_void,
                 std::ptr::null_mut(),
             )
@@ -325,6 +342,19 @@ impl Gpu {
             std::thread::sleep(nap);
             nap = (nap * 2).min(Duration::from_millis(5));
         }
+    }
+}
+
+/// The PTX target named by `KERNELS_ARCH`, if set.
+pub fn forced_arch() -> Result<Option<Arch>> {
+    match std::env::var(ARCH_ENV) {
+        Ok(name) => Arch::from_name(&name).map(Some).ok_or_else(|| {
+            Error::invalid(
+                ARCH_ENV,
+                format!("unknown target {name:?}; use sm_90a or sm_80"),
+            )
+        }),
+        Err(_) => Ok(None),
     }
 }
 

@@ -7,6 +7,10 @@
 //! Every kernel family has the same shape: a module with a typed problem description that is
 //! validated before anything is launched, the launcher, and an f64 CPU reference, which is the
 //! specification. Errors are one enum, [`Error`].
+//!
+//! Memory the library does not own (a framework's tensors, by address, shape and strides, on the
+//! framework's stream and in the device's primary context) goes through [`raw`] and each
+//! family's raw entry point (`attention::forward_raw`), which run the same plans.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
@@ -24,6 +28,7 @@ pub mod mhc;
 #[cfg(feature = "negative-controls")]
 pub mod negative;
 pub mod ptx;
+pub mod raw;
 pub mod semicrf;
 pub mod tensor_map;
 pub mod timing;

@@ -12,7 +12,8 @@ const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
 /// Build release test and benchmark executables, the command-line tool (`kernels-cli`) and the
 /// examples (`example-<name>`), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
-/// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `run.sh`,
+/// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `python/` (the
+/// `rustkernels` wheel and its GPU check, `python/tests/*.py`), `run.sh`,
 /// `reliability.sh`, `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
@@ -78,6 +79,24 @@ pub fn bundle() -> Result {
         Err(e) => eprintln!(
             "bundle: warning: the peers' wheels could not be downloaded ({e}); the bundle has \
              none, so fla, flash-semicrf and torch-struct rows will be missing (a note each)"
+        ),
+    }
+    // The Python package and its GPU check (run.sh installs the wheel into the results
+    // folder). Without maturin (no PyPI) the bundle is still built, without that section.
+    util::create_dir(&dir.join("python"))?;
+    match crate::wheel::wheel() {
+        Ok(wheel) => {
+            let name = wheel.file_name().expect("a wheel file");
+            copy(&wheel, &dir.join("python").join(name))?;
+            copy_all(
+                &root.join("python").join("tests"),
+                "py",
+                &dir.join("python"),
+            )?;
+        }
+        Err(e) => eprintln!(
+            "bundle: warning: the rustkernels wheel could not be built ({e}); run.sh skips the \
+             Python check"
         ),
     }
     for (name, text) in [("run.sh", RUN_SH), ("reliability.sh", RELIABILITY_SH)] {

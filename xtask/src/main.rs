@@ -6,6 +6,7 @@ mod ptx;
 mod ptx_diff;
 mod setup;
 mod util;
+mod wheel;
 
 use std::process::{Command, ExitCode};
 use util::Result;
@@ -47,7 +48,14 @@ const TASKS: &[(&str, &str)] = &[
         "ptx-diff",
         "ptx-diff BASE: every kernel's PTX against commit BASE's, up to register and label names",
     ),
-    ("ci", "what CI runs: test, fmt --check, clippy, check-ptx"),
+    (
+        "wheel",
+        "build the Python package (rustkernels: PyO3 + maturin) into target/wheels/",
+    ),
+    (
+        "ci",
+        "what CI runs: test, fmt --check, clippy, wheel, check-ptx",
+    ),
 ];
 
 fn main() -> ExitCode {
@@ -69,6 +77,7 @@ fn main() -> ExitCode {
         "run" => run_main(rest),
         "clippy" => clippy(),
         "bundle" => bundle::bundle(),
+        "wheel" => wheel::wheel().map(|_| ()),
         "report" => report(rest),
         "ci" => ci(),
         other => Err(format!(
@@ -183,6 +192,7 @@ fn ci() -> Result {
             .args(["--", "--check"]),
     )?;
     clippy()?;
+    wheel::wheel()?;
     ptx::check()?;
     let table = ptx::table_path();
     let diff = Command::new("git")

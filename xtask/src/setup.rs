@@ -235,6 +235,33 @@ pub fn peer_wheels() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// PyPI version of maturin, the builder of the Python package's wheel (`./x wheel`).
+pub const MATURIN_PYPI: &str = "maturin==1.16.0";
+
+/// maturin, installed from PyPI into `.tools/maturin` on first use. Returns its executable.
+pub fn ensure_maturin() -> Result<PathBuf> {
+    let dir = tools().join("maturin");
+    let exe = dir.join("bin/maturin");
+    let stamp = dir.join(".installed");
+    if exe.is_file() && util::read(&stamp).is_ok_and(|s| s.trim() == MATURIN_PYPI) {
+        return Ok(exe);
+    }
+    eprintln!(
+        "setup: installing {MATURIN_PYPI} from PyPI into {}",
+        dir.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    pip(&["install", "--target"], &dir, &[MATURIN_PYPI])?;
+    if !exe.is_file() {
+        return Err(format!(
+            "{} missing after installing {MATURIN_PYPI}",
+            exe.display()
+        ));
+    }
+    util::write(&stamp, MATURIN_PYPI)?;
+    Ok(exe)
+}
+
 /// `python3 -m pip <args> <dir> <packages>`, quietly, into a project-local folder.
 fn pip(args: &[&str], dir: &Path, packages: &[&str]) -> Result {
     let python = util::which("python3").ok_or("python3 is needed to fetch packages from PyPI")?;

@@ -17,7 +17,9 @@
 //! The family's three steps: an [`AttentionProblem`] (validated sizes and options) is planned
 //! for its tensors and a [`Target`] into an [`AttentionPlan`] (pure: the path, the kernel, its
 //! grid and parameters, the tensor maps as descriptions; no GPU needed), which runs on any
-//! executor ([`AttentionPlan::run`]). [`forward`] does the three on `cust` buffers.
+//! executor ([`AttentionPlan::run`]). [`forward`] does the three on `cust` buffers;
+//! [`forward_raw`] on tensors the library does not own (a framework's, by address, shape and
+//! strides, on its stream: [`crate::raw`]).
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
@@ -28,6 +30,7 @@
 pub mod backward;
 mod plan;
 mod problem;
+mod raw;
 pub mod reference;
 mod run;
 
@@ -39,6 +42,7 @@ pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
+pub use raw::{AttentionOptions, RawAttentionTensors, forward_raw, plan_raw};
 pub use reference::{
     naive_backward_same_precision, naive_same_precision, reference, reference_rows,
 };

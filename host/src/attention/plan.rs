@@ -110,6 +110,7 @@ impl AttentionProblem {
         tensors.k.check("K", self.kv_shape())?;
         tensors.v.check("V", self.kv_shape())?;
         tensors.o.check("O", self.q_shape())?;
+        tensors.o.check_distinct("O")?;
         if tensors.lse.len() != self.lse_len() {
             return Err(Error::shape(
                 "LSE",

@@ -372,6 +372,27 @@ impl<'a, T> View<'a, T> {
         Ok(())
     }
 
+    /// Check that no two elements of the view share an address (for outputs): ordered by
+    /// stride, each dimension of size above 1 steps past everything the smaller ones span.
+    pub(crate) fn check_distinct(&self, what: &str) -> Result<()> {
+        let mut dims: Vec<(usize, usize)> = (0..4)
+            .filter(|&i| self.shape[i] > 1)
+            .map(|i| (self.strides[i], self.shape[i]))
+            .collect();
+        dims.sort_unstable();
+        let mut span = 1u128;
+        for (stride, n) in dims {
+            if (stride as u128) < span {
+                return Err(Error::unsupported(
+                    format!("{what} strides {:?}", self.strides),
+                    "an output's elements must not share memory",
+                ));
+            }
+            span += (n as u128 - 1) * stride as u128;
+        }
+        Ok(())
+    }
+
     /// The address of element 0.
     pub(crate) fn ptr(&self) -> u64 {
         self.buffer.addr() + 2 * self.offset as u64

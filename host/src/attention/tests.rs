@@ -399,3 +399,153 @@ fn the_plan_refuses_bad_tensors() {
         Err(Error::ShapeMismatch { .. })
     ));
 }
+
+mod raw {
+    use super::*;
+    use crate::raw::{ElemType, RawTensor};
+
+    /// Contiguous raw tensors of `p` at made-up, well-aligned addresses, each its own storage.
+    fn raw_tensors(p: &AttentionProblem) -> [RawTensor; 5] {
+        let e = match p.dtype {
+            Dtype::Bf16 => ElemType::Bf16,
+            Dtype::F16 => ElemType::F16,
+        };
+        [
+            RawTensor::contiguous(1 << 40, e, &p.q_shape()),
+            RawTensor::contiguous(2 << 40, e, &p.kv_shape()),
+            RawTensor::contiguous(3 << 40, e, &p.kv_shape()),
+            RawTensor::contiguous(4 << 40, e, &p.q_shape()),
+            RawTensor::contiguous(5 << 40, ElemType::F32, &[p.batch, p.heads_q, p.seq_q]),
+        ]
+    }
+
+    fn plan_of(
+        t: &[RawTensor; 5],
+        options: &AttentionOptions,
+        arch: Arch,
+    ) -> Result<(AttentionProblem, AttentionPlan)> {
+        let [q, k, v, o, lse] = t;
+        plan_raw(
+            target(arch),
+            options,
+            &RawAttentionTensors { q, k, v, o, lse },
+        )
+    }
+
+    fn options(p: &AttentionProblem) -> AttentionOptions {
+        AttentionOptions {
+            scale: p.scale,
+            causal: p.causal,
+            window: p.window,
+            path: p.path,
+        }
+    }
+
+    #[test]
+    fn the_raw_plan_is_the_typed_plan() {
+        let problems = [
+            AttentionProblem::new(2, 113, 203, 8, 2, 64, Dtype::Bf16).causal(),
+            AttentionProblem::new(1, 1, 1, 4, 4, 128, Dtype::F16).window(Some(3), Some(0)),
+            AttentionProblem::new(3, 239, 17, 6, 1, 256, Dtype::Bf16).path(Path::MmaSync),
+        ];
+        for p in problems {
+            for arch in [Arch::Sm90a, Arch::Sm80] {
+                let t = raw_tensors(&p);
+                let (got, raw) = plan_of(&t, &options(&p), arch).unwrap();
+                assert_eq!(got, p);
+                let typed = plan(&p, arch, None).unwrap();
+                assert_eq!(raw.kernel(), typed.kernel(), "{p:?} on {arch}");
+                assert_eq!(raw.config(), typed.config(), "{p:?} on {arch}");
+                check(&raw, arch);
+            }
+        }
+    }
+
+    #[test]
+    fn views_into_a_packed_qkv_and_storage_offsets() {
+        // Q, K, V as views of one [b, s, 3, h, d] tensor (flash-attn's packed QKV), O at an
+        // offset into a larger storage.
+        let (b, s, h, d) = (2, 77, 4, 64);
+        let p = AttentionProblem::new(b, s, s, h, h, d, Dtype::Bf16);
+        let base = 1u64 << 40;
+        let packed = |i: u64| RawTensor {
+            ptr: base + i * (h * d * 2) as u64,
+            dtype: ElemType::Bf16,
+            shape: vec![b, s, h, d],
+            strides: vec![(s * 3 * h * d) as i64, (3 * h * d) as i64, d as i64, 1],
+            storage_ptr: base,
+            storage_bytes: b * s * 3 * h * d * 2,
+        };
+        let mut t = raw_tensors(&p);
+        t[0] = packed(0);
+        t[1] = packed(1);
+        t[2] = packed(2);
+        t[3].storage_ptr -= 1024;
+        t[3].storage_bytes += 1024;
+        let (_, plan) = plan_of(&t, &AttentionOptions::default(), Arch::Sm80).unwrap();
+        let AttentionPlan::MmaSync { launch, .. } = plan else {
+            panic!("sm_80 plans the mma.sync path");
+        };
+        assert_eq!(launch.params().k as u64, base + (h * d * 2) as u64);
+        assert_eq!(
+            launch.params().q_strides,
+            [(s * 3 * h * d) as u64, (3 * h * d) as u64, d as u64]
+        );
+        assert_eq!(launch.params().o as u64, 4 << 40);
+    }
+
+    #[test]
+    fn the_raw_plan_refuses_bad_tensors() {
+        let p = AttentionProblem::new(2, 64, 64, 4, 2, 128, Dtype::Bf16);
+        let good = raw_tensors(&p);
+        let opts = AttentionOptions::default();
+        let refuse = |edit: &dyn Fn(&mut [RawTensor; 5]), want: &str| {
+            let mut t = good.clone();
+            edit(&mut t);
+            let e = plan_of(&t, &opts, Arch::Sm90a).map(|_| ()).unwrap_err();
+            assert!(e.to_string().contains(want), "want {want:?}, got: {e}");
+        };
+        refuse(&|t| t[0].dtype = ElemType::F32, "Q dtype F32");
+        refuse(&|t| t[1].dtype = ElemType::F16, "K dtype");
+        refuse(&|t| t[4].dtype = ElemType::Bf16, "LSE dtype");
+        refuse(&|t| t[0].shape.pop().map_or((), drop), "Q rank");
+        refuse(&|t| t[2].shape[0] = 3, "V shape");
+        refuse(&|t| t[3].shape[2] = 2, "O shape");
+        refuse(&|t| t[4].shape[2] = 63, "LSE shape");
+        refuse(&|t| t[1].strides[3] = 2, "K head-dimension stride");
+        refuse(&|t| t[1].strides[2] = -128, "stride -128");
+        refuse(&|t| t[0].strides.pop().map_or((), drop), "Q stride count");
+        refuse(&|t| t[0].ptr += 2, "Q start must be aligned to 16 bytes");
+        refuse(&|t| t[0].ptr += 1, "Q offset in its storage");
+        refuse(&|t| t[0].storage_bytes -= 2, "Q buffer");
+        refuse(&|t| t[0].ptr -= 16, "before its storage");
+        refuse(
+            &|t| t[4].strides = vec![1, 2 * 64, 2],
+            "LSE must be contiguous",
+        );
+        refuse(&|t| t[4].storage_bytes -= 4, "LSE storage");
+        refuse(
+            &|t| {
+                t[3].ptr = t[0].ptr + 64;
+                t[3].storage_ptr = t[0].ptr;
+                t[3].storage_bytes = t[0].storage_bytes + 64;
+            },
+            "O: the output overlaps Q",
+        );
+        refuse(&|t| t[4].ptr = t[3].ptr, "O: the output overlaps LSE");
+        refuse(&|t| t[3].strides[0] = 0, "must not share memory");
+        refuse(&|t| t[0].shape[3] = 96, "head dimension 96");
+        refuse(&|t| t[1].shape[2] = 3, "not a multiple of heads_kv");
+        let e = plan_of(
+            &good,
+            &AttentionOptions {
+                scale: Some(f32::NAN),
+                ..opts
+            },
+            Arch::Sm90a,
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    }
+}

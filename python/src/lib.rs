@@ -1,0 +1,138 @@
+//! `rustkernels._native`: the Rust side of the Python package. It takes tensors as plain
+//! descriptions (address, dtype name, shape, strides, storage), validates and launches through
+//! the `kernels` crate's raw API (`kernels::raw`, `kernels::attention::forward_raw`) on the
+//! caller's stream, and returns nothing: the Python side allocates the outputs with torch and
+//! wires autograd and `torch.compile` (`rustkernels/attention.py`).
+//!
+//! Not a public API: it trusts that the addresses are those of live tensors (the driver's
+//! pointer attributes still catch host memory, another device, and storages longer than their
+//! allocation). Errors become Python exceptions: bad input (`kernels::Error` variants for
+//! shapes, arguments, alignment, unsupported options) `ValueError`, an unknown dtype
+//! `TypeError`, anything from the driver `RuntimeError`. PyO3 turns a panic into a Python
+//! exception too; no path here panics on input.
+
+use kernels::Error;
+use kernels::attention::{AttentionOptions, Path, RawAttentionTensors, forward_raw};
+use kernels::raw::{ElemType, RawStream, RawTensor};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// A tensor as the Python side describes it: `(data_ptr, dtype name, shape, strides,
+/// storage data_ptr, storage nbytes)`.
+type TensorArgs = (u64, String, Vec<usize>, Vec<i64>, u64, usize);
+
+fn tensor(
+    what: &str,
+    (ptr, dtype, shape, strides, storage_ptr, storage_bytes): TensorArgs,
+) -> PyResult<RawTensor> {
+    let dtype = ElemType::from_name(&dtype).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "{what}: unsupported dtype {dtype} (supported: bfloat16, float16; float32 for LSE)"
+        ))
+    })?;
+    Ok(RawTensor {
+        ptr,
+        dtype,
+        shape,
+        strides,
+        storage_ptr,
+        storage_bytes,
+    })
+}
+
+/// The Python exception of a library error, with the library's message.
+fn to_py(e: Error) -> PyErr {
+    match e {
+        Error::ShapeMismatch { .. }
+        | Error::InvalidArgument { .. }
+        | Error::Misaligned { .. }
+        | Error::Unsupported { .. } => PyValueError::new_err(e.to_string()),
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// A window side: -1 is unbounded, other negative values are an error.
+fn window_side(what: &str, w: i64) -> PyResult<Option<usize>> {
+    match w {
+        -1 => Ok(None),
+        w if w >= 0 => Ok(Some(w as usize)),
+        w => Err(PyValueError::new_err(format!(
+            "{what} = {w}: a window side is >= 0, or -1 for unbounded"
+        ))),
+    }
+}
+
+/// Attention forward on device `device`'s stream `stream` (an address of
+/// `torch.cuda.Stream.cuda_stream`): O and LSE written from Q, K, V (see
+/// `kernels::attention`). Asynchronous, like any kernel launch on the stream.
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, softmax_scale, causal, window_left, window_right, path = "auto"))]
+#[allow(clippy::too_many_arguments)]
+fn attention_forward(
+    py: Python<'_>,
+    device: u32,
+    stream: u64,
+    q: TensorArgs,
+    k: TensorArgs,
+    v: TensorArgs,
+    o: TensorArgs,
+    lse: TensorArgs,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    path: &str,
+) -> PyResult<()> {
+    let options = AttentionOptions {
+        scale: softmax_scale,
+        causal,
+        window: (
+            window_side("window_size[0]", window_left)?,
+            window_side("window_size[1]", window_right)?,
+        ),
+        path: match path {
+            "auto" => Path::Auto,
+            "mma_sync" => Path::MmaSync,
+            "hopper" => Path::Hopper,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "path {other:?}: use \"auto\", \"mma_sync\" or \"hopper\""
+                )));
+            }
+        },
+    };
+    let (q, k, v, o, lse) = (
+        tensor("q", q)?,
+        tensor("k", k)?,
+        tensor("v", v)?,
+        tensor("out", o)?,
+        tensor("softmax_lse", lse)?,
+    );
+    // The first call on a device loads (JIT-compiles) the kernels: no need to hold the GIL.
+    py.detach(|| {
+        // SAFETY: the Python side passes the handle of torch's current stream of `device`,
+        // which torch keeps alive.
+        let stream = unsafe { RawStream::new(device, stream) }?;
+        let tensors = RawAttentionTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+        };
+        // SAFETY: the Python side passes live torch tensors it holds across this call; their
+        // memory stays valid for work enqueued on `stream` afterwards (torch's caching
+        // allocator reuses freed memory in the order of the stream it was allocated on, the
+        // current stream here, or after `record_stream`); O and LSE are fresh allocations.
+        unsafe { forward_raw(&stream, &options, &tensors) }
+    })
+    .map_err(to_py)
+}
+
+/// The extension module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,376 @@
+"""GPU check of rustkernels.flash_attn_func (plain Python with asserts; no pytest needed).
+
+    python3 python/tests/test_attention.py [--quick]
+
+Against an f64 reference computed with torch.nn.functional.scaled_dot_product_attention
+(math, float64, explicit mask; rows with no allowed key set to 0, LSE by logsumexp).
+Tolerance (FlashAttention's rule, as tests/attention.rs): max |O - ref| <= 2 max |O_naive - ref|
++ 1e-3, where O_naive is a straightforward computation in the input precision (scores and
+probabilities rounded to it); LSE within 1e-3 max(1, |ref|), and -inf exactly where the reference
+has it. Each case runs on both kernel paths (auto: Hopper on sm_90; mma_sync), with the outputs
+poisoned (NaN) as far as torch's caching allocator allows. Then: packed QKV views, a side stream,
+a new thread, bad input (exceptions with the library's message), autograd (backward raises), torch.library's
+opcheck, and torch.compile. Prints one line per check and 'N passed, N failed' last; exits 1 on
+any failure, 0 with a SKIP line without a CUDA device.
+"""
+
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+import rustkernels
+from rustkernels import flash_attn_func
+
+QUICK = "--quick" in sys.argv
+SEED = 20261124
+results = {"passed": 0, "failed": 0}
+
+
+def check(name, fn):
+    """Run one check; an exception (an assert included) fails it and the run goes on."""
+    start = time.time()
+    try:
+        detail = fn()
+        results["passed"] += 1
+        print(f"ok   {name} ({time.time() - start:.2f}s){': ' + detail if detail else ''}", flush=True)
+    except Exception:
+        results["failed"] += 1
+        print(f"FAIL {name}", flush=True)
+        traceback.print_exc(file=sys.stdout)
+
+
+def allowed_mask(sq, sk, causal, window, device):
+    """[sq, sk] bool: query i may attend key j (bottom-right aligned, flash-attn's rule)."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i + sk - sq
+    left, right = window
+    if causal:
+        right = 0
+    allowed = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        allowed &= j >= diag - left
+    if right >= 0:
+        allowed &= j <= diag + right
+    return allowed
+
+
+def heads_first(q, k, v):
+    """[b, s, h, d] -> [b, h, s, d], K and V heads repeated for grouped-query attention."""
+    group = q.shape[2] // k.shape[2]
+    return (
+        q.transpose(1, 2),
+        k.transpose(1, 2).repeat_interleave(group, dim=1),
+        v.transpose(1, 2).repeat_interleave(group, dim=1),
+    )
+
+
+def reference(q, k, v, scale, allowed):
+    """f64 O [b, sq, h, d] (SDPA, math) and LSE [b, h, sq]."""
+    qt, kt, vt = heads_first(q.double(), k.double(), v.double())
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=allowed, scale=scale)
+    empty = ~allowed.any(dim=-1)
+    out = out.masked_fill(empty[None, None, :, None], 0.0)
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    lse = torch.logsumexp(s.masked_fill(~allowed, -math.inf), dim=-1)
+    return out.transpose(1, 2), lse
+
+
+def naive_same_precision(q, k, v, scale, allowed):
+    """O as a straightforward implementation in the input precision computes it."""
+    dt = q.dtype
+    qt, kt, vt = heads_first(q, k, v)
+    s = ((qt.float() * scale).to(dt) @ kt.transpose(-1, -2)).float()
+    p = torch.softmax(s.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0).to(dt)
+    return (p @ vt).transpose(1, 2).double()
+
+
+def poison_allocator(*shapes_dtypes, device):
+    """Leave NaN-filled blocks of these sizes in torch's caching allocator, so the op's
+    outputs (allocated next, same sizes) most likely start as NaN."""
+    blocks = [torch.full(s, math.nan, dtype=d, device=device) for s, d in shapes_dtypes]
+    del blocks
+
+
+def run_case(b, sq, sk, hq, hkv, d, dtype, causal=False, window=(-1, -1), scale=None, path="auto"):
+    g = torch.Generator(device="cuda").manual_seed(SEED + sq * 7 + sk * 13 + d)
+    dev = torch.device("cuda")
+    q = torch.randn(b, sq, hq, d, device=dev, dtype=dtype, generator=g)
+    k = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
+    eff_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    allowed = allowed_mask(sq, sk, causal, window, dev)
+    poison_allocator(((b, sq, hq, d), dtype), ((b, hq, sq), torch.float32), device=dev)
+    if path == "auto":
+        out, lse, _ = flash_attn_func(
+            q, k, v, softmax_scale=scale, causal=causal, window_size=window, return_attn_probs=True
+        )
+    else:
+        out, lse = torch.ops.rustkernels.flash_attn_forward(
+            q, k, v, scale, causal, window[0], window[1], path
+        )
+    torch.cuda.synchronize()
+    assert out.shape == q.shape and out.dtype == dtype, (out.shape, out.dtype)
+    assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32, (lse.shape, lse.dtype)
+    ref_o, ref_lse = reference(q, k, v, eff_scale, allowed)
+    naive = naive_same_precision(q, k, v, eff_scale, allowed)
+    got = out.double()
+    assert torch.isfinite(got).all(), "O has NaN or inf (or an unwritten element)"
+    err = (got - ref_o).abs().max().item()
+    naive_err = (naive - ref_o).abs().max().item()
+    tol = 2 * naive_err + 1e-3
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty), "LSE is -inf exactly where no key is allowed"
+    finite = ~empty
+    lse_err = 0.0
+    if finite.any():
+        rel = (lse.double()[finite] - ref_lse[finite]).abs() / ref_lse[finite].abs().clamp(min=1.0)
+        lse_err = rel.max().item()
+    detail = (
+        f"max |O - ref| = {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3), "
+        f"LSE rel err {lse_err:.3e}, {int(empty.sum())} empty rows"
+    )
+    assert err <= tol, detail
+    assert lse_err <= 1e-3, detail
+    return detail
+
+
+CASES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, window, scale)
+    (1, 1, 1, 1, 1, 64, torch.bfloat16, False, (-1, -1), None),
+    (2, 113, 203, 8, 2, 64, torch.bfloat16, True, (-1, -1), None),
+    (1, 239, 1, 4, 4, 128, torch.float16, False, (-1, -1), None),
+    (2, 799, 3, 4, 1, 128, torch.bfloat16, True, (-1, -1), None),
+    (1, 1023, 1024, 8, 8, 128, torch.bfloat16, True, (-1, -1), None),
+    (2, 512, 512, 16, 4, 256, torch.bfloat16, False, (64, 32), None),
+    (1, 300, 500, 4, 2, 256, torch.float16, False, (100, -1), None),
+    (1, 1024, 1024, 4, 1, 64, torch.float16, True, (128, -1), None),
+    (3, 128, 128, 6, 3, 64, torch.bfloat16, False, (0, 0), 0.3),
+    (2, 2048, 2048, 8, 2, 128, torch.float16, False, (-1, -1), None),
+]
+if QUICK:
+    CASES = CASES[:5]
+
+
+def dtype_name(dt):
+    return str(dt).replace("torch.", "")
+
+
+def case_name(c, path):
+    b, sq, sk, hq, hkv, d, dt, causal, window, scale = c
+    return (
+        f"forward/{path}/{dtype_name(dt)} b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d}"
+        f"{' causal' if causal else ''}{'' if window == (-1, -1) else f' window{window}'}"
+        f"{'' if scale is None else f' scale{scale}'}"
+    )
+
+
+def packed_qkv():
+    """q, k, v as views of one [b, s, 3, h, d] tensor (strides of the packed layout)."""
+    b, s, h, d = 2, 333, 4, 128
+    qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(dim=2)
+    out = flash_attn_func(q, k, v, causal=True)
+    want = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want), "views and contiguous copies give different results"
+    return f"q strides {q.stride()}"
+
+
+def side_stream():
+    """The op runs on torch's current stream (here a side stream), ordered after its inputs."""
+    q = torch.randn(1, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    want = flash_attn_func(q, q, q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        x = q * 1.0  # made on the side stream, right before the op reads it
+        out = flash_attn_func(x, x, x)
+    stream.synchronize()
+    assert torch.equal(out, want)
+    return None
+
+
+def another_thread():
+    """A thread that has not used CUDA yet (no current context): the op makes the device's
+    primary context current and runs there."""
+    q = torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.float16)
+    want = flash_attn_func(q, q, q, causal=True)
+    torch.cuda.synchronize()
+    got = {}
+
+    def work():
+        try:
+            got["out"] = flash_attn_func(q, q, q, causal=True)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported by the assert below
+            got["error"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in got, f"in a new thread: {got.get('error')!r}"
+    assert torch.equal(got["out"], want)
+    return None
+
+
+def raises(exc, fn, contains=None):
+    try:
+        fn()
+    except exc as e:
+        msg = str(e)
+        if contains is not None:
+            assert contains in msg, f"{exc.__name__} without {contains!r}: {msg}"
+        return f"{exc.__name__}: {msg}"
+    except Exception as e:  # noqa: BLE001 - the wrong exception type fails the check
+        raise AssertionError(f"expected {exc.__name__}, got {type(e).__name__}: {e}") from e
+    raise AssertionError(f"expected {exc.__name__}, nothing was raised")
+
+
+def bad_inputs():
+    dev = "cuda"
+    bf = torch.bfloat16
+    q = torch.randn(2, 64, 4, 64, device=dev, dtype=bf)
+    kv = torch.randn(2, 64, 2, 64, device=dev, dtype=bf)
+    kv3 = torch.randn(2, 64, 3, 64, device=dev, dtype=bf)
+    kv128 = torch.randn(2, 64, 2, 128, device=dev, dtype=bf)
+    cases = [
+        ("cpu tensor", ValueError, lambda: flash_attn_func(q.cpu(), kv.cpu(), kv.cpu()), "CUDA"),
+        ("float32", TypeError, lambda: flash_attn_func(q.float(), kv.float(), kv.float()), "bfloat16"),
+        ("mixed dtypes", TypeError, lambda: flash_attn_func(q, kv.half(), kv), "float16"),
+        ("rank 3", ValueError, lambda: flash_attn_func(q[0], kv[0], kv[0]), "4 dimensions"),
+        ("not a tensor", TypeError, lambda: flash_attn_func(q, kv, 3.0), "torch.Tensor"),
+        (
+            "head dim 96",
+            ValueError,
+            lambda: flash_attn_func(
+                torch.randn(2, 64, 4, 96, device=dev, dtype=bf),
+                torch.randn(2, 64, 2, 96, device=dev, dtype=bf),
+                torch.randn(2, 64, 2, 96, device=dev, dtype=bf),
+            ),
+            "head dimension 96",
+        ),
+        ("heads 4 vs 3", ValueError, lambda: flash_attn_func(q, kv3, kv3), "multiple"),
+        ("batch mismatch", ValueError, lambda: flash_attn_func(q, kv[:1], kv[:1]), "K shape"),
+        ("k, v lengths differ", ValueError, lambda: flash_attn_func(q, kv, kv[:, :63]), "V shape"),
+        ("head dim mismatch", ValueError, lambda: flash_attn_func(q, kv128, kv128), "K shape"),
+        (
+            "strided head dim",
+            ValueError,
+            lambda: flash_attn_func(torch.randn(2, 64, 64, 4, device=dev, dtype=bf).transpose(2, 3), kv, kv),
+            "head dimension must be contiguous",
+        ),
+        (
+            "stride not a multiple of 8",
+            ValueError,
+            lambda: flash_attn_func(torch.randn(2, 64, 4, 68, device=dev, dtype=bf)[..., :64], kv, kv),
+            "aligned to 16 bytes",
+        ),
+        (
+            "misaligned start",
+            ValueError,
+            lambda: flash_attn_func(torch.randn(2 * 64 * 4 * 64 + 1, device=dev, dtype=bf)[1:].view(2, 64, 4, 64), kv, kv),
+            "Q start must be aligned",
+        ),
+        ("dropout", NotImplementedError, lambda: flash_attn_func(q, kv, kv, dropout_p=0.1), "dropout"),
+        ("softcap", NotImplementedError, lambda: flash_attn_func(q, kv, kv, softcap=30.0), "softcap"),
+        ("alibi", NotImplementedError, lambda: flash_attn_func(q, kv, kv, alibi_slopes=torch.ones(4, device=dev)), "ALiBi"),
+        ("window -2", ValueError, lambda: flash_attn_func(q, kv, kv, window_size=(-2, 0)), "window_size"),
+        ("window not a pair", ValueError, lambda: flash_attn_func(q, kv, kv, window_size=3), "pair"),
+        ("scale nan", ValueError, lambda: flash_attn_func(q, kv, kv, softmax_scale=float("nan")), "scale"),
+        ("scale negative", ValueError, lambda: flash_attn_func(q, kv, kv, softmax_scale=-1.0), "scale"),
+        ("empty batch", ValueError, lambda: flash_attn_func(q[:0], kv[:0], kv[:0]), "batch"),
+        ("unknown path", ValueError, lambda: torch.ops.rustkernels.flash_attn_forward(q, kv, kv, None, False, -1, -1, "fast"), "path"),
+    ]
+    if torch.cuda.device_count() > 1:
+        cases.append(
+            ("k on another device", ValueError, lambda: flash_attn_func(q, kv.to("cuda:1"), kv), "cuda:1")
+        )
+    lines = []
+    for name, exc, fn, contains in cases:
+        lines.append(f"{name} -> {raises(exc, fn, contains)}")
+    # The context is fine afterwards: a good call still works.
+    out = flash_attn_func(q, kv, kv)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    print("\n".join("     " + line for line in lines))
+    return f"{len(cases)} bad inputs raised; a good call after them works"
+
+
+def autograd_backward_raises():
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = flash_attn_func(q, q, q)
+    assert out.requires_grad and out.grad_fn is not None
+    with torch.no_grad():
+        assert not flash_attn_func(q, q, q).requires_grad
+    return raises(NotImplementedError, lambda: out.float().sum().backward(), "backward")
+
+
+def opcheck():
+    q = torch.randn(2, 100, 4, 64, device="cuda", dtype=torch.float16)
+    kv = torch.randn(2, 150, 2, 64, device="cuda", dtype=torch.float16)
+    torch.library.opcheck(
+        torch.ops.rustkernels.flash_attn_forward.default,
+        (q, kv, kv, None, True, -1, -1),
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic"),
+    )
+    return None
+
+
+def compiled():
+    q = torch.randn(2, 256, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
+
+    def layer(q, k, v):
+        return flash_attn_func(q * 0.5, k, v, causal=True).float().sum(dim=-1)
+
+    want = layer(q, kv, kv)
+    got = torch.compile(layer, fullgraph=True)(q, kv, kv)
+    torch.cuda.synchronize()
+    err = (got - want).abs().max().item()
+    assert err <= 1e-3, f"compiled vs eager: {err}"
+    return f"fullgraph; max |compiled - eager| = {err:.1e}"
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device (rustkernels' GPU check)")
+        print("0 passed, 0 failed")
+        return 0
+    torch.manual_seed(SEED)
+    major, minor = torch.cuda.get_device_capability()
+    print(
+        f"rustkernels on {torch.cuda.get_device_name()} (sm_{major}{minor}), torch {torch.__version__}, "
+        f"seed {SEED}"
+    )
+    start = time.time()
+    check("first call (loads the kernels)", lambda: run_case(1, 128, 128, 2, 2, 64, torch.bfloat16))
+    print(f"     first call took {time.time() - start:.2f}s")
+    for c in CASES:
+        b, sq, sk, hq, hkv, d, dt, causal, window, scale = c
+        for path in ("auto", "mma_sync"):
+            check(case_name(c, path), lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, path))
+    if (major, minor) == (9, 0) and os.environ.get("KERNELS_ARCH") != "sm_80":
+        c = CASES[1]
+        b, sq, sk, hq, hkv, d, dt, causal, window, scale = c
+        check(case_name(c, "hopper"), lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, "hopper"))
+    check("packed qkv views", packed_qkv)
+    check("side stream", side_stream)
+    check("another thread", another_thread)
+    check("bad inputs", bad_inputs)
+    check("autograd: backward raises", autograd_backward_raises)
+    check("torch.library.opcheck", opcheck)
+    check("torch.compile", compiled)
+    print(f"{results['passed']} passed, {results['failed']} failed")
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
