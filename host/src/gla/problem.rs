@@ -52,8 +52,9 @@ pub struct GlaProblem {
 
 /// (Sequence, head) pairs from which the automatic choice on sm_90a is the pingpong. With fewer,
 /// each pair is cut into many segments to fill the GPU, and the baseline measured as fast or
-/// faster (H100: 1 to 4 pairs, up to 16% faster at one sequence of 32k tokens with 4 heads;
-/// bench/NOTES.md); from 8 pairs up the pingpong was as fast or faster on every measured shape.
+/// faster (H100: 1 to 4 pairs, up to 14% faster at one sequence of 32k tokens with 4 heads);
+/// from 8 pairs up the two are within run-to-run variation on short sequences and the pingpong
+/// is faster as soon as there is work (bench/NOTES.md has the measurements).
 pub const PINGPONG_MIN_PAIRS: usize = 8;
 
 impl GlaProblem {
