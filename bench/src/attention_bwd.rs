@@ -294,7 +294,7 @@ fn check(
         note(&dv[start..start + d], &want_v);
     }
     let rel = err / top.max(f64::MIN_POSITIVE);
-    if !(rel <= REL_BOUND) {
+    if rel.is_nan() || rel > REL_BOUND {
         return Err(kernels::Error::invalid(
             "attention backward result",
             format!(
