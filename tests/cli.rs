@@ -26,6 +26,10 @@ fn main() {
     let mut s = Suite::new();
     s.cpu("reference/attention_bf16_causal_gqa", attention_bf16_causal);
     s.cpu("reference/attention_f16_window_mqa", attention_f16_window);
+    s.cpu(
+        "reference/attention_backward_dlse",
+        attention_backward_reference,
+    );
     s.cpu("reference/gla_varlen_initial_state", gla_varlen);
     s.cpu("reference/gla_batch", gla_batch);
     s.cpu("reference/semicrf_forward_viterbi", semicrf_forward_viterbi);
@@ -47,6 +51,11 @@ fn main() {
         });
     }
     s.gpu("gpu/attention_check", Needs::Gpu, gpu_attention);
+    s.gpu(
+        "gpu/attention_backward_check",
+        Needs::Gpu,
+        gpu_attention_backward,
+    );
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
     s.gpu("gpu/gla_kernels_check", Needs::Hopper, gpu_gla_kernels);
     s.gpu("gpu/semicrf_check", Needs::Gpu, gpu_semicrf);
@@ -325,6 +334,64 @@ fn attention_bf16_causal() -> TestResult {
     exact(&out, "lse", Dtype::F64, &[2, 4, 9], &want.lse)?;
     ensure(out["lse"].values.contains(&f64::NEG_INFINITY), || {
         "expected rows with no allowed key (LSE = -inf)".into()
+    })?;
+    ensure(d.files() == ["in.safetensors", "out.safetensors"], || {
+        format!("left in the directory: {:?}", d.files())
+    })
+}
+
+/// Backward inputs of `p` (bf16): Q, K, V, dO and dLSE uniform, O and LSE the f64 forward's
+/// rounded (dLSE of rows with no allowed key is NaN: it must reach no gradient).
+#[allow(clippy::type_complexity)]
+fn attention_backward_inputs(
+    p: &AttentionProblem,
+    seed: u64,
+) -> (Vec<Named>, [Vec<bf16>; 4], Vec<f32>) {
+    let (q, k, v) = attention_inputs_bf16(p, seed);
+    let mut r = rng(seed ^ 0xd0);
+    let d_o = uniform_bf16(&mut r, q.len(), -1.0, 1.0);
+    let fwd = kernels::attention::reference(p, &q, &k, &v);
+    let o: Vec<bf16> = fwd.o.iter().map(|&x| bf16::from_f64(x)).collect();
+    let lse: Vec<f32> = fwd.lse.iter().map(|&x| x as f32).collect();
+    let d_lse: Vec<f32> = uniform_f32(&mut r, lse.len(), -1.0, 1.0)
+        .into_iter()
+        .zip(&lse)
+        .map(|(g, &l)| if l == f32::NEG_INFINITY { f32::NAN } else { g })
+        .collect();
+    let (qs, ks, ls) = (
+        p.q_shape().to_vec(),
+        p.kv_shape().to_vec(),
+        vec![p.batch, p.heads_q, p.seq_q],
+    );
+    let files = vec![
+        ("q", qs.clone(), V::Bf16(q.clone())),
+        ("k", ks.clone(), V::Bf16(k.clone())),
+        ("v", ks, V::Bf16(v.clone())),
+        ("o", qs.clone(), V::Bf16(o)),
+        ("lse", ls.clone(), V::F32(lse)),
+        ("do", qs, V::Bf16(d_o.clone())),
+        ("dlse", ls, V::F32(d_lse.clone())),
+    ];
+    (files, [q, k, v, d_o], d_lse)
+}
+
+fn attention_backward_reference() -> TestResult {
+    let d = Dir::new("attention_backward");
+    // Sq > Sk under causal masking: rows with no allowed key (their dLSE is NaN).
+    let p = AttentionProblem::new(2, 9, 6, 4, 2, 64, AttnDtype::Bf16).causal();
+    let (files, [q, k, v, d_o], d_lse) = attention_backward_inputs(&p, 12);
+    write_inputs(&d.path("in.safetensors"), &files)?;
+    let report = ok(
+        &d.command("attention-backward @in.safetensors -o @out.safetensors --reference --causal")
+    )?;
+    print!("{report}");
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = kernels::attention::reference::backward(&p, &q, &k, &v, &d_o, Some(&d_lse));
+    exact(&out, "dq", Dtype::F64, &p.q_shape(), &want.dq)?;
+    exact(&out, "dk", Dtype::F64, &p.kv_shape(), &want.dk)?;
+    exact(&out, "dv", Dtype::F64, &p.kv_shape(), &want.dv)?;
+    ensure(want.dq.iter().all(|x| x.is_finite()), || {
+        "the reference's dQ is not finite".into()
     })?;
     ensure(d.files() == ["in.safetensors", "out.safetensors"], || {
         format!("left in the directory: {:?}", d.files())
@@ -787,6 +854,15 @@ fn args() -> TestResult {
         ],
         &["attention", "in", "-o", "out", "--repeat", "0"],
         &["attention", "in"],
+        &[
+            "attention-backward",
+            "in",
+            "-o",
+            "out",
+            "--reference",
+            "--check",
+        ],
+        &["attention-backward", "in", "-o", "out", "--path", "hopper"],
         &["semicrf", "in", "-o", "out", "--marginals"],
         &["gla", "in", "-o", "out", "--kernel", "fastest"],
     ] {
@@ -835,6 +911,16 @@ const ERROR_CASES: &[ErrorCase] = &[
         ],
     },
     ErrorCase {
+        test: "errors/missing_tensor",
+        files: |d| backward_files(d, "do", None),
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::MissingTensor { .. }),
+        says: &[
+            "missing tensor `do`",
+            "bf16 or f16 [B, Sq, Hq, D] = [2, 5, 4, 64]",
+        ],
+    },
+    ErrorCase {
         test: "errors/wrong_dtype",
         files: |d| {
             attention_files(
@@ -864,6 +950,24 @@ const ERROR_CASES: &[ErrorCase] = &[
         command: "attention @in.safetensors -o @out.safetensors --reference",
         is: |e| matches!(e, CliError::Dtype { .. }),
         says: &["tensor `k`", "bf16 (the dtype of `q`), got f16"],
+    },
+    // The backward's LSE is f32, its O the dtype of q.
+    ErrorCase {
+        test: "errors/wrong_dtype",
+        files: |d| backward_files(d, "", Some(("lse", vec![2, 4, 5], bf16s(2 * 4 * 5)))),
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `lse`", "expected dtype f32, got bf16"],
+    },
+    ErrorCase {
+        test: "errors/wrong_dtype",
+        files: |d| {
+            let o = V::F16(vec![f16::ONE; 2 * 5 * 4 * 64]);
+            backward_files(d, "", Some(("o", vec![2, 5, 4, 64], o)))
+        },
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `o`", "bf16 (the dtype of `q`), got f16"],
     },
     ErrorCase {
         test: "errors/wrong_shape",
@@ -915,6 +1019,44 @@ const ERROR_CASES: &[ErrorCase] = &[
         command: "mhc @in.safetensors -o @out.safetensors --reference",
         is: |e| matches!(e, CliError::Shape { .. }),
         says: &["tensor `phi`", "[n C, M] = [16, 8]", "got [16, 9]"],
+    },
+    // The backward: LSE is [B, Hq, Sq] (not [B, Sq, Hq]); dO has Q's shape.
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            let lse = V::F32(vec![0.0; 2 * 5 * 4]);
+            backward_files(d, "", Some(("lse", vec![2, 5, 4], lse)))
+        },
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `lse`", "[B, Hq, Sq] = [2, 4, 5]", "got [2, 5, 4]"],
+    },
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            backward_files(
+                d,
+                "",
+                Some(("do", vec![2, 6, 4, 64], bf16s(2 * 6 * 4 * 64))),
+            )
+        },
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &[
+            "tensor `do`",
+            "[B, Sq, Hq, D] = [2, 5, 4, 64]",
+            "got [2, 6, 4, 64]",
+        ],
+    },
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            let dlse = V::F32(vec![0.0; 2 * 4 * 6]);
+            backward_files(d, "", Some(("dlse", vec![2, 4, 6], dlse)))
+        },
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `dlse`", "[B, Hq, Sq] = [2, 4, 5]", "got [2, 4, 6]"],
     },
     ErrorCase {
         test: "errors/unreadable_file",
@@ -1122,6 +1264,26 @@ fn attention_files(
     write_inputs(&d.path("in.safetensors"), &t)
 }
 
+/// The inputs of `attention-backward` (B 2, Sq 5, Sk 6, Hq 4, Hkv 2, D 64, bf16) without the
+/// tensor named `skip`, with `swap` in place of (or added beside) the tensor of its name.
+fn backward_files(d: &Dir, skip: &str, swap: Option<Named>) -> TestResult {
+    let (q, kv, lse) = (vec![2, 5, 4, 64], vec![2, 6, 2, 64], vec![2, 4, 5]);
+    let mut t: Vec<Named> = vec![
+        ("q", q.clone(), bf16s(2 * 5 * 4 * 64)),
+        ("k", kv.clone(), bf16s(2 * 6 * 2 * 64)),
+        ("v", kv, bf16s(2 * 6 * 2 * 64)),
+        ("o", q.clone(), bf16s(2 * 5 * 4 * 64)),
+        ("lse", lse, V::F32(vec![0.5; 2 * 4 * 5])),
+        ("do", q, bf16s(2 * 5 * 4 * 64)),
+    ];
+    t.retain(|x| x.0 != skip);
+    if let Some(x) = swap {
+        t.retain(|y| y.0 != x.0);
+        t.push(x);
+    }
+    write_inputs(&d.path("in.safetensors"), &t)
+}
+
 fn bf16s(n: usize) -> V {
     V::Bf16(uniform_bf16(&mut rng(1), n, -1.0, 1.0))
 }
@@ -1190,6 +1352,32 @@ fn gpu_attention(gpu: &'static Gpu) -> TestResult {
             .is_some_and(|t| t.samples_ms.len() == 2),
         || "--repeat 2 did not give 2 timed runs".into(),
     )
+}
+
+/// `attention-backward --check` (the tests' tolerance rule: the run fails past it) with dLSE,
+/// atomic dQ with `--repeat 2`, then `--deterministic`.
+fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_attention_backward");
+    let p = AttentionProblem::new(2, 70, 90, 4, 2, 128, AttnDtype::Bf16).causal();
+    let (files, _, _) = attention_backward_inputs(&p, 53);
+    write_inputs(&d.path("in.safetensors"), &files)?;
+    let bounds = [("dq", 1e-2), ("dk", 1e-2), ("dv", 1e-2)];
+    let args = d.command(
+        "attention-backward @in.safetensors -o @out.safetensors --check --causal --repeat 2",
+    );
+    let report = check_run(gpu, &d, &args, &bounds)?;
+    ensure(
+        report
+            .timings
+            .as_ref()
+            .is_some_and(|t| t.samples_ms.len() == 2),
+        || "--repeat 2 did not give 2 timed runs".into(),
+    )?;
+    let args = d.command(
+        "attention-backward @in.safetensors -o @out.safetensors --check --causal --deterministic",
+    );
+    check_run(gpu, &d, &args, &bounds)?;
+    Ok(())
 }
 
 fn gpu_gla(gpu: &'static Gpu) -> TestResult {

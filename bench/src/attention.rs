@@ -5,12 +5,15 @@
 //!
 //! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking.
 //!
+//! The backward rows (`attention_bwd`, `attention_fwd_bwd`) are [`crate::attention_bwd`]'s.
+//!
 //! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` and
-//! `KBENCH_ATTENTION_SEQS` restrict the grid (the peers follow it; B = 16, S = 2048 runs only
+//! `KBENCH_ATTENTION_SEQS` restrict the grid (the backward's too) (the peers follow it; B = 16, S = 2048 runs only
 //! when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants to time (default:
 //! all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k, 8k, 16k within
 //! the grid's sequences).
 
+use crate::attention_bwd;
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernel_abi::attention::{HOPPER_VARIANTS, HopperGrid, TUNING_VARIANTS};
@@ -29,11 +32,22 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let k = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
     let v = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
     let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
-    b.shared(&[
+    // dO of the backward rows (the peers read it from the shared file too).
+    let backward = attention_bwd::enabled();
+    let d_o = if backward {
+        uniform_bf16(&mut r, ELEMS, -1.0, 1.0)
+    } else {
+        Vec::new()
+    };
+    let mut shared = vec![
         ("q", Tensor::Bf16(&q, vec![ELEMS])),
         ("k", Tensor::Bf16(&k, vec![ELEMS])),
         ("v", Tensor::Bf16(&v, vec![ELEMS])),
-    ])?;
+    ];
+    if backward {
+        shared.push(("do", Tensor::Bf16(&d_o, vec![ELEMS])));
+    }
+    b.shared(&shared)?;
     let seqs: &[usize] = if b.quick {
         &[512, 2048]
     } else {
@@ -116,6 +130,16 @@ pub fn run(b: &mut Bench) -> Result<()> {
                 one(b, &p, &q, &k, &v, (&dq, &dk, &dv), Some(name))?;
             }
         }
+    }
+    if backward {
+        let ddo = upload(&d_o)?;
+        let x = attention_bwd::Shared {
+            host: [&q, &k, &v, &d_o],
+            dev: [&dq, &dk, &dv, &ddo],
+        };
+        attention_bwd::run(b, &x, &dims, &seqs)?;
+    } else {
+        b.note("backward rows skipped (KBENCH_ATTENTION_BWD=0)");
     }
     b.run_peers();
     Ok(())

@@ -242,6 +242,40 @@ impl Bench {
         write_tensors(&dir.join("tensors.safetensors"), tensors)
     }
 
+    /// Write a case for the peers with the tensors of the previous case (hard-linked, or copied
+    /// where the file system cannot link): another kind of the same configuration.
+    pub fn case_again(
+        &mut self,
+        kernel: &str,
+        config: &Map<String, Value>,
+        counts: Map<String, Value>,
+    ) -> Result<()> {
+        let Some(previous) = self.cases.checked_sub(1) else {
+            return Err(kernels::Error::invalid(
+                "benchmark case",
+                "no previous case to take the tensors of",
+            ));
+        };
+        let from = self
+            .work
+            .join(format!("case{previous:03}"))
+            .join("tensors.safetensors");
+        let dir = self.work.join(format!("case{:03}", self.cases));
+        self.cases += 1;
+        std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        let spec = serde_json::json!({ "kernel": kernel, "config": config, "counts": counts });
+        let spec_path = dir.join("case.json");
+        std::fs::write(
+            &spec_path,
+            serde_json::to_string_pretty(&spec).expect("json"),
+        )
+        .map_err(|e| io_err(&spec_path, e))?;
+        let to = dir.join("tensors.safetensors");
+        std::fs::hard_link(&from, &to)
+            .or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
+            .map_err(|e| io_err(&to, e))
+    }
+
     /// Write tensors that several cases share to `<work>/shared.safetensors` (peers load it
     /// once; a case's spec may refer to its tensors by name).
     pub fn shared(&mut self, tensors: &[(&str, Tensor)]) -> Result<()> {

@@ -8,6 +8,7 @@
 //! ```
 
 mod attention;
+mod attention_bwd;
 mod gla;
 mod harness;
 mod main_job;

@@ -8,6 +8,7 @@
 //! | file | what | from |
 //! |---|---|---|
 //! | `attention_d<D>.{svg,png}` | TFLOP/s vs sequence length (log2), non-causal and causal panels | `attention_fwd` rows, one file per head dim |
+//! | `attention_bwd_d<D>.{svg,png}`, `attention_fwd_bwd_d<D>.{svg,png}` | the same for the backward alone and for forward + backward | `attention_bwd`, `attention_fwd_bwd` rows |
 //! | `gla.{svg,png}` | tokens/s vs T, one panel per configuration | `gla_fwd` rows |
 //! | `semicrf_{time,memory}.{svg,png}` | median time and peak device memory vs T, one panel per kernel and configuration | every kernel's rows |
 //! | `mhc.{svg,png}` | achieved GB/s per kernel (bars), the measured copy bandwidth as a reference line | rows with GB/s; `memcpy_dtod` is the reference |
@@ -131,11 +132,43 @@ const FAMILIES: &[(&str, Figures)] = &[
 
 // ---- families ------------------------------------------------------------------------------
 
-/// TFLOP/s vs sequence length, one file per head dim, a panel for non-causal and for causal.
+/// The attention kinds that are plotted: kernel, file name prefix, title.
+const ATTENTION_KINDS: &[(&str, &str, &str)] = &[
+    ("attention_fwd", "attention", "attention forward"),
+    ("attention_bwd", "attention_bwd", "attention backward"),
+    (
+        "attention_fwd_bwd",
+        "attention_fwd_bwd",
+        "attention forward + backward",
+    ),
+];
+
+/// TFLOP/s vs sequence length, per kind (forward, backward, both) one file per head dim, a
+/// panel for non-causal and for causal.
 fn attention(f: &ResultsFile, msgs: &mut Vec<String>) -> Vec<Figure> {
-    const KERNEL: &str = "attention_fwd";
-    let rows = rows_of(f, &[KERNEL], msgs);
-    let all = sweeps(&rows, "seq", &["batch"], msgs);
+    let kernels: Vec<&str> = ATTENTION_KINDS.iter().map(|k| k.0).collect();
+    let rows = rows_of(f, &kernels, msgs);
+    let mut figures = Vec::new();
+    for &(kernel, prefix, what) in ATTENTION_KINDS {
+        let of_kind: Vec<&Row> = rows
+            .iter()
+            .copied()
+            .filter(|r| r.kernel == kernel)
+            .collect();
+        figures.extend(attention_kind(f, &of_kind, prefix, what, msgs));
+    }
+    figures
+}
+
+/// [`attention`]'s figures of one kind.
+fn attention_kind(
+    f: &ResultsFile,
+    rows: &[&Row],
+    prefix: &str,
+    what: &str,
+    msgs: &mut Vec<String>,
+) -> Vec<Figure> {
+    let all = sweeps(rows, "seq", &["batch"], msgs);
     for s in &all {
         if int(&s.fixed, "d").is_none() || s.fixed.get("causal").and_then(Value::as_bool).is_none()
         {
@@ -179,8 +212,8 @@ fn attention(f: &ResultsFile, msgs: &mut Vec<String>) -> Vec<Figure> {
             continue;
         }
         figures.push(Figure::Lines(LineFigure {
-            file: format!("attention_d{d}.svg"),
-            title: format!("attention forward, D = {d}: TFLOP/s vs sequence length"),
+            file: format!("{prefix}_d{d}.svg"),
+            title: format!("{what}, D = {d}: TFLOP/s vs sequence length"),
             subtitle: provenance(f),
             panels,
             cols: 2,

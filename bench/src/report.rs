@@ -40,7 +40,9 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
          in 2 s, at least 10), CUDA events, random inputs. Peers run in the same process tree on \
          the same inputs; `diff vs ours` is the largest absolute difference between the peer's \
          output and ours. `ours/peer` > 1 means ours is faster. `peak MiB` (where measured): \
-         device memory of the call, inputs included (peers: PyTorch's peak allocation). The plots \
+         device memory of the call, inputs included (peers: PyTorch's peak allocation); `extra MiB` \
+         (where measured): device memory the call allocates beyond its inputs (ours: workspace \
+         and outputs; peers: PyTorch's peak allocation beyond what was live before). The plots \
          (`bench/plots/*.svg`, and the same drawings as `*.png`) are drawn from the same files: \
          ours solid with round markers, peers dashed with triangles.\n",
     );
@@ -57,6 +59,7 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
         }
         if f.family == "attention" {
             md.push_str(&attention_summary(f, files));
+            md.push_str(&attention_backward_summary(f));
         }
         if f.family == "gla" {
             md.push_str(&gla_summary(f));
@@ -103,11 +106,18 @@ fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
          vs SDPA-cuDNN |\n|---:|---:|---:|---|---:|---:|---:|---:|\n",
     );
     let get = |r: &Row, k: &str| r.config.get(k).map(|v| v.to_string()).unwrap_or_default();
-    for o in f.rows.iter().filter(|r| r.implementation == "ours") {
+    let fwd = |r: &&Row| r.kernel == "attention_fwd";
+    for o in f
+        .rows
+        .iter()
+        .filter(fwd)
+        .filter(|r| r.implementation == "ours")
+    {
         let key = config_text(o);
         let peer = |name: &str| {
             f.rows
                 .iter()
+                .filter(fwd)
                 .find(|r| r.implementation.starts_with(name) && config_text(r) == key)
                 .map_or(String::new(), |r| {
                     format!("{:.2}x", r.median_ms / o.median_ms)
@@ -127,6 +137,82 @@ fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
             peer("sdpa-cudnn")
         )
         .unwrap();
+    }
+    md.push('\n');
+    md
+}
+
+/// The attention backward in brief: per head dimension, sequence length and mask, ours
+/// forward + backward (`attention_fwd_bwd`, atomic dQ and deterministic) in TFLOP/s, the
+/// backward alone, and how many times faster ours (atomic dQ) is than each peer of the same run
+/// on the forward + backward (`peer ms / ours ms`).
+fn attention_backward_summary(f: &ResultsFile) -> String {
+    const STEP: &str = "attention_fwd_bwd";
+    let step = |r: &&Row| r.kernel == STEP;
+    let mut peers: Vec<&str> = Vec::new();
+    for r in f.rows.iter().filter(step) {
+        if !r.implementation.starts_with("ours") && !peers.contains(&r.implementation.as_str()) {
+            peers.push(&r.implementation);
+        }
+    }
+    if !f
+        .rows
+        .iter()
+        .any(|r| step(&r) && r.implementation == "ours")
+    {
+        return String::new();
+    }
+    let mut md = String::from(
+        "Backward summary (FLOPs as FlashAttention counts them: the backward 2.5 forwards, \
+         forward + backward 3.5; `ours` accumulates dQ with f32 atomics, `det` is \
+         `ours-deterministic`; `vs <peer>` = peer ms / ours ms on forward + backward, > 1: ours \
+         faster):\n\n| d | seq | batch x heads | causal | ours fwd+bwd TFLOP/s | det fwd+bwd \
+         TFLOP/s | ours bwd TFLOP/s | det bwd TFLOP/s |",
+    );
+    for p in &peers {
+        write!(md, " vs {p} |").unwrap();
+    }
+    md.push_str("\n|---:|---:|---:|---|---:|---:|---:|---:|");
+    md.push_str(&"---:|".repeat(peers.len()));
+    md.push('\n');
+    let get = |r: &Row, k: &str| r.config.get(k).map(|v| v.to_string()).unwrap_or_default();
+    for o in f
+        .rows
+        .iter()
+        .filter(step)
+        .filter(|r| r.implementation == "ours")
+    {
+        let key = config_text(o);
+        let find = |kernel: &str, imp: &str| {
+            f.rows
+                .iter()
+                .find(|r| r.kernel == kernel && r.implementation == imp && config_text(r) == key)
+        };
+        let tf = |r: Option<&Row>| {
+            r.and_then(|r| r.tflops)
+                .map_or(String::new(), |t| format!("{t:.0}"))
+        };
+        write!(
+            md,
+            "| {} | {} | {} x {} | {} | {} | {} | {} | {} |",
+            get(o, "d"),
+            get(o, "seq"),
+            get(o, "batch"),
+            get(o, "heads"),
+            get(o, "causal"),
+            tf(Some(o)),
+            tf(find(STEP, "ours-deterministic")),
+            tf(find("attention_bwd", "ours")),
+            tf(find("attention_bwd", "ours-deterministic")),
+        )
+        .unwrap();
+        for p in &peers {
+            let ratio = find(STEP, p).map_or(String::new(), |r| {
+                format!("{:.2}x", r.median_ms / o.median_ms)
+            });
+            write!(md, " {ratio} |").unwrap();
+        }
+        md.push('\n');
     }
     md.push('\n');
     md
@@ -237,6 +323,8 @@ fn table(rows: &[Row]) -> String {
     }
     let peak = |r: &Row| r.extra.get("peak_bytes").and_then(Value::as_f64);
     let with_peak = rows.iter().any(|r| peak(r).is_some());
+    let extra = |r: &Row| r.extra.get("peak_extra_mib").and_then(Value::as_f64);
+    let with_extra = rows.iter().any(|r| extra(r).is_some());
     let tokens = recorded_tokens_per_s;
     let with_tokens = rows.iter().any(|r| tokens(r).is_some());
     let mut md = String::from("| kernel | config | impl | median ms |");
@@ -247,8 +335,11 @@ fn table(rows: &[Row]) -> String {
     if with_peak {
         md.push_str(" peak MiB |");
     }
+    if with_extra {
+        md.push_str(" extra MiB |");
+    }
     md.push_str("\n|---|---|---|---:|");
-    let numeric = 5 + usize::from(with_tokens) + usize::from(with_peak);
+    let numeric = 5 + usize::from(with_tokens) + usize::from(with_peak) + usize::from(with_extra);
     md.push_str(&"---:|".repeat(numeric));
     md.push('\n');
     let num = |v: Option<f64>, prec: usize| v.map_or(String::new(), |x| format!("{x:.prec$}"));
@@ -283,6 +374,9 @@ fn table(rows: &[Row]) -> String {
         .unwrap();
         if with_peak {
             write!(md, " {} |", num(peak(r).map(|b| b / 1048576.0), 1)).unwrap();
+        }
+        if with_extra {
+            write!(md, " {} |", num(extra(r), 1)).unwrap();
         }
         md.push('\n');
     }

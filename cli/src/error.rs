@@ -87,6 +87,14 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    /// `--check` with a tolerance: an output's error against the reference exceeds it.
+    #[error("{command}: check failed against the f64 reference: {failures}")]
+    CheckFailed {
+        /// The subcommand.
+        command: String,
+        /// Each failing output with its error and tolerance.
+        failures: String,
+    },
     /// The library rejected the problem or a launch failed.
     #[error("{0}")]
     Kernel(#[from] kernels::Error),

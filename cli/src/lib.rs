@@ -53,6 +53,9 @@ pub enum Command {
     /// Attention forward: O = softmax(scale Q K^T + mask) V and the row log-sum-exp.
     #[command(long_about = attention::HELP)]
     Attention(attention::AttentionArgs),
+    /// Attention backward: dQ, dK, dV from the forward's O and LSE and the gradient dO.
+    #[command(long_about = attention::HELP_BACKWARD)]
+    AttentionBackward(attention::AttentionBackwardArgs),
     /// Gated linear attention (GLA) forward, chunkwise, after fla's chunk_gla.
     #[command(long_about = gla::HELP)]
     Gla(gla::GlaArgs),
@@ -87,7 +90,9 @@ pub struct Common {
     #[arg(long, conflicts_with_all = ["check", "repeat"])]
     pub reference: bool,
     /// Run the GPU kernel and the CPU reference on the same inputs, print the max abs and
-    /// relative L2 error of every output, and write the kernel's outputs.
+    /// relative L2 error of every output, and write the kernel's outputs. Subcommands with a
+    /// tolerance rule (`attention-backward`) also compare each output's error with its
+    /// tolerance and fail (exit status 1, no output written) when one exceeds it.
     #[arg(long)]
     pub check: bool,
     /// Time the kernel: one warm-up run, then N timed runs (CUDA events); prints the median and
@@ -123,6 +128,13 @@ pub trait Job {
     fn gpu(&self, gpu: &Gpu, repeat: Option<u32>) -> Result<(Outputs, Option<Timings>)>;
     /// The f64 CPU reference; its outputs (floating-point ones in f64).
     fn reference(&self) -> Result<Outputs>;
+    /// With `--check`: the largest error against `reference` (the output of [`Job::reference`])
+    /// each named output may have, by the tests' tolerance rule; `--check` fails when one is
+    /// exceeded. Empty (the default) for a job whose check only reports.
+    fn tolerances(&self, reference: &Outputs) -> Result<Vec<(String, f64)>> {
+        let _ = reference;
+        Ok(Vec::new())
+    }
 }
 
 /// Run the command line (the GPU paths open device 0 as [`Gpu::new`] does).
@@ -134,6 +146,12 @@ pub fn run(cli: &Cli) -> Result<Report> {
 pub fn run_with(cli: &Cli, gpu: Option<&Gpu>) -> Result<Report> {
     match &cli.command {
         Command::Attention(a) => execute("attention", &a.common, &*attention::job(a)?, gpu),
+        Command::AttentionBackward(a) => execute(
+            "attention-backward",
+            &a.common,
+            &*attention::backward_job(a)?,
+            gpu,
+        ),
         Command::Gla(a) => execute("gla", &a.common, &gla::job(a)?, gpu),
         Command::Semicrf(a) => execute("semicrf", &a.common, &semicrf::forward_job(a)?, gpu),
         Command::SemicrfBackward(a) => execute(
@@ -194,6 +212,34 @@ fn execute(command: &str, common: &Common, job: &dyn Job, gpu: Option<&Gpu>) -> 
                 .lines
                 .push(format!("{command}: kernel vs f64 reference"));
             report.lines.extend(compare::table(&report.diffs));
+            let tolerances = job.tolerances(&reference)?;
+            let mut failures = Vec::new();
+            for (name, tol) in &tolerances {
+                let Some(d) = report.diffs.iter().find(|d| d.name == *name) else {
+                    return Err(CliError::Internal(format!(
+                        "a tolerance for `{name}`, which is not an output"
+                    )));
+                };
+                // `!(a <= b)`: an infinite or NaN error fails too.
+                let pass = d.max_abs <= *tol && d.nonfinite == 0;
+                report.lines.push(format!(
+                    "{command}: {name}: max abs {:.3e} {} tolerance {tol:.3e}",
+                    d.max_abs,
+                    if pass { "<=" } else { "EXCEEDS" }
+                ));
+                if !pass {
+                    failures.push(format!(
+                        "{name} max abs {:.3e} > tolerance {tol:.3e} ({} nonfinite)",
+                        d.max_abs, d.nonfinite
+                    ));
+                }
+            }
+            if !failures.is_empty() {
+                return Err(CliError::CheckFailed {
+                    command: command.to_string(),
+                    failures: failures.join("; "),
+                });
+            }
         }
         (outputs, "gpu")
     };

@@ -6,7 +6,8 @@
 //! tested on its own.
 //!
 //! Tolerance (FlashAttention's rule), per gradient G in dQ, dK, dV:
-//! `max |G - ref| <= 2 max |G_naive - ref| + 1e-3 max |ref| + 1e-6`, where `G_naive` is
+//! `max |G - ref| <= 2 max |G_naive - ref| + 1e-3 max |ref| + 1e-6`
+//! (`attention::reference::backward_tolerance`), where `G_naive` is
 //! `attention::naive_backward_same_precision` (the same computation in the input precision);
 //! every element finite (outputs are poisoned with NaN before the run), and the dQ rows of rows
 //! with no allowed key exactly 0.
@@ -16,7 +17,9 @@ use super::{Case, case};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::Arch;
-use kernels::attention::reference::{AttentionGrads, backward as reference_backward, reference};
+use kernels::attention::reference::{
+    AttentionGrads, backward as reference_backward, backward_tolerance, reference,
+};
 use kernels::attention::{
     self, AttentionBackwardTensors, AttentionElem, AttentionProblem, BackwardOptions,
     BackwardWorkspace, Dtype, Target, View, naive_backward_same_precision,
@@ -27,15 +30,6 @@ use kernels::memory::{download, poisoned, upload};
 use kernels::{Gpu, bf16, f16};
 use kernels_testing::attention::{BackwardInputs, device_backward as device_backward_host};
 use rand::Rng;
-
-/// Relative floor of the tolerance (times `max |ref|` of the gradient).
-const FLOOR: f64 = 1e-3;
-
-/// Absolute floor of the tolerance: f32 rounding of O(1) sums where the exact gradient is 0
-/// (one key: P = 1 and dP = delta, so dQ = dK = 0 exactly, and the kernels' dP (tensor cores)
-/// and delta (the preprocess) round differently, by about 1e-8 on these inputs, while the
-/// same-precision reference sums both in one order and gets 0).
-const ABS_FLOOR: f64 = 1e-6;
 
 /// A backward case: the problem, whether the loss has an LSE term, which mode.
 #[derive(Clone)]
@@ -136,7 +130,7 @@ fn compare<T: AttentionElem>(
         let err = max_diff(g, w);
         let naive_err = max_diff(n, w);
         let scale = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-        let tol = 2.0 * naive_err + FLOOR * scale + ABS_FLOOR;
+        let tol = backward_tolerance(naive_err, scale);
         line.push_str(&format!(
             " {name} {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3 x {scale:.2e} \
              + 1e-6);"

@@ -45,6 +45,10 @@ fn main() {
     );
     s.cpu("props_attention_view_bounds", props::attention_view_bounds);
     s.cpu(
+        "props_attention_backward_plan_or_typed_error",
+        props::attention_backward_plan_or_typed_error,
+    );
+    s.cpu(
         "props_semicrf_validate_or_typed_error",
         props::semicrf_validate_or_typed_error,
     );
@@ -65,6 +69,11 @@ fn main() {
         "props_gpu_semicrf_small",
         Needs::Gpu,
         props_gpu::semicrf_small,
+    );
+    s.gpu(
+        "props_gpu_attention_backward_small",
+        Needs::Gpu,
+        props_gpu::attention_backward_small,
     );
     s.gpu("props_gpu_gla_small", Needs::Gpu, props_gpu::gla_small);
     s.gpu("props_gpu_mhc_small", Needs::Gpu, props_gpu::mhc_small);

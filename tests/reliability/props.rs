@@ -8,7 +8,8 @@ use crate::HOPPER_MAX_SMEM;
 use kernel_abi::semicrf::{SEMICRF_MARGINALS, SEMICRF_REDUCE, SEMICRF_SCAN, SEMICRF_VITERBI};
 use kernel_tests::TestResult;
 use kernels::attention::{
-    self, AttentionElem, AttentionPlan, AttentionProblem, AttentionTensors, Dtype, Path, Target,
+    self, AttentionBackwardPlan, AttentionBackwardTensors, AttentionElem, AttentionPlan,
+    AttentionProblem, AttentionTensors, BackwardOptions, BackwardWorkspace, Dtype, Path, Target,
     View,
 };
 use kernels::gla::{self, GlaKernel, GlaProblem};
@@ -183,6 +184,120 @@ pub fn attention_validate_or_typed_error() -> TestResult {
             }
         },
     )
+}
+
+pub fn attention_backward_plan_or_typed_error() -> TestResult {
+    let strategy = (
+        (size(), size(), size(), size(), size()),
+        prop_oneof![Just(64usize), Just(128), Just(256), size()],
+        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+        (proptest::option::of(size()), proptest::option::of(size())),
+    );
+    property(
+        strategy,
+        |((b, sq, sk, hq, hkv), d, (f16, causal, deterministic, with_dlse), (wl, wr))| {
+            let mut p = AttentionProblem::new(
+                b,
+                sq,
+                sk,
+                hq,
+                hkv,
+                d,
+                if f16 { Dtype::F16 } else { Dtype::Bf16 },
+            )
+            .window(wl, wr);
+            p.causal = causal;
+            let options = BackwardOptions { deterministic };
+            for arch in Arch::ALL {
+                match attention_backward_plan(&p, arch, options, with_dlse) {
+                    // An invalid problem: the same typed error as its validation.
+                    Err(e) => {
+                        typed(&e)?;
+                        prop_assert!(p.validate().is_err(), "a valid problem failed: {e}");
+                    }
+                    Ok(plan) => {
+                        prop_assert!(p.validate().is_ok());
+                        prop_assert_eq!(plan.deterministic(), deterministic);
+                        prop_assert_eq!(plan.delta_len(), p.lse_len());
+                        prop_assert_eq!(plan.dq_accum_len() == 0, deterministic);
+                        // The workspace of the sizes the plan asks for: three launches, each
+                        // passing `Gpu::launch`'s checks.
+                        let ws = BackwardWorkspace {
+                            delta: fake_at(9, plan.delta_len()),
+                            dq_accum: (!deterministic).then(|| fake_at(10, plan.dq_accum_len())),
+                        };
+                        let l = plan
+                            .launches(&ws)
+                            .map_err(|e| TestCaseError::fail(format!("launches: {e}")))?;
+                        for launch in [l.pre.kernel(), l.dkdv.kernel(), l.dq.kernel()]
+                            .into_iter()
+                            .zip([l.pre.config(), l.dkdv.config(), l.dq.config()])
+                        {
+                            launch_ok(launch.0, launch.1, false)?;
+                        }
+                        // A workspace that is too small: a typed error, never a launch.
+                        if plan.delta_len() > 1 {
+                            let small = BackwardWorkspace {
+                                delta: fake_at(9, plan.delta_len() - 1),
+                                ..ws
+                            };
+                            match plan.launches(&small) {
+                                Ok(_) => prop_assert!(false, "a short delta was accepted"),
+                                Err(e) => typed(&e)?,
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The backward plan of `p` for `arch` on made-up contiguous tensors (planned, never run).
+fn attention_backward_plan(
+    p: &AttentionProblem,
+    arch: Arch,
+    options: BackwardOptions,
+    with_dlse: bool,
+) -> kernels::Result<AttentionBackwardPlan> {
+    fn plan<T: AttentionElem>(
+        p: &AttentionProblem,
+        arch: Arch,
+        options: BackwardOptions,
+        with_dlse: bool,
+    ) -> kernels::Result<AttentionBackwardPlan> {
+        let (q, kv) = (p.q_shape(), p.kv_shape());
+        // Sizes past the address space: the shapes' own products would overflow.
+        let (Some(nq), Some(nk)) = (
+            q.iter().try_fold(1usize, |a, &x| a.checked_mul(x)),
+            kv.iter().try_fold(1usize, |a, &x| a.checked_mul(x)),
+        ) else {
+            return p.validate().and(Err(Error::invalid("sizes", "too large")));
+        };
+        let at = fake_at::<T>;
+        let tensors = AttentionBackwardTensors::<T> {
+            q: View::contiguous(at(1, nq), q),
+            k: View::contiguous(at(2, nk), kv),
+            v: View::contiguous(at(3, nk), kv),
+            o: View::contiguous(at(4, nq), q),
+            d_o: View::contiguous(at(5, nq), q),
+            lse: fake(p.lse_len()),
+            d_lse: with_dlse.then(|| fake(p.lse_len())),
+            dq: View::contiguous(at(6, nq), q),
+            dk: View::contiguous(at(7, nk), kv),
+            dv: View::contiguous(at(8, nk), kv),
+        };
+        let target = Target {
+            arch,
+            multiprocessors: 132,
+        };
+        p.plan_backward(target, &tensors, options)
+    }
+    match p.dtype {
+        Dtype::Bf16 => plan::<bf16>(p, arch, options, with_dlse),
+        Dtype::F16 => plan::<f16>(p, arch, options, with_dlse),
+    }
 }
 
 /// The plan of `p` for `arch` on made-up contiguous tensors ([`fake`]: planned, never run), on
@@ -393,6 +508,13 @@ impl Exec for CheckingExec {
             .push((launch.name().to_string(), launch.config().overlap_previous));
         Ok(())
     }
+}
+
+/// A view of `len` elements at made-up address `slot << 44` (slots 1 to 15: views that alias
+/// nothing, for plans that check aliasing); planned only, never run.
+fn fake_at<'a, T>(slot: u64, len: usize) -> DevView<'a, T> {
+    // SAFETY: the view is only planned, never dereferenced.
+    unsafe { DevView::from_raw(slot << 44, len) }
 }
 
 /// A view of `len` elements at a made-up, 16-byte aligned address: only for plans that are

@@ -3,7 +3,7 @@
 
 use crate::run_attention;
 use kernel_tests::{TestResult, gpu_ok};
-use kernels::attention::{self, AttentionProblem, Dtype, Path};
+use kernels::attention::{self, AttentionProblem, Dtype, Path, reference};
 use kernels::gla::{self, GlaKernel, GlaProblem};
 use kernels::memory::{download, poisoned, upload};
 use kernels::mhc::{self, MhcProblem};
@@ -59,6 +59,81 @@ pub fn attention_small(g: &'static Gpu) -> TestResult {
         Ok(())
     };
     gpu_runner(32)
+        .run(&strategy, run)
+        .map_err(|e| format!("{e}").into())
+}
+
+/// `((batch, seq_q, seq_k, heads_kv), head_dim, (causal, deterministic, with_dlse, left))`.
+type BackwardCase = (
+    (usize, usize, usize, usize),
+    usize,
+    (bool, bool, bool, Option<usize>),
+);
+
+/// The backward on small random problems (grouped-query heads, windows, dLSE, both dQ modes)
+/// against the f64 reference under the backward tests' tolerance rule
+/// (`attention::reference::backward_tolerance`), given the reference forward's O and LSE.
+pub fn attention_backward_small(g: &'static Gpu) -> TestResult {
+    let strategy = (
+        (1usize..=2, 1usize..=130, 1usize..=130, 1usize..=2),
+        prop_oneof![Just(64usize), Just(128), Just(256)],
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            proptest::option::of(0usize..=40),
+        ),
+    );
+    let run = |((b, sq, sk, hkv), d, (causal, deterministic, with_dlse, left)): BackwardCase|
+     -> Result<(), TestCaseError> {
+        let mut p =
+            AttentionProblem::new(b, sq, sk, 2 * hkv, hkv, d, Dtype::Bf16).window(left, None);
+        p.causal = causal;
+        let seed = (b * 7 + sq * 13 + sk * 17 + d + 3) as u64;
+        let (q, k, v) = kernels_testing::attention::random_inputs::<bf16>(&p, 1.0, seed);
+        let mut r = kernels::data::rng(seed ^ 0xb0);
+        let d_o = kernels::data::uniform_bf16(&mut r, q.len(), -1.0, 1.0);
+        let fwd = attention::reference(&p, &q, &k, &v);
+        let o: Vec<bf16> = fwd.o.iter().map(|&x| bf16::from_f64(x)).collect();
+        let lse: Vec<f32> = fwd.lse.iter().map(|&x| x as f32).collect();
+        let d_lse = with_dlse.then(|| kernels::data::uniform_f32(&mut r, lse.len(), -1.0, 1.0));
+        let x = kernels_testing::attention::BackwardInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            d_lse: d_lse.as_deref(),
+        };
+        let (dq, dk, dv) = prop_gpu(kernels_testing::attention::device_backward(
+            g,
+            &p,
+            &x,
+            attention::BackwardOptions { deterministic },
+        ))?;
+        let want = reference::backward(&p, &q, &k, &v, &d_o, d_lse.as_deref());
+        let naive = attention::naive_backward_same_precision(&p, &q, &k, &v, &d_o, d_lse.as_deref());
+        let max_diff = |a: &[f64], b: &[f64]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| if (x - y).is_nan() { f64::INFINITY } else { (x - y).abs() })
+                .fold(0.0, f64::max)
+        };
+        let wide = |x: &[bf16]| -> Vec<f64> { x.iter().map(|x| x.to_f64()).collect() };
+        for (name, got, w, n) in [
+            ("dQ", wide(&dq), &want.dq, &naive.dq),
+            ("dK", wide(&dk), &want.dk, &naive.dk),
+            ("dV", wide(&dv), &want.dv, &naive.dv),
+        ] {
+            let max_ref = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            let tol = reference::backward_tolerance(max_diff(n, w), max_ref);
+            let err = max_diff(&got, w);
+            prop_assert!(err <= tol, "{name}: max error {err:.3e} > tolerance {tol:.3e}");
+        }
+        Ok(())
+    };
+    gpu_runner(24)
         .run(&strategy, run)
         .map_err(|e| format!("{e}").into())
 }

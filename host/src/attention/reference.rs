@@ -477,3 +477,20 @@ pub fn naive_backward_same_precision<T: AttentionElem>(
         dv: dv32.iter().map(|&x| round(x) as f64).collect(),
     }
 }
+
+/// Relative floor of the backward's tolerance (times `max |ref|` of the gradient).
+pub const BACKWARD_REL_FLOOR: f64 = 1e-3;
+
+/// Absolute floor of the backward's tolerance: f32 rounding of O(1) sums where the exact
+/// gradient is 0 (one key: P = 1 and dP = delta, so dQ = dK = 0 exactly, and the kernels' dP
+/// (tensor cores) and delta (the preprocess) round differently, by about 1e-8 on inputs in
+/// `[-1, 1)`, while [`naive_backward_same_precision`] sums both in one order and gets 0).
+pub const BACKWARD_ABS_FLOOR: f64 = 1e-6;
+
+/// The largest error against [`backward`] that one gradient (dQ, dK or dV) of a kernel may
+/// have (FlashAttention's rule): `2 naive_err + BACKWARD_REL_FLOOR max_ref +
+/// BACKWARD_ABS_FLOOR`, where `naive_err` is the max error of the same gradient from
+/// [`naive_backward_same_precision`] and `max_ref` its largest magnitude in the reference.
+pub fn backward_tolerance(naive_err: f64, max_ref: f64) -> f64 {
+    2.0 * naive_err + BACKWARD_REL_FLOOR * max_ref + BACKWARD_ABS_FLOOR
+}
