@@ -8,10 +8,11 @@
 //! The backward rows (`attention_bwd`, `attention_fwd_bwd`) are [`crate::attention_bwd`]'s.
 //!
 //! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` and
-//! `KBENCH_ATTENTION_SEQS` restrict the grid (the backward's too) (the peers follow it; B = 16, S = 2048 runs only
-//! when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants to time (default:
-//! all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k, 8k, 16k within
-//! the grid's sequences).
+//! `KBENCH_ATTENTION_SEQS` restrict the grid, the backward's too (the peers follow it; B = 16,
+//! S = 2048 runs only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants
+//! to time (default: all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k,
+//! 8k, 16k within the grid's sequences), `KBENCH_ATTENTION_FWD=0` skips the forward rows and
+//! the tuning variants (a backward-only run).
 
 use crate::attention_bwd;
 use crate::config;
@@ -93,6 +94,11 @@ pub fn run(b: &mut Bench) -> Result<()> {
     if dims.contains(&64) && seqs.contains(&2048) {
         configs.push((16, 2048, 16, 64, true));
     }
+    let forward = std::env::var_os("KBENCH_ATTENTION_FWD").is_none_or(|v| v != "0");
+    if !forward {
+        configs.clear();
+        b.note("forward rows skipped (KBENCH_ATTENTION_FWD=0)");
+    }
     for (batch, s, h, d, causal) in configs {
         let mut p = AttentionProblem::new(batch, s, s, h, h, d, Dtype::Bf16);
         p.causal = causal;
@@ -119,7 +125,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
         .map(|(n, c)| (*n, c.head_dim));
     for (name, d) in tiles.chain(hoppers) {
         let d = d as usize;
-        if !variants.contains(&name) || !dims.contains(&d) {
+        if !forward || !variants.contains(&name) || !dims.contains(&d) {
             continue;
         }
         for &s in &tuning_seqs {
