@@ -138,7 +138,11 @@ fn view<'a, T: RawElem>(what: &str, t: &RawTensor) -> Result<View<'a, T>> {
 }
 
 /// LSE as a contiguous `[batch, heads_q, seq_q]` f32 view, inside its storage.
-fn lse_view<'a>(problem: &AttentionProblem, what: &str, lse: &RawTensor) -> Result<DevView<'a, f32>> {
+fn lse_view<'a>(
+    problem: &AttentionProblem,
+    what: &str,
+    lse: &RawTensor,
+) -> Result<DevView<'a, f32>> {
     flat_view(what, lse, &[problem.batch, problem.heads_q, problem.seq_q])
 }
 

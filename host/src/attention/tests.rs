@@ -646,10 +646,13 @@ mod raw {
                 )
                 .unwrap();
                 assert_eq!(got, p);
-                let lens = backward_workspace_lens(&p.q_shape(), &p.kv_shape(), t[0].dtype, opts)
-                    .unwrap();
+                let lens =
+                    backward_workspace_lens(&p.q_shape(), &p.kv_shape(), t[0].dtype, opts).unwrap();
                 assert_eq!(lens, p.backward_workspace_lens(opts));
-                assert_eq!((raw.delta_len(), raw.dq_accum_len()), (lens.delta, lens.dq_accum));
+                assert_eq!(
+                    (raw.delta_len(), raw.dq_accum_len()),
+                    (lens.delta, lens.dq_accum)
+                );
                 let w = raw_workspace(lens);
                 let ws = RawBackwardWorkspace {
                     delta: &w[0],
@@ -661,7 +664,11 @@ mod raw {
                     Dtype::Bf16 => typed_launches::<bf16>(&p, &t, opts, &views),
                     Dtype::F16 => typed_launches::<f16>(&p, &t, opts, &views),
                 };
-                for (a, b) in [(&got.pre, &want.pre), (&got.dkdv, &want.dkdv), (&got.dq, &want.dq)] {
+                for (a, b) in [
+                    (&got.pre, &want.pre),
+                    (&got.dkdv, &want.dkdv),
+                    (&got.dq, &want.dq),
+                ] {
                     assert_eq!(a.name(), b.name());
                     assert_eq!(a.config(), b.config());
                     assert_eq!(format!("{:?}", a.params()), format!("{:?}", b.params()));
@@ -702,12 +709,21 @@ mod raw {
         refuse(&|t| t[5].dtype = ElemType::F16, "dO dtype");
         refuse(&|t| t[6].dtype = ElemType::Bf16, "dLSE dtype");
         refuse(&|t| t[6].shape[2] = 63, "dLSE shape");
-        refuse(&|t| t[6].strides = vec![1, 2 * 64, 2], "dLSE must be contiguous");
+        refuse(
+            &|t| t[6].strides = vec![1, 2 * 64, 2],
+            "dLSE must be contiguous",
+        );
         refuse(&|t| t[4].storage_bytes -= 4, "LSE storage");
         refuse(&|t| t[7].ptr = t[0].ptr, "dQ");
         refuse(&|t| t[9].shape[2] = 4, "dV shape");
         refuse(&|t| t[8].strides[3] = 2, "dK head-dimension stride");
         refuse(&|t| t[0].shape[3] = 96, "head dimension 96");
+        refuse(&|t| t[7].strides[0] = 0, "must not share memory");
+        refuse(&|t| t[8].strides[1] = 8, "must not share memory");
+        // An input may be an expanded view (elements sharing memory), as torch's gradients are.
+        let mut t = good.clone();
+        t[5].strides = vec![0, 0, 0, 1];
+        run(&t, &good_ws, true).unwrap();
         let refuse_ws = |edit: &dyn Fn(&mut [RawTensor; 2]), accum: bool, want: &str| {
             let mut w = good_ws.clone();
             edit(&mut w);
@@ -715,8 +731,16 @@ mod raw {
             assert!(e.to_string().contains(want), "want {want:?}, got: {e}");
         };
         refuse_ws(&|_| (), false, "the dQ accumulator is required");
-        refuse_ws(&|w| w[0].shape[0] -= 1, true, "backward workspace delta shape");
-        refuse_ws(&|w| w[1].dtype = ElemType::Bf16, true, "dQ accumulator dtype");
+        refuse_ws(
+            &|w| w[0].shape[0] -= 1,
+            true,
+            "backward workspace delta shape",
+        );
+        refuse_ws(
+            &|w| w[1].dtype = ElemType::Bf16,
+            true,
+            "dQ accumulator dtype",
+        );
         refuse_ws(
             &|w| {
                 w[1].ptr += 4;

@@ -165,8 +165,8 @@ fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
 impl AttentionProblem {
     /// Plan the backward pass on `tensors` for `target`. Validates the problem, every view
     /// (as the forward validates its views: shape, contiguous head dimension, 16-byte aligned
-    /// start and strides, in bounds), LSE's and dLSE's lengths, and that the outputs overlap
-    /// neither each other nor the inputs.
+    /// start and strides, in bounds), LSE's and dLSE's lengths, that no output has elements
+    /// sharing memory, and that the outputs overlap neither each other nor the inputs.
     pub fn plan_backward<T: AttentionElem>(
         &self,
         target: Target,
@@ -193,6 +193,9 @@ impl AttentionProblem {
         t.dq.check("dQ", self.q_shape())?;
         t.dk.check("dK", self.kv_shape())?;
         t.dv.check("dV", self.kv_shape())?;
+        t.dq.check_distinct("dQ")?;
+        t.dk.check_distinct("dK")?;
+        t.dv.check_distinct("dV")?;
         for (what, len) in [
             ("LSE", Some(t.lse.len())),
             ("dLSE", t.d_lse.map(|d| d.len())),
