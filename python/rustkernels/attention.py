@@ -218,12 +218,14 @@ def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
     """``t`` as the kernels take it: head dimension contiguous, other strides and the offset
     in its storage multiples of 8 elements (16 bytes; torch's storages start aligned); a
     contiguous copy otherwise (an upstream gradient is often an expanded or strided view). No
-    data pointer is read, so this traces under ``torch.compile``."""
-    aligned = (
-        t.stride(-1) == 1
-        and all(n <= 1 or s % 8 == 0 for n, s in zip(t.shape[:-1], t.stride()[:-1]))
-        and t.storage_offset() % 8 == 0
-    )
+    data pointer is read, so this traces under ``torch.compile`` (where the storage offset is
+    not looked at: the extension still refuses a misaligned start with a ValueError)."""
+    aligned = t.stride(-1) == 1
+    if not torch.compiler.is_compiling():
+        aligned = aligned and t.storage_offset() % 8 == 0
+    for i in range(t.dim() - 1):
+        if t.shape[i] > 1 and t.stride(i) % 8 != 0:
+            aligned = False
     return t if aligned else t.clone(memory_format=torch.contiguous_format)
 
 
@@ -247,6 +249,8 @@ class _FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:  # only the LSE reached the loss
+            dout = torch.zeros_like(out)
         dlse = dlse.contiguous() if ctx.lse_grad and dlse is not None else None
         dq, dk, dv = flash_attn_backward(
             _kernel_layout(dout),

@@ -491,6 +491,7 @@ def bad_backward_inputs():
 
     strided = torch.randn(2, 64, 64, 4, device=dev, dtype=bf).transpose(2, 3)
     lse_t = lse.transpose(1, 2).contiguous().transpose(1, 2)
+    k128 = torch.randn(2, 64, 2, 128, device=dev, dtype=bf)
     cases = [
         ("dout of the wrong shape", ValueError, lambda: call(dout=dout[:, :63]), "dO shape"),
         ("dout of another dtype", TypeError, lambda: call(dout=dout.half()), "dout"),
@@ -502,7 +503,7 @@ def bad_backward_inputs():
         ("lse not contiguous", ValueError, lambda: call(lse=lse_t), "LSE must be contiguous"),
         ("dlse of the wrong shape", ValueError, lambda: call(dlse=lse[..., :10].contiguous()), "dLSE shape"),
         ("dlse on the CPU", ValueError, lambda: call(dlse=lse.cpu()), "dsoftmax_lse"),
-        ("k of another head dim", ValueError, lambda: call(k=torch.randn(2, 64, 2, 128, device=dev, dtype=bf)), "K shape"),
+        ("k of another head dim", ValueError, lambda: call(k=k128), "K shape"),
     ]
     lines = [f"{name} -> {raises(exc, fn, contains)}" for name, exc, fn, contains in cases]
     dq, dk, dv = call()
