@@ -1,14 +1,17 @@
-"""Attention forward with flash-attn's interface: ``flash_attn_func``.
+"""Attention with flash-attn's interface: ``flash_attn_func``, forward and backward.
 
 Layers, from the user down:
 
 - ``flash_attn_func``: flash-attn's signature and semantics; rejects what the kernels do not do
   (dropout, softcap, ALiBi) and checks what torch knows (tensor, device, dtype, rank).
 - ``_FlashAttnFunction`` (``torch.autograd.Function``): the autograd node, used when an input
-  requires grad; its backward raises ``NotImplementedError`` (no backward kernel yet).
-- ``torch.ops.rustkernels.flash_attn_forward``: the custom op, with a fake implementation so
-  ``torch.compile`` traces around it. It allocates O and LSE with torch (the caching allocator
-  owns them) and launches on torch's current stream of the tensors' device, through the Rust
+  requires grad. It saves q, k, v, out and the LSE for the backward, which calls
+  ``flash_attn_backward`` (dK and dV of grouped-query attention are summed over the query heads
+  of each group by the kernels, so they have k's and v's shapes).
+- ``torch.ops.rustkernels.flash_attn_forward`` and ``torch.ops.rustkernels.flash_attn_backward``:
+  the custom ops, each with a fake implementation so ``torch.compile`` traces around them. They
+  allocate their outputs, and the backward its f32 workspace, with torch (the caching allocator
+  owns them) and launch on torch's current stream of the tensors' device, through the Rust
   extension, which validates everything else (shapes, strides, alignment, sizes, options) with
   the library's messages.
 """
@@ -123,21 +126,147 @@ def _flash_attn_forward_fake(q, k, v, softmax_scale, causal, window_left, window
     )
 
 
+def _check_like(name: str, t, like: torch.Tensor, like_name: str) -> None:
+    """``t`` is a CUDA tensor of ``like``'s device and dtype (shapes are the extension's)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, {like_name} on {like.device}")
+    if t.dtype != like.dtype:
+        raise TypeError(f"{name} is {t.dtype}, {like_name} is {like.dtype}")
+
+
+@torch.library.custom_op("rustkernels::flash_attn_backward", mutates_args=())
+def flash_attn_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dsoftmax_lse: Optional[torch.Tensor],
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    deterministic: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (q's, k's and v's shapes, contiguous, q's dtype) of the attention forward
+    that gave ``out`` and ``softmax_lse`` on q, k, v with these options, for the loss gradients
+    ``dout`` (out's shape; head dimension contiguous, other strides multiples of 8 elements)
+    and ``dsoftmax_lse`` (the LSE's shape, f32, contiguous; ``None`` when the loss does not use
+    the LSE). With grouped-query attention dk and dv are summed over the query heads of each
+    group. ``deterministic``: bitwise reproducible dq (its own kernel, no atomics; slower)."""
+    _check_inputs(q, k, v)
+    _check_like("out", out, q, "q")
+    _check_like("dout", dout, q, "q")
+    for name, t in (("softmax_lse", softmax_lse), ("dsoftmax_lse", dsoftmax_lse)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+    native = _native()
+    delta_len, accum_len = native.attention_backward_workspace(
+        tuple(q.shape), tuple(k.shape), str(q.dtype), deterministic
+    )
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # The workspace: delta' and (unless deterministic) the f32 dQ accumulator.
+    delta = torch.empty(delta_len, dtype=torch.float32, device=q.device)
+    accum = torch.empty(accum_len, dtype=torch.float32, device=q.device) if accum_len else None
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        native.attention_backward(
+            q.device.index,
+            stream,
+            _describe(q),
+            _describe(k),
+            _describe(v),
+            _describe(out),
+            _describe(softmax_lse),
+            _describe(dout),
+            None if dsoftmax_lse is None else _describe(dsoftmax_lse),
+            _describe(dq),
+            _describe(dk),
+            _describe(dv),
+            _describe(delta),
+            None if accum is None else _describe(accum),
+            softmax_scale,
+            causal,
+            window_left,
+            window_right,
+            deterministic,
+        )
+    return dq, dk, dv
+
+
+@flash_attn_backward.register_fake
+def _flash_attn_backward_fake(
+    dout, q, k, v, out, softmax_lse, dsoftmax_lse, softmax_scale, causal, window_left, window_right,
+    deterministic=False,
+):
+    _check_inputs(q, k, v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the kernels take it: head dimension contiguous, other strides and the offset
+    in its storage multiples of 8 elements (16 bytes; torch's storages start aligned); a
+    contiguous copy otherwise (an upstream gradient is often an expanded or strided view). No
+    data pointer is read, so this traces under ``torch.compile`` (where the storage offset is
+    not looked at: the extension still refuses a misaligned start with a ValueError)."""
+    aligned = t.stride(-1) == 1
+    if not torch.compiler.is_compiling():
+        aligned = aligned and t.storage_offset() % 8 == 0
+    for i in range(t.dim() - 1):
+        if t.shape[i] > 1 and t.stride(i) % 8 != 0:
+            aligned = False
+    return t if aligned else t.clone(memory_format=torch.contiguous_format)
+
+
 class _FlashAttnFunction(torch.autograd.Function):
-    """The autograd node of ``flash_attn_func``: forward only for now."""
+    """The autograd node of ``flash_attn_func``. The LSE output is differentiable only with
+    ``lse_grad`` (``flash_attn_func(..., return_attn_probs=True)``, where the caller gets it)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right):
+    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic, lse_grad):
         out, lse = flash_attn_forward(q, k, v, softmax_scale, causal, window_left, window_right)
-        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.window = (window_left, window_right)
+        ctx.deterministic = deterministic
+        ctx.lse_grad = lse_grad
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        raise NotImplementedError(
-            "rustkernels.flash_attn_func: the backward pass is not implemented yet (forward "
-            "only); run it under torch.no_grad() or on tensors that do not require grad"
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:  # only the LSE reached the loss
+            dout = torch.zeros_like(out)
+        dlse = dlse.contiguous() if ctx.lse_grad and dlse is not None else None
+        dq, dk, dv = flash_attn_backward(
+            _kernel_layout(dout),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dlse,
+            ctx.softmax_scale,
+            ctx.causal,
+            ctx.window[0],
+            ctx.window[1],
+            ctx.deterministic,
         )
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attn_func(
@@ -153,7 +282,7 @@ def flash_attn_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ):
-    """flash-attn's ``flash_attn_func``, forward only.
+    """flash-attn's ``flash_attn_func``: attention forward, and backward through autograd.
 
     q ``[batch, seqlen_q, nheads, headdim]``, k and v ``[batch, seqlen_k, nheads_k, headdim]``,
     bfloat16 or float16 CUDA tensors on one device, with the head dimension contiguous and the
@@ -166,8 +295,12 @@ def flash_attn_func(
 
     Returns ``out`` (q's shape and dtype), or ``(out, softmax_lse, None)`` with
     ``return_attn_probs`` (LSE ``[batch, nheads, seqlen_q]`` f32; the probabilities are not
-    returned). ``deterministic`` is accepted: the forward pass is deterministic. Dropout,
-    ``softcap`` and ``alibi_slopes`` are not supported (``NotImplementedError``).
+    returned). When q, k or v requires grad, ``out`` (and the LSE, where returned) has a
+    gradient: dq, dk, dv come from the backward kernels (``flash_attn_backward``), dk and dv of
+    grouped-query attention summed over each group's query heads. ``deterministic=True`` makes
+    the backward bitwise reproducible (dq from its own kernel instead of f32 atomics; slower);
+    the forward is always deterministic. Dropout, ``softcap`` and ``alibi_slopes`` are not
+    supported (``NotImplementedError``).
     """
     if dropout_p != 0.0:
         raise NotImplementedError(f"dropout_p = {dropout_p}: dropout is not supported (use 0.0)")
@@ -181,7 +314,7 @@ def flash_attn_func(
         softmax_scale = float(softmax_scale)
     args = (q, k, v, softmax_scale, bool(causal), window_left, window_right)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _FlashAttnFunction.apply(*args)
+        out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), bool(return_attn_probs))
     else:
         out, lse = flash_attn_forward(*args)
     if return_attn_probs:

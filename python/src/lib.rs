@@ -1,7 +1,7 @@
 //! `rustkernels._native`: the Rust side of the Python package. It takes tensors as plain
 //! descriptions (address, dtype name, shape, strides, storage), validates and launches through
-//! the `kernels` crate's raw API (`kernels::raw`, `kernels::attention::forward_raw`) on the
-//! caller's stream, and returns nothing: the Python side allocates the outputs with torch and
+//! the `kernels` crate's raw API (`kernels::raw`, `kernels::attention::forward_raw` and
+//! `backward_raw`) on the caller's stream, and returns nothing: the Python side allocates the outputs with torch and
 //! wires autograd and `torch.compile` (`rustkernels/attention.py`).
 //!
 //! Not a public API: it trusts that the addresses are those of live tensors (the driver's
@@ -12,7 +12,10 @@
 //! exception too; no path here panics on input.
 
 use kernels::Error;
-use kernels::attention::{AttentionOptions, Path, RawAttentionTensors, forward_raw};
+use kernels::attention::{
+    AttentionOptions, BackwardOptions, Path, RawAttentionBackwardTensors, RawAttentionTensors,
+    RawBackwardWorkspace, backward_raw, backward_workspace_lens, forward_raw,
+};
 use kernels::raw::{ElemType, RawStream, RawTensor};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -62,6 +65,34 @@ fn window_side(what: &str, w: i64) -> PyResult<Option<usize>> {
     }
 }
 
+/// The options of a pass from the Python arguments.
+fn options(
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    path: &str,
+) -> PyResult<AttentionOptions> {
+    Ok(AttentionOptions {
+        scale: softmax_scale,
+        causal,
+        window: (
+            window_side("window_size[0]", window_left)?,
+            window_side("window_size[1]", window_right)?,
+        ),
+        path: match path {
+            "auto" => Path::Auto,
+            "mma_sync" => Path::MmaSync,
+            "hopper" => Path::Hopper,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "path {other:?}: use \"auto\", \"mma_sync\" or \"hopper\""
+                )));
+            }
+        },
+    })
+}
+
 /// Attention forward on device `device`'s stream `stream` (an address of
 /// `torch.cuda.Stream.cuda_stream`): O and LSE written from Q, K, V (see
 /// `kernels::attention`). Asynchronous, like any kernel launch on the stream.
@@ -83,24 +114,7 @@ fn attention_forward(
     window_right: i64,
     path: &str,
 ) -> PyResult<()> {
-    let options = AttentionOptions {
-        scale: softmax_scale,
-        causal,
-        window: (
-            window_side("window_size[0]", window_left)?,
-            window_side("window_size[1]", window_right)?,
-        ),
-        path: match path {
-            "auto" => Path::Auto,
-            "mma_sync" => Path::MmaSync,
-            "hopper" => Path::Hopper,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "path {other:?}: use \"auto\", \"mma_sync\" or \"hopper\""
-                )));
-            }
-        },
-    };
+    let options = options(softmax_scale, causal, window_left, window_right, path)?;
     let (q, k, v, o, lse) = (
         tensor("q", q)?,
         tensor("k", k)?,
@@ -129,10 +143,98 @@ fn attention_forward(
     .map_err(to_py)
 }
 
+/// The f32 elements of the attention backward's workspace, `(delta, dq_accum)`, for Q of shape
+/// `q_shape` and K of shape `k_shape` of dtype `dtype` (`dq_accum` is 0 with `deterministic`).
+#[pyfunction]
+fn attention_backward_workspace(
+    q_shape: Vec<usize>,
+    k_shape: Vec<usize>,
+    dtype: &str,
+    deterministic: bool,
+) -> PyResult<(usize, usize)> {
+    let elem = ElemType::from_name(dtype)
+        .ok_or_else(|| PyTypeError::new_err(format!("q: unsupported dtype {dtype}")))?;
+    let lens = backward_workspace_lens(&q_shape, &k_shape, elem, BackwardOptions { deterministic })
+        .map_err(to_py)?;
+    Ok((lens.delta, lens.dq_accum))
+}
+
+/// Attention backward on device `device`'s stream `stream`: dQ, dK and dV written from Q, K,
+/// V, the forward's O and LSE, dO and optionally dLSE, with the workspace `delta` and
+/// `dq_accum` (f32, of the lengths `attention_backward_workspace` gives; `dq_accum` may be
+/// `None` with `deterministic`). See `kernels::attention::backward_raw`. Asynchronous.
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, d_o, d_lse, dq, dk, dv, delta, dq_accum, softmax_scale, causal, window_left, window_right, deterministic))]
+#[allow(clippy::too_many_arguments)]
+fn attention_backward(
+    py: Python<'_>,
+    device: u32,
+    stream: u64,
+    q: TensorArgs,
+    k: TensorArgs,
+    v: TensorArgs,
+    o: TensorArgs,
+    lse: TensorArgs,
+    d_o: TensorArgs,
+    d_lse: Option<TensorArgs>,
+    dq: TensorArgs,
+    dk: TensorArgs,
+    dv: TensorArgs,
+    delta: TensorArgs,
+    dq_accum: Option<TensorArgs>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    deterministic: bool,
+) -> PyResult<()> {
+    let options = options(softmax_scale, causal, window_left, window_right, "auto")?;
+    let backward = BackwardOptions { deterministic };
+    let (q, k, v, o, lse, d_o) = (
+        tensor("q", q)?,
+        tensor("k", k)?,
+        tensor("v", v)?,
+        tensor("out", o)?,
+        tensor("softmax_lse", lse)?,
+        tensor("dout", d_o)?,
+    );
+    let d_lse = d_lse.map(|t| tensor("dsoftmax_lse", t)).transpose()?;
+    let (dq, dk, dv) = (tensor("dq", dq)?, tensor("dk", dk)?, tensor("dv", dv)?);
+    let delta = tensor("workspace", delta)?;
+    let dq_accum = dq_accum.map(|t| tensor("workspace", t)).transpose()?;
+    py.detach(|| {
+        // SAFETY: as in `attention_forward`: the handle of torch's current stream of `device`.
+        let stream = unsafe { RawStream::new(device, stream) }?;
+        let tensors = RawAttentionBackwardTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            d_lse: d_lse.as_ref(),
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+        };
+        let workspace = RawBackwardWorkspace {
+            delta: &delta,
+            dq_accum: dq_accum.as_ref(),
+        };
+        // SAFETY: as in `attention_forward`: live torch tensors the Python side holds across
+        // this call, whose memory stays valid for work enqueued on `stream`; dQ, dK, dV and the
+        // workspace are fresh allocations on that stream.
+        unsafe { backward_raw(&stream, &options, backward, &tensors, &workspace) }
+    })
+    .map_err(to_py)
+}
+
 /// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_backward_workspace, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
     Ok(())
 }

@@ -472,6 +472,137 @@ fn strided_views(g: &Gpu, deterministic: bool) -> TestResult {
     )
 }
 
+/// The raw API (`backward_raw`: addresses, shapes, strides, a stream handle, a workspace the
+/// caller allocates of `backward_workspace_lens`) in both modes, with dLSE and grouped-query
+/// heads: bitwise equal to the typed API in deterministic mode, within the tolerance in the
+/// atomic one; a workspace overlapping dQ, one too short, and one in host memory refused.
+fn raw_api(g: &Gpu) -> TestResult {
+    use kernels::raw::{ElemType, RawStream, RawTensor};
+    let mut c = case(2, 201, 333, 8, 2, 128, Dtype::Bf16);
+    c.p.causal = true;
+    let b = BwdCase {
+        c,
+        with_dlse: true,
+        deterministic: true,
+    };
+    let p = b.c.p.clone();
+    let x = inputs::<bf16>(&b);
+    let out = (|| -> kernels::Result<_> {
+        let d = dev_case(&x)?;
+        let stream = g.stream()?;
+        let det = BackwardOptions {
+            deterministic: true,
+        };
+        let typed = device_backward(g, &stream, &p, &d, det)?;
+        // SAFETY: a live stream of the GPU's context (the device's primary context, as
+        // `Gpu::new` retains it), kept until the end of this closure.
+        let raw_stream = unsafe { RawStream::new(g.ordinal(), stream.as_inner() as u64) }?;
+        let (qs, ks) = (p.q_shape(), p.kv_shape());
+        let lse_shape = [p.batch, p.heads_q, p.seq_q];
+        let t = |buf: &kernels::DeviceBuffer<bf16>, shape: &[usize]| {
+            RawTensor::contiguous(buf.as_device_ptr().as_raw(), ElemType::Bf16, shape)
+        };
+        let f = |buf: &kernels::DeviceBuffer<f32>, shape: &[usize]| {
+            RawTensor::contiguous(buf.as_device_ptr().as_raw(), ElemType::F32, shape)
+        };
+        let (q, k, v, o, d_o) = (
+            t(&d.q, &qs),
+            t(&d.k, &ks),
+            t(&d.v, &ks),
+            t(&d.o, &qs),
+            t(&d.d_o, &qs),
+        );
+        let lse = f(&d.lse, &lse_shape);
+        let d_lse = d.d_lse.as_ref().map(|dl| f(dl, &lse_shape));
+        let options = attention::AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        let mut results = Vec::new();
+        let mut refused = Vec::new();
+        for deterministic in [true, false] {
+            let opts = BackwardOptions { deterministic };
+            let lens = attention::backward_workspace_lens(&qs, &ks, ElemType::Bf16, opts)?;
+            let (dq, dk, dv) = (
+                poisoned::<bf16>(d.q.len())?,
+                poisoned::<bf16>(d.k.len())?,
+                poisoned::<bf16>(d.k.len())?,
+            );
+            let delta = poisoned::<f32>(lens.delta)?;
+            let accum = poisoned::<f32>(lens.dq_accum.max(1))?;
+            let (rdq, rdk, rdv) = (t(&dq, &qs), t(&dk, &ks), t(&dv, &ks));
+            let rdelta = f(&delta, &[lens.delta]);
+            let raccum = f(&accum, &[lens.dq_accum]);
+            let tensors = attention::RawAttentionBackwardTensors {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &o,
+                lse: &lse,
+                d_o: &d_o,
+                d_lse: d_lse.as_ref(),
+                dq: &rdq,
+                dk: &rdk,
+                dv: &rdv,
+            };
+            let launch = |delta: &RawTensor| {
+                let ws = attention::RawBackwardWorkspace {
+                    delta,
+                    dq_accum: (!deterministic).then_some(&raccum),
+                };
+                // SAFETY: every tensor and the good workspace lie in live device buffers of
+                // this closure, synchronized below before they drop; the bad workspaces are
+                // refused before any launch (the test's assertion).
+                unsafe { attention::backward_raw(&raw_stream, &options, opts, &tensors, &ws) }
+            };
+            launch(&rdelta)?;
+            g.sync(&stream, "attention backward (raw)")?;
+            results.push((download(&dq)?, download(&dk)?, download(&dv)?));
+            if deterministic {
+                let host = vec![0f32; lens.delta];
+                let host_delta =
+                    RawTensor::contiguous(host.as_ptr() as u64, ElemType::F32, &[lens.delta]);
+                let short = f(&delta, &[lens.delta - 1]);
+                let on_dq = RawTensor::contiguous(rdq.ptr, ElemType::F32, &[lens.delta]);
+                refused = [&host_delta, &short, &on_dq]
+                    .map(launch)
+                    .into_iter()
+                    .collect();
+            }
+        }
+        Ok((typed, results, refused))
+    })();
+    let (typed, results, refused) = gpu_ok(out)?;
+    let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let det = &results[0];
+    ensure(
+        bits(&det.0) == bits(&typed.0)
+            && bits(&det.1) == bits(&typed.1)
+            && bits(&det.2) == bits(&typed.2),
+        || "raw deterministic gradients differ from the typed API's".into(),
+    )?;
+    let want = [
+        "not device memory",
+        "backward workspace delta shape",
+        "backward workspace delta: the output overlaps dQ",
+    ];
+    for (r, want) in refused.iter().zip(want) {
+        ensure(matches!(r, Err(e) if e.to_string().contains(want)), || {
+            format!("a bad workspace ({want}): {r:?}")
+        })?;
+    }
+    println!("attention_bwd/raw_api: deterministic raw == typed bitwise; 3 bad workspaces refused");
+    let atomic = &results[1];
+    compare(
+        &format!("raw API, atomic ({})", bwd_name(&b)),
+        &p,
+        &x,
+        &atomic.0,
+        &atomic.1,
+        &atomic.2,
+    )
+}
+
 /// Packs row-major `[b, s, h, d]` tensors into one `[b, s, n, h, d]` buffer.
 fn pack<T: Copy + Default>(tensors: &[&[T]], (bs, s, row): (usize, usize, usize)) -> Vec<T> {
     let n = tensors.len();
@@ -663,6 +794,7 @@ pub fn register(s: &mut Suite) {
         Needs::Gpu,
         deterministic_bitwise,
     );
+    s.gpu("attention_bwd/raw_api", Needs::Gpu, raw_api);
     for deterministic in [false, true] {
         let n = format!(
             "attention_bwd/strided_views_{}",

@@ -19,7 +19,7 @@
 //! grid and parameters, the tensor maps as descriptions; no GPU needed), which runs on any
 //! executor ([`AttentionPlan::run`]). [`forward`] does the three on `cust` buffers;
 //! [`forward_raw`] on tensors the library does not own (a framework's, by address, shape and
-//! strides, on its stream: [`crate::raw`]).
+//! strides, on its stream: [`crate::raw`]), and [`backward_raw`] the backward on them.
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
@@ -36,13 +36,16 @@ mod run;
 
 pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardPath,
-    BackwardWorkspace, backward,
+    BackwardWorkspace, BackwardWorkspaceLens, backward,
 };
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
-pub use raw::{AttentionOptions, RawAttentionTensors, forward_raw, plan_raw};
+pub use raw::{
+    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors, RawBackwardWorkspace,
+    backward_raw, backward_workspace_lens, forward_raw, plan_backward_raw, plan_raw,
+};
 pub use reference::{
     naive_backward_same_precision, naive_same_precision, reference, reference_rows,
 };

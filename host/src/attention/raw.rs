@@ -1,8 +1,13 @@
-//! The forward pass on tensors this library does not own ([`crate::raw`]): a framework's
-//! tensors on its stream. The problem comes from the tensors' shapes, the plan is the typed
-//! API's ([`AttentionProblem::plan`]), so the checks are the same; [`forward_raw`] adds the
-//! checks of raw memory (device, allocation, outputs apart from inputs).
+//! The forward and backward passes on tensors this library does not own ([`crate::raw`]): a
+//! framework's tensors on its stream. The problem comes from the tensors' shapes, the plan is
+//! the typed API's ([`AttentionProblem::plan`], [`AttentionProblem::plan_backward`]), so the
+//! checks are the same; [`forward_raw`] and [`backward_raw`] add the checks of raw memory
+//! (device, allocation, outputs and workspace apart from inputs).
 
+use super::backward::{
+    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardWorkspace,
+    BackwardWorkspaceLens,
+};
 use super::plan::{AttentionPlan, AttentionTensors, Target};
 use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
 use crate::error::{Error, Result};
@@ -76,16 +81,7 @@ pub fn plan_raw(
     options: &AttentionOptions,
     tensors: &RawAttentionTensors<'_>,
 ) -> Result<(AttentionProblem, AttentionPlan)> {
-    let dtype = match tensors.q.dtype {
-        ElemType::Bf16 => Dtype::Bf16,
-        ElemType::F16 => Dtype::F16,
-        other => {
-            return Err(Error::unsupported(
-                format!("Q dtype {other:?}"),
-                "attention takes bf16 or f16",
-            ));
-        }
-    };
+    let dtype = dtype_of(tensors.q.dtype)?;
     let problem =
         AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
     problem.validate()?;
@@ -100,71 +96,99 @@ pub fn plan_raw(
     Ok((problem, plan))
 }
 
+/// The problem's element type of Q's element type `q`.
+fn dtype_of(q: ElemType) -> Result<Dtype> {
+    match q {
+        ElemType::Bf16 => Ok(Dtype::Bf16),
+        ElemType::F16 => Ok(Dtype::F16),
+        other => Err(Error::unsupported(
+            format!("Q dtype {other:?}"),
+            "attention takes bf16 or f16",
+        )),
+    }
+}
+
 fn plan_typed<T: AttentionElem + RawElem>(
     problem: &AttentionProblem,
     target: Target,
     t: &RawAttentionTensors<'_>,
 ) -> Result<AttentionPlan> {
-    let view = |what: &str, t: &RawTensor| -> Result<View<'_, T>> {
-        t.expect::<T>(what, 4)?;
-        let strides = t.strides(what)?;
-        // SAFETY: the view only carries addresses into the plan; the plan's `run` (unsafe)
-        // requires the memory to be live on its executor.
-        let (memory, offset) = unsafe { t.storage::<T>(what) }?;
-        View::new(memory, offset, &t.shape, &strides)
-    };
-    problem.plan(
+    problem.plan::<T>(
         target,
         &AttentionTensors {
             q: view("Q", t.q)?,
             k: view("K", t.k)?,
             v: view("V", t.v)?,
             o: view("O", t.o)?,
-            lse: lse_view(problem, t.lse)?,
+            lse: lse_view(problem, "LSE", t.lse)?,
         },
         None,
     )
 }
 
-/// LSE as a contiguous `[batch, heads_q, seq_q]` f32 view (dimensions of size 1 may have any
-/// stride), inside its storage.
-fn lse_view<'a>(problem: &AttentionProblem, lse: &RawTensor) -> Result<DevView<'a, f32>> {
-    lse.expect::<f32>("LSE", 3)?;
-    let shape = [problem.batch, problem.heads_q, problem.seq_q];
-    if lse.shape != shape {
+/// A rank-4 tensor of element type `T` as a [`View`] into its storage (the plan checks the
+/// view against the storage, its shape, strides and alignment).
+fn view<'a, T: RawElem>(what: &str, t: &RawTensor) -> Result<View<'a, T>> {
+    t.expect::<T>(what, 4)?;
+    let strides = t.strides(what)?;
+    // SAFETY: the view only carries addresses into the plan; the plan's `run` (unsafe)
+    // requires the memory to be live on its executor.
+    let (memory, offset) = unsafe { t.storage::<T>(what) }?;
+    View::new(memory, offset, &t.shape, &strides)
+}
+
+/// LSE as a contiguous `[batch, heads_q, seq_q]` f32 view, inside its storage.
+fn lse_view<'a>(
+    problem: &AttentionProblem,
+    what: &str,
+    lse: &RawTensor,
+) -> Result<DevView<'a, f32>> {
+    flat_view(what, lse, &[problem.batch, problem.heads_q, problem.seq_q])
+}
+
+/// An f32 tensor of exactly `shape`, contiguous (dimensions of size 1 may have any stride), as
+/// a flat view inside its storage.
+fn flat_view<'a>(what: &str, t: &RawTensor, shape: &[usize]) -> Result<DevView<'a, f32>> {
+    t.expect::<f32>(what, shape.len())?;
+    if t.shape != shape {
         return Err(Error::shape(
-            "LSE shape",
+            format!("{what} shape"),
             format!("{shape:?}"),
-            format!("{:?}", lse.shape),
+            format!("{:?}", t.shape),
         ));
     }
-    let strides = lse.strides("LSE")?;
-    let want = [problem.heads_q * problem.seq_q, problem.seq_q, 1];
-    if (0..3).any(|i| shape[i] > 1 && strides[i] != want[i]) {
+    let strides = t.strides(what)?;
+    let mut want = 1usize;
+    let mut contiguous = true;
+    for i in (0..shape.len()).rev() {
+        contiguous &= shape[i] <= 1 || strides[i] == want;
+        want = want.saturating_mul(shape[i]);
+    }
+    if !contiguous {
         return Err(Error::unsupported(
-            format!("LSE strides {strides:?}"),
-            "LSE must be contiguous",
+            format!("{what} strides {strides:?}"),
+            format!("{what} must be contiguous"),
         ));
     }
-    if !lse.ptr.is_multiple_of(4) {
+    if !t.ptr.is_multiple_of(4) {
         return Err(Error::Misaligned {
-            what: "LSE start".into(),
+            what: format!("{what} start"),
             required: 4,
-            actual: lse.ptr % 4,
+            actual: t.ptr % 4,
         });
     }
     // SAFETY: as for the views of `plan_typed`: addresses for the plan only.
-    let (memory, offset) = unsafe { lse.storage::<f32>("LSE") }?;
-    let len = problem.lse_len();
+    let (memory, offset) = unsafe { t.storage::<f32>(what) }?;
+    let len = want;
     if offset as u128 + len as u128 > memory.len() as u128 {
         return Err(Error::shape(
-            "LSE storage",
+            format!("{what} storage"),
             format!("at least {} elements", offset as u128 + len as u128),
             memory.len(),
         ));
     }
     // SAFETY: inside the storage (checked above); addresses for the plan only, as above.
-    Ok(unsafe { DevView::from_raw(lse.ptr, len) })
+    Ok(unsafe { DevView::from_raw(t.ptr, len) })
 }
 
 /// Launch the forward pass on `stream` (asynchronous): O and LSE written from Q, K, V, with
@@ -196,4 +220,184 @@ pub unsafe fn forward_raw(
     // others until the launch completes (the caller's contract), and the outputs overlap
     // neither the inputs nor each other (checked by the plan).
     unsafe { plan.run(stream) }
+}
+
+/// The tensors of a raw backward pass.
+#[derive(Clone, Copy)]
+pub struct RawAttentionBackwardTensors<'t> {
+    /// Q `[batch, seq_q, heads_q, D]`, bf16 or f16.
+    pub q: &'t RawTensor,
+    /// K `[batch, seq_k, heads_kv, D]`, Q's type.
+    pub k: &'t RawTensor,
+    /// V, as K.
+    pub v: &'t RawTensor,
+    /// O of the forward, as Q.
+    pub o: &'t RawTensor,
+    /// LSE of the forward `[batch, heads_q, seq_q]` f32, contiguous.
+    pub lse: &'t RawTensor,
+    /// dO, the loss's gradient with respect to O, as Q.
+    pub d_o: &'t RawTensor,
+    /// dLSE, as LSE; `None` when the loss does not depend on LSE.
+    pub d_lse: Option<&'t RawTensor>,
+    /// dQ, as Q (written).
+    pub dq: &'t RawTensor,
+    /// dK, as K (written; with grouped-query attention the sum over the group's query heads).
+    pub dk: &'t RawTensor,
+    /// dV, as K (written, as dK).
+    pub dv: &'t RawTensor,
+}
+
+/// The workspace of a raw backward pass: contiguous rank-1 f32 tensors of the lengths
+/// [`AttentionProblem::backward_workspace_lens`] (and the plan) report.
+#[derive(Clone, Copy)]
+pub struct RawBackwardWorkspace<'t> {
+    /// `delta'`, `delta` elements.
+    pub delta: &'t RawTensor,
+    /// The dQ accumulator, `dq_accum` elements, 16-byte aligned; `None` in deterministic mode.
+    pub dq_accum: Option<&'t RawTensor>,
+}
+
+/// Plan the backward pass on raw tensors for `target` (pure: no driver call, no memory read):
+/// the problem from Q's and K's shapes and `options` (its `path` is the forward's and not used
+/// here), the tensors' element types, ranks, strides, every view inside its storage, then the
+/// typed plan's checks (shapes, alignment, outputs overlapping no tensor).
+pub fn plan_backward_raw(
+    target: Target,
+    options: &AttentionOptions,
+    backward: BackwardOptions,
+    tensors: &RawAttentionBackwardTensors<'_>,
+) -> Result<(AttentionProblem, AttentionBackwardPlan)> {
+    let dtype = dtype_of(tensors.q.dtype)?;
+    let problem =
+        AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
+    problem.validate()?;
+    let plan = match dtype {
+        Dtype::Bf16 => plan_backward_typed::<bf16>(&problem, target, backward, tensors),
+        Dtype::F16 => plan_backward_typed::<f16>(&problem, target, backward, tensors),
+    }?;
+    Ok((problem, plan))
+}
+
+fn plan_backward_typed<T: AttentionElem + RawElem>(
+    problem: &AttentionProblem,
+    target: Target,
+    backward: BackwardOptions,
+    t: &RawAttentionBackwardTensors<'_>,
+) -> Result<AttentionBackwardPlan> {
+    problem.plan_backward::<T>(
+        target,
+        &AttentionBackwardTensors {
+            q: view("Q", t.q)?,
+            k: view("K", t.k)?,
+            v: view("V", t.v)?,
+            o: view("O", t.o)?,
+            d_o: view("dO", t.d_o)?,
+            lse: lse_view(problem, "LSE", t.lse)?,
+            d_lse: t.d_lse.map(|d| lse_view(problem, "dLSE", d)).transpose()?,
+            dq: view("dQ", t.dq)?,
+            dk: view("dK", t.dk)?,
+            dv: view("dV", t.dv)?,
+        },
+        backward,
+    )
+}
+
+/// The workspace a backward pass with `backward` needs on Q of shape `q` and K of shape `k`
+/// (`[batch, seq, heads, D]` each) of element type `dtype`: the lengths its plan reports, for
+/// a caller that allocates the workspace before launching ([`backward_raw`]). The problem is
+/// validated as the plan validates it.
+pub fn backward_workspace_lens(
+    q: &[usize],
+    k: &[usize],
+    dtype: ElemType,
+    backward: BackwardOptions,
+) -> Result<BackwardWorkspaceLens> {
+    let problem = AttentionProblem::from_shapes(q, k, dtype_of(dtype)?, &Default::default())?;
+    problem.validate()?;
+    Ok(problem.backward_workspace_lens(backward))
+}
+
+/// Launch the backward pass on `stream` (asynchronous): dQ, dK and dV written from Q, K, V,
+/// the forward's O and LSE, dO and optionally dLSE, with the problem taken from the shapes and
+/// `options` (the forward's), using the caller's `workspace`. Checks as [`plan_backward_raw`],
+/// the workspace's lengths, contiguity and alignment, that it overlaps no tensor, and that
+/// every tensor's and the workspace's storage is device memory of the stream's device inside
+/// one allocation.
+///
+/// # Safety
+/// Each tensor's and the workspace's storage is memory the caller owns, live until the launches
+/// have completed on `stream`; nothing else writes the inputs or accesses the outputs and the
+/// workspace until then.
+pub unsafe fn backward_raw(
+    stream: &RawStream,
+    options: &AttentionOptions,
+    backward: BackwardOptions,
+    tensors: &RawAttentionBackwardTensors<'_>,
+    workspace: &RawBackwardWorkspace<'_>,
+) -> Result<()> {
+    let gpu = stream.gpu();
+    let (_, plan) = plan_backward_raw(Target::of(gpu), options, backward, tensors)?;
+    let ws = workspace_views(&plan, tensors, workspace)?;
+    for (what, t) in all_tensors(tensors).iter().chain(&scratch(workspace)) {
+        t.check_memory(what, gpu)?;
+    }
+    // SAFETY: the plan checked every view against its storage and that the outputs overlap no
+    // tensor; the workspace is inside its storage, of the plan's sizes and alignment, and
+    // overlaps no tensor nor itself (`workspace_views`); every storage is
+    // device memory of the stream's device inside one allocation (checked above), live and not
+    // accessed by others until the launches complete (the caller's contract).
+    unsafe { plan.run(stream, &ws) }
+}
+
+/// The tensors of a backward pass, named.
+fn all_tensors<'t>(t: &RawAttentionBackwardTensors<'t>) -> Vec<(&'static str, &'t RawTensor)> {
+    let mut all = vec![
+        ("Q", t.q),
+        ("K", t.k),
+        ("V", t.v),
+        ("O", t.o),
+        ("LSE", t.lse),
+        ("dO", t.d_o),
+        ("dQ", t.dq),
+        ("dK", t.dk),
+        ("dV", t.dv),
+    ];
+    all.extend(t.d_lse.map(|d| ("dLSE", d)));
+    all
+}
+
+/// The workspace's tensors, named.
+fn scratch<'t>(w: &RawBackwardWorkspace<'t>) -> Vec<(&'static str, &'t RawTensor)> {
+    let mut scratch = vec![("backward workspace delta", w.delta)];
+    scratch.extend(w.dq_accum.map(|a| ("backward workspace dQ accumulator", a)));
+    scratch
+}
+
+/// The workspace of `plan` as flat views (pure): each tensor f32, contiguous, of the plan's
+/// length, inside its storage, overlapping no tensor of the pass nor the other. An accumulator
+/// given in deterministic mode is not used.
+pub(super) fn workspace_views<'a>(
+    plan: &AttentionBackwardPlan,
+    tensors: &RawAttentionBackwardTensors<'_>,
+    workspace: &RawBackwardWorkspace<'_>,
+) -> Result<BackwardWorkspace<'a>> {
+    let ws = BackwardWorkspace {
+        delta: flat_view(
+            "backward workspace delta",
+            workspace.delta,
+            &[plan.delta_len()],
+        )?,
+        dq_accum: match workspace.dq_accum {
+            Some(a) if !plan.deterministic() => Some(flat_view(
+                "backward workspace dQ accumulator",
+                a,
+                &[plan.dq_accum_len()],
+            )?),
+            _ => None,
+        },
+    };
+    check_disjoint(&all_tensors(tensors), &scratch(workspace))?;
+    // The plan's launches check the accumulator's presence and alignment.
+    plan.launches(&ws)?;
+    Ok(ws)
 }

@@ -401,6 +401,8 @@ fn the_plan_refuses_bad_tensors() {
 }
 
 mod raw {
+    use super::super::backward::BackwardLaunches;
+    use super::super::raw::workspace_views;
     use super::*;
     use crate::raw::{ElemType, RawTensor};
 
@@ -547,5 +549,230 @@ mod raw {
         .map(|_| ())
         .unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    }
+
+    /// The tensors of a backward of `p` (Q, K, V, O, LSE, dO, dLSE, dQ, dK, dV) at made-up,
+    /// disjoint addresses, each its own storage.
+    fn raw_backward_tensors(p: &AttentionProblem) -> [RawTensor; 10] {
+        let e = match p.dtype {
+            Dtype::Bf16 => ElemType::Bf16,
+            Dtype::F16 => ElemType::F16,
+        };
+        let lse = [p.batch, p.heads_q, p.seq_q];
+        let t = |i: u64, e, shape: &[usize]| RawTensor::contiguous(i << 40, e, shape);
+        [
+            t(1, e, &p.q_shape()),
+            t(2, e, &p.kv_shape()),
+            t(3, e, &p.kv_shape()),
+            t(4, e, &p.q_shape()),
+            t(5, ElemType::F32, &lse),
+            t(6, e, &p.q_shape()),
+            t(7, ElemType::F32, &lse),
+            t(8, e, &p.q_shape()),
+            t(9, e, &p.kv_shape()),
+            t(10, e, &p.kv_shape()),
+        ]
+    }
+
+    fn backward_tensors(t: &[RawTensor; 10], d_lse: bool) -> RawAttentionBackwardTensors<'_> {
+        let [q, k, v, o, lse, d_o, dl, dq, dk, dv] = t;
+        RawAttentionBackwardTensors {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+            d_lse: d_lse.then_some(dl),
+            dq,
+            dk,
+            dv,
+        }
+    }
+
+    /// A workspace of `lens` at made-up addresses apart from the tensors.
+    fn raw_workspace(lens: BackwardWorkspaceLens) -> [RawTensor; 2] {
+        [
+            RawTensor::contiguous(20 << 40, ElemType::F32, &[lens.delta]),
+            RawTensor::contiguous(21 << 40, ElemType::F32, &[lens.dq_accum]),
+        ]
+    }
+
+    /// The launches of the typed backward plan on views of the raw tensors' addresses.
+    fn typed_launches<T: AttentionElem>(
+        p: &AttentionProblem,
+        t: &[RawTensor; 10],
+        opts: BackwardOptions,
+        ws: &BackwardWorkspace<'_>,
+    ) -> BackwardLaunches {
+        let size = std::mem::size_of::<T>();
+        let view = |r: &RawTensor| {
+            let shape: [usize; 4] = r.shape.clone().try_into().unwrap();
+            View::contiguous(dev::<T>(r.ptr, r.storage_bytes / size), shape)
+        };
+        let flat = |r: &RawTensor| dev::<f32>(r.ptr, r.storage_bytes / 4);
+        let typed = AttentionBackwardTensors {
+            q: view(&t[0]),
+            k: view(&t[1]),
+            v: view(&t[2]),
+            o: view(&t[3]),
+            lse: flat(&t[4]),
+            d_o: view(&t[5]),
+            d_lse: Some(flat(&t[6])),
+            dq: view(&t[7]),
+            dk: view(&t[8]),
+            dv: view(&t[9]),
+        };
+        let plan = p.plan_backward(target(Arch::Sm90a), &typed, opts).unwrap();
+        plan.launches(ws).unwrap()
+    }
+
+    #[test]
+    fn the_raw_backward_plan_is_the_typed_plan() {
+        let problems = [
+            AttentionProblem::new(2, 113, 203, 8, 2, 64, Dtype::Bf16).causal(),
+            AttentionProblem::new(1, 1, 1, 4, 4, 128, Dtype::F16).window(Some(3), Some(0)),
+            AttentionProblem::new(3, 239, 17, 6, 1, 256, Dtype::Bf16),
+        ];
+        for p in problems {
+            for deterministic in [false, true] {
+                let opts = BackwardOptions { deterministic };
+                let t = raw_backward_tensors(&p);
+                let (got, raw) = plan_backward_raw(
+                    target(Arch::Sm90a),
+                    &options(&p),
+                    opts,
+                    &backward_tensors(&t, true),
+                )
+                .unwrap();
+                assert_eq!(got, p);
+                let lens =
+                    backward_workspace_lens(&p.q_shape(), &p.kv_shape(), t[0].dtype, opts).unwrap();
+                assert_eq!(lens, p.backward_workspace_lens(opts));
+                assert_eq!(
+                    (raw.delta_len(), raw.dq_accum_len()),
+                    (lens.delta, lens.dq_accum)
+                );
+                let w = raw_workspace(lens);
+                let ws = RawBackwardWorkspace {
+                    delta: &w[0],
+                    dq_accum: (!deterministic).then_some(&w[1]),
+                };
+                let views = workspace_views(&raw, &backward_tensors(&t, true), &ws).unwrap();
+                let got = raw.launches(&views).unwrap();
+                let want = match p.dtype {
+                    Dtype::Bf16 => typed_launches::<bf16>(&p, &t, opts, &views),
+                    Dtype::F16 => typed_launches::<f16>(&p, &t, opts, &views),
+                };
+                for (a, b) in [
+                    (&got.pre, &want.pre),
+                    (&got.dkdv, &want.dkdv),
+                    (&got.dq, &want.dq),
+                ] {
+                    assert_eq!(a.name(), b.name());
+                    assert_eq!(a.config(), b.config());
+                    assert_eq!(format!("{:?}", a.params()), format!("{:?}", b.params()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_raw_backward_refuses_bad_tensors_and_workspaces() {
+        let p = AttentionProblem::new(2, 64, 64, 4, 2, 128, Dtype::Bf16);
+        let good = raw_backward_tensors(&p);
+        let opts = BackwardOptions::default();
+        let lens = p.backward_workspace_lens(opts);
+        let good_ws = raw_workspace(lens);
+        let run = |t: &[RawTensor; 10], w: &[RawTensor; 2], accum: bool| -> Result<()> {
+            let tensors = backward_tensors(t, true);
+            let (_, plan) = plan_backward_raw(
+                target(Arch::Sm90a),
+                &AttentionOptions::default(),
+                opts,
+                &tensors,
+            )?;
+            let ws = RawBackwardWorkspace {
+                delta: &w[0],
+                dq_accum: accum.then_some(&w[1]),
+            };
+            workspace_views(&plan, &tensors, &ws).map(|_| ())
+        };
+        run(&good, &good_ws, true).unwrap();
+        let refuse = |edit: &dyn Fn(&mut [RawTensor; 10]), want: &str| {
+            let mut t = good.clone();
+            edit(&mut t);
+            let e = run(&t, &good_ws, true).unwrap_err();
+            assert!(e.to_string().contains(want), "want {want:?}, got: {e}");
+        };
+        refuse(&|t| t[5].shape[1] = 63, "dO shape");
+        refuse(&|t| t[5].dtype = ElemType::F16, "dO dtype");
+        refuse(&|t| t[6].dtype = ElemType::Bf16, "dLSE dtype");
+        refuse(&|t| t[6].shape[2] = 63, "dLSE shape");
+        refuse(
+            &|t| t[6].strides = vec![1, 2 * 64, 2],
+            "dLSE must be contiguous",
+        );
+        refuse(&|t| t[4].storage_bytes -= 4, "LSE storage");
+        refuse(&|t| t[7].ptr = t[0].ptr, "dQ");
+        refuse(&|t| t[9].shape[2] = 4, "dV shape");
+        refuse(&|t| t[8].strides[3] = 2, "dK head-dimension stride");
+        refuse(&|t| t[0].shape[3] = 96, "head dimension 96");
+        refuse(&|t| t[7].strides[0] = 0, "must not share memory");
+        refuse(&|t| t[8].strides[1] = 8, "must not share memory");
+        // An input may be an expanded view (elements sharing memory), as torch's gradients are.
+        let mut t = good.clone();
+        t[5].strides = vec![0, 0, 0, 1];
+        run(&t, &good_ws, true).unwrap();
+        let refuse_ws = |edit: &dyn Fn(&mut [RawTensor; 2]), accum: bool, want: &str| {
+            let mut w = good_ws.clone();
+            edit(&mut w);
+            let e = run(&good, &w, accum).unwrap_err();
+            assert!(e.to_string().contains(want), "want {want:?}, got: {e}");
+        };
+        refuse_ws(&|_| (), false, "the dQ accumulator is required");
+        refuse_ws(
+            &|w| w[0].shape[0] -= 1,
+            true,
+            "backward workspace delta shape",
+        );
+        refuse_ws(
+            &|w| w[1].dtype = ElemType::Bf16,
+            true,
+            "dQ accumulator dtype",
+        );
+        refuse_ws(
+            &|w| {
+                w[1].ptr += 4;
+                w[1].storage_bytes += 4;
+                w[1].shape[0] -= 1;
+            },
+            true,
+            "dQ accumulator shape",
+        );
+        refuse_ws(
+            &|w| {
+                w[1].ptr += 4;
+                w[1].storage_ptr = w[1].ptr;
+            },
+            true,
+            "dQ accumulator must be aligned to 16 bytes",
+        );
+        refuse_ws(
+            &|w| {
+                w[0].ptr = good[7].ptr;
+                w[0].storage_ptr = w[0].ptr;
+            },
+            true,
+            "backward workspace delta: the output overlaps dQ",
+        );
+        refuse_ws(
+            &|w| {
+                w[1].ptr = w[0].ptr;
+                w[1].storage_ptr = w[0].ptr;
+            },
+            true,
+            "overlaps",
+        );
     }
 }

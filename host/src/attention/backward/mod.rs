@@ -17,7 +17,7 @@ mod run;
 
 pub use plan::{
     AttentionBackwardPlan, AttentionBackwardTensors, BackwardLaunches, BackwardOptions,
-    BackwardPath, BackwardWorkspace,
+    BackwardPath, BackwardWorkspace, BackwardWorkspaceLens,
 };
 pub use run::backward;
 

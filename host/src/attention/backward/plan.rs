@@ -165,8 +165,8 @@ fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
 impl AttentionProblem {
     /// Plan the backward pass on `tensors` for `target`. Validates the problem, every view
     /// (as the forward validates its views: shape, contiguous head dimension, 16-byte aligned
-    /// start and strides, in bounds), LSE's and dLSE's lengths, and that the outputs overlap
-    /// neither each other nor the inputs.
+    /// start and strides, in bounds), LSE's and dLSE's lengths, that no output has elements
+    /// sharing memory, and that the outputs overlap neither each other nor the inputs.
     pub fn plan_backward<T: AttentionElem>(
         &self,
         target: Target,
@@ -193,6 +193,9 @@ impl AttentionProblem {
         t.dq.check("dQ", self.q_shape())?;
         t.dk.check("dK", self.kv_shape())?;
         t.dv.check("dV", self.kv_shape())?;
+        t.dq.check_distinct("dQ")?;
+        t.dk.check_distinct("dK")?;
+        t.dv.check_distinct("dV")?;
         for (what, len) in [
             ("LSE", Some(t.lse.len())),
             ("dLSE", t.d_lse.map(|d| d.len())),
@@ -273,6 +276,7 @@ impl AttentionProblem {
         };
         let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
         let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
+        let workspace = self.backward_workspace_lens(options);
         Ok(AttentionBackwardPlan {
             path: BackwardPath::MmaSync,
             kernels,
@@ -281,14 +285,33 @@ impl AttentionProblem {
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
             dkdv_grid: (sk.div_ceil(kernels.tiles.block_n), hkv, b),
             dq_grid: (sq.div_ceil(kernels.dq_tiles.block_m), hq, b),
-            delta_len: self.lse_len(),
-            dq_accum_len: if options.deterministic {
+            delta_len: workspace.delta,
+            dq_accum_len: workspace.dq_accum,
+        })
+    }
+
+    /// The f32 elements of the backward's workspace with `options` (what the plan reports as
+    /// [`AttentionBackwardPlan::delta_len`] and [`AttentionBackwardPlan::dq_accum_len`]), for
+    /// a caller that allocates it before planning.
+    pub fn backward_workspace_lens(&self, options: BackwardOptions) -> BackwardWorkspaceLens {
+        BackwardWorkspaceLens {
+            delta: self.lse_len(),
+            dq_accum: if options.deterministic {
                 0
             } else {
                 self.lse_len() * self.head_dim
             },
-        })
+        }
     }
+}
+
+/// The f32 elements of a backward's workspace ([`BackwardWorkspace`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardWorkspaceLens {
+    /// `delta'`: `batch heads_q seq_q`.
+    pub delta: usize,
+    /// The dQ accumulator: `batch heads_q seq_q D`, 0 in deterministic mode.
+    pub dq_accum: usize,
 }
 
 impl AttentionBackwardPlan {
