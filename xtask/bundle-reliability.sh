@@ -6,8 +6,10 @@
 #      racecheck the largest problems (large_offsets_*, semicrf scale/) shrink the dimensions
 #      that do not change any shared-memory protocol and print the size they ran
 #      (tests/src/lib.rs, racecheck_size); memcheck, synccheck and initcheck run them in full;
-#   2. the negative controls: racecheck must report hazards on the kernel without its barrier,
-#      and the reference tests must catch both controls (test-reliability negative_*);
+#   2. the negative controls: racecheck must report hazards on the kernels without a barrier
+#      (the block reduction, the attention backward's dS^T tile), the reference tests must catch
+#      the reduction's and the semi-CRF's, and the emulator both barrier controls
+#      (test-reliability negative_*);
 #   3. RESULTS_DIR/reliability.json (device, driver, commit, date, family "reliability", rows of
 #      {kernel: test binary, tool, errors, hazards, status, seconds}) and a summary table.
 # Exit status 0 only if every sanitizer run is clean and every control is caught.
@@ -143,6 +145,8 @@ control negative_block_reduce_no_barrier racecheck hazards negative_reduce_no_ba
 control negative_block_reduce_no_barrier none pass negative_reduce_no_barrier_wrong
 control negative_semicrf_marginals_aliased none pass negative_semicrf_aliased_wrong
 control emulator_no_barrier none pass negative_emulated_reduce_barrier_hazard
+control negative_attention_bwd_no_ds_barrier racecheck hazards negative_attention_bwd_no_ds_barrier_racecheck_target
+control emulator_attention_bwd_no_ds_barrier none pass negative_emulated_attention_bwd_ds_barrier_hazard
 
 # reliability.json and the table.
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)

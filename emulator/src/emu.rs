@@ -18,10 +18,10 @@
 //!   rounding is libm's, more accurate);
 //! - a barrier that waits longer than [`DEADLOCK_SECS`] fails the launch (a real GPU would hang);
 //! - shared-memory hazards between warps are detected, whatever the order the threads happened
-//!   to run in (see [`track_smem`]): a typed load or store (`SmemValue`, `SmemArray`) of one
-//!   warp that conflicts with a store (or, for a store, a load) of another warp between the
-//!   same two block barriers fails the launch, as compute-sanitizer's racecheck reports it.
-//!   Accesses through generic pointers, `ldmatrix` and `cp.async` are not tracked.
+//!   to run in (see [`track_smem`]): a typed load or store (`SmemValue`, `SmemArray`) or an
+//!   `ldmatrix` row of one warp that conflicts with a store (or, for a store, a load) of
+//!   another warp between the same two block barriers fails the launch, as compute-sanitizer's
+//!   racecheck reports it. Accesses through generic pointers and `cp.async` are not tracked.
 //!
 //! It checks the logic of a kernel (indexing, fragment layouts, barrier counts, arithmetic) and
 //! the barrier protocol of its typed shared-memory accesses, not its timing; racecheck covers

@@ -13,7 +13,13 @@
 //!   `partials` slice (a workspace shared between segments): the duration and transition gradients
 //!   are wrong (the other slice keeps its NaN poison). A global-memory race, which racecheck
 //!   does not see: the reference tests catch it.
+//! - `negative_attention_bwd_no_ds_barrier`: `attention_bwd_bf16_d64` without barrier (B) of its
+//!   protocol (`attention::backward`'s dK/dV kernel), between the warps' stores of the `dS^T`
+//!   tile and every warp's `ldmatrix` reads of it for the dQ product: a read-after-write race
+//!   on shared memory. Racecheck must report hazards and the emulator reports them on the CPU;
+//!   dK and dV do not depend on the tile and stay right.
 
+use kernel_abi::attention::backward::AttentionBwdParams;
 use kernel_abi::semicrf::MarginalParams;
 use kernel_abi::smoke::ReduceParams;
 
@@ -37,4 +43,17 @@ pub unsafe extern "ptx-kernel" fn negative_semicrf_marginals_aliased(p: Marginal
     crate::launch_bounds!(negative_semicrf_marginals_aliased in kernel_abi::semicrf::NEGATIVE);
     // SAFETY: forwarded to the caller.
     unsafe { crate::semicrf::marginals::marginals::<true>(p) }
+}
+
+/// `attention_bwd_bf16_d64` without barrier (B) (see the module documentation).
+///
+/// # Safety
+/// As for `attention_bwd_bf16_d64`; its dQ is undefined (a data race on shared memory).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn negative_attention_bwd_no_ds_barrier(p: AttentionBwdParams) {
+    crate::launch_bounds!(
+        negative_attention_bwd_no_ds_barrier in kernel_abi::attention::backward::NEGATIVE
+    );
+    // SAFETY: forwarded to the caller.
+    unsafe { crate::attention::backward::dkdv_dq_without_ds_barrier(&p) }
 }

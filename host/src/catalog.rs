@@ -9,6 +9,10 @@ use kernel_abi::KernelDecl;
 /// The kernel tables of the families (`kernel_abi::<family>::KERNELS`).
 pub const FAMILIES: &[(&str, &[KernelDecl])] = &[
     ("attention", kernel_abi::attention::KERNELS),
+    (
+        "attention negative controls",
+        kernel_abi::attention::backward::NEGATIVE,
+    ),
     ("gemm", kernel_abi::gemm::KERNELS),
     ("gla", kernel_abi::gla::KERNELS),
     ("mhc", kernel_abi::mhc::KERNELS),

@@ -1,13 +1,17 @@
-//! Launcher of the semi-CRF negative control (`gpu-kernels/src/negative.rs`): a kernel with a
-//! deliberate bug, for the reliability tests only (feature `negative-controls`; the rest of the
-//! library never launches it; the block-reduction control is launched by `kernels-testing`).
-//! Its results are wrong by design; what the tests check is that the reference checks notice.
+//! Launchers of the semi-CRF and attention-backward negative controls
+//! (`gpu-kernels/src/negative.rs`): kernels with a deliberate bug, for the reliability tests only
+//! (feature `negative-controls`; the rest of the library never launches them; the
+//! block-reduction control is launched by `kernels-testing`). Their results are wrong by design;
+//! what the tests check is that the reference checks, racecheck and the emulator notice.
 
-use crate::error::Result;
-use crate::exec::OnStream;
+use crate::attention::{AttentionBackwardPlan, BackwardWorkspace, Dtype};
+use crate::error::{Error, Result};
+use crate::exec::{Exec, OnStream};
 use crate::gpu::Gpu;
+use crate::launch::Launch;
 use crate::semicrf::{DeviceInputs, ForwardState, Gradients, SemiCrfProblem};
 use cust::stream::Stream;
+use kernel_abi::attention::backward::NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER;
 use kernel_abi::semicrf::NEGATIVE_SEMICRF_MARGINALS_ALIASED;
 
 /// `semicrf::forward_backward_launch` with `negative_semicrf_marginals_aliased` (segments
@@ -26,4 +30,42 @@ pub fn semicrf_forward_backward_aliased_launch(
     // (state and gradients mutably); the inputs were validated at upload. The negative kernel
     // has the parameters and launch shape of `semicrf_marginals`.
     unsafe { plan.run(&OnStream { gpu, stream }) }
+}
+
+/// `AttentionBackwardPlan::run` with `negative_attention_bwd_no_ds_barrier` (no barrier between
+/// the `dS^T` stores and their reads) in place of the dK/dV kernel `attention_bwd_bf16_d64`, on
+/// `exec` (a stream or the emulator). The plan must be of a bf16 problem with D = 64 and dQ by
+/// atomics (not deterministic): the kernel the control replaces; otherwise
+/// `Error::InvalidArgument`.
+///
+/// # Safety
+/// As for `AttentionBackwardPlan::run`.
+pub unsafe fn attention_backward_no_ds_barrier_run(
+    plan: &AttentionBackwardPlan,
+    exec: &impl Exec,
+    ws: &BackwardWorkspace<'_>,
+) -> Result<()> {
+    let k = plan.kernels();
+    if k.dtype != Dtype::Bf16 || k.head_dim != 64 || plan.deterministic() {
+        return Err(Error::invalid(
+            "negative control",
+            "negative_attention_bwd_no_ds_barrier replaces attention_bwd_bf16_d64: a bf16, \
+             D = 64 plan with dQ by atomics",
+        ));
+    }
+    let l = plan.launches(ws)?;
+    let dkdv = Launch::new(
+        &NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER,
+        l.dkdv.config().grid,
+        k.tiles,
+        *l.dkdv.params(),
+    );
+    // SAFETY: as in `AttentionBackwardPlan::run` (the caller's contract): the plan checked the
+    // tensors and `launches` the workspace; the negative kernel has the parameters, launch shape
+    // and shared memory of the kernel it replaces, and the launches run in the plan's order.
+    unsafe {
+        exec.launch(&l.pre)?;
+        exec.launch(&dkdv)?;
+        exec.launch(&l.dq)
+    }
 }

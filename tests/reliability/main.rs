@@ -117,6 +117,15 @@ fn main() {
         Needs::Gpu,
         negative::reduce_no_barrier_racecheck_target,
     );
+    s.cpu(
+        "negative_emulated_attention_bwd_ds_barrier_hazard",
+        negative::emulated_attention_bwd_ds_barrier_hazard,
+    );
+    s.gpu(
+        "negative_attention_bwd_no_ds_barrier_racecheck_target",
+        Needs::Gpu,
+        negative::attention_bwd_no_ds_barrier_racecheck_target,
+    );
     s.gpu(
         "negative_semicrf_aliased_wrong",
         Needs::Gpu,

@@ -5,10 +5,17 @@
 use kernel_abi::smoke::{NEGATIVE_BLOCK_REDUCE_NO_BARRIER, ReduceParams, SMOKE_BLOCK_REDUCE};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{TestResult, check_close, ensure, gpu_ok};
+use kernels::Arch;
+use kernels::attention::reference::{self as attention_reference, AttentionGrads};
+use kernels::attention::{
+    self, AttentionBackwardPlan, AttentionBackwardTensors, AttentionProblem, BackwardOptions,
+    BackwardWorkspace, Dtype, Target, View,
+};
+use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
 use kernels::mhc::Exec;
 use kernels::semicrf::{self, SemiCrfProblem};
-use kernels::{Gpu, Kernel, Launch};
+use kernels::{Gpu, Kernel, Launch, bf16};
 
 pub fn emulated_reduce_barrier_hazard() -> TestResult {
     // The emulator finds the missing barrier whatever the order its threads run in, and the
@@ -160,4 +167,230 @@ pub fn semicrf_aliased_wrong(g: &'static Gpu) -> TestResult {
     ensure(caught, || {
         "the reference check did not catch the aliased workspaces".into()
     })
+}
+
+/// The attention backward case of the `dS^T` barrier control: bf16, D = 64 (the kernel the
+/// control replaces), two key blocks, two query heads per key/value head and two query blocks
+/// each (four steps per block), a causal mask; its inputs (Q, K, V, dO uniform in `[-1, 1)`, O
+/// and LSE the f64 reference forward's) and reference gradients.
+struct BwdControlCase {
+    p: AttentionProblem,
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    o: Vec<bf16>,
+    lse: Vec<f32>,
+    d_o: Vec<bf16>,
+    want: AttentionGrads,
+    naive: AttentionGrads,
+}
+
+fn bwd_control_case() -> BwdControlCase {
+    let mut p = AttentionProblem::new(1, 60, 70, 2, 1, 64, Dtype::Bf16);
+    p.causal = true;
+    let (q, k, v) = kernels_testing::attention::random_inputs::<bf16>(&p, 1.0, 31);
+    let mut r = kernels::data::rng(32);
+    let d_o = kernels::data::uniform_bf16(&mut r, q.len(), -1.0, 1.0);
+    let fwd = attention::reference(&p, &q, &k, &v);
+    let o = fwd.o.iter().map(|&x| bf16::from_f64(x)).collect();
+    let lse = fwd.lse.iter().map(|&x| x as f32).collect();
+    let want = attention_reference::backward(&p, &q, &k, &v, &d_o, None);
+    let naive = attention::naive_backward_same_precision(&p, &q, &k, &v, &d_o, None);
+    BwdControlCase {
+        p,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        d_o,
+        want,
+        naive,
+    }
+}
+
+/// `max |got - want|` of each of dQ, dK, dV against the reference (infinite for a NaN), and the
+/// backward tests' tolerance (`attention::reference::backward_tolerance`).
+fn bwd_errors(c: &BwdControlCase, got: [&[bf16]; 3]) -> [(&'static str, f64, f64); 3] {
+    let max_diff = |a: &mut dyn Iterator<Item = (f64, f64)>| {
+        a.map(|(x, y)| {
+            let d = (x - y).abs();
+            if d.is_nan() { f64::INFINITY } else { d }
+        })
+        .fold(0.0, f64::max)
+    };
+    let refs = [
+        ("dQ", &c.want.dq, &c.naive.dq),
+        ("dK", &c.want.dk, &c.naive.dk),
+        ("dV", &c.want.dv, &c.naive.dv),
+    ];
+    core::array::from_fn(|i| {
+        let (name, w, n) = refs[i];
+        let err = max_diff(&mut got[i].iter().map(|x| x.to_f64()).zip(w.iter().copied()));
+        let naive = max_diff(&mut n.iter().copied().zip(w.iter().copied()));
+        let max_ref = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let tol = attention_reference::backward_tolerance(naive, max_ref);
+        (name, err, tol)
+    })
+}
+
+/// Run `plan` (the library's kernels) or, with `negative`, the `dS^T` barrier control on `exec`.
+///
+/// # Safety
+/// As for `AttentionBackwardPlan::run`.
+unsafe fn run_bwd(
+    plan: &AttentionBackwardPlan,
+    exec: &impl Exec,
+    ws: &BackwardWorkspace<'_>,
+    negative: bool,
+) -> kernels::Result<()> {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if negative {
+            kernels::negative::attention_backward_no_ds_barrier_run(plan, exec, ws)
+        } else {
+            plan.run(exec, ws)
+        }
+    }
+}
+
+pub fn emulated_attention_bwd_ds_barrier_hazard() -> TestResult {
+    // The emulator finds the missing barrier whatever the order its threads run in, and the
+    // correct kernel (same body, with the barrier) passes the reference check on the same input.
+    let c = bwd_control_case();
+    let p = &c.p;
+    let run = |negative: bool, deterministic: bool| -> Result<[Vec<bf16>; 3], String> {
+        let (mut q, mut k, mut v, mut o, mut d_o) = (
+            HostBuf::from_slice(&c.q),
+            HostBuf::from_slice(&c.k),
+            HostBuf::from_slice(&c.v),
+            HostBuf::from_slice(&c.o),
+            HostBuf::from_slice(&c.d_o),
+        );
+        let mut lse = HostBuf::from_slice(&c.lse);
+        let nan = bf16::from_f32(f32::NAN);
+        let mut dq = HostBuf::filled(c.q.len(), nan);
+        let mut dk = HostBuf::filled(c.k.len(), nan);
+        let mut dv = HostBuf::filled(c.k.len(), nan);
+        let (qs, ks) = (p.q_shape(), p.kv_shape());
+        let tensors = AttentionBackwardTensors {
+            q: View::contiguous(q.view(), qs),
+            k: View::contiguous(k.view(), ks),
+            v: View::contiguous(v.view(), ks),
+            o: View::contiguous(o.view(), qs),
+            d_o: View::contiguous(d_o.view(), qs),
+            lse: lse.view(),
+            d_lse: None,
+            dq: View::contiguous(dq.view(), qs),
+            dk: View::contiguous(dk.view(), ks),
+            dv: View::contiguous(dv.view(), ks),
+        };
+        let target = Target {
+            arch: Arch::Sm80,
+            multiprocessors: 1,
+        };
+        let plan = p
+            .plan_backward(target, &tensors, BackwardOptions { deterministic })
+            .map_err(|e| e.to_string())?;
+        let mut delta = HostBuf::filled(plan.delta_len(), f32::NAN);
+        let mut accum =
+            (plan.dq_accum_len() > 0).then(|| HostBuf::filled(plan.dq_accum_len(), f32::NAN));
+        let ws = BackwardWorkspace {
+            delta: delta.view(),
+            dq_accum: accum.as_mut().map(|a| a.view()),
+        };
+        // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
+        // (synchronous) emulated launches; the workspace is separate memory.
+        unsafe { run_bwd(&plan, &Emulator, &ws, negative) }.map_err(|e| e.to_string())?;
+        Ok([dq.to_vec(), dk.to_vec(), dv.to_vec()])
+    };
+    let [dq, dk, dv] = run(false, false).map_err(|e| format!("the correct kernels failed: {e}"))?;
+    for (name, err, tol) in bwd_errors(&c, [&dq, &dk, &dv]) {
+        println!(
+            "emulated attention_bwd_bf16_d64: {name} max error {err:.3e} (tolerance {tol:.3e})"
+        );
+        ensure(err <= tol, || {
+            format!("the correct kernels: {name} max error {err:.3e} > tolerance {tol:.3e}")
+        })?;
+    }
+    let err = run(true, false)
+        .err()
+        .ok_or("the emulator did not report the missing dS^T barrier")?;
+    ensure(err.contains("hazard"), || {
+        format!("unexpected failure: {err}")
+    })?;
+    println!("emulator: {err}");
+    // A plan without the kernel the control replaces is a typed error, before any launch.
+    let err = run(true, true)
+        .err()
+        .ok_or("the control ran on a deterministic plan")?;
+    ensure(err.contains("replaces attention_bwd_bf16_d64"), || {
+        format!("unexpected failure: {err}")
+    })
+}
+
+pub fn attention_bwd_no_ds_barrier_racecheck_target(g: &'static Gpu) -> TestResult {
+    // One small backward with the control for racecheck (bundle/reliability.sh expects hazards
+    // here). The test checks what the race leaves alone: dK and dV (which never read the dS^T
+    // tile) within the tolerance (every element written: the outputs are poisoned with NaN);
+    // dQ's error is printed only.
+    let c = bwd_control_case();
+    let p = &c.p;
+    let stream = gpu_ok(g.stream())?;
+    let run = || -> kernels::Result<[Vec<bf16>; 3]> {
+        let (q, k, v, o, d_o) = (
+            upload(&c.q)?,
+            upload(&c.k)?,
+            upload(&c.v)?,
+            upload(&c.o)?,
+            upload(&c.d_o)?,
+        );
+        let lse = upload(&c.lse)?;
+        let (dq, dk, dv) = (
+            poisoned::<bf16>(c.q.len())?,
+            poisoned::<bf16>(c.k.len())?,
+            poisoned::<bf16>(c.k.len())?,
+        );
+        let (qs, ks) = (p.q_shape(), p.kv_shape());
+        let tensors = AttentionBackwardTensors {
+            q: View::contiguous(&q, qs),
+            k: View::contiguous(&k, ks),
+            v: View::contiguous(&v, ks),
+            o: View::contiguous(&o, qs),
+            d_o: View::contiguous(&d_o, qs),
+            lse: (&lse).into(),
+            d_lse: None,
+            dq: View::contiguous(&dq, qs),
+            dk: View::contiguous(&dk, ks),
+            dv: View::contiguous(&dv, ks),
+        };
+        let plan = p.plan_backward(Target::of(g), &tensors, BackwardOptions::default())?;
+        let delta = poisoned::<f32>(plan.delta_len())?;
+        let accum = poisoned::<f32>(plan.dq_accum_len())?;
+        let ws = BackwardWorkspace {
+            delta: (&delta).into(),
+            dq_accum: Some((&accum).into()),
+        };
+        let exec = OnStream {
+            gpu: g,
+            stream: &stream,
+        };
+        // SAFETY: the views cover live device buffers (checked by the plan) that outlive the
+        // launches (synchronized below); the workspace is separate memory.
+        unsafe { run_bwd(&plan, &exec, &ws, true) }?;
+        g.sync(&stream, "negative attention backward")?;
+        Ok([download(&dq)?, download(&dk)?, download(&dv)?])
+    };
+    let [dq, dk, dv] = gpu_ok(run())?;
+    let [(_, dq_err, _), dk_check, dv_check] = bwd_errors(&c, [&dq, &dk, &dv]);
+    println!("negative_attention_bwd_no_ds_barrier: dQ max error {dq_err:.3e} (racy, not checked)");
+    for (name, err, tol) in [dk_check, dv_check] {
+        println!(
+            "negative_attention_bwd_no_ds_barrier: {name} max error {err:.3e} (tolerance {tol:.3e})"
+        );
+        ensure(err <= tol, || {
+            format!("{name} max error {err:.3e} > tolerance {tol:.3e}")
+        })?;
+    }
+    Ok(())
 }

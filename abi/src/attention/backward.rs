@@ -463,6 +463,21 @@ pub const BWD_KERNELS: [BwdKernels; 6] = [
     ),
 ];
 
+/// `negative_attention_bwd_no_ds_barrier`: `attention_bwd_bf16_d64` without the barrier between
+/// the warps' `dS^T` stores and their reads for the dQ product, a negative control for the test
+/// suites (`gpu-kernels/src/negative.rs`); the launch shape, parameters and shared memory of
+/// `attention_bwd_bf16_d64` (`BWD_KERNELS[0].dkdv_dq`).
+pub const NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER: Kernel<AttentionBwdParams, BwdTileConfig> =
+    Kernel::new(
+        "negative_attention_bwd_no_ds_barrier",
+        bwd_tile_config_of(64).threads(),
+        bwd_tile_config_of(64).blocks_per_sm,
+        smem_with_dq,
+    );
+
+/// The backward's negative controls (never launched by the library).
+pub const NEGATIVE: &[KernelDecl] = &[NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER.info()];
+
 /// Backward kernels in [`BWD_KERNELS`] (five per entry).
 pub const BWD_KERNEL_COUNT: usize = 5 * BWD_KERNELS.len();
 

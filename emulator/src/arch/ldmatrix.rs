@@ -1,7 +1,9 @@
 //! Emulated `ldmatrix.sync.aligned.m8n8.{x4,x2}[.trans].shared.b16` (see the device module for
 //! the fragment layout): lanes publish their row addresses, each lane gathers its registers.
+//! Each lane's row (16 bytes) counts as a load of its warp for the hazard detector
+//! (`crate::emu::track_smem`), as racecheck sees `ldmatrix`.
 
-use crate::emu::{ctx, smem_ptr, warp_exchange};
+use crate::emu::{ctx, smem_ptr, track_smem, warp_exchange};
 
 fn row(addr: u32) -> u32 {
     // Every row address is 16 bytes of shared memory, 16-byte aligned.
@@ -21,6 +23,10 @@ fn read_u32(addr: u32) -> u32 {
 
 fn load<const R: usize>(addr: u32, trans: bool) -> [u32; R] {
     let l = ctx().tid % 32;
+    // Lanes 0..8 R give the rows (the others' addresses are ignored, as on the device).
+    if (l as usize) < 8 * R {
+        track_smem(row(addr), 16, false);
+    }
     warp_exchange(&[addr], |get| {
         core::array::from_fn(|j| {
             let j = j as u32;

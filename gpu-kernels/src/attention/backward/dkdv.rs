@@ -70,6 +70,10 @@ fn load<const D: u32, const RB: u32, const ROWS: u32, const THREADS: u32>(
 /// The kernel body; see the module documentation. `RB` bytes per padded `[.., D]` row,
 /// `DSRB` per padded `dS^T` row, `KD = D / 16`, `NTQ = BM / 8`, `KQ = BM / 16`, `KN = BN / 16`,
 /// `WT = D / d_split / 8` (dK/dV n8 tiles of a warp), `QT` dQ n8 tiles of a warp.
+/// `DS_BARRIER = false` (with `DQ`) is the negative control
+/// `negative_attention_bwd_no_ds_barrier` (`crate::negative`), never launched by the library:
+/// barrier (B) is left out, so warps read rows of the `dS^T` tile that other warps are still
+/// storing (a shared-memory read-after-write race; dK and dV are unaffected, dQ is not).
 ///
 /// # Safety
 /// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)`, the configuration's threads and
@@ -91,6 +95,7 @@ pub(super) unsafe fn dkdv<
     const QT: usize,
     const THREADS: u32,
     const DQ: bool,
+    const DS_BARRIER: bool,
 >(
     p: &AttentionBwdParams,
     cfg: &BwdTileConfig,
@@ -276,8 +281,10 @@ pub(super) unsafe fn dkdv<
                         }
                     }
                 }
-                // SAFETY: barrier (B); every thread reaches it once per iteration.
-                unsafe { sync::sync_threads() };
+                if DS_BARRIER {
+                    // SAFETY: barrier (B); every thread reaches it once per iteration.
+                    unsafe { sync::sync_threads() };
+                }
                 let mq = warp % (BM / 16);
                 let cg = warp / (BM / 16);
                 // The warp's dQ columns in passes of `DQ_PASS` n8 tiles (fewer live registers

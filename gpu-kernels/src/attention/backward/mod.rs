@@ -30,9 +30,12 @@ use kernel_abi::attention::backward::{
 };
 
 /// The body of a dK/dV kernel for element type `$elem`, head dimension `$d`, with (`true`) or
-/// without the dQ atomics.
+/// without the dQ atomics; `$ds_barrier = false` only in the negative control.
 macro_rules! dkdv_body {
-    ($p:expr, $elem:ty, $d:expr, $with_dq:expr) => {{
+    ($p:expr, $elem:ty, $d:expr, $with_dq:expr) => {
+        dkdv_body!($p, $elem, $d, $with_dq, true)
+    };
+    ($p:expr, $elem:ty, $d:expr, $with_dq:expr, $ds_barrier:expr) => {{
         const CFG: BwdTileConfig = bwd_tile_config_of($d);
         dkdv::dkdv::<
             $elem,
@@ -49,6 +52,7 @@ macro_rules! dkdv_body {
             { (CFG.dq_cols() / 8) as usize },
             { CFG.threads() },
             $with_dq,
+            $ds_barrier,
         >(&$p, &CFG)
     }};
 }
@@ -151,3 +155,34 @@ backward_kernels! {
     attention_bwd_dq_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(p, F16, 128);
     attention_bwd_dq_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(p, F16, 256);
 }
+
+/// The body of the negative control `negative_attention_bwd_no_ds_barrier`
+/// (`crate::negative`): `attention_bwd_bf16_d64` without barrier (B) of [`dkdv`]'s protocol.
+///
+/// # Safety
+/// As for `attention_bwd_bf16_d64`; its dQ is undefined (a data race on shared memory).
+#[inline(always)]
+pub(crate) unsafe fn dkdv_dq_without_ds_barrier(p: &AttentionBwdParams) {
+    // SAFETY: forwarded to the caller.
+    unsafe { dkdv_body!(p, Bf16, 64, true, false) }
+}
+
+/// The negative control of the backward, for the CPU emulator (`crate::emu`).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const NEGATIVE_EMU_KERNELS: &[crate::emu::EmuKernel] = &[crate::emu::EmuKernel {
+    name: kernel_abi::attention::backward::NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER.name,
+    params: core::mem::size_of::<AttentionBwdParams>(),
+    threads: kernel_abi::attention::backward::NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER.threads,
+    run: {
+        unsafe fn run(ptr: *const u8) {
+            // SAFETY: the emulator passes a parameter struct of this kernel's type (it checks
+            // the size), whose contract the caller upholds.
+            unsafe {
+                dkdv_dq_without_ds_barrier(&core::ptr::read_unaligned(
+                    ptr as *const AttentionBwdParams,
+                ))
+            }
+        }
+        run
+    },
+}];
