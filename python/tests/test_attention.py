@@ -362,9 +362,12 @@ def grads_reference(q, k, v, dout, dlse, scale, allowed, dtype):
 def run_backward_case(b, sq, sk, hq, hkv, d, dtype, causal, window, scale, with_dlse):
     """The gradients of flash_attn_func through autograd, in both modes (atomic dQ and
     deterministic), against the f64 reference with FlashAttention's rule per gradient G:
-    max |G - ref| <= 2 max |G_naive - ref| + 1e-3 max |ref| + 1e-6 (as
-    tests/attention/backward.rs); every element finite (the gradients' memory poisoned with NaN
-    first)."""
+    max |G - ref| <= 2 max |G_naive - ref| + 1e-3 max |ref| + 1e-6 m (as
+    tests/attention/backward.rs, whose inputs lie in [-1, 1): there m = 1); m = max|dO| max|V|
+    max(max|Q|, max|K|) scales the absolute floor to these normal inputs. The floor covers the
+    f32 rounding of dP - delta where the exact gradient is 0 (a row with one key: dP = delta
+    exactly, and the kernels sum the two in different orders), which grows with those
+    magnitudes; every element finite (the gradients' memory poisoned with NaN first)."""
     g = torch.Generator(device="cuda").manual_seed(SEED + 3 * sq + 5 * sk + d)
     dev = torch.device("cuda")
     q = torch.randn(b, sq, hq, d, device=dev, dtype=dtype, generator=g)
@@ -373,6 +376,8 @@ def run_backward_case(b, sq, sk, hq, hkv, d, dtype, causal, window, scale, with_
     dout = torch.randn(b, sq, hq, d, device=dev, dtype=dtype, generator=g)
     dlse = torch.randn(b, hq, sq, device=dev, generator=g) if with_dlse else None
     eff_scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    mag = lambda t: t.abs().max().item()
+    abs_floor = 1e-6 * mag(dout) * mag(v) * max(mag(q), mag(k))
     allowed = allowed_mask(sq, sk, causal, window, dev)
     ref = grads_reference(q, k, v, dout, dlse, eff_scale, allowed, torch.float64)
     naive = grads_reference(q, k, v, dout, dlse, eff_scale, allowed, dtype)
@@ -406,7 +411,7 @@ def run_backward_case(b, sq, sk, hq, hkv, d, dtype, causal, window, scale, with_
             assert torch.isfinite(gk).all(), f"{mode}: {name} has NaN or inf (or an unwritten element)"
             err = (gk - gr).abs().max().item()
             naive_err = (gn - gr).abs().max().item()
-            tol = 2 * naive_err + 1e-3 * gr.abs().max().item() + 1e-6
+            tol = 2 * naive_err + 1e-3 * gr.abs().max().item() + abs_floor
             parts.append(f"{name} {err:.2e} (tol {tol:.2e}, naive {naive_err:.2e})")
             assert err <= tol, f"{mode}: " + ", ".join(parts)
         details.append(f"{mode}: " + ", ".join(parts))

@@ -383,9 +383,10 @@ fn deterministic_bitwise(g: &Gpu) -> TestResult {
         deterministic: true,
     };
     let runs = (|| {
+        // The stream first: it makes the GPU's context current on this thread.
+        let s1 = g.stream()?;
         let d = dev_case(&x)?;
         let mut runs = Vec::new();
-        let s1 = g.stream()?;
         for _ in 0..20 {
             runs.push(device_backward(g, &s1, &b.c.p, &d, options)?);
         }
@@ -488,8 +489,10 @@ fn raw_api(g: &Gpu) -> TestResult {
     let p = b.c.p.clone();
     let x = inputs::<bf16>(&b);
     let out = (|| -> kernels::Result<_> {
-        let d = dev_case(&x)?;
+        // The stream first: it makes the GPU's context current on this thread, which the
+        // uploads need.
         let stream = g.stream()?;
+        let d = dev_case(&x)?;
         let det = BackwardOptions {
             deterministic: true,
         };
