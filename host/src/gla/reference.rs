@@ -19,7 +19,8 @@
 mod backward;
 
 pub use backward::{
-    ExactInputs, Gradients, OutputGrads, backward, backward_head, clamped_recurrence,
+    ExactInputs, Gradients, OutputGrads, backward, backward_head, block_state_gradients,
+    clamped_recurrence,
 };
 
 use super::{GlaProblem, SegmentPlan};

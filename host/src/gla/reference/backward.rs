@@ -246,6 +246,58 @@ pub fn backward_head(
     Ok(walk_backward(p, x, dy, seq, start, len, head))
 }
 
+/// The state gradients of one (sequence, head) that the backward kernels store: for every
+/// block `j` of `block` tokens of the sequence (the last may be shorter), `G_j` `[dk][dv]`, the
+/// derivative of `L` with respect to the state after the block's last token through everything
+/// after that token (`dS^final` for the last block; `dS_t - scale q_t^T dO_t` at that token
+/// `t` in the notation of the module documentation), in order; and `dS_0`.
+pub fn block_state_gradients(
+    p: &GlaProblem,
+    x: &ExactInputs,
+    dy: &OutputGrads,
+    seq: usize,
+    head: usize,
+    block: usize,
+) -> Result<(Vec<Vec<f64>>, Vec<f64>)> {
+    x.validate(p)?;
+    dy.validate(p)?;
+    let seqs = p.sequences();
+    let (start, len) = *seqs.get(seq).ok_or_else(|| {
+        Error::invalid("GLA sequence", format!("{seq} >= {} sequences", seqs.len()))
+    })?;
+    if head >= p.heads || block == 0 {
+        return Err(Error::invalid(
+            "GLA head or block",
+            format!("head {head} of {}, block {block}", p.heads),
+        ));
+    }
+    let (h_n, dk, dv) = (p.heads, p.dk, p.dv);
+    let sz = dk * dv;
+    let scale = p.output_scale() as f64;
+    let at = (seq * h_n + head) * sz;
+    let mut ds: Vec<f64> = match dy.d_final_state {
+        Some(f) => f[at..at + sz].to_vec(),
+        None => vec![0.0; sz],
+    };
+    let mut blocks = vec![Vec::new(); len.div_ceil(block)];
+    for i in (0..len).rev() {
+        if (i + 1) % block == 0 || i + 1 == len {
+            blocks[i / block] = ds.clone();
+        }
+        let t = start + i;
+        let qk = (t * h_n + head) * dk;
+        let vo = (t * h_n + head) * dv;
+        for d in 0..dk {
+            let (a, _) = x.decay(p, t, head, d);
+            for e in 0..dv {
+                let v = ds[d * dv + e] + scale * x.q[qk + d] * dy.d_o[vo + e];
+                ds[d * dv + e] = a * v;
+            }
+        }
+    }
+    Ok((blocks, ds))
+}
+
 /// The reverse sweep over one (sequence, head) (validated inputs), in the layout of
 /// [`backward_head`].
 fn walk_backward(

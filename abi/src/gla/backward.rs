@@ -1,0 +1,122 @@
+//! GLA chunkwise backward: what its kernels (`gpu-kernels/src/gla/backward`) and the host
+//! (`host/src/gla/backward.rs`) share. The gradients are specified by the f64 reverse sweep in
+//! `host/src/gla/reference/backward.rs`; the design is in bench/NOTES.md ("GLA backward: plan").
+//!
+//! # Kernels
+//! - `gla_bwd_dh_dk{DK}_dv{DV}`: the state gradients. One block per (segment, head) walks its
+//!   segment's chunks in reverse, from the gradient of the segment's end state (`dL/dS_final`
+//!   for a sequence's last segment, else zero), keeping `G = dL/dS` (`DK x DV`, f32) in
+//!   registers: per chunk of [`CHUNK`] tokens with inclusive cumulative log-decays `b_t` from
+//!   the chunk start and `B = b` of its last token, `G <- exp(B) G + scale sum_t (q_t
+//!   exp(b_t))^T dO_t`. Before each [`G_BLOCK`]-token block of the segment (in reverse) it
+//!   stores `G`, the gradient of the state at the block's end from everything after it, in a
+//!   slot of `grad` ([`grad_slot`]); after the segment's first chunk, `G` is the gradient of its
+//!   initial state (`d_init_state` for a sequence's first segment).
+//!
+//! The shared-memory layout and block size are the forward's ([`GlaConfig`]): q, g and dO take
+//! the forward ring's q, g and v tiles, and the scaled decayed queries its `k_state` tiles.
+
+use super::{CHUNK, GlaConfig, Segment, config_of};
+use crate::{Kernel, KernelDecl};
+
+/// Tokens per block of the stored state gradients: the backward keeps `dL/dS` at the end of
+/// every block of this many tokens of a segment (counted from the segment's start; the last
+/// block may be shorter), so the `dq`/`dk`/`dv`/`dg` walk reads one `DK x DV` gradient per
+/// block instead of per chunk.
+pub const G_BLOCK: u32 = 64;
+/// Chunks per [`G_BLOCK`].
+pub const CHUNKS_PER_G_BLOCK: u32 = G_BLOCK / CHUNK;
+
+/// The slot of `grad` holding the gradient at the end of block `j` of segment `slot` (the
+/// segment's index in the table) that starts at token row `start`: `start / G_BLOCK + slot + j`.
+/// Distinct for all (segment, block) pairs of a table of consecutive disjoint segments, and
+/// below [`grad_slots`]: block `j` of a segment of `len` tokens satisfies
+/// `start / 64 + ceil(len / 64) <= ceil((start + len) / 64)`, and the next segment's first
+/// slot is at least `(start + len) / 64 + slot + 1`.
+#[inline]
+pub const fn grad_slot(start: u32, slot: u32, j: u32) -> u32 {
+    start / G_BLOCK + slot + j
+}
+
+/// Slots of `grad` for `rows` token rows cut into `segments` segments:
+/// `ceil(rows / G_BLOCK) + segments` (an upper bound of every [`grad_slot`] plus one).
+#[inline]
+pub const fn grad_slots(rows: usize, segments: usize) -> usize {
+    rows.div_ceil(G_BLOCK as usize) + segments
+}
+
+/// Parameters of `gla_bwd_dh_dk{DK}_dv{DV}` (grid `(segments, heads)`,
+/// [`GlaConfig::threads`] threads, [`GlaConfig::smem_bytes`]).
+///
+/// Tensors are contiguous: q, g `[rows, heads, dk]`, dO `[rows, heads, dv]` (bf16 bits); states
+/// and their gradients `[seqs, heads, dk, dv]` f32; `grad` `[grad_slots, heads, dk, dv]` f32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DhParams {
+    /// Queries.
+    pub q: *const u16,
+    /// Log-decays (natural log, clamped below at `G_FLOOR` as in the forward).
+    pub g: *const u16,
+    /// Gradient of the outputs.
+    pub d_o: *const u16,
+    /// The segment table (`gridDim.x` entries).
+    pub segments: *const Segment,
+    /// Gradient of the final states, read by last segments when `has_d_final != 0`.
+    pub d_final_state: *const f32,
+    /// Written by first segments: gradient of the initial states.
+    pub d_init_state: *mut f32,
+    /// Written: the gradient at every block end ([`grad_slot`]).
+    pub grad: *mut f32,
+    /// Heads.
+    pub heads: u32,
+    /// Output scale of the forward.
+    pub scale: f32,
+    /// Whether `d_final_state` is given.
+    pub has_d_final: u32,
+    /// Unused (keeps the struct a multiple of 8 bytes).
+    pub pad: u32,
+}
+
+/// Declare the handles of each head-dimension pair's backward kernels, the table and the
+/// lookup.
+macro_rules! bwd_kernels {
+    ($( ($dk:literal, $dv:literal): $dh:ident; )*) => {
+        $(
+            #[doc = concat!("`gla_bwd_dh_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
+                "grid `(segments, heads)`, [`GlaConfig::threads`] threads, ",
+                "[`GlaConfig::smem_bytes`].")]
+            pub const $dh: Kernel<DhParams> = Kernel::new(
+                concat!("gla_bwd_dh_dk", stringify!($dk), "_dv", stringify!($dv)),
+                config_of($dk, $dv).threads(),
+                config_of($dk, $dv).blocks_per_sm,
+                |()| config_of($dk, $dv).smem_bytes(),
+            );
+        )*
+
+        /// The backward's kernels (part of the family's table `kernel_abi::gla::KERNELS`).
+        pub const KERNELS: [KernelDecl; 4] = [ $( $dh.info(), )* ];
+
+        /// The state-gradient kernel of head dimensions `(dk, dv)`, if any.
+        pub const fn dh_kernel(dk: u32, dv: u32) -> Option<&'static Kernel<DhParams>> {
+            match (dk, dv) {
+                $( ($dk, $dv) => Some(&$dh), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+bwd_kernels! {
+    (64, 64): GLA_BWD_DH_DK64_DV64;
+    (64, 128): GLA_BWD_DH_DK64_DV128;
+    (128, 64): GLA_BWD_DH_DK128_DV64;
+    (128, 128): GLA_BWD_DH_DK128_DV128;
+}
+
+// The configuration's element-wise mapping must cover a chunk with whole runs (as the
+// forward's), and a block of stored gradients whole chunks.
+const _: () = {
+    assert!(G_BLOCK % CHUNK == 0);
+    let c: GlaConfig = config_of(64, 128);
+    assert!(c.threads_per_pair() * c.tokens_per_thread() == CHUNK);
+};

@@ -1,0 +1,343 @@
+//! The GLA backward kernels against the f64 backward (`gla::reference::backward`), so far the
+//! state-gradient pass (`GlaProblem::plan_state_gradients`, kernels `gla_bwd_dh_dk*_dv*`): the
+//! gradient of every sequence's initial state and the stored gradient at the end of every
+//! `G_BLOCK`-token block (`reference::block_state_gradients`).
+//!
+//! Tolerance: relative L2 error `||x - ref|| / ||ref|| <= TOL` (1e-2, the forward's: the
+//! kernels round `scale q 2^b` and dO to bf16 operands, a relative 2^-9 each, and accumulate in
+//! f32), over all blocks of all (sequence, head) pairs, and separately over the initial-state
+//! gradients. Outputs and workspace are poisoned with NaN, so an unwritten element fails;
+//! emulated runs also check the guard bands around every buffer.
+
+use super::{Case, Data, Decay, TOL, case, data, name};
+use kernel_tests::emu::{Emulator, HostBuf};
+use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
+use kernels::data::rng;
+use kernels::exec::OnStream;
+use kernels::gla::reference::{ExactInputs, OutputGrads, backward, block_state_gradients, rel_l2};
+use kernels::gla::{
+    G_BLOCK, GlaBackwardWorkspace, GlaProblem, GlaStateGradTensors, Target, grad_slot,
+};
+use kernels::memory::{download, poisoned, upload};
+use kernels::{Arch, Gpu, bf16};
+use rand::Rng;
+
+/// The gradients of the outputs: dO (bf16) and, where the case has a final state, dS_final.
+struct OutGrads {
+    d_o: Vec<bf16>,
+    d_final: Option<Vec<f32>>,
+}
+
+fn out_grads(c: &Case) -> OutGrads {
+    let p = &c.p;
+    let mut r = rng(c.seed ^ 0x2545_f491);
+    OutGrads {
+        d_o: (0..p.v_len())
+            .map(|_| bf16::from_f32(r.random_range(-1.0..1.0)))
+            .collect(),
+        d_final: c.final_state.then(|| {
+            (0..p.state_len())
+                .map(|_| r.random_range(-1.0..1.0))
+                .collect()
+        }),
+    }
+}
+
+/// What the state-gradient pass wrote: the initial-state gradients and the workspace's block
+/// gradients.
+struct DhRun {
+    d_init: Vec<f32>,
+    grad: Vec<f32>,
+}
+
+/// Emulated cases: every head-dimension pair at one token, partial chunks and blocks, several
+/// blocks, decays near the clamp and spiky, packed sequences, no final-state gradient.
+fn emulated_cases() -> Vec<Case> {
+    let slow = Decay::Uniform(-0.5, 0.0);
+    let mut v = Vec::new();
+    for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+        v.push(case(2, 1, 2, dk, dv, slow));
+    }
+    v.push(case(1, 17, 2, 64, 64, Decay::Spiky));
+    v.push(case(1, 65, 1, 128, 64, slow));
+    v.push(case(1, 130, 1, 64, 128, Decay::Uniform(-20.5, -19.5)));
+    v.push(case(1, 100, 1, 128, 128, Decay::Uniform(-3.0, 0.0)));
+    let mut c = case(1, 64, 2, 64, 64, slow);
+    c.final_state = false;
+    v.push(c);
+    let mut c = case(1, 0, 2, 64, 64, slow);
+    c.p = GlaProblem::varlen(vec![0, 1, 17, 81, 150], 2, 64, 64);
+    c.seed = 9191;
+    v.push(c);
+    let mut c = case(1, 0, 1, 64, 64, Decay::Spiky);
+    c.p = GlaProblem::varlen(vec![0, 1, 2, 66], 1, 64, 64).with_scale(0.37);
+    c.seed = 5150;
+    v.push(c);
+    v
+}
+
+/// GPU cases: the forward's grid of lengths on every head-dimension pair, strong and mixed
+/// decays, packed sequences.
+fn gpu_cases() -> Vec<Case> {
+    let slow = Decay::Uniform(-0.05, 0.0);
+    let mut v = Vec::new();
+    for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+        for t in [1, 63, 64, 65, 1000] {
+            v.push(case(2, t, 2, dk, dv, slow));
+        }
+    }
+    v.push(case(1, 4096, 2, 128, 128, Decay::Uniform(-1.0, 0.0)));
+    for d in [
+        Decay::Const(-20.0),
+        Decay::Const(-30.0),
+        Decay::Spiky,
+        Decay::Uniform(-20.5, -19.5),
+        Decay::Uniform(-3.0, 0.0),
+    ] {
+        v.push(case(2, 300, 2, 64, 64, d));
+    }
+    let mut c = case(1, 0, 4, 128, 64, slow);
+    c.p = GlaProblem::varlen(vec![0, 1, 64, 65, 700, 1000], 4, 128, 64);
+    c.seed = 31337;
+    v.push(c);
+    let mut c = case(2, 200, 2, 64, 128, slow);
+    c.final_state = false;
+    v.push(c);
+    v
+}
+
+pub fn register(s: &mut Suite) {
+    for c in emulated_cases() {
+        s.cpu(
+            &format!("gla/backward/emulated/dh/{}", name(&c)),
+            move || check(&c, |p, d, o| emulator_dh(p, d, o)),
+        );
+    }
+    for c in gpu_cases() {
+        s.gpu(
+            &format!("gla/backward/gpu/dh/{}", name(&c)),
+            Needs::Gpu,
+            move |g| check(&c, |p, d, o| gpu_dh(g, p, d, o)),
+        );
+    }
+    s.cpu("gla/backward/dh_rejects_bad_tensors", rejects_bad_tensors);
+}
+
+/// Run the pass in the CPU emulator through its plan: host buffers with guard bands, outputs and
+/// workspace poisoned with NaN; fails if a kernel wrote outside a buffer.
+fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun> {
+    let (mut q, mut g, mut d_o) = (
+        HostBuf::from_slice(&d.q),
+        HostBuf::from_slice(&d.g),
+        HostBuf::from_slice(&o.d_o),
+    );
+    let mut d_final = o.d_final.as_deref().map(HostBuf::from_slice);
+    let mut d_init = HostBuf::filled(p.state_len(), f32::NAN);
+    let tensors = GlaStateGradTensors {
+        q: q.view(),
+        g: g.view(),
+        d_o: d_o.view(),
+        d_final_state: d_final.as_mut().map(|b| b.view()),
+        d_init_state: d_init.view(),
+    };
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 132,
+    };
+    let plan = p.plan_state_gradients(target, &tensors)?;
+    let (words, _) = plan.segments.table_words();
+    let mut segments = HostBuf::from_slice(&words);
+    let mut grad = HostBuf::filled(plan.grad_len, f32::NAN);
+    let workspace = GlaBackwardWorkspace {
+        segments: segments.view(),
+        grad: grad.view(),
+    };
+    // SAFETY: every view is a distinct host buffer of the size the problem and plan need,
+    // alive for the call; the emulator runs on host memory; the table holds the plan's words.
+    unsafe { plan.run(&Emulator, &workspace)? };
+    let intact = q.guards_intact()
+        && g.guards_intact()
+        && d_o.guards_intact()
+        && d_final.as_ref().is_none_or(|b| b.guards_intact())
+        && d_init.guards_intact()
+        && segments.guards_intact()
+        && grad.guards_intact();
+    if !intact {
+        return Err(kernels::Error::invalid(
+            "emulated GLA backward",
+            "a kernel wrote outside a buffer (guard bands changed)",
+        ));
+    }
+    Ok(DhRun {
+        d_init: d_init.to_vec(),
+        grad: grad.to_vec(),
+    })
+}
+
+/// Run the pass on the GPU (outputs and workspace poisoned).
+fn gpu_dh(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun> {
+    let stream = gpu.stream()?;
+    let (q, g, d_o) = (upload(&d.q)?, upload(&d.g)?, upload(&o.d_o)?);
+    let d_final = o.d_final.as_deref().map(upload).transpose()?;
+    let mut d_init = poisoned::<f32>(p.state_len())?;
+    let tensors = GlaStateGradTensors {
+        q: (&q).into(),
+        g: (&g).into(),
+        d_o: (&d_o).into(),
+        d_final_state: d_final.as_ref().map(|b| b.into()),
+        d_init_state: (&mut d_init).into(),
+    };
+    let plan = p.plan_state_gradients(Target::of(gpu), &tensors)?;
+    let (words, _) = plan.segments.table_words();
+    let segments = upload(&words)?;
+    let mut grad = poisoned::<f32>(plan.grad_len)?;
+    let workspace = GlaBackwardWorkspace {
+        segments: (&segments).into(),
+        grad: (&mut grad).into(),
+    };
+    // SAFETY: every view is a live allocation of this GPU's context, of the size the plan
+    // checked; the table holds the plan's words; nothing else touches them until the sync.
+    unsafe {
+        plan.run(
+            &OnStream {
+                gpu,
+                stream: &stream,
+            },
+            &workspace,
+        )?
+    };
+    gpu.sync(&stream, "GLA backward state gradients")?;
+    Ok(DhRun {
+        d_init: download(&d_init)?,
+        grad: download(&grad)?,
+    })
+}
+
+/// Run the pass with `run` and compare with the f64 reference.
+fn check(
+    c: &Case,
+    run: impl FnOnce(&GlaProblem, &Data, &OutGrads) -> kernels::Result<DhRun>,
+) -> TestResult {
+    let p = &c.p;
+    let d = data(c);
+    let o = out_grads(c);
+    let got = gpu_ok(run(p, &d, &o))?;
+    let x = ExactInputs::from_host(&d.host());
+    let d_o: Vec<f64> = o.d_o.iter().map(|v| v.to_f64()).collect();
+    let d_final: Option<Vec<f64>> = o
+        .d_final
+        .as_ref()
+        .map(|f| f.iter().map(|&v| v as f64).collect());
+    let dy = OutputGrads {
+        d_o: &d_o,
+        d_final_state: d_final.as_deref(),
+    };
+    let (sz, heads) = (p.dk * p.dv, p.heads);
+    // Inner blocks (accumulated by the kernel) apart from each sequence's last (a copy of
+    // dS_final), so that the copies do not dilute the error.
+    let (mut want_g, mut got_g) = (Vec::new(), Vec::new());
+    let (mut want_last, mut got_last) = (Vec::new(), Vec::new());
+    let mut want_init = vec![0.0f64; p.state_len()];
+    // One segment per sequence: segment `n` is sequence `n`.
+    for (n, (start, _)) in p.sequences().into_iter().enumerate() {
+        for h in 0..heads {
+            let (blocks, d0) = gpu_ok(block_state_gradients(p, &x, &dy, n, h, G_BLOCK as usize))?;
+            for (j, b) in blocks.iter().enumerate() {
+                let slot = grad_slot(start as u32, n as u32, j as u32) as usize;
+                let at = (slot * heads + h) * sz;
+                let got_b = got.grad[at..at + sz].iter().map(|&v| v as f64);
+                if j + 1 < blocks.len() {
+                    want_g.extend_from_slice(b);
+                    got_g.extend(got_b);
+                } else {
+                    want_last.extend_from_slice(b);
+                    got_last.extend(got_b);
+                }
+            }
+            let at = (n * heads + h) * sz;
+            want_init[at..at + sz].copy_from_slice(&d0);
+        }
+    }
+    // The reference's own initial-state gradient is the same (small cases only: it stores
+    // every state).
+    if p.rows() <= 512 {
+        let full = gpu_ok(backward(p, &x, &dy))?;
+        let e = rel_l2(full.d_init_state.iter().copied(), &want_init);
+        ensure(e <= 1e-12, || {
+            format!("block_state_gradients' dS_0 differs from backward's: {e:e}")
+        })?;
+    }
+    let eg = rel_l2(got_g.iter().copied(), &want_g);
+    let el = rel_l2(got_last.iter().copied(), &want_last);
+    let ei = rel_l2(got.d_init.iter().map(|&v| v as f64), &want_init);
+    println!(
+        "  {}: rel L2 of the inner block gradients {eg:.3e} ({} blocks), of the last blocks \
+         {el:.3e}, of dS_0 {ei:.3e} (seed {})",
+        name(c),
+        want_g.len() / sz,
+        c.seed
+    );
+    ensure(eg <= TOL && el <= TOL && ei <= TOL, || {
+        format!(
+            "{}: rel L2 inner block gradients {eg:e}, last blocks {el:e}, initial-state \
+             gradients {ei:e} > {TOL:e} (seed {})",
+            name(c),
+            c.seed
+        )
+    })
+}
+
+/// Bad tensors get typed errors from the plan.
+fn rejects_bad_tensors() -> TestResult {
+    let p = GlaProblem::new(1, 40, 2, 64, 64);
+    let (mut q, mut g, mut d_o) = (
+        HostBuf::filled(p.qk_len(), bf16::ZERO),
+        HostBuf::filled(p.qk_len(), bf16::ZERO),
+        HostBuf::filled(p.v_len(), bf16::ZERO),
+    );
+    let mut short = HostBuf::filled(p.v_len() - 1, bf16::ZERO);
+    let mut d_init = HostBuf::filled(p.state_len(), 0.0f32);
+    let mut d_init_short = HostBuf::filled(p.state_len() - 1, 0.0f32);
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 132,
+    };
+    let bad_do = GlaStateGradTensors {
+        q: q.view(),
+        g: g.view(),
+        d_o: short.view(),
+        d_final_state: None,
+        d_init_state: d_init.view(),
+    };
+    ensure(p.plan_state_gradients(target, &bad_do).is_err(), || {
+        "a short dO was accepted".to_string()
+    })?;
+    let bad_init = GlaStateGradTensors {
+        q: q.view(),
+        g: g.view(),
+        d_o: d_o.view(),
+        d_final_state: None,
+        d_init_state: d_init_short.view(),
+    };
+    ensure(p.plan_state_gradients(target, &bad_init).is_err(), || {
+        "a short initial-state gradient was accepted".to_string()
+    })?;
+    let ok = GlaStateGradTensors {
+        q: q.view(),
+        g: g.view(),
+        d_o: d_o.view(),
+        d_final_state: None,
+        d_init_state: d_init.view(),
+    };
+    let plan = gpu_ok(p.plan_state_gradients(target, &ok))?;
+    let (words, _) = plan.segments.table_words();
+    let mut segments = HostBuf::from_slice(&words);
+    let mut grad = HostBuf::filled(plan.grad_len - 1, 0.0f32);
+    let ws = GlaBackwardWorkspace {
+        segments: segments.view(),
+        grad: grad.view(),
+    };
+    ensure(plan.launches(&ws).is_err(), || {
+        "a short workspace was accepted".to_string()
+    })
+}
