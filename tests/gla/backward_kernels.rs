@@ -1,12 +1,14 @@
 //! The GLA backward kernels against the f64 backward (`gla::reference::backward`), so far the
-//! state-gradient pass (`GlaProblem::plan_state_gradients`, kernels `gla_bwd_dh_dk*_dv*`): the
+//! reverse pass (`GlaProblem::plan_reverse_pass`, kernels `gla_bwd_dhdv_dk*_dv*`): dv, the
 //! gradient of every sequence's initial state and the stored gradient at the end of every
-//! `G_BLOCK`-token block (`reference::block_state_gradients`).
+//! `G_BLOCK`-token block (`reference::reverse_sweep`, checked against `reference::backward` on
+//! the small cases).
 //!
 //! Tolerance: relative L2 error `||x - ref|| / ||ref|| <= TOL` (1e-2, the forward's: the
-//! kernels round `scale q 2^b` and dO to bf16 operands, a relative 2^-9 each, and accumulate in
-//! f32), over all blocks of all (sequence, head) pairs, and separately over the initial-state
-//! gradients. Outputs and workspace are poisoned with NaN, so an unwritten element fails;
+//! kernels round their operands (decayed q and k, the transposed scores, dO, G) to bf16, a
+//! relative 2^-9 each, accumulate in f32 and store dv in bf16), separately for dv, the inner
+//! block gradients (all blocks of all (sequence, head) pairs but each one's last, a copy of
+//! dS_final), the last blocks and the initial-state gradients. Outputs and workspace are poisoned with NaN, so an unwritten element fails;
 //! emulated runs also check the guard bands around every buffer.
 
 use super::{Case, Data, Decay, TOL, case, data, name};
@@ -14,9 +16,9 @@ use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::data::rng;
 use kernels::exec::OnStream;
-use kernels::gla::reference::{ExactInputs, OutputGrads, backward, block_state_gradients, rel_l2};
+use kernels::gla::reference::{ExactInputs, OutputGrads, backward, rel_l2, reverse_sweep};
 use kernels::gla::{
-    G_BLOCK, GlaBackwardWorkspace, GlaProblem, GlaStateGradTensors, Target, grad_slot,
+    G_BLOCK, GlaBackwardWorkspace, GlaProblem, GlaReverseTensors, Target, grad_slot,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Arch, Gpu, bf16};
@@ -43,9 +45,10 @@ fn out_grads(c: &Case) -> OutGrads {
     }
 }
 
-/// What the state-gradient pass wrote: the initial-state gradients and the workspace's block
+/// What the reverse pass wrote: dv, the initial-state gradients and the workspace's block
 /// gradients.
 struct DhRun {
+    d_v: Vec<bf16>,
     d_init: Vec<f32>,
     grad: Vec<f32>,
 }
@@ -65,6 +68,15 @@ fn emulated_cases() -> Vec<Case> {
     let mut c = case(1, 64, 2, 64, 64, slow);
     c.final_state = false;
     v.push(c);
+    // Without dS_final dv comes from the chunks' own outputs and the gradients from within
+    // the sequence: the transposed scores matter most. Gap: -20 everywhere but 0 at position 8
+    // of every chunk, so the cross-half factor 2^{M_1 - M_0} (2^-202) lies far below the
+    // normal range while the scores (s = 7, t = 8) are of order 1.
+    for d in [Decay::Gap, Decay::Spiky, Decay::Uniform(-3.0, 0.0)] {
+        let mut c = case(1, 33, 1, 128, 64, d);
+        c.final_state = false;
+        v.push(c);
+    }
     let mut c = case(1, 0, 2, 64, 64, slow);
     c.p = GlaProblem::varlen(vec![0, 1, 17, 81, 150], 2, 64, 64);
     c.seed = 9191;
@@ -109,42 +121,49 @@ fn gpu_cases() -> Vec<Case> {
 pub fn register(s: &mut Suite) {
     for c in emulated_cases() {
         s.cpu(
-            &format!("gla/backward/emulated/dh/{}", name(&c)),
+            &format!("gla/backward/emulated/reverse/{}", name(&c)),
             move || check(&c, |p, d, o| emulator_dh(p, d, o)),
         );
     }
     for c in gpu_cases() {
         s.gpu(
-            &format!("gla/backward/gpu/dh/{}", name(&c)),
+            &format!("gla/backward/gpu/reverse/{}", name(&c)),
             Needs::Gpu,
             move |g| check(&c, |p, d, o| gpu_dh(g, p, d, o)),
         );
     }
-    s.cpu("gla/backward/dh_rejects_bad_tensors", rejects_bad_tensors);
+    s.cpu(
+        "gla/backward/reverse_rejects_bad_tensors",
+        rejects_bad_tensors,
+    );
 }
 
 /// Run the pass in the CPU emulator through its plan: host buffers with guard bands, outputs and
 /// workspace poisoned with NaN; fails if a kernel wrote outside a buffer.
 fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun> {
-    let (mut q, mut g, mut d_o) = (
+    let (mut q, mut k, mut g, mut d_o) = (
         HostBuf::from_slice(&d.q),
+        HostBuf::from_slice(&d.k),
         HostBuf::from_slice(&d.g),
         HostBuf::from_slice(&o.d_o),
     );
     let mut d_final = o.d_final.as_deref().map(HostBuf::from_slice);
     let mut d_init = HostBuf::filled(p.state_len(), f32::NAN);
-    let tensors = GlaStateGradTensors {
+    let mut d_v = HostBuf::filled(p.v_len(), bf16::NAN);
+    let tensors = GlaReverseTensors {
         q: q.view(),
+        k: k.view(),
         g: g.view(),
         d_o: d_o.view(),
         d_final_state: d_final.as_mut().map(|b| b.view()),
         d_init_state: d_init.view(),
+        d_v: d_v.view(),
     };
     let target = Target {
         arch: Arch::Sm80,
         multiprocessors: 132,
     };
-    let plan = p.plan_state_gradients(target, &tensors)?;
+    let plan = p.plan_reverse_pass(target, &tensors)?;
     let (words, _) = plan.segments.table_words();
     let mut segments = HostBuf::from_slice(&words);
     let mut grad = HostBuf::filled(plan.grad_len, f32::NAN);
@@ -156,7 +175,9 @@ fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun>
     // alive for the call; the emulator runs on host memory; the table holds the plan's words.
     unsafe { plan.run(&Emulator, &workspace)? };
     let intact = q.guards_intact()
+        && k.guards_intact()
         && g.guards_intact()
+        && d_v.guards_intact()
         && d_o.guards_intact()
         && d_final.as_ref().is_none_or(|b| b.guards_intact())
         && d_init.guards_intact()
@@ -169,6 +190,7 @@ fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun>
         ));
     }
     Ok(DhRun {
+        d_v: d_v.to_vec(),
         d_init: d_init.to_vec(),
         grad: grad.to_vec(),
     })
@@ -177,17 +199,20 @@ fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun>
 /// Run the pass on the GPU (outputs and workspace poisoned).
 fn gpu_dh(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun> {
     let stream = gpu.stream()?;
-    let (q, g, d_o) = (upload(&d.q)?, upload(&d.g)?, upload(&o.d_o)?);
+    let (q, k, g, d_o) = (upload(&d.q)?, upload(&d.k)?, upload(&d.g)?, upload(&o.d_o)?);
     let d_final = o.d_final.as_deref().map(upload).transpose()?;
     let mut d_init = poisoned::<f32>(p.state_len())?;
-    let tensors = GlaStateGradTensors {
+    let mut d_v = poisoned::<bf16>(p.v_len())?;
+    let tensors = GlaReverseTensors {
         q: (&q).into(),
+        k: (&k).into(),
         g: (&g).into(),
         d_o: (&d_o).into(),
         d_final_state: d_final.as_ref().map(|b| b.into()),
         d_init_state: (&mut d_init).into(),
+        d_v: (&mut d_v).into(),
     };
-    let plan = p.plan_state_gradients(Target::of(gpu), &tensors)?;
+    let plan = p.plan_reverse_pass(Target::of(gpu), &tensors)?;
     let (words, _) = plan.segments.table_words();
     let segments = upload(&words)?;
     let mut grad = poisoned::<f32>(plan.grad_len)?;
@@ -206,8 +231,9 @@ fn gpu_dh(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<
             &workspace,
         )?
     };
-    gpu.sync(&stream, "GLA backward state gradients")?;
+    gpu.sync(&stream, "GLA backward reverse pass")?;
     Ok(DhRun {
+        d_v: download(&d_v)?,
         d_init: download(&d_init)?,
         grad: download(&grad)?,
     })
@@ -238,10 +264,16 @@ fn check(
     let (mut want_g, mut got_g) = (Vec::new(), Vec::new());
     let (mut want_last, mut got_last) = (Vec::new(), Vec::new());
     let mut want_init = vec![0.0f64; p.state_len()];
+    let mut want_dv = vec![0.0f64; p.v_len()];
     // One segment per sequence: segment `n` is sequence `n`.
-    for (n, (start, _)) in p.sequences().into_iter().enumerate() {
+    for (n, (start, len)) in p.sequences().into_iter().enumerate() {
         for h in 0..heads {
-            let (blocks, d0) = gpu_ok(block_state_gradients(p, &x, &dy, n, h, G_BLOCK as usize))?;
+            let sweep = gpu_ok(reverse_sweep(p, &x, &dy, n, h, G_BLOCK as usize))?;
+            for i in 0..len {
+                let at = ((start + i) * heads + h) * p.dv;
+                want_dv[at..at + p.dv].copy_from_slice(&sweep.dv[i * p.dv..(i + 1) * p.dv]);
+            }
+            let blocks = &sweep.blocks;
             for (j, b) in blocks.iter().enumerate() {
                 let slot = grad_slot(start as u32, n as u32, j as u32) as usize;
                 let at = (slot * heads + h) * sz;
@@ -255,32 +287,33 @@ fn check(
                 }
             }
             let at = (n * heads + h) * sz;
-            want_init[at..at + sz].copy_from_slice(&d0);
+            want_init[at..at + sz].copy_from_slice(&sweep.d_init_state);
         }
     }
-    // The reference's own initial-state gradient is the same (small cases only: it stores
-    // every state).
+    // The reference's own gradients are the same (small cases only: it stores every state).
     if p.rows() <= 512 {
         let full = gpu_ok(backward(p, &x, &dy))?;
-        let e = rel_l2(full.d_init_state.iter().copied(), &want_init);
-        ensure(e <= 1e-12, || {
-            format!("block_state_gradients' dS_0 differs from backward's: {e:e}")
+        let e0 = rel_l2(full.d_init_state.iter().copied(), &want_init);
+        let ev = rel_l2(full.dv.iter().copied(), &want_dv);
+        ensure(e0 <= 1e-12 && ev <= 1e-12, || {
+            format!("reverse_sweep differs from backward: dS_0 {e0:e}, dv {ev:e}")
         })?;
     }
+    let ev = rel_l2(got.d_v.iter().map(|v| v.to_f64()), &want_dv);
     let eg = rel_l2(got_g.iter().copied(), &want_g);
     let el = rel_l2(got_last.iter().copied(), &want_last);
     let ei = rel_l2(got.d_init.iter().map(|&v| v as f64), &want_init);
     println!(
-        "  {}: rel L2 of the inner block gradients {eg:.3e} ({} blocks), of the last blocks \
-         {el:.3e}, of dS_0 {ei:.3e} (seed {})",
+        "  {}: rel L2 of dv {ev:.3e}, of the inner block gradients {eg:.3e} ({} blocks), of \
+         the last blocks {el:.3e}, of dS_0 {ei:.3e} (seed {})",
         name(c),
         want_g.len() / sz,
         c.seed
     );
-    ensure(eg <= TOL && el <= TOL && ei <= TOL, || {
+    ensure(ev <= TOL && eg <= TOL && el <= TOL && ei <= TOL, || {
         format!(
-            "{}: rel L2 inner block gradients {eg:e}, last blocks {el:e}, initial-state \
-             gradients {ei:e} > {TOL:e} (seed {})",
+            "{}: rel L2 dv {ev:e}, inner block gradients {eg:e}, last blocks {el:e}, \
+             initial-state gradients {ei:e} > {TOL:e} (seed {})",
             name(c),
             c.seed
         )
@@ -290,46 +323,55 @@ fn check(
 /// Bad tensors get typed errors from the plan.
 fn rejects_bad_tensors() -> TestResult {
     let p = GlaProblem::new(1, 40, 2, 64, 64);
-    let (mut q, mut g, mut d_o) = (
-        HostBuf::filled(p.qk_len(), bf16::ZERO),
-        HostBuf::filled(p.qk_len(), bf16::ZERO),
-        HostBuf::filled(p.v_len(), bf16::ZERO),
-    );
-    let mut short = HostBuf::filled(p.v_len() - 1, bf16::ZERO);
+    let qk = || HostBuf::filled(p.qk_len(), bf16::ZERO);
+    let (mut q, mut k, mut g) = (qk(), qk(), qk());
+    let mut d_o = HostBuf::filled(p.v_len(), bf16::ZERO);
+    let mut d_v = HostBuf::filled(p.v_len(), bf16::ZERO);
+    let mut short_o = HostBuf::filled(p.v_len() - 1, bf16::ZERO);
+    let mut short_v = HostBuf::filled(p.v_len() - 1, bf16::ZERO);
     let mut d_init = HostBuf::filled(p.state_len(), 0.0f32);
     let mut d_init_short = HostBuf::filled(p.state_len() - 1, 0.0f32);
     let target = Target {
         arch: Arch::Sm80,
         multiprocessors: 132,
     };
-    let bad_do = GlaStateGradTensors {
+    let good = GlaReverseTensors {
         q: q.view(),
-        g: g.view(),
-        d_o: short.view(),
-        d_final_state: None,
-        d_init_state: d_init.view(),
-    };
-    ensure(p.plan_state_gradients(target, &bad_do).is_err(), || {
-        "a short dO was accepted".to_string()
-    })?;
-    let bad_init = GlaStateGradTensors {
-        q: q.view(),
-        g: g.view(),
-        d_o: d_o.view(),
-        d_final_state: None,
-        d_init_state: d_init_short.view(),
-    };
-    ensure(p.plan_state_gradients(target, &bad_init).is_err(), || {
-        "a short initial-state gradient was accepted".to_string()
-    })?;
-    let ok = GlaStateGradTensors {
-        q: q.view(),
+        k: k.view(),
         g: g.view(),
         d_o: d_o.view(),
         d_final_state: None,
         d_init_state: d_init.view(),
+        d_v: d_v.view(),
     };
-    let plan = gpu_ok(p.plan_state_gradients(target, &ok))?;
+    for (what, bad) in [
+        (
+            "a short dO",
+            GlaReverseTensors {
+                d_o: short_o.view(),
+                ..good
+            },
+        ),
+        (
+            "a short dv",
+            GlaReverseTensors {
+                d_v: short_v.view(),
+                ..good
+            },
+        ),
+        (
+            "a short initial-state gradient",
+            GlaReverseTensors {
+                d_init_state: d_init_short.view(),
+                ..good
+            },
+        ),
+    ] {
+        ensure(p.plan_reverse_pass(target, &bad).is_err(), || {
+            format!("{what} was accepted")
+        })?;
+    }
+    let plan = gpu_ok(p.plan_reverse_pass(target, &good))?;
     let (words, _) = plan.segments.table_words();
     let mut segments = HostBuf::from_slice(&words);
     let mut grad = HostBuf::filled(plan.grad_len - 1, 0.0f32);

@@ -3,18 +3,23 @@
 //! `host/src/gla/reference/backward.rs`; the design is in bench/NOTES.md ("GLA backward: plan").
 //!
 //! # Kernels
-//! - `gla_bwd_dh_dk{DK}_dv{DV}`: the state gradients. One block per (segment, head) walks its
+//! - `gla_bwd_dhdv_dk{DK}_dv{DV}`: the reverse pass. One block per (segment, head) walks its
 //!   segment's chunks in reverse, from the gradient of the segment's end state (`dL/dS_final`
 //!   for a sequence's last segment, else zero), keeping `G = dL/dS` (`DK x DV`, f32) in
-//!   registers: per chunk of [`CHUNK`] tokens with inclusive cumulative log-decays `b_t` from
-//!   the chunk start and `B = b` of its last token, `G <- exp(B) G + scale sum_t (q_t
-//!   exp(b_t))^T dO_t`. Before each [`G_BLOCK`]-token block of the segment (in reverse) it
-//!   stores `G`, the gradient of the state at the block's end from everything after it, in a
-//!   slot of `grad` ([`grad_slot`]); after the segment's first chunk, `G` is the gradient of its
-//!   initial state (`d_init_state` for a sequence's first segment).
+//!   registers. Per chunk of [`CHUNK`] tokens, with inclusive cumulative log-decays `b_t` from
+//!   the chunk start, `B = b` of its last token and `G` the gradient at the chunk's end from
+//!   everything after it:
+//!   - `dv_s = sum_{t >= s in the chunk} scale (q_t . (k_s exp(b_t - b_s))) dO_t +
+//!     (k_s exp(B - b_s)) G` (the chunk's own outputs, then everything after it);
+//!   - `G <- exp(B) G + scale sum_t (q_t exp(b_t))^T dO_t` (the gradient at the chunk's start).
 //!
-//! The shared-memory layout and block size are the forward's ([`GlaConfig`]): q, g and dO take
-//! the forward ring's q, g and v tiles, and the scaled decayed queries its `k_state` tiles.
+//!   Before each [`G_BLOCK`]-token block of the segment (in reverse) it stores `G`, the
+//!   gradient of the state at the block's end from everything after it, in a slot of `grad`
+//!   ([`grad_slot`]); after the segment's first chunk, `G` is the gradient of its initial state
+//!   (`d_init_state` for a sequence's first segment).
+//!
+//! The shared-memory layout and block size are the forward's ([`GlaConfig`]): q, k, g and dO
+//! take the forward ring's q, k, g and v tiles, the chunk's operands its variant buffers.
 
 use super::{CHUNK, GlaConfig, Segment, config_of};
 use crate::{Kernel, KernelDecl};
@@ -45,20 +50,25 @@ pub const fn grad_slots(rows: usize, segments: usize) -> usize {
     rows.div_ceil(G_BLOCK as usize) + segments
 }
 
-/// Parameters of `gla_bwd_dh_dk{DK}_dv{DV}` (grid `(segments, heads)`,
+/// Parameters of `gla_bwd_dhdv_dk{DK}_dv{DV}` (grid `(segments, heads)`,
 /// [`GlaConfig::threads`] threads, [`GlaConfig::smem_bytes`]).
 ///
-/// Tensors are contiguous: q, g `[rows, heads, dk]`, dO `[rows, heads, dv]` (bf16 bits); states
-/// and their gradients `[seqs, heads, dk, dv]` f32; `grad` `[grad_slots, heads, dk, dv]` f32.
+/// Tensors are contiguous: q, k, g `[rows, heads, dk]`, dO and dv `[rows, heads, dv]` (bf16
+/// bits); state gradients `[seqs, heads, dk, dv]` f32; `grad` `[grad_slots, heads, dk, dv]`
+/// f32.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct DhParams {
+pub struct DhdvParams {
     /// Queries.
     pub q: *const u16,
+    /// Keys.
+    pub k: *const u16,
     /// Log-decays (natural log, clamped below at `G_FLOOR` as in the forward).
     pub g: *const u16,
     /// Gradient of the outputs.
     pub d_o: *const u16,
+    /// Written: gradient of the values.
+    pub d_v: *mut u16,
     /// The segment table (`gridDim.x` entries).
     pub segments: *const Segment,
     /// Gradient of the final states, read by last segments when `has_d_final != 0`.
@@ -82,11 +92,11 @@ pub struct DhParams {
 macro_rules! bwd_kernels {
     ($( ($dk:literal, $dv:literal): $dh:ident; )*) => {
         $(
-            #[doc = concat!("`gla_bwd_dh_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
+            #[doc = concat!("`gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
                 "grid `(segments, heads)`, [`GlaConfig::threads`] threads, ",
                 "[`GlaConfig::smem_bytes`].")]
-            pub const $dh: Kernel<DhParams> = Kernel::new(
-                concat!("gla_bwd_dh_dk", stringify!($dk), "_dv", stringify!($dv)),
+            pub const $dh: Kernel<DhdvParams> = Kernel::new(
+                concat!("gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv)),
                 config_of($dk, $dv).threads(),
                 config_of($dk, $dv).blocks_per_sm,
                 |()| config_of($dk, $dv).smem_bytes(),
@@ -96,8 +106,8 @@ macro_rules! bwd_kernels {
         /// The backward's kernels (part of the family's table `kernel_abi::gla::KERNELS`).
         pub const KERNELS: [KernelDecl; 4] = [ $( $dh.info(), )* ];
 
-        /// The state-gradient kernel of head dimensions `(dk, dv)`, if any.
-        pub const fn dh_kernel(dk: u32, dv: u32) -> Option<&'static Kernel<DhParams>> {
+        /// The reverse-pass kernel of head dimensions `(dk, dv)`, if any.
+        pub const fn dhdv_kernel(dk: u32, dv: u32) -> Option<&'static Kernel<DhdvParams>> {
             match (dk, dv) {
                 $( ($dk, $dv) => Some(&$dh), )*
                 _ => None,
@@ -107,10 +117,10 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    (64, 64): GLA_BWD_DH_DK64_DV64;
-    (64, 128): GLA_BWD_DH_DK64_DV128;
-    (128, 64): GLA_BWD_DH_DK128_DV64;
-    (128, 128): GLA_BWD_DH_DK128_DV128;
+    (64, 64): GLA_BWD_DHDV_DK64_DV64;
+    (64, 128): GLA_BWD_DHDV_DK64_DV128;
+    (128, 64): GLA_BWD_DHDV_DK128_DV64;
+    (128, 128): GLA_BWD_DHDV_DK128_DV128;
 }
 
 // The configuration's element-wise mapping must cover a chunk with whole runs (as the

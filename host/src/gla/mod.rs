@@ -51,11 +51,12 @@
 //! stream. [`forward_sync`] makes a session, runs it and waits.
 //!
 //! # Backward (in progress)
-//! The gradients are specified by [`reference::backward`] (f64). Of the kernels, the
-//! state-gradient pass exists: [`GlaProblem::plan_state_gradients`] plans it on its tensors
-//! ([`GlaStateGradTensors`]) into a [`GlaBackwardPlan`] that runs on any executor with its
-//! workspace ([`GlaBackwardWorkspace`]); it writes the initial states' gradients and the state
-//! gradient at every [`G_BLOCK`]-token block end ([`grad_slot`]), one segment per sequence.
+//! The gradients are specified by [`reference::backward`] (f64). Of the kernels, the reverse
+//! pass exists: [`GlaProblem::plan_reverse_pass`] plans it on its tensors
+//! ([`GlaReverseTensors`]) into a [`GlaBackwardPlan`] that runs on any executor with its
+//! workspace ([`GlaBackwardWorkspace`]); it writes dv, the initial states' gradients and the
+//! state gradient at every [`G_BLOCK`]-token block end ([`grad_slot`]), one segment per
+//! sequence. dq, dk and dg are not computed yet.
 
 mod backward;
 mod device;
@@ -64,7 +65,7 @@ mod problem;
 pub mod reference;
 
 pub use crate::attention::Target;
-pub use backward::{GlaBackwardPlan, GlaBackwardStep, GlaBackwardWorkspace, GlaStateGradTensors};
+pub use backward::{GlaBackwardPlan, GlaBackwardStep, GlaBackwardWorkspace, GlaReverseTensors};
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;
 pub use kernel_abi::gla::backward::{G_BLOCK, grad_slot, grad_slots};

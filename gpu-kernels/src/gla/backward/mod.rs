@@ -3,60 +3,70 @@
 //! the f64 reverse sweep in `host/src/gla/reference/backward.rs`; design: bench/NOTES.md ("GLA
 //! backward: plan").
 //!
-//! So far the state-gradient pass, `gla_bwd_dh_dk{DK}_dv{DV}`: the gradient `G = dL/dS` of the
-//! state at the end of every [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block of a
-//! segment and of the segment's initial state. A segment starts from the gradient of its end
-//! state only at a sequence's end (`dL/dS_final`, or zero); the host plans one segment per
+//! So far the reverse pass, `gla_bwd_dhdv_dk{DK}_dv{DV}`: dv, and the gradient `G = dL/dS` of
+//! the state at the end of every [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block
+//! of a segment and of the segment's initial state. A segment starts from the gradient of its
+//! end state only at a sequence's end (`dL/dS_final`, or zero); the host plans one segment per
 //! sequence.
 //!
 //! # Parameters
-//! [`DhParams`]: contiguous q, g `[rows, H, DK]`, dO `[rows, H, DV]` in bf16, f32 state
-//! gradients `[seqs, H, DK, DV]`, the segment table, and the stored gradients
+//! [`DhdvParams`]: contiguous q, k, g `[rows, H, DK]`, dO, dv `[rows, H, DV]` in bf16, f32
+//! state gradients `[seqs, H, DK, DV]`, the segment table, and the stored gradients
 //! `[slots, H, DK, DV]`.
 //!
 //! # Algorithm
-//! The reverse of the forward's state pass: per chunk of 16 tokens (last first), with `b_t` the
-//! inclusive cumulative log2-decay from the chunk start and `b_15` its last, the gradient from
-//! after the chunk's end reaches the chunk's start decayed by `2^{b_15}`, and each token's
-//! output adds `scale q_t^T dO_t` decayed by `2^{b_t}`: `G <- 2^{b_15} G + dO^T (scale q
-//! 2^b)` (as `G^T`). Every factor is `<= 1`. An element-wise phase makes the bf16 tile
-//! `scale q 2^b` and the decay row (`elementwise.rs`); the forward's matrix phase without
-//! outputs (`baseline::matrix`) applies the update with dO in place of v; `dh.rs` walks the
-//! segment.
+//! The forward's chunkwise form (`super::chunk`) run backward in time, with the roles of q and
+//! k exchanged. Per chunk of 16 tokens (last first), with `b_t` the inclusive cumulative
+//! log2-decay from the chunk start, `b_15` its last and `G` the gradient at the chunk's end
+//! (from everything after it):
+//! - `dv_s = sum_{t >= s} A[t][s] dO_t + (k_s 2^{b_15 - b_s}) G` with the chunk's scores
+//!   `A[t][s] = scale q_t . k_s 2^{b_t - b_s}` (`dv.rs`): the forward's `o = P v + q_inter S`
+//!   with `P` replaced by `A^T` (upper triangular; its factors split at the halves' midpoints
+//!   as the forward's, mirrored: `elementwise.rs`), `v` by dO, `q_inter` by `k 2^{b_15 - b}`
+//!   and `S` by `G`;
+//! - `G <- 2^{b_15} G + dO^T (scale q 2^b)` (as `G^T`): the forward's state update with dO in
+//!   place of v and `scale q 2^b` in place of `k_state` (`baseline::matrix` without outputs).
+//!
+//! `dhdv.rs` walks the segment: per chunk the element-wise phase makes the bf16 operand tiles
+//! and the decay row, then each warp computes its dv columns from the pre-update `G` and
+//! updates `G`.
 //!
 //! # Tiling and thread mapping
-//! The baseline forward's (its module documentation), with q, g, dO in the ring's q, g, v
-//! tiles, `scale q 2^b` in the `k_state` tile of variant buffer `c % 2` and the decay row in
-//! its decay row: one block per (segment, head), `DV / 16` warps each owning 16 columns of `G`.
+//! The baseline forward's (its module documentation): one block per (segment, head), `DV / 16`
+//! warps each owning 16 columns of `G` (as `G^T` accumulators) and of dv; q, k, g, dO stream
+//! through the ring's q, k, g, v tiles; the operand tiles take the variant buffers' slots
+//! (`q_diag`: `k 2^{M_h - b}`, `k_half1`: `scale q 2^{b - M_0}`, `k_half0`: `scale q 2^{b -
+//! M_1}` of half 1, `q_inter`: `k 2^{b_15 - b}`, `k_state`: `scale q 2^b`, and the decay row).
 //!
 //! # Barrier protocol (all `bar.sync 0`, reached uniformly by every thread of the block)
 //! - Walk step `i` (segment step `steps - 1 - i`, 32 tokens): `cp.async.wait_group(stages - 2)`,
 //!   then barrier A: every thread's copies of the step are visible and every thread finished
 //!   walk step `i - 1` (its reads of stage `(i - 1) % stages`); then the copies of walk step
 //!   `i + stages - 1` go into that stage.
-//! - Chunk `c` (walked from the segment's last): the element-wise phase reads the raw q, g rows
-//!   (published by barrier A) and writes variant buffer `c % 2`; barrier B publishes it; the
-//!   matrix phase reads buffer `c % 2` and the raw dO rows. Buffer `c % 2` was last read by the
+//! - Chunk `c` (walked from the segment's last): the element-wise phase reads the raw q, k, g
+//!   rows (published by barrier A) and writes variant buffer `c % 2`; barrier B publishes it;
+//!   dv and the gradient update read buffer `c % 2` and the raw dO rows. Buffer `c % 2` was last read by the
 //!   matrix phase of chunk `c + 2`, which every thread finished before barrier B of chunk
 //!   `c + 1`.
-//! - Registers hold `G`; global memory is written only by its owner (this block's gradient
-//!   slots, its sequence's initial-state gradient). The block waits for all its copies before
+//! - Registers hold `G`; global memory is written only by its owner (this block's rows of dv,
+//!   its gradient slots, its sequence's initial-state gradient). The block waits for all its copies before
 //!   exiting.
 
-mod dh;
+mod dhdv;
+mod dv;
 mod elementwise;
 
-use dh::walk_dh;
-use kernel_abi::gla::backward::DhParams;
+use dhdv::walk_dhdv;
+use kernel_abi::gla::backward::DhdvParams;
 use kernel_abi::gla::{GlaConfig, GlaLayout, config_of};
 
-/// The body of `gla_bwd_dh` for one head-dimension pair: [`walk_dh`] with the configuration's
+/// The body of `gla_bwd_dhdv` for one head-dimension pair: [`walk_dhdv`] with the configuration's
 /// constants.
-macro_rules! dh_body {
+macro_rules! dhdv_body {
     ($p:expr, $dk:literal, $dv:literal) => {{
         const CFG: GlaConfig = config_of($dk, $dv);
         const LAYOUT: GlaLayout = CFG.layout();
-        walk_dh::<
+        walk_dhdv::<
             { CFG.dk },
             { CFG.dv },
             { CFG.threads() },
@@ -75,17 +85,17 @@ macro_rules! dh_body {
 macro_rules! bwd_kernels {
     ($( $dh:ident, $dk:literal, $dv:literal; )*) => {
         $(
-            /// `gla_bwd_dh` for this pair of head dimensions; see the module documentation.
+            /// `gla_bwd_dhdv` for this pair of head dimensions; see the module documentation.
             ///
             /// # Safety
             /// Grid `(segments, heads)`, the configuration's threads and shared memory,
-            /// parameters satisfying [`DhParams`]'s contract (validated by the host).
+            /// parameters satisfying [`DhdvParams`]'s contract (validated by the host).
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $dh(p: DhParams) {
+            pub unsafe extern "ptx-kernel" fn $dh(p: DhdvParams) {
                 crate::launch_bounds!($dh in kernel_abi::gla::KERNELS);
                 // SAFETY: forwarded to the caller.
-                unsafe { dh_body!(p, $dk, $dv) }
+                unsafe { dhdv_body!(p, $dk, $dv) }
             }
         )*
 
@@ -95,15 +105,15 @@ macro_rules! bwd_kernels {
             $(
                 crate::emu::EmuKernel {
                     name: stringify!($dh),
-                    params: core::mem::size_of::<DhParams>(),
+                    params: core::mem::size_of::<DhdvParams>(),
                     threads: config_of($dk, $dv).threads(),
                     run: {
                         unsafe fn run(p: *const u8) {
                             // SAFETY: the emulator passes a parameter struct of this kernel's
                             // type (it checks the size), whose contract the caller upholds.
                             unsafe {
-                                let p = core::ptr::read_unaligned(p as *const DhParams);
-                                dh_body!(p, $dk, $dv)
+                                let p = core::ptr::read_unaligned(p as *const DhdvParams);
+                                dhdv_body!(p, $dk, $dv)
                             }
                         }
                         run
@@ -115,8 +125,8 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    gla_bwd_dh_dk64_dv64, 64, 64;
-    gla_bwd_dh_dk64_dv128, 64, 128;
-    gla_bwd_dh_dk128_dv64, 128, 64;
-    gla_bwd_dh_dk128_dv128, 128, 128;
+    gla_bwd_dhdv_dk64_dv64, 64, 64;
+    gla_bwd_dhdv_dk64_dv128, 64, 128;
+    gla_bwd_dhdv_dk128_dv64, 128, 64;
+    gla_bwd_dhdv_dk128_dv128, 128, 128;
 }

@@ -29,10 +29,10 @@ pub(in crate::gla) fn load_tile<const D: u32, const ROWS: u32, const THREADS: u3
 /// Shared-memory addresses of one variant buffer.
 #[derive(Clone, Copy)]
 pub(in crate::gla) struct Variants {
-    pub(super) q_inter: u32,
-    pub(super) q_diag: u32,
-    pub(super) k_half0: u32,
-    pub(super) k_half1: u32,
+    pub(in crate::gla) q_inter: u32,
+    pub(in crate::gla) q_diag: u32,
+    pub(in crate::gla) k_half0: u32,
+    pub(in crate::gla) k_half1: u32,
     pub(in crate::gla) k_state: u32,
     pub(in crate::gla) decay: u32,
 }

@@ -246,19 +246,34 @@ pub fn backward_head(
     Ok(walk_backward(p, x, dy, seq, start, len, head))
 }
 
-/// The state gradients of one (sequence, head) that the backward kernels store: for every
-/// block `j` of `block` tokens of the sequence (the last may be shorter), `G_j` `[dk][dv]`, the
-/// derivative of `L` with respect to the state after the block's last token through everything
-/// after that token (`dS^final` for the last block; `dS_t - scale q_t^T dO_t` at that token
-/// `t` in the notation of the module documentation), in order; and `dS_0`.
-pub fn block_state_gradients(
+/// What the reverse sweep of one (sequence, head) gives without the forward's states (the
+/// reverse pass of the kernels): see [`reverse_sweep`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReverseSweep {
+    /// For every block `j` of `block` tokens of the sequence (the last may be shorter), in
+    /// order, `G_j` `[dk][dv]`: the derivative of `L` with respect to the state after the
+    /// block's last token `t` through everything after `t` (`dS^final` for the last block;
+    /// `dS_t - scale q_t^T dO_t` in the notation of the module documentation).
+    pub blocks: Vec<Vec<f64>>,
+    /// `dS_0` `[dk][dv]`.
+    pub d_init_state: Vec<f64>,
+    /// `dL/dk` `[len, dk]`.
+    pub dk: Vec<f64>,
+    /// `dL/dv` `[len, dv]`.
+    pub dv: Vec<f64>,
+}
+
+/// The gradients of one (sequence, head) that need only `dS_t` (not the states): the stored
+/// block gradients, `dS_0`, dk and dv (the same numbers as [`backward_head`]'s, computed
+/// without storing the states, so for long sequences too).
+pub fn reverse_sweep(
     p: &GlaProblem,
     x: &ExactInputs,
     dy: &OutputGrads,
     seq: usize,
     head: usize,
     block: usize,
-) -> Result<(Vec<Vec<f64>>, Vec<f64>)> {
+) -> Result<ReverseSweep> {
     x.validate(p)?;
     dy.validate(p)?;
     let seqs = p.sequences();
@@ -279,23 +294,48 @@ pub fn block_state_gradients(
         Some(f) => f[at..at + sz].to_vec(),
         None => vec![0.0; sz],
     };
-    let mut blocks = vec![Vec::new(); len.div_ceil(block)];
+    let mut out = ReverseSweep {
+        blocks: vec![Vec::new(); len.div_ceil(block)],
+        d_init_state: Vec::new(),
+        dk: vec![0.0; len * dk],
+        dv: vec![0.0; len * dv],
+    };
     for i in (0..len).rev() {
         if (i + 1) % block == 0 || i + 1 == len {
-            blocks[i / block] = ds.clone();
+            out.blocks[i / block] = ds.clone();
         }
         let t = start + i;
         let qk = (t * h_n + head) * dk;
         let vo = (t * h_n + head) * dv;
+        // dS_t: add the output term of t.
+        for d in 0..dk {
+            for e in 0..dv {
+                ds[d * dv + e] += scale * x.q[qk + d] * dy.d_o[vo + e];
+            }
+        }
+        for d in 0..dk {
+            let mut acc = 0.0f64;
+            for e in 0..dv {
+                acc += ds[d * dv + e] * x.v[vo + e];
+            }
+            out.dk[i * dk + d] = acc;
+        }
+        for e in 0..dv {
+            let mut acc = 0.0f64;
+            for d in 0..dk {
+                acc += x.k[qk + d] * ds[d * dv + e];
+            }
+            out.dv[i * dv + e] = acc;
+        }
         for d in 0..dk {
             let (a, _) = x.decay(p, t, head, d);
             for e in 0..dv {
-                let v = ds[d * dv + e] + scale * x.q[qk + d] * dy.d_o[vo + e];
-                ds[d * dv + e] = a * v;
+                ds[d * dv + e] *= a;
             }
         }
     }
-    Ok((blocks, ds))
+    out.d_init_state = ds;
+    Ok(out)
 }
 
 /// The reverse sweep over one (sequence, head) (validated inputs), in the layout of

@@ -1,14 +1,15 @@
-//! The state-gradient pass's walk of one segment, in reverse: the `cp.async` ring of steps
-//! (issued from the segment's end), the chunks of each step (last first) through the
-//! element-wise and matrix phases, the gradient stored before every block of
+//! The reverse pass's walk of one segment: the `cp.async` ring of steps (issued from the
+//! segment's end), the chunks of each step (last first) through the element-wise phase, dv
+//! and the gradient update, the gradient stored before every block of
 //! [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK) tokens, and the gradient of the segment's
 //! initial state at the end (barrier protocol: the module documentation).
 
 use super::super::baseline::matrix::{Lane, matrix, state_index};
 use super::super::baseline::tiles::{Variants, load_tile};
+use super::dv::dv_chunk;
 use super::elementwise::elementwise;
 use crate::arch::{cp_async, index, smem, sync};
-use kernel_abi::gla::backward::{CHUNKS_PER_G_BLOCK, DhParams, grad_slot};
+use kernel_abi::gla::backward::{CHUNKS_PER_G_BLOCK, DhdvParams, grad_slot};
 use kernel_abi::gla::{
     CHUNK, CHUNKS_PER_STEP, GlaConfig, GlaLayout, SEG_FIRST, SEG_LAST, STEP, Segment,
 };
@@ -35,10 +36,10 @@ unsafe fn store_state<const DV: u32, const NJ: usize>(
 /// The reverse walk of one segment (see the module documentation).
 ///
 /// # Safety
-/// Launched as documented on [`DhParams`] with the configuration whose layout is `lay` and whose
+/// Launched as documented on [`DhdvParams`] with the configuration whose layout is `lay` and whose
 /// fields the const parameters repeat; the segment table holds consecutive disjoint segments.
 #[inline(always)]
-pub(super) unsafe fn walk_dh<
+pub(super) unsafe fn walk_dhdv<
     const DK: u32,
     const DV: u32,
     const THREADS: u32,
@@ -49,7 +50,7 @@ pub(super) unsafe fn walk_dh<
     const NKK: usize,
     const NJ: usize,
 >(
-    p: &DhParams,
+    p: &DhdvParams,
     lay: &GlaLayout,
 ) {
     const { assert!(STAGES >= 2 && WAIT == STAGES - 2 && THREADS == DV * 2) };
@@ -88,7 +89,7 @@ pub(super) unsafe fn walk_dh<
     let smem = smem::aligned_base();
     let raw = |s: u32| {
         let at = smem + s * lay.stage_bytes;
-        (at + lay.q, at + lay.g, at + lay.v)
+        (at + lay.q, at + lay.k, at + lay.g, at + lay.v)
     };
     let len = seg.len;
     let steps = len.div_ceil(STEP);
@@ -100,10 +101,17 @@ pub(super) unsafe fn walk_dh<
         let step = steps - 1 - i;
         let first = seg.start as u64 + (step * STEP) as u64;
         let valid = (len - step * STEP).min(STEP);
-        let (q_s, g_s, o_s) = raw(stage);
+        let (q_s, k_s, g_s, o_s) = raw(stage);
         load_tile::<DK, STEP, THREADS>(
             q_s,
             p.q.wrapping_add(off * DK as usize),
+            first * sk,
+            sk,
+            valid,
+        );
+        load_tile::<DK, STEP, THREADS>(
+            k_s,
+            p.k.wrapping_add(off * DK as usize),
             first * sk,
             sk,
             valid,
@@ -141,7 +149,7 @@ pub(super) unsafe fn walk_dh<
         }
         cp_async::commit_group();
         let step = steps - 1 - i;
-        let (q_s, g_s, o_s) = raw(i % STAGES);
+        let (q_s, k_s, g_s, o_s) = raw(i % STAGES);
         for cc in (0..CHUNKS_PER_STEP).rev() {
             let chunk = step * CHUNKS_PER_STEP + cc;
             if chunk >= chunks {
@@ -161,14 +169,30 @@ pub(super) unsafe fn walk_dh<
             unsafe {
                 elementwise::<DK, P, TPT>(
                     index::thread_idx_x(),
-                    q_s + r0 * rb,
-                    g_s + r0 * rb,
+                    [q_s + r0 * rb, k_s + r0 * rb, g_s + r0 * rb],
                     &var,
                     p.scale,
                 )
             };
             // SAFETY: barrier B of the protocol (uniform).
             unsafe { sync::sync_threads() };
+            let token = seg.start as u64 + (chunk * CHUNK) as u64;
+            let dv_rows = p
+                .d_v
+                .wrapping_add(((token * heads + head as u64) * DV as u64 + l.dv0 as u64) as usize);
+            // SAFETY: whole warps, uniform; tiles and dO rows published by barrier B; dv_rows
+            // is column dv0 of this head in the chunk's first row of dv, rows < valid exist.
+            unsafe {
+                dv_chunk::<DK, DV, NKK, NJ>(
+                    &l,
+                    &var,
+                    o_s + r0 * rbv,
+                    &st,
+                    dv_rows,
+                    (heads * DV as u64) as usize,
+                    (len - chunk * CHUNK).min(CHUNK),
+                )
+            };
             // G^T = 2^{b_15} G^T + dO^T (scale q 2^b): the forward's state update with dO for
             // v and the scaled decayed queries for k_state.
             // SAFETY: whole warps, uniform; tiles published by barrier B; no output rows.
