@@ -773,6 +773,11 @@ macro_rules! gla_kernels {
             backward::KERNELS[1],
             backward::KERNELS[2],
             backward::KERNELS[3],
+            backward::KERNELS[4],
+            backward::KERNELS[5],
+            backward::KERNELS[6],
+            backward::KERNELS[7],
+            backward::KERNELS[8],
         ];
 
         /// The baseline kernels `(gla_fwd, gla_states)` of head dimensions `(dk, dv)`, if any.

@@ -18,7 +18,8 @@ use kernels::data::rng;
 use kernels::exec::OnStream;
 use kernels::gla::reference::{ExactInputs, OutputGrads, backward, rel_l2, reverse_sweep};
 use kernels::gla::{
-    G_BLOCK, GlaBackwardWorkspace, GlaProblem, GlaReverseTensors, Target, grad_slot,
+    G_BLOCK, GlaBackwardSplit, GlaBackwardWorkspace, GlaProblem, GlaReverseTensors, SegmentPlan,
+    Target, grad_slot,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Arch, Gpu, bf16};
@@ -47,14 +48,16 @@ fn out_grads(c: &Case) -> OutGrads {
 
 /// What the reverse pass wrote: dv, the initial-state gradients and the workspace's block
 /// gradients.
-struct DhRun {
+struct ReverseRun {
+    segments: SegmentPlan,
     d_v: Vec<bf16>,
     d_init: Vec<f32>,
     grad: Vec<f32>,
 }
 
 /// Emulated cases: every head-dimension pair at one token, partial chunks and blocks, several
-/// blocks, decays near the clamp and spiky, packed sequences, no final-state gradient.
+/// blocks, decays near the clamp and spiky, packed sequences, no final-state gradient, split
+/// sequences (segment boundaries inside and at the ends of 64-token blocks).
 fn emulated_cases() -> Vec<Case> {
     let slow = Decay::Uniform(-0.5, 0.0);
     let mut v = Vec::new();
@@ -77,6 +80,22 @@ fn emulated_cases() -> Vec<Case> {
         c.final_state = false;
         v.push(c);
     }
+    // Split sequences: segments of 32 (not a multiple of the 64-token blocks) and 64 tokens:
+    // gla_bwd_states, gla_bwd_combine, then gla_bwd_dhdv from the segments' end gradients.
+    for (dk, dv, seg) in [(64, 64, 32), (128, 128, 32), (64, 128, 64)] {
+        let mut c = case(1, 150, 1, dk, dv, Decay::Uniform(-1.0, 0.0));
+        c.p.segment_len = Some(seg);
+        v.push(c);
+    }
+    let mut c = case(1, 97, 1, 128, 64, slow);
+    c.p.segment_len = Some(32);
+    c.final_state = false;
+    v.push(c);
+    let mut c = case(1, 0, 1, 64, 64, Decay::Spiky);
+    c.p = GlaProblem::varlen(vec![0, 1, 17, 50, 130], 1, 64, 64);
+    c.p.segment_len = Some(32);
+    c.seed = 4343;
+    v.push(c);
     let mut c = case(1, 0, 2, 64, 64, slow);
     c.p = GlaProblem::varlen(vec![0, 1, 17, 81, 150], 2, 64, 64);
     c.seed = 9191;
@@ -89,7 +108,7 @@ fn emulated_cases() -> Vec<Case> {
 }
 
 /// GPU cases: the forward's grid of lengths on every head-dimension pair, strong and mixed
-/// decays, packed sequences.
+/// decays, packed sequences, split sequences.
 fn gpu_cases() -> Vec<Case> {
     let slow = Decay::Uniform(-0.05, 0.0);
     let mut v = Vec::new();
@@ -115,6 +134,12 @@ fn gpu_cases() -> Vec<Case> {
     let mut c = case(2, 200, 2, 64, 128, slow);
     c.final_state = false;
     v.push(c);
+    // Explicit splits (the automatic one splits the 4096-token case above on any GPU).
+    for (dk, dv, seg) in [(64, 64, 64), (128, 128, 96), (128, 64, 32)] {
+        let mut c = case(1, 1000, 2, dk, dv, Decay::Uniform(-0.2, 0.0));
+        c.p.segment_len = Some(seg);
+        v.push(c);
+    }
     v
 }
 
@@ -122,14 +147,14 @@ pub fn register(s: &mut Suite) {
     for c in emulated_cases() {
         s.cpu(
             &format!("gla/backward/emulated/reverse/{}", name(&c)),
-            move || check(&c, |p, d, o| emulator_dh(p, d, o)),
+            move || check(&c, emulator_reverse),
         );
     }
     for c in gpu_cases() {
         s.gpu(
             &format!("gla/backward/gpu/reverse/{}", name(&c)),
             Needs::Gpu,
-            move |g| check(&c, |p, d, o| gpu_dh(g, p, d, o)),
+            move |g| check(&c, |p, d, o| gpu_reverse(g, p, d, o)),
         );
     }
     s.cpu(
@@ -140,7 +165,7 @@ pub fn register(s: &mut Suite) {
 
 /// Run the pass in the CPU emulator through its plan: host buffers with guard bands, outputs and
 /// workspace poisoned with NaN; fails if a kernel wrote outside a buffer.
-fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun> {
+fn emulator_reverse(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<ReverseRun> {
     let (mut q, mut k, mut g, mut d_o) = (
         HostBuf::from_slice(&d.q),
         HostBuf::from_slice(&d.k),
@@ -164,12 +189,23 @@ fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun>
         multiprocessors: 132,
     };
     let plan = p.plan_reverse_pass(target, &tensors)?;
-    let (words, _) = plan.segments.table_words();
+    let (words, combine_words) = plan.segments.table_words();
     let mut segments = HostBuf::from_slice(&words);
+    let mut combine = HostBuf::from_slice(&combine_words);
     let mut grad = HostBuf::filled(plan.grad_len, f32::NAN);
+    let (state, decay) = plan.workspace.unwrap_or((0, 0));
+    let mut seg_end = HostBuf::filled(state, f32::NAN);
+    let mut delta = HostBuf::filled(state, f32::NAN);
+    let mut decay_log2 = HostBuf::filled(decay, f32::NAN);
     let workspace = GlaBackwardWorkspace {
         segments: segments.view(),
         grad: grad.view(),
+        split: plan.workspace.map(|_| GlaBackwardSplit {
+            combine: combine.view(),
+            seg_end: seg_end.view(),
+            delta: delta.view(),
+            decay_log2: decay_log2.view(),
+        }),
     };
     // SAFETY: every view is a distinct host buffer of the size the problem and plan need,
     // alive for the call; the emulator runs on host memory; the table holds the plan's words.
@@ -182,6 +218,10 @@ fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun>
         && d_final.as_ref().is_none_or(|b| b.guards_intact())
         && d_init.guards_intact()
         && segments.guards_intact()
+        && combine.guards_intact()
+        && seg_end.guards_intact()
+        && delta.guards_intact()
+        && decay_log2.guards_intact()
         && grad.guards_intact();
     if !intact {
         return Err(kernels::Error::invalid(
@@ -189,7 +229,8 @@ fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun>
             "a kernel wrote outside a buffer (guard bands changed)",
         ));
     }
-    Ok(DhRun {
+    Ok(ReverseRun {
+        segments: plan.segments,
         d_v: d_v.to_vec(),
         d_init: d_init.to_vec(),
         grad: grad.to_vec(),
@@ -197,7 +238,7 @@ fn emulator_dh(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun>
 }
 
 /// Run the pass on the GPU (outputs and workspace poisoned).
-fn gpu_dh(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<DhRun> {
+fn gpu_reverse(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<ReverseRun> {
     let stream = gpu.stream()?;
     let (q, k, g, d_o) = (upload(&d.q)?, upload(&d.k)?, upload(&d.g)?, upload(&o.d_o)?);
     let d_final = o.d_final.as_deref().map(upload).transpose()?;
@@ -213,12 +254,27 @@ fn gpu_dh(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<
         d_v: (&mut d_v).into(),
     };
     let plan = p.plan_reverse_pass(Target::of(gpu), &tensors)?;
-    let (words, _) = plan.segments.table_words();
+    let (words, combine_words) = plan.segments.table_words();
     let segments = upload(&words)?;
     let mut grad = poisoned::<f32>(plan.grad_len)?;
+    let mut split = match plan.workspace {
+        Some((state, decay)) => Some((
+            upload(&combine_words)?,
+            poisoned::<f32>(state)?,
+            poisoned::<f32>(state)?,
+            poisoned::<f32>(decay)?,
+        )),
+        None => None,
+    };
     let workspace = GlaBackwardWorkspace {
         segments: (&segments).into(),
         grad: (&mut grad).into(),
+        split: split.as_mut().map(|(c, e, d, l)| GlaBackwardSplit {
+            combine: (&*c).into(),
+            seg_end: e.into(),
+            delta: d.into(),
+            decay_log2: l.into(),
+        }),
     };
     // SAFETY: every view is a live allocation of this GPU's context, of the size the plan
     // checked; the table holds the plan's words; nothing else touches them until the sync.
@@ -232,7 +288,8 @@ fn gpu_dh(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<
         )?
     };
     gpu.sync(&stream, "GLA backward reverse pass")?;
-    Ok(DhRun {
+    Ok(ReverseRun {
+        segments: plan.segments.clone(),
         d_v: download(&d_v)?,
         d_init: download(&d_init)?,
         grad: download(&grad)?,
@@ -242,7 +299,7 @@ fn gpu_dh(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<
 /// Run the pass with `run` and compare with the f64 reference.
 fn check(
     c: &Case,
-    run: impl FnOnce(&GlaProblem, &Data, &OutGrads) -> kernels::Result<DhRun>,
+    run: impl FnOnce(&GlaProblem, &Data, &OutGrads) -> kernels::Result<ReverseRun>,
 ) -> TestResult {
     let p = &c.p;
     let d = data(c);
@@ -265,24 +322,34 @@ fn check(
     let (mut want_last, mut got_last) = (Vec::new(), Vec::new());
     let mut want_init = vec![0.0f64; p.state_len()];
     let mut want_dv = vec![0.0f64; p.v_len()];
-    // One segment per sequence: segment `n` is sequence `n`.
-    for (n, (start, len)) in p.sequences().into_iter().enumerate() {
+    // The stored gradients: block j of segment `slot` (sequence `seq`, from row `start`) ends
+    // at token `start + min(64 (j + 1), len) - 1`, in slot `grad_slot(start, slot, j)`.
+    let seqs = p.sequences();
+    let mut stored: Vec<Vec<(usize, usize)>> = vec![Vec::new(); seqs.len()];
+    for (slot, seg) in got.segments.segments.iter().enumerate() {
+        let (start, len) = (seg.start as usize, seg.len as usize);
+        for j in 0..len.div_ceil(G_BLOCK as usize) {
+            let end = start + (G_BLOCK as usize * (j + 1)).min(len) - 1;
+            let at = grad_slot(seg.start, slot as u32, j as u32) as usize;
+            stored[seg.seq as usize].push((end - seqs[seg.seq as usize].0, at));
+        }
+    }
+    for (n, &(start, len)) in seqs.iter().enumerate() {
+        let ends: Vec<usize> = stored[n].iter().map(|e| e.0).collect();
         for h in 0..heads {
-            let sweep = gpu_ok(reverse_sweep(p, &x, &dy, n, h, G_BLOCK as usize))?;
+            let sweep = gpu_ok(reverse_sweep(p, &x, &dy, n, h, &ends))?;
             for i in 0..len {
                 let at = ((start + i) * heads + h) * p.dv;
                 want_dv[at..at + p.dv].copy_from_slice(&sweep.dv[i * p.dv..(i + 1) * p.dv]);
             }
-            let blocks = &sweep.blocks;
-            for (j, b) in blocks.iter().enumerate() {
-                let slot = grad_slot(start as u32, n as u32, j as u32) as usize;
+            for (&(end, slot), want) in stored[n].iter().zip(&sweep.at_ends) {
                 let at = (slot * heads + h) * sz;
                 let got_b = got.grad[at..at + sz].iter().map(|&v| v as f64);
-                if j + 1 < blocks.len() {
-                    want_g.extend_from_slice(b);
+                if end + 1 < len {
+                    want_g.extend_from_slice(want);
                     got_g.extend(got_b);
                 } else {
-                    want_last.extend_from_slice(b);
+                    want_last.extend_from_slice(want);
                     got_last.extend(got_b);
                 }
             }
@@ -305,9 +372,10 @@ fn check(
     let ei = rel_l2(got.d_init.iter().map(|&v| v as f64), &want_init);
     println!(
         "  {}: rel L2 of dv {ev:.3e}, of the inner block gradients {eg:.3e} ({} blocks), of \
-         the last blocks {el:.3e}, of dS_0 {ei:.3e} (seed {})",
+         the last blocks {el:.3e}, of dS_0 {ei:.3e} ({} segments, seed {})",
         name(c),
         want_g.len() / sz,
+        got.segments.segments.len(),
         c.seed
     );
     ensure(ev <= TOL && eg <= TOL && el <= TOL && ei <= TOL, || {
@@ -378,6 +446,7 @@ fn rejects_bad_tensors() -> TestResult {
     let ws = GlaBackwardWorkspace {
         segments: segments.view(),
         grad: grad.view(),
+        split: None,
     };
     ensure(plan.launches(&ws).is_err(), || {
         "a short workspace was accepted".to_string()

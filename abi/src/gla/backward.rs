@@ -16,12 +16,20 @@
 //!   Before each [`G_BLOCK`]-token block of the segment (in reverse) it stores `G`, the
 //!   gradient of the state at the block's end from everything after it, in a slot of `grad`
 //!   ([`grad_slot`]); after the segment's first chunk, `G` is the gradient of its initial state
-//!   (`d_init_state` for a sequence's first segment).
+//!   (`d_init_state` for a sequence's first segment). A segment that is not the last of its
+//!   sequence starts from `seg_end`, written by `gla_bwd_combine`.
+//! - `gla_bwd_states_dk{DK}_dv{DV}`: the same walk from a zero gradient, for every segment of a
+//!   split sequence that is not the first, without dv or stored gradients: the gradient the
+//!   segment adds at its start (`delta`) and its total log2-decay per key channel
+//!   (`decay_log2`), as the forward's `gla_states` (whose workspace layout it shares).
+//! - `gla_bwd_combine` ([`CombineParams`], read backward): per split sequence, head and state
+//!   element, the gradient at the end of every segment but the last, from the sequence's end:
+//!   `seg_end_{i-1} = exp2(D_i) seg_end_i + delta_i` with `seg_end_last = dL/dS_final` (or 0).
 //!
 //! The shared-memory layout and block size are the forward's ([`GlaConfig`]): q, k, g and dO
 //! take the forward ring's q, k, g and v tiles, the chunk's operands its variant buffers.
 
-use super::{CHUNK, GlaConfig, Segment, config_of};
+use super::{CHUNK, COMBINE_THREADS, CombineParams, GlaConfig, Segment, config_of};
 use crate::{Kernel, KernelDecl};
 
 /// Tokens per block of the stored state gradients: the backward keeps `dL/dS` at the end of
@@ -77,6 +85,15 @@ pub struct DhdvParams {
     pub d_init_state: *mut f32,
     /// Written: the gradient at every block end ([`grad_slot`]).
     pub grad: *mut f32,
+    /// Gradient at the end of every segment that is not last, `[segments, heads, dk, dv]`
+    /// (written by `gla_bwd_combine`, read by `gla_bwd_dhdv`).
+    pub seg_end: *const f32,
+    /// Gradient each segment adds at its start from a zero end gradient, `[segments, heads,
+    /// dk, dv]` (written by `gla_bwd_states`).
+    pub delta: *mut f32,
+    /// Total log2-decay of each segment per key channel, `[segments, heads, dk]` (written by
+    /// `gla_bwd_states`).
+    pub decay_log2: *mut f32,
     /// Heads.
     pub heads: u32,
     /// Output scale of the forward.
@@ -90,13 +107,21 @@ pub struct DhdvParams {
 /// Declare the handles of each head-dimension pair's backward kernels, the table and the
 /// lookup.
 macro_rules! bwd_kernels {
-    ($( ($dk:literal, $dv:literal): $dh:ident; )*) => {
+    ($( ($dk:literal, $dv:literal): $dhdv:ident, $states:ident; )*) => {
         $(
             #[doc = concat!("`gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
                 "grid `(segments, heads)`, [`GlaConfig::threads`] threads, ",
                 "[`GlaConfig::smem_bytes`].")]
-            pub const $dh: Kernel<DhdvParams> = Kernel::new(
+            pub const $dhdv: Kernel<DhdvParams> = Kernel::new(
                 concat!("gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv)),
+                config_of($dk, $dv).threads(),
+                config_of($dk, $dv).blocks_per_sm,
+                |()| config_of($dk, $dv).smem_bytes(),
+            );
+            #[doc = concat!("`gla_bwd_states_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
+                "launched as the reverse-pass kernel of the pair.")]
+            pub const $states: Kernel<DhdvParams> = Kernel::new(
+                concat!("gla_bwd_states_dk", stringify!($dk), "_dv", stringify!($dv)),
                 config_of($dk, $dv).threads(),
                 config_of($dk, $dv).blocks_per_sm,
                 |()| config_of($dk, $dv).smem_bytes(),
@@ -104,12 +129,19 @@ macro_rules! bwd_kernels {
         )*
 
         /// The backward's kernels (part of the family's table `kernel_abi::gla::KERNELS`).
-        pub const KERNELS: [KernelDecl; 4] = [ $( $dh.info(), )* ];
+        pub const KERNELS: [KernelDecl; 9] = [
+            $( $dhdv.info(), $states.info(), )*
+            GLA_BWD_COMBINE.info(),
+        ];
 
-        /// The reverse-pass kernel of head dimensions `(dk, dv)`, if any.
-        pub const fn dhdv_kernel(dk: u32, dv: u32) -> Option<&'static Kernel<DhdvParams>> {
+        /// The reverse-pass kernels `(gla_bwd_dhdv, gla_bwd_states)` of head dimensions
+        /// `(dk, dv)`, if any.
+        pub const fn reverse_kernels(
+            dk: u32,
+            dv: u32,
+        ) -> Option<(&'static Kernel<DhdvParams>, &'static Kernel<DhdvParams>)> {
             match (dk, dv) {
-                $( ($dk, $dv) => Some(&$dh), )*
+                $( ($dk, $dv) => Some((&$dhdv, &$states)), )*
                 _ => None,
             }
         }
@@ -117,16 +149,23 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    (64, 64): GLA_BWD_DHDV_DK64_DV64;
-    (64, 128): GLA_BWD_DHDV_DK64_DV128;
-    (128, 64): GLA_BWD_DHDV_DK128_DV64;
-    (128, 128): GLA_BWD_DHDV_DK128_DV128;
+    (64, 64): GLA_BWD_DHDV_DK64_DV64, GLA_BWD_STATES_DK64_DV64;
+    (64, 128): GLA_BWD_DHDV_DK64_DV128, GLA_BWD_STATES_DK64_DV128;
+    (128, 64): GLA_BWD_DHDV_DK128_DV64, GLA_BWD_STATES_DK128_DV64;
+    (128, 128): GLA_BWD_DHDV_DK128_DV128, GLA_BWD_STATES_DK128_DV128;
 }
+
+/// `gla_bwd_combine`: grid `(split sequences, heads, ceil(dk dv / COMBINE_THREADS))`,
+/// [`COMBINE_THREADS`] threads, no dynamic shared memory. Its [`CombineParams`] read
+/// backward: `init_state` is the final-state gradient (when `has_init != 0`), `seg_init` the
+/// written `seg_end`, `delta` and `decay_log2` those of `gla_bwd_states`.
+pub const GLA_BWD_COMBINE: Kernel<CombineParams> =
+    Kernel::new("gla_bwd_combine", COMBINE_THREADS, 1, |()| 0);
 
 // The configuration's element-wise mapping must cover a chunk with whole runs (as the
 // forward's), and a block of stored gradients whole chunks.
 const _: () = {
-    assert!(G_BLOCK % CHUNK == 0);
+    assert!(G_BLOCK.is_multiple_of(CHUNK));
     let c: GlaConfig = config_of(64, 128);
     assert!(c.threads_per_pair() * c.tokens_per_thread() == CHUNK);
 };

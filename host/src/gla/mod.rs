@@ -55,8 +55,9 @@
 //! pass exists: [`GlaProblem::plan_reverse_pass`] plans it on its tensors
 //! ([`GlaReverseTensors`]) into a [`GlaBackwardPlan`] that runs on any executor with its
 //! workspace ([`GlaBackwardWorkspace`]); it writes dv, the initial states' gradients and the
-//! state gradient at every [`G_BLOCK`]-token block end ([`grad_slot`]), one segment per
-//! sequence. dq, dk and dg are not computed yet.
+//! state gradient at every [`G_BLOCK`]-token block end ([`grad_slot`]), on the forward
+//! baseline's segments (split sequences through a state pass and a combination, as the
+//! forward). dq, dk and dg are not computed yet.
 
 mod backward;
 mod device;
@@ -65,7 +66,10 @@ mod problem;
 pub mod reference;
 
 pub use crate::attention::Target;
-pub use backward::{GlaBackwardPlan, GlaBackwardStep, GlaBackwardWorkspace, GlaReverseTensors};
+pub use backward::{
+    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardWorkspace,
+    GlaReverseTensors,
+};
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;
 pub use kernel_abi::gla::backward::{G_BLOCK, grad_slot, grad_slots};

@@ -33,7 +33,10 @@ unsafe fn store_state<const DV: u32, const NJ: usize>(
     }
 }
 
-/// The reverse walk of one segment (see the module documentation).
+/// The reverse walk of one segment (see the module documentation). `FULL`: `gla_bwd_dhdv`
+/// (from the segment's end gradient: dv, stored gradients, the initial-state gradient of a
+/// first segment); else `gla_bwd_states` (from zero: `delta` and `decay_log2`; blocks of first
+/// segments exit at once).
 ///
 /// # Safety
 /// Launched as documented on [`DhdvParams`] with the configuration whose layout is `lay` and whose
@@ -49,6 +52,7 @@ pub(super) unsafe fn walk_dhdv<
     const TPT: usize,
     const NKK: usize,
     const NJ: usize,
+    const FULL: bool,
 >(
     p: &DhdvParams,
     lay: &GlaLayout,
@@ -57,6 +61,9 @@ pub(super) unsafe fn walk_dhdv<
     let (slot, head) = (index::block_idx_x(), index::block_idx_y());
     // SAFETY: slot < gridDim.x = entries of the segment table.
     let seg: Segment = unsafe { *p.segments.add(slot as usize) };
+    if !FULL && seg.flags & SEG_FIRST != 0 {
+        return;
+    }
     let lane = index::lane_id();
     let l = Lane {
         lane,
@@ -67,6 +74,7 @@ pub(super) unsafe fn walk_dhdv<
     let heads = p.heads as u64;
     let state_len = (DK * DV) as usize;
     let pair_head = (seg.seq as u64 * heads + head as u64) as usize * state_len;
+    let slot_head = (slot as u64 * heads + head as u64) as usize;
     let grad_at = |j: u32| {
         let s = grad_slot(seg.start, slot, j) as u64;
         p.grad
@@ -75,13 +83,23 @@ pub(super) unsafe fn walk_dhdv<
 
     // The gradient of the segment's end state.
     let mut st = [[0.0f32; 4]; NJ];
-    if seg.flags & SEG_LAST != 0 && p.has_d_final != 0 {
-        let src = p.d_final_state.wrapping_add(pair_head);
+    let end: *const f32 = if !FULL {
+        core::ptr::null()
+    } else if seg.flags & SEG_LAST != 0 {
+        if p.has_d_final != 0 {
+            p.d_final_state.wrapping_add(pair_head)
+        } else {
+            core::ptr::null()
+        }
+    } else {
+        p.seg_end.wrapping_add(slot_head * state_len)
+    };
+    if !end.is_null() {
         for j in 0..NJ {
             for e in 0..4 {
-                // SAFETY: the (seq, head) slice of the final-state gradients has DK * DV
-                // elements (host-checked size); state_index < DK * DV.
-                st[j][e] = unsafe { *src.add(state_index::<DV>(&l, j, e)) };
+                // SAFETY: the state slice of (seq, head) or (slot, head) has DK * DV elements
+                // (host-checked sizes); state_index < DK * DV.
+                st[j][e] = unsafe { *end.add(state_index::<DV>(&l, j, e)) };
             }
         }
     }
@@ -139,6 +157,7 @@ pub(super) unsafe fn walk_dhdv<
     }
     let rb = const { GlaConfig::row_bytes(DK) };
     let rbv = const { GlaConfig::row_bytes(DV) };
+    let mut total = [0.0f32; 2];
     for i in 0..steps {
         cp_async::wait_group::<WAIT>();
         // SAFETY: barrier A of the protocol; every thread reaches it `steps` times.
@@ -157,7 +176,8 @@ pub(super) unsafe fn walk_dhdv<
             }
             // Before the last chunk of a block (walking backward: its first), `st` is the
             // gradient at the block's end from everything after it.
-            if chunk % CHUNKS_PER_G_BLOCK == CHUNKS_PER_G_BLOCK - 1 || chunk == chunks - 1 {
+            if FULL && (chunk % CHUNKS_PER_G_BLOCK == CHUNKS_PER_G_BLOCK - 1 || chunk == chunks - 1)
+            {
                 // SAFETY: the slot of block chunk / 4 of this segment, this block's own.
                 unsafe { store_state::<DV, NJ>(&l, &st, grad_at(chunk / CHUNKS_PER_G_BLOCK)) };
             }
@@ -166,7 +186,7 @@ pub(super) unsafe fn walk_dhdv<
             // SAFETY: all threads (uniform: `chunk` is block-uniform); raw rows published by
             // barrier A (zero-filled past the segment's end); the buffer's last readers
             // finished before barrier B of the previous chunk of the walk.
-            unsafe {
+            let b15 = unsafe {
                 elementwise::<DK, P, TPT>(
                     index::thread_idx_x(),
                     [q_s + r0 * rb, k_s + r0 * rb, g_s + r0 * rb],
@@ -174,25 +194,30 @@ pub(super) unsafe fn walk_dhdv<
                     p.scale,
                 )
             };
+            total[0] += b15[0];
+            total[1] += b15[1];
             // SAFETY: barrier B of the protocol (uniform).
             unsafe { sync::sync_threads() };
             let token = seg.start as u64 + (chunk * CHUNK) as u64;
             let dv_rows = p
                 .d_v
                 .wrapping_add(((token * heads + head as u64) * DV as u64 + l.dv0 as u64) as usize);
-            // SAFETY: whole warps, uniform; tiles and dO rows published by barrier B; dv_rows
-            // is column dv0 of this head in the chunk's first row of dv, rows < valid exist.
-            unsafe {
-                dv_chunk::<DK, DV, NKK, NJ>(
-                    &l,
-                    &var,
-                    o_s + r0 * rbv,
-                    &st,
-                    dv_rows,
-                    (heads * DV as u64) as usize,
-                    (len - chunk * CHUNK).min(CHUNK),
-                )
-            };
+            if FULL {
+                // SAFETY: whole warps, uniform; tiles and dO rows published by barrier B;
+                // dv_rows is column dv0 of this head in the chunk's first row of dv, rows <
+                // valid exist.
+                unsafe {
+                    dv_chunk::<DK, DV, NKK, NJ>(
+                        &l,
+                        &var,
+                        o_s + r0 * rbv,
+                        &st,
+                        dv_rows,
+                        (heads * DV as u64) as usize,
+                        (len - chunk * CHUNK).min(CHUNK),
+                    )
+                };
+            }
             // G^T = 2^{b_15} G^T + dO^T (scale q 2^b): the forward's state update with dO for
             // v and the scaled decayed queries for k_state.
             // SAFETY: whole warps, uniform; tiles published by barrier B; no output rows.
@@ -212,7 +237,21 @@ pub(super) unsafe fn walk_dhdv<
     }
     cp_async::wait_all();
 
-    if seg.flags & SEG_FIRST != 0 {
+    if !FULL {
+        // SAFETY: this block's own slice of delta, DK * DV elements (host-checked size).
+        unsafe { store_state::<DV, NJ>(&l, &st, p.delta.wrapping_add(slot_head * state_len)) };
+        let tid = index::thread_idx_x();
+        if tid % P == P - 1 {
+            let dst = p
+                .decay_log2
+                .wrapping_add(slot_head * DK as usize + 2 * (tid / P) as usize);
+            // SAFETY: channels 2 (tid / P), +1 < DK of this segment's decay row; one writer.
+            unsafe {
+                *dst = total[0];
+                *dst.add(1) = total[1];
+            }
+        }
+    } else if seg.flags & SEG_FIRST != 0 {
         // SAFETY: the (seq, head) slice of the initial-state gradients, DK * DV elements
         // (host-checked size), written only by this sequence's first segment.
         unsafe { store_state::<DV, NJ>(&l, &st, p.d_init_state.wrapping_add(pair_head)) };

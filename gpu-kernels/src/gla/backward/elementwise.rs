@@ -42,6 +42,7 @@ unsafe fn shfl_up_f32(v: f32, delta: u32) -> f32 {
 /// times its operands. Rows past the segment's end are zero-filled by the loads (q = k = g = 0:
 /// no decay, no term).
 /// `tid` is the thread's index among the `P DK / 2` threads (`DK / 2` pairs of `P` lanes).
+/// Returns `b_15` of the thread's two channels (log2).
 ///
 /// # Safety
 /// Every thread of the block calls it (uniform control flow; whole warps shuffle); the raw rows
@@ -52,7 +53,7 @@ pub(super) unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize>(
     raw: [u32; 3],
     var: &Variants,
     scale: f32,
-) {
+) -> [f32; 2] {
     const { assert!(P * TPT as u32 == CHUNK && TPT as u32 <= HALF && 32 % P == 0) };
     const { assert!(4.0 * -G_FLOOR * math::LOG2_E < 126.0) };
     let [q_rows, k_rows, g_rows] = raw;
@@ -157,4 +158,5 @@ pub(super) unsafe fn elementwise<const DK: u32, const P: u32, const TPT: usize>(
             u32::store(at(var.k_state, row), pack(qs));
         }
     }
+    b15
 }

@@ -3,11 +3,15 @@
 //! the f64 reverse sweep in `host/src/gla/reference/backward.rs`; design: bench/NOTES.md ("GLA
 //! backward: plan").
 //!
-//! So far the reverse pass, `gla_bwd_dhdv_dk{DK}_dv{DV}`: dv, and the gradient `G = dL/dS` of
-//! the state at the end of every [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block
-//! of a segment and of the segment's initial state. A segment starts from the gradient of its
-//! end state only at a sequence's end (`dL/dS_final`, or zero); the host plans one segment per
-//! sequence.
+//! So far the reverse pass: `gla_bwd_dhdv_dk{DK}_dv{DV}` computes dv, and the gradient
+//! `G = dL/dS` of the state at the end of every
+//! [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block of a segment and of the
+//! segment's initial state. A segment starts from the gradient of its end state: `dL/dS_final`
+//! (or zero) at a sequence's end, else `seg_end`. For split sequences, as the forward's state
+//! pass and combination mirrored: `gla_bwd_states_dk{DK}_dv{DV}` (the same walk from a zero
+//! gradient, without dv or stored gradients: the gradient each segment but the first adds at
+//! its start, and its total decay) and `gla_bwd_combine` (`combine.rs`: `seg_end` of every
+//! segment but the last, chained from the sequence's end).
 //!
 //! # Parameters
 //! [`DhdvParams`]: contiguous q, k, g `[rows, H, DK]`, dO, dv `[rows, H, DV]` in bf16, f32
@@ -51,7 +55,10 @@
 //! - Registers hold `G`; global memory is written only by its owner (this block's rows of dv,
 //!   its gradient slots, its sequence's initial-state gradient). The block waits for all its copies before
 //!   exiting.
+//!
+//! `gla_bwd_combine` shares nothing between threads (no barrier).
 
+mod combine;
 mod dhdv;
 mod dv;
 mod elementwise;
@@ -60,10 +67,10 @@ use dhdv::walk_dhdv;
 use kernel_abi::gla::backward::DhdvParams;
 use kernel_abi::gla::{GlaConfig, GlaLayout, config_of};
 
-/// The body of `gla_bwd_dhdv` for one head-dimension pair: [`walk_dhdv`] with the configuration's
-/// constants.
+/// The body of `gla_bwd_dhdv` (`$full = true`) or `gla_bwd_states` (`false`) for one
+/// head-dimension pair: [`walk_dhdv`] with the configuration's constants.
 macro_rules! dhdv_body {
-    ($p:expr, $dk:literal, $dv:literal) => {{
+    ($p:expr, $dk:literal, $dv:literal, $full:literal) => {{
         const CFG: GlaConfig = config_of($dk, $dv);
         const LAYOUT: GlaLayout = CFG.layout();
         walk_dhdv::<
@@ -76,26 +83,43 @@ macro_rules! dhdv_body {
             { CFG.tokens_per_thread() as usize },
             { (CFG.dk / 16) as usize },
             { (CFG.dk / 8) as usize },
+            $full,
         >(&$p, &LAYOUT)
     }};
 }
 
 /// Declare the kernels of each head-dimension pair: the PTX entry points (with their launch
-/// bounds) and, in host builds, the emulator's table of the same bodies.
+/// bounds) and, in host builds, the emulator's table of the same bodies (`gla_bwd_combine`
+/// included).
 macro_rules! bwd_kernels {
-    ($( $dh:ident, $dk:literal, $dv:literal; )*) => {
+    ($( $dhdv:ident, $states:ident, $dk:literal, $dv:literal; )*) => {
         $(
             /// `gla_bwd_dhdv` for this pair of head dimensions; see the module documentation.
             ///
             /// # Safety
             /// Grid `(segments, heads)`, the configuration's threads and shared memory,
-            /// parameters satisfying [`DhdvParams`]'s contract (validated by the host).
+            /// parameters satisfying [`DhdvParams`]'s contract (validated by the host); for
+            /// segments that are not last, `seg_end` written by `gla_bwd_combine`.
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $dh(p: DhdvParams) {
-                crate::launch_bounds!($dh in kernel_abi::gla::KERNELS);
+            pub unsafe extern "ptx-kernel" fn $dhdv(p: DhdvParams) {
+                crate::launch_bounds!($dhdv in kernel_abi::gla::KERNELS);
                 // SAFETY: forwarded to the caller.
-                unsafe { dhdv_body!(p, $dk, $dv) }
+                unsafe { dhdv_body!(p, $dk, $dv, true) }
+            }
+
+            /// `gla_bwd_states` for this pair of head dimensions; see the module
+            /// documentation.
+            ///
+            /// # Safety
+            /// As for the `gla_bwd_dhdv` kernel of the pair; `delta` and `decay_log2` hold a
+            /// slice per (segment, head).
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $states(p: DhdvParams) {
+                crate::launch_bounds!($states in kernel_abi::gla::KERNELS);
+                // SAFETY: forwarded to the caller.
+                unsafe { dhdv_body!(p, $dk, $dv, false) }
             }
         )*
 
@@ -104,7 +128,7 @@ macro_rules! bwd_kernels {
         pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
             $(
                 crate::emu::EmuKernel {
-                    name: stringify!($dh),
+                    name: stringify!($dhdv),
                     params: core::mem::size_of::<DhdvParams>(),
                     threads: config_of($dk, $dv).threads(),
                     run: {
@@ -113,20 +137,51 @@ macro_rules! bwd_kernels {
                             // type (it checks the size), whose contract the caller upholds.
                             unsafe {
                                 let p = core::ptr::read_unaligned(p as *const DhdvParams);
-                                dhdv_body!(p, $dk, $dv)
+                                dhdv_body!(p, $dk, $dv, true)
+                            }
+                        }
+                        run
+                    },
+                },
+                crate::emu::EmuKernel {
+                    name: stringify!($states),
+                    params: core::mem::size_of::<DhdvParams>(),
+                    threads: config_of($dk, $dv).threads(),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: as for the `gla_bwd_dhdv` entries.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const DhdvParams);
+                                dhdv_body!(p, $dk, $dv, false)
                             }
                         }
                         run
                     },
                 },
             )*
+            crate::emu::EmuKernel {
+                name: "gla_bwd_combine",
+                params: core::mem::size_of::<kernel_abi::gla::CombineParams>(),
+                threads: kernel_abi::gla::COMBINE_THREADS,
+                run: {
+                    unsafe fn run(p: *const u8) {
+                        // SAFETY: as for the `gla_bwd_dhdv` entries.
+                        unsafe {
+                            combine::combine(core::ptr::read_unaligned(
+                                p as *const kernel_abi::gla::CombineParams,
+                            ))
+                        }
+                    }
+                    run
+                },
+            },
         ];
     };
 }
 
 bwd_kernels! {
-    gla_bwd_dhdv_dk64_dv64, 64, 64;
-    gla_bwd_dhdv_dk64_dv128, 64, 128;
-    gla_bwd_dhdv_dk128_dv64, 128, 64;
-    gla_bwd_dhdv_dk128_dv128, 128, 128;
+    gla_bwd_dhdv_dk64_dv64, gla_bwd_states_dk64_dv64, 64, 64;
+    gla_bwd_dhdv_dk64_dv128, gla_bwd_states_dk64_dv128, 64, 128;
+    gla_bwd_dhdv_dk128_dv64, gla_bwd_states_dk128_dv64, 128, 64;
+    gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, 128, 128;
 }

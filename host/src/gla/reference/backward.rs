@@ -250,11 +250,11 @@ pub fn backward_head(
 /// reverse pass of the kernels): see [`reverse_sweep`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReverseSweep {
-    /// For every block `j` of `block` tokens of the sequence (the last may be shorter), in
-    /// order, `G_j` `[dk][dv]`: the derivative of `L` with respect to the state after the
-    /// block's last token `t` through everything after `t` (`dS^final` for the last block;
-    /// `dS_t - scale q_t^T dO_t` in the notation of the module documentation).
-    pub blocks: Vec<Vec<f64>>,
+    /// For every token `i` of `ends` (sequence-relative, in its order), `G` `[dk][dv]`: the
+    /// derivative of `L` with respect to the state after token `i` through everything after it
+    /// (`dS^final` after the last token; `dS_t - scale q_t^T dO_t` at that token `t` in the
+    /// notation of the module documentation). The kernels store it at block ends.
+    pub at_ends: Vec<Vec<f64>>,
     /// `dS_0` `[dk][dv]`.
     pub d_init_state: Vec<f64>,
     /// `dL/dk` `[len, dk]`.
@@ -263,16 +263,17 @@ pub struct ReverseSweep {
     pub dv: Vec<f64>,
 }
 
-/// The gradients of one (sequence, head) that need only `dS_t` (not the states): the stored
-/// block gradients, `dS_0`, dk and dv (the same numbers as [`backward_head`]'s, computed
-/// without storing the states, so for long sequences too).
+/// The gradients of one (sequence, head) that need only `dS_t` (not the states): the state
+/// gradients after the tokens `ends` (sequence-relative indices), `dS_0`, dk and dv (the same
+/// numbers as [`backward_head`]'s, computed without storing the states, so for long sequences
+/// too).
 pub fn reverse_sweep(
     p: &GlaProblem,
     x: &ExactInputs,
     dy: &OutputGrads,
     seq: usize,
     head: usize,
-    block: usize,
+    ends: &[usize],
 ) -> Result<ReverseSweep> {
     x.validate(p)?;
     dy.validate(p)?;
@@ -280,10 +281,10 @@ pub fn reverse_sweep(
     let (start, len) = *seqs.get(seq).ok_or_else(|| {
         Error::invalid("GLA sequence", format!("{seq} >= {} sequences", seqs.len()))
     })?;
-    if head >= p.heads || block == 0 {
+    if head >= p.heads || ends.iter().any(|&i| i >= len) {
         return Err(Error::invalid(
-            "GLA head or block",
-            format!("head {head} of {}, block {block}", p.heads),
+            "GLA head or token",
+            format!("head {head} of {}, tokens {ends:?} of {len}", p.heads),
         ));
     }
     let (h_n, dk, dv) = (p.heads, p.dk, p.dv);
@@ -295,14 +296,14 @@ pub fn reverse_sweep(
         None => vec![0.0; sz],
     };
     let mut out = ReverseSweep {
-        blocks: vec![Vec::new(); len.div_ceil(block)],
+        at_ends: vec![Vec::new(); ends.len()],
         d_init_state: Vec::new(),
         dk: vec![0.0; len * dk],
         dv: vec![0.0; len * dv],
     };
     for i in (0..len).rev() {
-        if (i + 1) % block == 0 || i + 1 == len {
-            out.blocks[i / block] = ds.clone();
+        for (n, _) in ends.iter().enumerate().filter(|&(_, &e)| e == i) {
+            out.at_ends[n] = ds.clone();
         }
         let t = start + i;
         let qk = (t * h_n + head) * dk;
