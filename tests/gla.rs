@@ -16,6 +16,9 @@
 // The backward reference's checks (`reference/backward/...`), in a file of their own.
 #[path = "gla/backward.rs"]
 mod backward;
+// The backward kernels' checks (`gla/backward/...`).
+#[path = "gla/backward_kernels.rs"]
+mod backward_kernels;
 
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok, portable_gpu};
@@ -294,6 +297,7 @@ fn main() {
         s.cpu(&format!("gla/emulated/{}", name(&c)), move || emulated(&c));
     }
     backward::register(&mut s);
+    backward_kernels::register(&mut s);
     s.cpu("gla/segment_plan", segment_plan);
     s.cpu("gla/rejects_bad_problems", rejects_bad_problems);
     s.gpu("gla/rejects_bad_tensors", Needs::Gpu, rejects_bad_tensors);

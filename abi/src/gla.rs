@@ -16,8 +16,12 @@
 //!
 //! Splitting sequences into segments is what gives the GPU enough blocks when `batch * heads`
 //! is small (long sequences); with one segment per sequence only `gla_fwd` runs.
+//!
+//! The backward's kernels (`gla_bwd_*`) are declared in [`backward`] and listed in [`KERNELS`].
 
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE, align_up};
+
+pub mod backward;
 
 /// Tokens per chunk: the rows of one `mma.sync` m16 tile. The intra-chunk part is this one
 /// 16 x 16 block; everything before the chunk reaches it through the state.
@@ -765,6 +769,15 @@ macro_rules! gla_kernels {
         pub const KERNELS: &[KernelDecl] = &[
             $( $fwd.info(), $states.info(), $fwd_pp.info(), $states_pp.info(), )*
             GLA_COMBINE.info(),
+            backward::KERNELS[0],
+            backward::KERNELS[1],
+            backward::KERNELS[2],
+            backward::KERNELS[3],
+            backward::KERNELS[4],
+            backward::KERNELS[5],
+            backward::KERNELS[6],
+            backward::KERNELS[7],
+            backward::KERNELS[8],
         ];
 
         /// The baseline kernels `(gla_fwd, gla_states)` of head dimensions `(dk, dv)`, if any.

@@ -447,7 +447,7 @@ pub const DH_TOKENS: u32 = DH_THREADS / WARP_SIZE;
 /// coefficient order) and `dy = sum_i H_post[i] d_xnext_i`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct DhParams {
+pub struct DhdvParams {
     /// `[T, n, C]` bf16.
     pub x: *const u16,
     /// `[T, C]` bf16.
@@ -772,7 +772,7 @@ pub const FWD_POST: &[Kernel<PostParams>] =
     per_n!("mhc_fwd_post_n", APPLY_THREADS, [2: 3, 3: 3, 4: 3, 5: 1, 6: 1, 7: 1, 8: 1], no_smem);
 
 /// `mhc_bwd_dh_n{n}` (index `n - MIN_N`).
-pub const BWD_DH: &[Kernel<DhParams>] =
+pub const BWD_DH: &[Kernel<DhdvParams>] =
     per_n!("mhc_bwd_dh_n", DH_THREADS, [2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1], no_smem);
 
 /// `mhc_bwd_coeff`: its shared memory is a function of the Sinkhorn iterations.

@@ -20,6 +20,7 @@ impl Exec for Emulator {
         let kernel = kernel_emulator::mhc::EMU_KERNELS
             .iter()
             .chain(kernel_emulator::gla::EMU_KERNELS)
+            .chain(kernel_emulator::gla::backward::EMU_KERNELS)
             .chain(kernel_emulator::attention::EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::NEGATIVE_EMU_KERNELS)

@@ -1,7 +1,7 @@
 //! `mhc_bwd_dh_n{N}`: gradients of the coefficients (reductions over the channels) and of `y`.
 //!
 //! # Parameters
-//! [`DhParams`]: `x [T, N, C]`, `y [T, C]`, `d_xin [T, C]`, `d_xnext [T, N, C]` bf16,
+//! [`DhdvParams`]: `x [T, N, C]`, `y [T, C]`, `d_xin [T, C]`, `d_xnext [T, N, C]` bf16,
 //! `h_post [T, N]` f32; outputs `dh [T, M]` f32 (coefficient order) and `dy [T, C]` bf16.
 //!
 //! # Thread mapping
@@ -30,7 +30,7 @@ use kernel_abi::mhc::*;
 /// Grid of `ceil(T / DH_TOKENS)` blocks of `DH_THREADS` threads, no shared memory; `C` is a
 /// multiple of 8; the pointers hold the documented sizes (16-byte aligned).
 #[inline(always)]
-pub unsafe fn run<const N: usize>(p: DhParams) {
+pub unsafe fn run<const N: usize>(p: DhdvParams) {
     let tok = (index::block_idx_x() * DH_TOKENS + index::warp_id()) as usize;
     if tok >= p.tokens as usize {
         return;

@@ -127,13 +127,13 @@ kernels! {
     mhc_fwd_post_n7(PostParams) => apply::post::<7>;
     mhc_fwd_post_n8(PostParams) => apply::post::<8>;
 
-    mhc_bwd_dh_n2(DhParams) => dh::run::<2>;
-    mhc_bwd_dh_n3(DhParams) => dh::run::<3>;
-    mhc_bwd_dh_n4(DhParams) => dh::run::<4>;
-    mhc_bwd_dh_n5(DhParams) => dh::run::<5>;
-    mhc_bwd_dh_n6(DhParams) => dh::run::<6>;
-    mhc_bwd_dh_n7(DhParams) => dh::run::<7>;
-    mhc_bwd_dh_n8(DhParams) => dh::run::<8>;
+    mhc_bwd_dh_n2(DhdvParams) => dh::run::<2>;
+    mhc_bwd_dh_n3(DhdvParams) => dh::run::<3>;
+    mhc_bwd_dh_n4(DhdvParams) => dh::run::<4>;
+    mhc_bwd_dh_n5(DhdvParams) => dh::run::<5>;
+    mhc_bwd_dh_n6(DhdvParams) => dh::run::<6>;
+    mhc_bwd_dh_n7(DhdvParams) => dh::run::<7>;
+    mhc_bwd_dh_n8(DhdvParams) => dh::run::<8>;
 
     mhc_bwd_coeff(BwdCoeffParams) => coeff::backward;
 

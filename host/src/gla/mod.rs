@@ -49,15 +49,30 @@
 //! kernels ([`GlaSession::kernel`]), its segments, their tables uploaded and the workspace
 //! allocated once; each [`GlaSession::forward`] plans on the given buffers and runs on a
 //! stream. [`forward_sync`] makes a session, runs it and waits.
+//!
+//! # Backward (in progress)
+//! The gradients are specified by [`reference::backward`] (f64). Of the kernels, the reverse
+//! pass exists: [`GlaProblem::plan_reverse_pass`] plans it on its tensors
+//! ([`GlaReverseTensors`]) into a [`GlaBackwardPlan`] that runs on any executor with its
+//! workspace ([`GlaBackwardWorkspace`]); it writes dv, the initial states' gradients and the
+//! state gradient at every [`G_BLOCK`]-token block end ([`grad_slot`]), on the forward
+//! baseline's segments (split sequences through a state pass and a combination, as the
+//! forward). dq, dk and dg are not computed yet.
 
+mod backward;
 mod device;
 mod plan;
 mod problem;
 pub mod reference;
 
 pub use crate::attention::Target;
+pub use backward::{
+    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardWorkspace,
+    GlaReverseTensors,
+};
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;
+pub use kernel_abi::gla::backward::{G_BLOCK, grad_slot, grad_slots};
 pub use plan::{GlaLaunch, GlaPlan, GlaSplitWorkspace, GlaStep, GlaTensors, GlaWorkspace};
 pub use problem::{
     GlaKernel, GlaProblem, MIN_AUTO_SEGMENT, PINGPONG_MIN_PAIRS, SegmentPlan, plan_auto,

@@ -477,7 +477,7 @@ impl GlaPlan {
     }
 }
 
-fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
+pub(super) fn check_view<T>(what: &str, view: &DevView<'_, T>, want: usize) -> Result<()> {
     if view.len() != want {
         return Err(Error::shape(
             format!("GLA {what}"),

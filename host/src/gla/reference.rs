@@ -19,7 +19,8 @@
 mod backward;
 
 pub use backward::{
-    ExactInputs, Gradients, OutputGrads, backward, backward_head, clamped_recurrence,
+    ExactInputs, Gradients, OutputGrads, ReverseSweep, backward, backward_head, clamped_recurrence,
+    reverse_sweep,
 };
 
 use super::{GlaProblem, SegmentPlan};

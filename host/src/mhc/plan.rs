@@ -10,7 +10,7 @@ use crate::launch::Launch;
 use half::bf16;
 use kernel_abi::Kernel;
 use kernel_abi::mhc::{
-    self as abi, BwdCoeffParams, DhParams, DxParams, FinalizeParams, FwdCoeffParams, PostParams,
+    self as abi, BwdCoeffParams, DhdvParams, DxParams, FinalizeParams, FwdCoeffParams, PostParams,
     PreParams, PrepParams, ProjParams, WgradParams,
 };
 
@@ -189,7 +189,7 @@ pub struct MhcBackward {
     /// `mhc_prep`.
     pub prep: Launch<PrepParams>,
     /// `mhc_bwd_dh_n{n}`.
-    pub dh: Launch<DhParams>,
+    pub dh: Launch<DhdvParams>,
     /// `mhc_bwd_coeff`.
     pub coeff: Launch<BwdCoeffParams>,
     /// `mhc_bwd_dx_n{n}`.
@@ -452,7 +452,7 @@ impl MhcLayout {
             dh,
             grid_1d(t.div_ceil(abi::DH_TOKENS as usize))?,
             (),
-            DhParams {
+            DhdvParams {
                 x: x.ptr(),
                 y: y.ptr(),
                 d_xin: d_xin.ptr(),

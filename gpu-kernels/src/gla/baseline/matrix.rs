@@ -10,21 +10,21 @@ use kernel_abi::gla::GlaConfig;
 
 /// A warp's place: lane decomposition and its value columns.
 #[derive(Clone, Copy)]
-pub(super) struct Lane {
-    pub(super) lane: u32,
+pub(in crate::gla) struct Lane {
+    pub(in crate::gla) lane: u32,
     /// `lane / 4`: accumulator row (and `+ 8`).
-    pub(super) g: u32,
+    pub(in crate::gla) g: u32,
     /// `lane % 4`: accumulator column pair.
-    pub(super) t: u32,
+    pub(in crate::gla) t: u32,
     /// First value column of the warp.
-    pub(super) dv0: u32,
+    pub(in crate::gla) dv0: u32,
 }
 
 /// The `[f32; 4]` accumulator tiles of `S^T` (m16 over the warp's value columns, n8 tile `j`
 /// over key channels `8 j ..`): element `e` is `S[8 j + 2 t + e % 2][dv0 + g + 8 (e / 2)]`.
 /// Offset (in elements) of that element in a `[DK, DV]` state.
 #[inline(always)]
-pub(super) fn state_index<const DV: u32>(l: &Lane, j: usize, e: usize) -> usize {
+pub(in crate::gla) fn state_index<const DV: u32>(l: &Lane, j: usize, e: usize) -> usize {
     let dk = 8 * j as u32 + 2 * l.t + (e as u32 % 2);
     let dv = l.dv0 + l.g + 8 * (e as u32 / 2);
     (dk * DV + dv) as usize
@@ -40,7 +40,7 @@ pub(super) fn state_index<const DV: u32>(l: &Lane, j: usize, e: usize) -> usize 
 /// the chunk's first output row, and the chunk has `valid` rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn matrix<
+pub(in crate::gla) unsafe fn matrix<
     const DK: u32,
     const DV: u32,
     const NKK: usize,

@@ -55,8 +55,8 @@
 
 mod combine;
 mod elementwise;
-mod matrix;
-mod tiles;
+pub(super) mod matrix;
+pub(super) mod tiles;
 mod walk;
 
 use kernel_abi::gla::{GlaConfig, GlaLayout, GlaParams, config_of};

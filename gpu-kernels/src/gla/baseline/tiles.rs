@@ -9,7 +9,7 @@ use kernel_abi::gla::{GlaConfig, GlaLayout};
 /// `GlaConfig::row_bytes(D)` bytes ([`crate::tiles::load_rows`]; contiguous tensors, D a
 /// multiple of 8, so every row starts 16-byte aligned).
 #[inline(always)]
-pub(super) fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
+pub(in crate::gla) fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
     dst: u32,
     base: *const u16,
     first_row_offset: u64,
@@ -28,18 +28,18 @@ pub(super) fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
 
 /// Shared-memory addresses of one variant buffer.
 #[derive(Clone, Copy)]
-pub(super) struct Variants {
-    pub(super) q_inter: u32,
-    pub(super) q_diag: u32,
-    pub(super) k_half0: u32,
-    pub(super) k_half1: u32,
-    pub(super) k_state: u32,
-    pub(super) decay: u32,
+pub(in crate::gla) struct Variants {
+    pub(in crate::gla) q_inter: u32,
+    pub(in crate::gla) q_diag: u32,
+    pub(in crate::gla) k_half0: u32,
+    pub(in crate::gla) k_half1: u32,
+    pub(in crate::gla) k_state: u32,
+    pub(in crate::gla) decay: u32,
 }
 
 impl Variants {
     #[inline(always)]
-    pub(super) fn new(base: u32, lay: &GlaLayout, b: u32) -> Variants {
+    pub(in crate::gla) fn new(base: u32, lay: &GlaLayout, b: u32) -> Variants {
         let base = base + b * lay.variant_bytes;
         Variants {
             q_inter: base + lay.q_inter,

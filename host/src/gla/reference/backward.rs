@@ -246,6 +246,99 @@ pub fn backward_head(
     Ok(walk_backward(p, x, dy, seq, start, len, head))
 }
 
+/// What the reverse sweep of one (sequence, head) gives without the forward's states (the
+/// reverse pass of the kernels): see [`reverse_sweep`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReverseSweep {
+    /// For every token `i` of `ends` (sequence-relative, in its order), `G` `[dk][dv]`: the
+    /// derivative of `L` with respect to the state after token `i` through everything after it
+    /// (`dS^final` after the last token; `dS_t - scale q_t^T dO_t` at that token `t` in the
+    /// notation of the module documentation). The kernels store it at block ends.
+    pub at_ends: Vec<Vec<f64>>,
+    /// `dS_0` `[dk][dv]`.
+    pub d_init_state: Vec<f64>,
+    /// `dL/dk` `[len, dk]`.
+    pub dk: Vec<f64>,
+    /// `dL/dv` `[len, dv]`.
+    pub dv: Vec<f64>,
+}
+
+/// The gradients of one (sequence, head) that need only `dS_t` (not the states): the state
+/// gradients after the tokens `ends` (sequence-relative indices), `dS_0`, dk and dv (the same
+/// numbers as [`backward_head`]'s, computed without storing the states, so for long sequences
+/// too).
+pub fn reverse_sweep(
+    p: &GlaProblem,
+    x: &ExactInputs,
+    dy: &OutputGrads,
+    seq: usize,
+    head: usize,
+    ends: &[usize],
+) -> Result<ReverseSweep> {
+    x.validate(p)?;
+    dy.validate(p)?;
+    let seqs = p.sequences();
+    let (start, len) = *seqs.get(seq).ok_or_else(|| {
+        Error::invalid("GLA sequence", format!("{seq} >= {} sequences", seqs.len()))
+    })?;
+    if head >= p.heads || ends.iter().any(|&i| i >= len) {
+        return Err(Error::invalid(
+            "GLA head or token",
+            format!("head {head} of {}, tokens {ends:?} of {len}", p.heads),
+        ));
+    }
+    let (h_n, dk, dv) = (p.heads, p.dk, p.dv);
+    let sz = dk * dv;
+    let scale = p.output_scale() as f64;
+    let at = (seq * h_n + head) * sz;
+    let mut ds: Vec<f64> = match dy.d_final_state {
+        Some(f) => f[at..at + sz].to_vec(),
+        None => vec![0.0; sz],
+    };
+    let mut out = ReverseSweep {
+        at_ends: vec![Vec::new(); ends.len()],
+        d_init_state: Vec::new(),
+        dk: vec![0.0; len * dk],
+        dv: vec![0.0; len * dv],
+    };
+    for i in (0..len).rev() {
+        for (n, _) in ends.iter().enumerate().filter(|&(_, &e)| e == i) {
+            out.at_ends[n] = ds.clone();
+        }
+        let t = start + i;
+        let qk = (t * h_n + head) * dk;
+        let vo = (t * h_n + head) * dv;
+        // dS_t: add the output term of t.
+        for d in 0..dk {
+            for e in 0..dv {
+                ds[d * dv + e] += scale * x.q[qk + d] * dy.d_o[vo + e];
+            }
+        }
+        for d in 0..dk {
+            let mut acc = 0.0f64;
+            for e in 0..dv {
+                acc += ds[d * dv + e] * x.v[vo + e];
+            }
+            out.dk[i * dk + d] = acc;
+        }
+        for e in 0..dv {
+            let mut acc = 0.0f64;
+            for d in 0..dk {
+                acc += x.k[qk + d] * ds[d * dv + e];
+            }
+            out.dv[i * dv + e] = acc;
+        }
+        for d in 0..dk {
+            let (a, _) = x.decay(p, t, head, d);
+            for e in 0..dv {
+                ds[d * dv + e] *= a;
+            }
+        }
+    }
+    out.d_init_state = ds;
+    Ok(out)
+}
+
 /// The reverse sweep over one (sequence, head) (validated inputs), in the layout of
 /// [`backward_head`].
 fn walk_backward(

@@ -1,0 +1,171 @@
+//! GLA chunkwise backward: what its kernels (`gpu-kernels/src/gla/backward`) and the host
+//! (`host/src/gla/backward.rs`) share. The gradients are specified by the f64 reverse sweep in
+//! `host/src/gla/reference/backward.rs`; the design is in bench/NOTES.md ("GLA backward: plan").
+//!
+//! # Kernels
+//! - `gla_bwd_dhdv_dk{DK}_dv{DV}`: the reverse pass. One block per (segment, head) walks its
+//!   segment's chunks in reverse, from the gradient of the segment's end state (`dL/dS_final`
+//!   for a sequence's last segment, else zero), keeping `G = dL/dS` (`DK x DV`, f32) in
+//!   registers. Per chunk of [`CHUNK`] tokens, with inclusive cumulative log-decays `b_t` from
+//!   the chunk start, `B = b` of its last token and `G` the gradient at the chunk's end from
+//!   everything after it:
+//!   - `dv_s = sum_{t >= s in the chunk} scale (q_t . (k_s exp(b_t - b_s))) dO_t +
+//!     (k_s exp(B - b_s)) G` (the chunk's own outputs, then everything after it);
+//!   - `G <- exp(B) G + scale sum_t (q_t exp(b_t))^T dO_t` (the gradient at the chunk's start).
+//!
+//!   Before each [`G_BLOCK`]-token block of the segment (in reverse) it stores `G`, the
+//!   gradient of the state at the block's end from everything after it, in a slot of `grad`
+//!   ([`grad_slot`]); after the segment's first chunk, `G` is the gradient of its initial state
+//!   (`d_init_state` for a sequence's first segment). A segment that is not the last of its
+//!   sequence starts from `seg_end`, written by `gla_bwd_combine`.
+//! - `gla_bwd_states_dk{DK}_dv{DV}`: the same walk from a zero gradient, for every segment of a
+//!   split sequence that is not the first, without dv or stored gradients: the gradient the
+//!   segment adds at its start (`delta`) and its total log2-decay per key channel
+//!   (`decay_log2`), as the forward's `gla_states` (whose workspace layout it shares).
+//! - `gla_bwd_combine` ([`CombineParams`], read backward): per split sequence, head and state
+//!   element, the gradient at the end of every segment but the last, from the sequence's end:
+//!   `seg_end_{i-1} = exp2(D_i) seg_end_i + delta_i` with `seg_end_last = dL/dS_final` (or 0).
+//!
+//! The shared-memory layout and block size are the forward's ([`GlaConfig`]): q, k, g and dO
+//! take the forward ring's q, k, g and v tiles, the chunk's operands its variant buffers.
+
+use super::{CHUNK, COMBINE_THREADS, CombineParams, GlaConfig, Segment, config_of};
+use crate::{Kernel, KernelDecl};
+
+/// Tokens per block of the stored state gradients: the backward keeps `dL/dS` at the end of
+/// every block of this many tokens of a segment (counted from the segment's start; the last
+/// block may be shorter), so the `dq`/`dk`/`dv`/`dg` walk reads one `DK x DV` gradient per
+/// block instead of per chunk.
+pub const G_BLOCK: u32 = 64;
+/// Chunks per [`G_BLOCK`].
+pub const CHUNKS_PER_G_BLOCK: u32 = G_BLOCK / CHUNK;
+
+/// The slot of `grad` holding the gradient at the end of block `j` of segment `slot` (the
+/// segment's index in the table) that starts at token row `start`: `start / G_BLOCK + slot + j`.
+/// Distinct for all (segment, block) pairs of a table of consecutive disjoint segments, and
+/// below [`grad_slots`]: block `j` of a segment of `len` tokens satisfies
+/// `start / 64 + ceil(len / 64) <= ceil((start + len) / 64)`, and the next segment's first
+/// slot is at least `(start + len) / 64 + slot + 1`.
+#[inline]
+pub const fn grad_slot(start: u32, slot: u32, j: u32) -> u32 {
+    start / G_BLOCK + slot + j
+}
+
+/// Slots of `grad` for `rows` token rows cut into `segments` segments:
+/// `ceil(rows / G_BLOCK) + segments` (an upper bound of every [`grad_slot`] plus one).
+#[inline]
+pub const fn grad_slots(rows: usize, segments: usize) -> usize {
+    rows.div_ceil(G_BLOCK as usize) + segments
+}
+
+/// Parameters of `gla_bwd_dhdv_dk{DK}_dv{DV}` (grid `(segments, heads)`,
+/// [`GlaConfig::threads`] threads, [`GlaConfig::smem_bytes`]).
+///
+/// Tensors are contiguous: q, k, g `[rows, heads, dk]`, dO and dv `[rows, heads, dv]` (bf16
+/// bits); state gradients `[seqs, heads, dk, dv]` f32; `grad` `[grad_slots, heads, dk, dv]`
+/// f32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DhdvParams {
+    /// Queries.
+    pub q: *const u16,
+    /// Keys.
+    pub k: *const u16,
+    /// Log-decays (natural log, clamped below at `G_FLOOR` as in the forward).
+    pub g: *const u16,
+    /// Gradient of the outputs.
+    pub d_o: *const u16,
+    /// Written: gradient of the values.
+    pub d_v: *mut u16,
+    /// The segment table (`gridDim.x` entries).
+    pub segments: *const Segment,
+    /// Gradient of the final states, read by last segments when `has_d_final != 0`.
+    pub d_final_state: *const f32,
+    /// Written by first segments: gradient of the initial states.
+    pub d_init_state: *mut f32,
+    /// Written: the gradient at every block end ([`grad_slot`]).
+    pub grad: *mut f32,
+    /// Gradient at the end of every segment that is not last, `[segments, heads, dk, dv]`
+    /// (written by `gla_bwd_combine`, read by `gla_bwd_dhdv`).
+    pub seg_end: *const f32,
+    /// Gradient each segment adds at its start from a zero end gradient, `[segments, heads,
+    /// dk, dv]` (written by `gla_bwd_states`).
+    pub delta: *mut f32,
+    /// Total log2-decay of each segment per key channel, `[segments, heads, dk]` (written by
+    /// `gla_bwd_states`).
+    pub decay_log2: *mut f32,
+    /// Heads.
+    pub heads: u32,
+    /// Output scale of the forward.
+    pub scale: f32,
+    /// Whether `d_final_state` is given.
+    pub has_d_final: u32,
+    /// Unused (keeps the struct a multiple of 8 bytes).
+    pub pad: u32,
+}
+
+/// Declare the handles of each head-dimension pair's backward kernels, the table and the
+/// lookup.
+macro_rules! bwd_kernels {
+    ($( ($dk:literal, $dv:literal): $dhdv:ident, $states:ident; )*) => {
+        $(
+            #[doc = concat!("`gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
+                "grid `(segments, heads)`, [`GlaConfig::threads`] threads, ",
+                "[`GlaConfig::smem_bytes`].")]
+            pub const $dhdv: Kernel<DhdvParams> = Kernel::new(
+                concat!("gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv)),
+                config_of($dk, $dv).threads(),
+                config_of($dk, $dv).blocks_per_sm,
+                |()| config_of($dk, $dv).smem_bytes(),
+            );
+            #[doc = concat!("`gla_bwd_states_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
+                "launched as the reverse-pass kernel of the pair.")]
+            pub const $states: Kernel<DhdvParams> = Kernel::new(
+                concat!("gla_bwd_states_dk", stringify!($dk), "_dv", stringify!($dv)),
+                config_of($dk, $dv).threads(),
+                config_of($dk, $dv).blocks_per_sm,
+                |()| config_of($dk, $dv).smem_bytes(),
+            );
+        )*
+
+        /// The backward's kernels (part of the family's table `kernel_abi::gla::KERNELS`).
+        pub const KERNELS: [KernelDecl; 9] = [
+            $( $dhdv.info(), $states.info(), )*
+            GLA_BWD_COMBINE.info(),
+        ];
+
+        /// The reverse-pass kernels `(gla_bwd_dhdv, gla_bwd_states)` of head dimensions
+        /// `(dk, dv)`, if any.
+        pub const fn reverse_kernels(
+            dk: u32,
+            dv: u32,
+        ) -> Option<(&'static Kernel<DhdvParams>, &'static Kernel<DhdvParams>)> {
+            match (dk, dv) {
+                $( ($dk, $dv) => Some((&$dhdv, &$states)), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+bwd_kernels! {
+    (64, 64): GLA_BWD_DHDV_DK64_DV64, GLA_BWD_STATES_DK64_DV64;
+    (64, 128): GLA_BWD_DHDV_DK64_DV128, GLA_BWD_STATES_DK64_DV128;
+    (128, 64): GLA_BWD_DHDV_DK128_DV64, GLA_BWD_STATES_DK128_DV64;
+    (128, 128): GLA_BWD_DHDV_DK128_DV128, GLA_BWD_STATES_DK128_DV128;
+}
+
+/// `gla_bwd_combine`: grid `(split sequences, heads, ceil(dk dv / COMBINE_THREADS))`,
+/// [`COMBINE_THREADS`] threads, no dynamic shared memory. Its [`CombineParams`] read
+/// backward: `init_state` is the final-state gradient (when `has_init != 0`), `seg_init` the
+/// written `seg_end`, `delta` and `decay_log2` those of `gla_bwd_states`.
+pub const GLA_BWD_COMBINE: Kernel<CombineParams> =
+    Kernel::new("gla_bwd_combine", COMBINE_THREADS, 1, |()| 0);
+
+// The configuration's element-wise mapping must cover a chunk with whole runs (as the
+// forward's), and a block of stored gradients whole chunks.
+const _: () = {
+    assert!(G_BLOCK.is_multiple_of(CHUNK));
+    let c: GlaConfig = config_of(64, 128);
+    assert!(c.threads_per_pair() * c.tokens_per_thread() == CHUNK);
+};
