@@ -5,14 +5,14 @@
 //!
 //! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking.
 //!
-//! The backward rows (`attention_bwd`, `attention_fwd_bwd`) are [`crate::attention_bwd`]'s.
+//! Family `attention-backward` ([`run_backward`]): the backward rows (`attention_bwd`,
+//! `attention_fwd_bwd`) of [`crate::attention_bwd`] over the same grid, its own results file.
 //!
 //! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` and
 //! `KBENCH_ATTENTION_SEQS` restrict the grid, the backward's too (the peers follow it; B = 16,
 //! S = 2048 runs only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants
 //! to time (default: all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k,
-//! 8k, 16k within the grid's sequences), `KBENCH_ATTENTION_FWD=0` skips the forward rows and
-//! the tuning variants (a backward-only run).
+//! 8k, 16k within the grid's sequences).
 
 use crate::attention_bwd;
 use crate::config;
@@ -26,37 +26,19 @@ use kernels::{Result, bf16};
 /// Elements of each of Q, K, V, O (the same for every configuration of the grid).
 const ELEMS: usize = 16384 * 2048;
 
-/// Run the family.
+/// Run the family: the forward over the grid, and the tuning variants.
 pub fn run(b: &mut Bench) -> Result<()> {
     let mut r = rng(2024);
     let q = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
     let k = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
     let v = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
     let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
-    // dO of the backward rows (the peers read it from the shared file too).
-    let backward = attention_bwd::enabled();
-    let d_o = if backward {
-        uniform_bf16(&mut r, ELEMS, -1.0, 1.0)
-    } else {
-        Vec::new()
-    };
-    let mut shared = vec![
+    b.shared(&[
         ("q", Tensor::Bf16(&q, vec![ELEMS])),
         ("k", Tensor::Bf16(&k, vec![ELEMS])),
         ("v", Tensor::Bf16(&v, vec![ELEMS])),
-    ];
-    if backward {
-        shared.push(("do", Tensor::Bf16(&d_o, vec![ELEMS])));
-    }
-    b.shared(&shared)?;
-    let seqs: &[usize] = if b.quick {
-        &[512, 2048]
-    } else {
-        &[512, 1024, 2048, 4096, 8192, 16384]
-    };
-    let dims: &[usize] = if b.quick { &[128] } else { &[64, 128, 256] };
-    let dims = only("KBENCH_ATTENTION_DIMS", dims)?;
-    let seqs = only("KBENCH_ATTENTION_SEQS", seqs)?;
+    ])?;
+    let (dims, seqs) = grid(b.quick)?;
     let variants = std::env::var("KBENCH_ATTENTION_VARIANTS").ok();
     let variants: Vec<&str> = match &variants {
         Some(list) => list.split(',').map(str::trim).collect(),
@@ -94,11 +76,6 @@ pub fn run(b: &mut Bench) -> Result<()> {
     if dims.contains(&64) && seqs.contains(&2048) {
         configs.push((16, 2048, 16, 64, true));
     }
-    let forward = std::env::var_os("KBENCH_ATTENTION_FWD").is_none_or(|v| v != "0");
-    if !forward {
-        configs.clear();
-        b.note("forward rows skipped (KBENCH_ATTENTION_FWD=0)");
-    }
     for (batch, s, h, d, causal) in configs {
         let mut p = AttentionProblem::new(batch, s, s, h, h, d, Dtype::Bf16);
         p.causal = causal;
@@ -125,7 +102,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
         .map(|(n, c)| (*n, c.head_dim));
     for (name, d) in tiles.chain(hoppers) {
         let d = d as usize;
-        if !forward || !variants.contains(&name) || !dims.contains(&d) {
+        if !variants.contains(&name) || !dims.contains(&d) {
             continue;
         }
         for &s in &tuning_seqs {
@@ -137,18 +114,49 @@ pub fn run(b: &mut Bench) -> Result<()> {
             }
         }
     }
-    if backward {
-        let ddo = upload(&d_o)?;
-        let x = attention_bwd::Shared {
-            host: [&q, &k, &v, &d_o],
-            dev: [&dq, &dk, &dv, &ddo],
-        };
-        attention_bwd::run(b, &x, &dims, &seqs)?;
-    } else {
-        b.note("backward rows skipped (KBENCH_ATTENTION_BWD=0)");
-    }
     b.run_peers();
     Ok(())
+}
+
+/// Run the family `attention-backward`: the backward rows of [`attention_bwd`] over the same
+/// grid (from 1k), on the same Q, K, V as the forward's, with the forward's peers.
+pub fn run_backward(b: &mut Bench) -> Result<()> {
+    b.peers_from("attention");
+    let mut r = rng(2024);
+    let q = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    let k = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    let v = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    let d_o = uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    b.shared(&[
+        ("q", Tensor::Bf16(&q, vec![ELEMS])),
+        ("k", Tensor::Bf16(&k, vec![ELEMS])),
+        ("v", Tensor::Bf16(&v, vec![ELEMS])),
+        ("do", Tensor::Bf16(&d_o, vec![ELEMS])),
+    ])?;
+    let (dims, seqs) = grid(b.quick)?;
+    let (dq, dk, dv, ddo) = (upload(&q)?, upload(&k)?, upload(&v)?, upload(&d_o)?);
+    let x = attention_bwd::Shared {
+        host: [&q, &k, &v, &d_o],
+        dev: [&dq, &dk, &dv, &ddo],
+    };
+    attention_bwd::run(b, &x, &dims, &seqs)?;
+    b.run_peers();
+    Ok(())
+}
+
+/// Head dimensions and sequence lengths of the grid (`--quick`: fewer), restricted by
+/// `KBENCH_ATTENTION_DIMS` and `KBENCH_ATTENTION_SEQS`.
+fn grid(quick: bool) -> Result<(Vec<usize>, Vec<usize>)> {
+    let seqs: &[usize] = if quick {
+        &[512, 2048]
+    } else {
+        &[512, 1024, 2048, 4096, 8192, 16384]
+    };
+    let dims: &[usize] = if quick { &[128] } else { &[64, 128, 256] };
+    Ok((
+        only("KBENCH_ATTENTION_DIMS", dims)?,
+        only("KBENCH_ATTENTION_SEQS", seqs)?,
+    ))
 }
 
 /// `all`, restricted to the comma-separated values of the environment variable `var` when set.

@@ -1,4 +1,4 @@
-//! Family `attention`, backward rows: `attention_bwd` (the backward alone, given O and LSE from
+//! Family `attention-backward`: `attention_bwd` (the backward alone, given O and LSE from
 //! our forward) and `attention_fwd_bwd` (forward then backward, as a training step runs them),
 //! each as `ours` (dQ accumulated with f32 atomics) and `ours-deterministic` (dQ from its own
 //! kernel), over D 64/128/256, S 1k..16k (B x S = 16k tokens, H x D = 2048), causal and not,
@@ -15,7 +15,7 @@
 //! (the workspace and the gradients; with the forward, O and LSE too).
 //!
 //! Focused runs: `KBENCH_ATTENTION_DIMS` and `KBENCH_ATTENTION_SEQS` restrict the grid as for
-//! the forward; `KBENCH_ATTENTION_BWD=0` skips the backward rows.
+//! the forward.
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
@@ -32,11 +32,6 @@ const REL_BOUND: f64 = 5e-2;
 
 /// The backward's sequence lengths (the forward grid's from 1k up).
 const SEQS: &[usize] = &[1024, 2048, 4096, 8192, 16384];
-
-/// Whether the backward rows run (`KBENCH_ATTENTION_BWD=0` skips them).
-pub fn enabled() -> bool {
-    std::env::var_os("KBENCH_ATTENTION_BWD").is_none_or(|v| v != "0")
-}
 
 /// Host and device copies of the inputs shared by every configuration (flat, `ELEMS` each).
 pub struct Shared<'a> {

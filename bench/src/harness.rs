@@ -140,6 +140,7 @@ pub struct Bench {
     /// Fewer runs and smaller problems (smoke runs of the runner itself).
     pub quick: bool,
     family: String,
+    peer_script: String,
     work: PathBuf,
     rows: Vec<Row>,
     notes: Vec<String>,
@@ -175,6 +176,7 @@ impl Bench {
             gpu,
             quick,
             family: family.to_string(),
+            peer_script: family.to_string(),
             work,
             rows: Vec::new(),
             notes: Vec::new(),
@@ -288,6 +290,12 @@ impl Bench {
         &self.rows
     }
 
+    /// Take the peers from `<peers>/<script>.py` instead of the family's own script (families
+    /// that are parts of another share its peers).
+    pub fn peers_from(&mut self, script: &str) {
+        self.peer_script = script.to_string();
+    }
+
     /// Run the family's Python peers over the cases written so far and record their rows.
     /// A missing interpreter or peer is recorded as a note, not a failure of our rows;
     /// `KBENCH_PEERS=0` skips them (for profiling runs).
@@ -299,7 +307,7 @@ impl Bench {
             self.note("peers skipped (KBENCH_PEERS=0)".to_string());
             return;
         }
-        let script = peers_dir().join(format!("{}.py", self.family));
+        let script = peers_dir().join(format!("{}.py", self.peer_script));
         if !script.is_file() {
             self.note(format!("no peer script at {}", script.display()));
             return;

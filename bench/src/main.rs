@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! kbench main [--quick]                 every kernel on default sizes, validated and timed
-//! kbench <family> --out DIR [--quick]   benchmark a family (smoke, mhc), write DIR/<family>.json
+//! kbench <family> --out DIR [--quick]   benchmark a family (smoke, attention, attention-backward,
+//!                                       gla, semicrf, mhc), write DIR/<family>.json
 //! kbench report [--results DIR] [--out FILE] [--plots DIR]
 //! ```
 
@@ -41,8 +42,12 @@ enum Command {
     },
     /// Smoke kernels and the Hopper GEMM (beside cuBLAS).
     Smoke(FamilyArgs),
-    /// Attention forward (beside PyTorch SDPA FLASH and CUDNN).
+    /// Attention forward (beside PyTorch SDPA FLASH and CUDNN, and FlashAttention-4 where
+    /// installed).
     Attention(FamilyArgs),
+    /// Attention backward, alone and after the forward (beside the same peers); writes
+    /// `attention-backward.json`.
+    AttentionBackward(FamilyArgs),
     /// Chunkwise gated linear attention forward beside fla's chunk_gla and a PyTorch chunked
     /// reference.
     Gla(FamilyArgs),
@@ -102,6 +107,9 @@ fn main() -> ExitCode {
         Command::Main { quick } => main_job::run(quick),
         Command::Smoke(args) => family("smoke", &args, smoke::run),
         Command::Attention(args) => family("attention", &args, attention::run),
+        Command::AttentionBackward(args) => {
+            family("attention-backward", &args, attention::run_backward)
+        }
         Command::Gla(args) => family("gla", &args, gla::run),
         Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Mhc(args) => family("mhc", &args, mhc::run),

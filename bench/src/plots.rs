@@ -125,6 +125,7 @@ type Figures = fn(&ResultsFile, &mut Vec<String>) -> Vec<Figure>;
 /// The families that have plots, in report order.
 const FAMILIES: &[(&str, Figures)] = &[
     ("attention", attention),
+    ("attention-backward", attention),
     ("gla", gla),
     ("semicrf", semicrf),
     ("mhc", mhc),

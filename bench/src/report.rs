@@ -59,6 +59,8 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
         }
         if f.family == "attention" {
             md.push_str(&attention_summary(f, files));
+        }
+        if f.family == "attention-backward" {
             md.push_str(&attention_backward_summary(f));
         }
         if f.family == "gla" {
