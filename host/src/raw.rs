@@ -32,6 +32,10 @@ pub enum ElemType {
     F16,
     /// IEEE single precision.
     F32,
+    /// IEEE double precision.
+    F64,
+    /// 32-bit integers (the kernels' index and table words, read as `u32`).
+    I32,
 }
 
 impl ElemType {
@@ -39,17 +43,21 @@ impl ElemType {
     pub fn size(self) -> usize {
         match self {
             ElemType::Bf16 | ElemType::F16 => 2,
-            ElemType::F32 => 4,
+            ElemType::F32 | ElemType::I32 => 4,
+            ElemType::F64 => 8,
         }
     }
 
-    /// Parse a name: `bf16`/`bfloat16`, `f16`/`float16`/`half`, `f32`/`float32`/`float`, with
-    /// or without a `torch.` prefix (so `str(tensor.dtype)` parses).
+    /// Parse a name: `bf16`/`bfloat16`, `f16`/`float16`/`half`, `f32`/`float32`/`float`,
+    /// `f64`/`float64`/`double`, `i32`/`int32`/`int`, with or without a `torch.` prefix (so
+    /// `str(tensor.dtype)` parses).
     pub fn from_name(name: &str) -> Option<ElemType> {
         match name.strip_prefix("torch.").unwrap_or(name) {
             "bf16" | "bfloat16" => Some(ElemType::Bf16),
             "f16" | "float16" | "half" => Some(ElemType::F16),
             "f32" | "float32" | "float" => Some(ElemType::F32),
+            "f64" | "float64" | "double" => Some(ElemType::F64),
+            "i32" | "int32" | "int" => Some(ElemType::I32),
             _ => None,
         }
     }
@@ -69,6 +77,14 @@ impl RawElem for f16 {
 }
 impl RawElem for f32 {
     const ELEM: ElemType = ElemType::F32;
+}
+impl RawElem for f64 {
+    const ELEM: ElemType = ElemType::F64;
+}
+/// Table and index words: a 32-bit integer tensor (the framework's `int32`; its values are
+/// the kernels' `u32` words).
+impl RawElem for u32 {
+    const ELEM: ElemType = ElemType::I32;
 }
 
 /// A tensor in device memory that the caller owns, described as a framework describes it.
@@ -180,6 +196,59 @@ impl RawTensor {
         }
         let first = self.ptr as u128;
         Some((first, first + (last + 1) * self.dtype.size() as u128))
+    }
+
+    /// The tensor as a flat [`DevView`] of `T`: its element type `T`, its shape exactly
+    /// `shape`, contiguous (dimensions of size 1 may have any stride), its first element
+    /// aligned to `align` bytes (at least `T`'s size), and every element inside its storage.
+    pub fn contiguous_view<'a, T: RawElem>(
+        &self,
+        what: &str,
+        shape: &[usize],
+        align: u64,
+    ) -> Result<DevView<'a, T>> {
+        self.expect::<T>(what, shape.len())?;
+        if self.shape != shape {
+            return Err(Error::shape(
+                format!("{what} shape"),
+                format!("{shape:?}"),
+                format!("{:?}", self.shape),
+            ));
+        }
+        let strides = self.strides(what)?;
+        let mut want = 1usize;
+        let mut contiguous = true;
+        for i in (0..shape.len()).rev() {
+            contiguous &= shape[i] <= 1 || strides[i] == want;
+            want = want.saturating_mul(shape[i]);
+        }
+        if !contiguous {
+            return Err(Error::unsupported(
+                format!("{what} strides {strides:?}"),
+                format!("{what} must be contiguous"),
+            ));
+        }
+        let align = align.max(T::ELEM.size() as u64);
+        if !self.ptr.is_multiple_of(align) {
+            return Err(Error::Misaligned {
+                what: format!("{what} start"),
+                required: align,
+                actual: self.ptr % align,
+            });
+        }
+        // SAFETY: the view only carries addresses; whoever runs a plan on it (unsafe) vouches
+        // for the memory.
+        let (memory, offset) = unsafe { self.storage::<T>(what) }?;
+        let len = want;
+        if offset as u128 + len as u128 > memory.len() as u128 {
+            return Err(Error::shape(
+                format!("{what} storage"),
+                format!("at least {} elements", offset as u128 + len as u128),
+                memory.len(),
+            ));
+        }
+        // SAFETY: inside the storage (checked above); addresses only, as above.
+        Ok(unsafe { DevView::from_raw(self.ptr, len) })
     }
 
     /// Check that the storage is device memory of `gpu`'s device, inside one allocation (the
@@ -375,6 +444,37 @@ impl RawStream {
     pub fn gpu(&self) -> &'static Gpu {
         self.gpu
     }
+
+    /// Copy `data` into `dst` (of `data`'s length) on the stream (`cuMemcpyHtoDAsync`): ordered
+    /// with the stream's launches. `data` may be dropped on return: the driver has copied
+    /// pageable host memory (a Rust slice) to its staging memory by then.
+    ///
+    /// # Safety
+    /// `dst` is device memory of the stream's context, live until the copy has completed on
+    /// the stream, and nothing else accesses it until then.
+    pub unsafe fn upload<T: RawElem>(&self, dst: &DevView<'_, T>, data: &[T]) -> Result<()> {
+        if dst.len() != data.len() {
+            return Err(Error::shape(
+                "upload destination",
+                format!("{} elements", data.len()),
+                dst.len(),
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `dst` holds `data.len()` elements of `T` (checked above) of this stream's
+        // context (the caller's contract); `data` is a live host slice of that many elements.
+        let r = unsafe {
+            cu::cuMemcpyHtoDAsync_v2(
+                dst.addr(),
+                data.as_ptr().cast(),
+                std::mem::size_of_val(data),
+                self.stream,
+            )
+        };
+        check(r, "copying a table to the device")
+    }
 }
 
 impl Exec for RawStream {
@@ -428,6 +528,8 @@ mod tests {
         assert_eq!(ElemType::from_name("torch.bfloat16"), Some(ElemType::Bf16));
         assert_eq!(ElemType::from_name("torch.float16"), Some(ElemType::F16));
         assert_eq!(ElemType::from_name("float32"), Some(ElemType::F32));
-        assert_eq!(ElemType::from_name("torch.float64"), None);
+        assert_eq!(ElemType::from_name("torch.float64"), Some(ElemType::F64));
+        assert_eq!(ElemType::from_name("torch.int32"), Some(ElemType::I32));
+        assert_eq!(ElemType::from_name("torch.int64"), None);
     }
 }

@@ -149,46 +149,7 @@ fn lse_view<'a>(
 /// An f32 tensor of exactly `shape`, contiguous (dimensions of size 1 may have any stride), as
 /// a flat view inside its storage.
 fn flat_view<'a>(what: &str, t: &RawTensor, shape: &[usize]) -> Result<DevView<'a, f32>> {
-    t.expect::<f32>(what, shape.len())?;
-    if t.shape != shape {
-        return Err(Error::shape(
-            format!("{what} shape"),
-            format!("{shape:?}"),
-            format!("{:?}", t.shape),
-        ));
-    }
-    let strides = t.strides(what)?;
-    let mut want = 1usize;
-    let mut contiguous = true;
-    for i in (0..shape.len()).rev() {
-        contiguous &= shape[i] <= 1 || strides[i] == want;
-        want = want.saturating_mul(shape[i]);
-    }
-    if !contiguous {
-        return Err(Error::unsupported(
-            format!("{what} strides {strides:?}"),
-            format!("{what} must be contiguous"),
-        ));
-    }
-    if !t.ptr.is_multiple_of(4) {
-        return Err(Error::Misaligned {
-            what: format!("{what} start"),
-            required: 4,
-            actual: t.ptr % 4,
-        });
-    }
-    // SAFETY: as for the views of `plan_typed`: addresses for the plan only.
-    let (memory, offset) = unsafe { t.storage::<f32>(what) }?;
-    let len = want;
-    if offset as u128 + len as u128 > memory.len() as u128 {
-        return Err(Error::shape(
-            format!("{what} storage"),
-            format!("at least {} elements", offset as u128 + len as u128),
-            memory.len(),
-        ));
-    }
-    // SAFETY: inside the storage (checked above); addresses for the plan only, as above.
-    Ok(unsafe { DevView::from_raw(t.ptr, len) })
+    t.contiguous_view(what, shape, 4)
 }
 
 /// Launch the forward pass on `stream` (asynchronous): O and LSE written from Q, K, V, with

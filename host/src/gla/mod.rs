@@ -63,6 +63,7 @@ mod backward;
 mod device;
 mod plan;
 mod problem;
+mod raw;
 pub mod reference;
 
 pub use crate::attention::Target;
@@ -77,4 +78,8 @@ pub use plan::{GlaLaunch, GlaPlan, GlaSplitWorkspace, GlaStep, GlaTensors, GlaWo
 pub use problem::{
     GlaKernel, GlaProblem, MIN_AUTO_SEGMENT, PINGPONG_MIN_PAIRS, SegmentPlan, plan_auto,
     plan_segments,
+};
+pub use raw::{
+    GlaOptions, GlaWorkspaceLens, RawGlaTensors, RawGlaWorkspace, forward_raw, plan_raw,
+    workspace_lens,
 };

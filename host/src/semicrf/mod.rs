@@ -56,10 +56,15 @@ pub mod reference;
 
 mod plan;
 mod problem;
+mod raw;
 mod run;
 
 pub use plan::{GradientViews, InputViews, SemiCrfPlan, SemiCrfTensors, StateViews, ViterbiViews};
 pub use problem::{BufferLens, MemoryUse, SemiCrfInputs, SemiCrfProblem, cumulative_scores};
+pub use raw::{
+    RawSemiCrfGradients, RawSemiCrfInputs, RawViterbiOutputs, SemiCrfStateLayout, backward_raw,
+    forward_raw, plan_backward_raw, plan_forward_raw, plan_viterbi_raw, state_layout, viterbi_raw,
+};
 pub use reference::Segment;
 #[cfg(feature = "negative-controls")]
 pub(crate) use run::forward_backward_plan;
