@@ -8,8 +8,9 @@
 #      with KERNELS_SANITIZER=<tool> (under racecheck the largest problems shrink, see
 #      reliability.sh);
 #   3. the Python package: the rustkernels wheel installed offline into <results>/pydeps, and
-#      its GPU check (python/test_attention.py: against an f64 reference, bad input,
-#      torch.compile), then again in quick mode on the portable PTX (KERNELS_ARCH=sm_80);
+#      its GPU checks, one per family (python/test_{attention,gla,semicrf,mhc}.py: against
+#      f64 references, bad input, opcheck, torch.compile), each then again in quick mode on
+#      the portable PTX (KERNELS_ARCH=sm_80);
 #   4. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
 #      (peers run through python3 on the same inputs; the peers' packages are installed first
 #      from wheels/ into <results>/pydeps, offline).
@@ -103,7 +104,7 @@ fi
 
 if [ "$do_python" = 1 ]; then
   # The rustkernels wheel, installed offline into the results folder (never system-wide), and
-  # its GPU check; a second, quick pass loads the portable (sm_80) PTX instead.
+  # its GPU checks (one per family); a second, quick pass of each loads the portable (sm_80) PTX.
   if ! compgen -G "$here/python/*.whl" >/dev/null; then
     note "python: no rustkernels wheel in this bundle"
   elif ! python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
@@ -111,21 +112,29 @@ if [ "$do_python" = 1 ]; then
     note "python: installing the rustkernels wheel failed (logs/pip-rustkernels.log)"
     status=1
   else
-    for pass in default sm_80; do
-      log="$out/logs/python-attention-$pass.log"
-      start=$(date +%s)
-      if [ "$pass" = sm_80 ]; then
-        KERNELS_ARCH=sm_80 PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 \
-          "${PYTHON_TIMEOUT:-900}" python3 "$here/python/test_attention.py" --quick > "$log" 2>&1
-      else
-        PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
-          python3 "$here/python/test_attention.py" > "$log" 2>&1
+    for family in attention gla semicrf mhc; do
+      test="$here/python/test_$family.py"
+      if [ ! -f "$test" ]; then
+        note "python $family: no $test in this bundle"
+        status=1
+        continue
       fi
-      rc=$?
-      line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
-      note "python attention ($pass): rc=$rc $(( $(date +%s) - start ))s ${line:-no result line}"
-      grep -E '^(SKIP|FAIL)' "$log" | head -20 | sed 's/^/    /' | tee -a "$summary"
-      [ "$rc" = 0 ] || status=1
+      for pass in default sm_80; do
+        log="$out/logs/python-$family-$pass.log"
+        start=$(date +%s)
+        if [ "$pass" = sm_80 ]; then
+          KERNELS_ARCH=sm_80 PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 \
+            "${PYTHON_TIMEOUT:-900}" python3 "$test" --quick > "$log" 2>&1
+        else
+          PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
+            python3 "$test" > "$log" 2>&1
+        fi
+        rc=$?
+        line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+        note "python $family ($pass): rc=$rc $(( $(date +%s) - start ))s ${line:-no result line}"
+        grep -E '^(SKIP|FAIL)' "$log" | head -20 | sed 's/^/    /' | tee -a "$summary"
+        [ "$rc" = 0 ] || status=1
+      done
     done
   fi
 fi

@@ -4,14 +4,29 @@
   ``[batch, seqlen, nheads, headdim]`` and masking semantics; differentiable (the backward
   kernels through ``torch.autograd``, ``deterministic=True`` for bitwise reproducible
   gradients).
+- ``gla.chunk_gla(q, k, v, g, ...)``: gated linear attention with flash-linear-attention's
+  signature and layout ``[B, T, H, D]``, returning ``(o, final_state)``; forward only for now
+  (inputs that require grad raise ``NotImplementedError``).
+- ``semicrf.semi_crf_streaming_forward(cum_scores, transition, duration_bias, lengths, K)``:
+  flash-semicrf's semi-Markov CRF log partition (differentiable) or Viterbi score;
+  ``semicrf.semi_crf_viterbi`` gives the best segmentations.
 
-The ops take CUDA tensors as they are (no copies, no host synchronization), run on torch's
-current stream of the tensors' device, and return tensors from torch's caching allocator. Each op
-is a ``torch.library`` custom op (``torch.ops.rustkernels.flash_attn_forward``,
-``torch.ops.rustkernels.flash_attn_backward``) with a fake implementation, so ``torch.compile``
-traces around it, forward and backward.
+The ops take CUDA tensors as they are (no copies where the kernels' layout allows), run on
+torch's current stream of the tensors' device, and return tensors from torch's caching
+allocator. Each op is a ``torch.library`` custom op (``torch.ops.rustkernels.*``) with a fake
+implementation, so ``torch.compile`` traces around it.
 """
 
+from . import gla, semicrf
 from .attention import flash_attn_func
+from .gla import chunk_gla
+from .semicrf import semi_crf_streaming_forward, semi_crf_viterbi
 
-__all__ = ["flash_attn_func"]
+__all__ = [
+    "flash_attn_func",
+    "chunk_gla",
+    "semi_crf_streaming_forward",
+    "semi_crf_viterbi",
+    "gla",
+    "semicrf",
+]

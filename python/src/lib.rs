@@ -1,8 +1,12 @@
 //! `rustkernels._native`: the Rust side of the Python package. It takes tensors as plain
 //! descriptions (address, dtype name, shape, strides, storage), validates and launches through
-//! the `kernels` crate's raw API (`kernels::raw`, `kernels::attention::forward_raw` and
-//! `backward_raw`) on the caller's stream, and returns nothing: the Python side allocates the outputs with torch and
-//! wires autograd and `torch.compile` (`rustkernels/attention.py`).
+//! the `kernels` crate's raw API (`kernels::raw`; per family `kernels::attention::forward_raw`
+//! and `backward_raw`, `kernels::gla::forward_raw`, `kernels::semicrf::{forward_raw,
+//! backward_raw, viterbi_raw}`, `kernels::mhc::{forward_pre_raw, forward_post_raw,
+//! backward_raw}`) on the caller's stream, and returns nothing: the Python side allocates the
+//! outputs and workspaces with torch (their sizes from the `*_workspace`/`*_layout` functions
+//! here) and wires autograd and `torch.compile` (`rustkernels/attention.py`, `gla.py`,
+//! `semicrf.py`, `mhc.py`).
 //!
 //! Not a public API: it trusts that the addresses are those of live tensors (the driver's
 //! pointer attributes still catch host memory, another device, and storages longer than their
@@ -10,6 +14,9 @@
 //! shapes, arguments, alignment, unsupported options) `ValueError`, an unknown dtype
 //! `TypeError`, anything from the driver `RuntimeError`. PyO3 turns a panic into a Python
 //! exception too; no path here panics on input.
+
+mod gla;
+mod semicrf;
 
 use kernels::Error;
 use kernels::attention::{
@@ -22,15 +29,16 @@ use pyo3::prelude::*;
 
 /// A tensor as the Python side describes it: `(data_ptr, dtype name, shape, strides,
 /// storage data_ptr, storage nbytes)`.
-type TensorArgs = (u64, String, Vec<usize>, Vec<i64>, u64, usize);
+pub(crate) type TensorArgs = (u64, String, Vec<usize>, Vec<i64>, u64, usize);
 
-fn tensor(
+pub(crate) fn tensor(
     what: &str,
     (ptr, dtype, shape, strides, storage_ptr, storage_bytes): TensorArgs,
 ) -> PyResult<RawTensor> {
     let dtype = ElemType::from_name(&dtype).ok_or_else(|| {
         PyTypeError::new_err(format!(
-            "{what}: unsupported dtype {dtype} (supported: bfloat16, float16; float32 for LSE)"
+            "{what}: unsupported dtype {dtype} (the kernels take bfloat16, float16, float32, \
+             float64 or int32 tensors, each op its own)"
         ))
     })?;
     Ok(RawTensor {
@@ -44,7 +52,7 @@ fn tensor(
 }
 
 /// The Python exception of a library error, with the library's message.
-fn to_py(e: Error) -> PyErr {
+pub(crate) fn to_py(e: Error) -> PyErr {
     match e {
         Error::ShapeMismatch { .. }
         | Error::InvalidArgument { .. }
@@ -236,5 +244,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(gla::gla_forward_workspace, m)?)?;
+    m.add_function(wrap_pyfunction!(gla::gla_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(semicrf::semicrf_state_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(semicrf::semicrf_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(semicrf::semicrf_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(semicrf::semicrf_viterbi, m)?)?;
     Ok(())
 }
