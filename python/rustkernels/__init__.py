@@ -10,6 +10,10 @@
 - ``semicrf.semi_crf_streaming_forward(cum_scores, transition, duration_bias, lengths, K)``:
   flash-semicrf's semi-Markov CRF log partition (differentiable) or Viterbi score;
   ``semicrf.semi_crf_viterbi`` gives the best segmentations.
+- ``mhc.MHC(n, channels)``: mHC (manifold-constrained hyper-connections) as an ``nn.Module``
+  around a transformer block's layer, ``block(x, layer)`` with ``x [B, S, n, C]``;
+  differentiable (the library's mHC backward); ``mhc.mhc_pre`` / ``mhc.mhc_post`` are its two
+  halves.
 
 The ops take CUDA tensors as they are (no copies where the kernels' layout allows), run on
 torch's current stream of the tensors' device, and return tensors from torch's caching
@@ -17,16 +21,19 @@ allocator. Each op is a ``torch.library`` custom op (``torch.ops.rustkernels.*``
 implementation, so ``torch.compile`` traces around it.
 """
 
-from . import gla, semicrf
+from . import gla, mhc, semicrf
 from .attention import flash_attn_func
 from .gla import chunk_gla
+from .mhc import MHC
 from .semicrf import semi_crf_streaming_forward, semi_crf_viterbi
 
 __all__ = [
     "flash_attn_func",
     "chunk_gla",
+    "MHC",
     "semi_crf_streaming_forward",
     "semi_crf_viterbi",
     "gla",
+    "mhc",
     "semicrf",
 ]

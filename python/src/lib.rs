@@ -16,6 +16,7 @@
 //! exception too; no path here panics on input.
 
 mod gla;
+mod mhc;
 mod semicrf;
 
 use kernels::Error;
@@ -250,5 +251,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(semicrf::semicrf_forward, m)?)?;
     m.add_function(wrap_pyfunction!(semicrf::semicrf_backward, m)?)?;
     m.add_function(wrap_pyfunction!(semicrf::semicrf_viterbi, m)?)?;
+    m.add_function(wrap_pyfunction!(mhc::mhc_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(mhc::mhc_forward_pre, m)?)?;
+    m.add_function(wrap_pyfunction!(mhc::mhc_forward_post, m)?)?;
+    m.add_function(wrap_pyfunction!(mhc::mhc_backward, m)?)?;
     Ok(())
 }

@@ -29,12 +29,18 @@
 //! a scratch [`MhcWorkspace`] and [`MhcGradients`]; every launcher is asynchronous on the given
 //! stream.
 //!
+//! On a framework's tensors (PyTorch's, [`crate::raw`]): [`forward_pre_raw`],
+//! [`forward_post_raw`] and [`backward_raw`] take the tensors as described, plan exactly as
+//! above and check the memory; the saved coefficients and the scratch are one f32 tensor each
+//! ([`MhcProblem::raw_layout`]).
+//!
 //! Kernels, tiling and the reasons for them: `gpu-kernels/src/mhc/`.
 
 pub mod reference;
 
 mod plan;
 mod problem;
+mod raw;
 mod run;
 
 pub use crate::exec::{DevView, Exec, OnStream};
@@ -43,6 +49,10 @@ pub use plan::{
     RawGradients, RawScratch, RawWeights,
 };
 pub use problem::{DEFAULT_EPS, DEFAULT_SINKHORN_ITERS, MhcProblem};
+pub use raw::{
+    MhcOptions, MhcRawLayout, RawMhcGradients, RawMhcWeights, backward_raw, forward_post_raw,
+    forward_pre_raw, plan_backward_raw, plan_forward_post_raw, plan_forward_pre_raw, raw_layout,
+};
 pub use run::{
     MhcCoefficients, MhcGradients, MhcWeights, MhcWorkspace, backward, forward_post, forward_pre,
 };
