@@ -110,7 +110,11 @@ def mhc_forward_pre(
 @mhc_forward_pre.register_fake
 def _mhc_forward_pre_fake(x, phi, gamma, alpha, bias, sinkhorn_iters, eps):
     _check_weights(x, phi, gamma, alpha, bias)
-    n_coeffs, _ = _layout(x, sinkhorn_iters, eps, gamma is not None)
+    if all(isinstance(d, int) for d in x.shape):
+        n_coeffs, _ = _layout(x, sinkhorn_iters, eps, gamma is not None)
+    else:
+        # Symbolic sizes: the coefficients' length is the library's (opaque) function of them.
+        n_coeffs = torch.library.get_ctx().new_dynamic_size()
     b, s, _, c = x.shape
     return x.new_empty((b, s, c)), x.new_empty((n_coeffs,), dtype=torch.float32)
 

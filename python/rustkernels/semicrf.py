@@ -129,9 +129,14 @@ def semicrf_forward(
 @semicrf_forward.register_fake
 def _semicrf_forward_fake(cum_scores, duration_bias, transition, lengths, checkpoint):
     _check(cum_scores, transition, duration_bias, lengths)
-    total = _native().semicrf_state_layout(
-        tuple(cum_scores.shape), tuple(duration_bias.shape), checkpoint
-    )[0]
+    shapes = tuple(cum_scores.shape) + tuple(duration_bias.shape)
+    if all(isinstance(d, int) for d in shapes):
+        total = _native().semicrf_state_layout(
+            tuple(cum_scores.shape), tuple(duration_bias.shape), checkpoint
+        )[0]
+    else:
+        # Symbolic sizes: the state's length is the library's (opaque) function of them.
+        total = torch.library.get_ctx().new_dynamic_size()
     return (
         cum_scores.new_empty((cum_scores.shape[0],), dtype=torch.float32),
         cum_scores.new_empty((total,), dtype=torch.float64),

@@ -50,6 +50,10 @@
 //! allocated once; each [`GlaSession::forward`] plans on the given buffers and runs on a
 //! stream. [`forward_sync`] makes a session, runs it and waits.
 //!
+//! On a framework's tensors ([`crate::raw`]): [`forward_raw`] plans the same way on raw tensors
+//! ([`RawGlaTensors`]) with a workspace the caller allocates ([`workspace_lens`]:
+//! [`RawGlaWorkspace`]), into which it writes the segment tables itself.
+//!
 //! # Backward (in progress)
 //! The gradients are specified by [`reference::backward`] (f64). Of the kernels, the reverse
 //! pass exists: [`GlaProblem::plan_reverse_pass`] plans it on its tensors

@@ -8,7 +8,9 @@
 //! and parameters; no GPU needed), which runs on a stream or any executor
 //! ([`SemiCrfPlan::run`]). The launchers ([`forward_launch`], [`backward_launch`],
 //! [`forward_backward_launch`], [`viterbi_launch`]) do the three on this module's device
-//! buffers.
+//! buffers. On a framework's tensors ([`crate::raw`]): [`forward_raw`], [`backward_raw`] and
+//! [`viterbi_raw`], the lengths given on the host and checked before any kernel reads them, the
+//! forward's state one f64 tensor ([`state_layout`]).
 //!
 //! # Use
 //! ```text
