@@ -11,7 +11,8 @@ const RUN_SH: &str = include_str!("../bundle-run.sh");
 const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
 /// Build release test and benchmark executables, the command-line tool (`kernels-cli`) and the
-/// examples (`example-<name>`), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
+/// examples (`example-<name>`; `example-stable-<name>` for fixtures/stable-consumer's, built with
+/// stable Rust), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
 /// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `python/` (the
 /// `rustkernels` wheel and its GPU check, `python/tests/*.py`), `run.sh`,
 /// `reliability.sh`, `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
@@ -57,6 +58,20 @@ pub fn bundle() -> Result {
         executables(&util::output(&mut examples)?, false)
             .into_iter()
             .map(|(name, path, _)| (format!("example-{name}"), path, false)),
+    );
+    // The stable-Rust consumer's example (attention on cudarc's memory), built with stable.
+    let mut consumer = crate::consumer::stable(&[
+        "cargo",
+        "build",
+        "--release",
+        "--examples",
+        "--message-format=json-render-diagnostics",
+    ]);
+    env.apply(&mut consumer);
+    bins.extend(
+        executables(&util::output(&mut consumer)?, false)
+            .into_iter()
+            .map(|(name, path, _)| (format!("example-stable-{name}"), path, false)),
     );
     for (name, path, is_test) in &bins {
         let dest = dir.join("bin").join(if *is_test {
