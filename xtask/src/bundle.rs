@@ -14,7 +14,7 @@ const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 /// examples (`example-<name>`; `example-stable-<name>` for fixtures/stable-consumer's, built with
 /// stable Rust), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
 /// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `python/` (the
-/// `rustkernels` wheel and its GPU check, `python/tests/*.py`), `run.sh`,
+/// `rustkernels` wheel and its GPU check, `python/tests/*.py`; `python/e2e/*.py`), `run.sh`,
 /// `reliability.sh`, `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
@@ -107,6 +107,13 @@ pub fn bundle() -> Result {
                 &root.join("python").join("tests"),
                 "py",
                 &dir.join("python"),
+            )?;
+            // End-to-end checks against other people's code (transformers), results files.
+            util::create_dir(&dir.join("python").join("e2e"))?;
+            copy_all(
+                &root.join("python").join("e2e"),
+                "py",
+                &dir.join("python").join("e2e"),
             )?;
         }
         Err(e) => eprintln!(
