@@ -67,8 +67,8 @@ pub mod reference;
 
 pub use crate::attention::Target;
 pub use backward::{
-    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardWorkspace,
-    GlaReverseTensors,
+    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardTensors,
+    GlaBackwardWorkspace, GlaGradients, GlaOutputGrads, GlaReverseTensors, backward,
 };
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;

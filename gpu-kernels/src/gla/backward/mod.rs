@@ -60,11 +60,13 @@
 
 mod combine;
 mod dhdv;
+mod dqkg;
 mod dv;
 mod elementwise;
 
 use dhdv::walk_dhdv;
-use kernel_abi::gla::backward::DhdvParams;
+use dqkg::dqkg;
+use kernel_abi::gla::backward::{DQKG_LANES, DhdvParams, DqkgParams, dqkg_threads};
 use kernel_abi::gla::{GlaConfig, GlaLayout, config_of};
 
 /// The body of `gla_bwd_dhdv` (`$full = true`) or `gla_bwd_states` (`false`) for one
@@ -91,8 +93,31 @@ macro_rules! dhdv_body {
 /// Declare the kernels of each head-dimension pair: the PTX entry points (with their launch
 /// bounds) and, in host builds, the emulator's table of the same bodies (`gla_bwd_combine`
 /// included).
+/// The body of `gla_bwd_dqkg` for one head-dimension pair: [`dqkg`] with its constants.
+macro_rules! dqkg_body {
+    ($p:expr, $dk:literal, $dv:literal) => {
+        dqkg::<$dk, $dv, { dqkg_threads($dk) }, { ($dv / DQKG_LANES) as usize }>(&$p)
+    };
+}
+
 macro_rules! bwd_kernels {
-    ($( $dhdv:ident, $states:ident, $dk:literal, $dv:literal; )*) => {
+    ($( $dhdv:ident, $states:ident, $dqkg:ident, $dk:literal, $dv:literal; )*) => {
+        $(
+            /// `gla_bwd_dqkg` for this pair of head dimensions; see `dqkg.rs`.
+            ///
+            /// # Safety
+            /// Grid `(segments, heads)`, `dqkg_threads(DK)` threads and `dqkg_smem_bytes`,
+            /// parameters satisfying [`DqkgParams`]'s contract (validated by the host);
+            /// `seg_init` and `seg_end` written by the forward's and the backward's
+            /// combinations for split sequences.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $dqkg(p: DqkgParams) {
+                crate::launch_bounds!($dqkg in kernel_abi::gla::KERNELS);
+                // SAFETY: forwarded to the caller.
+                unsafe { dqkg_body!(p, $dk, $dv) }
+            }
+        )*
         $(
             /// `gla_bwd_dhdv` for this pair of head dimensions; see the module documentation.
             ///
@@ -158,6 +183,21 @@ macro_rules! bwd_kernels {
                         run
                     },
                 },
+                crate::emu::EmuKernel {
+                    name: stringify!($dqkg),
+                    params: core::mem::size_of::<DqkgParams>(),
+                    threads: dqkg_threads($dk),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: as for the `gla_bwd_dhdv` entries.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const DqkgParams);
+                                dqkg_body!(p, $dk, $dv)
+                            }
+                        }
+                        run
+                    },
+                },
             )*
             crate::emu::EmuKernel {
                 name: "gla_bwd_combine",
@@ -180,8 +220,8 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    gla_bwd_dhdv_dk64_dv64, gla_bwd_states_dk64_dv64, 64, 64;
-    gla_bwd_dhdv_dk64_dv128, gla_bwd_states_dk64_dv128, 64, 128;
-    gla_bwd_dhdv_dk128_dv64, gla_bwd_states_dk128_dv64, 128, 64;
-    gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, 128, 128;
+    gla_bwd_dhdv_dk64_dv64, gla_bwd_states_dk64_dv64, gla_bwd_dqkg_dk64_dv64, 64, 64;
+    gla_bwd_dhdv_dk64_dv128, gla_bwd_states_dk64_dv128, gla_bwd_dqkg_dk64_dv128, 64, 128;
+    gla_bwd_dhdv_dk128_dv64, gla_bwd_states_dk128_dv64, gla_bwd_dqkg_dk128_dv64, 128, 64;
+    gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, gla_bwd_dqkg_dk128_dv128, 128, 128;
 }
