@@ -1,8 +1,14 @@
-//! The GLA backward kernels against the f64 backward (`gla::reference::backward`), so far the
-//! reverse pass (`GlaProblem::plan_reverse_pass`, kernels `gla_bwd_dhdv_dk*_dv*`): dv, the
-//! gradient of every sequence's initial state and the stored gradient at the end of every
-//! `G_BLOCK`-token block (`reference::reverse_sweep`, checked against `reference::backward` on
-//! the small cases).
+//! The GLA backward kernels against the f64 backward (`gla::reference::backward`):
+//! - `.../reverse/...`: the reverse pass alone (`GlaProblem::plan_reverse_pass`, kernels
+//!   `gla_bwd_dhdv_dk*_dv*`): dv, the gradient of every sequence's initial state and the stored
+//!   gradient at the end of every `G_BLOCK`-token block (`reference::reverse_sweep`, checked
+//!   against `reference::backward` on the small cases);
+//! - `.../full/...`: the whole backward (`GlaProblem::plan_backward` in the emulator,
+//!   `gla::backward` on the GPU): dq, dk, dv, dg and the initial states' gradient against
+//!   `reference::backward`, each by its relative L2 error (dg also exactly 0 where
+//!   `g < G_FLOOR`). dq, dk and dg accumulate in f32 from the bf16 inputs, G and the segment
+//!   states (dq and dk stored in bf16; dg in f32, its sum free of the exactly cancelling
+//!   diagonal terms, so it stays accurate where the decays are near the clamp).
 //!
 //! Tolerance: relative L2 error `||x - ref|| / ||ref|| <= TOL` (1e-2, the forward's: the
 //! kernels round their operands (decayed q and k, the transposed scores, dO, G) to bf16, a

@@ -67,11 +67,16 @@ unsafe fn stage<const DK: u32, const DV: u32, const THREADS: u32>(
                 1 => p.k,
                 _ => p.g,
             };
-            (src, DK, 2 * (w % pk), lay[which as usize])
+            (src, DK, 2 * (w % pk), which * lay[1])
         } else {
             let which = (w - 3 * pk) / pv;
             let src = if which == 0 { p.v } else { p.d_o };
-            (src, DV, 2 * ((w - 3 * pk) % pv), lay[3 + which as usize])
+            (
+                src,
+                DV,
+                2 * ((w - 3 * pk) % pv),
+                lay[3] + which * (lay[4] - lay[3]),
+            )
         };
         let (lo, hi) = if tok < valid {
             let at = ((row0 + tok as u64) * heads + head as u64) * d as u64 + c as u64;

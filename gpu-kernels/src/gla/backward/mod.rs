@@ -3,7 +3,7 @@
 //! the f64 reverse sweep in `host/src/gla/reference/backward.rs`; design: bench/NOTES.md ("GLA
 //! backward: plan").
 //!
-//! So far the reverse pass: `gla_bwd_dhdv_dk{DK}_dv{DV}` computes dv, and the gradient
+//! The reverse pass: `gla_bwd_dhdv_dk{DK}_dv{DV}` computes dv, and the gradient
 //! `G = dL/dS` of the state at the end of every
 //! [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block of a segment and of the
 //! segment's initial state. A segment starts from the gradient of its end state: `dL/dS_final`
@@ -11,7 +11,10 @@
 //! pass and combination mirrored: `gla_bwd_states_dk{DK}_dv{DV}` (the same walk from a zero
 //! gradient, without dv or stored gradients: the gradient each segment but the first adds at
 //! its start, and its total decay) and `gla_bwd_combine` (`combine.rs`: `seg_end` of every
-//! segment but the last, chained from the sequence's end).
+//! segment but the last, chained from the sequence's end). Then `gla_bwd_dqkg_dk{DK}_dv{DV}`
+//! (`dqkg.rs`, its own tiling and barrier protocol there) computes dq, dk and dg token by token
+//! from the segment's initial state (the forward's state pass and combination) and its end
+//! gradient.
 //!
 //! # Parameters
 //! [`DhdvParams`]: contiguous q, k, g `[rows, H, DK]`, dO, dv `[rows, H, DV]` in bf16, f32
