@@ -11,7 +11,7 @@ use kernel_tests::{Needs, Suite, TestFailure, TestResult, ensure};
 use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
 use kernels::data::{rng, uniform_bf16, uniform_f16, uniform_f32};
 use kernels::gla::GlaProblem;
-use kernels::gla::reference::{HostInputs, recurrence};
+use kernels::gla::reference::{ExactInputs, HostInputs, OutputGrads, recurrence};
 use kernels::mhc::MhcProblem;
 use kernels::mhc::reference::{self as mref, MhcData};
 use kernels::semicrf::reference::{self as sref, Model};
@@ -32,6 +32,7 @@ fn main() {
     );
     s.cpu("reference/gla_varlen_initial_state", gla_varlen);
     s.cpu("reference/gla_batch", gla_batch);
+    s.cpu("reference/gla_backward_varlen", gla_backward_varlen);
     s.cpu("reference/semicrf_forward_viterbi", semicrf_forward_viterbi);
     s.cpu("reference/semicrf_backward_marginals", semicrf_backward);
     s.cpu(
@@ -57,6 +58,7 @@ fn main() {
         gpu_attention_backward,
     );
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
+    s.gpu("gpu/gla_backward_check", Needs::Gpu, gpu_gla_backward);
     s.gpu("gpu/gla_kernels_check", Needs::Hopper, gpu_gla_kernels);
     s.gpu("gpu/semicrf_check", Needs::Gpu, gpu_semicrf);
     s.gpu("gpu/mhc_check", Needs::Gpu, gpu_mhc);
@@ -476,6 +478,65 @@ fn gla_varlen() -> TestResult {
         &[3, 2, 64, 128],
         &want.final_state,
     )
+}
+
+/// `gla-backward --reference` on packed sequences with initial states and a final-state
+/// gradient: exactly the f64 backward.
+fn gla_backward_varlen() -> TestResult {
+    let d = Dir::new("gla_backward_varlen");
+    let cu = vec![0usize, 1, 6, 9];
+    let p = GlaProblem::varlen(cu.clone(), 2, 64, 128).with_scale(0.25);
+    let mut r = rng(23);
+    let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let g = uniform_bf16(&mut r, p.qk_len(), -21.0, 0.0);
+    let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+    let init = uniform_f32(&mut r, p.state_len(), -1.0, 1.0);
+    let d_o = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+    let d_final = uniform_f32(&mut r, p.state_len(), -1.0, 1.0);
+    let (qk, vs, st) = (vec![1, 9, 2, 64], vec![1, 9, 2, 128], vec![3, 2, 64, 128]);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", qk.clone(), V::Bf16(q.clone())),
+            ("k", qk.clone(), V::Bf16(k.clone())),
+            ("g", qk.clone(), V::Bf16(g.clone())),
+            ("v", vs.clone(), V::Bf16(v.clone())),
+            ("initial_state", st.clone(), V::F32(init.clone())),
+            (
+                "cu_seqlens",
+                vec![4],
+                V::I32(cu.iter().map(|&x| x as i32).collect()),
+            ),
+            ("d_o", vs.clone(), V::Bf16(d_o.clone())),
+            ("d_final_state", st.clone(), V::F32(d_final.clone())),
+        ],
+    )?;
+    ok(&d.command("gla-backward @in.safetensors -o @out.safetensors --reference --scale 0.25"))?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let x = ExactInputs::from_host(&HostInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        init_state: Some(&init),
+    });
+    let d_o: Vec<f64> = d_o.iter().map(|v| v.to_f64()).collect();
+    let d_final: Vec<f64> = d_final.iter().map(|&v| v as f64).collect();
+    let want = kernels::gla::reference::backward(
+        &p,
+        &x,
+        &OutputGrads {
+            d_o: &d_o,
+            d_final_state: Some(&d_final),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    exact(&out, "d_q", Dtype::F64, &qk, &want.dq)?;
+    exact(&out, "d_k", Dtype::F64, &qk, &want.dk)?;
+    exact(&out, "d_v", Dtype::F64, &vs, &want.dv)?;
+    exact(&out, "d_g", Dtype::F64, &qk, &want.dg)?;
+    exact(&out, "d_initial_state", Dtype::F64, &st, &want.d_init_state)
 }
 
 fn gla_batch() -> TestResult {
@@ -1435,6 +1496,66 @@ fn gpu_gla_with(gpu: &'static Gpu, dir: &str, extra: &str) -> TestResult {
             "gla @in.safetensors -o @out.safetensors --check{extra}"
         )),
         &[("o", 2e-2), ("final_state", 1e-2)],
+    )
+    .map(|_| ())
+}
+
+/// `gla-backward --check` on packed sequences with initial states and a final-state gradient:
+/// every gradient within the GLA tests' bound (rel L2 1e-2).
+fn gpu_gla_backward(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_gla_backward");
+    let cu = vec![0usize, 40, 100];
+    let p = GlaProblem::varlen(cu.clone(), 2, 64, 128);
+    let mut r = rng(54);
+    let (qk, vs, st) = (
+        vec![1, 100, 2, 64],
+        vec![1, 100, 2, 128],
+        vec![2, 2, 64, 128],
+    );
+    let mut bf = |n: usize, lo: f32, hi: f32| V::Bf16(uniform_bf16(&mut r, n, lo, hi));
+    let (q, k, g) = (
+        bf(p.qk_len(), -1.0, 1.0),
+        bf(p.qk_len(), -1.0, 1.0),
+        bf(p.qk_len(), -0.5, 0.0),
+    );
+    let (v, d_o) = (bf(p.v_len(), -1.0, 1.0), bf(p.v_len(), -1.0, 1.0));
+    let mut r = rng(55);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", qk.clone(), q),
+            ("k", qk.clone(), k),
+            ("g", qk, g),
+            ("v", vs.clone(), v),
+            ("d_o", vs, d_o),
+            (
+                "initial_state",
+                st.clone(),
+                V::F32(uniform_f32(&mut r, p.state_len(), -1.0, 1.0)),
+            ),
+            (
+                "d_final_state",
+                st,
+                V::F32(uniform_f32(&mut r, p.state_len(), -1.0, 1.0)),
+            ),
+            (
+                "cu_seqlens",
+                vec![3],
+                V::I64(cu.iter().map(|&x| x as i64).collect()),
+            ),
+        ],
+    )?;
+    check_run(
+        gpu,
+        &d,
+        &d.command("gla-backward @in.safetensors -o @out.safetensors --check"),
+        &[
+            ("d_q", 1e-2),
+            ("d_k", 1e-2),
+            ("d_v", 1e-2),
+            ("d_g", 1e-2),
+            ("d_initial_state", 1e-2),
+        ],
     )
     .map(|_| ())
 }
