@@ -22,8 +22,8 @@
 //! strides, on its stream: [`crate::raw`]), and [`backward_raw`] the backward on them.
 //!
 //! Packed sequences of different lengths (FlashAttention's varlen interface, `cu_seqlens`):
-//! [`AttentionVarlenProblem`], [`forward_varlen`] (the `mma.sync` path on every GPU; the
-//! module `varlen` documents the layouts).
+//! [`AttentionVarlenProblem`], [`forward_varlen`], [`forward_varlen_raw`] (the `mma.sync` path
+//! on every GPU; the module `varlen` documents the layouts).
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
@@ -48,8 +48,9 @@ pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
 pub use raw::{
-    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors, RawBackwardWorkspace,
-    backward_raw, backward_workspace_lens, forward_raw, plan_backward_raw, plan_raw,
+    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors, RawAttentionVarlenTensors,
+    RawBackwardWorkspace, backward_raw, backward_workspace_lens, forward_raw, forward_varlen_raw,
+    plan_backward_raw, plan_raw, plan_varlen_raw,
 };
 pub use reference::{
     naive_backward_same_precision, naive_same_precision, naive_varlen_same_precision, reference,

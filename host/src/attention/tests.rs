@@ -917,3 +917,105 @@ fn varlen_rejects_bad_boundaries_and_problems() {
     assert!(p.check_seqlens(&other).is_err());
     assert!(p.check_seqlens(&seqlens).is_ok());
 }
+
+mod raw_varlen {
+    use super::*;
+    use crate::raw::{ElemType, RawTensor};
+
+    /// Contiguous raw tensors of `p` at the addresses of `varlen_tensors`.
+    fn raw_tensors(p: &AttentionVarlenProblem) -> [RawTensor; 7] {
+        [
+            RawTensor::contiguous(1 << 40, ElemType::Bf16, &p.q_shape()),
+            RawTensor::contiguous(2 << 40, ElemType::Bf16, &p.kv_shape()),
+            RawTensor::contiguous(3 << 40, ElemType::Bf16, &p.kv_shape()),
+            RawTensor::contiguous(4 << 40, ElemType::Bf16, &p.q_shape()),
+            RawTensor::contiguous(5 << 40, ElemType::F32, &[p.heads_q, p.total_q]),
+            RawTensor::contiguous(6 << 40, ElemType::I32, &[p.batch + 1]),
+            RawTensor::contiguous(7 << 40, ElemType::I32, &[p.batch + 1]),
+        ]
+    }
+
+    fn plan_of(
+        t: &[RawTensor; 7],
+        options: &AttentionOptions,
+        max: (usize, usize),
+    ) -> Result<(AttentionVarlenProblem, AttentionVarlenPlan)> {
+        let [q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k] = t;
+        plan_varlen_raw(
+            options,
+            &RawAttentionVarlenTensors {
+                q,
+                k,
+                v,
+                o,
+                lse,
+                cu_seqlens_q,
+                cu_seqlens_k,
+            },
+            max.0,
+            max.1,
+        )
+    }
+
+    fn problem() -> AttentionVarlenProblem {
+        let seqlens = CuSeqlens::from_lens(&[(17, 9), (0, 5), (300, 1), (40, 0)]).unwrap();
+        AttentionVarlenProblem::new(&seqlens, 4, 2, 128, Dtype::Bf16).window(Some(7), Some(0))
+    }
+
+    #[test]
+    fn the_raw_varlen_plan_is_the_typed_plan() {
+        let p = problem();
+        let options = AttentionOptions {
+            window: p.window,
+            ..Default::default()
+        };
+        let (rp, plan) = plan_of(&raw_tensors(&p), &options, (300, 9)).unwrap();
+        assert_eq!(rp, p);
+        let typed = p.plan(&varlen_tensors::<bf16>(&p)).unwrap();
+        let (a, b) = (plan.launch.unwrap(), typed.launch.unwrap());
+        assert_eq!(a.config(), b.config());
+        let bytes = |x: &kernel_abi::attention::AttentionVarlenParams| format!("{x:?}");
+        assert_eq!(bytes(a.params()), bytes(b.params()));
+    }
+
+    #[test]
+    fn the_raw_varlen_plan_refuses_bad_tensors() {
+        let p = problem();
+        let options = AttentionOptions::default();
+        let refuse = |f: &dyn Fn(&mut [RawTensor; 7]), max: (usize, usize), what: &str| {
+            let mut t = raw_tensors(&p);
+            f(&mut t);
+            let e = plan_of(&t, &options, max).map(|_| ()).expect_err(what);
+            assert!(e.to_string().contains(what), "{what}: {e}");
+        };
+        let ok = (300, 9);
+        refuse(&|t| t[5].dtype = ElemType::F32, ok, "cu_seqlens_q dtype");
+        refuse(
+            &|t| t[6] = RawTensor::contiguous(7 << 40, ElemType::I32, &[4]),
+            ok,
+            "cu_seqlens_k",
+        );
+        refuse(
+            &|t| t[5] = RawTensor::contiguous(6 << 40, ElemType::I32, &[5, 1]),
+            ok,
+            "cu_seqlens_q rank",
+        );
+        refuse(
+            &|t| t[4] = RawTensor::contiguous(5 << 40, ElemType::F32, &[357, 4]),
+            ok,
+            "LSE shape",
+        );
+        refuse(
+            &|t| t[0] = RawTensor::contiguous(1 << 40, ElemType::Bf16, &[1, 357, 4, 128]),
+            ok,
+            "Q rank",
+        );
+        refuse(&|t| t[3].ptr = t[5].ptr, ok, "overlaps cu_seqlens_q");
+        refuse(&|_| {}, (80, 9), "max_seqlen_q");
+        refuse(&|_| {}, (300, 2), "max_seqlen_k");
+        refuse(&|_| {}, (400, 9), "max_seqlen_q");
+        // A larger maximum than the contents' is possible (blocks past each end exit).
+        let (_, plan) = plan_of(&raw_tensors(&p), &options, (357, 15)).unwrap();
+        assert_eq!(plan.config().unwrap().grid, (3, 4, 4));
+    }
+}
