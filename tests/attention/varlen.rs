@@ -488,7 +488,7 @@ fn raw_api(g: &Gpu) -> TestResult {
         };
         launch(&tensors)?;
         // No keys at all: K and V empty at address 0, every row O = 0 and LSE = -inf.
-        let no_keys = CuSeqlens::from_lens(&vec![(5, 0); 2]).expect("valid");
+        let no_keys = CuSeqlens::from_lens(&[(5, 0); 2]).expect("valid");
         let nk_q = upload(no_keys.q())?;
         let nk_k = upload(no_keys.k())?;
         let nk_o = poisoned::<bf16>(10 * hq * d)?;

@@ -102,16 +102,18 @@ impl Layout for Dense {
 /// Sequence `batch` of the packed layout of [`AttentionVarlenParams`] (LSE `[heads_q,
 /// total_q]`): its bounds read from `cu_seqlens_*` and clamped into `0 ..= total` (each end at
 /// least its start), so that every row it names lies inside the tensors whatever their
-/// contents.
+/// contents. Only the first rows and lengths are kept; the offsets are computed where used, as
+/// in [`Dense`] (fewer live registers through the main loop).
 #[derive(Clone, Copy)]
 pub(crate) struct Packed {
     seq_q: u32,
     seq_k: u32,
-    q: u64,
-    k: u64,
-    v: u64,
-    o: u64,
-    lse: u64,
+    /// First query row.
+    q0: u32,
+    /// First key row.
+    k0: u32,
+    head: u32,
+    head_kv: u32,
 }
 
 impl Layout for Packed {
@@ -125,7 +127,6 @@ impl Layout for Packed {
 
     #[inline(always)]
     unsafe fn locate(p: &AttentionVarlenParams, batch: u32, head: u32, head_kv: u32) -> Self {
-        let b = &p.base;
         // SAFETY: `batch < p.base.batch` (the grid) and both arrays have `batch + 1` entries
         // (the parameters' contract).
         let (q0, q1, k0, k1) = unsafe {
@@ -141,11 +142,10 @@ impl Layout for Packed {
         Packed {
             seq_q: q1 - q0,
             seq_k: k1 - k0,
-            q: q0 as u64 * b.q_strides[1] + head as u64 * b.q_strides[2],
-            k: k0 as u64 * b.k_strides[1] + head_kv as u64 * b.k_strides[2],
-            v: k0 as u64 * b.v_strides[1] + head_kv as u64 * b.v_strides[2],
-            o: q0 as u64 * b.o_strides[1] + head as u64 * b.o_strides[2],
-            lse: head as u64 * p.total_q as u64 + q0 as u64,
+            q0,
+            k0,
+            head,
+            head_kv,
         }
     }
 
@@ -158,24 +158,28 @@ impl Layout for Packed {
         self.seq_k
     }
     #[inline(always)]
-    fn q_offset(&self, _: &AttentionVarlenParams) -> u64 {
-        self.q
+    fn q_offset(&self, p: &AttentionVarlenParams) -> u64 {
+        let s = &p.base.q_strides;
+        self.q0 as u64 * s[1] + self.head as u64 * s[2]
     }
     #[inline(always)]
-    fn k_offset(&self, _: &AttentionVarlenParams) -> u64 {
-        self.k
+    fn k_offset(&self, p: &AttentionVarlenParams) -> u64 {
+        let s = &p.base.k_strides;
+        self.k0 as u64 * s[1] + self.head_kv as u64 * s[2]
     }
     #[inline(always)]
-    fn v_offset(&self, _: &AttentionVarlenParams) -> u64 {
-        self.v
+    fn v_offset(&self, p: &AttentionVarlenParams) -> u64 {
+        let s = &p.base.v_strides;
+        self.k0 as u64 * s[1] + self.head_kv as u64 * s[2]
     }
     #[inline(always)]
-    fn o_offset(&self, _: &AttentionVarlenParams) -> u64 {
-        self.o
+    fn o_offset(&self, p: &AttentionVarlenParams) -> u64 {
+        let s = &p.base.o_strides;
+        self.q0 as u64 * s[1] + self.head as u64 * s[2]
     }
     #[inline(always)]
-    fn lse_index(&self, _: &AttentionVarlenParams, i: u32) -> u64 {
-        self.lse + i as u64
+    fn lse_index(&self, p: &AttentionVarlenParams, i: u32) -> u64 {
+        self.head as u64 * p.total_q as u64 + self.q0 as u64 + i as u64
     }
 }
 
