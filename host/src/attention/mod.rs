@@ -53,8 +53,8 @@ pub use raw::{
     plan_backward_raw, plan_raw, plan_varlen_raw,
 };
 pub use reference::{
-    naive_backward_same_precision, naive_same_precision, naive_varlen_same_precision, reference,
-    reference_rows, reference_varlen,
+    naive_backward_same_precision, naive_backward_varlen_same_precision, naive_same_precision,
+    naive_varlen_same_precision, reference, reference_rows, reference_varlen,
 };
 pub use run::{forward, forward_variant};
 pub use varlen::{

@@ -559,3 +559,95 @@ fn per_sequence<T: AttentionElem>(
     }
     AttentionOutput { o, lse }
 }
+
+/// The f64 reference of the backward over packed sequences: for each sequence, [`backward`] of
+/// its dense problem ([`AttentionVarlenProblem::sequence`]) on its rows. Q, dO, dQ
+/// `[total_q, heads_q, D]`; K, V, dK, dV `[total_k, heads_kv, D]` (each key row belongs to one
+/// sequence, so dK and dV sum over the query heads of its group only); dLSE `[heads_q,
+/// total_q]`. A sequence without query rows has dK = dV = 0, one without key rows dQ = 0.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_varlen<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+) -> AttentionGrads {
+    per_sequence_grads(
+        p,
+        seqlens,
+        (q, k, v, d_o),
+        d_lse,
+        |sp, q, k, v, d_o, d_lse| backward(sp, q, k, v, d_o, d_lse),
+    )
+}
+
+/// [`naive_backward_same_precision`] per sequence, as [`backward_varlen`].
+#[allow(clippy::too_many_arguments)]
+pub fn naive_backward_varlen_same_precision<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+) -> AttentionGrads {
+    per_sequence_grads(
+        p,
+        seqlens,
+        (q, k, v, d_o),
+        d_lse,
+        |sp, q, k, v, d_o, d_lse| naive_backward_same_precision(sp, q, k, v, d_o, d_lse),
+    )
+}
+
+/// Run `f` on each sequence's dense problem and rows (dLSE gathered from `[heads_q, total_q]`
+/// into the sequence's `[1, heads_q, seq_q]`), and place its gradients in the packed layout.
+fn per_sequence_grads<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    (q, k, v, d_o): (&[T], &[T], &[T], &[T]),
+    d_lse: Option<&[f32]>,
+    f: impl Fn(&AttentionProblem, &[T], &[T], &[T], &[T], Option<&[f32]>) -> AttentionGrads,
+) -> AttentionGrads {
+    let d = p.head_dim;
+    let (hq, hkv) = (p.heads_q, p.heads_kv);
+    let mut dq = vec![0.0; p.total_q * hq * d];
+    let mut dk = vec![0.0; p.total_k * hkv * d];
+    let mut dv = vec![0.0; p.total_k * hkv * d];
+    for b in 0..seqlens.batch() {
+        let (sq, sk) = (seqlens.seq_q(b), seqlens.seq_k(b));
+        if sq == 0 || sk == 0 {
+            continue; // no query row attends a key: every gradient of the sequence is 0
+        }
+        let (q0, k0) = (seqlens.q_start(b), seqlens.k_start(b));
+        let (qr, kr) = (
+            q0 * hq * d..(q0 + sq) * hq * d,
+            k0 * hkv * d..(k0 + sk) * hkv * d,
+        );
+        let seq_d_lse: Option<Vec<f32>> = d_lse.map(|g| {
+            (0..hq)
+                .flat_map(|h| {
+                    g[h * p.total_q + q0..h * p.total_q + q0 + sq]
+                        .iter()
+                        .copied()
+                })
+                .collect()
+        });
+        let grads = f(
+            &p.sequence(sq, sk),
+            &q[qr.clone()],
+            &k[kr.clone()],
+            &v[kr.clone()],
+            &d_o[qr.clone()],
+            seq_d_lse.as_deref(),
+        );
+        dq[qr].copy_from_slice(&grads.dq);
+        dk[kr.clone()].copy_from_slice(&grads.dk);
+        dv[kr].copy_from_slice(&grads.dv);
+    }
+    AttentionGrads { dq, dk, dv }
+}
