@@ -30,6 +30,7 @@ fn main() {
         "reference/attention_backward_dlse",
         attention_backward_reference,
     );
+    s.cpu("reference/attention_varlen_causal_gqa", attention_varlen);
     s.cpu("reference/gla_varlen_initial_state", gla_varlen);
     s.cpu("reference/gla_batch", gla_batch);
     s.cpu("reference/gla_backward_varlen", gla_backward_varlen);
@@ -52,6 +53,11 @@ fn main() {
         });
     }
     s.gpu("gpu/attention_check", Needs::Gpu, gpu_attention);
+    s.gpu(
+        "gpu/attention_varlen_check",
+        Needs::Gpu,
+        gpu_attention_varlen,
+    );
     s.gpu(
         "gpu/attention_backward_check",
         Needs::Gpu,
@@ -340,6 +346,93 @@ fn attention_bf16_causal() -> TestResult {
     ensure(d.files() == ["in.safetensors", "out.safetensors"], || {
         format!("left in the directory: {:?}", d.files())
     })
+}
+
+/// Packed sequences (`cu_seqlens_q` i32, `cu_seqlens_k` i64): empty sequences, a sequence
+/// without keys, causal per sequence, GQA; then the inputs' errors (one offset tensor alone,
+/// offsets not ending at the rows, B > 1).
+fn attention_varlen() -> TestResult {
+    use kernels::attention::{AttentionVarlenProblem, CuSeqlens};
+    let d = Dir::new("attention_varlen");
+    let lens = [(5, 3), (0, 4), (7, 7), (3, 0), (1, 10)];
+    let seqlens = CuSeqlens::from_lens(&lens).map_err(|e| e.to_string())?;
+    let p = AttentionVarlenProblem::new(&seqlens, 4, 2, 64, AttnDtype::Bf16).causal();
+    let (tq, tk) = (p.total_q, p.total_k);
+    let mut r = rng(13);
+    let q = uniform_bf16(&mut r, tq * 4 * 64, -1.0, 1.0);
+    let k = uniform_bf16(&mut r, tk * 2 * 64, -1.0, 1.0);
+    let v = uniform_bf16(&mut r, tk * 2 * 64, -1.0, 1.0);
+    let cu_k: Vec<i64> = seqlens.k().iter().map(|&x| x as i64).collect();
+    let inputs = |cu_q: Option<Vec<i32>>, cu_k: Option<Vec<i64>>, b: usize| -> Vec<Named> {
+        let mut t = vec![
+            ("q", vec![b, tq / b, 4, 64], V::Bf16(q.clone())),
+            ("k", vec![b, tk / b, 2, 64], V::Bf16(k.clone())),
+            ("v", vec![b, tk / b, 2, 64], V::Bf16(v.clone())),
+        ];
+        if let Some(c) = cu_q {
+            t.push(("cu_seqlens_q", vec![c.len()], V::I32(c)));
+        }
+        if let Some(c) = cu_k {
+            t.push(("cu_seqlens_k", vec![c.len()], V::I64(c)));
+        }
+        t
+    };
+    write_inputs(
+        &d.path("in.safetensors"),
+        &inputs(Some(seqlens.q().to_vec()), Some(cu_k.clone()), 1),
+    )?;
+    let report =
+        ok(&d.command("attention @in.safetensors -o @out.safetensors --reference --causal"))?;
+    print!("{report}");
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = kernels::attention::reference_varlen(&p, &seqlens, &q, &k, &v);
+    exact(&out, "o", Dtype::F64, &[1, tq, 4, 64], &want.o)?;
+    exact(&out, "lse", Dtype::F64, &[4, tq], &want.lse)?;
+    ensure(out["lse"].values.contains(&f64::NEG_INFINITY), || {
+        "expected rows with no allowed key (LSE = -inf)".into()
+    })?;
+    let args = d.command("attention @bad.safetensors -o @out2.safetensors --reference");
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(seqlens.q().to_vec()), None, 1),
+    )?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::MissingTensor { .. }),
+        &["cu_seqlens_k"],
+    )?;
+    let mut short = seqlens.q().to_vec();
+    *short.last_mut().expect("entries") -= 1;
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(short), Some(cu_k.clone()), 1),
+    )?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Value { .. }),
+        &["cu_seqlens_q", "last offset"],
+    )?;
+    let mut decreasing = seqlens.q().to_vec();
+    decreasing[2] = 0;
+    decreasing[1] = 6;
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(decreasing), Some(cu_k.clone()), 1),
+    )?;
+    fails(&d, &args, |_| true, &["cu_seqlens_q", "decreases"])?;
+    // B = 2: q [2, 8, 4, 64].
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(seqlens.q().to_vec()), Some(cu_k), 2),
+    )?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Shape { .. }),
+        &["B must be 1"],
+    )
 }
 
 /// Backward inputs of `p` (bf16): Q, K, V, dO and dLSE uniform, O and LSE the f64 forward's
@@ -1413,6 +1506,49 @@ fn gpu_attention(gpu: &'static Gpu) -> TestResult {
             .is_some_and(|t| t.samples_ms.len() == 2),
         || "--repeat 2 did not give 2 timed runs".into(),
     )
+}
+
+/// `attention --check` on packed sequences (`cu_seqlens_q`, `cu_seqlens_k`).
+fn gpu_attention_varlen(gpu: &'static Gpu) -> TestResult {
+    use kernels::attention::CuSeqlens;
+    let d = Dir::new("gpu_attention_varlen");
+    let lens = [(70, 90), (0, 5), (1, 1), (130, 40), (9, 0)];
+    let seqlens = CuSeqlens::from_lens(&lens).map_err(|e| e.to_string())?;
+    let (tq, tk) = (seqlens.total_q(), seqlens.total_k());
+    let mut r = rng(52);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            (
+                "q",
+                vec![1, tq, 4, 128],
+                V::Bf16(uniform_bf16(&mut r, tq * 4 * 128, -1.0, 1.0)),
+            ),
+            (
+                "k",
+                vec![1, tk, 2, 128],
+                V::Bf16(uniform_bf16(&mut r, tk * 2 * 128, -1.0, 1.0)),
+            ),
+            (
+                "v",
+                vec![1, tk, 2, 128],
+                V::Bf16(uniform_bf16(&mut r, tk * 2 * 128, -1.0, 1.0)),
+            ),
+            (
+                "cu_seqlens_q",
+                vec![lens.len() + 1],
+                V::I32(seqlens.q().to_vec()),
+            ),
+            (
+                "cu_seqlens_k",
+                vec![lens.len() + 1],
+                V::I32(seqlens.k().to_vec()),
+            ),
+        ],
+    )?;
+    let args =
+        d.command("attention @in.safetensors -o @out.safetensors --check --causal --repeat 2");
+    check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)]).map(|_| ())
 }
 
 /// `attention-backward --check` (the tests' tolerance rule: the run fails past it) with dLSE,

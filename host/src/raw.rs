@@ -32,6 +32,8 @@ pub enum ElemType {
     F16,
     /// IEEE single precision.
     F32,
+    /// 32-bit signed integer (sequence offsets, `cu_seqlens`).
+    I32,
 }
 
 impl ElemType {
@@ -39,17 +41,19 @@ impl ElemType {
     pub fn size(self) -> usize {
         match self {
             ElemType::Bf16 | ElemType::F16 => 2,
-            ElemType::F32 => 4,
+            ElemType::F32 | ElemType::I32 => 4,
         }
     }
 
-    /// Parse a name: `bf16`/`bfloat16`, `f16`/`float16`/`half`, `f32`/`float32`/`float`, with
+    /// Parse a name: `bf16`/`bfloat16`, `f16`/`float16`/`half`, `f32`/`float32`/`float`,
+    /// `i32`/`int32`/`int`, with
     /// or without a `torch.` prefix (so `str(tensor.dtype)` parses).
     pub fn from_name(name: &str) -> Option<ElemType> {
         match name.strip_prefix("torch.").unwrap_or(name) {
             "bf16" | "bfloat16" => Some(ElemType::Bf16),
             "f16" | "float16" | "half" => Some(ElemType::F16),
             "f32" | "float32" | "float" => Some(ElemType::F32),
+            "i32" | "int32" | "int" => Some(ElemType::I32),
             _ => None,
         }
     }
@@ -69,6 +73,9 @@ impl RawElem for f16 {
 }
 impl RawElem for f32 {
     const ELEM: ElemType = ElemType::F32;
+}
+impl RawElem for i32 {
+    const ELEM: ElemType = ElemType::I32;
 }
 
 /// A tensor in device memory that the caller owns, described as a framework describes it.
