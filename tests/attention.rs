@@ -5,7 +5,8 @@
 //! (`attention::naive_same_precision`); LSE within `1e-3 * max(1, |ref|)` (absolute below 1,
 //! relative above: LSE grows with the logits), and `-inf` exactly where the reference has it.
 //!
-//! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs`.
+//! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs`, the forward over
+//! packed sequences (`attention_varlen/*`) in `attention/varlen.rs`.
 
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -22,6 +23,8 @@ use rand::Rng;
 
 #[path = "attention/backward.rs"]
 mod backward;
+#[path = "attention/varlen.rs"]
+mod varlen;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -281,6 +284,7 @@ fn main() {
         });
     }
     backward::register(&mut s);
+    varlen::register(&mut s);
     s.run()
 }
 

@@ -11,7 +11,7 @@ use kernel_tests::{Needs, Suite, TestFailure, TestResult, ensure};
 use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
 use kernels::data::{rng, uniform_bf16, uniform_f16, uniform_f32};
 use kernels::gla::GlaProblem;
-use kernels::gla::reference::{HostInputs, recurrence};
+use kernels::gla::reference::{ExactInputs, HostInputs, OutputGrads, recurrence};
 use kernels::mhc::MhcProblem;
 use kernels::mhc::reference::{self as mref, MhcData};
 use kernels::semicrf::reference::{self as sref, Model};
@@ -30,8 +30,10 @@ fn main() {
         "reference/attention_backward_dlse",
         attention_backward_reference,
     );
+    s.cpu("reference/attention_varlen_causal_gqa", attention_varlen);
     s.cpu("reference/gla_varlen_initial_state", gla_varlen);
     s.cpu("reference/gla_batch", gla_batch);
+    s.cpu("reference/gla_backward_varlen", gla_backward_varlen);
     s.cpu("reference/semicrf_forward_viterbi", semicrf_forward_viterbi);
     s.cpu("reference/semicrf_backward_marginals", semicrf_backward);
     s.cpu(
@@ -52,11 +54,17 @@ fn main() {
     }
     s.gpu("gpu/attention_check", Needs::Gpu, gpu_attention);
     s.gpu(
+        "gpu/attention_varlen_check",
+        Needs::Gpu,
+        gpu_attention_varlen,
+    );
+    s.gpu(
         "gpu/attention_backward_check",
         Needs::Gpu,
         gpu_attention_backward,
     );
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
+    s.gpu("gpu/gla_backward_check", Needs::Gpu, gpu_gla_backward);
     s.gpu("gpu/gla_kernels_check", Needs::Hopper, gpu_gla_kernels);
     s.gpu("gpu/semicrf_check", Needs::Gpu, gpu_semicrf);
     s.gpu("gpu/mhc_check", Needs::Gpu, gpu_mhc);
@@ -340,6 +348,93 @@ fn attention_bf16_causal() -> TestResult {
     })
 }
 
+/// Packed sequences (`cu_seqlens_q` i32, `cu_seqlens_k` i64): empty sequences, a sequence
+/// without keys, causal per sequence, GQA; then the inputs' errors (one offset tensor alone,
+/// offsets not ending at the rows, B > 1).
+fn attention_varlen() -> TestResult {
+    use kernels::attention::{AttentionVarlenProblem, CuSeqlens};
+    let d = Dir::new("attention_varlen");
+    let lens = [(5, 3), (0, 4), (7, 7), (3, 0), (1, 10)];
+    let seqlens = CuSeqlens::from_lens(&lens).map_err(|e| e.to_string())?;
+    let p = AttentionVarlenProblem::new(&seqlens, 4, 2, 64, AttnDtype::Bf16).causal();
+    let (tq, tk) = (p.total_q, p.total_k);
+    let mut r = rng(13);
+    let q = uniform_bf16(&mut r, tq * 4 * 64, -1.0, 1.0);
+    let k = uniform_bf16(&mut r, tk * 2 * 64, -1.0, 1.0);
+    let v = uniform_bf16(&mut r, tk * 2 * 64, -1.0, 1.0);
+    let cu_k: Vec<i64> = seqlens.k().iter().map(|&x| x as i64).collect();
+    let inputs = |cu_q: Option<Vec<i32>>, cu_k: Option<Vec<i64>>, b: usize| -> Vec<Named> {
+        let mut t = vec![
+            ("q", vec![b, tq / b, 4, 64], V::Bf16(q.clone())),
+            ("k", vec![b, tk / b, 2, 64], V::Bf16(k.clone())),
+            ("v", vec![b, tk / b, 2, 64], V::Bf16(v.clone())),
+        ];
+        if let Some(c) = cu_q {
+            t.push(("cu_seqlens_q", vec![c.len()], V::I32(c)));
+        }
+        if let Some(c) = cu_k {
+            t.push(("cu_seqlens_k", vec![c.len()], V::I64(c)));
+        }
+        t
+    };
+    write_inputs(
+        &d.path("in.safetensors"),
+        &inputs(Some(seqlens.q().to_vec()), Some(cu_k.clone()), 1),
+    )?;
+    let report =
+        ok(&d.command("attention @in.safetensors -o @out.safetensors --reference --causal"))?;
+    print!("{report}");
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = kernels::attention::reference_varlen(&p, &seqlens, &q, &k, &v);
+    exact(&out, "o", Dtype::F64, &[1, tq, 4, 64], &want.o)?;
+    exact(&out, "lse", Dtype::F64, &[4, tq], &want.lse)?;
+    ensure(out["lse"].values.contains(&f64::NEG_INFINITY), || {
+        "expected rows with no allowed key (LSE = -inf)".into()
+    })?;
+    let args = d.command("attention @bad.safetensors -o @out2.safetensors --reference");
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(seqlens.q().to_vec()), None, 1),
+    )?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::MissingTensor { .. }),
+        &["cu_seqlens_k"],
+    )?;
+    let mut short = seqlens.q().to_vec();
+    *short.last_mut().expect("entries") -= 1;
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(short), Some(cu_k.clone()), 1),
+    )?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Value { .. }),
+        &["cu_seqlens_q", "last offset"],
+    )?;
+    let mut decreasing = seqlens.q().to_vec();
+    decreasing[2] = 0;
+    decreasing[1] = 6;
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(decreasing), Some(cu_k.clone()), 1),
+    )?;
+    fails(&d, &args, |_| true, &["cu_seqlens_q", "decreases"])?;
+    // B = 2: q [2, 8, 4, 64].
+    write_inputs(
+        &d.path("bad.safetensors"),
+        &inputs(Some(seqlens.q().to_vec()), Some(cu_k), 2),
+    )?;
+    fails(
+        &d,
+        &args,
+        |e| matches!(e, CliError::Shape { .. }),
+        &["B must be 1"],
+    )
+}
+
 /// Backward inputs of `p` (bf16): Q, K, V, dO and dLSE uniform, O and LSE the f64 forward's
 /// rounded (dLSE of rows with no allowed key is NaN: it must reach no gradient).
 #[allow(clippy::type_complexity)]
@@ -476,6 +571,65 @@ fn gla_varlen() -> TestResult {
         &[3, 2, 64, 128],
         &want.final_state,
     )
+}
+
+/// `gla-backward --reference` on packed sequences with initial states and a final-state
+/// gradient: exactly the f64 backward.
+fn gla_backward_varlen() -> TestResult {
+    let d = Dir::new("gla_backward_varlen");
+    let cu = vec![0usize, 1, 6, 9];
+    let p = GlaProblem::varlen(cu.clone(), 2, 64, 128).with_scale(0.25);
+    let mut r = rng(23);
+    let q = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let k = uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
+    let g = uniform_bf16(&mut r, p.qk_len(), -21.0, 0.0);
+    let v = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+    let init = uniform_f32(&mut r, p.state_len(), -1.0, 1.0);
+    let d_o = uniform_bf16(&mut r, p.v_len(), -1.0, 1.0);
+    let d_final = uniform_f32(&mut r, p.state_len(), -1.0, 1.0);
+    let (qk, vs, st) = (vec![1, 9, 2, 64], vec![1, 9, 2, 128], vec![3, 2, 64, 128]);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", qk.clone(), V::Bf16(q.clone())),
+            ("k", qk.clone(), V::Bf16(k.clone())),
+            ("g", qk.clone(), V::Bf16(g.clone())),
+            ("v", vs.clone(), V::Bf16(v.clone())),
+            ("initial_state", st.clone(), V::F32(init.clone())),
+            (
+                "cu_seqlens",
+                vec![4],
+                V::I32(cu.iter().map(|&x| x as i32).collect()),
+            ),
+            ("d_o", vs.clone(), V::Bf16(d_o.clone())),
+            ("d_final_state", st.clone(), V::F32(d_final.clone())),
+        ],
+    )?;
+    ok(&d.command("gla-backward @in.safetensors -o @out.safetensors --reference --scale 0.25"))?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let x = ExactInputs::from_host(&HostInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        init_state: Some(&init),
+    });
+    let d_o: Vec<f64> = d_o.iter().map(|v| v.to_f64()).collect();
+    let d_final: Vec<f64> = d_final.iter().map(|&v| v as f64).collect();
+    let want = kernels::gla::reference::backward(
+        &p,
+        &x,
+        &OutputGrads {
+            d_o: &d_o,
+            d_final_state: Some(&d_final),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    exact(&out, "d_q", Dtype::F64, &qk, &want.dq)?;
+    exact(&out, "d_k", Dtype::F64, &qk, &want.dk)?;
+    exact(&out, "d_v", Dtype::F64, &vs, &want.dv)?;
+    exact(&out, "d_g", Dtype::F64, &qk, &want.dg)?;
+    exact(&out, "d_initial_state", Dtype::F64, &st, &want.d_init_state)
 }
 
 fn gla_batch() -> TestResult {
@@ -1354,6 +1508,49 @@ fn gpu_attention(gpu: &'static Gpu) -> TestResult {
     )
 }
 
+/// `attention --check` on packed sequences (`cu_seqlens_q`, `cu_seqlens_k`).
+fn gpu_attention_varlen(gpu: &'static Gpu) -> TestResult {
+    use kernels::attention::CuSeqlens;
+    let d = Dir::new("gpu_attention_varlen");
+    let lens = [(70, 90), (0, 5), (1, 1), (130, 40), (9, 0)];
+    let seqlens = CuSeqlens::from_lens(&lens).map_err(|e| e.to_string())?;
+    let (tq, tk) = (seqlens.total_q(), seqlens.total_k());
+    let mut r = rng(52);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            (
+                "q",
+                vec![1, tq, 4, 128],
+                V::Bf16(uniform_bf16(&mut r, tq * 4 * 128, -1.0, 1.0)),
+            ),
+            (
+                "k",
+                vec![1, tk, 2, 128],
+                V::Bf16(uniform_bf16(&mut r, tk * 2 * 128, -1.0, 1.0)),
+            ),
+            (
+                "v",
+                vec![1, tk, 2, 128],
+                V::Bf16(uniform_bf16(&mut r, tk * 2 * 128, -1.0, 1.0)),
+            ),
+            (
+                "cu_seqlens_q",
+                vec![lens.len() + 1],
+                V::I32(seqlens.q().to_vec()),
+            ),
+            (
+                "cu_seqlens_k",
+                vec![lens.len() + 1],
+                V::I32(seqlens.k().to_vec()),
+            ),
+        ],
+    )?;
+    let args =
+        d.command("attention @in.safetensors -o @out.safetensors --check --causal --repeat 2");
+    check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)]).map(|_| ())
+}
+
 /// `attention-backward --check` (the tests' tolerance rule: the run fails past it) with dLSE,
 /// atomic dQ with `--repeat 2`, then `--deterministic`.
 fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
@@ -1435,6 +1632,66 @@ fn gpu_gla_with(gpu: &'static Gpu, dir: &str, extra: &str) -> TestResult {
             "gla @in.safetensors -o @out.safetensors --check{extra}"
         )),
         &[("o", 2e-2), ("final_state", 1e-2)],
+    )
+    .map(|_| ())
+}
+
+/// `gla-backward --check` on packed sequences with initial states and a final-state gradient:
+/// every gradient within the GLA tests' bound (rel L2 1e-2).
+fn gpu_gla_backward(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_gla_backward");
+    let cu = vec![0usize, 40, 100];
+    let p = GlaProblem::varlen(cu.clone(), 2, 64, 128);
+    let mut r = rng(54);
+    let (qk, vs, st) = (
+        vec![1, 100, 2, 64],
+        vec![1, 100, 2, 128],
+        vec![2, 2, 64, 128],
+    );
+    let mut bf = |n: usize, lo: f32, hi: f32| V::Bf16(uniform_bf16(&mut r, n, lo, hi));
+    let (q, k, g) = (
+        bf(p.qk_len(), -1.0, 1.0),
+        bf(p.qk_len(), -1.0, 1.0),
+        bf(p.qk_len(), -0.5, 0.0),
+    );
+    let (v, d_o) = (bf(p.v_len(), -1.0, 1.0), bf(p.v_len(), -1.0, 1.0));
+    let mut r = rng(55);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", qk.clone(), q),
+            ("k", qk.clone(), k),
+            ("g", qk, g),
+            ("v", vs.clone(), v),
+            ("d_o", vs, d_o),
+            (
+                "initial_state",
+                st.clone(),
+                V::F32(uniform_f32(&mut r, p.state_len(), -1.0, 1.0)),
+            ),
+            (
+                "d_final_state",
+                st,
+                V::F32(uniform_f32(&mut r, p.state_len(), -1.0, 1.0)),
+            ),
+            (
+                "cu_seqlens",
+                vec![3],
+                V::I64(cu.iter().map(|&x| x as i64).collect()),
+            ),
+        ],
+    )?;
+    check_run(
+        gpu,
+        &d,
+        &d.command("gla-backward @in.safetensors -o @out.safetensors --check"),
+        &[
+            ("d_q", 1e-2),
+            ("d_k", 1e-2),
+            ("d_v", 1e-2),
+            ("d_g", 1e-2),
+            ("d_initial_state", 1e-2),
+        ],
     )
     .map(|_| ())
 }

@@ -778,6 +778,10 @@ macro_rules! gla_kernels {
             backward::KERNELS[6],
             backward::KERNELS[7],
             backward::KERNELS[8],
+            backward::KERNELS[9],
+            backward::KERNELS[10],
+            backward::KERNELS[11],
+            backward::KERNELS[12],
         ];
 
         /// The baseline kernels `(gla_fwd, gla_states)` of head dimensions `(dk, dv)`, if any.

@@ -9,6 +9,8 @@ ours):
   [B, H, C, C, D] decay tensor, so it is exact for any decay; inter-chunk through the state).
 
 Each row records `max_diff_vs_ours` (max |peer - ours| over the outputs) and `rel_l2_vs_ours`.
+Cases `gla_fwd_bwd` (training steps): fla's forward + backward through autograd (every
+gradient, `dO` from the shared `do`), its gradients compared with ours (`rel_l2_vs_ours_<grad>`).
 Usage: python3 gla.py WORKDIR. Writes WORKDIR/peer_rows.json. fla must be importable (its wheel
 and `packaging`'s installed with `pip install --no-index --no-deps --target DIR` and
 `PYTHONPATH=DIR`); a peer that cannot be imported or run is recorded as a note.
@@ -48,6 +50,46 @@ def torch_chunked_gla(q, k, v, g, scale):
     return o.transpose(1, 2).to(torch.bfloat16)
 
 
+def fwd_bwd_row(work, case, spec, inputs, d_o_flat, chunk_gla, fla_version, rows, notes):
+    """fla's chunk_gla forward + backward through autograd (every gradient), timed together,
+    compared with our gradients (`ours_dq`, `ours_dk`, `ours_dv`, `ours_dg` of the case)."""
+    c = spec["config"]
+    B, T, H, dv = c["B"], c["T"], c["H"], c["dv"]
+    d_o = d_o_flat[: B * T * H * dv].view(B, T, H, dv)
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+
+    def step():
+        o = chunk_gla(*leaves)[0]
+        return torch.autograd.grad(o, leaves, d_o)
+
+    name = f"fla chunk_gla {fla_version}"
+    try:
+        # The first calls autotune fla's Triton kernels (minutes): outside the timed runs.
+        grads = step()
+        ms = median_ms(step, warmup=10, runs=50)
+    except Exception as e:  # noqa: BLE001 - recorded as a note, the other rows go on
+        traceback.print_exc()
+        notes.append(f"{name} fwd+bwd failed on {c}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return
+    ours = load_file(os.path.join(work, case, "tensors.safetensors"), device="cuda")
+    row = {"kernel": "gla_fwd_bwd", "impl": name, "config": c, "median_ms": ms, "fla": fla_version,
+           "torch": torch.__version__}
+    counts = spec["counts"]
+    row["tflops"] = counts["flops"] / (ms * 1e-3) / 1e12
+    row["tokens_per_s"] = counts["tokens"] / (ms * 1e-3)
+    worst = 0.0
+    for n, got in zip(("dq", "dk", "dv", "dg"), grads):
+        mine = ours[f"ours_{n}"].float()
+        d = got.float() - mine
+        row[f"rel_l2_vs_ours_{n}"] = (d.norm() / mine.norm().clamp_min(1e-30)).item()
+        worst = max(worst, d.abs().max().item())
+    row["max_diff_vs_ours"] = worst
+    rows.append(row)
+    print(f"  peer {name}: fwd+bwd {c} {ms:.4f} ms, rel L2 vs ours "
+          + ", ".join(f"{n} {row[f'rel_l2_vs_ours_{n}']:.2e}" for n in ("dq", "dk", "dv", "dg")),
+          flush=True)
+
+
 def main(work):
     shared = load_file(os.path.join(work, "shared.safetensors"), device="cuda")
     rows, notes = [], []
@@ -65,6 +107,11 @@ def main(work):
         B, T, H, dk, dv = c["B"], c["T"], c["H"], c["dk"], c["dv"]
         q, k, g = (shared[n][: B * T * H * dk].view(B, T, H, dk) for n in ("q", "k", "g"))
         v = shared["v"][: B * T * H * dv].view(B, T, H, dv)
+        if spec["kernel"] == "gla_fwd_bwd":
+            if chunk_gla is not None:
+                fwd_bwd_row(work, case, spec, (q, k, v, g), shared["do"], chunk_gla, fla_version,
+                            rows, notes)
+            continue
         ours = load_file(os.path.join(work, case, "tensors.safetensors"), device="cuda")["ours"]
         scale = dk ** -0.5
         peers = [("torch-chunked (f32, C=64)", lambda: torch_chunked_gla(q, k, v, g, scale), {})]

@@ -20,6 +20,11 @@
 //! head, the same for every implementation whatever its chunking), tokens/s `B T / time`, GB/s
 //! over the minimum traffic (q, k, g, v read once, o written once, bf16).
 //!
+//! Training rows `gla_fwd_bwd` (`KBENCH_GLA_BWD=0` skips them): the forward and the backward
+//! (every gradient) on the same configurations, beside fla's `chunk_gla` forward + backward
+//! through autograd; FLOPs counted as 3 forwards; our gradients of one head checked against the
+//! f64 backward.
+//!
 //! The automatic choice, checked beyond those five: on a Hopper GPU, rows `gla_fwd_choice` time
 //! the baseline and the pingpong forced on small and uneven problems ([`CHOICE_CONFIGS`]: one
 //! head, short sequences, Dk != Dv; no peers), to show where the choice stands when launch and
@@ -30,8 +35,11 @@
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
-use kernels::gla::reference::{self, HostInputs, rel_l2};
-use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaProblem, GlaSession, Target};
+use kernels::gla::reference::{self, ExactInputs, HostInputs, OutputGrads, rel_l2};
+use kernels::gla::{
+    self, GlaGradients, GlaInputs, GlaKernel, GlaOutputGrads, GlaOutputs, GlaProblem, GlaSession,
+    Target,
+};
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
 use kernels_testing::gla::log_sigmoid_decays;
@@ -147,6 +155,21 @@ pub fn run(b: &mut Bench) -> Result<()> {
             &[("ours", Tensor::Bf16(&o, vec![batch, t, heads, d]))],
         )?;
     }
+    if std::env::var_os("KBENCH_GLA_BWD").is_none_or(|v| v != "0") {
+        let d_o = kernels::data::uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+        b.shared(&[("do", Tensor::Bf16(&d_o, vec![ELEMS]))])?;
+        for &(batch, t, heads, d) in configs {
+            let p = GlaProblem::new(batch, t, heads, d, d);
+            let host = HostInputs {
+                q: &q[..p.qk_len()],
+                k: &k[..p.qk_len()],
+                v: &v[..p.v_len()],
+                g: &g[..p.qk_len()],
+                init_state: None,
+            };
+            fwd_bwd(b, &p, &host, &d_o[..p.v_len()])?;
+        }
+    }
     if !b.quick && b.gpu.arch().has_hopper_kernels() {
         for (batch, t, heads, dk, dv) in CHOICE_CONFIGS {
             let p = GlaProblem::new(batch, t, heads, dk, dv);
@@ -168,6 +191,169 @@ pub fn run(b: &mut Bench) -> Result<()> {
         }
     }
     b.run_peers();
+    Ok(())
+}
+
+/// The forward and backward of `p` as a training step runs them (the automatic forward, then
+/// `gla::backward`: every gradient, the workspace allocated per call), timed together; the
+/// gradients of the first (sequence, head) checked against the f64 backward (relative L2 of
+/// dq, dk, dv and dg, each <= 1e-2); a `gla_fwd_bwd` row and a peer case with our gradients.
+///
+/// FLOPs: 3 forwards (`12 B T H Dk Dv`: the backward's state-gradient walk, dq, dk and dv
+/// contractions count as two forwards, the convention of dense training), so TFLOP/s compare
+/// across implementations of the same step.
+fn fwd_bwd(b: &mut Bench, p: &GlaProblem, host: &HostInputs, d_o: &[bf16]) -> Result<()> {
+    let (dq, dk, dv, dg, ddo) = (
+        upload(host.q)?,
+        upload(host.k)?,
+        upload(host.v)?,
+        upload(host.g)?,
+        upload(d_o)?,
+    );
+    let mut o = poisoned::<bf16>(p.v_len())?;
+    let mut grad_q = poisoned::<bf16>(p.qk_len())?;
+    let mut grad_k = poisoned::<bf16>(p.qk_len())?;
+    let mut grad_v = poisoned::<bf16>(p.v_len())?;
+    let mut grad_g = poisoned::<f32>(p.qk_len())?;
+    let mut grad_s0 = poisoned::<f32>(p.state_len())?;
+    let mut session = GlaSession::new(&b.gpu, p)?;
+    let inputs = GlaInputs {
+        q: &dq,
+        k: &dk,
+        v: &dv,
+        g: &dg,
+        init_state: None,
+    };
+    let t = {
+        let (gpu, stream) = (&b.gpu, &b.stream);
+        b.time(|| {
+            session.forward(
+                gpu,
+                stream,
+                &inputs,
+                &mut GlaOutputs {
+                    o: &mut o,
+                    final_state: None,
+                },
+            )?;
+            gla::backward(
+                gpu,
+                stream,
+                p,
+                &inputs,
+                &GlaOutputGrads {
+                    d_o: &ddo,
+                    d_final_state: None,
+                },
+                &mut GlaGradients {
+                    d_q: &mut grad_q,
+                    d_k: &mut grad_k,
+                    d_v: &mut grad_v,
+                    d_g: &mut grad_g,
+                    d_init_state: &mut grad_s0,
+                },
+            )
+        })?
+    };
+    let got = (
+        download(&grad_q)?,
+        download(&grad_k)?,
+        download(&grad_v)?,
+        download(&grad_g)?,
+    );
+    // Sequence 0, head 0 against the f64 backward of that head alone.
+    let (start, len) = p.sequences()[0];
+    let one = GlaProblem::new(1, len, 1, p.dk, p.dv);
+    let gather = |x: &[bf16], d: usize| -> Vec<f64> {
+        (0..len)
+            .flat_map(|i| {
+                let at = (start + i) * p.heads * d;
+                x[at..at + d].iter().map(|e| e.to_f64())
+            })
+            .collect()
+    };
+    let gather32 = |x: &[f32], d: usize| -> Vec<f64> {
+        (0..len)
+            .flat_map(|i| {
+                let at = (start + i) * p.heads * d;
+                x[at..at + d].iter().map(|&e| e as f64)
+            })
+            .collect()
+    };
+    let exact = ExactInputs {
+        q: gather(host.q, p.dk),
+        k: gather(host.k, p.dk),
+        v: gather(host.v, p.dv),
+        g: gather(host.g, p.dk),
+        init_state: None,
+    };
+    let d_o64 = gather(d_o, p.dv);
+    let want = reference::backward(
+        &one,
+        &exact,
+        &OutputGrads {
+            d_o: &d_o64,
+            d_final_state: None,
+        },
+    )?;
+    let errs = [
+        ("dq", rel_l2(gather(&got.0, p.dk), &want.dq)),
+        ("dk", rel_l2(gather(&got.1, p.dk), &want.dk)),
+        ("dv", rel_l2(gather(&got.2, p.dv), &want.dv)),
+        ("dg", rel_l2(gather32(&got.3, p.dk), &want.dg)),
+    ];
+    let err = errs.iter().map(|e| e.1).fold(0.0, f64::max);
+    let valid = err <= 1e-2;
+    if !valid {
+        b.note(format!(
+            "MISMATCH: gla_fwd_bwd ours on {p:?}: relative L2 errors {errs:?} (bound 1e-2)"
+        ));
+    }
+    let cfg = config!(
+        "B": p.batch, "T": p.seq_len, "H": p.heads, "dk": p.dk, "dv": p.dv, "dtype": "bf16"
+    );
+    let flops = 3.0 * p.flops();
+    let mut row = Row::ours("gla_fwd_bwd", cfg.clone(), &t)
+        .flops(flops)
+        .err(err);
+    row.extra.insert(
+        "tokens_per_s".into(),
+        serde_json::json!(p.rows() as f64 / (row.median_ms * 1e-3)),
+    );
+    for (name, e) in errs {
+        row.extra
+            .insert(format!("rel_l2_{name}"), serde_json::json!(e));
+    }
+    row.extra.insert(
+        "gla_kernel".into(),
+        serde_json::json!(format!("{:?}", session.kernel()).to_lowercase()),
+    );
+    row.extra.insert("valid".into(), serde_json::json!(valid));
+    b.push(row);
+    let (bt, h) = (p.batch * p.seq_len, p.heads);
+    b.case(
+        "gla_fwd_bwd",
+        &cfg,
+        config!("flops": flops, "tokens": p.rows(), "bytes": p.min_bytes(false, false)),
+        &[
+            (
+                "ours_dq",
+                Tensor::Bf16(&got.0, vec![p.batch, p.seq_len, h, p.dk]),
+            ),
+            (
+                "ours_dk",
+                Tensor::Bf16(&got.1, vec![p.batch, p.seq_len, h, p.dk]),
+            ),
+            (
+                "ours_dv",
+                Tensor::Bf16(&got.2, vec![p.batch, p.seq_len, h, p.dv]),
+            ),
+            (
+                "ours_dg",
+                Tensor::F32(&got.3, vec![bt / p.seq_len, p.seq_len, h, p.dk]),
+            ),
+        ],
+    )?;
     Ok(())
 }
 

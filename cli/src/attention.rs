@@ -1,13 +1,14 @@
 //! `attention` and `attention-backward`: the attention forward and backward
 //! (`kernels::attention`).
 
-use crate::tensors::{Data, Dim, Inputs, Outputs};
+use crate::tensors::{Data, Dim, Inputs, Outputs, Tensor};
 use crate::{CliError, Common, Job, Result, launch_timed};
 use clap::{Args, ValueEnum};
 use half::{bf16, f16};
 use kernels::Gpu;
 use kernels::attention::{
-    self, AttentionElem, AttentionProblem, BackwardOptions, Dtype, Path, View, reference,
+    self, AttentionElem, AttentionProblem, AttentionVarlenProblem, BackwardOptions, CuSeqlens,
+    Dtype, Path, View, reference,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::Timings;
@@ -32,7 +33,17 @@ bottom-right corner: query i may attend key j iff j <= i + Sk - Sq. A window (LE
 allows i + Sk - Sq - LEFT <= j <= i + Sk - Sq + RIGHT; --causal is RIGHT = 0. A row with no \
 allowed key gets O = 0 and LSE = -inf.
 
-PyTorch's scaled_dot_product_attention takes [B, H, S, D]: pass q.transpose(1, 2) etc.";
+PyTorch's scaled_dot_product_attention takes [B, H, S, D]: pass q.transpose(1, 2) etc.
+
+Packed sequences of different lengths (FlashAttention's flash_attn_varlen_func), with both \
+optional tensors:
+  cu_seqlens_q  i32/i64  [N + 1]   [0, lq_0, lq_0 + lq_1, ..., Tq]: sequence n owns query rows
+                                   cu_seqlens_q[n] .. cu_seqlens_q[n + 1]
+  cu_seqlens_k  i32/i64  [N + 1]   the same for key rows, ending at Tk
+q is then [1, Tq, Hq, D], k and v [1, Tk, Hkv, D] (B = 1, the sequences packed along the \
+sequence axis); each sequence is attended on its own, the mask applied per sequence (causal \
+aligned to each sequence's bottom-right corner); empty sequences are allowed. Outputs: o \
+[1, Tq, Hq, D] and lse [Hq, Tq] (FlashAttention's varlen layout). Always the mma.sync path.";
 
 /// Which kernel to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -70,7 +81,7 @@ pub struct AttentionArgs {
 }
 
 /// The tensors `attention` reads.
-pub const TENSORS: &[&str] = &["q", "k", "v"];
+pub const TENSORS: &[&str] = &["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"];
 
 /// Read and check the inputs, build the problem.
 pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
@@ -100,6 +111,8 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
             });
         }
     }
+    let cu_q = inp.take_opt("cu_seqlens_q", &[St::I32, St::I64], &[Dim::Succ("N")])?;
+    let cu_k = inp.take_opt("cu_seqlens_k", &[St::I32, St::I64], &[Dim::Succ("N")])?;
     inp.finish("attention", TENSORS, &[])?;
     let [b, sq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, sk, hkv, _] = k.shape().try_into().expect("rank checked");
@@ -108,6 +121,26 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     } else {
         Dtype::F16
     };
+    let cu = match (cu_q, cu_k) {
+        (None, None) => None,
+        (Some(cq), Some(ck)) => Some((cq, ck)),
+        (q, _) => {
+            return Err(CliError::MissingTensor {
+                name: if q.is_some() {
+                    "cu_seqlens_k"
+                } else {
+                    "cu_seqlens_q"
+                }
+                .into(),
+                expected: "i32/i64 [N + 1] (packed sequences take both cu_seqlens_q and \
+                           cu_seqlens_k)"
+                    .into(),
+            });
+        }
+    };
+    if let Some((cq, ck)) = cu {
+        return varlen_job(args, dtype, (&q, &k, &v), (&cq, &ck));
+    }
     let mut p = AttentionProblem::new(b, sq, sk, hq, hkv, d, dtype)
         .window(args.window_left, args.window_right)
         .path(match args.path {
@@ -134,6 +167,155 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
             v: v.f16(),
         }),
     })
+}
+
+/// The offsets of the `cu_seqlens_*` tensor `name` as i32, the last checked to be `rows` (the packed
+/// rows of `of`).
+fn offsets(name: &str, t: &Tensor, rows: usize, of: &str) -> Result<Vec<i32>> {
+    let name = name.to_string();
+    let v = t
+        .int()
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| {
+            i32::try_from(x).map_err(|_| CliError::Value {
+                name: name.clone(),
+                reason: format!("element {i} is {x}, outside i32"),
+            })
+        })
+        .collect::<Result<Vec<i32>>>()?;
+    if v.last().map(|&x| x as i64) != Some(rows as i64) {
+        return Err(CliError::Value {
+            name,
+            reason: format!(
+                "the last offset is {}, expected {rows} (the rows of `{of}`)",
+                v.last().map_or("missing".into(), |x| x.to_string())
+            ),
+        });
+    }
+    Ok(v)
+}
+
+/// The job of packed sequences: `q` `[1, Tq, Hq, D]`, `k`, `v` `[1, Tk, Hkv, D]`.
+fn varlen_job(
+    args: &AttentionArgs,
+    dtype: Dtype,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (cq, ck): (&Tensor, &Tensor),
+) -> Result<Box<dyn Job>> {
+    let [b, tq, hq, d] = q.shape().try_into().expect("rank checked");
+    let [_, tk, hkv, _] = k.shape().try_into().expect("rank checked");
+    if b != 1 {
+        return Err(CliError::Shape {
+            name: "q".into(),
+            expected: "[1, Tq, Hq, D] (with cu_seqlens the sequences are packed along the \
+                       sequence axis and B must be 1)"
+                .into(),
+            got: format!("{:?}", q.shape()),
+        });
+    }
+    let seqlens = CuSeqlens::new(
+        &offsets("cu_seqlens_q", cq, tq, "q")?,
+        &offsets("cu_seqlens_k", ck, tk, "k")?,
+    )?;
+    let mut p = AttentionVarlenProblem::new(&seqlens, hq, hkv, d, dtype)
+        .window(args.window_left, args.window_right)
+        .path(match args.path {
+            PathArg::Auto => Path::Auto,
+            PathArg::MmaSync => Path::MmaSync,
+            PathArg::Hopper => Path::Hopper,
+        });
+    p.causal = args.causal;
+    if let Some(s) = args.scale {
+        p = p.scale(s);
+    }
+    p.validate()?;
+    Ok(match dtype {
+        Dtype::Bf16 => Box::new(VarlenJob::<bf16> {
+            p,
+            seqlens,
+            q: q.bf16(),
+            k: k.bf16(),
+            v: v.bf16(),
+        }),
+        Dtype::F16 => Box::new(VarlenJob::<f16> {
+            p,
+            seqlens,
+            q: q.f16(),
+            k: k.f16(),
+            v: v.f16(),
+        }),
+    })
+}
+
+struct VarlenJob<T> {
+    p: AttentionVarlenProblem,
+    seqlens: CuSeqlens,
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+}
+
+impl<T> VarlenJob<T> {
+    /// O's shape as read: `[1, Tq, Hq, D]`.
+    fn o_shape(&self) -> [usize; 4] {
+        let [t, h, d] = self.p.q_shape();
+        [1, t, h, d]
+    }
+
+    /// LSE's shape: `[Hq, Tq]`.
+    fn lse_shape(&self) -> [usize; 2] {
+        [self.p.heads_q, self.p.total_q]
+    }
+}
+
+impl<T: Elem> Job for VarlenJob<T> {
+    fn gpu(&self, gpu: &Gpu, repeat: Option<u32>) -> Result<(Outputs, Option<Timings>)> {
+        let p = &self.p;
+        let mut out = Outputs::default();
+        if p.total_q == 0 {
+            // No query row: nothing to compute (the plan has no launch either).
+            out.push("o", &self.o_shape(), T::data(Vec::new()));
+            out.push("lse", &self.lse_shape(), Data::F32(Vec::new()));
+            return Ok((out, None));
+        }
+        let stream = gpu.stream()?;
+        let seqlens = self.seqlens.upload()?;
+        // K and V in buffers of at least one element (without key rows their views are empty
+        // and never read).
+        let pad = [T::default()];
+        let up = |x: &[T]| upload(if x.is_empty() { &pad[..] } else { x });
+        let (q, k, v) = (upload(&self.q)?, up(&self.k)?, up(&self.v)?);
+        let o = poisoned::<T>(self.q.len())?;
+        let mut lse = poisoned::<f32>(p.lse_len())?;
+        let timings = {
+            let qv = View::packed_contiguous(&q, p.q_shape());
+            let kv = View::packed(&k, 0, &p.kv_shape(), &packed_strides(p.kv_shape()))?;
+            let vv = View::packed(&v, 0, &p.kv_shape(), &packed_strides(p.kv_shape()))?;
+            let mut ov = View::packed_contiguous(&o, p.q_shape());
+            launch_timed(gpu, &stream, repeat, "attention varlen forward", || {
+                attention::forward_varlen(
+                    gpu, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut lse,
+                )
+            })?
+        };
+        out.push("o", &self.o_shape(), T::data(download(&o)?));
+        out.push("lse", &self.lse_shape(), Data::F32(download(&lse)?));
+        Ok((out, timings))
+    }
+
+    fn reference(&self) -> Result<Outputs> {
+        let r = attention::reference_varlen(&self.p, &self.seqlens, &self.q, &self.k, &self.v);
+        let mut out = Outputs::default();
+        out.push("o", &self.o_shape(), Data::F64(r.o));
+        out.push("lse", &self.lse_shape(), Data::F64(r.lse));
+        Ok(out)
+    }
+}
+
+/// Element strides of a contiguous `[rows, heads, D]` tensor.
+fn packed_strides([_, h, d]: [usize; 3]) -> [usize; 3] {
+    [h * d, d, 1]
 }
 
 /// A 16-bit element type as output data.

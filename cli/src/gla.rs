@@ -5,8 +5,10 @@ use crate::{CliError, Common, Job, Result, launch_timed};
 use clap::Args;
 use half::bf16;
 use kernels::Gpu;
-use kernels::gla::reference::{HostInputs, recurrence};
-use kernels::gla::{GlaInputs, GlaKernel, GlaOutputs, GlaProblem, GlaSession};
+use kernels::gla::reference::{ExactInputs, HostInputs, OutputGrads, backward, recurrence};
+use kernels::gla::{
+    GlaGradients, GlaInputs, GlaKernel, GlaOutputGrads, GlaOutputs, GlaProblem, GlaSession,
+};
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::Timings;
 use safetensors::Dtype as St;
@@ -79,6 +81,13 @@ pub const TENSORS: &[&str] = &["q", "k", "g", "v", "initial_state", "cu_seqlens"
 /// Read and check the inputs, build the problem.
 pub fn job(args: &GlaArgs) -> Result<GlaJob> {
     let mut inp = Inputs::open(&args.common.input)?;
+    let job = forward_inputs(&mut inp, args)?;
+    inp.finish("gla", TENSORS, &[])?;
+    Ok(job)
+}
+
+/// Take the forward's tensors from `inp` (leaving the others) and build the problem.
+fn forward_inputs(inp: &mut Inputs, args: &GlaArgs) -> Result<GlaJob> {
     let qk = [Dim::Var("B"), Dim::Var("T"), Dim::Var("H"), Dim::Var("Dk")];
     let q = inp.take("q", &[St::BF16], &qk)?;
     let k = inp.take("k", &[St::BF16], &qk)?;
@@ -99,7 +108,6 @@ pub fn job(args: &GlaArgs) -> Result<GlaJob> {
         &[St::F32],
         &[Dim::Var("N"), Dim::Var("H"), Dim::Var("Dk"), Dim::Var("Dv")],
     )?;
-    inp.finish("gla", TENSORS, &[])?;
     let mut p = match &cu {
         None => GlaProblem::new(b, t, h, dk, dv),
         Some(cu) => {
@@ -222,6 +230,163 @@ impl Job for GlaJob {
             "final_state",
             &self.state_shape(),
             Data::F64(exact.final_state),
+        );
+        Ok(out)
+    }
+}
+
+/// `kernels-cli gla-backward --help`.
+pub const HELP_BACKWARD: &str = "\
+Gated linear attention (GLA) backward: the gradients of every input of the forward (see \
+`kernels-cli gla --help`) given the gradients of its outputs. The forward's options (--scale, \
+--segment-len) apply; the backward always runs the portable kernels (--kernel is ignored).
+
+Inputs: those of `gla`, and
+  d_o            bf16      [B, T, H, Dv]    gradient of o
+  d_final_state  f32       [N, H, Dk, Dv]   optional: gradient of final_state (default zero)
+
+Outputs:
+  d_q            bf16      [B, T, H, Dk]    (f64 with --reference)
+  d_k            bf16      [B, T, H, Dk]
+  d_v            bf16      [B, T, H, Dv]
+  d_g            f32       [B, T, H, Dk]    zero where g < -20 (the clamp)
+  d_initial_state f32      [N, H, Dk, Dv]   (whether or not initial_state was given)
+
+With --repeat the timed runs include the backward's workspace allocation.";
+
+/// The tensors `gla-backward` reads.
+pub const TENSORS_BACKWARD: &[&str] = &[
+    "q",
+    "k",
+    "g",
+    "v",
+    "initial_state",
+    "cu_seqlens",
+    "d_o",
+    "d_final_state",
+];
+
+/// Read and check the inputs of `gla-backward`, build the problem.
+pub fn backward_job(args: &GlaArgs) -> Result<GlaBackwardJob> {
+    let mut inp = Inputs::open(&args.common.input)?;
+    let fwd = forward_inputs(&mut inp, args)?;
+    let d_o = inp.take(
+        "d_o",
+        &[St::BF16],
+        &[Dim::Var("B"), Dim::Var("T"), Dim::Var("H"), Dim::Var("Dv")],
+    )?;
+    let d_final = inp.take_opt(
+        "d_final_state",
+        &[St::F32],
+        &[Dim::Var("N"), Dim::Var("H"), Dim::Var("Dk"), Dim::Var("Dv")],
+    )?;
+    inp.finish("gla-backward", TENSORS_BACKWARD, &[])?;
+    Ok(GlaBackwardJob {
+        fwd,
+        d_o: d_o.bf16(),
+        d_final: d_final.map(|t| t.f32()),
+    })
+}
+
+/// A checked GLA backward problem and its inputs.
+pub struct GlaBackwardJob {
+    fwd: GlaJob,
+    d_o: Vec<bf16>,
+    d_final: Option<Vec<f32>>,
+}
+
+impl GlaBackwardJob {
+    fn qk_shape(&self) -> [usize; 4] {
+        let p = &self.fwd.p;
+        [p.batch, p.seq_len, p.heads, p.dk]
+    }
+}
+
+impl Job for GlaBackwardJob {
+    fn gpu(&self, gpu: &Gpu, repeat: Option<u32>) -> Result<(Outputs, Option<Timings>)> {
+        let f = &self.fwd;
+        let p = &f.p;
+        let stream = gpu.stream()?;
+        let (q, k, g, v) = (upload(&f.q)?, upload(&f.k)?, upload(&f.g)?, upload(&f.v)?);
+        let init = f.init.as_deref().map(upload).transpose()?;
+        let d_o = upload(&self.d_o)?;
+        let d_final = self.d_final.as_deref().map(upload).transpose()?;
+        let mut d_q = poisoned::<bf16>(p.qk_len())?;
+        let mut d_k = poisoned::<bf16>(p.qk_len())?;
+        let mut d_v = poisoned::<bf16>(p.v_len())?;
+        let mut d_g = poisoned::<f32>(p.qk_len())?;
+        let mut d_init = poisoned::<f32>(p.state_len())?;
+        let inputs = GlaInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            init_state: init.as_ref(),
+        };
+        let out_grads = GlaOutputGrads {
+            d_o: &d_o,
+            d_final_state: d_final.as_ref(),
+        };
+        let timings = launch_timed(gpu, &stream, repeat, "GLA backward", || {
+            kernels::gla::backward(
+                gpu,
+                &stream,
+                p,
+                &inputs,
+                &out_grads,
+                &mut GlaGradients {
+                    d_q: &mut d_q,
+                    d_k: &mut d_k,
+                    d_v: &mut d_v,
+                    d_g: &mut d_g,
+                    d_init_state: &mut d_init,
+                },
+            )
+        })?;
+        let mut out = Outputs::default();
+        out.push("d_q", &self.qk_shape(), Data::Bf16(download(&d_q)?));
+        out.push("d_k", &self.qk_shape(), Data::Bf16(download(&d_k)?));
+        out.push("d_v", &f.o_shape(), Data::Bf16(download(&d_v)?));
+        out.push("d_g", &self.qk_shape(), Data::F32(download(&d_g)?));
+        out.push(
+            "d_initial_state",
+            &f.state_shape(),
+            Data::F32(download(&d_init)?),
+        );
+        Ok((out, timings))
+    }
+
+    fn reference(&self) -> Result<Outputs> {
+        let f = &self.fwd;
+        let x = ExactInputs::from_host(&HostInputs {
+            q: &f.q,
+            k: &f.k,
+            v: &f.v,
+            g: &f.g,
+            init_state: f.init.as_deref(),
+        });
+        let d_o: Vec<f64> = self.d_o.iter().map(|v| v.to_f64()).collect();
+        let d_final: Option<Vec<f64>> = self
+            .d_final
+            .as_ref()
+            .map(|s| s.iter().map(|&v| v as f64).collect());
+        let grads = backward(
+            &f.p,
+            &x,
+            &OutputGrads {
+                d_o: &d_o,
+                d_final_state: d_final.as_deref(),
+            },
+        )?;
+        let mut out = Outputs::default();
+        out.push("d_q", &self.qk_shape(), Data::F64(grads.dq));
+        out.push("d_k", &self.qk_shape(), Data::F64(grads.dk));
+        out.push("d_v", &f.o_shape(), Data::F64(grads.dv));
+        out.push("d_g", &self.qk_shape(), Data::F64(grads.dg));
+        out.push(
+            "d_initial_state",
+            &f.state_shape(),
+            Data::F64(grads.d_init_state),
         );
         Ok(out)
     }

@@ -59,6 +59,9 @@ pub enum Command {
     /// Gated linear attention (GLA) forward, chunkwise, after fla's chunk_gla.
     #[command(long_about = gla::HELP)]
     Gla(gla::GlaArgs),
+    /// Gated linear attention (GLA) backward: gradients of every input from dO (and dS_final).
+    #[command(long_about = gla::HELP_BACKWARD)]
+    GlaBackward(gla::GlaArgs),
     /// Semi-Markov CRF forward: log Z per sequence, and the Viterbi segmentation (--viterbi).
     #[command(long_about = semicrf::HELP_FORWARD)]
     Semicrf(semicrf::SemicrfArgs),
@@ -153,6 +156,7 @@ pub fn run_with(cli: &Cli, gpu: Option<&Gpu>) -> Result<Report> {
             gpu,
         ),
         Command::Gla(a) => execute("gla", &a.common, &gla::job(a)?, gpu),
+        Command::GlaBackward(a) => execute("gla-backward", &a.common, &gla::backward_job(a)?, gpu),
         Command::Semicrf(a) => execute("semicrf", &a.common, &semicrf::forward_job(a)?, gpu),
         Command::SemicrfBackward(a) => execute(
             "semicrf-backward",

@@ -34,7 +34,8 @@ pub enum ElemType {
     F32,
     /// IEEE double precision.
     F64,
-    /// 32-bit integers (the kernels' index and table words, read as `u32`).
+    /// 32-bit signed integers (sequence offsets, `cu_seqlens`; the kernels' index and table
+    /// words, read as `u32`).
     I32,
 }
 
@@ -80,6 +81,9 @@ impl RawElem for f32 {
 }
 impl RawElem for f64 {
     const ELEM: ElemType = ElemType::F64;
+}
+impl RawElem for i32 {
+    const ELEM: ElemType = ElemType::I32;
 }
 /// Table and index words: a 32-bit integer tensor (the framework's `int32`; its values are
 /// the kernels' `u32` words).

@@ -8,7 +8,10 @@
 //! 1. a nested `cargo rustc --release --target nvptx64-nvidia-cuda -Zbuild-std=core -- --emit=asm`
 //!    with its own target directory (one per target CPU) and a scrubbed environment: nothing of
 //!    the outer build (`RUSTFLAGS`, wrappers such as clippy-driver, `CARGO_TARGET_DIR`, ...) leaks
-//!    into the kernel build, and `RUSTFLAGS` is exactly [`kernel_rustflags`];
+//!    into the kernel build, and `RUSTFLAGS` is exactly [`kernel_rustflags`]. The nested cargo is
+//!    the nightly pinned by the workspace's `rust-toolchain.toml`, run through rustup
+//!    ([`Toolchain`]) and installed by it on first use, whatever toolchain builds the host: a
+//!    crate on stable Rust can depend on the host crate;
 //! 2. the emitted `.s` file (which is PTX) is post-processed by [`postprocess`];
 //! 3. the result is written to `<out_dir>/gpu_kernels.<cpu>.ptx`.
 
@@ -67,13 +70,56 @@ fn err(msg: impl Into<String>) -> BuildError {
     BuildError(msg.into())
 }
 
+/// The cargo of the nested kernel builds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Toolchain {
+    /// `rustup run <channel> cargo`: the channel pinned by the workspace's `rust-toolchain.toml`
+    /// (installed with its components if missing), whichever toolchain runs the outer build.
+    Rustup {
+        /// The pinned channel.
+        channel: String,
+        /// Its components (`rust-src` for `-Zbuild-std`).
+        components: Vec<String>,
+    },
+    /// This cargo binary as it is (where rustup is not installed: it must be the pinned
+    /// nightly, or one that builds the kernels as well).
+    Cargo(PathBuf),
+}
+
+/// The channel and components of a `rust-toolchain.toml` (`[toolchain]` `channel = "..."`,
+/// `components = [...]`; other keys ignored).
+pub fn parse_toolchain_file(text: &str) -> Result<(String, Vec<String>), BuildError> {
+    let value = |key: &str| {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == key).then(|| v.trim().to_string())
+            })
+    };
+    let strings = |v: &str| -> Vec<String> {
+        v.split('"')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let channel = value("channel")
+        .map(|v| strings(&v))
+        .and_then(|v| v.into_iter().next())
+        .ok_or_else(|| err("rust-toolchain.toml has no `channel = \"...\"`"))?;
+    let components = value("components").map_or_else(Vec::new, |v| strings(&v));
+    Ok((channel, components))
+}
+
 /// Where the kernel crate is and where its builds go.
 #[derive(Clone, Debug)]
 pub struct Builder {
     /// The workspace root (holds `gpu-kernels/`, `abi/`, `rust-toolchain.toml`).
     pub workspace: PathBuf,
-    /// The cargo binary to run (the build script's `CARGO`, or `cargo`).
-    pub cargo: PathBuf,
+    /// The cargo of the nested builds.
+    pub toolchain: Toolchain,
     /// Target directory of the nested builds (one sub-directory per target CPU).
     pub target_dir: PathBuf,
     /// Forward the nested cargo's progress output (xtask) or keep it quiet (build script).
@@ -81,16 +127,75 @@ pub struct Builder {
 }
 
 impl Builder {
-    /// A builder for the workspace at `workspace`, building under `<workspace>/target/ptx-build`.
-    pub fn new(workspace: impl Into<PathBuf>, cargo: impl Into<PathBuf>) -> Self {
+    /// A builder for the workspace at `workspace`, building under `<workspace>/target/ptx-build`
+    /// with the pinned nightly through rustup where rustup is installed, else with `cargo`.
+    pub fn new(
+        workspace: impl Into<PathBuf>,
+        cargo: impl Into<PathBuf>,
+    ) -> Result<Self, BuildError> {
         let workspace = workspace.into();
         let target_dir = workspace.join("target").join("ptx-build");
-        Builder {
+        let rustup = Command::new("rustup")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        let toolchain = if rustup {
+            let file = workspace.join("rust-toolchain.toml");
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| err(format!("reading {}: {e}", file.display())))?;
+            let (channel, components) =
+                parse_toolchain_file(&text).map_err(|e| err(format!("{}: {e}", file.display())))?;
+            Toolchain::Rustup {
+                channel,
+                components,
+            }
+        } else {
+            Toolchain::Cargo(cargo.into())
+        };
+        Ok(Builder {
             workspace,
-            cargo: cargo.into(),
+            toolchain,
             target_dir,
             verbose: false,
+        })
+    }
+
+    /// Install the pinned toolchain with its components if rustup does not have it yet.
+    fn ensure_toolchain(&self) -> Result<(), BuildError> {
+        let Toolchain::Rustup {
+            channel,
+            components,
+        } = &self.toolchain
+        else {
+            return Ok(());
+        };
+        let list = Command::new("rustup")
+            .args(["toolchain", "list"])
+            .output()
+            .map_err(|e| err(format!("could not run rustup: {e}")))?;
+        let listed = String::from_utf8_lossy(&list.stdout).lines().any(|l| {
+            l.split_whitespace().next() == Some(channel.as_str())
+                || l.starts_with(&format!("{channel}-"))
+        });
+        if listed {
+            return Ok(());
         }
+        let mut cmd = Command::new("rustup");
+        cmd.args(["toolchain", "install", channel, "--profile", "minimal"]);
+        for c in components {
+            cmd.args(["--component", c]);
+        }
+        let out = cmd
+            .output()
+            .map_err(|e| err(format!("could not run rustup: {e}")))?;
+        if !out.status.success() {
+            return Err(err(format!(
+                "installing the kernels' toolchain {channel} with rustup failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
     }
 
     /// The kernel crate's directory.
@@ -111,6 +216,7 @@ impl Builder {
 
     /// Build every target in [`TARGETS`] and write the PTX files into `out_dir`.
     pub fn build_all(&self, out_dir: &Path) -> Result<Vec<(Target, PathBuf)>, BuildError> {
+        self.ensure_toolchain()?;
         TARGETS
             .iter()
             .map(|t| self.build(t, out_dir).map(|p| (*t, p)))
@@ -120,7 +226,14 @@ impl Builder {
     /// Build one target and write `<out_dir>/gpu_kernels.<cpu>.ptx`.
     pub fn build(&self, target: &Target, out_dir: &Path) -> Result<PathBuf, BuildError> {
         let target_dir = self.target_dir.join(target.cpu);
-        let mut cmd = Command::new(&self.cargo);
+        let mut cmd = match &self.toolchain {
+            Toolchain::Rustup { channel, .. } => {
+                let mut c = Command::new("rustup");
+                c.args(["run", channel, "cargo"]);
+                c
+            }
+            Toolchain::Cargo(cargo) => Command::new(cargo),
+        };
         cmd.current_dir(self.kernel_dir())
             .args(["rustc", "--release", "--target", TRIPLE, "-Zbuild-std=core"])
             .arg("--manifest-path")
@@ -132,7 +245,7 @@ impl Builder {
         cmd.env("RUSTFLAGS", kernel_rustflags(target));
         let output = cmd
             .output()
-            .map_err(|e| err(format!("could not run {}: {e}", self.cargo.display())))?;
+            .map_err(|e| err(format!("could not run {:?}: {e}", cmd.get_program())))?;
         if self.verbose {
             eprint!("{}", String::from_utf8_lossy(&output.stderr));
         }
@@ -467,6 +580,23 @@ mod tests {
 {
 }
 ";
+
+    #[test]
+    fn reads_the_pinned_toolchain() {
+        let text = "# why\n[toolchain]\nchannel = \"nightly-2026-05-20\"\n\
+                    components = [\"rust-src\", \"llvm-tools\"]\nprofile = \"minimal\"\n";
+        let (channel, components) = parse_toolchain_file(text).unwrap();
+        assert_eq!(channel, "nightly-2026-05-20");
+        assert_eq!(components, ["rust-src", "llvm-tools"]);
+        let ours = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../rust-toolchain.toml"),
+        )
+        .unwrap();
+        let (channel, components) = parse_toolchain_file(&ours).unwrap();
+        assert!(channel.starts_with("nightly-"), "{channel}");
+        assert!(components.iter().any(|c| c == "rust-src"));
+        assert!(parse_toolchain_file("[toolchain]\nprofile = \"minimal\"\n").is_err());
+    }
 
     #[test]
     fn raises_marked_param_alignment_only() {

@@ -1,8 +1,14 @@
-//! The GLA backward kernels against the f64 backward (`gla::reference::backward`), so far the
-//! reverse pass (`GlaProblem::plan_reverse_pass`, kernels `gla_bwd_dhdv_dk*_dv*`): dv, the
-//! gradient of every sequence's initial state and the stored gradient at the end of every
-//! `G_BLOCK`-token block (`reference::reverse_sweep`, checked against `reference::backward` on
-//! the small cases).
+//! The GLA backward kernels against the f64 backward (`gla::reference::backward`):
+//! - `.../reverse/...`: the reverse pass alone (`GlaProblem::plan_reverse_pass`, kernels
+//!   `gla_bwd_dhdv_dk*_dv*`): dv, the gradient of every sequence's initial state and the stored
+//!   gradient at the end of every `G_BLOCK`-token block (`reference::reverse_sweep`, checked
+//!   against `reference::backward` on the small cases);
+//! - `.../full/...`: the whole backward (`GlaProblem::plan_backward` in the emulator,
+//!   `gla::backward` on the GPU): dq, dk, dv, dg and the initial states' gradient against
+//!   `reference::backward`, each by its relative L2 error (dg also exactly 0 where
+//!   `g < G_FLOOR`). dq, dk and dg accumulate in f32 from the bf16 inputs, G and the segment
+//!   states (dq and dk stored in bf16; dg in f32, its sum free of the exactly cancelling
+//!   diagonal terms, so it stays accurate where the decays are near the clamp).
 //!
 //! Tolerance: relative L2 error `||x - ref|| / ||ref|| <= TOL` (1e-2, the forward's: the
 //! kernels round their operands (decayed q and k, the transposed scores, dO, G) to bf16, a
@@ -18,8 +24,8 @@ use kernels::data::rng;
 use kernels::exec::OnStream;
 use kernels::gla::reference::{ExactInputs, OutputGrads, backward, rel_l2, reverse_sweep};
 use kernels::gla::{
-    G_BLOCK, GlaBackwardSplit, GlaBackwardWorkspace, GlaProblem, GlaReverseTensors, SegmentPlan,
-    Target, grad_slot,
+    G_BLOCK, GlaBackwardSplit, GlaBackwardTensors, GlaBackwardWorkspace, GlaGradients, GlaInputs,
+    GlaOutputGrads, GlaProblem, GlaReverseTensors, SegmentPlan, Target, grad_slot,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Arch, Gpu, bf16};
@@ -161,6 +167,288 @@ pub fn register(s: &mut Suite) {
         "gla/backward/reverse_rejects_bad_tensors",
         rejects_bad_tensors,
     );
+    for c in emulated_full_cases() {
+        s.cpu(
+            &format!("gla/backward/emulated/full/{}", name(&c)),
+            move || check_full(&c, emulator_full),
+        );
+    }
+    for c in gpu_full_cases() {
+        s.gpu(
+            &format!("gla/backward/gpu/full/{}", name(&c)),
+            Needs::Gpu,
+            move |g| check_full(&c, |p, d, o| gpu_full(g, p, d, o)),
+        );
+    }
+}
+
+/// Emulated cases of the whole backward: every head-dimension pair at one token, partial
+/// steps, decays near the clamp, spiky and gapped, no initial state, no final-state gradient,
+/// packed sequences (of one token too), split sequences (segments inside and at the ends of
+/// 64-token blocks, with and without initial state and final-state gradient), another scale.
+fn emulated_full_cases() -> Vec<Case> {
+    let slow = Decay::Uniform(-0.5, 0.0);
+    let mut v = Vec::new();
+    for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+        v.push(case(2, 1, 2, dk, dv, slow));
+    }
+    v.push(case(1, 17, 2, 64, 64, Decay::Spiky));
+    v.push(case(1, 65, 1, 128, 64, slow));
+    v.push(case(1, 40, 1, 64, 128, Decay::Uniform(-20.5, -19.5)));
+    let mut c = case(1, 33, 1, 128, 64, Decay::Gap);
+    c.final_state = false;
+    v.push(c);
+    let mut c = case(1, 50, 2, 64, 64, Decay::Uniform(-3.0, 0.0));
+    c.init = false;
+    v.push(c);
+    for (dk, dv, t, seg) in [(64, 64, 150, 32), (128, 128, 70, 32), (64, 128, 150, 64)] {
+        let mut c = case(1, t, 1, dk, dv, Decay::Uniform(-1.0, 0.0));
+        c.p.segment_len = Some(seg);
+        v.push(c);
+    }
+    let mut c = case(1, 97, 1, 128, 64, slow);
+    c.p.segment_len = Some(32);
+    c.final_state = false;
+    c.init = false;
+    v.push(c);
+    let mut c = case(1, 0, 1, 64, 64, Decay::Spiky);
+    c.p = GlaProblem::varlen(vec![0, 1, 17, 50, 130], 1, 64, 64);
+    c.p.segment_len = Some(32);
+    c.seed = 4343;
+    v.push(c);
+    let mut c = case(1, 0, 1, 64, 64, Decay::Spiky);
+    c.p = GlaProblem::varlen(vec![0, 1, 2, 66], 1, 64, 64).with_scale(0.37);
+    c.seed = 5150;
+    v.push(c);
+    v
+}
+
+/// GPU cases of the whole backward: the reverse pass's grid (lengths on every head-dimension
+/// pair, strong, clamped and mixed decays, packed and split sequences), plus no initial state.
+fn gpu_full_cases() -> Vec<Case> {
+    let mut v: Vec<Case> = gpu_cases()
+        .into_iter()
+        .filter(|c| c.p.rows() < 4096)
+        .collect();
+    let mut c = case(1, 2048, 1, 128, 128, Decay::Uniform(-1.0, 0.0));
+    c.init = false;
+    v.push(c);
+    let mut c = case(2, 300, 2, 128, 64, Decay::Spiky);
+    c.init = false;
+    c.final_state = false;
+    v.push(c);
+    let mut c = case(1, 0, 2, 64, 64, Decay::Uniform(-0.2, 0.0));
+    c.p = GlaProblem::varlen(vec![0, 1, 64, 65, 700, 1000], 2, 64, 64);
+    c.p.segment_len = Some(96);
+    c.seed = 777;
+    v.push(c);
+    v
+}
+
+/// The gradients a whole backward wrote.
+struct FullRun {
+    segments: usize,
+    d_q: Vec<bf16>,
+    d_k: Vec<bf16>,
+    d_v: Vec<bf16>,
+    d_g: Vec<f32>,
+    d_init: Vec<f32>,
+}
+
+/// Run the whole backward in the CPU emulator through its plan (`GlaProblem::plan_backward`):
+/// host buffers with guard bands, outputs and workspace poisoned with NaN; fails if a kernel
+/// wrote outside a buffer.
+fn emulator_full(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<FullRun> {
+    let (mut q, mut k, mut v, mut g, mut d_o) = (
+        HostBuf::from_slice(&d.q),
+        HostBuf::from_slice(&d.k),
+        HostBuf::from_slice(&d.v),
+        HostBuf::from_slice(&d.g),
+        HostBuf::from_slice(&o.d_o),
+    );
+    let mut init = d.init.as_deref().map(HostBuf::from_slice);
+    let mut d_final = o.d_final.as_deref().map(HostBuf::from_slice);
+    let mut d_q = HostBuf::filled(p.qk_len(), bf16::NAN);
+    let mut d_k = HostBuf::filled(p.qk_len(), bf16::NAN);
+    let mut d_v = HostBuf::filled(p.v_len(), bf16::NAN);
+    let mut d_g = HostBuf::filled(p.qk_len(), f32::NAN);
+    let mut d_init = HostBuf::filled(p.state_len(), f32::NAN);
+    let tensors = GlaBackwardTensors {
+        q: q.view(),
+        k: k.view(),
+        v: v.view(),
+        g: g.view(),
+        init_state: init.as_mut().map(|b| b.view()),
+        d_o: d_o.view(),
+        d_final_state: d_final.as_mut().map(|b| b.view()),
+        d_q: d_q.view(),
+        d_k: d_k.view(),
+        d_v: d_v.view(),
+        d_g: d_g.view(),
+        d_init_state: d_init.view(),
+    };
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 132,
+    };
+    let plan = p.plan_backward(target, &tensors)?;
+    let (words, combine_words) = plan.segments.table_words();
+    let mut segments = HostBuf::from_slice(&words);
+    let mut combine = HostBuf::from_slice(&combine_words);
+    let mut grad = HostBuf::filled(plan.grad_len, f32::NAN);
+    let (state, decay) = plan.workspace.unwrap_or((0, 0));
+    let mut seg_end = HostBuf::filled(state, f32::NAN);
+    let mut delta = HostBuf::filled(state, f32::NAN);
+    let mut decay_log2 = HostBuf::filled(decay, f32::NAN);
+    let mut seg_init = HostBuf::filled(plan.seg_init_len, f32::NAN);
+    let workspace = GlaBackwardWorkspace {
+        segments: segments.view(),
+        grad: grad.view(),
+        split: plan.workspace.map(|_| GlaBackwardSplit {
+            combine: combine.view(),
+            seg_end: seg_end.view(),
+            delta: delta.view(),
+            decay_log2: decay_log2.view(),
+            seg_init: Some(seg_init.view()),
+        }),
+    };
+    // SAFETY: every view is a distinct host buffer of the size the problem and plan need,
+    // alive for the call; the emulator runs on host memory; the table holds the plan's words.
+    unsafe { plan.run(&Emulator, &workspace)? };
+    let intact = q.guards_intact()
+        && k.guards_intact()
+        && v.guards_intact()
+        && g.guards_intact()
+        && d_o.guards_intact()
+        && init.as_ref().is_none_or(|b| b.guards_intact())
+        && d_final.as_ref().is_none_or(|b| b.guards_intact())
+        && d_q.guards_intact()
+        && d_k.guards_intact()
+        && d_v.guards_intact()
+        && d_g.guards_intact()
+        && d_init.guards_intact()
+        && segments.guards_intact()
+        && combine.guards_intact()
+        && grad.guards_intact()
+        && seg_end.guards_intact()
+        && delta.guards_intact()
+        && decay_log2.guards_intact()
+        && seg_init.guards_intact();
+    if !intact {
+        return Err(kernels::Error::invalid(
+            "emulated GLA backward",
+            "a kernel wrote outside a buffer (guard bands changed)",
+        ));
+    }
+    Ok(FullRun {
+        segments: plan.segments.segments.len(),
+        d_q: d_q.to_vec(),
+        d_k: d_k.to_vec(),
+        d_v: d_v.to_vec(),
+        d_g: d_g.to_vec(),
+        d_init: d_init.to_vec(),
+    })
+}
+
+/// Run the whole backward on the GPU through `gla::backward` (outputs poisoned).
+fn gpu_full(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<FullRun> {
+    let stream = gpu.stream()?;
+    let (q, k, v, g) = (upload(&d.q)?, upload(&d.k)?, upload(&d.v)?, upload(&d.g)?);
+    let init = d.init.as_deref().map(upload).transpose()?;
+    let d_o = upload(&o.d_o)?;
+    let d_final = o.d_final.as_deref().map(upload).transpose()?;
+    let mut d_q = poisoned::<bf16>(p.qk_len())?;
+    let mut d_k = poisoned::<bf16>(p.qk_len())?;
+    let mut d_v = poisoned::<bf16>(p.v_len())?;
+    let mut d_g = poisoned::<f32>(p.qk_len())?;
+    let mut d_init = poisoned::<f32>(p.state_len())?;
+    kernels::gla::backward(
+        gpu,
+        &stream,
+        p,
+        &GlaInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            init_state: init.as_ref(),
+        },
+        &GlaOutputGrads {
+            d_o: &d_o,
+            d_final_state: d_final.as_ref(),
+        },
+        &mut GlaGradients {
+            d_q: &mut d_q,
+            d_k: &mut d_k,
+            d_v: &mut d_v,
+            d_g: &mut d_g,
+            d_init_state: &mut d_init,
+        },
+    )?;
+    Ok(FullRun {
+        segments: p.backward_segments(Target::of(gpu))?.segments.len(),
+        d_q: download(&d_q)?,
+        d_k: download(&d_k)?,
+        d_v: download(&d_v)?,
+        d_g: download(&d_g)?,
+        d_init: download(&d_init)?,
+    })
+}
+
+/// Run the whole backward with `run` and compare every gradient with the f64 backward
+/// (relative L2 each, `TOL`; dg compared where `g >= G_FLOOR` and required to be exactly 0
+/// elsewhere).
+fn check_full(
+    c: &Case,
+    run: impl FnOnce(&GlaProblem, &Data, &OutGrads) -> kernels::Result<FullRun>,
+) -> TestResult {
+    let p = &c.p;
+    let d = data(c);
+    let o = out_grads(c);
+    let got = gpu_ok(run(p, &d, &o))?;
+    let x = ExactInputs::from_host(&d.host());
+    let d_o: Vec<f64> = o.d_o.iter().map(|v| v.to_f64()).collect();
+    let d_final: Option<Vec<f64>> = o
+        .d_final
+        .as_ref()
+        .map(|f| f.iter().map(|&v| v as f64).collect());
+    let dy = OutputGrads {
+        d_o: &d_o,
+        d_final_state: d_final.as_deref(),
+    };
+    let want = gpu_ok(backward(p, &x, &dy))?;
+    let b = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+    let eq = rel_l2(b(&got.d_q), &want.dq);
+    let ek = rel_l2(b(&got.d_k), &want.dk);
+    let ev = rel_l2(b(&got.d_v), &want.dv);
+    let eg = rel_l2(got.d_g.iter().map(|&v| v as f64), &want.dg);
+    let ei = rel_l2(got.d_init.iter().map(|&v| v as f64), &want.d_init_state);
+    let clamped_nonzero =
+        d.g.iter()
+            .zip(&got.d_g)
+            .filter(|(g, dg)| g.to_f32() < kernels::gla::G_FLOOR && **dg != 0.0)
+            .count();
+    println!(
+        "  {}: rel L2 of dq {eq:.3e}, dk {ek:.3e}, dv {ev:.3e}, dg {eg:.3e}, dS_0 {ei:.3e} \
+         ({} segments, seed {})",
+        name(c),
+        got.segments,
+        c.seed
+    );
+    ensure(clamped_nonzero == 0, || {
+        format!("{clamped_nonzero} elements of dg nonzero where g < G_FLOOR")
+    })?;
+    ensure(
+        eq <= TOL && ek <= TOL && ev <= TOL && eg <= TOL && ei <= TOL,
+        || {
+            format!(
+                "{}: rel L2 dq {eq:e}, dk {ek:e}, dv {ev:e}, dg {eg:e}, dS_0 {ei:e} > {TOL:e} \
+                 (seed {})",
+                name(c),
+                c.seed
+            )
+        },
+    )
 }
 
 /// Run the pass in the CPU emulator through its plan: host buffers with guard bands, outputs and
@@ -205,6 +493,7 @@ fn emulator_reverse(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<R
             seg_end: seg_end.view(),
             delta: delta.view(),
             decay_log2: decay_log2.view(),
+            seg_init: None,
         }),
     };
     // SAFETY: every view is a distinct host buffer of the size the problem and plan need,
@@ -274,6 +563,7 @@ fn gpu_reverse(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Re
             seg_end: e.into(),
             delta: d.into(),
             decay_log2: l.into(),
+            seg_init: None,
         }),
     };
     // SAFETY: every view is a live allocation of this GPU's context, of the size the plan

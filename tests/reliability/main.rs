@@ -19,6 +19,8 @@
 //!   `bundle/reliability.sh` runs them under racecheck and expects hazards.
 //! - `concurrent_*` ([`concurrent`]): all four families on several streams at once, bitwise
 //!   equal to sequential runs.
+//! - `soak_*` ([`soak`]): 10,000 random valid and invalid attention calls from 4 threads on 4
+//!   streams, every result against the reference, device memory back where it started.
 
 mod concurrent;
 mod large_offsets;
@@ -27,6 +29,7 @@ mod negative;
 mod nonfinite;
 mod props;
 mod props_gpu;
+mod soak;
 
 use kernel_tests::{Needs, Suite};
 use kernels::attention::{self, AttentionProblem, View};
@@ -131,6 +134,7 @@ fn main() {
         Needs::Gpu,
         negative::semicrf_aliased_wrong,
     );
+    s.gpu("soak_threads_streams", Needs::Gpu, soak::threads_streams);
     s.gpu(
         "concurrent_four_families_bitwise",
         Needs::Gpu,

@@ -22,6 +22,7 @@ impl Exec for Emulator {
             .chain(kernel_emulator::gla::EMU_KERNELS)
             .chain(kernel_emulator::gla::backward::EMU_KERNELS)
             .chain(kernel_emulator::attention::EMU_KERNELS)
+            .chain(kernel_emulator::attention::VARLEN_EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::NEGATIVE_EMU_KERNELS)
             .chain(kernel_emulator::smoke_reduce::EMU_KERNELS)

@@ -11,9 +11,10 @@ const RUN_SH: &str = include_str!("../bundle-run.sh");
 const RELIABILITY_SH: &str = include_str!("../bundle-reliability.sh");
 
 /// Build release test and benchmark executables, the command-line tool (`kernels-cli`) and the
-/// examples (`example-<name>`), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
+/// examples (`example-<name>`; `example-stable-<name>` for fixtures/stable-consumer's, built with
+/// stable Rust), and lay out `bundle/`: `bin/` (executables), `ptx/`, `peers/`
 /// (Python peer scripts), `wheels/` (the peers' packages, `setup::PEER_WHEELS`), `python/` (the
-/// `rustkernels` wheel and its GPU check, `python/tests/*.py`), `run.sh`,
+/// `rustkernels` wheel and its GPU check, `python/tests/*.py`; `python/e2e/*.py`), `run.sh`,
 /// `reliability.sh`, `MANIFEST`; and a compressed copy, `target/bundle-pack/bundle.tar.xz`.
 pub fn bundle() -> Result {
     let (env, _) = setup::setup()?;
@@ -58,6 +59,20 @@ pub fn bundle() -> Result {
             .into_iter()
             .map(|(name, path, _)| (format!("example-{name}"), path, false)),
     );
+    // The stable-Rust consumer's example (attention on cudarc's memory), built with stable.
+    let mut consumer = crate::consumer::stable(&[
+        "cargo",
+        "build",
+        "--release",
+        "--examples",
+        "--message-format=json-render-diagnostics",
+    ]);
+    env.apply(&mut consumer);
+    bins.extend(
+        executables(&util::output(&mut consumer)?, false)
+            .into_iter()
+            .map(|(name, path, _)| (format!("example-stable-{name}"), path, false)),
+    );
     for (name, path, is_test) in &bins {
         let dest = dir.join("bin").join(if *is_test {
             format!("test-{name}")
@@ -92,6 +107,13 @@ pub fn bundle() -> Result {
                 &root.join("python").join("tests"),
                 "py",
                 &dir.join("python"),
+            )?;
+            // End-to-end checks against other people's code (transformers), results files.
+            util::create_dir(&dir.join("python").join("e2e"))?;
+            copy_all(
+                &root.join("python").join("e2e"),
+                "py",
+                &dir.join("python").join("e2e"),
             )?;
         }
         Err(e) => eprintln!(

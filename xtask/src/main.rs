@@ -2,6 +2,7 @@
 //! installs the pinned toolchain first. `cargo xtask` alone lists the tasks.
 
 mod bundle;
+mod consumer;
 mod ptx;
 mod ptx_diff;
 mod setup;
@@ -53,8 +54,12 @@ const TASKS: &[(&str, &str)] = &[
         "build the Python package (rustkernels: PyO3 + maturin) into target/wheels/",
     ),
     (
+        "stable-consumer",
+        "build and test fixtures/stable-consumer (a crate on stable Rust that depends on kernels)",
+    ),
+    (
         "ci",
-        "what CI runs: test, fmt --check, clippy, wheel, check-ptx",
+        "what CI runs: test, fmt --check, clippy, wheel, stable-consumer, check-ptx",
     ),
 ];
 
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
         "clippy" => clippy(),
         "bundle" => bundle::bundle(),
         "wheel" => wheel::wheel().map(|_| ()),
+        "stable-consumer" => consumer::check(),
         "report" => report(rest),
         "ci" => ci(),
         other => Err(format!(
@@ -193,6 +199,7 @@ fn ci() -> Result {
     )?;
     clippy()?;
     wheel::wheel()?;
+    consumer::check()?;
     ptx::check()?;
     let table = ptx::table_path();
     let diff = Command::new("git")

@@ -14,7 +14,7 @@ pub fn out_dir() -> PathBuf {
 
 /// Build every target; returns the PTX files.
 pub fn build() -> Result<Vec<(Target, PathBuf)>> {
-    let mut builder = Builder::new(util::root(), util::cargo());
+    let mut builder = Builder::new(util::root(), util::cargo()).map_err(|e| e.to_string())?;
     builder.verbose = true;
     let built = builder.build_all(&out_dir()).map_err(|e| e.to_string())?;
     for (t, path) in &built {

@@ -4,7 +4,8 @@
 //! The PTX of `BASE` is built by `BASE`'s own `build-ptx` (from a `git archive` of it under
 //! `target/ptx-diff/<commit>/`, kept as a cache), the working tree's by the current one. Each
 //! kernel's body is normalized before the comparison: virtual registers (`%r12`, `%rd3`, `%p7`,
-//! ...) and labels (`$L__BB3_17`) are renamed in order of first appearance, the register counts
+//! ...), labels (`$L__BB3_17`) and local frames (`__local_depot66`, numbered by the kernel's place
+//! in the module) are renamed in order of first appearance, the register counts
 //! of `.reg` declarations dropped, and mangled Rust symbols (`_R...`, which carry a crate hash)
 //! replaced by one name. Everything outside the kernels (module header, shared-memory and global
 //! declarations, functions) is compared the same way, as a multiset of lines. Two kernels are
@@ -220,6 +221,11 @@ fn split(ptx: &str) -> (BTreeMap<String, String>, String) {
 
 /// Rename virtual registers and labels in order of first appearance, drop `.reg` counts and
 /// mangled-symbol hashes.
+/// The prefix of a kernel's local frame symbol.
+const DEPOT: [char; 13] = [
+    '_', '_', 'l', 'o', 'c', 'a', 'l', '_', 'd', 'e', 'p', 'o', 't',
+];
+
 fn normalize(text: &str) -> String {
     let mut names: HashMap<String, String> = HashMap::new();
     let mut counters: HashMap<String, usize> = HashMap::new();
@@ -273,6 +279,20 @@ fn normalize(text: &str) -> String {
             out.push_str(&rename(&mut names, &mut counters, &token, "$L"));
             i = k;
             continue;
+        }
+        if c == '_' && !prev_ident && chars[i..].starts_with(&DEPOT) {
+            // `__local_depot<N>`: LLVM numbers a kernel's local frame by its index in the
+            // module, so adding a kernel before it renames it.
+            let mut k = i + DEPOT.len();
+            while k < chars.len() && chars[k].is_ascii_digit() {
+                k += 1;
+            }
+            if k > i + DEPOT.len() && (k == chars.len() || !ident(chars[k])) {
+                let token: String = chars[i..k].iter().collect();
+                out.push_str(&rename(&mut names, &mut counters, &token, "__local_depot"));
+                i = k;
+                continue;
+            }
         }
         if c == '_'
             && !prev_ident
@@ -345,6 +365,15 @@ mod tests {
             normalize(a).contains("%tid.x"),
             "special registers keep their names"
         );
+    }
+
+    #[test]
+    fn local_frames_are_renamed() {
+        let a = ".local .align 8 .b8 \t__local_depot66[40];\nmov.u64 %SPL, __local_depot66;\n";
+        let b = ".local .align 8 .b8 \t__local_depot72[40];\nmov.u64 %SPL, __local_depot72;\n";
+        assert_eq!(normalize(a), normalize(b));
+        let c = ".local .align 8 .b8 \t__local_depot72[48];\n";
+        assert_ne!(normalize(a).lines().next(), normalize(c).lines().next());
     }
 
     #[test]

@@ -26,11 +26,25 @@
 //!   element, the gradient at the end of every segment but the last, from the sequence's end:
 //!   `seg_end_{i-1} = exp2(D_i) seg_end_i + delta_i` with `seg_end_last = dL/dS_final` (or 0).
 //!
-//! The shared-memory layout and block size are the forward's ([`GlaConfig`]): q, k, g and dO
-//! take the forward ring's q, k, g and v tiles, the chunk's operands its variant buffers.
+//! - `gla_bwd_dqkg_dk{DK}_dv{DV}` ([`DqkgParams`]): dq, dk and dg. One block per (segment,
+//!   head) walks its segment token by token, twice, with the state in registers
+//!   ([`DQKG_LANES`] threads per key channel, each holding `DV / DQKG_LANES` value columns of
+//!   it): forward from the segment's initial state `S` (the user's initial state or zero for a
+//!   sequence's first segment, else `seg_init` from the forward's own `gla_states` and
+//!   `gla_combine`), `S <- diag(a_t) S + k_t^T v_t`, `dq_t = scale dO_t S^T`; then backward
+//!   from the gradient of the segment's end state `G` (as `gla_bwd_dhdv`),
+//!   `G <- G + scale q_t^T dO_t`, `dk_t = v_t G^T`, `G <- diag(a_t) G`. dg is the reverse
+//!   cumulative sum over the segment of `q dq - k dk` plus `rowsum(S_end * G_end)` (what the
+//!   segment's log-decays give through its end state), zero where `g < G_FLOOR`; the first
+//!   walk leaves `q dq` (f32) in `dg` for the second.
+//!
+//! The reverse pass's shared-memory layout and block size are the forward's ([`GlaConfig`]): q,
+//! k, g and dO take the forward ring's q, k, g and v tiles, the chunk's operands its variant
+//! buffers. `gla_bwd_dqkg` stages [`DQKG_STEP`] tokens of q, k, g, v, dO at a time as f32
+//! ([`dqkg_smem_bytes`]).
 
 use super::{CHUNK, COMBINE_THREADS, CombineParams, GlaConfig, Segment, config_of};
-use crate::{Kernel, KernelDecl};
+use crate::{Kernel, KernelDecl, SMEM_ALIGN};
 
 /// Tokens per block of the stored state gradients: the backward keeps `dL/dS` at the end of
 /// every block of this many tokens of a segment (counted from the segment's start; the last
@@ -104,10 +118,80 @@ pub struct DhdvParams {
     pub pad: u32,
 }
 
+/// Threads of `gla_bwd_dqkg` per key channel (state row): each holds every
+/// `DQKG_LANES`-th value column of the row, and the row's dot products are summed over these
+/// lanes with warp shuffles (no barrier per token).
+pub const DQKG_LANES: u32 = 4;
+/// Tokens of q, k, g, v, dO that `gla_bwd_dqkg` stages in shared memory at a time.
+pub const DQKG_STEP: u32 = 16;
+
+/// Threads per block of `gla_bwd_dqkg` for key dimension `dk`.
+pub const fn dqkg_threads(dk: u32) -> u32 {
+    dk * DQKG_LANES
+}
+
+/// Offsets (bytes from the aligned base) of the staged q, k, g, v, dO rows of `gla_bwd_dqkg`
+/// (`[DQKG_STEP][d]` f32 each), and the end of the last.
+pub const fn dqkg_layout(dk: u32, dv: u32) -> [u32; 6] {
+    let (rk, rv) = (DQKG_STEP * dk * 4, DQKG_STEP * dv * 4);
+    [0, rk, 2 * rk, 3 * rk, 3 * rk + rv, 3 * rk + 2 * rv]
+}
+
+/// Dynamic shared memory of `gla_bwd_dqkg` (the staged rows and the alignment slack).
+pub const fn dqkg_smem_bytes(dk: u32, dv: u32) -> usize {
+    dqkg_layout(dk, dv)[5] as usize + SMEM_ALIGN
+}
+
+/// Parameters of `gla_bwd_dqkg_dk{DK}_dv{DV}` (grid `(segments, heads)`, [`dqkg_threads`]
+/// threads, [`dqkg_smem_bytes`]).
+///
+/// Tensors are contiguous: q, k, g, dq, dk, dg `[rows, heads, dk]`, v, dO `[rows, heads, dv]`
+/// (bf16 bits but dg, f32); states and state gradients `[seqs, heads, dk, dv]` f32, the
+/// per-segment ones `[segments, heads, dk, dv]` f32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DqkgParams {
+    /// Queries.
+    pub q: *const u16,
+    /// Keys.
+    pub k: *const u16,
+    /// Values.
+    pub v: *const u16,
+    /// Log-decays (natural log, clamped below at `G_FLOOR` as in the forward).
+    pub g: *const u16,
+    /// Gradient of the outputs.
+    pub d_o: *const u16,
+    /// Written: gradient of the queries.
+    pub d_q: *mut u16,
+    /// Written: gradient of the keys.
+    pub d_k: *mut u16,
+    /// Written: gradient of the log-decays (f32; zero where `g < G_FLOOR`).
+    pub d_g: *mut f32,
+    /// The segment table (`gridDim.x` entries).
+    pub segments: *const Segment,
+    /// The forward's initial states, read by first segments when `has_init != 0`.
+    pub init_state: *const f32,
+    /// The forward state at the start of every segment that is not first (written by the
+    /// forward's `gla_combine`).
+    pub seg_init: *const f32,
+    /// Gradient of the final states, read by last segments when `has_d_final != 0`.
+    pub d_final_state: *const f32,
+    /// Gradient at the end of every segment that is not last (written by `gla_bwd_combine`).
+    pub seg_end: *const f32,
+    /// Heads.
+    pub heads: u32,
+    /// Output scale of the forward.
+    pub scale: f32,
+    /// Whether `init_state` is given.
+    pub has_init: u32,
+    /// Whether `d_final_state` is given.
+    pub has_d_final: u32,
+}
+
 /// Declare the handles of each head-dimension pair's backward kernels, the table and the
 /// lookup.
 macro_rules! bwd_kernels {
-    ($( ($dk:literal, $dv:literal): $dhdv:ident, $states:ident; )*) => {
+    ($( ($dk:literal, $dv:literal): $dhdv:ident, $states:ident, $dqkg:ident; )*) => {
         $(
             #[doc = concat!("`gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
                 "grid `(segments, heads)`, [`GlaConfig::threads`] threads, ",
@@ -126,13 +210,30 @@ macro_rules! bwd_kernels {
                 config_of($dk, $dv).blocks_per_sm,
                 |()| config_of($dk, $dv).smem_bytes(),
             );
+            #[doc = concat!("`gla_bwd_dqkg_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
+                "grid `(segments, heads)`, [`dqkg_threads`] threads, [`dqkg_smem_bytes`].")]
+            pub const $dqkg: Kernel<DqkgParams> = Kernel::new(
+                concat!("gla_bwd_dqkg_dk", stringify!($dk), "_dv", stringify!($dv)),
+                dqkg_threads($dk),
+                1,
+                |()| dqkg_smem_bytes($dk, $dv),
+            );
         )*
 
         /// The backward's kernels (part of the family's table `kernel_abi::gla::KERNELS`).
-        pub const KERNELS: [KernelDecl; 9] = [
+        pub const KERNELS: [KernelDecl; 13] = [
             $( $dhdv.info(), $states.info(), )*
             GLA_BWD_COMBINE.info(),
+            $( $dqkg.info(), )*
         ];
+
+        /// The dq, dk, dg kernel `gla_bwd_dqkg` of head dimensions `(dk, dv)`, if any.
+        pub const fn dqkg_kernel(dk: u32, dv: u32) -> Option<&'static Kernel<DqkgParams>> {
+            match (dk, dv) {
+                $( ($dk, $dv) => Some(&$dqkg), )*
+                _ => None,
+            }
+        }
 
         /// The reverse-pass kernels `(gla_bwd_dhdv, gla_bwd_states)` of head dimensions
         /// `(dk, dv)`, if any.
@@ -149,10 +250,10 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    (64, 64): GLA_BWD_DHDV_DK64_DV64, GLA_BWD_STATES_DK64_DV64;
-    (64, 128): GLA_BWD_DHDV_DK64_DV128, GLA_BWD_STATES_DK64_DV128;
-    (128, 64): GLA_BWD_DHDV_DK128_DV64, GLA_BWD_STATES_DK128_DV64;
-    (128, 128): GLA_BWD_DHDV_DK128_DV128, GLA_BWD_STATES_DK128_DV128;
+    (64, 64): GLA_BWD_DHDV_DK64_DV64, GLA_BWD_STATES_DK64_DV64, GLA_BWD_DQKG_DK64_DV64;
+    (64, 128): GLA_BWD_DHDV_DK64_DV128, GLA_BWD_STATES_DK64_DV128, GLA_BWD_DQKG_DK64_DV128;
+    (128, 64): GLA_BWD_DHDV_DK128_DV64, GLA_BWD_STATES_DK128_DV64, GLA_BWD_DQKG_DK128_DV64;
+    (128, 128): GLA_BWD_DHDV_DK128_DV128, GLA_BWD_STATES_DK128_DV128, GLA_BWD_DQKG_DK128_DV128;
 }
 
 /// `gla_bwd_combine`: grid `(split sequences, heads, ceil(dk dv / COMBINE_THREADS))`,
@@ -168,4 +269,7 @@ const _: () = {
     assert!(G_BLOCK.is_multiple_of(CHUNK));
     let c: GlaConfig = config_of(64, 128);
     assert!(c.threads_per_pair() * c.tokens_per_thread() == CHUNK);
+    // gla_bwd_dqkg: a key channel's lanes are consecutive lanes of one warp, its value columns
+    // split evenly among them, and a block fits the hardware.
+    assert!(32 % DQKG_LANES == 0 && 64 % DQKG_LANES == 0 && dqkg_threads(128) <= 1024);
 };

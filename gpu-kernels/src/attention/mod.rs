@@ -22,8 +22,9 @@ pub mod elem;
 pub mod hopper;
 pub mod mask;
 pub mod mma;
+pub mod seq;
 pub mod softmax;
 
 /// The kernels of this family, for the CPU emulator (`crate::emu`).
 #[cfg(not(target_arch = "nvptx64"))]
-pub use mma::EMU_KERNELS;
+pub use mma::{EMU_KERNELS, VARLEN_EMU_KERNELS};

@@ -19,11 +19,11 @@
 //! - `baseline/`: `mod.rs` (entries, parameters, tiling, barrier protocol), `walk.rs` (the walk
 //!   of a segment), `elementwise.rs`, `matrix.rs` (the two phases of a chunk), `tiles.rs`
 //!   (shared-memory tiles), `combine.rs` (`gla_combine`).
-//! - `backward/`: the backward on the baseline's tiling (so far the reverse pass: dv and the
-//!   state gradients): `mod.rs` (entries, algorithm, barrier protocol), `dhdv.rs` (the reverse
-//!   walk of a segment, `gla_bwd_dhdv` and `gla_bwd_states`), `elementwise.rs` (a chunk's
-//!   operand tiles), `dv.rs` (dv of a chunk: transposed scores, inter-chunk term),
-//!   `combine.rs` (`gla_bwd_combine`).
+//! - `backward/`: the backward: `mod.rs` (entries, algorithm, barrier protocol), `dhdv.rs`
+//!   (the reverse pass on the baseline's tiling: the reverse walk of a segment, `gla_bwd_dhdv`
+//!   and `gla_bwd_states`), `elementwise.rs` (a chunk's operand tiles), `dv.rs` (dv of a chunk:
+//!   transposed scores, inter-chunk term), `combine.rs` (`gla_bwd_combine`), `dqkg.rs` (dq, dk,
+//!   dg token by token: `gla_bwd_dqkg`).
 //! - `pingpong/`: `mod.rs` (entries, work and role split, barrier protocol), `forward.rs` (the
 //!   forward walk: producer, consumers' steps, GEMM phase), `states.rs` (the state pass),
 //!   `elementwise.rs` (the vectorized element-wise phases), `turns.rs` (the consumers' turn

@@ -21,6 +21,10 @@
 //! [`forward_raw`] on tensors the library does not own (a framework's, by address, shape and
 //! strides, on its stream: [`crate::raw`]), and [`backward_raw`] the backward on them.
 //!
+//! Packed sequences of different lengths (FlashAttention's varlen interface, `cu_seqlens`):
+//! [`AttentionVarlenProblem`], [`forward_varlen`], [`forward_varlen_raw`] (the `mma.sync` path
+//! on every GPU; the module `varlen` documents the layouts).
+//!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
 //! rule of the tests). [`reference::backward`] is the f64 specification of the gradients dQ,
@@ -33,6 +37,7 @@ mod problem;
 mod raw;
 pub mod reference;
 mod run;
+mod varlen;
 
 pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardPath,
@@ -43,13 +48,19 @@ pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
 pub use raw::{
-    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors, RawBackwardWorkspace,
-    backward_raw, backward_workspace_lens, forward_raw, plan_backward_raw, plan_raw,
+    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors, RawAttentionVarlenTensors,
+    RawBackwardWorkspace, backward_raw, backward_workspace_lens, forward_raw, forward_varlen_raw,
+    plan_backward_raw, plan_raw, plan_varlen_raw,
 };
 pub use reference::{
-    naive_backward_same_precision, naive_same_precision, reference, reference_rows,
+    naive_backward_same_precision, naive_backward_varlen_same_precision, naive_same_precision,
+    naive_varlen_same_precision, reference, reference_rows, reference_varlen,
 };
 pub use run::{forward, forward_variant};
+pub use varlen::{
+    AttentionVarlenPlan, AttentionVarlenProblem, AttentionVarlenTensors, CuSeqlens,
+    DeviceCuSeqlens, forward_varlen,
+};
 
 #[cfg(test)]
 mod tests;

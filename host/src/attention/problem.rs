@@ -170,6 +170,26 @@ impl AttentionProblem {
                 return Err(Error::invalid(what, "must be below 2^30"));
             }
         }
+        self.validate_options()?;
+        if self.batch > 65535 || self.heads_q > 65535 {
+            return Err(Error::unsupported(
+                "grid",
+                "batch and heads_q must be at most 65535",
+            ));
+        }
+        let lse_len = self.batch as u128 * self.heads_q as u128 * self.seq_q as u128;
+        if lse_len > u32::MAX as u128 {
+            return Err(Error::unsupported(
+                "problem size",
+                "batch * heads_q * seq_q must be below 2^32",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check the head dimension, the heads' grouping, the scale and the window (the sizes'
+    /// checks are the caller's).
+    pub(crate) fn validate_options(&self) -> Result<()> {
         if !HEAD_DIMS.contains(&(self.head_dim as u32)) {
             return Err(Error::unsupported(
                 format!("head dimension {}", self.head_dim),
@@ -199,19 +219,6 @@ impl AttentionProblem {
                     "must be below 2^30 (use None for unbounded)",
                 ));
             }
-        }
-        if self.batch > 65535 || self.heads_q > 65535 {
-            return Err(Error::unsupported(
-                "grid",
-                "batch and heads_q must be at most 65535",
-            ));
-        }
-        let lse_len = self.batch as u128 * self.heads_q as u128 * self.seq_q as u128;
-        if lse_len > u32::MAX as u128 {
-            return Err(Error::unsupported(
-                "problem size",
-                "batch * heads_q * seq_q must be below 2^32",
-            ));
         }
         Ok(())
     }

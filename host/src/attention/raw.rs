@@ -10,6 +10,7 @@ use super::backward::{
 };
 use super::plan::{AttentionPlan, AttentionTensors, Target};
 use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
+use super::varlen::{AttentionVarlenPlan, AttentionVarlenProblem, AttentionVarlenTensors};
 use crate::error::{Error, Result};
 use crate::exec::DevView;
 use crate::raw::{ElemType, RawElem, RawStream, RawTensor, check_disjoint};
@@ -146,9 +147,9 @@ fn lse_view<'a>(
     flat_view(what, lse, &[problem.batch, problem.heads_q, problem.seq_q])
 }
 
-/// An f32 tensor of exactly `shape`, contiguous (dimensions of size 1 may have any stride), as
+/// A tensor of element type `T` (4 bytes: f32 or i32) of exactly `shape`, contiguous (dimensions of size 1 may have any stride), as
 /// a flat view inside its storage.
-fn flat_view<'a>(what: &str, t: &RawTensor, shape: &[usize]) -> Result<DevView<'a, f32>> {
+fn flat_view<'a, T: RawElem>(what: &str, t: &RawTensor, shape: &[usize]) -> Result<DevView<'a, T>> {
     t.contiguous_view(what, shape, 4)
 }
 
@@ -361,4 +362,144 @@ pub(super) fn workspace_views<'a>(
     // The plan's launches check the accumulator's presence and alignment.
     plan.launches(&ws)?;
     Ok(ws)
+}
+
+/// The tensors of a raw forward pass over packed sequences.
+#[derive(Clone, Copy)]
+pub struct RawAttentionVarlenTensors<'t> {
+    /// Q `[total_q, heads_q, D]`, bf16 or f16.
+    pub q: &'t RawTensor,
+    /// K `[total_k, heads_kv, D]`, Q's type.
+    pub k: &'t RawTensor,
+    /// V, as K.
+    pub v: &'t RawTensor,
+    /// O, as Q (written).
+    pub o: &'t RawTensor,
+    /// LSE `[heads_q, total_q]` f32, contiguous (written).
+    pub lse: &'t RawTensor,
+    /// `[batch + 1]` i32, contiguous: the first query row of each sequence, then `total_q`.
+    pub cu_seqlens_q: &'t RawTensor,
+    /// `[batch + 1]` i32, contiguous: the first key row of each sequence, then `total_k`.
+    pub cu_seqlens_k: &'t RawTensor,
+}
+
+/// Plan the forward pass over packed sequences on raw tensors (pure: no driver call, no memory
+/// read): the problem from the shapes (totals from Q and K, the batch from `cu_seqlens_q`),
+/// `max_seqlen_q` and `max_seqlen_k` (FlashAttention's arguments; checked possible for the
+/// totals and the batch) and `options`; the tensors' element types, ranks, strides, every view
+/// inside its storage, the outputs apart from the inputs and each other, then the typed plan's
+/// checks. The boundaries' contents are device data: the kernel clamps them to the totals.
+pub fn plan_varlen_raw(
+    options: &AttentionOptions,
+    tensors: &RawAttentionVarlenTensors<'_>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+) -> Result<(AttentionVarlenProblem, AttentionVarlenPlan)> {
+    let dtype = dtype_of(tensors.q.dtype)?;
+    let [total_q, heads_q, head_dim] = <[usize; 3]>::try_from(&tensors.q.shape[..])
+        .map_err(|_| Error::shape("Q rank", 3, tensors.q.shape.len()))?;
+    let [total_k, heads_kv, _] = <[usize; 3]>::try_from(&tensors.k.shape[..])
+        .map_err(|_| Error::shape("K rank", 3, tensors.k.shape.len()))?;
+    let [entries] = <[usize; 1]>::try_from(&tensors.cu_seqlens_q.shape[..])
+        .map_err(|_| Error::shape("cu_seqlens_q rank", 1, tensors.cu_seqlens_q.shape.len()))?;
+    let problem = AttentionVarlenProblem {
+        batch: entries.saturating_sub(1),
+        total_q,
+        total_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        heads_q,
+        heads_kv,
+        head_dim,
+        dtype,
+        scale: options.scale,
+        causal: options.causal,
+        window: options.window,
+        path: options.path,
+    };
+    problem.validate()?;
+    check_disjoint(
+        &[
+            ("Q", tensors.q),
+            ("K", tensors.k),
+            ("V", tensors.v),
+            ("cu_seqlens_q", tensors.cu_seqlens_q),
+            ("cu_seqlens_k", tensors.cu_seqlens_k),
+        ],
+        &[("O", tensors.o), ("LSE", tensors.lse)],
+    )?;
+    let plan = match dtype {
+        Dtype::Bf16 => plan_varlen_typed::<bf16>(&problem, tensors),
+        Dtype::F16 => plan_varlen_typed::<f16>(&problem, tensors),
+    }?;
+    Ok((problem, plan))
+}
+
+fn plan_varlen_typed<T: AttentionElem + RawElem>(
+    problem: &AttentionVarlenProblem,
+    t: &RawAttentionVarlenTensors<'_>,
+) -> Result<AttentionVarlenPlan> {
+    let cu_len = problem.batch + 1;
+    problem.plan::<T>(&AttentionVarlenTensors {
+        q: packed_view("Q", t.q)?,
+        k: packed_view("K", t.k)?,
+        v: packed_view("V", t.v)?,
+        o: packed_view("O", t.o)?,
+        lse: flat_view("LSE", t.lse, &[problem.heads_q, problem.total_q])?,
+        cu_seqlens_q: flat_view("cu_seqlens_q", t.cu_seqlens_q, &[cu_len])?,
+        cu_seqlens_k: flat_view("cu_seqlens_k", t.cu_seqlens_k, &[cu_len])?,
+    })
+}
+
+/// A rank-3 packed tensor of element type `T` as a [`View::packed`] into its storage.
+fn packed_view<'a, T: RawElem>(what: &str, t: &RawTensor) -> Result<View<'a, T>> {
+    t.expect::<T>(what, 3)?;
+    let strides = t.strides(what)?;
+    // SAFETY: as in `view`: addresses for the plan only.
+    let (memory, offset) = unsafe { t.storage::<T>(what) }?;
+    View::packed(memory, offset, &t.shape, &strides)
+}
+
+/// Launch the forward pass over packed sequences on `stream` (asynchronous), FlashAttention's
+/// `flash_attn_varlen_func`: O and LSE written from Q, K, V and the boundaries. Checks as
+/// [`plan_varlen_raw`], and that every non-empty tensor's storage is device memory of the
+/// stream's device inside one allocation.
+///
+/// # Safety
+/// Each tensor's storage is memory the caller owns, live until the launch has completed on
+/// `stream`; nothing else writes Q, K, V or the boundaries or accesses O and LSE until then.
+/// The boundaries should hold what FlashAttention requires (from 0, non-decreasing, ending at
+/// the totals, no sequence longer than the maximum lengths): other contents cannot make the
+/// kernel access memory outside the tensors, but leave O and LSE meaningless (rows of a
+/// sequence longer than `max_seqlen_q` unwritten).
+pub unsafe fn forward_varlen_raw(
+    stream: &RawStream,
+    options: &AttentionOptions,
+    tensors: &RawAttentionVarlenTensors<'_>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+) -> Result<()> {
+    let gpu = stream.gpu();
+    let (_, plan) = plan_varlen_raw(options, tensors, max_seqlen_q, max_seqlen_k)?;
+    for (what, t) in [
+        ("Q", tensors.q),
+        ("K", tensors.k),
+        ("V", tensors.v),
+        ("O", tensors.o),
+        ("LSE", tensors.lse),
+        ("cu_seqlens_q", tensors.cu_seqlens_q),
+        ("cu_seqlens_k", tensors.cu_seqlens_k),
+    ] {
+        // An empty tensor (no rows: a framework may give it any address) is never accessed.
+        if t.shape.iter().product::<usize>() > 0 {
+            t.check_memory(what, gpu)?;
+        }
+    }
+    // SAFETY: the plan checked every view against its storage, the non-empty storage is device
+    // memory of the stream's device inside one allocation (checked above; empty tensors are
+    // never accessed: no query row means no launch, no key row means no key is loaded), live
+    // and not accessed by others until the launch completes (the caller's contract), the
+    // outputs overlap neither the inputs nor each other (checked), and the kernel clamps the
+    // boundaries' contents to the totals.
+    unsafe { plan.run(stream) }
 }

@@ -26,6 +26,7 @@
 //! - A row with no allowed key (`O = 0`, `LSE = -inf`) contributes nothing: its `dQ` row is
 //!   exactly 0, whatever its `dO` and `dLSE`, and no gradient is NaN.
 
+use super::varlen::{AttentionVarlenProblem, CuSeqlens};
 use super::{AttentionElem, AttentionProblem};
 
 /// O `[batch, seq_q, heads_q, D]` and LSE `[batch, heads_q, seq_q]`.
@@ -493,4 +494,160 @@ pub const BACKWARD_ABS_FLOOR: f64 = 1e-6;
 /// [`naive_backward_same_precision`] and `max_ref` its largest magnitude in the reference.
 pub fn backward_tolerance(naive_err: f64, max_ref: f64) -> f64 {
     2.0 * naive_err + BACKWARD_REL_FLOOR * max_ref + BACKWARD_ABS_FLOOR
+}
+
+/// The f64 reference over packed sequences: for each sequence `b` of `seqlens`, [`reference`]
+/// of its dense problem ([`AttentionVarlenProblem::sequence`], batch 1) on its rows of Q, K, V
+/// (contiguous `[total, heads, D]`). O `[total_q, heads_q, D]`, LSE `[heads_q, total_q]`.
+pub fn reference_varlen<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> AttentionOutput {
+    per_sequence(p, seqlens, |sp, q, k, v| reference(sp, q, k, v), (q, k, v))
+}
+
+/// [`naive_same_precision`] per sequence, as [`reference_varlen`].
+pub fn naive_varlen_same_precision<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> AttentionOutput {
+    per_sequence(
+        p,
+        seqlens,
+        |sp, q, k, v| naive_same_precision(sp, q, k, v),
+        (q, k, v),
+    )
+}
+
+/// Run `f` on each sequence's dense problem and rows, and place its outputs in the packed
+/// layout (a sequence without query rows has none; one without key rows gets `O = 0`,
+/// `LSE = -inf` from `f`).
+fn per_sequence<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    f: impl Fn(&AttentionProblem, &[T], &[T], &[T]) -> AttentionOutput,
+    (q, k, v): (&[T], &[T], &[T]),
+) -> AttentionOutput {
+    let d = p.head_dim;
+    let (hq, hkv) = (p.heads_q, p.heads_kv);
+    let mut o = vec![0.0; p.total_q * hq * d];
+    let mut lse = vec![f64::NEG_INFINITY; p.lse_len()];
+    for b in 0..seqlens.batch() {
+        let (sq, sk) = (seqlens.seq_q(b), seqlens.seq_k(b));
+        if sq == 0 {
+            continue;
+        }
+        let (q0, k0) = (seqlens.q_start(b), seqlens.k_start(b));
+        let out = f(
+            &p.sequence(sq, sk),
+            &q[q0 * hq * d..(q0 + sq) * hq * d],
+            &k[k0 * hkv * d..(k0 + sk) * hkv * d],
+            &v[k0 * hkv * d..(k0 + sk) * hkv * d],
+        );
+        o[q0 * hq * d..(q0 + sq) * hq * d].copy_from_slice(&out.o);
+        for h in 0..hq {
+            for i in 0..sq {
+                lse[h * p.total_q + q0 + i] = out.lse[h * sq + i];
+            }
+        }
+    }
+    AttentionOutput { o, lse }
+}
+
+/// The f64 reference of the backward over packed sequences: for each sequence, [`backward`] of
+/// its dense problem ([`AttentionVarlenProblem::sequence`]) on its rows. Q, dO, dQ
+/// `[total_q, heads_q, D]`; K, V, dK, dV `[total_k, heads_kv, D]` (each key row belongs to one
+/// sequence, so dK and dV sum over the query heads of its group only); dLSE `[heads_q,
+/// total_q]`. A sequence without query rows has dK = dV = 0, one without key rows dQ = 0.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_varlen<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+) -> AttentionGrads {
+    per_sequence_grads(
+        p,
+        seqlens,
+        (q, k, v, d_o),
+        d_lse,
+        |sp, q, k, v, d_o, d_lse| backward(sp, q, k, v, d_o, d_lse),
+    )
+}
+
+/// [`naive_backward_same_precision`] per sequence, as [`backward_varlen`].
+#[allow(clippy::too_many_arguments)]
+pub fn naive_backward_varlen_same_precision<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+) -> AttentionGrads {
+    per_sequence_grads(
+        p,
+        seqlens,
+        (q, k, v, d_o),
+        d_lse,
+        |sp, q, k, v, d_o, d_lse| naive_backward_same_precision(sp, q, k, v, d_o, d_lse),
+    )
+}
+
+/// Run `f` on each sequence's dense problem and rows (dLSE gathered from `[heads_q, total_q]`
+/// into the sequence's `[1, heads_q, seq_q]`), and place its gradients in the packed layout.
+fn per_sequence_grads<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    (q, k, v, d_o): (&[T], &[T], &[T], &[T]),
+    d_lse: Option<&[f32]>,
+    f: impl Fn(&AttentionProblem, &[T], &[T], &[T], &[T], Option<&[f32]>) -> AttentionGrads,
+) -> AttentionGrads {
+    let d = p.head_dim;
+    let (hq, hkv) = (p.heads_q, p.heads_kv);
+    let mut dq = vec![0.0; p.total_q * hq * d];
+    let mut dk = vec![0.0; p.total_k * hkv * d];
+    let mut dv = vec![0.0; p.total_k * hkv * d];
+    for b in 0..seqlens.batch() {
+        let (sq, sk) = (seqlens.seq_q(b), seqlens.seq_k(b));
+        if sq == 0 || sk == 0 {
+            continue; // no query row attends a key: every gradient of the sequence is 0
+        }
+        let (q0, k0) = (seqlens.q_start(b), seqlens.k_start(b));
+        let (qr, kr) = (
+            q0 * hq * d..(q0 + sq) * hq * d,
+            k0 * hkv * d..(k0 + sk) * hkv * d,
+        );
+        let seq_d_lse: Option<Vec<f32>> = d_lse.map(|g| {
+            (0..hq)
+                .flat_map(|h| {
+                    g[h * p.total_q + q0..h * p.total_q + q0 + sq]
+                        .iter()
+                        .copied()
+                })
+                .collect()
+        });
+        let grads = f(
+            &p.sequence(sq, sk),
+            &q[qr.clone()],
+            &k[kr.clone()],
+            &v[kr.clone()],
+            &d_o[qr.clone()],
+            seq_d_lse.as_deref(),
+        );
+        dq[qr].copy_from_slice(&grads.dq);
+        dk[kr.clone()].copy_from_slice(&grads.dk);
+        dv[kr].copy_from_slice(&grads.dv);
+    }
+    AttentionGrads { dq, dk, dv }
 }

@@ -1,8 +1,13 @@
 //! The backward pass, planned as the forward is ([`GlaProblem`] -> plan -> `run` on any
-//! executor). So far its reverse pass ([`GlaProblem::plan_reverse_pass`]): dv, the gradient of
-//! every sequence's initial state and the gradient of the state at the end of every
-//! [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block (bench/NOTES.md, "GLA backward:
-//! plan"). The f64 specification is [`reference::backward`](super::reference::backward).
+//! executor): [`GlaProblem::plan_backward`] (every gradient) and its first part alone,
+//! [`GlaProblem::plan_reverse_pass`] (dv, the gradient of every sequence's initial state and
+//! the gradient of the state at the end of every
+//! [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block; bench/NOTES.md, "GLA backward").
+//! The f64 specification is [`reference::backward`](super::reference::backward).
+//!
+//! The backward needs nothing from the forward but its inputs (q, k, v, g and the initial
+//! state): the states it needs at segment starts are recomputed by the forward's own state
+//! pass and combination.
 
 use super::plan::check_view;
 use super::problem::{GlaKernel, GlaProblem, SegmentPlan};
@@ -12,8 +17,49 @@ use crate::exec::{DevView, Exec};
 use crate::launch::Launch;
 use half::bf16;
 use kernel_abi::Kernel;
-use kernel_abi::gla::CombineParams;
-use kernel_abi::gla::backward::{DhdvParams, GLA_BWD_COMBINE, grad_slots, reverse_kernels};
+use kernel_abi::gla::backward::{
+    DhdvParams, DqkgParams, GLA_BWD_COMBINE, dqkg_kernel, grad_slots, reverse_kernels,
+};
+use kernel_abi::gla::{COMBINE_THREADS, CombineParams, GLA_COMBINE, GlaParams, baseline_kernels};
+
+use super::device::GlaInputs;
+use crate::exec::OnStream;
+use crate::gpu::Gpu;
+use crate::memory::{upload, zeroed};
+use cust::memory::DeviceBuffer;
+use cust::stream::Stream;
+
+/// The tensors of a whole backward pass as device views (contiguous): the forward's inputs, the
+/// gradients of its outputs, and the gradients written. The written views must overlap neither
+/// each other nor the inputs.
+#[derive(Clone, Copy)]
+pub struct GlaBackwardTensors<'a> {
+    /// Queries `[B, T, H, dk]`.
+    pub q: DevView<'a, bf16>,
+    /// Keys `[B, T, H, dk]`.
+    pub k: DevView<'a, bf16>,
+    /// Values `[B, T, H, dv]`.
+    pub v: DevView<'a, bf16>,
+    /// Log-decays `[B, T, H, dk]`.
+    pub g: DevView<'a, bf16>,
+    /// The forward's initial states `[N, H, dk, dv]`, or zero states.
+    pub init_state: Option<DevView<'a, f32>>,
+    /// Gradient of the outputs `[B, T, H, dv]`.
+    pub d_o: DevView<'a, bf16>,
+    /// Gradient of the final states `[N, H, dk, dv]`, or zero.
+    pub d_final_state: Option<DevView<'a, f32>>,
+    /// Gradient of the queries `[B, T, H, dk]` (written).
+    pub d_q: DevView<'a, bf16>,
+    /// Gradient of the keys `[B, T, H, dk]` (written).
+    pub d_k: DevView<'a, bf16>,
+    /// Gradient of the values `[B, T, H, dv]` (written).
+    pub d_v: DevView<'a, bf16>,
+    /// Gradient of the log-decays `[B, T, H, dk]`, f32 (written; zero where `g < G_FLOOR`).
+    pub d_g: DevView<'a, f32>,
+    /// Gradient of the initial states `[N, H, dk, dv]` (written, whether or not the forward had
+    /// initial states).
+    pub d_init_state: DevView<'a, f32>,
+}
 
 /// The tensors of the reverse pass as device views (contiguous).
 #[derive(Clone, Copy)]
@@ -57,6 +103,9 @@ pub struct GlaBackwardSplit<'a> {
     pub delta: DevView<'a, f32>,
     /// `[segments, heads, dk]` f32.
     pub decay_log2: DevView<'a, f32>,
+    /// The forward state at every segment's start, `[segments, heads, dk, dv]` f32: needed by
+    /// a whole backward ([`GlaBackwardPlan::seg_init_len`]), not by the reverse pass alone.
+    pub seg_init: Option<DevView<'a, f32>>,
 }
 
 /// One launch of a [`GlaBackwardPlan`], with the workspace's pointers still zero.
@@ -78,6 +127,31 @@ pub enum GlaBackwardStep {
         /// The parameters (read backward: see `GLA_BWD_COMBINE`).
         params: CombineParams,
     },
+    /// The forward's `gla_states_dk*_dv*` (split sequences: the state each segment adds).
+    ForwardStates {
+        /// The kernel.
+        kernel: &'static Kernel<GlaParams>,
+        /// `(segments, heads, 1)`.
+        grid: (u32, u32, u32),
+        /// The parameters (no outputs).
+        params: GlaParams,
+    },
+    /// The forward's `gla_combine` (split sequences: the state at every segment's start).
+    ForwardCombine {
+        /// `(split sequences, heads, ceil(dk dv / COMBINE_THREADS))`.
+        grid: (u32, u32, u32),
+        /// The parameters.
+        params: CombineParams,
+    },
+    /// `gla_bwd_dqkg_dk*_dv*`.
+    Dqkg {
+        /// The kernel.
+        kernel: &'static Kernel<DqkgParams>,
+        /// `(segments, heads, 1)`.
+        grid: (u32, u32, u32),
+        /// The parameters.
+        params: DqkgParams,
+    },
 }
 
 /// A launch of a [`GlaBackwardPlan`] with its workspace filled in.
@@ -85,8 +159,12 @@ pub enum GlaBackwardStep {
 pub enum GlaBackwardLaunch {
     /// `gla_bwd_states_dk*_dv*` or `gla_bwd_dhdv_dk*_dv*`.
     Reverse(Launch<DhdvParams>),
-    /// `gla_bwd_combine`.
+    /// `gla_bwd_combine` or the forward's `gla_combine`.
     Combine(Launch<CombineParams>),
+    /// The forward's `gla_states_dk*_dv*`.
+    ForwardStates(Launch<GlaParams>),
+    /// `gla_bwd_dqkg_dk*_dv*`.
+    Dqkg(Launch<DqkgParams>),
 }
 
 impl std::fmt::Debug for GlaBackwardStep {
@@ -97,6 +175,15 @@ impl std::fmt::Debug for GlaBackwardStep {
             }
             GlaBackwardStep::Combine { grid, .. } => {
                 write!(f, "{} on {grid:?}", GLA_BWD_COMBINE.name)
+            }
+            GlaBackwardStep::ForwardStates { kernel, grid, .. } => {
+                write!(f, "{} on {grid:?}", kernel.name)
+            }
+            GlaBackwardStep::ForwardCombine { grid, .. } => {
+                write!(f, "{} on {grid:?}", GLA_COMBINE.name)
+            }
+            GlaBackwardStep::Dqkg { kernel, grid, .. } => {
+                write!(f, "{} on {grid:?}", kernel.name)
             }
         }
     }
@@ -113,6 +200,9 @@ pub struct GlaBackwardPlan {
     /// Elements of the workspace's state gradients: `slots * heads * dk * dv` with
     /// [`grad_slots`] slots.
     pub grad_len: usize,
+    /// Elements of the split workspace's `seg_init` (`segments * heads * dk * dv`) when the
+    /// plan is a whole backward and some sequence is split, else 0.
+    pub seg_init_len: usize,
     /// The launches, in order.
     pub steps: Vec<GlaBackwardStep>,
 }
@@ -207,8 +297,118 @@ impl GlaProblem {
             segments,
             workspace,
             grad_len,
+            seg_init_len: 0,
             steps,
         })
+    }
+
+    /// Plan the whole backward on `tensors` for `target`: validates the problem and the
+    /// tensors' sizes and alignment. The reverse pass ([`GlaProblem::plan_reverse_pass`]: dv,
+    /// the initial states' gradients, the gradient at every segment's end), then, with a split
+    /// sequence, the forward's `gla_states` and `gla_combine` (the state at every segment's
+    /// start; they reuse the reverse pass's `delta` and `decay_log2`, whose contents
+    /// `gla_bwd_combine` consumed), then `gla_bwd_dqkg` (dq, dk, dg). Workspace: the segment
+    /// table and the block gradients of the reverse pass ([`GlaBackwardPlan::grad_len`] f32),
+    /// and for split sequences four `[segments, heads, dk, dv]` f32 buffers and one
+    /// `[segments, heads, dk]`.
+    pub fn plan_backward(
+        &self,
+        target: Target,
+        t: &GlaBackwardTensors<'_>,
+    ) -> Result<GlaBackwardPlan> {
+        let p = self;
+        p.validate()?;
+        check_view("v [B, T, H, dv]", &t.v, p.v_len())?;
+        check_view("query gradient [B, T, H, dk]", &t.d_q, p.qk_len())?;
+        check_view("key gradient [B, T, H, dk]", &t.d_k, p.qk_len())?;
+        check_view("log-decay gradient [B, T, H, dk]", &t.d_g, p.qk_len())?;
+        if let Some(s) = &t.init_state {
+            check_view("initial state [N, H, dk, dv]", s, p.state_len())?;
+        }
+        let mut plan = p.plan_reverse_pass(
+            target,
+            &GlaReverseTensors {
+                q: t.q,
+                k: t.k,
+                g: t.g,
+                d_o: t.d_o,
+                d_final_state: t.d_final_state,
+                d_init_state: t.d_init_state,
+                d_v: t.d_v,
+            },
+        )?;
+        let (dk, dv) = (p.dk as u32, p.dv as u32);
+        let grid = (plan.segments.segments.len() as u32, p.heads as u32, 1);
+        let null = std::ptr::null_mut::<f32>();
+        let init = t.init_state.map_or(null, |b| b.ptr());
+        if plan.workspace.is_some() {
+            let (_, states) = baseline_kernels(dk, dv).expect("validated head dimensions");
+            let fwd = GlaParams {
+                q: t.q.ptr(),
+                k: t.k.ptr(),
+                v: t.v.ptr(),
+                g: t.g.ptr(),
+                o: std::ptr::null_mut(),
+                segments: std::ptr::null(),
+                init_state: init,
+                final_state: null,
+                seg_init: null,
+                delta: null,
+                decay_log2: null,
+                heads: p.heads as u32,
+                scale: p.output_scale(),
+                has_init: u32::from(t.init_state.is_some()),
+                has_final: 0,
+            };
+            plan.steps.push(GlaBackwardStep::ForwardStates {
+                kernel: states,
+                grid,
+                params: fwd,
+            });
+            plan.steps.push(GlaBackwardStep::ForwardCombine {
+                grid: (
+                    plan.segments.combine.len() as u32,
+                    p.heads as u32,
+                    (dk * dv).div_ceil(COMBINE_THREADS),
+                ),
+                params: CombineParams {
+                    entries: std::ptr::null(),
+                    init_state: init,
+                    seg_init: null,
+                    delta: null,
+                    decay_log2: null,
+                    heads: p.heads as u32,
+                    dk,
+                    dv,
+                    has_init: fwd.has_init,
+                },
+            });
+            plan.seg_init_len = plan.segments.segments.len() * p.heads * p.dk * p.dv;
+        }
+        plan.steps.push(GlaBackwardStep::Dqkg {
+            kernel: dqkg_kernel(dk, dv).expect("validated head dimensions"),
+            grid,
+            params: DqkgParams {
+                q: t.q.ptr(),
+                k: t.k.ptr(),
+                v: t.v.ptr(),
+                g: t.g.ptr(),
+                d_o: t.d_o.ptr(),
+                d_q: t.d_q.ptr(),
+                d_k: t.d_k.ptr(),
+                d_g: t.d_g.ptr(),
+                segments: std::ptr::null(),
+                init_state: init,
+                seg_init: std::ptr::null(),
+                d_final_state: t.d_final_state.map_or(null, |b| b.ptr()),
+                seg_end: std::ptr::null(),
+                heads: p.heads as u32,
+                scale: p.output_scale(),
+                has_init: u32::from(t.init_state.is_some()),
+                has_d_final: u32::from(t.d_final_state.is_some()),
+            },
+        });
+        Ok(plan)
     }
 }
 
@@ -232,6 +432,17 @@ impl GlaBackwardPlan {
                 check_view("workspace seg_end", &w.seg_end, state)?;
                 check_view("workspace delta", &w.delta, state)?;
                 check_view("workspace decay_log2", &w.decay_log2, decay)?;
+                if self.seg_init_len > 0 {
+                    match &w.seg_init {
+                        Some(s) => check_view("workspace seg_init", s, self.seg_init_len)?,
+                        None => {
+                            return Err(Error::invalid(
+                                "GLA backward workspace",
+                                "the plan splits a sequence but no seg_init was given",
+                            ));
+                        }
+                    }
+                }
                 Some(w)
             }
             (Some(_), None) => {
@@ -241,14 +452,13 @@ impl GlaBackwardPlan {
                 ));
             }
         };
+        let null = std::ptr::null_mut::<f32>();
         let (seg_end, delta, decay_log2) = match split {
             Some(w) => (w.seg_end.ptr(), w.delta.ptr(), w.decay_log2.ptr()),
-            None => (
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            ),
+            None => (null, null, null),
         };
+        let seg_init = split.and_then(|w| w.seg_init).map_or(null, |s| s.ptr());
+        let entries = split.map_or(std::ptr::null(), |w| w.combine.ptr());
         Ok(self
             .steps
             .iter()
@@ -276,7 +486,7 @@ impl GlaBackwardPlan {
                         grid,
                         (),
                         CombineParams {
-                            entries: split.map_or(std::ptr::null(), |w| w.combine.ptr()),
+                            entries,
                             seg_init: seg_end,
                             delta,
                             decay_log2,
@@ -284,6 +494,51 @@ impl GlaBackwardPlan {
                         },
                     ))
                 }
+                GlaBackwardStep::ForwardStates {
+                    kernel,
+                    grid,
+                    params,
+                } => GlaBackwardLaunch::ForwardStates(Launch::new(
+                    kernel,
+                    grid,
+                    (),
+                    GlaParams {
+                        segments: workspace.segments.ptr(),
+                        seg_init,
+                        delta,
+                        decay_log2,
+                        ..params
+                    },
+                )),
+                GlaBackwardStep::ForwardCombine { grid, params } => {
+                    GlaBackwardLaunch::Combine(Launch::new(
+                        &GLA_COMBINE,
+                        grid,
+                        (),
+                        CombineParams {
+                            entries,
+                            seg_init,
+                            delta,
+                            decay_log2,
+                            ..params
+                        },
+                    ))
+                }
+                GlaBackwardStep::Dqkg {
+                    kernel,
+                    grid,
+                    params,
+                } => GlaBackwardLaunch::Dqkg(Launch::new(
+                    kernel,
+                    grid,
+                    (),
+                    DqkgParams {
+                        segments: workspace.segments.ptr(),
+                        seg_init,
+                        seg_end,
+                        ..params
+                    },
+                )),
             })
             .collect())
     }
@@ -311,8 +566,21 @@ impl GlaBackwardPlan {
                 // SAFETY: the combine entries name consecutive segments of the table (count >=
                 // 2, all of one sequence, seq < N); every buffer has the size the parameters
                 // document (checked); each thread writes its own element of the earlier
-                // segments' end gradients.
+                // segments' end gradients (`gla_bwd_combine`) or of the later segments'
+                // initial states (`gla_combine`, after `gla_states` wrote delta and decay_log2).
                 GlaBackwardLaunch::Combine(l) => unsafe { exec.launch(l)? },
+                // SAFETY: as for the forward's state pass (`GlaPlan::run`): k, g, v have the
+                // problem's sizes (checked), delta and decay_log2 the plan's (checked, no
+                // longer read by the reverse pass, which completed before on the executor);
+                // each block writes only its own segment's slices.
+                GlaBackwardLaunch::ForwardStates(l) => unsafe { exec.launch(l)? },
+                // SAFETY: q, k, v, g, dO and dq, dk, dg have the problem's sizes, the states
+                // and state gradients N * heads * dk * dv elements (checked by the plan);
+                // seg_init and seg_end were written by the combinations before (in order on the
+                // executor) for every segment that is not first, resp. not last; each block
+                // writes only its own segment's rows of dq, dk, dg, which alias nothing (the
+                // caller's contract).
+                GlaBackwardLaunch::Dqkg(l) => unsafe { exec.launch(l)? },
             }
         }
         Ok(())
@@ -325,6 +593,8 @@ impl GlaBackwardLaunch {
         match self {
             GlaBackwardLaunch::Reverse(l) => l.kernel(),
             GlaBackwardLaunch::Combine(l) => l.kernel(),
+            GlaBackwardLaunch::ForwardStates(l) => l.kernel(),
+            GlaBackwardLaunch::Dqkg(l) => l.kernel(),
         }
     }
 
@@ -333,8 +603,94 @@ impl GlaBackwardLaunch {
         match self {
             GlaBackwardLaunch::Reverse(l) => l.config(),
             GlaBackwardLaunch::Combine(l) => l.config(),
+            GlaBackwardLaunch::ForwardStates(l) => l.config(),
+            GlaBackwardLaunch::Dqkg(l) => l.config(),
         }
     }
+}
+
+/// The gradients of the forward's outputs on the device, for [`backward`].
+pub struct GlaOutputGrads<'a> {
+    /// `dL/do` `[B, T, H, dv]`.
+    pub d_o: &'a DeviceBuffer<bf16>,
+    /// `dL/d final_state` `[N, H, dk, dv]`, or zero (the final states unused).
+    pub d_final_state: Option<&'a DeviceBuffer<f32>>,
+}
+
+/// The gradients [`backward`] writes.
+pub struct GlaGradients<'a> {
+    /// `dL/dq` `[B, T, H, dk]`.
+    pub d_q: &'a mut DeviceBuffer<bf16>,
+    /// `dL/dk` `[B, T, H, dk]`.
+    pub d_k: &'a mut DeviceBuffer<bf16>,
+    /// `dL/dv` `[B, T, H, dv]`.
+    pub d_v: &'a mut DeviceBuffer<bf16>,
+    /// `dL/dg` `[B, T, H, dk]` f32 (the log-decays before the clamp: zero where
+    /// `g < G_FLOOR`).
+    pub d_g: &'a mut DeviceBuffer<f32>,
+    /// `dL/d initial_state` `[N, H, dk, dv]` (written whether or not `inputs` has initial
+    /// states).
+    pub d_init_state: &'a mut DeviceBuffer<f32>,
+}
+
+/// The backward pass on `stream`: every gradient of the forward `problem` on `inputs` (the
+/// forward's own inputs: nothing else of the forward is kept), given the gradients of its
+/// outputs. The workspace ([`GlaProblem::plan_backward`]) is allocated here; the call returns
+/// once the kernels finished.
+pub fn backward(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &GlaProblem,
+    inputs: &GlaInputs,
+    out_grads: &GlaOutputGrads,
+    grads: &mut GlaGradients,
+) -> Result<()> {
+    gpu.bind()?;
+    let tensors = GlaBackwardTensors {
+        q: inputs.q.into(),
+        k: inputs.k.into(),
+        v: inputs.v.into(),
+        g: inputs.g.into(),
+        init_state: inputs.init_state.map(|b| b.into()),
+        d_o: out_grads.d_o.into(),
+        d_final_state: out_grads.d_final_state.map(|b| b.into()),
+        d_q: (&mut *grads.d_q).into(),
+        d_k: (&mut *grads.d_k).into(),
+        d_v: (&mut *grads.d_v).into(),
+        d_g: (&mut *grads.d_g).into(),
+        d_init_state: (&mut *grads.d_init_state).into(),
+    };
+    let plan = problem.plan_backward(Target::of(gpu), &tensors)?;
+    let (words, combine_words) = plan.segments.table_words();
+    let segments = upload(&words)?;
+    let mut grad = zeroed::<f32>(plan.grad_len.max(1))?;
+    let mut split = match plan.workspace {
+        Some((state, decay)) => Some((
+            upload(&combine_words)?,
+            zeroed::<f32>(state)?,
+            zeroed::<f32>(state)?,
+            zeroed::<f32>(decay)?,
+            zeroed::<f32>(plan.seg_init_len)?,
+        )),
+        None => None,
+    };
+    let workspace = GlaBackwardWorkspace {
+        segments: (&segments).into(),
+        grad: (&mut grad).into(),
+        split: split.as_mut().map(|(c, e, d, l, i)| GlaBackwardSplit {
+            combine: (&*c).into(),
+            seg_end: e.into(),
+            delta: d.into(),
+            decay_log2: l.into(),
+            seg_init: Some(i.into()),
+        }),
+    };
+    // SAFETY: every view is a live allocation of this GPU's context (the inputs borrowed, the
+    // gradients mutably borrowed, so distinct from each other and from the inputs; the
+    // workspace fresh), of the sizes the plan checked; the table holds the plan's words; the
+    // call waits for the kernels before the workspace is dropped.
+    unsafe { plan.run(&OnStream { gpu, stream }, &workspace) }?;
+    gpu.sync(stream, "GLA backward")
 }
 
 #[cfg(test)]
@@ -371,6 +727,7 @@ mod tests {
                 seg_end: view(11 << 30, state),
                 delta: view(12 << 30, state),
                 decay_log2: view(13 << 30, decay),
+                seg_init: (plan.seg_init_len > 0).then(|| view(14 << 30, plan.seg_init_len)),
             }),
         };
         let launches = plan.launches(&ws).unwrap();
@@ -407,6 +764,91 @@ mod tests {
                 "gla_bwd_dhdv_dk128_dv64"
             ]
         );
+    }
+
+    fn full_tensors<'a>(p: &GlaProblem) -> GlaBackwardTensors<'a> {
+        let r = tensors(p);
+        GlaBackwardTensors {
+            q: r.q,
+            k: r.k,
+            v: view(15 << 30, p.v_len()),
+            g: r.g,
+            init_state: Some(view(16 << 30, p.state_len())),
+            d_o: r.d_o,
+            d_final_state: r.d_final_state,
+            d_q: view(17 << 30, p.qk_len()),
+            d_k: view(18 << 30, p.qk_len()),
+            d_v: r.d_v,
+            d_g: view(19 << 30, p.qk_len()),
+            d_init_state: r.d_init_state,
+        }
+    }
+
+    #[test]
+    fn the_whole_backward_adds_the_forward_states_when_split_and_dqkg() {
+        let target = Target {
+            arch: Arch::Sm90a,
+            multiprocessors: 132,
+        };
+        let p = GlaProblem::new(2, 77, 4, 128, 128);
+        let plan = p.plan_backward(target, &full_tensors(&p)).unwrap();
+        assert_eq!(plan.seg_init_len, 0);
+        assert_eq!(
+            checked_names(&plan),
+            ["gla_bwd_dhdv_dk128_dv128", "gla_bwd_dqkg_dk128_dv128"]
+        );
+        let launches = plan
+            .launches(&GlaBackwardWorkspace {
+                segments: view(8 << 30, 4 * plan.segments.segments.len()),
+                grad: view(9 << 30, plan.grad_len),
+                split: None,
+            })
+            .unwrap();
+        let dqkg = launches[1].config();
+        assert_eq!(dqkg.grid, (2, 4, 1));
+        assert_eq!(
+            dqkg.shared_mem_bytes,
+            kernel_abi::gla::backward::dqkg_smem_bytes(128, 128)
+        );
+
+        let p = GlaProblem::new(1, 300, 2, 64, 128).with_segment_len(64);
+        let plan = p.plan_backward(target, &full_tensors(&p)).unwrap();
+        assert_eq!(plan.segments.segments.len(), 5);
+        assert_eq!(plan.workspace, Some((5 * 2 * 64 * 128, 5 * 2 * 64)));
+        assert_eq!(plan.seg_init_len, 5 * 2 * 64 * 128);
+        assert_eq!(
+            checked_names(&plan),
+            [
+                "gla_bwd_states_dk64_dv128",
+                "gla_bwd_combine",
+                "gla_bwd_dhdv_dk64_dv128",
+                "gla_states_dk64_dv128",
+                "gla_combine",
+                "gla_bwd_dqkg_dk64_dv128",
+            ]
+        );
+        // A split plan without seg_init is refused.
+        let (seg, comb) = plan.segments.table_words();
+        let (state, decay) = plan.workspace.unwrap();
+        let ws = GlaBackwardWorkspace {
+            segments: view(8 << 30, seg.len()),
+            grad: view(9 << 30, plan.grad_len),
+            split: Some(GlaBackwardSplit {
+                combine: view(10 << 30, comb.len()),
+                seg_end: view(11 << 30, state),
+                delta: view(12 << 30, state),
+                decay_log2: view(13 << 30, decay),
+                seg_init: None,
+            }),
+        };
+        assert!(plan.launches(&ws).is_err());
+        // Short gradients are refused.
+        let mut t = full_tensors(&p);
+        t.d_g = view(19 << 30, p.qk_len() - 1);
+        assert!(p.plan_backward(target, &t).is_err());
+        let mut t = full_tensors(&p);
+        t.v = view(15 << 30, p.v_len() - 1);
+        assert!(p.plan_backward(target, &t).is_err());
     }
 
     #[test]

@@ -54,14 +54,19 @@
 //! ([`RawGlaTensors`]) with a workspace the caller allocates ([`workspace_lens`]:
 //! [`RawGlaWorkspace`]), into which it writes the segment tables itself.
 //!
-//! # Backward (in progress)
-//! The gradients are specified by [`reference::backward`] (f64). Of the kernels, the reverse
-//! pass exists: [`GlaProblem::plan_reverse_pass`] plans it on its tensors
-//! ([`GlaReverseTensors`]) into a [`GlaBackwardPlan`] that runs on any executor with its
-//! workspace ([`GlaBackwardWorkspace`]); it writes dv, the initial states' gradients and the
-//! state gradient at every [`G_BLOCK`]-token block end ([`grad_slot`]), on the forward
-//! baseline's segments (split sequences through a state pass and a combination, as the
-//! forward). dq, dk and dg are not computed yet.
+//! # Backward
+//! The gradients are specified by [`reference::backward`] (f64). [`GlaProblem::plan_backward`]
+//! plans every gradient on its tensors ([`GlaBackwardTensors`]: the forward's inputs q, k, v, g
+//! and initial state, dO, the final states' gradient if any; written dq, dk, dv, dg (f32) and
+//! the initial states' gradient) into a [`GlaBackwardPlan`] that runs on any executor with its
+//! workspace ([`GlaBackwardWorkspace`]); [`backward`] does it on `cust` buffers, allocating
+//! the workspace. Nothing of the forward is kept beyond its inputs. The launches: the reverse
+//! pass (dv, the initial states' gradients, the gradient at every segment's end and every
+//! [`G_BLOCK`]-token block end, [`grad_slot`]; [`GlaProblem::plan_reverse_pass`] plans it
+//! alone), for split sequences the forward's state pass and combination (the state at every
+//! segment's start), then `gla_bwd_dqkg` (dq, dk, dg), all on the forward baseline's segments.
+//! Workspace: the segment table, `grad_slots * heads * dk * dv` f32 of block gradients, and
+//! for split sequences `(4 dk dv + dk) * 4` bytes per segment and head.
 
 mod backward;
 mod device;
@@ -72,8 +77,8 @@ pub mod reference;
 
 pub use crate::attention::Target;
 pub use backward::{
-    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardWorkspace,
-    GlaReverseTensors,
+    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardTensors,
+    GlaBackwardWorkspace, GlaGradients, GlaOutputGrads, GlaReverseTensors, backward,
 };
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;

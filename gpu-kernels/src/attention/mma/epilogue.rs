@@ -2,23 +2,23 @@
 //! and stored, and the LSE.
 
 use super::super::elem::Elem;
+use super::super::seq::Layout;
 use super::mainloop::Warp;
-use crate::arch::{index, math, warp};
-use kernel_abi::attention::AttentionParams;
+use crate::arch::{math, warp};
 
 /// Finish the row sums across the quad, normalize, store O and LSE (rows with no allowed key
 /// get O = 0 and LSE = -inf).
 #[inline(always)]
-pub(super) fn store_output<E: Elem, const MT: usize, const DT: usize>(
-    p: &AttentionParams,
+pub(super) fn store_output<L: Layout, E: Elem, const MT: usize, const DT: usize>(
+    pp: &L::Params,
+    seq: &L,
     w: &Warp,
     o: &[[[f32; 4]; DT]; MT],
     row_max: &[[f32; 2]; MT],
     row_sum: &[[f32; 2]; MT],
 ) {
-    let (head, batch) = (index::block_idx_y(), index::block_idx_z());
-    let o_base =
-        p.o.wrapping_add((batch as u64 * p.o_strides[0] + head as u64 * p.o_strides[2]) as usize);
+    let p = L::base(pp);
+    let o_base = p.o.wrapping_add(seq.o_offset(pp) as usize);
     for mt in 0..MT {
         for h in 0..2 {
             let mut sum = row_sum[mt][h];
@@ -38,14 +38,13 @@ pub(super) fn store_output<E: Elem, const MT: usize, const DT: usize>(
                 let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
                 for d in 0..DT {
                     let v = E::pack(o[mt][d][2 * h] * inv, o[mt][d][2 * h + 1] * inv);
-                    // SAFETY: row i < seq_q and column 8 d + 2 t + 1 < D: inside O; the address
+                    // SAFETY: row i < seq_q of the sequence and column 8 d + 2 t + 1 < D: inside O; the address
                     // is 4-byte aligned (16-byte aligned rows, even column).
                     unsafe { *(dst.wrapping_add(8 * d + 2 * w.t as usize) as *mut u32) = v };
                 }
                 if w.t == 0 {
-                    let idx =
-                        (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64 + i as u64;
-                    // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
+                    let idx = seq.lse_index(pp, i);
+                    // SAFETY: row i < seq_q of this (sequence, head): inside LSE.
                     unsafe { *p.lse.add(idx as usize) = lse };
                 }
             }

@@ -1,13 +1,19 @@
 //! `attention_fwd_{bf16,f16}_d{64,128,256}`: fused attention forward, FlashAttention-2 style,
-//! on `mma.sync` tensor cores (runs on any GPU of compute capability >= 8.0).
+//! on `mma.sync` tensor cores (runs on any GPU of compute capability >= 8.0), and
+//! `attention_fwd_varlen_{bf16,f16}_d{64,128,256}`, the same body over packed sequences.
 //!
 //! # Parameters
 //! [`AttentionParams`]: Q, K, V, O with arbitrary batch/sequence/head strides (head dimension
 //! contiguous, every row 16-byte aligned), LSE `[batch, heads_q, seq_q]` f32, sizes, the softmax
 //! scale (times log2 e), the bottom-right-aligned window (`window_right = 0` is causal).
+//! [`AttentionVarlenParams`]: the same around packed `[total, heads, D]` tensors whose sequences
+//! `cu_seqlens_q`/`cu_seqlens_k` mark, LSE `[heads_q, total_q]`; the body reaches its rows
+//! through a [`Layout`] ([`Dense`] or [`Packed`], `super::seq`), and under [`Packed`] a block
+//! whose query block starts past its sequence's end returns before its first barrier (the grid
+//! is sized for the longest sequence; the exit is uniform across the block).
 //!
 //! # Tiling
-//! One block computes `block_m` = 128 query rows of one (batch, head), walking the keys its rows
+//! One block computes `block_m` = 128 query rows of one (batch or sequence, head), walking the keys its rows
 //! may attend in steps of `block_n` through a `stages`-deep ring of K/V tiles in shared memory
 //! ([`kernel_abi::attention::tile_config`] is the table, per head dimension). Blocks whose keys
 //! all lie outside every row's window are skipped entirely (causal: the upper triangle). Rows
@@ -58,10 +64,13 @@ mod epilogue;
 mod mainloop;
 
 use super::elem::{Bf16, Elem, F16};
+use super::seq::{Dense, Layout, Packed};
 use super::softmax::{softmax_folded_p, softmax_folded_rescale, softmax_update};
 use crate::arch::{cp_async, index, smem, sync};
 use epilogue::store_output;
-use kernel_abi::attention::{AttentionParams, TUNING_VARIANTS, TileConfig, tile_config_of};
+use kernel_abi::attention::{
+    AttentionParams, AttentionVarlenParams, TUNING_VARIANTS, TileConfig, tile_config_of,
+};
 use mainloop::{Warp, load_tile, mask, mask_and_scale, pv, q_fragment, qk};
 
 /// The forward pass; see the module documentation. `MT` m16 tiles per warp, `DT = D / 8`,
@@ -73,6 +82,7 @@ use mainloop::{Warp, load_tile, mask, mask_and_scale, pv, q_fragment, qk};
 /// fields the const parameters repeat.
 #[inline(always)]
 unsafe fn forward<
+    L: Layout,
     E: Elem,
     const D: u32,
     const MT: usize,
@@ -89,7 +99,7 @@ unsafe fn forward<
     const SM: u32,
     const THREADS: u32,
 >(
-    p: &AttentionParams,
+    pp: &L::Params,
     cfg: &TileConfig,
 ) {
     const { assert!(DT as u32 * 8 == D && DK as u32 * 16 == D) };
@@ -99,6 +109,7 @@ unsafe fn forward<
         )
     };
     const { assert!(STAGES >= 2 && WAIT == STAGES - 2) };
+    let p = L::base(pp);
     let lane = index::lane_id();
     let m_block = if p.reverse_m != 0 {
         p.num_m_blocks - 1 - index::block_idx_x()
@@ -107,18 +118,24 @@ unsafe fn forward<
     };
     let (head, batch) = (index::block_idx_y(), index::block_idx_z());
     let head_kv = head / (p.heads_q / p.heads_kv);
+    // SAFETY: the grid is (num_m_blocks, heads_q, batch) (the caller's contract).
+    let seq = unsafe { L::locate(pp, batch, head, head_kv) };
     let m0 = m_block * BM;
+    // Uniform across the block: every thread leaves before any barrier.
+    if L::MAY_BE_PAST_END && m0 >= seq.seq_q(pp) {
+        return;
+    }
     let w = Warp {
         lane,
         g: lane / 4,
         t: lane % 4,
         warp_row: index::warp_id() * 16 * MT as u32,
         m0,
-        rows_valid: (p.seq_q - m0).min(BM),
-        offset: p.seq_k as i32 - p.seq_q as i32,
+        rows_valid: (seq.seq_q(pp) - m0).min(BM),
+        offset: seq.seq_k(pp) as i32 - seq.seq_q(pp) as i32,
         window_left: p.window_left,
         window_right: p.window_right,
-        seq_k: p.seq_k as i32,
+        seq_k: seq.seq_k(pp) as i32,
         scale_log2: p.scale_log2,
     };
 
@@ -132,9 +149,9 @@ unsafe fn forward<
         0
     };
     let n_hi = if p.window_right >= 0 {
-        (last_row + offset + p.window_right as i64 + 1).min(p.seq_k as i64)
+        (last_row + offset + p.window_right as i64 + 1).min(seq.seq_k(pp) as i64)
     } else {
-        p.seq_k as i64
+        seq.seq_k(pp) as i64
     };
 
     let mut o = [[[0.0f32; 4]; DT]; MT];
@@ -142,15 +159,9 @@ unsafe fn forward<
     let mut row_sum = [[0.0f32; 2]; MT];
 
     if n_hi > n_lo {
-        let q_base = p
-            .q
-            .wrapping_add((batch as u64 * p.q_strides[0] + head as u64 * p.q_strides[2]) as usize);
-        let k_base = p.k.wrapping_add(
-            (batch as u64 * p.k_strides[0] + head_kv as u64 * p.k_strides[2]) as usize,
-        );
-        let v_base = p.v.wrapping_add(
-            (batch as u64 * p.v_strides[0] + head_kv as u64 * p.v_strides[2]) as usize,
-        );
+        let q_base = p.q.wrapping_add(seq.q_offset(pp) as usize);
+        let k_base = p.k.wrapping_add(seq.k_offset(pp) as usize);
+        let v_base = p.v.wrapping_add(seq.v_offset(pp) as usize);
         let smem = smem::aligned_base();
         let q_s = smem + cfg.q_offset() as u32;
         let k_s = |stage: u32| smem + cfg.k_offset(stage) as u32;
@@ -161,7 +172,7 @@ unsafe fn forward<
         let (ks, vs) = (p.k_strides[1], p.v_strides[1]);
         let load_kv = |step: u32, stage: u32| {
             let first = n0(step);
-            let valid = (p.seq_k - first).min(BN);
+            let valid = (seq.seq_k(pp) - first).min(BN);
             load_tile::<D, BN, THREADS>(k_s(stage), k_base, first as u64 * ks, ks, valid);
             load_tile::<D, BN, THREADS>(v_s(stage), v_base, first as u64 * vs, vs, valid);
         };
@@ -224,15 +235,16 @@ unsafe fn forward<
         }
         cp_async::wait_all();
     }
-    store_output::<E, MT, DT>(p, &w, &o, &row_max, &row_sum);
+    store_output::<L, E, MT, DT>(pp, &seq, &w, &o, &row_max, &row_sum);
 }
 
 /// The body of a kernel with element type `$elem` and tile configuration `$cfg` (a constant
 /// expression) on the parameter struct `$p`.
 macro_rules! attention_body {
-    ($p:expr, $elem:ty, $cfg:expr) => {{
+    ($layout:ty, $p:expr, $elem:ty, $cfg:expr) => {{
         const CFG: kernel_abi::attention::TileConfig = $cfg;
         forward::<
+            $layout,
             $elem,
             { CFG.head_dim },
             { CFG.warp_m_tiles as usize },
@@ -253,40 +265,41 @@ macro_rules! attention_body {
 }
 
 /// Declare the kernels: the PTX entry points (with their launch bounds) and, in host builds,
-/// the emulator's table of the same bodies.
+/// the emulator's table `$table` of the same bodies: [`forward`] on parameters `$params` in the
+/// layout `$layout` ([`Dense`] or [`Packed`]).
 macro_rules! attention_kernels {
-    ($( $name:ident, $elem:ty, $cfg:expr; )*) => {
+    ($table:ident, $params:ty, $layout:ty; $( $name:ident, $elem:ty, $cfg:expr; )*) => {
         $(
             /// See the module documentation (the tile configuration named in the macro call).
             ///
             /// # Safety
             /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's threads
-            /// and shared memory, and parameters satisfying [`AttentionParams`]'s contract
-            /// (validated by the host).
+            /// and shared memory, and parameters satisfying their type's contract (validated by
+            /// the host).
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $name(p: AttentionParams) {
+            pub unsafe extern "ptx-kernel" fn $name(p: $params) {
                 crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
                 // SAFETY: forwarded to the caller.
-                unsafe { attention_body!(p, $elem, $cfg) }
+                unsafe { attention_body!($layout, p, $elem, $cfg) }
             }
         )*
 
-        /// The kernels of this family, for the CPU emulator (`crate::emu`).
+        /// Kernels of this family, for the CPU emulator (`crate::emu`).
         #[cfg(not(target_arch = "nvptx64"))]
-        pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
+        pub const $table: &[crate::emu::EmuKernel] = &[
             $(
                 crate::emu::EmuKernel {
                     name: stringify!($name),
-                    params: core::mem::size_of::<AttentionParams>(),
+                    params: core::mem::size_of::<$params>(),
                     threads: $cfg.threads(),
                     run: {
                         unsafe fn run(p: *const u8) {
                             // SAFETY: the emulator passes a parameter struct of this kernel's
                             // type (it checks the size), whose contract the caller upholds.
                             unsafe {
-                                let p = core::ptr::read_unaligned(p as *const AttentionParams);
-                                attention_body!(p, $elem, $cfg)
+                                let p = core::ptr::read_unaligned(p as *const $params);
+                                attention_body!($layout, p, $elem, $cfg)
                             }
                         }
                         run
@@ -298,6 +311,7 @@ macro_rules! attention_kernels {
 }
 
 attention_kernels! {
+    EMU_KERNELS, AttentionParams, Dense;
     attention_fwd_bf16_d64, Bf16, tile_config_of(64);
     attention_fwd_bf16_d128, Bf16, tile_config_of(128);
     attention_fwd_bf16_d256, Bf16, tile_config_of(256);
@@ -312,4 +326,15 @@ attention_kernels! {
     attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1;
     attention_fwd_bf16_d128_scaled, Bf16, TUNING_VARIANTS[5].1;
     attention_fwd_bf16_d128_n64lazy, Bf16, TUNING_VARIANTS[6].1;
+}
+
+// Packed sequences (`kernel_abi::attention::MMA_VARLEN_KERNELS`): the default tiles.
+attention_kernels! {
+    VARLEN_EMU_KERNELS, AttentionVarlenParams, Packed;
+    attention_fwd_varlen_bf16_d64, Bf16, tile_config_of(64);
+    attention_fwd_varlen_bf16_d128, Bf16, tile_config_of(128);
+    attention_fwd_varlen_bf16_d256, Bf16, tile_config_of(256);
+    attention_fwd_varlen_f16_d64, F16, tile_config_of(64);
+    attention_fwd_varlen_f16_d128, F16, tile_config_of(128);
+    attention_fwd_varlen_f16_d256, F16, tile_config_of(256);
 }

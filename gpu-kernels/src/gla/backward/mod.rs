@@ -3,7 +3,7 @@
 //! the f64 reverse sweep in `host/src/gla/reference/backward.rs`; design: bench/NOTES.md ("GLA
 //! backward: plan").
 //!
-//! So far the reverse pass: `gla_bwd_dhdv_dk{DK}_dv{DV}` computes dv, and the gradient
+//! The reverse pass: `gla_bwd_dhdv_dk{DK}_dv{DV}` computes dv, and the gradient
 //! `G = dL/dS` of the state at the end of every
 //! [`G_BLOCK`](kernel_abi::gla::backward::G_BLOCK)-token block of a segment and of the
 //! segment's initial state. A segment starts from the gradient of its end state: `dL/dS_final`
@@ -11,7 +11,10 @@
 //! pass and combination mirrored: `gla_bwd_states_dk{DK}_dv{DV}` (the same walk from a zero
 //! gradient, without dv or stored gradients: the gradient each segment but the first adds at
 //! its start, and its total decay) and `gla_bwd_combine` (`combine.rs`: `seg_end` of every
-//! segment but the last, chained from the sequence's end).
+//! segment but the last, chained from the sequence's end). Then `gla_bwd_dqkg_dk{DK}_dv{DV}`
+//! (`dqkg.rs`, its own tiling and barrier protocol there) computes dq, dk and dg token by token
+//! from the segment's initial state (the forward's state pass and combination) and its end
+//! gradient.
 //!
 //! # Parameters
 //! [`DhdvParams`]: contiguous q, k, g `[rows, H, DK]`, dO, dv `[rows, H, DV]` in bf16, f32
@@ -60,11 +63,13 @@
 
 mod combine;
 mod dhdv;
+mod dqkg;
 mod dv;
 mod elementwise;
 
 use dhdv::walk_dhdv;
-use kernel_abi::gla::backward::DhdvParams;
+use dqkg::dqkg;
+use kernel_abi::gla::backward::{DQKG_LANES, DhdvParams, DqkgParams, dqkg_threads};
 use kernel_abi::gla::{GlaConfig, GlaLayout, config_of};
 
 /// The body of `gla_bwd_dhdv` (`$full = true`) or `gla_bwd_states` (`false`) for one
@@ -91,8 +96,31 @@ macro_rules! dhdv_body {
 /// Declare the kernels of each head-dimension pair: the PTX entry points (with their launch
 /// bounds) and, in host builds, the emulator's table of the same bodies (`gla_bwd_combine`
 /// included).
+/// The body of `gla_bwd_dqkg` for one head-dimension pair: [`dqkg`] with its constants.
+macro_rules! dqkg_body {
+    ($p:expr, $dk:literal, $dv:literal) => {
+        dqkg::<$dk, $dv, { dqkg_threads($dk) }, { ($dv / DQKG_LANES) as usize }>(&$p)
+    };
+}
+
 macro_rules! bwd_kernels {
-    ($( $dhdv:ident, $states:ident, $dk:literal, $dv:literal; )*) => {
+    ($( $dhdv:ident, $states:ident, $dqkg:ident, $dk:literal, $dv:literal; )*) => {
+        $(
+            /// `gla_bwd_dqkg` for this pair of head dimensions; see `dqkg.rs`.
+            ///
+            /// # Safety
+            /// Grid `(segments, heads)`, `dqkg_threads(DK)` threads and `dqkg_smem_bytes`,
+            /// parameters satisfying [`DqkgParams`]'s contract (validated by the host);
+            /// `seg_init` and `seg_end` written by the forward's and the backward's
+            /// combinations for split sequences.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $dqkg(p: DqkgParams) {
+                crate::launch_bounds!($dqkg in kernel_abi::gla::KERNELS);
+                // SAFETY: forwarded to the caller.
+                unsafe { dqkg_body!(p, $dk, $dv) }
+            }
+        )*
         $(
             /// `gla_bwd_dhdv` for this pair of head dimensions; see the module documentation.
             ///
@@ -158,6 +186,21 @@ macro_rules! bwd_kernels {
                         run
                     },
                 },
+                crate::emu::EmuKernel {
+                    name: stringify!($dqkg),
+                    params: core::mem::size_of::<DqkgParams>(),
+                    threads: dqkg_threads($dk),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: as for the `gla_bwd_dhdv` entries.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const DqkgParams);
+                                dqkg_body!(p, $dk, $dv)
+                            }
+                        }
+                        run
+                    },
+                },
             )*
             crate::emu::EmuKernel {
                 name: "gla_bwd_combine",
@@ -180,8 +223,8 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    gla_bwd_dhdv_dk64_dv64, gla_bwd_states_dk64_dv64, 64, 64;
-    gla_bwd_dhdv_dk64_dv128, gla_bwd_states_dk64_dv128, 64, 128;
-    gla_bwd_dhdv_dk128_dv64, gla_bwd_states_dk128_dv64, 128, 64;
-    gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, 128, 128;
+    gla_bwd_dhdv_dk64_dv64, gla_bwd_states_dk64_dv64, gla_bwd_dqkg_dk64_dv64, 64, 64;
+    gla_bwd_dhdv_dk64_dv128, gla_bwd_states_dk64_dv128, gla_bwd_dqkg_dk64_dv128, 64, 128;
+    gla_bwd_dhdv_dk128_dv64, gla_bwd_states_dk128_dv64, gla_bwd_dqkg_dk128_dv64, 128, 64;
+    gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, gla_bwd_dqkg_dk128_dv128, 128, 128;
 }

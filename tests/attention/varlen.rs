@@ -1,0 +1,672 @@
+//! Attention forward over packed sequences (`attention::forward_varlen`, the
+//! `attention_fwd_varlen_*` kernels) against the f64 reference per sequence
+//! (`attention::reference_varlen`), with the dense tests' tolerance: `max |O - ref| <=
+//! 2 max |O_naive - ref| + 1e-3` (`O_naive` the same-precision naive computation per sequence),
+//! LSE within `1e-3 max(1, |ref|)` and `-inf` exactly where the reference has it (rows with no
+//! allowed key, sequences without keys); outputs poisoned with NaN before the run, so every
+//! element must be written.
+//!
+//! Names: `attention_varlen/emulated/*` (the kernels' own code in the CPU emulator),
+//! `attention_varlen/gpu/*` (a GPU).
+
+use super::{Case, case};
+use kernel_tests::emu::{Emulator, HostBuf};
+use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
+use kernels::attention::{
+    self, AttentionElem, AttentionTensors, AttentionVarlenProblem, AttentionVarlenTensors,
+    CuSeqlens, Dtype, Target, View,
+};
+use kernels::data::rng;
+use kernels::memory::{download, download_range, poisoned, upload};
+use kernels::{Arch, Gpu, bf16, f16};
+use rand::Rng;
+
+/// A packed batch: each sequence's `(seq_q, seq_k)`, the heads, the options.
+#[derive(Clone, Debug)]
+struct VarlenCase {
+    lens: Vec<(usize, usize)>,
+    p: AttentionVarlenProblem,
+    seed: u64,
+}
+
+fn vcase(lens: &[(usize, usize)], hq: usize, hkv: usize, d: usize, dtype: Dtype) -> VarlenCase {
+    let seqlens = CuSeqlens::from_lens(lens).expect("valid lengths");
+    let seed = lens
+        .iter()
+        .fold((hq * 17 + hkv * 5 + d) as u64, |s, &(a, b)| {
+            s * 31 + (a * 7919 + b) as u64
+        });
+    VarlenCase {
+        lens: lens.to_vec(),
+        p: AttentionVarlenProblem::new(&seqlens, hq, hkv, d, dtype),
+        seed,
+    }
+}
+
+fn name(c: &VarlenCase) -> String {
+    let p = &c.p;
+    let lens: Vec<String> = c.lens.iter().map(|(a, b)| format!("{a}x{b}")).collect();
+    let mut s = format!(
+        "{:?}_d{}_h{}x{}_lens{}",
+        p.dtype,
+        p.head_dim,
+        p.heads_q,
+        p.heads_kv,
+        lens.join("_")
+    )
+    .to_lowercase();
+    if p.causal {
+        s.push_str("_causal");
+    }
+    if p.window != (None, None) {
+        s.push_str(
+            &format!("_win{:?}_{:?}", p.window.0, p.window.1)
+                .replace("Some(", "")
+                .replace(')', "")
+                .replace("None", "inf"),
+        );
+    }
+    s
+}
+
+fn seqlens(c: &VarlenCase) -> CuSeqlens {
+    CuSeqlens::from_lens(&c.lens).expect("valid lengths")
+}
+
+/// Packed Q, K, V uniform in `[-1, 1)`.
+fn inputs<T: AttentionElem>(c: &VarlenCase) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let mut r = rng(c.seed);
+    let mut draw = |n: usize| -> Vec<T> {
+        (0..n)
+            .map(|_| T::from_f32(r.random_range(-1.0..1.0)))
+            .collect()
+    };
+    let p = &c.p;
+    let qn = p.q_shape().iter().product();
+    let kn = p.kv_shape().iter().product();
+    (draw(qn), draw(kn), draw(kn))
+}
+
+/// Small cases for the emulator (D = 128 unless noted): empty sequences (no query rows, no key
+/// rows), length 1, `seq_q != seq_k`, a sequence over one query block (130 > 128 rows), odd
+/// lengths, every mask, grouped-query heads, the other head dimensions and f16.
+fn emulated_cases() -> Vec<VarlenCase> {
+    let mixed = [(17, 9), (0, 5), (1, 1), (40, 0), (130, 70)];
+    let mut v = vec![vcase(&mixed, 2, 1, 128, Dtype::Bf16)];
+    let mut c = vcase(&mixed, 2, 1, 128, Dtype::Bf16);
+    c.p.causal = true;
+    v.push(c);
+    let mut c = vcase(&[(50, 80), (129, 129), (3, 200)], 1, 1, 128, Dtype::Bf16);
+    c.p.window = (Some(20), Some(3));
+    v.push(c);
+    let mut c = vcase(
+        &[(33, 65), (7, 7), (0, 0), (65, 33)],
+        4,
+        2,
+        128,
+        Dtype::Bf16,
+    );
+    c.p.causal = true;
+    v.push(c);
+    let mut c = vcase(&[(19, 45), (70, 3)], 2, 2, 64, Dtype::Bf16);
+    c.p.window = (Some(8), None);
+    v.push(c);
+    v.push(vcase(&[(5, 33), (21, 1)], 2, 1, 256, Dtype::Bf16));
+    let mut c = vcase(&[(31, 31), (2, 90)], 2, 2, 128, Dtype::F16);
+    c.p.causal = true;
+    v.push(c);
+    v
+}
+
+/// Larger cases for the GPU: every head dimension and dtype, long and empty sequences, every
+/// mask, grouped-query and multi-query heads.
+fn gpu_cases() -> Vec<VarlenCase> {
+    let mut v = Vec::new();
+    let lens = [
+        (1, 1),
+        (113, 203),
+        (0, 17),
+        (239, 1),
+        (1023, 1024),
+        (64, 0),
+        (799, 3),
+    ];
+    for d in [64, 128, 256] {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for causal in [false, true] {
+                let mut c = vcase(&lens, 4, 2, d, dtype);
+                c.p.causal = causal;
+                v.push(c);
+            }
+        }
+    }
+    for hkv in [8, 2, 1] {
+        v.push(vcase(
+            &[(257, 300), (300, 257), (5, 5)],
+            8,
+            hkv,
+            128,
+            Dtype::Bf16,
+        ));
+    }
+    let mut c = vcase(&[(500, 700), (700, 500), (33, 1)], 4, 4, 64, Dtype::Bf16);
+    c.p.window = (Some(64), Some(32));
+    v.push(c);
+    let mut c = vcase(&[(256, 256), (300, 100), (1, 400)], 2, 2, 256, Dtype::Bf16);
+    c.p.window = (Some(17), Some(0));
+    v.push(c);
+    // Many short sequences (a training batch of documents).
+    let many: Vec<(usize, usize)> = (0..64)
+        .map(|i| (1 + (i * 37) % 97, 1 + (i * 53) % 89))
+        .collect();
+    let mut c = vcase(&many, 4, 1, 128, Dtype::Bf16);
+    c.p.causal = true;
+    v.push(c);
+    v
+}
+
+/// Compare O `[total_q, heads_q, D]` and LSE `[heads_q, total_q]` with the reference.
+fn compare<T: AttentionElem>(
+    what: &str,
+    c: &VarlenCase,
+    (q, k, v): (&[T], &[T], &[T]),
+    o: &[T],
+    lse: &[f32],
+) -> TestResult {
+    let s = seqlens(c);
+    let want = attention::reference_varlen(&c.p, &s, q, k, v);
+    let naive = attention::naive_varlen_same_precision(&c.p, &s, q, k, v);
+    let max_diff = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    };
+    let naive_err = max_diff(&naive.o, &want.o);
+    let tol = 2.0 * naive_err + 1e-3;
+    let got: Vec<f64> = o.iter().map(|x| x.to_f32() as f64).collect();
+    ensure(got.iter().all(|x| x.is_finite()), || {
+        format!("{what}: O has NaN or inf (or an unwritten element)")
+    })?;
+    let err = max_diff(&got, &want.o);
+    let mut lse_err = 0.0f64;
+    for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
+        if w == f64::NEG_INFINITY {
+            ensure(g == f32::NEG_INFINITY, || {
+                format!("{what}: LSE[{i}] = {g}, the row has no allowed key")
+            })?;
+            continue;
+        }
+        ensure(g.is_finite(), || {
+            format!("{what}: LSE[{i}] = {g}, want {w}")
+        })?;
+        lse_err = lse_err.max((g as f64 - w).abs() / w.abs().max(1.0));
+    }
+    let empty_rows = want.lse.iter().filter(|x| **x == f64::NEG_INFINITY).count();
+    println!(
+        "{what}: max |O - ref| = {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3), LSE rel err {lse_err:.3e}, {empty_rows} empty rows"
+    );
+    ensure(err <= tol, || {
+        format!("{what}: max |O - ref| {err:.3e} > {tol:.3e}")
+    })?;
+    ensure(lse_err <= 1e-3, || {
+        format!("{what}: LSE error {lse_err:.3e} > 1e-3")
+    })
+}
+
+/// The plan's kernels run on: sm_80 (the emulator runs the `mma.sync` kernels).
+const EMULATED: Target = Target {
+    arch: Arch::Sm80,
+    multiprocessors: 1,
+};
+
+/// Outputs of an emulated run: O, LSE, and whether every buffer's guards stayed intact.
+type EmulatedOut<T> = (Vec<T>, Vec<f32>, bool);
+
+/// Run the packed forward of `c` in the emulator on `(q, k, v)` with the boundaries `cu_q`,
+/// `cu_k` as the kernel reads them (possibly not `c`'s: the clamping test).
+fn emulate<T: AttentionElem>(
+    c: &VarlenCase,
+    (q, k, v): (&[T], &[T], &[T]),
+    (cu_q, cu_k): (&[i32], &[i32]),
+) -> Result<EmulatedOut<T>, String> {
+    let p = &c.p;
+    let (mut dq, mut dk, mut dv) = (
+        HostBuf::from_slice(q),
+        HostBuf::from_slice(k),
+        HostBuf::from_slice(v),
+    );
+    let (mut cq, mut ck) = (HostBuf::from_slice(cu_q), HostBuf::from_slice(cu_k));
+    let mut o = HostBuf::filled(q.len(), T::from_f32(f32::NAN));
+    let mut lse = HostBuf::filled(p.lse_len(), f32::NAN);
+    let tensors = AttentionVarlenTensors {
+        q: View::packed_contiguous(dq.view(), p.q_shape()),
+        k: View::packed_contiguous(dk.view(), p.kv_shape()),
+        v: View::packed_contiguous(dv.view(), p.kv_shape()),
+        o: View::packed_contiguous(o.view(), p.q_shape()),
+        lse: lse.view(),
+        cu_seqlens_q: cq.view(),
+        cu_seqlens_k: ck.view(),
+    };
+    let plan = p.plan(&tensors).map_err(|e| e.to_string())?;
+    // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
+    // (synchronous) emulated launch; O and LSE overlap nothing.
+    unsafe { plan.run(&Emulator) }.map_err(|e| e.to_string())?;
+    let intact = [dq.guards_intact(), dk.guards_intact(), dv.guards_intact()]
+        .into_iter()
+        .chain([cq.guards_intact(), ck.guards_intact()])
+        .chain([o.guards_intact(), lse.guards_intact()])
+        .all(|x| x);
+    Ok((o.to_vec(), lse.to_vec(), intact))
+}
+
+fn run_emulated<T: AttentionElem>(c: &VarlenCase) -> TestResult {
+    let (q, k, v) = inputs::<T>(c);
+    let s = seqlens(c);
+    let what = format!("emulated {} (seed {})", name(c), c.seed);
+    let (o, lse, intact) =
+        emulate(c, (&q, &k, &v), (s.q(), s.k())).map_err(|e| format!("{what}: {e}"))?;
+    ensure(intact, || format!("{what}: a write outside its buffer"))?;
+    compare(&what, c, (&q, &k, &v), &o, &lse)
+}
+
+/// Sequences of equal lengths, packed, give bitwise the dense kernel's outputs (the same body
+/// on the other layout; LSE transposed from `[batch, heads, seq]` to `[heads, batch seq]`).
+fn emulated_matches_dense() -> TestResult {
+    let (b, sq, sk, hq, hkv, d) = (3, 70, 45, 2, 1, 128);
+    let mut c = vcase(&vec![(sq, sk); b], hq, hkv, d, Dtype::Bf16);
+    c.p.causal = true;
+    let (q, k, v) = inputs::<bf16>(&c);
+    let s = seqlens(&c);
+    let (o, lse, intact) = emulate(&c, (&q, &k, &v), (s.q(), s.k()))?;
+    ensure(intact, || "packed: a write outside its buffer".to_string())?;
+    let dense: Case = {
+        let mut dc = case(b, sq, sk, hq, hkv, d, Dtype::Bf16);
+        dc.p.causal = true;
+        dc
+    };
+    let p = &dense.p;
+    let (mut dq, mut dk, mut dv) = (
+        HostBuf::from_slice(&q),
+        HostBuf::from_slice(&k),
+        HostBuf::from_slice(&v),
+    );
+    let mut od = HostBuf::filled(q.len(), bf16::NAN);
+    let mut lsed = HostBuf::filled(p.lse_len(), f32::NAN);
+    let tensors = AttentionTensors {
+        q: View::contiguous(dq.view(), p.q_shape()),
+        k: View::contiguous(dk.view(), p.kv_shape()),
+        v: View::contiguous(dv.view(), p.kv_shape()),
+        o: View::contiguous(od.view(), p.q_shape()),
+        lse: lsed.view(),
+    };
+    let plan = p
+        .plan(EMULATED, &tensors, None)
+        .map_err(|e| e.to_string())?;
+    // SAFETY: as in `emulate`.
+    unsafe { plan.run(&Emulator) }.map_err(|e| e.to_string())?;
+    let (od, lsed) = (od.to_vec(), lsed.to_vec());
+    ensure(
+        o.iter().zip(&od).all(|(a, b)| a.to_bits() == b.to_bits()),
+        || "packed O differs from the dense kernel's".to_string(),
+    )?;
+    for bi in 0..b {
+        for h in 0..hq {
+            for i in 0..sq {
+                let packed = lse[h * b * sq + bi * sq + i];
+                let dense = lsed[(bi * hq + h) * sq + i];
+                ensure(packed.to_bits() == dense.to_bits(), || {
+                    format!("LSE of sequence {bi}, head {h}, row {i}: {packed} vs {dense}")
+                })?;
+            }
+        }
+    }
+    println!(
+        "packed == dense bitwise: O {} elements, LSE {}",
+        o.len(),
+        lse.len()
+    );
+    Ok(())
+}
+
+/// Boundaries whose contents contradict the sizes (decreasing, negative, past the totals: what
+/// the raw API cannot check without reading device memory) make the kernel clamp: nothing is
+/// written outside O and LSE, nothing read outside the inputs (the emulator's buffers are
+/// bounds-checked on writes; reads are clamped by construction, see `seq.rs`).
+fn emulated_clamps_bad_boundaries() -> TestResult {
+    let c = vcase(&[(20, 30), (40, 10), (5, 5)], 2, 1, 128, Dtype::Bf16);
+    let (q, k, v) = inputs::<bf16>(&c);
+    // total_q = 65, total_k = 45.
+    let bad: [(&[i32], &[i32]); 3] = [
+        (&[0, 500, -7, 65], &[0, 45, 30, 45]),
+        (&[-100, 20, 60, 1000], &[50, 10, i32::MAX, i32::MIN]),
+        (&[65, 65, 65, 65], &[0, 0, 0, 0]),
+    ];
+    for (cu_q, cu_k) in bad {
+        let (_, _, intact) = emulate(&c, (&q, &k, &v), (cu_q, cu_k))?;
+        ensure(intact, || {
+            format!("cu_seqlens {cu_q:?} / {cu_k:?}: a write outside its buffer")
+        })?;
+    }
+    println!("3 sets of contradictory boundaries: every buffer's guards intact");
+    Ok(())
+}
+
+fn run_gpu<T: AttentionElem>(g: &Gpu, c: &VarlenCase) -> TestResult {
+    let (q, k, v) = inputs::<T>(c);
+    let out = (|| -> kernels::Result<(Vec<T>, Vec<f32>)> {
+        let p = &c.p;
+        let stream = g.stream()?;
+        let seqlens = seqlens(c).upload()?;
+        let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+        let dout = poisoned::<T>(q.len())?;
+        let mut dlse = poisoned::<f32>(p.lse_len())?;
+        let (qv, kv, vv) = (
+            View::packed_contiguous(&dq, p.q_shape()),
+            View::packed_contiguous(&dk, p.kv_shape()),
+            View::packed_contiguous(&dv, p.kv_shape()),
+        );
+        let mut ov = View::packed_contiguous(&dout, p.q_shape());
+        attention::forward_varlen(g, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut dlse)?;
+        g.sync(&stream, "attention varlen forward")?;
+        Ok((download(&dout)?, download(&dlse)?))
+    })();
+    let (o, lse) = gpu_ok(out)?;
+    compare(
+        &format!("{} on {} (seed {})", name(c), g.arch(), c.seed),
+        c,
+        (&q, &k, &v),
+        &o,
+        &lse,
+    )
+}
+
+/// The raw API (`forward_varlen_raw`: addresses, shapes, strides, a stream handle, the
+/// boundaries as device tensors) on Q, K, V as views into one packed QKV tensor
+/// `[total, hq + 2 hkv, D]` (FlashAttention's `qkv` layout) and an O at an offset into a larger
+/// allocation: bitwise equal to the typed API on the same views; empty K/V tensors (a batch
+/// without keys) at address 0 accepted; an int64 `cu_seqlens` refused.
+fn raw_api(g: &Gpu) -> TestResult {
+    use kernels::raw::{ElemType, RawStream, RawTensor};
+    let lens = [(77, 77), (0, 0), (1, 1), (300, 300), (129, 129)];
+    let mut c = vcase(&lens, 8, 2, 128, Dtype::Bf16);
+    c.p.causal = true;
+    let p = c.p.clone();
+    let s = seqlens(&c);
+    let (hq, hkv, d, total) = (p.heads_q, p.heads_kv, p.head_dim, p.total_q);
+    let width = hq + 2 * hkv;
+    let mut r = rng(c.seed);
+    let packed: Vec<bf16> = (0..total * width * d)
+        .map(|_| bf16::from_f32(r.random_range(-1.0..1.0)))
+        .collect();
+    let strides = [width * d, d, 1];
+    let o_offset = 1024;
+    let out = (|| -> kernels::Result<_> {
+        let stream = g.stream()?;
+        let dp = upload(&packed)?;
+        let dev_seqlens = s.upload()?;
+        let typed_o = poisoned::<bf16>(total * hq * d)?;
+        let mut typed_lse = poisoned::<f32>(p.lse_len())?;
+        let qv = View::packed(&dp, 0, &p.q_shape(), &strides)?;
+        let kv = View::packed(&dp, hq * d, &p.kv_shape(), &strides)?;
+        let vv = View::packed(&dp, (hq + hkv) * d, &p.kv_shape(), &strides)?;
+        let mut ov = View::packed_contiguous(&typed_o, p.q_shape());
+        attention::forward_varlen(
+            g,
+            &stream,
+            &p,
+            &dev_seqlens,
+            &qv,
+            &kv,
+            &vv,
+            &mut ov,
+            &mut typed_lse,
+        )?;
+
+        let raw_o = poisoned::<bf16>(o_offset + total * hq * d)?;
+        let raw_lse = poisoned::<f32>(p.lse_len())?;
+        let (cu_q, cu_k) = (upload(s.q())?, upload(s.k())?);
+        let base = dp.as_device_ptr().as_raw();
+        let view = |first: usize, shape: [usize; 3]| RawTensor {
+            ptr: base + 2 * first as u64,
+            dtype: ElemType::Bf16,
+            shape: shape.to_vec(),
+            strides: strides.iter().map(|&x| x as i64).collect(),
+            storage_ptr: base,
+            storage_bytes: packed.len() * 2,
+        };
+        let (q, k, v) = (
+            view(0, p.q_shape()),
+            view(hq * d, p.kv_shape()),
+            view((hq + hkv) * d, p.kv_shape()),
+        );
+        let o_base = raw_o.as_device_ptr().as_raw();
+        let o = RawTensor {
+            ptr: o_base + 2 * o_offset as u64,
+            storage_ptr: o_base,
+            storage_bytes: raw_o.len() * 2,
+            ..RawTensor::contiguous(0, ElemType::Bf16, &p.q_shape())
+        };
+        let lse = RawTensor::contiguous(
+            raw_lse.as_device_ptr().as_raw(),
+            ElemType::F32,
+            &[hq, total],
+        );
+        let i32s = |b: &kernels::DeviceBuffer<i32>| {
+            RawTensor::contiguous(b.as_device_ptr().as_raw(), ElemType::I32, &[b.len()])
+        };
+        let (cq, ck) = (i32s(&cu_q), i32s(&cu_k));
+        let options = attention::AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        // SAFETY: a live stream of the GPU's context (the device's primary context, as
+        // `Gpu::new` retains it), kept until the end of this closure.
+        let raw_stream = unsafe { RawStream::new(g.ordinal(), stream.as_inner() as u64) }?;
+        let launch = |t: &attention::RawAttentionVarlenTensors<'_>| {
+            // SAFETY: every tensor lies in live device buffers of this function, synchronized
+            // below before the buffers drop (an empty tensor is never accessed); refused calls
+            // launch nothing.
+            unsafe {
+                attention::forward_varlen_raw(
+                    &raw_stream,
+                    &options,
+                    t,
+                    p.max_seqlen_q,
+                    p.max_seqlen_k,
+                )
+            }
+        };
+        let tensors = attention::RawAttentionVarlenTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            cu_seqlens_q: &cq,
+            cu_seqlens_k: &ck,
+        };
+        launch(&tensors)?;
+        // No keys at all: K and V empty at address 0, every row O = 0 and LSE = -inf.
+        let no_keys = CuSeqlens::from_lens(&[(5, 0); 2]).expect("valid");
+        let nk_q = upload(no_keys.q())?;
+        let nk_k = upload(no_keys.k())?;
+        let nk_o = poisoned::<bf16>(10 * hq * d)?;
+        let nk_lse = poisoned::<f32>(10 * hq)?;
+        let empty = RawTensor::contiguous(0, ElemType::Bf16, &[0, hkv, d]);
+        let nk = (
+            RawTensor::contiguous(base, ElemType::Bf16, &[10, hq, d]),
+            RawTensor::contiguous(nk_o.as_device_ptr().as_raw(), ElemType::Bf16, &[10, hq, d]),
+            RawTensor::contiguous(nk_lse.as_device_ptr().as_raw(), ElemType::F32, &[hq, 10]),
+            i32s(&nk_q),
+            i32s(&nk_k),
+        );
+        // SAFETY: as `launch`.
+        unsafe {
+            attention::forward_varlen_raw(
+                &raw_stream,
+                &options,
+                &attention::RawAttentionVarlenTensors {
+                    q: &nk.0,
+                    k: &empty,
+                    v: &empty,
+                    o: &nk.1,
+                    lse: &nk.2,
+                    cu_seqlens_q: &nk.3,
+                    cu_seqlens_k: &nk.4,
+                },
+                5,
+                0,
+            )
+        }?;
+        g.sync(&stream, "attention varlen forward (typed and raw)")?;
+        let results = (
+            download(&typed_o)?,
+            download(&typed_lse)?,
+            download_range(&raw_o, o_offset, total * hq * d)?,
+            download(&raw_lse)?,
+            download(&nk_o)?,
+            download(&nk_lse)?,
+        );
+        let not_i32 = RawTensor {
+            dtype: ElemType::F32,
+            ..cq.clone()
+        };
+        let refused = launch(&attention::RawAttentionVarlenTensors {
+            cu_seqlens_q: &not_i32,
+            ..tensors
+        });
+        Ok((results, refused))
+    })();
+    let ((typed_o, typed_lse, raw_o, raw_lse, nk_o, nk_lse), refused) = gpu_ok(out)?;
+    ensure(raw_o == typed_o, || {
+        "raw O differs from the typed API's".into()
+    })?;
+    ensure(
+        raw_lse
+            .iter()
+            .zip(&typed_lse)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        || "raw LSE differs from the typed API's".into(),
+    )?;
+    ensure(nk_o.iter().all(|x| x.to_f32() == 0.0), || {
+        "no keys: O must be 0".into()
+    })?;
+    ensure(nk_lse.iter().all(|x| *x == f32::NEG_INFINITY), || {
+        "no keys: LSE must be -inf".into()
+    })?;
+    ensure(refused.is_err(), || {
+        "a non-i32 cu_seqlens_q accepted".into()
+    })?;
+    let qkv = |x: &[bf16]| x.to_vec();
+    let q_rows: Vec<bf16> = (0..total)
+        .flat_map(|i| qkv(&packed[i * width * d..(i * width + hq) * d]))
+        .collect();
+    let kv_rows = |first: usize| -> Vec<bf16> {
+        (0..total)
+            .flat_map(|i| qkv(&packed[(i * width + first) * d..(i * width + first + hkv) * d]))
+            .collect()
+    };
+    compare(
+        &format!("raw api {} (seed {})", name(&c), c.seed),
+        &c,
+        (&q_rows, &kv_rows(hq), &kv_rows(hq + hkv)),
+        &raw_o,
+        &raw_lse,
+    )?;
+    println!(
+        "attention_varlen/raw_api: raw == typed bitwise; no keys gives O = 0, LSE = -inf; f32 cu_seqlens refused"
+    );
+    Ok(())
+}
+
+/// The backward reference over packed sequences of equal lengths is bitwise the dense
+/// reference's (dLSE transposed from `[batch, heads, seq]` to `[heads, batch seq]`); with
+/// sequences without query or key rows, their gradients are exactly 0.
+fn reference_backward_matches_dense() -> TestResult {
+    use kernels::attention::reference::{backward, backward_varlen};
+    let (b, sq, sk, hq, hkv, d) = (3, 11, 7, 4, 2, 64);
+    let mut c = vcase(&vec![(sq, sk); b], hq, hkv, d, Dtype::Bf16);
+    c.p.causal = true;
+    let (q, k, v) = inputs::<bf16>(&c);
+    let mut r = rng(c.seed + 1);
+    let d_o: Vec<bf16> = (0..q.len())
+        .map(|_| bf16::from_f32(r.random_range(-1.0..1.0)))
+        .collect();
+    let dense_dlse: Vec<f32> = (0..b * hq * sq)
+        .map(|_| r.random_range(-1.0..1.0))
+        .collect();
+    let mut packed_dlse = vec![0.0f32; dense_dlse.len()];
+    for bi in 0..b {
+        for h in 0..hq {
+            for i in 0..sq {
+                packed_dlse[h * b * sq + bi * sq + i] = dense_dlse[(bi * hq + h) * sq + i];
+            }
+        }
+    }
+    let mut dense = case(b, sq, sk, hq, hkv, d, Dtype::Bf16).p;
+    dense.causal = true;
+    let want = backward(&dense, &q, &k, &v, &d_o, Some(&dense_dlse));
+    let got = backward_varlen(&c.p, &seqlens(&c), &q, &k, &v, &d_o, Some(&packed_dlse));
+    for (name, g, w) in [
+        ("dq", &got.dq, &want.dq),
+        ("dk", &got.dk, &want.dk),
+        ("dv", &got.dv, &want.dv),
+    ] {
+        ensure(
+            g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+            || format!("{name}: packed differs from dense"),
+        )?;
+    }
+    // A sequence without keys (dQ = 0) and one without queries (dK = dV = 0).
+    let c = vcase(&[(4, 5), (3, 0), (0, 6)], 2, 1, 64, Dtype::Bf16);
+    let (q, k, v) = inputs::<bf16>(&c);
+    let g = backward_varlen(&c.p, &seqlens(&c), &q, &k, &v, &q, None);
+    let row = 2 * 64;
+    ensure(g.dq[4 * row..].iter().all(|x| *x == 0.0), || {
+        "dQ of a sequence without keys".into()
+    })?;
+    ensure(g.dq[..4 * row].iter().any(|x| *x != 0.0), || {
+        "dQ of sequence 0 is 0".into()
+    })?;
+    let krow = 64;
+    ensure(
+        g.dk[5 * krow..]
+            .iter()
+            .chain(&g.dv[5 * krow..])
+            .all(|x| *x == 0.0),
+        || "dK, dV of a sequence without queries".into(),
+    )?;
+    println!("backward reference: packed == dense bitwise; empty sequences give zero gradients");
+    Ok(())
+}
+
+pub fn register(s: &mut Suite) {
+    s.cpu(
+        "attention_varlen/reference/backward_matches_dense",
+        reference_backward_matches_dense,
+    );
+    for c in emulated_cases() {
+        let n = format!("attention_varlen/emulated/{}", name(&c));
+        s.cpu(&n, move || match c.p.dtype {
+            Dtype::Bf16 => run_emulated::<bf16>(&c),
+            Dtype::F16 => run_emulated::<f16>(&c),
+        });
+    }
+    s.cpu(
+        "attention_varlen/emulated/matches_dense_bitwise",
+        emulated_matches_dense,
+    );
+    s.cpu(
+        "attention_varlen/emulated/clamps_bad_boundaries",
+        emulated_clamps_bad_boundaries,
+    );
+    s.gpu("attention_varlen/gpu/raw_api", Needs::Gpu, raw_api);
+    for c in gpu_cases() {
+        let n = format!("attention_varlen/gpu/{}", name(&c));
+        s.gpu(&n, Needs::Gpu, move |g| match c.p.dtype {
+            Dtype::Bf16 => run_gpu::<bf16>(g, &c),
+            Dtype::F16 => run_gpu::<f16>(g, &c),
+        });
+    }
+}
