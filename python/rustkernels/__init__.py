@@ -5,8 +5,8 @@
   kernels through ``torch.autograd``, ``deterministic=True`` for bitwise reproducible
   gradients).
 - ``gla.chunk_gla(q, k, v, g, ...)``: gated linear attention with flash-linear-attention's
-  signature and layout ``[B, T, H, D]``, returning ``(o, final_state)``; forward only for now
-  (inputs that require grad raise ``NotImplementedError``).
+  signature and layout ``[B, T, H, D]``, returning ``(o, final_state)``; differentiable (the
+  library's GLA backward).
 - ``semicrf.semi_crf_streaming_forward(cum_scores, transition, duration_bias, lengths, K)``:
   flash-semicrf's semi-Markov CRF log partition (differentiable) or Viterbi score;
   ``semicrf.semi_crf_viterbi`` gives the best segmentations.

@@ -1,13 +1,15 @@
-"""Gated linear attention with flash-linear-attention's interface: ``chunk_gla``, forward.
+"""Gated linear attention with flash-linear-attention's interface: ``chunk_gla``, forward and
+backward.
 
 Layers, from the user down:
 
 - ``chunk_gla``: fla's ``chunk_gla`` signature, defaults, layout ``[B, T, H, D]`` and return
-  value ``(o, final_state)``; checks what torch knows (tensor, device, dtype, rank) and
-  refuses inputs that require grad (``NotImplementedError``: the GLA backward is not in the
-  library yet; where it goes, see ``chunk_gla``).
-- ``torch.ops.rustkernels.chunk_gla_forward``: the custom op, with a fake implementation so
-  ``torch.compile`` traces around it. It allocates the outputs and the workspace (int32 segment
+  value ``(o, final_state)``; checks what torch knows (tensor, device, dtype, rank).
+- ``_ChunkGLAFunction`` (``torch.autograd.Function``): the autograd node, used when an input
+  requires grad; it saves the forward's inputs (the backward recomputes what it needs from
+  them) and calls ``chunk_gla_backward``.
+- ``torch.ops.rustkernels.chunk_gla_forward`` and ``chunk_gla_backward``: the custom ops, each
+  with a fake implementation so ``torch.compile`` traces around them. It allocates the outputs and the workspace (int32 segment
   tables and, when a long sequence is split across blocks, f32 state buffers; their sizes from
   the extension, which plans for the device) with torch and launches on torch's current stream
   of the tensors' device, through the Rust extension, which validates everything else (shapes,
@@ -21,13 +23,6 @@ import torch
 from .attention import _describe, _native
 
 _KERNELS = ("auto", "baseline", "pingpong")
-
-NO_BACKWARD = (
-    "chunk_gla: gradients are not available yet (the library's GLA backward computes dv and "
-    "the initial state's gradient, not yet dq, dk and dg); call it under torch.no_grad() or "
-    "on inputs that do not require grad"
-)
-
 
 def _check(q, k, v, g, initial_state) -> None:
     """What torch knows of the inputs: tensors on one CUDA device, q, k, v bf16 of rank 4, g
@@ -61,6 +56,21 @@ def _num_seqs(q: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> int:
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
+def _offsets(cu_seqlens: Optional[torch.Tensor]):
+    """cu_seqlens as a list of ints (read on the host), or None."""
+    if cu_seqlens is None:
+        return None
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"cu_seqlens must be a 1-dimensional int32 or int64 tensor, got "
+            f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
+        )
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    if any(x < 0 for x in cu):
+        raise ValueError(f"cu_seqlens must hold offsets >= 0, got {cu}")
+    return cu
+
+
 @torch.library.custom_op("rustkernels::chunk_gla_forward", mutates_args=())
 def chunk_gla_forward(
     q: torch.Tensor,
@@ -83,16 +93,7 @@ def chunk_gla_forward(
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.to(torch.bfloat16).contiguous()
     h0 = None if initial_state is None else initial_state.contiguous()
-    cu = None
-    if cu_seqlens is not None:
-        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(
-                f"cu_seqlens must be a 1-dimensional int32 or int64 tensor, got "
-                f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
-            )
-        cu = [int(x) for x in cu_seqlens.tolist()]
-        if any(x < 0 for x in cu):
-            raise ValueError(f"cu_seqlens must hold offsets >= 0, got {cu}")
+    cu = _offsets(cu_seqlens)
     batch, seqlen, heads, dk = q.shape
     dv = v.shape[-1]
     n = _num_seqs(q, cu_seqlens)
@@ -141,6 +142,108 @@ def _chunk_gla_forward_fake(
     )
 
 
+@torch.library.custom_op("rustkernels::chunk_gla_backward", mutates_args=())
+def chunk_gla_backward(
+    do: torch.Tensor,
+    dht: Optional[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: Optional[float],
+    initial_state: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (bf16), dg and dh0 (f32; dh0 ``[N, H, dk, dv]`` whether or not the forward
+    had initial states) of the forward of q, k, v, g (bf16) and ``initial_state``, for the
+    loss gradients ``do`` (o's shape, bf16) and ``dht`` (the final states' gradient, f32, or
+    None)."""
+    _check(q, k, v, g, initial_state)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.to(torch.bfloat16).contiguous()
+    do = do.to(torch.bfloat16).contiguous()
+    h0 = None if initial_state is None else initial_state.contiguous()
+    dht = None if dht is None else dht.to(torch.float32).contiguous()
+    cu = _offsets(cu_seqlens)
+    batch, seqlen, heads, dk = q.shape
+    dv = v.shape[-1]
+    n = _num_seqs(q, cu_seqlens)
+    dev = q.device
+    dq, dk_, dv_ = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dg = torch.empty(q.shape, dtype=torch.float32, device=dev)
+    dh0 = torch.empty((n, heads, dk, dv), dtype=torch.float32, device=dev)
+    native = _native()
+    with torch.cuda.device(dev):
+        words, elems = native.gla_backward_workspace(dev.index, tuple(q.shape), tuple(v.shape), cu)
+        tables = torch.empty(words, dtype=torch.int32, device=dev)
+        buffers = torch.zeros(elems, dtype=torch.float32, device=dev)
+        native.gla_backward(
+            dev.index,
+            torch.cuda.current_stream(dev).cuda_stream,
+            _describe(q),
+            _describe(k),
+            _describe(v),
+            _describe(g),
+            None if h0 is None else _describe(h0),
+            _describe(do),
+            None if dht is None else _describe(dht),
+            _describe(dq),
+            _describe(dk_),
+            _describe(dv_),
+            _describe(dg),
+            _describe(dh0),
+            _describe(tables),
+            _describe(buffers),
+            scale,
+            cu,
+        )
+    return dq, dk_, dv_, dg, dh0
+
+
+@chunk_gla_backward.register_fake
+def _chunk_gla_backward_fake(do, dht, q, k, v, g, scale, initial_state, cu_seqlens):
+    _check(q, k, v, g, initial_state)
+    batch, seqlen, heads, dk = q.shape
+    n = _num_seqs(q, cu_seqlens)
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        v.new_empty(v.shape),
+        q.new_empty(q.shape, dtype=torch.float32),
+        q.new_empty((n, heads, dk, v.shape[-1]), dtype=torch.float32),
+    )
+
+
+class _ChunkGLAFunction(torch.autograd.Function):
+    """The autograd node of ``chunk_gla``: saves the forward's inputs (g as the kernels read
+    it, bf16); gradients in each input's dtype."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, kernel):
+        g16 = g.to(torch.bfloat16)
+        o, ht = chunk_gla_forward(
+            q, k, v, g16, scale, initial_state, output_final_state, cu_seqlens, kernel
+        )
+        ctx.save_for_backward(q, k, v, g16, initial_state, cu_seqlens)
+        ctx.scale = scale
+        ctx.g_dtype = g.dtype
+        ctx.output_final_state = output_final_state
+        if not output_final_state:
+            ctx.mark_non_differentiable(ht)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g16, h0, cu_seqlens = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros(v.shape, dtype=torch.bfloat16, device=v.device)
+        if not ctx.output_final_state:
+            dht = None
+        dq, dk, dv, dg, dh0 = chunk_gla_backward(do, dht, q, k, v, g16, ctx.scale, h0, cu_seqlens)
+        return (dq, dk, dv, dg.to(ctx.g_dtype), None, None if h0 is None else dh0,
+                None, None, None)
+
+
 def chunk_gla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -166,19 +269,17 @@ def chunk_gla(
 
     Returns ``(o, final_state)``: o ``[B, T, H, dv]`` bfloat16, final_state or None.
 
-    Gradients: not available yet. With an input that requires grad (and grad mode on) this
-    raises ``NotImplementedError`` rather than returning outputs without gradients. When the
-    library's GLA backward exists, it comes in here as flash_attn_func's does: a
-    ``torch.autograd.Function`` whose forward is ``chunk_gla_forward`` and whose backward a
-    ``chunk_gla_backward`` custom op.
+    Gradients: when q, k, v, g or initial_state requires grad, o and final_state have
+    gradients through the library's GLA backward (dq, dk, dv, dg and the initial states'
+    gradient; ``kernel`` picks the forward's kernels only, the backward's are the baseline's).
     """
     _check(q, k, v, g, initial_state)
-    tracked = (q, k, v, g) + (() if initial_state is None else (initial_state,))
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
-        raise NotImplementedError(NO_BACKWARD)
     if scale is not None:
         scale = float(scale)
-    o, ht = chunk_gla_forward(
-        q, k, v, g, scale, initial_state, bool(output_final_state), cu_seqlens, kernel
-    )
+    args = (q, k, v, g, scale, initial_state, bool(output_final_state), cu_seqlens, kernel)
+    tracked = (q, k, v, g) + (() if initial_state is None else (initial_state,))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
+        o, ht = _ChunkGLAFunction.apply(*args)
+    else:
+        o, ht = chunk_gla_forward(*args)
     return o, (ht if output_final_state else None)

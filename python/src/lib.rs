@@ -1,7 +1,7 @@
 //! `rustkernels._native`: the Rust side of the Python package. It takes tensors as plain
 //! descriptions (address, dtype name, shape, strides, storage), validates and launches through
 //! the `kernels` crate's raw API (`kernels::raw`; per family `kernels::attention::forward_raw`
-//! and `backward_raw`, `kernels::gla::forward_raw`, `kernels::semicrf::{forward_raw,
+//! and `backward_raw`, `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw,
 //! backward_raw, viterbi_raw}`, `kernels::mhc::{forward_pre_raw, forward_post_raw,
 //! backward_raw}`) on the caller's stream, and returns nothing: the Python side allocates the
 //! outputs and workspaces with torch (their sizes from the `*_workspace`/`*_layout` functions
@@ -247,6 +247,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(gla::gla_backward_workspace, m)?)?;
+    m.add_function(wrap_pyfunction!(gla::gla_backward, m)?)?;
     m.add_function(wrap_pyfunction!(semicrf::semicrf_state_layout, m)?)?;
     m.add_function(wrap_pyfunction!(semicrf::semicrf_forward, m)?)?;
     m.add_function(wrap_pyfunction!(semicrf::semicrf_backward, m)?)?;

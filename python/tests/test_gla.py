@@ -8,9 +8,11 @@ k_t^T v_t``, ``o_t = scale q_t S_t``, per sequence and head, from the bf16 input
 the final state. Shapes: dk, dv in {64, 128}; lengths that are not multiples of any tile (1,
 17, 113, 239, 799, 3000: long enough to be split across blocks), batch 1 and 3, initial
 states, packed variable lengths, both kernels where the GPU has them, a float32 g, a
-non-contiguous q. Then: outputs written everywhere (the output memory poisoned first), inputs
-that require grad (NotImplementedError), bad input (ValueError/TypeError with the library's
-message), torch.library's opcheck, torch.compile. Prints one line per check and 'N passed, N
+non-contiguous q. Gradients through autograd (dq, dk, dv, dg, dh0 of ``<do, o> + <dht, ht>``)
+against torch.autograd on the float64 recurrence, same relative L2 tolerance, including
+packed sequences and a float32 g. Then: bad input (ValueError/TypeError with the library's
+message), torch.library's opcheck on both ops, torch.compile of the forward and of a training
+step. Prints one line per check and 'N passed, N
 failed' last; exits 1 on any failure, 0 with a SKIP line without a CUDA device.
 """
 
@@ -22,7 +24,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from rustkernels.gla import NO_BACKWARD, chunk_gla
+from rustkernels.gla import chunk_gla
 
 QUICK = "--quick" in sys.argv
 SEED = 20261124
@@ -133,23 +135,60 @@ def case_name(c, kernel):
             f"{' final' if final else ''}{f' cu_seqlens={cu}' if cu else ''} [{kernel}]")
 
 
-def requires_grad_refused():
-    gen = torch.Generator(device="cuda").manual_seed(SEED)
-    q, k, v, g = inputs(1, 32, 2, 64, 64, gen)
-    for name in ("q", "g"):
-        args = {"q": q, "k": k, "v": v, "g": g}
-        args[name] = args[name].clone().requires_grad_()
-        try:
-            chunk_gla(**args)
-        except NotImplementedError as e:
-            assert str(e) == NO_BACKWARD, str(e)
-        else:
-            raise AssertionError(f"{name}.requires_grad: no NotImplementedError")
-    with torch.no_grad():
-        o, _ = chunk_gla(q.clone().requires_grad_(), k, v, g)
+def run_backward_case(b, t, h, dk, dv, init, cu=None, g_dtype=torch.bfloat16):
+    """Gradients of <do, o> + <dht, ht> through chunk_gla against the float64 recurrence."""
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 7 * t + dk)
+    q, k, v, g = inputs(b, t, h, dk, dv, gen, g_dtype)
+    n = b if cu is None else len(cu) - 1
+    h0 = torch.randn(n, h, dk, dv, device="cuda", generator=gen) if init else None
+    do = torch.randn(b, t, h, dv, device="cuda", generator=gen).to(torch.bfloat16)
+    dht = torch.randn(n, h, dk, dv, device="cuda", generator=gen)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64, device="cuda")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)] + (
+        [h0.clone().requires_grad_()] if init else [])
+    o, ht = chunk_gla(*leaves[:4], initial_state=leaves[4] if init else None,
+                      output_final_state=True, cu_seqlens=cu_t)
+    got = torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), leaves)
+    ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v, g.to(torch.bfloat16))] + (
+        [h0.double().requires_grad_()] if init else [])
+    ref_o, ref_s = recurrence(*ref_leaves[:4], dk**-0.5, ref_leaves[4] if init else None, cu)
+    ref = torch.autograd.grad((ref_o * do.double()).sum() + (ref_s * dht.double()).sum(), ref_leaves)
     torch.cuda.synchronize()
-    assert torch.isfinite(o.float()).all()
-    return "NotImplementedError with requires_grad; runs under torch.no_grad()"
+    lines = []
+    for name, a, r, x in zip(("dq", "dk", "dv", "dg", "dh0"), got, ref, leaves):
+        assert a.dtype == x.dtype and a.shape == x.shape, (name, a.dtype, a.shape)
+        assert torch.isfinite(a.float()).all(), f"{name} has NaN or inf"
+        err = rel_l2(a, r)
+        lines.append(f"{name} rel L2 {err:.2e}")
+        assert err <= TOL, ", ".join(lines)
+    return ", ".join(lines) + f" (tol {TOL:.0e})"
+
+
+BWD_CASES = [
+    # b, t, h, dk, dv, init, cu
+    (1, 1, 1, 64, 64, False, None),
+    (2, 113, 2, 64, 128, True, None),
+    (1, 239, 2, 128, 64, True, None),
+    (1, 700, 2, 64, 64, True, [0, 5, 300, 700]),
+]
+
+
+def compiled_training_step():
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    q, k, v, g = inputs(2, 128, 2, 64, 64, gen)
+    w = (torch.randn(64, 64, device="cuda", generator=gen) / 8).to(torch.bfloat16).requires_grad_()
+
+    def loss_fn(q, w):
+        o, _ = chunk_gla(q @ w, k, v, g)
+        return o.float().square().mean()
+
+    want = torch.autograd.grad(loss_fn(q, w), w)[0]
+    got = torch.autograd.grad(torch.compile(loss_fn)(q, w), w)[0]
+    torch.cuda.synchronize()
+    err = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item()
+    assert torch.isfinite(got.float()).all() and err <= 1e-2 * scale + 1e-6, f"{err} vs {scale}"
+    return f"dw max |compiled - eager| {err:.1e} (max |eager| {scale:.1e})"
 
 
 def bad_inputs():
@@ -209,7 +248,11 @@ def opcheck():
     utils = ("test_schema", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
     for args in ((q, k, v, g, None, None, False, None), (q, k, v, g, 0.5, h0, True, cu)):
         torch.library.opcheck(torch.ops.rustkernels.chunk_gla_forward.default, args, test_utils=utils)
-    return "chunk_gla_forward without and with states and cu_seqlens"
+    do = torch.randn(1, 300, 2, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    dht = torch.randn(2, 2, 64, 128, device="cuda", generator=gen)
+    for args in ((do, None, q, k, v, g, None, None, None), (do, dht, q, k, v, g, 0.5, h0, cu)):
+        torch.library.opcheck(torch.ops.rustkernels.chunk_gla_backward.default, args, test_utils=utils)
+    return "chunk_gla_forward and chunk_gla_backward without and with states and cu_seqlens"
 
 
 def compiled():
@@ -245,10 +288,15 @@ def main():
             check(case_name(c, kernel), lambda c=c, kernel=kernel: run_case(*c, kernel=kernel))
     check("forward float32 g", lambda: run_case(2, 200, 2, 64, 64, final=True, g_dtype=torch.float32))
     check("forward non-contiguous q", lambda: run_case(2, 100, 2, 64, 64, strided_q=True))
-    check("requires_grad: NotImplementedError", requires_grad_refused)
+    for c in BWD_CASES[1:3] if QUICK else BWD_CASES:
+        b, t, h, dk, dv, init, cu = c
+        check(f"backward B={b} T={t} H={h} dk={dk} dv={dv}{' init' if init else ''}"
+              f"{f' cu_seqlens={cu}' if cu else ''}", lambda c=c: run_backward_case(*c))
+    check("backward float32 g", lambda: run_backward_case(2, 100, 2, 64, 64, True, g_dtype=torch.float32))
     check("bad inputs", bad_inputs)
     check("torch.library.opcheck", opcheck)
     check("torch.compile", compiled)
+    check("torch.compile: training step", compiled_training_step)
     print(f"{results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
 

@@ -52,7 +52,8 @@
 //!
 //! On a framework's tensors ([`crate::raw`]): [`forward_raw`] plans the same way on raw tensors
 //! ([`RawGlaTensors`]) with a workspace the caller allocates ([`workspace_lens`]:
-//! [`RawGlaWorkspace`]), into which it writes the segment tables itself.
+//! [`RawGlaWorkspace`]), into which it writes the segment tables itself; [`backward_raw`]
+//! likewise for the backward ([`backward_workspace_lens`]).
 //!
 //! # Backward
 //! The gradients are specified by [`reference::backward`] (f64). [`GlaProblem::plan_backward`]
@@ -89,6 +90,7 @@ pub use problem::{
     plan_segments,
 };
 pub use raw::{
-    GlaOptions, GlaWorkspaceLens, RawGlaTensors, RawGlaWorkspace, forward_raw, plan_raw,
+    GlaOptions, GlaWorkspaceLens, RawGlaBackwardTensors, RawGlaTensors, RawGlaWorkspace,
+    backward_raw, backward_workspace_lens, forward_raw, plan_backward_raw, plan_raw,
     workspace_lens,
 };

@@ -5,6 +5,9 @@
 //! apart from the inputs) and writes the plan's segment tables into the caller's workspace
 //! itself, so the kernels never read a table the library did not make.
 
+use super::backward::{
+    GlaBackwardPlan, GlaBackwardSplit, GlaBackwardTensors, GlaBackwardWorkspace,
+};
 use super::plan::{GlaPlan, GlaSplitWorkspace, GlaTensors, GlaWorkspace};
 use super::problem::{GlaKernel, GlaProblem};
 use crate::attention::Target;
@@ -261,6 +264,208 @@ pub unsafe fn forward_raw(
     unsafe { plan.run(stream, &ws) }
 }
 
+/// The tensors of a raw backward: contiguous, bf16 but for the f32 states and dg.
+#[derive(Clone, Copy)]
+pub struct RawGlaBackwardTensors<'t> {
+    /// The forward's queries `[B, T, H, dk]`.
+    pub q: &'t RawTensor,
+    /// The forward's keys `[B, T, H, dk]`.
+    pub k: &'t RawTensor,
+    /// The forward's values `[B, T, H, dv]`.
+    pub v: &'t RawTensor,
+    /// The forward's log-decays `[B, T, H, dk]`.
+    pub g: &'t RawTensor,
+    /// The forward's initial states `[N, H, dk, dv]` f32, or zero states.
+    pub init_state: Option<&'t RawTensor>,
+    /// Gradient of the outputs `[B, T, H, dv]`.
+    pub d_o: &'t RawTensor,
+    /// Gradient of the final states `[N, H, dk, dv]` f32, or zero.
+    pub d_final_state: Option<&'t RawTensor>,
+    /// dq `[B, T, H, dk]` (written).
+    pub d_q: &'t RawTensor,
+    /// dk `[B, T, H, dk]` (written).
+    pub d_k: &'t RawTensor,
+    /// dv `[B, T, H, dv]` (written).
+    pub d_v: &'t RawTensor,
+    /// dg `[B, T, H, dk]` f32 (written).
+    pub d_g: &'t RawTensor,
+    /// Gradient of the initial states `[N, H, dk, dv]` f32 (written).
+    pub d_init_state: &'t RawTensor,
+}
+
+impl<'t> RawGlaBackwardTensors<'t> {
+    fn inputs(&self) -> Vec<(&'static str, &'t RawTensor)> {
+        let mut v = vec![("q", self.q), ("k", self.k), ("v", self.v), ("g", self.g)];
+        v.extend(self.init_state.map(|s| ("initial state", s)));
+        v.push(("output gradient", self.d_o));
+        v.extend(self.d_final_state.map(|s| ("final-state gradient", s)));
+        v
+    }
+
+    fn outputs(&self) -> Vec<(&'static str, &'t RawTensor)> {
+        vec![
+            ("query gradient", self.d_q),
+            ("key gradient", self.d_k),
+            ("value gradient", self.d_v),
+            ("log-decay gradient", self.d_g),
+            ("initial-state gradient", self.d_init_state),
+        ]
+    }
+}
+
+/// The f32 buffers of a backward in its workspace: `(state gradients at block ends, seg_end,
+/// delta, decay_log2, seg_init)` as `(offset, len)`, and the total.
+fn carve_backward(
+    grad: usize,
+    split: Option<(usize, usize)>,
+    seg_init: usize,
+) -> ([(usize, usize); 5], usize) {
+    let up = |n: usize| n.div_ceil(CARVE_ALIGN) * CARVE_ALIGN;
+    let (state, decay) = split.unwrap_or((0, 0));
+    let lens = [grad.max(1), state, state, decay, seg_init];
+    let mut at = 0;
+    let parts = lens.map(|len| {
+        let part = (at, len);
+        at += up(len);
+        part
+    });
+    let total = parts[4].0 + parts[4].1;
+    (parts, total)
+}
+
+/// The workspace a backward of Q of shape `q` and V of shape `v` with `options` needs on
+/// `target` (pure; its kernels are the baseline's): the tables of its segments and its f32
+/// buffers (to be zeroed by the caller). The problem is validated as the plan validates it.
+pub fn backward_workspace_lens(
+    target: Target,
+    q: &[usize],
+    v: &[usize],
+    options: &GlaOptions,
+) -> Result<GlaWorkspaceLens> {
+    let p = GlaProblem::from_shapes(q, v, options)?;
+    p.validate()?;
+    let segments = p.backward_segments(target)?;
+    let (segment_words, combine_words) = segments.table_words();
+    let split = p.workspace_len(&segments);
+    let per_state = p.heads * p.dk * p.dv;
+    let grad = kernel_abi::gla::backward::grad_slots(p.rows(), segments.segments.len()) * per_state;
+    let seg_init = if split.is_some() {
+        segments.segments.len() * per_state
+    } else {
+        0
+    };
+    Ok(GlaWorkspaceLens {
+        table_words: segment_words.len() + combine_words.len(),
+        buffer_elems: carve_backward(grad, split, seg_init).1,
+    })
+}
+
+/// Plan the backward on raw tensors for `target` (pure), as [`plan_raw`] the forward: the plan,
+/// its workspace as views (`workspace.buffers` required), and the table words to write.
+pub fn plan_backward_raw<'a>(
+    target: Target,
+    options: &GlaOptions,
+    t: &RawGlaBackwardTensors<'_>,
+    workspace: &RawGlaWorkspace<'_>,
+) -> Result<(GlaBackwardPlan, GlaBackwardWorkspace<'a>, Vec<u32>)> {
+    let p = GlaProblem::from_shapes(&t.q.shape, &t.v.shape, options)?;
+    p.validate()?;
+    let qk = [p.batch, p.seq_len, p.heads, p.dk];
+    let vo = [p.batch, p.seq_len, p.heads, p.dv];
+    let state = [p.num_seqs(), p.heads, p.dk, p.dv];
+    let st = |what: &str, s: &RawTensor| s.contiguous_view(what, &state, 16);
+    let tensors = GlaBackwardTensors {
+        q: t.q.contiguous_view("GLA q", &qk, 16)?,
+        k: t.k.contiguous_view("GLA k", &qk, 16)?,
+        v: t.v.contiguous_view("GLA v", &vo, 16)?,
+        g: t.g.contiguous_view("GLA g", &qk, 16)?,
+        init_state: t
+            .init_state
+            .map(|s| st("GLA initial state", s))
+            .transpose()?,
+        d_o: t.d_o.contiguous_view("GLA output gradient", &vo, 16)?,
+        d_final_state: t
+            .d_final_state
+            .map(|s| st("GLA final-state gradient", s))
+            .transpose()?,
+        d_q: t.d_q.contiguous_view("GLA query gradient", &qk, 16)?,
+        d_k: t.d_k.contiguous_view("GLA key gradient", &qk, 16)?,
+        d_v: t.d_v.contiguous_view("GLA value gradient", &vo, 16)?,
+        d_g: t.d_g.contiguous_view("GLA log-decay gradient", &qk, 16)?,
+        d_init_state: st("GLA initial-state gradient", t.d_init_state)?,
+    };
+    check_disjoint(&t.inputs(), &t.outputs())?;
+    let mut all = t.inputs();
+    all.extend(t.outputs());
+    check_disjoint(&all, &scratch(workspace))?;
+    let plan = p.plan_backward(target, &tensors)?;
+    let (segment_words, combine_words) = plan.segments.table_words();
+    let words = segment_words.len() + combine_words.len();
+    let tables: DevView<'a, u32> =
+        workspace
+            .tables
+            .contiguous_view("GLA workspace tables", &[words], 16)?;
+    let (parts, total) = carve_backward(plan.grad_len, plan.workspace, plan.seg_init_len);
+    let buffers = workspace
+        .buffers
+        .ok_or_else(|| Error::invalid("GLA workspace buffers", "the backward needs its buffers"))?;
+    let all: DevView<'a, f32> = buffers.contiguous_view("GLA workspace buffers", &[total], 16)?;
+    // SAFETY: each part lies inside the checked views (`carve_backward`; the combination table
+    // follows the segment table's whole 16-byte entries); addresses only.
+    let ws = unsafe {
+        let part = |(at, len): (usize, usize)| DevView::from_raw(all.addr() + 4 * at as u64, len);
+        GlaBackwardWorkspace {
+            segments: DevView::from_raw(tables.addr(), segment_words.len()),
+            grad: DevView::from_raw(all.addr(), plan.grad_len),
+            split: plan.workspace.map(|_| GlaBackwardSplit {
+                combine: DevView::from_raw(
+                    tables.addr() + 4 * segment_words.len() as u64,
+                    combine_words.len(),
+                ),
+                seg_end: part(parts[1]),
+                delta: part(parts[2]),
+                decay_log2: part(parts[3]),
+                seg_init: Some(part(parts[4])),
+            }),
+        }
+    };
+    let mut table = segment_words;
+    table.extend(combine_words);
+    Ok((plan, ws, table))
+}
+
+/// Launch the backward on `stream` (asynchronous): every gradient of the forward of the same
+/// inputs, from dO (and the final states' gradient), using the caller's `workspace` (of
+/// [`backward_workspace_lens`], its buffers zeroed; its tables are written here, on the stream,
+/// before the kernels). Checks as [`plan_backward_raw`], and every tensor's memory.
+///
+/// # Safety
+/// As [`forward_raw`].
+pub unsafe fn backward_raw(
+    stream: &RawStream,
+    options: &GlaOptions,
+    tensors: &RawGlaBackwardTensors<'_>,
+    workspace: &RawGlaWorkspace<'_>,
+) -> Result<()> {
+    let gpu = stream.gpu();
+    let (plan, ws, table) = plan_backward_raw(Target::of(gpu), options, tensors, workspace)?;
+    let mut all = tensors.inputs();
+    all.extend(tensors.outputs());
+    all.extend(scratch(workspace));
+    for (what, t) in all {
+        t.check_memory(what, gpu)?;
+    }
+    // SAFETY: as in `forward_raw`: the consecutive tables in the caller's checked table tensor.
+    unsafe {
+        stream.upload(
+            &DevView::<u32>::from_raw(ws.segments.addr(), table.len()),
+            &table,
+        )
+    }?;
+    // SAFETY: as in `forward_raw`; the tables hold the plan's words, written just above.
+    unsafe { plan.run(stream, &ws) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,5 +591,69 @@ mod tests {
         );
         refuse(&|f| f.v.ptr += 2, "GLA v start");
         refuse(&|f| f.q.storage_bytes -= 2, "GLA q storage");
+    }
+
+    #[test]
+    fn raw_backward_plan_takes_its_workspace_lens() {
+        for (q, dv, options) in [
+            ([2, 1000, 4, 64], 128, GlaOptions::default()),
+            ([1, 40_000, 2, 128], 64, GlaOptions::default()),
+            (
+                [1, 3000, 4, 64],
+                64,
+                GlaOptions {
+                    cu_seqlens: Some(vec![0, 17, 2500, 3000]),
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let v = [q[0], q[1], q[2], dv];
+            let lens = backward_workspace_lens(target(), &q, &v, &options).unwrap();
+            let f = fixture(q, dv, &options);
+            let at = |i: u64| i << 40;
+            let grads = [
+                RawTensor::contiguous(at(1), ElemType::Bf16, &q),
+                RawTensor::contiguous(at(2), ElemType::Bf16, &q),
+                RawTensor::contiguous(at(3), ElemType::Bf16, &v),
+                RawTensor::contiguous(at(4), ElemType::F32, &q),
+                RawTensor::contiguous(at(5), ElemType::F32, &f.h0.shape),
+            ];
+            let d_o = RawTensor::contiguous(at(6), ElemType::Bf16, &v);
+            let tables = RawTensor::contiguous(at(7), ElemType::I32, &[lens.table_words]);
+            let buffers = RawTensor::contiguous(at(8), ElemType::F32, &[lens.buffer_elems]);
+            let t = RawGlaBackwardTensors {
+                q: &f.q,
+                k: &f.k,
+                v: &f.v,
+                g: &f.g,
+                init_state: Some(&f.h0),
+                d_o: &d_o,
+                d_final_state: Some(&f.ht),
+                d_q: &grads[0],
+                d_k: &grads[1],
+                d_v: &grads[2],
+                d_g: &grads[3],
+                d_init_state: &grads[4],
+            };
+            let w = RawGlaWorkspace {
+                tables: &tables,
+                buffers: Some(&buffers),
+            };
+            let (plan, ws, table) = plan_backward_raw(target(), &options, &t, &w).unwrap();
+            let (s, c) = plan.segments.table_words();
+            assert_eq!(table, [s, c].concat());
+            assert_eq!(ws.split.is_some(), plan.workspace.is_some(), "{q:?}");
+            plan.launches(&ws).unwrap();
+            let mut short = buffers.clone();
+            short.shape[0] -= 1;
+            let w = RawGlaWorkspace {
+                tables: &tables,
+                buffers: Some(&short),
+            };
+            let e = plan_backward_raw(target(), &options, &t, &w)
+                .map(|_| ())
+                .unwrap_err();
+            assert!(e.to_string().contains("GLA workspace buffers shape"), "{e}");
+        }
     }
 }
