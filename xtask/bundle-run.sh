@@ -10,7 +10,8 @@
 #   3. the Python package: the rustkernels wheel installed offline into <results>/pydeps, and
 #      its GPU checks, one per family (python/test_{attention,gla,semicrf,mhc}.py: against
 #      f64 references, bad input, opcheck, torch.compile), each then again in quick mode on
-#      the portable PTX (KERNELS_ARCH=sm_80);
+#      the portable PTX (KERNELS_ARCH=sm_80); then python/e2e/llama_train.py (a transformers
+#      Llama trained with our attention; writes <results>/python.json) and python/e2e/soak.py;
 #   4. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
 #      (peers run through python3 on the same inputs; the peers' packages are installed first
 #      from wheels/ into <results>/pydeps, offline).
@@ -136,6 +137,24 @@ if [ "$do_python" = 1 ]; then
         [ "$rc" = 0 ] || status=1
       done
     done
+    # End to end: a transformers Llama trained with our attention against transformers' own
+    # (results file <results>/python.json), then the soak through the Python layer.
+    if [ -f "$here/python/e2e/llama_train.py" ]; then
+      start=$(date +%s)
+      PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
+        python3 "$here/python/e2e/llama_train.py" "$out/python.json" \
+        --commit "$(sed -n 's/^commit=//p' "$here/MANIFEST")" > "$out/logs/python-e2e-llama.log" 2>&1
+      rc=$?
+      note "python e2e llama: rc=$rc $(( $(date +%s) - start ))s -> $out/python.json"
+      grep -E '^(llama_train_step|note:)' "$out/logs/python-e2e-llama.log" | sed 's/^/    /' | tee -a "$summary"
+      [ "$rc" = 0 ] || status=1
+      start=$(date +%s)
+      PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
+        python3 "$here/python/e2e/soak.py" > "$out/logs/python-e2e-soak.log" 2>&1
+      rc=$?
+      note "python e2e soak: rc=$rc $(( $(date +%s) - start ))s $(grep '^python soak' "$out/logs/python-e2e-soak.log")"
+      [ "$rc" = 0 ] || status=1
+    fi
   fi
 fi
 
