@@ -72,8 +72,9 @@ pub mod reference;
 
 pub use crate::attention::Target;
 pub use backward::{
-    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardTensors,
-    GlaBackwardWorkspace, GlaGradients, GlaOutputGrads, GlaReverseTensors, backward,
+    DqkgKernel, GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep,
+    GlaBackwardTensors, GlaBackwardWorkspace, GlaGradients, GlaOutputGrads, GlaReverseTensors,
+    backward, backward_with,
 };
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;
