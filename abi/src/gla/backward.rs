@@ -230,6 +230,10 @@ pub struct TcLayout {
     pub q_dec: u32,
     /// `k exp(B - b)` (bf16, `dk` wide): the state update's operand.
     pub k_dec: u32,
+    /// What `q_dec` leaves of `scale q exp(b)` (bf16): the low part of the operand.
+    pub q_dec_lo: u32,
+    /// What `k_dec` leaves of `k exp(B - b)` (bf16).
+    pub k_dec_lo: u32,
     /// `S dO^T` per token (f32 rows): dq's inter-chunk part before its decay and scale.
     pub dq_inter: u32,
     /// `G v^T` per token (f32 rows): dk's inter-chunk part before its decay.
@@ -240,7 +244,8 @@ pub struct TcLayout {
     pub chunk_decay: u32,
     /// What the segment's log-decays give through its end state, `[dk]` f32.
     pub through_end: u32,
-    /// The dg carried into each chunk from everything after it, `[CHUNKS_PER_G_BLOCK][dk]` f32.
+    /// The dg carried into each chunk from everything after it, `[CHUNKS_PER_G_BLOCK][dk]` f32
+    /// (after the walk, in the place of `chunk_decay`).
     pub carry: u32,
     /// End of the layout.
     pub end: u32,
@@ -260,13 +265,15 @@ pub const fn tc_layout(dk: u32, dv: u32) -> TcLayout {
     let d_o = v + bv;
     let q_dec = d_o + bv;
     let k_dec = q_dec + bk;
-    let dq_inter = k_dec + bk;
+    let q_dec_lo = k_dec + bk;
+    let k_dec_lo = q_dec_lo + bk;
+    let dq_inter = k_dec_lo + bk;
     let dk_inter = dq_inter + bf;
     let d_a = dk_inter + bf;
     let chunk_decay = d_a + CHUNKS_PER_G_BLOCK * CHUNK * CHUNK * 4;
     let through_end = chunk_decay + CHUNKS_PER_G_BLOCK * dk * 4;
-    let carry = through_end + dk * 4;
-    let end = carry + CHUNKS_PER_G_BLOCK * dk * 4;
+    let carry = chunk_decay;
+    let end = through_end + dk * 4;
     TcLayout {
         q,
         k,
@@ -275,6 +282,8 @@ pub const fn tc_layout(dk: u32, dv: u32) -> TcLayout {
         d_o,
         q_dec,
         k_dec,
+        q_dec_lo,
+        k_dec_lo,
         dq_inter,
         dk_inter,
         d_a,

@@ -6,7 +6,8 @@
 //! segment's initial state) in registers. Per block, with chunks of [`CHUNK`] tokens, `b_t` the
 //! inclusive cumulative log-decays from the chunk start, `B` the chunk's total and the block's
 //! end gradient `G` (the reverse pass's stored gradient of this block):
-//! 1. element-wise: `q_dec = scale q exp(b)`, `k_dec = k exp(B - b)` (bf16 tiles) and `exp(B)`;
+//! 1. element-wise: `q_dec = scale q exp(b)`, `k_dec = k exp(B - b)` and `exp(B)`, the
+//!    operands as pairs of bf16 tiles (high part and the rest, 16 bits together);
 //! 2. tensor cores: `dA = scale dO v^T` of each chunk; the chunks last to first from `G`:
 //!    `G v^T` (dk's inter part), `G <- exp(B) G + q_dec^T dO`; the chunks first to last from
 //!    `S`: `S dO^T` (dq's inter part), `S <- exp(B) S + k_dec^T v`;
@@ -21,6 +22,12 @@
 //!    rather than to dg (every other term carries a decay). The segment's last token also
 //!    leaves out its `k (G v^T)` (undecayed), and the end term is `rowsum(a_E S_{E-1} * G_E)`
 //!    (the state update of the last chunk without its last token's own `k^T v`).
+//!
+//! Precision: the products with `S` and `G` take them as bf16 pairs too, and the updates take
+//! the decayed operands' pairs: dg is a sum of differences of these products over the whole
+//! segment, and with single bf16 operands its error reached the tests' 1e-2 (relative L2;
+//! with the pairs 1e-5 within a block, and what the reverse pass's block gradients carry
+//! across blocks). Twice the `mma` of single operands; dA takes the exact bf16 inputs.
 //!
 //! After the walk, dg gets, from the segment's last block back, the sums of every later chunk
 //! and the end term added (zero where `g < G_FLOOR`).
@@ -45,7 +52,8 @@
 //!   memory only (dq, dk and the per-chunk sums in dg of its own (token, channel) elements).
 //!
 //! Then the carry pass, per block from the last: barrier E (the block's sums in dg, written
-//! by other threads, are visible; the previous iteration's readers of `carry` are done),
+//! by other threads, are visible; the previous iteration's readers of `carry` are done;
+//! `carry` takes `chunk_decay`'s place, last read before the last block's barrier D),
 //! thread `d < DK` writes the carry into each chunk of the block to `carry` (reading the sums at
 //! the chunks' first tokens), barrier F publishes it, and every thread finishes its elements of
 //! dg. Global memory is written only for this block's segment and head.
@@ -135,6 +143,7 @@ unsafe fn update<const DK: u32, const DV: u32, const NT: usize>(
     d0: u32,
     st: &mut [[f32; 4]; NT],
     a_rows: u32,
+    a_lo_rows: u32,
     b_rows: u32,
     decay: u32,
 ) {
@@ -156,11 +165,13 @@ unsafe fn update<const DK: u32, const DV: u32, const NT: usize>(
         tile[2] *= hi;
         tile[3] *= hi;
     }
-    // A[m = d][k = t] = a_rows[t][d], transposed from the stored rows.
+    // A[m = d][k = t] = a_rows[t][d], transposed from the stored rows (and its low part).
+    let at = (lane % 8 + 8 * (lane / 16)) * rbk + (d0 / 8 + (lane / 8) % 2) * 16;
     // SAFETY: published rows < 16, channels d0 ..+ 16 < DK.
-    let a = unsafe {
-        ldmatrix::x4_trans(
-            a_rows + (lane % 8 + 8 * (lane / 16)) * rbk + (d0 / 8 + (lane / 8) % 2) * 16,
+    let (a, a_lo) = unsafe {
+        (
+            ldmatrix::x4_trans(a_rows + at),
+            ldmatrix::x4_trans(a_lo_rows + at),
         )
     };
     for jj in 0..NT / 2 {
@@ -169,6 +180,8 @@ unsafe fn update<const DK: u32, const DV: u32, const NT: usize>(
         unsafe {
             let b =
                 ldmatrix::x4_trans(b_rows + (lane % 16) * rbv + (2 * jj as u32 + lane / 16) * 16);
+            mma_bf16(&mut st[2 * jj], a_lo, [b[0], b[1]]);
+            mma_bf16(&mut st[2 * jj + 1], a_lo, [b[2], b[3]]);
             mma_bf16(&mut st[2 * jj], a, [b[0], b[1]]);
             mma_bf16(&mut st[2 * jj + 1], a, [b[2], b[3]]);
         }
@@ -291,9 +304,14 @@ pub(super) unsafe fn dqkg_tc<
                 cum += x;
                 let row = (r0 + t as u32) * rbk + 2 * d;
                 let q = bf(base + lay.q + row);
-                let v = convert::f32_to_bf16(b.scale * q * math::exp2(cum));
-                // SAFETY: this item's element of q_dec (one writer).
-                unsafe { u16::store(base + lay.q_dec + row, v) };
+                let x = b.scale * q * math::exp2(cum);
+                let hi = convert::f32_to_bf16(x);
+                let lo = convert::f32_to_bf16(x - convert::bf16_to_f32(hi));
+                // SAFETY: this item's element of q_dec and q_dec_lo (one writer).
+                unsafe {
+                    u16::store(base + lay.q_dec + row, hi);
+                    u16::store(base + lay.q_dec_lo + row, lo);
+                }
             }
             // SAFETY: this item's element of chunk_decay (one writer).
             unsafe { f32::store(base + lay.chunk_decay + 4 * (c * DK + d), math::exp2(cum)) };
@@ -302,9 +320,14 @@ pub(super) unsafe fn dqkg_tc<
                 let row = (r0 + t as u32) * rbk + 2 * d;
                 let own_end = last_block && first + r0 + t as u32 == len - 1;
                 let k = bf(base + lay.k + row);
-                let v = if own_end { 0.0 } else { k * math::exp2(suffix) };
-                // SAFETY: this item's element of k_dec (one writer).
-                unsafe { u16::store(base + lay.k_dec + row, convert::f32_to_bf16(v)) };
+                let x = if own_end { 0.0 } else { k * math::exp2(suffix) };
+                let hi = convert::f32_to_bf16(x);
+                let lo = convert::f32_to_bf16(x - convert::bf16_to_f32(hi));
+                // SAFETY: this item's element of k_dec and k_dec_lo (one writer).
+                unsafe {
+                    u16::store(base + lay.k_dec + row, hi);
+                    u16::store(base + lay.k_dec_lo + row, lo);
+                }
                 suffix += l[t];
             }
         }
@@ -374,6 +397,7 @@ pub(super) unsafe fn dqkg_tc<
                         d0,
                         &mut gr,
                         base + lay.q_dec + r0 * rbk,
+                        base + lay.q_dec_lo + r0 * rbk,
                         base + lay.d_o + r0 * rbv,
                         base + lay.chunk_decay + 4 * c * DK,
                     )
@@ -403,6 +427,7 @@ pub(super) unsafe fn dqkg_tc<
                     d0,
                     &mut st,
                     base + lay.k_dec + r0 * rbk,
+                    base + lay.k_dec_lo + r0 * rbk,
                     base + lay.v + r0 * rbv,
                     base + lay.chunk_decay + 4 * c * DK,
                 )
