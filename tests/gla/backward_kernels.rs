@@ -113,6 +113,10 @@ fn emulated_cases() -> Vec<Case> {
     c.p = GlaProblem::varlen(vec![0, 1, 2, 66], 1, 64, 64).with_scale(0.37);
     c.seed = 5150;
     v.push(c);
+    // Segments of several G_BLOCK-token blocks (the last partial).
+    v.push(case(1, 200, 1, 64, 64, Decay::Uniform(-1.0, 0.0)));
+    v.push(case(1, 150, 2, 128, 128, Decay::Spiky));
+    v.push(case(1, 130, 1, 64, 64, Decay::Uniform(-20.5, -19.5)));
     v
 }
 
@@ -178,7 +182,7 @@ pub fn register(s: &mut Suite) {
     }
     // The token-by-token kernel, on the cases that stress it most (decays near the clamp,
     // split and packed sequences).
-    for i in [6, 9, 13] {
+    for i in [6, 9, 13, 15] {
         let c = emulated_full_cases().swap_remove(i);
         s.cpu(
             &format!("gla/backward/emulated/token/{}", name(&c)),
@@ -206,7 +210,8 @@ pub fn register(s: &mut Suite) {
 /// Emulated cases of the whole backward: every head-dimension pair at one token, partial
 /// steps, decays near the clamp, spiky and gapped, no initial state, no final-state gradient,
 /// packed sequences (of one token too), split sequences (segments inside and at the ends of
-/// 64-token blocks, with and without initial state and final-state gradient), another scale.
+/// 64-token blocks, with and without initial state and final-state gradient), another scale,
+/// segments of several 64-token blocks.
 fn emulated_full_cases() -> Vec<Case> {
     let slow = Decay::Uniform(-0.5, 0.0);
     let mut v = Vec::new();
@@ -241,6 +246,10 @@ fn emulated_full_cases() -> Vec<Case> {
     c.p = GlaProblem::varlen(vec![0, 1, 2, 66], 1, 64, 64).with_scale(0.37);
     c.seed = 5150;
     v.push(c);
+    // Segments of several G_BLOCK-token blocks (the last partial).
+    v.push(case(1, 200, 1, 64, 64, Decay::Uniform(-1.0, 0.0)));
+    v.push(case(1, 150, 2, 128, 128, Decay::Spiky));
+    v.push(case(1, 130, 1, 64, 64, Decay::Uniform(-20.5, -19.5)));
     v
 }
 

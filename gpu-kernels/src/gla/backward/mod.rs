@@ -11,10 +11,12 @@
 //! pass and combination mirrored: `gla_bwd_states_dk{DK}_dv{DV}` (the same walk from a zero
 //! gradient, without dv or stored gradients: the gradient each segment but the first adds at
 //! its start, and its total decay) and `gla_bwd_combine` (`combine.rs`: `seg_end` of every
-//! segment but the last, chained from the sequence's end). Then `gla_bwd_dqkg_dk{DK}_dv{DV}`
-//! (`dqkg.rs`, its own tiling and barrier protocol there) computes dq, dk and dg token by token
-//! from the segment's initial state (the forward's state pass and combination) and its end
-//! gradient.
+//! segment but the last, chained from the sequence's end). Then `gla_bwd_dqkg_tc_dk{DK}_dv{DV}`
+//! (`dqkg_tc.rs`, its own algorithm, tiling and barrier protocol there) computes dq, dk and dg
+//! chunkwise on tensor cores from the segment's initial state (the forward's state pass and
+//! combination) and the stored block gradients; `gla_bwd_dqkg_dk{DK}_dv{DV}` (`dqkg.rs`)
+//! computes the same token by token from the segment's initial state and its end gradient
+//! (the reference implementation on the device).
 //!
 //! # Parameters
 //! [`DhdvParams`]: contiguous q, k, g `[rows, H, DK]`, dO, dv `[rows, H, DV]` in bf16, f32
