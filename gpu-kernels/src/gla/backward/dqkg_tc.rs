@@ -42,13 +42,17 @@
 //! # Barrier protocol (all `bar.sync 0`, reached uniformly by every thread of the block)
 //! Per block of the walk:
 //! - barrier A: every thread finished the previous block (its reads of every tile); then all
-//!   threads issue the `cp.async` copies of the raw q, k, g, v, dO rows and wait for their own;
+//!   threads issue the `cp.async` copies of the raw q, k, g rows and wait for their own (and
+//!   for the block's v and dO rows, issued after the previous block's barrier D, or before the
+//!   walk for the first block);
 //! - barrier B publishes the raw rows; the element-wise phase writes `q_dec`, `k_dec`,
 //!   `chunk_decay` (one writer per element);
 //! - barrier C publishes them; the matrix phase writes `d_a` (warps 0 .. 3, one chunk each),
 //!   `dq_inter`, `dk_inter` (each warp its 16 channels) and, in the segment's last block,
 //!   `through_end` (each warp its channels);
-//! - barrier D publishes them; the CUDA-core phase reads them and the raw rows and writes global
+//! - barrier D publishes them and says that the matrix phase's reads of the raw v and dO rows
+//!   are done: every thread issues the copies of the next block's v and dO rows into them; the
+//!   CUDA-core phase reads the published tiles and the raw q, k, g rows and writes global
 //!   memory only (dq, dk and the per-chunk sums in dg of its own (token, channel) elements).
 //!
 //! Then the carry pass, per block from the last: barrier E (the block's sums in dg, written
@@ -269,6 +273,17 @@ pub(super) unsafe fn dqkg_tc<
     }
     let (sk, sv) = (heads * DK as u64, heads * DV as u64);
     let off = head as usize;
+    let qk = |src: *const u16| src.wrapping_add(off * DK as usize);
+    // The `cp.async` copies of the v and dO rows of block `blk` (issued a block ahead).
+    let load_v_do = |blk: u32| {
+        let first = blk * G_BLOCK;
+        let (valid, row0) = ((len - first).min(G_BLOCK), seg.start as u64 + first as u64);
+        let vo = |src: *const u16| src.wrapping_add(off * DV as usize);
+        load_tile::<DV, G_BLOCK, THREADS>(base + lay.v, vo(b.v), row0 * sv, sv, valid);
+        load_tile::<DV, G_BLOCK, THREADS>(base + lay.d_o, vo(b.d_o), row0 * sv, sv, valid);
+        cp_async::commit_group();
+    };
+    load_v_do(0);
 
     for blk in 0..blocks {
         let first = blk * G_BLOCK;
@@ -277,14 +292,12 @@ pub(super) unsafe fn dqkg_tc<
         let last_block = blk == blocks - 1;
         // SAFETY: barrier A (uniform: `blocks` is block-uniform).
         unsafe { sync::sync_threads() };
-        let qk = |src: *const u16| src.wrapping_add(off * DK as usize);
-        let vo = |src: *const u16| src.wrapping_add(off * DV as usize);
         load_tile::<DK, G_BLOCK, THREADS>(base + lay.q, qk(b.q), row0 * sk, sk, valid);
         load_tile::<DK, G_BLOCK, THREADS>(base + lay.k, qk(b.k), row0 * sk, sk, valid);
         load_tile::<DK, G_BLOCK, THREADS>(base + lay.g, qk(b.g), row0 * sk, sk, valid);
-        load_tile::<DV, G_BLOCK, THREADS>(base + lay.v, vo(b.v), row0 * sv, sv, valid);
-        load_tile::<DV, G_BLOCK, THREADS>(base + lay.d_o, vo(b.d_o), row0 * sv, sv, valid);
         cp_async::commit_group();
+        // This block's v and dO rows were issued before (with the previous block's CUDA-core
+        // phase, or before the walk).
         cp_async::wait_all();
         // SAFETY: barrier B.
         unsafe { sync::sync_threads() };
@@ -460,6 +473,11 @@ pub(super) unsafe fn dqkg_tc<
         }
         // SAFETY: barrier D.
         unsafe { sync::sync_threads() };
+        // The v and dO rows are read only by the matrix phase: the next block's copies overlap
+        // the CUDA-core phase.
+        if blk + 1 < blocks {
+            load_v_do(blk + 1);
+        }
 
         // CUDA-core phase: intra-chunk sums, dq, dk and the chunk's sums of dg.
         for r in 0..ITEMS {
