@@ -305,8 +305,9 @@ pub const fn tc_smem_bytes(dk: u32, dv: u32) -> usize {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DqkgTcParams {
-    /// As for `gla_bwd_dqkg`; `d_g` is also the kernel's f32 scratch (the per-chunk sums
-    /// before the carry from later chunks is added).
+    /// As for `gla_bwd_dqkg`, but `seg_end` and `d_final_state` are not read (a segment's end
+    /// gradient is its last block's slot of `grad`); `d_g` is also the kernel's f32 scratch
+    /// (the per-chunk sums before the carry from later chunks is added).
     pub base: DqkgParams,
     /// The gradient at the end of every block of every segment ([`grad_slot`]), `[grad_slots,
     /// heads, dk, dv]` f32, written by `gla_bwd_dhdv`.

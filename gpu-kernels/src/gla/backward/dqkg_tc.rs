@@ -197,8 +197,9 @@ unsafe fn update<const DK: u32, const DV: u32, const NT: usize>(
 ///
 /// # Safety
 /// Launched as documented on [`DqkgTcParams`]; the segment table holds consecutive disjoint
-/// segments; `seg_init` (segments that are not first), `seg_end` (not last) and `grad` were
-/// written by the launches before.
+/// segments; `seg_init` (segments that are not first) and `grad` were written by the launches
+/// before (the segment's end gradient is its last block's slot of `grad`: `seg_end` and
+/// `d_final_state` are not read).
 #[inline(always)]
 pub(super) unsafe fn dqkg_tc<
     const DK: u32,
