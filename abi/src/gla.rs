@@ -782,6 +782,10 @@ macro_rules! gla_kernels {
             backward::KERNELS[10],
             backward::KERNELS[11],
             backward::KERNELS[12],
+            backward::KERNELS[13],
+            backward::KERNELS[14],
+            backward::KERNELS[15],
+            backward::KERNELS[16],
         ];
 
         /// The baseline kernels `(gla_fwd, gla_states)` of head dimensions `(dk, dv)`, if any.

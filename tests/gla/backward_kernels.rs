@@ -3,8 +3,11 @@
 //!   `gla_bwd_dhdv_dk*_dv*`): dv, the gradient of every sequence's initial state and the stored
 //!   gradient at the end of every `G_BLOCK`-token block (`reference::reverse_sweep`, checked
 //!   against `reference::backward` on the small cases);
-//! - `.../full/...`: the whole backward (`GlaProblem::plan_backward` in the emulator,
-//!   `gla::backward` on the GPU): dq, dk, dv, dg and the initial states' gradient against
+//! - `.../full/...` (emulated) and `gpu/tc/...`: the whole backward as planned by default
+//!   (`GlaProblem::plan_backward` in the emulator, `gla::backward` on the GPU: dq, dk, dg by
+//!   the chunkwise `gla_bwd_dqkg_tc`); `.../token/...`: the same with the token-by-token
+//!   `gla_bwd_dqkg` (`DqkgKernel::TokenByToken`). Each checks dq, dk, dv, dg and the initial
+//!   states' gradient against
 //!   `reference::backward`, each by its relative L2 error (dg also exactly 0 where
 //!   `g < G_FLOOR`). dq, dk and dg accumulate in f32 from the bf16 inputs, G and the segment
 //!   states (dq and dk stored in bf16; dg in f32, its sum free of the exactly cancelling
@@ -24,8 +27,8 @@ use kernels::data::rng;
 use kernels::exec::OnStream;
 use kernels::gla::reference::{ExactInputs, OutputGrads, backward, rel_l2, reverse_sweep};
 use kernels::gla::{
-    G_BLOCK, GlaBackwardSplit, GlaBackwardTensors, GlaBackwardWorkspace, GlaGradients, GlaInputs,
-    GlaOutputGrads, GlaProblem, GlaReverseTensors, SegmentPlan, Target, grad_slot,
+    DqkgKernel, G_BLOCK, GlaBackwardSplit, GlaBackwardTensors, GlaBackwardWorkspace, GlaGradients,
+    GlaInputs, GlaOutputGrads, GlaProblem, GlaReverseTensors, SegmentPlan, Target, grad_slot,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Arch, Gpu, bf16};
@@ -110,6 +113,10 @@ fn emulated_cases() -> Vec<Case> {
     c.p = GlaProblem::varlen(vec![0, 1, 2, 66], 1, 64, 64).with_scale(0.37);
     c.seed = 5150;
     v.push(c);
+    // Segments of several G_BLOCK-token blocks (the last partial).
+    v.push(case(1, 200, 1, 64, 64, Decay::Uniform(-1.0, 0.0)));
+    v.push(case(1, 150, 2, 128, 128, Decay::Spiky));
+    v.push(case(1, 130, 1, 64, 64, Decay::Uniform(-20.5, -19.5)));
     v
 }
 
@@ -170,22 +177,41 @@ pub fn register(s: &mut Suite) {
     for c in emulated_full_cases() {
         s.cpu(
             &format!("gla/backward/emulated/full/{}", name(&c)),
-            move || check_full(&c, emulator_full),
+            move || check_full(&c, |p, d, o| emulator_full(p, d, o, DqkgKernel::TensorCore)),
         );
     }
-    for c in gpu_full_cases() {
-        s.gpu(
-            &format!("gla/backward/gpu/full/{}", name(&c)),
-            Needs::Gpu,
-            move |g| check_full(&c, |p, d, o| gpu_full(g, p, d, o)),
+    // The token-by-token kernel, on the cases that stress it most (decays near the clamp,
+    // split and packed sequences).
+    for i in [6, 9, 13, 15] {
+        let c = emulated_full_cases().swap_remove(i);
+        s.cpu(
+            &format!("gla/backward/emulated/token/{}", name(&c)),
+            move || {
+                check_full(&c, |p, d, o| {
+                    emulator_full(p, d, o, DqkgKernel::TokenByToken)
+                })
+            },
         );
+    }
+    for (kind, dqkg) in [
+        ("tc", DqkgKernel::TensorCore),
+        ("token", DqkgKernel::TokenByToken),
+    ] {
+        for c in gpu_full_cases() {
+            s.gpu(
+                &format!("gla/backward/gpu/{kind}/{}", name(&c)),
+                Needs::Gpu,
+                move |g| check_full(&c, |p, d, o| gpu_full(g, p, d, o, dqkg)),
+            );
+        }
     }
 }
 
 /// Emulated cases of the whole backward: every head-dimension pair at one token, partial
 /// steps, decays near the clamp, spiky and gapped, no initial state, no final-state gradient,
 /// packed sequences (of one token too), split sequences (segments inside and at the ends of
-/// 64-token blocks, with and without initial state and final-state gradient), another scale.
+/// 64-token blocks, with and without initial state and final-state gradient), another scale,
+/// segments of several 64-token blocks.
 fn emulated_full_cases() -> Vec<Case> {
     let slow = Decay::Uniform(-0.5, 0.0);
     let mut v = Vec::new();
@@ -220,6 +246,10 @@ fn emulated_full_cases() -> Vec<Case> {
     c.p = GlaProblem::varlen(vec![0, 1, 2, 66], 1, 64, 64).with_scale(0.37);
     c.seed = 5150;
     v.push(c);
+    // Segments of several G_BLOCK-token blocks (the last partial).
+    v.push(case(1, 200, 1, 64, 64, Decay::Uniform(-1.0, 0.0)));
+    v.push(case(1, 150, 2, 128, 128, Decay::Spiky));
+    v.push(case(1, 130, 1, 64, 64, Decay::Uniform(-20.5, -19.5)));
     v
 }
 
@@ -258,7 +288,12 @@ struct FullRun {
 /// Run the whole backward in the CPU emulator through its plan (`GlaProblem::plan_backward`):
 /// host buffers with guard bands, outputs and workspace poisoned with NaN; fails if a kernel
 /// wrote outside a buffer.
-fn emulator_full(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<FullRun> {
+fn emulator_full(
+    p: &GlaProblem,
+    d: &Data,
+    o: &OutGrads,
+    dqkg: DqkgKernel,
+) -> kernels::Result<FullRun> {
     let (mut q, mut k, mut v, mut g, mut d_o) = (
         HostBuf::from_slice(&d.q),
         HostBuf::from_slice(&d.k),
@@ -291,7 +326,7 @@ fn emulator_full(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<Full
         arch: Arch::Sm80,
         multiprocessors: 132,
     };
-    let plan = p.plan_backward(target, &tensors)?;
+    let plan = p.plan_backward_with(target, &tensors, dqkg)?;
     let (words, combine_words) = plan.segments.table_words();
     let mut segments = HostBuf::from_slice(&words);
     let mut combine = HostBuf::from_slice(&combine_words);
@@ -350,8 +385,14 @@ fn emulator_full(p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<Full
     })
 }
 
-/// Run the whole backward on the GPU through `gla::backward` (outputs poisoned).
-fn gpu_full(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Result<FullRun> {
+/// Run the whole backward on the GPU through `gla::backward_with` (outputs poisoned).
+fn gpu_full(
+    gpu: &Gpu,
+    p: &GlaProblem,
+    d: &Data,
+    o: &OutGrads,
+    dqkg: DqkgKernel,
+) -> kernels::Result<FullRun> {
     let stream = gpu.stream()?;
     let (q, k, v, g) = (upload(&d.q)?, upload(&d.k)?, upload(&d.v)?, upload(&d.g)?);
     let init = d.init.as_deref().map(upload).transpose()?;
@@ -362,7 +403,7 @@ fn gpu_full(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Resul
     let mut d_v = poisoned::<bf16>(p.v_len())?;
     let mut d_g = poisoned::<f32>(p.qk_len())?;
     let mut d_init = poisoned::<f32>(p.state_len())?;
-    kernels::gla::backward(
+    kernels::gla::backward_with(
         gpu,
         &stream,
         p,
@@ -384,6 +425,7 @@ fn gpu_full(gpu: &Gpu, p: &GlaProblem, d: &Data, o: &OutGrads) -> kernels::Resul
             d_g: &mut d_g,
             d_init_state: &mut d_init,
         },
+        dqkg,
     )?;
     Ok(FullRun {
         segments: p.backward_segments(Target::of(gpu))?.segments.len(),

@@ -38,6 +38,18 @@
 //!   segment's log-decays give through its end state), zero where `g < G_FLOOR`; the first
 //!   walk leaves `q dq` (f32) in `dg` for the second.
 //!
+//! - `gla_bwd_dqkg_tc_dk{DK}_dv{DV}` ([`DqkgTcParams`]): dq, dk and dg chunkwise on tensor cores
+//!   (the default; `gla_bwd_dqkg` is its reference on the device). One block per (segment,
+//!   head), [`tc_threads`] threads (warp `w` owns key channels `16 w ..+ 16` of the state and
+//!   of its gradient), walks its segment forward one [`G_BLOCK`]-token block at a time from the
+//!   segment's initial state, reading the block's end gradient `G` from the reverse pass's
+//!   `grad`. Per chunk of [`CHUNK`] tokens, with `b_t` the inclusive cumulative log-decays from
+//!   the chunk start, `B = b_15`, `S` the state at the chunk's start, `G` the gradient at its
+//!   end and `dA[t][s] = scale dO_t . v_s`: `dq_t = sum_{s <= t} dA[t][s] exp(b_t - b_s) k_s +
+//!   scale exp(b_t) (S dO_t)`, `dk_s = sum_{t >= s} dA[t][s] exp(b_t - b_s) q_t + exp(B - b_s)
+//!   (G v_s)`; dg as for `gla_bwd_dqkg`, from the same sums without the diagonal terms
+//!   `s = t` (which cancel exactly in `q dq - k dk`).
+//!
 //! The reverse pass's shared-memory layout and block size are the forward's ([`GlaConfig`]): q,
 //! k, g and dO take the forward ring's q, k, g and v tiles, the chunk's operands its variant
 //! buffers. `gla_bwd_dqkg` stages [`DQKG_STEP`] tokens of q, k, g, v, dO at a time as f32
@@ -188,10 +200,124 @@ pub struct DqkgParams {
     pub has_d_final: u32,
 }
 
+/// Threads per block of `gla_bwd_dqkg_tc` for key dimension `dk`: a warp per 16 key channels.
+pub const fn tc_threads(dk: u32) -> u32 {
+    dk / 16 * crate::WARP_SIZE
+}
+
+/// Bytes of a row of the f32 tiles of `gla_bwd_dqkg_tc` (`dk` values and 4 of padding, so a
+/// warp's accumulator stores hit distinct banks).
+pub const fn tc_f32_row_bytes(dk: u32) -> u32 {
+    4 * (dk + 4)
+}
+
+/// Shared-memory layout of `gla_bwd_dqkg_tc` (byte offsets from the aligned base). Tiles of
+/// [`G_BLOCK`] rows, bf16 rows padded to [`GlaConfig::row_bytes`], f32 rows to
+/// [`tc_f32_row_bytes`].
+#[derive(Clone, Copy, Debug)]
+pub struct TcLayout {
+    /// Raw q, k, g rows (bf16, `dk` wide).
+    pub q: u32,
+    /// Raw keys.
+    pub k: u32,
+    /// Raw log-decays.
+    pub g: u32,
+    /// Raw v rows (bf16, `dv` wide).
+    pub v: u32,
+    /// Raw dO rows (bf16, `dv` wide).
+    pub d_o: u32,
+    /// `scale q exp(b)` (bf16, `dk` wide): the gradient update's operand.
+    pub q_dec: u32,
+    /// `k exp(B - b)` (bf16, `dk` wide): the state update's operand.
+    pub k_dec: u32,
+    /// What `q_dec` leaves of `scale q exp(b)` (bf16): the low part of the operand.
+    pub q_dec_lo: u32,
+    /// What `k_dec` leaves of `k exp(B - b)` (bf16).
+    pub k_dec_lo: u32,
+    /// `S dO^T` per token (f32 rows): dq's inter-chunk part before its decay and scale.
+    pub dq_inter: u32,
+    /// `G v^T` per token (f32 rows): dk's inter-chunk part before its decay.
+    pub dk_inter: u32,
+    /// `dA` of each chunk, `[CHUNKS_PER_G_BLOCK][16][16]` f32.
+    pub d_a: u32,
+    /// `exp(B)` of each chunk, `[CHUNKS_PER_G_BLOCK][dk]` f32.
+    pub chunk_decay: u32,
+    /// What the segment's log-decays give through its end state, `[dk]` f32.
+    pub through_end: u32,
+    /// The dg carried into each chunk from everything after it, `[CHUNKS_PER_G_BLOCK][dk]` f32
+    /// (after the walk, in the place of `chunk_decay`).
+    pub carry: u32,
+    /// End of the layout.
+    pub end: u32,
+}
+
+/// The [`TcLayout`] of head dimensions `(dk, dv)`.
+pub const fn tc_layout(dk: u32, dv: u32) -> TcLayout {
+    let (bk, bv) = (
+        G_BLOCK * GlaConfig::row_bytes(dk),
+        G_BLOCK * GlaConfig::row_bytes(dv),
+    );
+    let bf = G_BLOCK * tc_f32_row_bytes(dk);
+    let q = 0;
+    let k = q + bk;
+    let g = k + bk;
+    let v = g + bk;
+    let d_o = v + bv;
+    let q_dec = d_o + bv;
+    let k_dec = q_dec + bk;
+    let q_dec_lo = k_dec + bk;
+    let k_dec_lo = q_dec_lo + bk;
+    let dq_inter = k_dec_lo + bk;
+    let dk_inter = dq_inter + bf;
+    let d_a = dk_inter + bf;
+    let chunk_decay = d_a + CHUNKS_PER_G_BLOCK * CHUNK * CHUNK * 4;
+    let through_end = chunk_decay + CHUNKS_PER_G_BLOCK * dk * 4;
+    let carry = chunk_decay;
+    let end = through_end + dk * 4;
+    TcLayout {
+        q,
+        k,
+        g,
+        v,
+        d_o,
+        q_dec,
+        k_dec,
+        q_dec_lo,
+        k_dec_lo,
+        dq_inter,
+        dk_inter,
+        d_a,
+        chunk_decay,
+        through_end,
+        carry,
+        end,
+    }
+}
+
+/// Dynamic shared memory of `gla_bwd_dqkg_tc` (the layout and the alignment slack).
+pub const fn tc_smem_bytes(dk: u32, dv: u32) -> usize {
+    tc_layout(dk, dv).end as usize + SMEM_ALIGN
+}
+
+/// Parameters of `gla_bwd_dqkg_tc_dk{DK}_dv{DV}` (grid `(segments, heads)`, [`tc_threads`]
+/// threads, [`tc_smem_bytes`]): those of `gla_bwd_dqkg` and the reverse pass's block
+/// gradients.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DqkgTcParams {
+    /// As for `gla_bwd_dqkg`, but `seg_end` and `d_final_state` are not read (a segment's end
+    /// gradient is its last block's slot of `grad`); `d_g` is also the kernel's f32 scratch
+    /// (the per-chunk sums before the carry from later chunks is added).
+    pub base: DqkgParams,
+    /// The gradient at the end of every block of every segment ([`grad_slot`]), `[grad_slots,
+    /// heads, dk, dv]` f32, written by `gla_bwd_dhdv`.
+    pub grad: *const f32,
+}
+
 /// Declare the handles of each head-dimension pair's backward kernels, the table and the
 /// lookup.
 macro_rules! bwd_kernels {
-    ($( ($dk:literal, $dv:literal): $dhdv:ident, $states:ident, $dqkg:ident; )*) => {
+    ($( ($dk:literal, $dv:literal): $dhdv:ident, $states:ident, $dqkg:ident, $tc:ident; )*) => {
         $(
             #[doc = concat!("`gla_bwd_dhdv_dk", stringify!($dk), "_dv", stringify!($dv), "`: ",
                 "grid `(segments, heads)`, [`GlaConfig::threads`] threads, ",
@@ -218,14 +344,32 @@ macro_rules! bwd_kernels {
                 1,
                 |()| dqkg_smem_bytes($dk, $dv),
             );
+            #[doc = concat!("`gla_bwd_dqkg_tc_dk", stringify!($dk), "_dv", stringify!($dv),
+                "`: grid `(segments, heads)`, [`tc_threads`] threads, [`tc_smem_bytes`].")]
+            pub const $tc: Kernel<DqkgTcParams> = Kernel::new(
+                concat!("gla_bwd_dqkg_tc_dk", stringify!($dk), "_dv", stringify!($dv)),
+                tc_threads($dk),
+                1,
+                |()| tc_smem_bytes($dk, $dv),
+            );
         )*
 
         /// The backward's kernels (part of the family's table `kernel_abi::gla::KERNELS`).
-        pub const KERNELS: [KernelDecl; 13] = [
+        pub const KERNELS: [KernelDecl; 17] = [
             $( $dhdv.info(), $states.info(), )*
             GLA_BWD_COMBINE.info(),
             $( $dqkg.info(), )*
+            $( $tc.info(), )*
         ];
+
+        /// The chunkwise dq, dk, dg kernel `gla_bwd_dqkg_tc` of head dimensions `(dk, dv)`,
+        /// if any.
+        pub const fn dqkg_tc_kernel(dk: u32, dv: u32) -> Option<&'static Kernel<DqkgTcParams>> {
+            match (dk, dv) {
+                $( ($dk, $dv) => Some(&$tc), )*
+                _ => None,
+            }
+        }
 
         /// The dq, dk, dg kernel `gla_bwd_dqkg` of head dimensions `(dk, dv)`, if any.
         pub const fn dqkg_kernel(dk: u32, dv: u32) -> Option<&'static Kernel<DqkgParams>> {
@@ -250,10 +394,14 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    (64, 64): GLA_BWD_DHDV_DK64_DV64, GLA_BWD_STATES_DK64_DV64, GLA_BWD_DQKG_DK64_DV64;
-    (64, 128): GLA_BWD_DHDV_DK64_DV128, GLA_BWD_STATES_DK64_DV128, GLA_BWD_DQKG_DK64_DV128;
-    (128, 64): GLA_BWD_DHDV_DK128_DV64, GLA_BWD_STATES_DK128_DV64, GLA_BWD_DQKG_DK128_DV64;
-    (128, 128): GLA_BWD_DHDV_DK128_DV128, GLA_BWD_STATES_DK128_DV128, GLA_BWD_DQKG_DK128_DV128;
+    (64, 64): GLA_BWD_DHDV_DK64_DV64, GLA_BWD_STATES_DK64_DV64, GLA_BWD_DQKG_DK64_DV64,
+        GLA_BWD_DQKG_TC_DK64_DV64;
+    (64, 128): GLA_BWD_DHDV_DK64_DV128, GLA_BWD_STATES_DK64_DV128, GLA_BWD_DQKG_DK64_DV128,
+        GLA_BWD_DQKG_TC_DK64_DV128;
+    (128, 64): GLA_BWD_DHDV_DK128_DV64, GLA_BWD_STATES_DK128_DV64, GLA_BWD_DQKG_DK128_DV64,
+        GLA_BWD_DQKG_TC_DK128_DV64;
+    (128, 128): GLA_BWD_DHDV_DK128_DV128, GLA_BWD_STATES_DK128_DV128, GLA_BWD_DQKG_DK128_DV128,
+        GLA_BWD_DQKG_TC_DK128_DV128;
 }
 
 /// `gla_bwd_combine`: grid `(split sequences, heads, ceil(dk dv / COMBINE_THREADS))`,
@@ -272,4 +420,7 @@ const _: () = {
     // gla_bwd_dqkg: a key channel's lanes are consecutive lanes of one warp, its value columns
     // split evenly among them, and a block fits the hardware.
     assert!(32 % DQKG_LANES == 0 && 64 % DQKG_LANES == 0 && dqkg_threads(128) <= 1024);
+    // gla_bwd_dqkg_tc: a warp per chunk of a block for dA, its largest layout fits an SM.
+    assert!(tc_threads(64) / crate::WARP_SIZE >= CHUNKS_PER_G_BLOCK);
+    assert!(tc_smem_bytes(128, 128) <= 227 * 1024);
 };

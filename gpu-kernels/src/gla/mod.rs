@@ -22,8 +22,9 @@
 //! - `backward/`: the backward: `mod.rs` (entries, algorithm, barrier protocol), `dhdv.rs`
 //!   (the reverse pass on the baseline's tiling: the reverse walk of a segment, `gla_bwd_dhdv`
 //!   and `gla_bwd_states`), `elementwise.rs` (a chunk's operand tiles), `dv.rs` (dv of a chunk:
-//!   transposed scores, inter-chunk term), `combine.rs` (`gla_bwd_combine`), `dqkg.rs` (dq, dk,
-//!   dg token by token: `gla_bwd_dqkg`).
+//!   transposed scores, inter-chunk term), `combine.rs` (`gla_bwd_combine`), `dqkg_tc.rs` (dq,
+//!   dk, dg chunkwise on tensor cores: `gla_bwd_dqkg_tc`, the default), `dqkg.rs` (the same
+//!   token by token: `gla_bwd_dqkg`, the reference on the device).
 //! - `pingpong/`: `mod.rs` (entries, work and role split, barrier protocol), `forward.rs` (the
 //!   forward walk: producer, consumers' steps, GEMM phase), `states.rs` (the state pass),
 //!   `elementwise.rs` (the vectorized element-wise phases), `turns.rs` (the consumers' turn

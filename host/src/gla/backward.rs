@@ -18,7 +18,8 @@ use crate::launch::Launch;
 use half::bf16;
 use kernel_abi::Kernel;
 use kernel_abi::gla::backward::{
-    DhdvParams, DqkgParams, GLA_BWD_COMBINE, dqkg_kernel, grad_slots, reverse_kernels,
+    DhdvParams, DqkgParams, DqkgTcParams, GLA_BWD_COMBINE, dqkg_kernel, dqkg_tc_kernel, grad_slots,
+    reverse_kernels,
 };
 use kernel_abi::gla::{COMBINE_THREADS, CombineParams, GLA_COMBINE, GlaParams, baseline_kernels};
 
@@ -108,6 +109,18 @@ pub struct GlaBackwardSplit<'a> {
     pub seg_init: Option<DevView<'a, f32>>,
 }
 
+/// Which kernel computes dq, dk and dg in a whole backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DqkgKernel {
+    /// `gla_bwd_dqkg_tc_dk*_dv*`: chunkwise, the matrix products on tensor cores, the block
+    /// gradients of the reverse pass read per block (the default).
+    #[default]
+    TensorCore,
+    /// `gla_bwd_dqkg_dk*_dv*`: token by token on CUDA cores (the reference implementation on
+    /// the device).
+    TokenByToken,
+}
+
 /// One launch of a [`GlaBackwardPlan`], with the workspace's pointers still zero.
 #[derive(Clone, Copy)]
 pub enum GlaBackwardStep {
@@ -152,6 +165,15 @@ pub enum GlaBackwardStep {
         /// The parameters.
         params: DqkgParams,
     },
+    /// `gla_bwd_dqkg_tc_dk*_dv*`.
+    DqkgTc {
+        /// The kernel.
+        kernel: &'static Kernel<DqkgTcParams>,
+        /// `(segments, heads, 1)`.
+        grid: (u32, u32, u32),
+        /// The parameters.
+        params: DqkgTcParams,
+    },
 }
 
 /// A launch of a [`GlaBackwardPlan`] with its workspace filled in.
@@ -165,6 +187,8 @@ pub enum GlaBackwardLaunch {
     ForwardStates(Launch<GlaParams>),
     /// `gla_bwd_dqkg_dk*_dv*`.
     Dqkg(Launch<DqkgParams>),
+    /// `gla_bwd_dqkg_tc_dk*_dv*`.
+    DqkgTc(Launch<DqkgTcParams>),
 }
 
 impl std::fmt::Debug for GlaBackwardStep {
@@ -183,6 +207,9 @@ impl std::fmt::Debug for GlaBackwardStep {
                 write!(f, "{} on {grid:?}", GLA_COMBINE.name)
             }
             GlaBackwardStep::Dqkg { kernel, grid, .. } => {
+                write!(f, "{} on {grid:?}", kernel.name)
+            }
+            GlaBackwardStep::DqkgTc { kernel, grid, .. } => {
                 write!(f, "{} on {grid:?}", kernel.name)
             }
         }
@@ -307,7 +334,8 @@ impl GlaProblem {
     /// the initial states' gradients, the gradient at every segment's end), then, with a split
     /// sequence, the forward's `gla_states` and `gla_combine` (the state at every segment's
     /// start; they reuse the reverse pass's `delta` and `decay_log2`, whose contents
-    /// `gla_bwd_combine` consumed), then `gla_bwd_dqkg` (dq, dk, dg). Workspace: the segment
+    /// `gla_bwd_combine` consumed), then dq, dk, dg by `gla_bwd_dqkg_tc` (chunkwise, reading
+    /// the block gradients; [`GlaProblem::plan_backward_with`] picks the kernel). Workspace: the segment
     /// table and the block gradients of the reverse pass ([`GlaBackwardPlan::grad_len`] f32),
     /// and for split sequences four `[segments, heads, dk, dv]` f32 buffers and one
     /// `[segments, heads, dk]`.
@@ -315,6 +343,16 @@ impl GlaProblem {
         &self,
         target: Target,
         t: &GlaBackwardTensors<'_>,
+    ) -> Result<GlaBackwardPlan> {
+        self.plan_backward_with(target, t, DqkgKernel::default())
+    }
+
+    /// [`GlaProblem::plan_backward`] with dq, dk, dg computed by `dqkg`.
+    pub fn plan_backward_with(
+        &self,
+        target: Target,
+        t: &GlaBackwardTensors<'_>,
+        dqkg: DqkgKernel,
     ) -> Result<GlaBackwardPlan> {
         let p = self;
         p.validate()?;
@@ -385,27 +423,38 @@ impl GlaProblem {
             });
             plan.seg_init_len = plan.segments.segments.len() * p.heads * p.dk * p.dv;
         }
-        plan.steps.push(GlaBackwardStep::Dqkg {
-            kernel: dqkg_kernel(dk, dv).expect("validated head dimensions"),
-            grid,
-            params: DqkgParams {
-                q: t.q.ptr(),
-                k: t.k.ptr(),
-                v: t.v.ptr(),
-                g: t.g.ptr(),
-                d_o: t.d_o.ptr(),
-                d_q: t.d_q.ptr(),
-                d_k: t.d_k.ptr(),
-                d_g: t.d_g.ptr(),
-                segments: std::ptr::null(),
-                init_state: init,
-                seg_init: std::ptr::null(),
-                d_final_state: t.d_final_state.map_or(null, |b| b.ptr()),
-                seg_end: std::ptr::null(),
-                heads: p.heads as u32,
-                scale: p.output_scale(),
-                has_init: u32::from(t.init_state.is_some()),
-                has_d_final: u32::from(t.d_final_state.is_some()),
+        let params = DqkgParams {
+            q: t.q.ptr(),
+            k: t.k.ptr(),
+            v: t.v.ptr(),
+            g: t.g.ptr(),
+            d_o: t.d_o.ptr(),
+            d_q: t.d_q.ptr(),
+            d_k: t.d_k.ptr(),
+            d_g: t.d_g.ptr(),
+            segments: std::ptr::null(),
+            init_state: init,
+            seg_init: std::ptr::null(),
+            d_final_state: t.d_final_state.map_or(null, |b| b.ptr()),
+            seg_end: std::ptr::null(),
+            heads: p.heads as u32,
+            scale: p.output_scale(),
+            has_init: u32::from(t.init_state.is_some()),
+            has_d_final: u32::from(t.d_final_state.is_some()),
+        };
+        plan.steps.push(match dqkg {
+            DqkgKernel::TensorCore => GlaBackwardStep::DqkgTc {
+                kernel: dqkg_tc_kernel(dk, dv).expect("validated head dimensions"),
+                grid,
+                params: DqkgTcParams {
+                    base: params,
+                    grad: std::ptr::null(),
+                },
+            },
+            DqkgKernel::TokenByToken => GlaBackwardStep::Dqkg {
+                kernel: dqkg_kernel(dk, dv).expect("validated head dimensions"),
+                grid,
+                params,
             },
         });
         Ok(plan)
@@ -539,6 +588,24 @@ impl GlaBackwardPlan {
                         ..params
                     },
                 )),
+                GlaBackwardStep::DqkgTc {
+                    kernel,
+                    grid,
+                    params,
+                } => GlaBackwardLaunch::DqkgTc(Launch::new(
+                    kernel,
+                    grid,
+                    (),
+                    DqkgTcParams {
+                        base: DqkgParams {
+                            segments: workspace.segments.ptr(),
+                            seg_init,
+                            seg_end,
+                            ..params.base
+                        },
+                        grad: workspace.grad.ptr(),
+                    },
+                )),
             })
             .collect())
     }
@@ -581,6 +648,10 @@ impl GlaBackwardPlan {
                 // writes only its own segment's rows of dq, dk, dg, which alias nothing (the
                 // caller's contract).
                 GlaBackwardLaunch::Dqkg(l) => unsafe { exec.launch(l)? },
+                // SAFETY: as for `gla_bwd_dqkg`, and `grad` has the plan's size (checked),
+                // every slot of every segment written by `gla_bwd_dhdv` before (in order on
+                // the executor); the kernel uses its own segment's rows of dg as scratch.
+                GlaBackwardLaunch::DqkgTc(l) => unsafe { exec.launch(l)? },
             }
         }
         Ok(())
@@ -595,6 +666,7 @@ impl GlaBackwardLaunch {
             GlaBackwardLaunch::Combine(l) => l.kernel(),
             GlaBackwardLaunch::ForwardStates(l) => l.kernel(),
             GlaBackwardLaunch::Dqkg(l) => l.kernel(),
+            GlaBackwardLaunch::DqkgTc(l) => l.kernel(),
         }
     }
 
@@ -605,6 +677,7 @@ impl GlaBackwardLaunch {
             GlaBackwardLaunch::Combine(l) => l.config(),
             GlaBackwardLaunch::ForwardStates(l) => l.config(),
             GlaBackwardLaunch::Dqkg(l) => l.config(),
+            GlaBackwardLaunch::DqkgTc(l) => l.config(),
         }
     }
 }
@@ -645,6 +718,27 @@ pub fn backward(
     out_grads: &GlaOutputGrads,
     grads: &mut GlaGradients,
 ) -> Result<()> {
+    backward_with(
+        gpu,
+        stream,
+        problem,
+        inputs,
+        out_grads,
+        grads,
+        DqkgKernel::default(),
+    )
+}
+
+/// [`backward`] with dq, dk, dg computed by `dqkg`.
+pub fn backward_with(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &GlaProblem,
+    inputs: &GlaInputs,
+    out_grads: &GlaOutputGrads,
+    grads: &mut GlaGradients,
+    dqkg: DqkgKernel,
+) -> Result<()> {
     gpu.bind()?;
     let tensors = GlaBackwardTensors {
         q: inputs.q.into(),
@@ -660,7 +754,7 @@ pub fn backward(
         d_g: (&mut *grads.d_g).into(),
         d_init_state: (&mut *grads.d_init_state).into(),
     };
-    let plan = problem.plan_backward(Target::of(gpu), &tensors)?;
+    let plan = problem.plan_backward_with(Target::of(gpu), &tensors, dqkg)?;
     let (words, combine_words) = plan.segments.table_words();
     let segments = upload(&words)?;
     let mut grad = zeroed::<f32>(plan.grad_len.max(1))?;
@@ -795,7 +889,7 @@ mod tests {
         assert_eq!(plan.seg_init_len, 0);
         assert_eq!(
             checked_names(&plan),
-            ["gla_bwd_dhdv_dk128_dv128", "gla_bwd_dqkg_dk128_dv128"]
+            ["gla_bwd_dhdv_dk128_dv128", "gla_bwd_dqkg_tc_dk128_dv128"]
         );
         let launches = plan
             .launches(&GlaBackwardWorkspace {
@@ -808,6 +902,25 @@ mod tests {
         assert_eq!(dqkg.grid, (2, 4, 1));
         assert_eq!(
             dqkg.shared_mem_bytes,
+            kernel_abi::gla::backward::tc_smem_bytes(128, 128)
+        );
+        // The token-by-token kernel on request.
+        let plan = p
+            .plan_backward_with(target, &full_tensors(&p), DqkgKernel::TokenByToken)
+            .unwrap();
+        assert_eq!(
+            checked_names(&plan),
+            ["gla_bwd_dhdv_dk128_dv128", "gla_bwd_dqkg_dk128_dv128"]
+        );
+        let launches = plan
+            .launches(&GlaBackwardWorkspace {
+                segments: view(8 << 30, 4 * plan.segments.segments.len()),
+                grad: view(9 << 30, plan.grad_len),
+                split: None,
+            })
+            .unwrap();
+        assert_eq!(
+            launches[1].config().shared_mem_bytes,
             kernel_abi::gla::backward::dqkg_smem_bytes(128, 128)
         );
 
@@ -824,7 +937,7 @@ mod tests {
                 "gla_bwd_dhdv_dk64_dv128",
                 "gla_states_dk64_dv128",
                 "gla_combine",
-                "gla_bwd_dqkg_dk64_dv128",
+                "gla_bwd_dqkg_tc_dk64_dv128",
             ]
         );
         // A split plan without seg_init is refused.

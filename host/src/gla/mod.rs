@@ -65,7 +65,9 @@
 //! pass (dv, the initial states' gradients, the gradient at every segment's end and every
 //! [`G_BLOCK`]-token block end, [`grad_slot`]; [`GlaProblem::plan_reverse_pass`] plans it
 //! alone), for split sequences the forward's state pass and combination (the state at every
-//! segment's start), then `gla_bwd_dqkg` (dq, dk, dg), all on the forward baseline's segments.
+//! segment's start), then `gla_bwd_dqkg_tc` (dq, dk, dg chunkwise on tensor cores, reading the
+//! block gradients; [`DqkgKernel`] and [`GlaProblem::plan_backward_with`] or [`backward_with`]
+//! pick the token-by-token `gla_bwd_dqkg` instead), all on the forward baseline's segments.
 //! Workspace: the segment table, `grad_slots * heads * dk * dv` f32 of block gradients, and
 //! for split sequences `(4 dk dv + dk) * 4` bytes per segment and head.
 
@@ -78,8 +80,9 @@ pub mod reference;
 
 pub use crate::attention::Target;
 pub use backward::{
-    GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep, GlaBackwardTensors,
-    GlaBackwardWorkspace, GlaGradients, GlaOutputGrads, GlaReverseTensors, backward,
+    DqkgKernel, GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardSplit, GlaBackwardStep,
+    GlaBackwardTensors, GlaBackwardWorkspace, GlaGradients, GlaOutputGrads, GlaReverseTensors,
+    backward, backward_with,
 };
 pub use device::{GlaInputs, GlaOutputs, GlaSession, forward_sync};
 pub use kernel_abi::gla::G_FLOOR;

@@ -11,10 +11,12 @@
 //! pass and combination mirrored: `gla_bwd_states_dk{DK}_dv{DV}` (the same walk from a zero
 //! gradient, without dv or stored gradients: the gradient each segment but the first adds at
 //! its start, and its total decay) and `gla_bwd_combine` (`combine.rs`: `seg_end` of every
-//! segment but the last, chained from the sequence's end). Then `gla_bwd_dqkg_dk{DK}_dv{DV}`
-//! (`dqkg.rs`, its own tiling and barrier protocol there) computes dq, dk and dg token by token
-//! from the segment's initial state (the forward's state pass and combination) and its end
-//! gradient.
+//! segment but the last, chained from the sequence's end). Then `gla_bwd_dqkg_tc_dk{DK}_dv{DV}`
+//! (`dqkg_tc.rs`, its own algorithm, tiling and barrier protocol there) computes dq, dk and dg
+//! chunkwise on tensor cores from the segment's initial state (the forward's state pass and
+//! combination) and the stored block gradients; `gla_bwd_dqkg_dk{DK}_dv{DV}` (`dqkg.rs`)
+//! computes the same token by token from the segment's initial state and its end gradient
+//! (the reference implementation on the device).
 //!
 //! # Parameters
 //! [`DhdvParams`]: contiguous q, k, g `[rows, H, DK]`, dO, dv `[rows, H, DV]` in bf16, f32
@@ -64,12 +66,16 @@
 mod combine;
 mod dhdv;
 mod dqkg;
+mod dqkg_tc;
 mod dv;
 mod elementwise;
 
 use dhdv::walk_dhdv;
 use dqkg::dqkg;
-use kernel_abi::gla::backward::{DQKG_LANES, DhdvParams, DqkgParams, dqkg_threads};
+use dqkg_tc::dqkg_tc;
+use kernel_abi::gla::backward::{
+    CHUNKS_PER_G_BLOCK, DQKG_LANES, DhdvParams, DqkgParams, DqkgTcParams, dqkg_threads, tc_threads,
+};
 use kernel_abi::gla::{GlaConfig, GlaLayout, config_of};
 
 /// The body of `gla_bwd_dhdv` (`$full = true`) or `gla_bwd_states` (`false`) for one
@@ -103,8 +109,37 @@ macro_rules! dqkg_body {
     };
 }
 
+/// The body of `gla_bwd_dqkg_tc` for one head-dimension pair: [`dqkg_tc`] with its constants.
+macro_rules! dqkg_tc_body {
+    ($p:expr, $dk:literal, $dv:literal) => {
+        dqkg_tc::<
+            $dk,
+            $dv,
+            { tc_threads($dk) },
+            { ($dv / 8) as usize },
+            { CHUNKS_PER_G_BLOCK * $dk / tc_threads($dk) },
+        >(&$p)
+    };
+}
+
 macro_rules! bwd_kernels {
-    ($( $dhdv:ident, $states:ident, $dqkg:ident, $dk:literal, $dv:literal; )*) => {
+    ($( $dhdv:ident, $states:ident, $dqkg:ident, $tc:ident, $dk:literal, $dv:literal; )*) => {
+        $(
+            /// `gla_bwd_dqkg_tc` for this pair of head dimensions; see `dqkg_tc.rs`.
+            ///
+            /// # Safety
+            /// Grid `(segments, heads)`, `tc_threads(DK)` threads and `tc_smem_bytes`,
+            /// parameters satisfying [`DqkgTcParams`]'s contract (validated by the host);
+            /// `seg_init` written by the forward's combination for split sequences, `grad` by
+            /// `gla_bwd_dhdv`.
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $tc(p: DqkgTcParams) {
+                crate::launch_bounds!($tc in kernel_abi::gla::KERNELS);
+                // SAFETY: forwarded to the caller.
+                unsafe { dqkg_tc_body!(p, $dk, $dv) }
+            }
+        )*
         $(
             /// `gla_bwd_dqkg` for this pair of head dimensions; see `dqkg.rs`.
             ///
@@ -201,6 +236,21 @@ macro_rules! bwd_kernels {
                         run
                     },
                 },
+                crate::emu::EmuKernel {
+                    name: stringify!($tc),
+                    params: core::mem::size_of::<DqkgTcParams>(),
+                    threads: tc_threads($dk),
+                    run: {
+                        unsafe fn run(p: *const u8) {
+                            // SAFETY: as for the `gla_bwd_dhdv` entries.
+                            unsafe {
+                                let p = core::ptr::read_unaligned(p as *const DqkgTcParams);
+                                dqkg_tc_body!(p, $dk, $dv)
+                            }
+                        }
+                        run
+                    },
+                },
             )*
             crate::emu::EmuKernel {
                 name: "gla_bwd_combine",
@@ -223,8 +273,12 @@ macro_rules! bwd_kernels {
 }
 
 bwd_kernels! {
-    gla_bwd_dhdv_dk64_dv64, gla_bwd_states_dk64_dv64, gla_bwd_dqkg_dk64_dv64, 64, 64;
-    gla_bwd_dhdv_dk64_dv128, gla_bwd_states_dk64_dv128, gla_bwd_dqkg_dk64_dv128, 64, 128;
-    gla_bwd_dhdv_dk128_dv64, gla_bwd_states_dk128_dv64, gla_bwd_dqkg_dk128_dv64, 128, 64;
-    gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, gla_bwd_dqkg_dk128_dv128, 128, 128;
+    gla_bwd_dhdv_dk64_dv64, gla_bwd_states_dk64_dv64, gla_bwd_dqkg_dk64_dv64,
+        gla_bwd_dqkg_tc_dk64_dv64, 64, 64;
+    gla_bwd_dhdv_dk64_dv128, gla_bwd_states_dk64_dv128, gla_bwd_dqkg_dk64_dv128,
+        gla_bwd_dqkg_tc_dk64_dv128, 64, 128;
+    gla_bwd_dhdv_dk128_dv64, gla_bwd_states_dk128_dv64, gla_bwd_dqkg_dk128_dv64,
+        gla_bwd_dqkg_tc_dk128_dv64, 128, 64;
+    gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, gla_bwd_dqkg_dk128_dv128,
+        gla_bwd_dqkg_tc_dk128_dv128, 128, 128;
 }
