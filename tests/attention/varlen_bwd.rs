@@ -223,7 +223,8 @@ fn run_emulated<T: AttentionElem>(b: &BwdCase) -> TestResult {
     compare(&what, &b.c, &x, &dq, &dk, &dv)
 }
 
-/// Small cases for the emulator: empty sequences (no query rows, no key rows), length 1,
+/// Small cases for the emulator: empty sequences (no query rows, no key rows; batches without
+/// any), length 1,
 /// `seq_q != seq_k` per sequence, a sequence over more than one key and query block, causal,
 /// windows, grouped-query heads, D = 64 / 128 / 256, f16, both modes.
 fn emulated_cases() -> Vec<BwdCase> {
@@ -248,6 +249,22 @@ fn emulated_cases() -> Vec<BwdCase> {
         vcase(&[(9, 17), (2, 3)], 2, 1, 256, Dtype::Bf16),
         false,
         false,
+    ));
+    // No query row at all (only the dK/dV kernel runs), no key row at all (no dK/dV kernel).
+    v.push(bc(
+        vcase(&[(0, 9), (0, 70)], 2, 1, 64, Dtype::Bf16),
+        false,
+        false,
+    ));
+    v.push(bc(
+        vcase(&[(4, 0), (9, 0)], 2, 1, 64, Dtype::Bf16),
+        true,
+        false,
+    ));
+    v.push(bc(
+        vcase(&[(4, 0), (9, 0)], 2, 1, 64, Dtype::Bf16),
+        false,
+        true,
     ));
     v
 }

@@ -202,8 +202,8 @@ pub(in crate::attention) fn check_outputs_apart<T>(
 }
 
 /// Check the workspace `ws` against the lengths `delta_len` and `dq_accum_len` (the accumulator
-/// required unless `deterministic`, 16-byte aligned, apart from `delta'`); its pointers
-/// (`delta'`, the accumulator or null).
+/// required unless `deterministic` or of no element (no query row: nothing adds into it),
+/// 16-byte aligned, apart from `delta'`); its pointers (`delta'`, the accumulator or null).
 pub(in crate::attention) fn workspace_pointers(
     ws: &BackwardWorkspace<'_>,
     delta_len: usize,
@@ -224,7 +224,7 @@ pub(in crate::attention) fn workspace_pointers(
             actual: ws.delta.addr() % 4,
         });
     }
-    let accum = if deterministic {
+    let accum = if deterministic || dq_accum_len == 0 {
         std::ptr::null_mut()
     } else {
         let acc = ws.dq_accum.ok_or_else(|| {

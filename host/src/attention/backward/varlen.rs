@@ -379,14 +379,17 @@ pub fn backward_varlen<T: AttentionElem>(
         cu_seqlens_k,
     };
     let plan = problem.plan_backward(&tensors, options)?;
-    let delta = zeroed::<f32>(plan.delta_len())?;
+    // At least one element each (no query row gives an empty workspace), viewed at the plan's
+    // lengths.
+    let delta = zeroed::<f32>(plan.delta_len().max(1))?;
     let accum = if plan.dq_accum_len() > 0 {
         Some(zeroed::<f32>(plan.dq_accum_len())?)
     } else {
         None
     };
     let ws = BackwardWorkspace {
-        delta: (&delta).into(),
+        // SAFETY: the first `delta_len` elements of `delta`, live until the end of the call.
+        delta: unsafe { DevView::from_raw(DevView::from(&delta).addr(), plan.delta_len()) },
         dq_accum: accum.as_ref().map(|a| a.into()),
     };
     // SAFETY: the views, LSE, dLSE and the boundaries are borrowed for the whole call, which
