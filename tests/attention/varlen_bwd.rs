@@ -401,6 +401,133 @@ fn gpu_deterministic_bitwise(g: &Gpu) -> TestResult {
     Ok(())
 }
 
+/// The raw API (`backward_varlen_raw`: addresses, shapes, strides, a stream handle, the
+/// boundaries and the workspace as device tensors) gives bitwise the typed API's gradients
+/// (deterministic mode, so that both are reproducible).
+fn gpu_raw_api(g: &Gpu) -> TestResult {
+    use kernels::raw::{ElemType, RawStream, RawTensor};
+    let mut c = vcase(
+        &[(77, 50), (0, 3), (1, 1), (130, 200)],
+        4,
+        2,
+        64,
+        Dtype::Bf16,
+    );
+    c.p.causal = true;
+    let b = BwdCase {
+        c,
+        with_dlse: true,
+        deterministic: true,
+    };
+    let x = inputs::<bf16>(&b);
+    let typed = gpu_ok(gpu_grads(g, &b, &x))?;
+    let p = &b.c.p;
+    let raw = (|| -> kernels::Result<[Vec<bf16>; 3]> {
+        let stream = g.stream()?;
+        let s = seqlens(&b.c);
+        let (q, k, v, o, d_o) = (
+            upload(&x.q)?,
+            upload(&x.k)?,
+            upload(&x.v)?,
+            upload(&x.o)?,
+            upload(&x.d_o)?,
+        );
+        let (lse, d_lse) = (
+            upload(&x.lse)?,
+            upload(x.d_lse.as_ref().expect("with dLSE"))?,
+        );
+        let (cu_q, cu_k) = (upload(s.q())?, upload(s.k())?);
+        let (dq, dk, dv) = (
+            poisoned::<bf16>(x.q.len())?,
+            poisoned::<bf16>(x.k.len())?,
+            poisoned::<bf16>(x.k.len())?,
+        );
+        let delta = poisoned::<f32>(p.lse_len())?;
+        let t = |buf: &kernels::DeviceBuffer<bf16>, shape: [usize; 3]| {
+            RawTensor::contiguous(buf.as_device_ptr().as_raw(), ElemType::Bf16, &shape)
+        };
+        let (qs, ks) = (p.q_shape(), p.kv_shape());
+        let lse_shape = [p.heads_q, p.total_q];
+        let tensors = attention::RawAttentionVarlenBackwardTensors {
+            q: &t(&q, qs),
+            k: &t(&k, ks),
+            v: &t(&v, ks),
+            o: &t(&o, qs),
+            lse: &RawTensor::contiguous(lse.as_device_ptr().as_raw(), ElemType::F32, &lse_shape),
+            d_o: &t(&d_o, qs),
+            d_lse: Some(&RawTensor::contiguous(
+                d_lse.as_device_ptr().as_raw(),
+                ElemType::F32,
+                &lse_shape,
+            )),
+            dq: &t(&dq, qs),
+            dk: &t(&dk, ks),
+            dv: &t(&dv, ks),
+            cu_seqlens_q: &RawTensor::contiguous(
+                cu_q.as_device_ptr().as_raw(),
+                ElemType::I32,
+                &[cu_q.len()],
+            ),
+            cu_seqlens_k: &RawTensor::contiguous(
+                cu_k.as_device_ptr().as_raw(),
+                ElemType::I32,
+                &[cu_k.len()],
+            ),
+        };
+        let ws = kernels::attention::RawBackwardWorkspace {
+            delta: &RawTensor::contiguous(
+                delta.as_device_ptr().as_raw(),
+                ElemType::F32,
+                &[delta.len()],
+            ),
+            dq_accum: None,
+        };
+        let options = attention::AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        // SAFETY: a live stream of the GPU's context (the device's primary context, as
+        // `Gpu::new` retains it), kept until the end of this closure.
+        let raw_stream = unsafe { RawStream::new(g.ordinal(), stream.as_inner() as u64) }?;
+        // SAFETY: every tensor and the workspace lie in live device buffers of this closure,
+        // synchronized below before the buffers drop.
+        unsafe {
+            attention::backward_varlen_raw(
+                &raw_stream,
+                &options,
+                BackwardOptions {
+                    deterministic: true,
+                },
+                &tensors,
+                &ws,
+                p.max_seqlen_q,
+                p.max_seqlen_k,
+            )
+        }?;
+        g.sync(&stream, "attention varlen backward (raw)")?;
+        Ok([download(&dq)?, download(&dk)?, download(&dv)?])
+    })();
+    let raw = gpu_ok(raw)?;
+    for (i, name) in ["dQ", "dK", "dV"].iter().enumerate() {
+        ensure(
+            raw[i]
+                .iter()
+                .zip(&typed[i])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            || format!("raw {name} differs bitwise from the typed API's"),
+        )?;
+    }
+    let [dq, dk, dv] = &raw;
+    compare(
+        &format!("raw {} on {}", bwd_name(&b), g.arch()),
+        &b.c,
+        &x,
+        dq,
+        dk,
+        dv,
+    )
+}
+
 pub fn register(s: &mut Suite) {
     for b in emulated_cases() {
         let n = format!("attention_varlen_bwd/emulated/{}", bwd_name(&b));
@@ -409,6 +536,7 @@ pub fn register(s: &mut Suite) {
             Dtype::F16 => run_emulated::<f16>(&b),
         });
     }
+    s.gpu("attention_varlen_bwd/gpu/raw_api", Needs::Gpu, gpu_raw_api);
     s.gpu(
         "attention_varlen_bwd/gpu/deterministic_bitwise",
         Needs::Gpu,
