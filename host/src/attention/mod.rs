@@ -23,7 +23,8 @@
 //!
 //! Packed sequences of different lengths (FlashAttention's varlen interface, `cu_seqlens`):
 //! [`AttentionVarlenProblem`], [`forward_varlen`], [`forward_varlen_raw`] (the `mma.sync` path
-//! on every GPU; the module `varlen` documents the layouts).
+//! on every GPU; the module `varlen` documents the layouts), and their backward
+//! ([`AttentionVarlenProblem::plan_backward`], [`backward_varlen`], [`backward_varlen_raw`]).
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
