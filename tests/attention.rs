@@ -6,7 +6,8 @@
 //! relative above: LSE grows with the logits), and `-inf` exactly where the reference has it.
 //!
 //! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs`, the forward over
-//! packed sequences (`attention_varlen/*`) in `attention/varlen.rs`.
+//! packed sequences (`attention_varlen/*`) in `attention/varlen.rs`, its backward
+//! (`attention_varlen_bwd/*`) in `attention/varlen_bwd.rs`.
 
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -25,6 +26,8 @@ use rand::Rng;
 mod backward;
 #[path = "attention/varlen.rs"]
 mod varlen;
+#[path = "attention/varlen_bwd.rs"]
+mod varlen_bwd;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -285,6 +288,7 @@ fn main() {
     }
     backward::register(&mut s);
     varlen::register(&mut s);
+    varlen_bwd::register(&mut s);
     s.run()
 }
 

@@ -23,13 +23,19 @@ use rand::Rng;
 
 /// A packed batch: each sequence's `(seq_q, seq_k)`, the heads, the options.
 #[derive(Clone, Debug)]
-struct VarlenCase {
-    lens: Vec<(usize, usize)>,
-    p: AttentionVarlenProblem,
-    seed: u64,
+pub(super) struct VarlenCase {
+    pub(super) lens: Vec<(usize, usize)>,
+    pub(super) p: AttentionVarlenProblem,
+    pub(super) seed: u64,
 }
 
-fn vcase(lens: &[(usize, usize)], hq: usize, hkv: usize, d: usize, dtype: Dtype) -> VarlenCase {
+pub(super) fn vcase(
+    lens: &[(usize, usize)],
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    dtype: Dtype,
+) -> VarlenCase {
     let seqlens = CuSeqlens::from_lens(lens).expect("valid lengths");
     let seed = lens
         .iter()
@@ -43,7 +49,7 @@ fn vcase(lens: &[(usize, usize)], hq: usize, hkv: usize, d: usize, dtype: Dtype)
     }
 }
 
-fn name(c: &VarlenCase) -> String {
+pub(super) fn name(c: &VarlenCase) -> String {
     let p = &c.p;
     let lens: Vec<String> = c.lens.iter().map(|(a, b)| format!("{a}x{b}")).collect();
     let mut s = format!(
@@ -69,12 +75,12 @@ fn name(c: &VarlenCase) -> String {
     s
 }
 
-fn seqlens(c: &VarlenCase) -> CuSeqlens {
+pub(super) fn seqlens(c: &VarlenCase) -> CuSeqlens {
     CuSeqlens::from_lens(&c.lens).expect("valid lengths")
 }
 
 /// Packed Q, K, V uniform in `[-1, 1)`.
-fn inputs<T: AttentionElem>(c: &VarlenCase) -> (Vec<T>, Vec<T>, Vec<T>) {
+pub(super) fn inputs<T: AttentionElem>(c: &VarlenCase) -> (Vec<T>, Vec<T>, Vec<T>) {
     let mut r = rng(c.seed);
     let mut draw = |n: usize| -> Vec<T> {
         (0..n)

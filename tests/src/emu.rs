@@ -24,6 +24,7 @@ impl Exec for Emulator {
             .chain(kernel_emulator::attention::EMU_KERNELS)
             .chain(kernel_emulator::attention::VARLEN_EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::EMU_KERNELS)
+            .chain(kernel_emulator::attention::backward::VARLEN_EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::NEGATIVE_EMU_KERNELS)
             .chain(kernel_emulator::smoke_reduce::EMU_KERNELS)
             .find(|k| k.name == name)

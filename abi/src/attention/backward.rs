@@ -84,6 +84,36 @@ pub struct AttentionBwdParams {
     pub window_right: i32,
 }
 
+/// Parameters of the backward kernels over packed sequences (`attention_bwd_*_varlen_*`), the
+/// backward of `attention_fwd_varlen_*` ([`super::AttentionVarlenParams`]): sequence `b` owns
+/// query rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of Q, O, dO, dQ and key rows
+/// `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]` of K, V, dK, dV; the mask applies per sequence
+/// with that sequence's lengths.
+///
+/// The fields of `base` keep their meaning with these changes: Q, O, dO, dQ are `[total_q,
+/// heads_q, D]` and K, V, dK, dV `[total_k, heads_kv, D]` (the batch strides are not used; the
+/// sequence strides step between packed rows), `seq_q` and `seq_k` are the maximum lengths
+/// (they size the grids), `batch` the number of sequences; LSE, dLSE and `delta'` are
+/// `[heads_q, total_q]` f32 and the dQ accumulator `[heads_q, total_q, D]` f32, contiguous.
+///
+/// The kernels clamp every offset they read from `cu_seqlens_*` into `0 ..= total_*` (and each
+/// end to at least its start), so no contents can make them access memory outside the tensors;
+/// rows of a sequence past the maximum lengths (contents longer than stated) are not written.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionBwdVarlenParams {
+    /// The dense parameters, read as above.
+    pub base: AttentionBwdParams,
+    /// `[batch + 1]` i32: the first query row of each sequence, then `total_q`.
+    pub cu_seqlens_q: *const i32,
+    /// `[batch + 1]` i32: the first key row of each sequence, then `total_k`.
+    pub cu_seqlens_k: *const i32,
+    /// Query rows of Q, O, dO, dQ (and the row stride of LSE, dLSE, `delta'`).
+    pub total_q: u32,
+    /// Key rows of K, V, dK, dV.
+    pub total_k: u32,
+}
+
 /// Threads per block of the preprocess and of the dQ conversion.
 pub const ROW_THREADS: u32 = 128;
 /// Query rows per block of the preprocess and of the dQ conversion.
@@ -327,23 +357,25 @@ pub const fn dq_tile_config_of(d: u32) -> DqTileConfig {
     }
 }
 
-/// The backward kernels of one element type and head dimension.
-pub struct BwdKernels {
+/// The backward kernels of one element type and head dimension, on parameters `P`
+/// ([`AttentionBwdParams`] for dense batches, [`AttentionBwdVarlenParams`] for packed
+/// sequences; the grids' `seq_q`, `seq_k` are then the longest sequence's).
+pub struct BwdKernels<P = AttentionBwdParams> {
     /// Element type.
     pub dtype: Dtype,
     /// Head dimension.
     pub head_dim: u32,
     /// `delta'` and the zeroed dQ accumulator; grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)`.
-    pub pre: Kernel<AttentionBwdParams>,
+    pub pre: Kernel<P>,
     /// dK, dV, and dQ by atomics; grid `(ceil(seq_k / block_n), heads_kv, batch)`.
-    pub dkdv_dq: Kernel<AttentionBwdParams, BwdTileConfig>,
+    pub dkdv_dq: Kernel<P, BwdTileConfig>,
     /// dK and dV only (deterministic mode); grid as for `dkdv_dq`.
-    pub dkdv: Kernel<AttentionBwdParams, BwdTileConfig>,
+    pub dkdv: Kernel<P, BwdTileConfig>,
     /// dQ of the accumulator times the scale; grid as for `pre`.
-    pub dq_convert: Kernel<AttentionBwdParams>,
+    pub dq_convert: Kernel<P>,
     /// dQ recomputed per query block (deterministic mode); grid
     /// `(ceil(seq_q / block_m), heads_q, batch)`.
-    pub dq: Kernel<AttentionBwdParams, DqTileConfig>,
+    pub dq: Kernel<P, DqTileConfig>,
     /// Tiles of `dkdv_dq` and `dkdv`.
     pub tiles: BwdTileConfig,
     /// Tiles of `dq`.
@@ -367,7 +399,7 @@ fn dq_smem(t: DqTileConfig) -> usize {
 }
 
 /// The kernels named `attention_bwd_{role}{dtype}_d{d}` (`names`: pre, main, dkdv, convert, dq).
-const fn bwd(dtype: Dtype, d: u32, names: [&'static str; 5]) -> BwdKernels {
+const fn bwd<P>(dtype: Dtype, d: u32, names: [&'static str; 5]) -> BwdKernels<P> {
     let tiles = bwd_tile_config_of(d);
     let dq_tiles = dq_tile_config_of(d);
     BwdKernels {
@@ -463,6 +495,77 @@ pub const BWD_KERNELS: [BwdKernels; 6] = [
     ),
 ];
 
+/// The backward kernels over packed sequences for each element type and head dimension (the
+/// tiles of [`BWD_KERNELS`]).
+pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 6] = [
+    bwd(
+        Dtype::Bf16,
+        64,
+        [
+            "attention_bwd_pre_varlen_bf16_d64",
+            "attention_bwd_varlen_bf16_d64",
+            "attention_bwd_dkdv_varlen_bf16_d64",
+            "attention_bwd_dq_convert_varlen_bf16_d64",
+            "attention_bwd_dq_varlen_bf16_d64",
+        ],
+    ),
+    bwd(
+        Dtype::Bf16,
+        128,
+        [
+            "attention_bwd_pre_varlen_bf16_d128",
+            "attention_bwd_varlen_bf16_d128",
+            "attention_bwd_dkdv_varlen_bf16_d128",
+            "attention_bwd_dq_convert_varlen_bf16_d128",
+            "attention_bwd_dq_varlen_bf16_d128",
+        ],
+    ),
+    bwd(
+        Dtype::Bf16,
+        256,
+        [
+            "attention_bwd_pre_varlen_bf16_d256",
+            "attention_bwd_varlen_bf16_d256",
+            "attention_bwd_dkdv_varlen_bf16_d256",
+            "attention_bwd_dq_convert_varlen_bf16_d256",
+            "attention_bwd_dq_varlen_bf16_d256",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        64,
+        [
+            "attention_bwd_pre_varlen_f16_d64",
+            "attention_bwd_varlen_f16_d64",
+            "attention_bwd_dkdv_varlen_f16_d64",
+            "attention_bwd_dq_convert_varlen_f16_d64",
+            "attention_bwd_dq_varlen_f16_d64",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        128,
+        [
+            "attention_bwd_pre_varlen_f16_d128",
+            "attention_bwd_varlen_f16_d128",
+            "attention_bwd_dkdv_varlen_f16_d128",
+            "attention_bwd_dq_convert_varlen_f16_d128",
+            "attention_bwd_dq_varlen_f16_d128",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        256,
+        [
+            "attention_bwd_pre_varlen_f16_d256",
+            "attention_bwd_varlen_f16_d256",
+            "attention_bwd_dkdv_varlen_f16_d256",
+            "attention_bwd_dq_convert_varlen_f16_d256",
+            "attention_bwd_dq_varlen_f16_d256",
+        ],
+    ),
+];
+
 /// `negative_attention_bwd_no_ds_barrier`: `attention_bwd_bf16_d64` without the barrier between
 /// the warps' `dS^T` stores and their reads for the dQ product, a negative control for the test
 /// suites (`gpu-kernels/src/negative.rs`); the launch shape, parameters and shared memory of
@@ -478,20 +581,35 @@ pub const NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER: Kernel<AttentionBwdParams, BwdTi
 /// The backward's negative controls (never launched by the library).
 pub const NEGATIVE: &[KernelDecl] = &[NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER.info()];
 
-/// Backward kernels in [`BWD_KERNELS`] (five per entry).
-pub const BWD_KERNEL_COUNT: usize = 5 * BWD_KERNELS.len();
+/// Backward kernels in [`BWD_KERNELS`] and [`BWD_VARLEN_KERNELS`] (five per entry).
+pub const BWD_KERNEL_COUNT: usize = 5 * (BWD_KERNELS.len() + BWD_VARLEN_KERNELS.len());
 
-/// Every backward handle, for the family's table.
+/// The five handles of `k`, in launch-table order.
+const fn decls_of<P>(k: &BwdKernels<P>) -> [KernelDecl; 5] {
+    [
+        k.pre.info(),
+        k.dkdv_dq.info(),
+        k.dkdv.info(),
+        k.dq_convert.info(),
+        k.dq.info(),
+    ]
+}
+
+/// Every backward handle (dense, then packed), for the family's table.
 pub const fn bwd_kernel_decls() -> [KernelDecl; BWD_KERNEL_COUNT] {
     let mut out = [BWD_KERNELS[0].pre.info(); BWD_KERNEL_COUNT];
     let mut i = 0;
-    while i < BWD_KERNELS.len() {
-        let k = &BWD_KERNELS[i];
-        out[5 * i] = k.pre.info();
-        out[5 * i + 1] = k.dkdv_dq.info();
-        out[5 * i + 2] = k.dkdv.info();
-        out[5 * i + 3] = k.dq_convert.info();
-        out[5 * i + 4] = k.dq.info();
+    while i < BWD_KERNELS.len() + BWD_VARLEN_KERNELS.len() {
+        let decls = if i < BWD_KERNELS.len() {
+            decls_of(&BWD_KERNELS[i])
+        } else {
+            decls_of(&BWD_VARLEN_KERNELS[i - BWD_KERNELS.len()])
+        };
+        let mut j = 0;
+        while j < 5 {
+            out[5 * i + j] = decls[j];
+            j += 1;
+        }
         i += 1;
     }
     out
@@ -500,6 +618,17 @@ pub const fn bwd_kernel_decls() -> [KernelDecl; BWD_KERNEL_COUNT] {
 /// The backward kernels for `dtype` and head dimension `head_dim`, if built.
 pub fn bwd_kernels(dtype: Dtype, head_dim: u32) -> Option<&'static BwdKernels> {
     const ALL: &[BwdKernels] = &BWD_KERNELS;
+    ALL.iter()
+        .find(|k| k.dtype == dtype && k.head_dim == head_dim)
+}
+
+/// The backward kernels over packed sequences for `dtype` and head dimension `head_dim`, if
+/// built.
+pub fn bwd_varlen_kernels(
+    dtype: Dtype,
+    head_dim: u32,
+) -> Option<&'static BwdKernels<AttentionBwdVarlenParams>> {
+    const ALL: &[BwdKernels<AttentionBwdVarlenParams>] = &BWD_VARLEN_KERNELS;
     ALL.iter()
         .find(|k| k.dtype == dtype && k.head_dim == head_dim)
 }

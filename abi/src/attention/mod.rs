@@ -948,8 +948,8 @@ pub const HOPPER_KERNELS: [HopperKernel; 6 + HOPPER_VARIANTS.len()] = [
     ),
 ];
 
-/// The family's kernels (both forward paths, the backward's, then the forward over packed
-/// sequences).
+/// The family's kernels (both forward paths, the backward's on dense batches and on packed
+/// sequences, then the forward over packed sequences).
 pub const KERNELS: &[KernelDecl] = &kernel_decls();
 
 const FAMILY_KERNELS: usize = MMA_KERNELS.len()

@@ -14,7 +14,8 @@
 //! attend), [`softmax`] (the online softmax in base 2, its folded and lazy modes, NaN safety).
 //!
 //! [`backward`]: the gradients on the `mma.sync` path (preprocess, dK/dV with dQ by atomics or
-//! a deterministic dQ kernel, dQ conversion), with the forward's mask and element types.
+//! a deterministic dQ kernel, dQ conversion), with the forward's mask and element types, on
+//! dense batches and on packed sequences (the same bodies on either layout).
 
 pub mod backward;
 pub mod elem;

@@ -185,7 +185,7 @@ impl Layout for Packed {
 
 /// `start .. end` read from `cu_seqlens`, clamped: `0 <= start <= end <= total`.
 #[inline(always)]
-fn clamp_range(start: i32, end: i32, total: u32) -> (u32, u32) {
+pub(crate) fn clamp_range(start: i32, end: i32, total: u32) -> (u32, u32) {
     let start = (start.max(0) as u32).min(total);
     let end = (end.max(0) as u32).min(total).max(start);
     (start, end)

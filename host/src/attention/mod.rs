@@ -23,7 +23,8 @@
 //!
 //! Packed sequences of different lengths (FlashAttention's varlen interface, `cu_seqlens`):
 //! [`AttentionVarlenProblem`], [`forward_varlen`], [`forward_varlen_raw`] (the `mma.sync` path
-//! on every GPU; the module `varlen` documents the layouts).
+//! on every GPU; the module `varlen` documents the layouts), and their backward
+//! ([`AttentionVarlenProblem::plan_backward`], [`backward_varlen`], [`backward_varlen_raw`]).
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
@@ -40,17 +41,19 @@ mod run;
 mod varlen;
 
 pub use backward::{
-    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardPath,
-    BackwardWorkspace, BackwardWorkspaceLens, backward,
+    AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
+    AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
+    BackwardWorkspaceLens, VarlenBackwardLaunches, backward, backward_varlen,
 };
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
 pub use raw::{
-    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors, RawAttentionVarlenTensors,
-    RawBackwardWorkspace, backward_raw, backward_workspace_lens, forward_raw, forward_varlen_raw,
-    plan_backward_raw, plan_raw, plan_varlen_raw,
+    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors,
+    RawAttentionVarlenBackwardTensors, RawAttentionVarlenTensors, RawBackwardWorkspace,
+    backward_raw, backward_varlen_raw, backward_workspace_lens, forward_raw, forward_varlen_raw,
+    plan_backward_raw, plan_backward_varlen_raw, plan_raw, plan_varlen_raw,
 };
 pub use reference::{
     naive_backward_same_precision, naive_backward_varlen_same_precision, naive_same_precision,

@@ -2,11 +2,12 @@
 //! framework's tensors on its stream. The problem comes from the tensors' shapes, the plan is
 //! the typed API's ([`AttentionProblem::plan`], [`AttentionProblem::plan_backward`]), so the
 //! checks are the same; [`forward_raw`] and [`backward_raw`] add the checks of raw memory
-//! (device, allocation, outputs and workspace apart from inputs).
+//! (device, allocation, outputs and workspace apart from inputs). The same over packed
+//! sequences: [`forward_varlen_raw`], [`backward_varlen_raw`].
 
 use super::backward::{
-    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardWorkspace,
-    BackwardWorkspaceLens,
+    AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
+    AttentionVarlenBackwardTensors, BackwardOptions, BackwardWorkspace, BackwardWorkspaceLens,
 };
 use super::plan::{AttentionPlan, AttentionTensors, Target};
 use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
@@ -502,4 +503,186 @@ pub unsafe fn forward_varlen_raw(
     // outputs overlap neither the inputs nor each other (checked), and the kernel clamps the
     // boundaries' contents to the totals.
     unsafe { plan.run(stream) }
+}
+
+/// The tensors of a raw backward pass over packed sequences.
+#[derive(Clone, Copy)]
+pub struct RawAttentionVarlenBackwardTensors<'t> {
+    /// Q `[total_q, heads_q, D]`, bf16 or f16.
+    pub q: &'t RawTensor,
+    /// K `[total_k, heads_kv, D]`, Q's type.
+    pub k: &'t RawTensor,
+    /// V, as K.
+    pub v: &'t RawTensor,
+    /// O of the forward, as Q.
+    pub o: &'t RawTensor,
+    /// LSE of the forward `[heads_q, total_q]` f32, contiguous.
+    pub lse: &'t RawTensor,
+    /// dO, as Q.
+    pub d_o: &'t RawTensor,
+    /// dLSE, as LSE; `None` when the loss does not depend on LSE.
+    pub d_lse: Option<&'t RawTensor>,
+    /// dQ, as Q (written).
+    pub dq: &'t RawTensor,
+    /// dK, as K (written; with grouped-query attention the sum over the group's query heads).
+    pub dk: &'t RawTensor,
+    /// dV, as K (written, as dK).
+    pub dv: &'t RawTensor,
+    /// `[batch + 1]` i32, contiguous: the first query row of each sequence, then `total_q`.
+    pub cu_seqlens_q: &'t RawTensor,
+    /// `[batch + 1]` i32, contiguous: the first key row of each sequence, then `total_k`.
+    pub cu_seqlens_k: &'t RawTensor,
+}
+
+impl<'t> RawAttentionVarlenBackwardTensors<'t> {
+    /// The tensors, named.
+    fn all(&self) -> Vec<(&'static str, &'t RawTensor)> {
+        let mut all = vec![
+            ("Q", self.q),
+            ("K", self.k),
+            ("V", self.v),
+            ("O", self.o),
+            ("LSE", self.lse),
+            ("dO", self.d_o),
+            ("dQ", self.dq),
+            ("dK", self.dk),
+            ("dV", self.dv),
+            ("cu_seqlens_q", self.cu_seqlens_q),
+            ("cu_seqlens_k", self.cu_seqlens_k),
+        ];
+        all.extend(self.d_lse.map(|d| ("dLSE", d)));
+        all
+    }
+}
+
+/// Plan the backward pass over packed sequences on raw tensors (pure: no driver call, no memory
+/// read): the problem as [`plan_varlen_raw`] takes it (totals from Q and K, the batch from
+/// `cu_seqlens_q`, `max_seqlen_q`, `max_seqlen_k`, `options`: the forward's), the tensors'
+/// element types, ranks, strides, every view inside its storage, then the typed plan's checks
+/// ([`AttentionVarlenProblem::plan_backward`]). The workspace's lengths are the plan's:
+/// `delta'` `heads_q total_q`, the dQ accumulator `heads_q total_q D` (none in deterministic
+/// mode).
+pub fn plan_backward_varlen_raw(
+    options: &AttentionOptions,
+    backward: BackwardOptions,
+    tensors: &RawAttentionVarlenBackwardTensors<'_>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+) -> Result<(AttentionVarlenProblem, AttentionVarlenBackwardPlan)> {
+    let dtype = dtype_of(tensors.q.dtype)?;
+    let [total_q, heads_q, head_dim] = <[usize; 3]>::try_from(&tensors.q.shape[..])
+        .map_err(|_| Error::shape("Q rank", 3, tensors.q.shape.len()))?;
+    let [total_k, heads_kv, _] = <[usize; 3]>::try_from(&tensors.k.shape[..])
+        .map_err(|_| Error::shape("K rank", 3, tensors.k.shape.len()))?;
+    let [entries] = <[usize; 1]>::try_from(&tensors.cu_seqlens_q.shape[..])
+        .map_err(|_| Error::shape("cu_seqlens_q rank", 1, tensors.cu_seqlens_q.shape.len()))?;
+    let problem = AttentionVarlenProblem {
+        batch: entries.saturating_sub(1),
+        total_q,
+        total_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        heads_q,
+        heads_kv,
+        head_dim,
+        dtype,
+        scale: options.scale,
+        causal: options.causal,
+        window: options.window,
+        path: options.path,
+    };
+    problem.validate()?;
+    let plan = match dtype {
+        Dtype::Bf16 => plan_backward_varlen_typed::<bf16>(&problem, backward, tensors),
+        Dtype::F16 => plan_backward_varlen_typed::<f16>(&problem, backward, tensors),
+    }?;
+    Ok((problem, plan))
+}
+
+fn plan_backward_varlen_typed<T: AttentionElem + RawElem>(
+    problem: &AttentionVarlenProblem,
+    backward: BackwardOptions,
+    t: &RawAttentionVarlenBackwardTensors<'_>,
+) -> Result<AttentionVarlenBackwardPlan> {
+    let cu_len = problem.batch + 1;
+    let lse_shape = [problem.heads_q, problem.total_q];
+    problem.plan_backward::<T>(
+        &AttentionVarlenBackwardTensors {
+            q: packed_view("Q", t.q)?,
+            k: packed_view("K", t.k)?,
+            v: packed_view("V", t.v)?,
+            o: packed_view("O", t.o)?,
+            d_o: packed_view("dO", t.d_o)?,
+            lse: flat_view("LSE", t.lse, &lse_shape)?,
+            d_lse: t
+                .d_lse
+                .map(|d| flat_view("dLSE", d, &lse_shape))
+                .transpose()?,
+            dq: packed_view("dQ", t.dq)?,
+            dk: packed_view("dK", t.dk)?,
+            dv: packed_view("dV", t.dv)?,
+            cu_seqlens_q: flat_view("cu_seqlens_q", t.cu_seqlens_q, &[cu_len])?,
+            cu_seqlens_k: flat_view("cu_seqlens_k", t.cu_seqlens_k, &[cu_len])?,
+        },
+        backward,
+    )
+}
+
+/// Launch the backward pass over packed sequences on `stream` (asynchronous), the backward of
+/// [`forward_varlen_raw`]: dQ, dK and dV written from Q, K, V, the forward's O and LSE, dO and
+/// optionally dLSE, using the caller's `workspace` (rank-1 f32 tensors of the plan's lengths:
+/// [`plan_backward_varlen_raw`]). Checks as [`plan_backward_varlen_raw`], the workspace's
+/// lengths, contiguity and alignment, that it overlaps no tensor, and that every non-empty
+/// tensor's and the workspace's storage is device memory of the stream's device inside one
+/// allocation.
+///
+/// # Safety
+/// Each tensor's and the workspace's storage is memory the caller owns, live until the launches
+/// have completed on `stream`; nothing else writes the inputs or accesses the outputs and the
+/// workspace until then. The boundaries should hold what FlashAttention requires (as for
+/// [`forward_varlen_raw`]): other contents cannot make the kernels access memory outside the
+/// tensors, but leave the gradients meaningless.
+pub unsafe fn backward_varlen_raw(
+    stream: &RawStream,
+    options: &AttentionOptions,
+    backward: BackwardOptions,
+    tensors: &RawAttentionVarlenBackwardTensors<'_>,
+    workspace: &RawBackwardWorkspace<'_>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+) -> Result<()> {
+    let gpu = stream.gpu();
+    let (_, plan) =
+        plan_backward_varlen_raw(options, backward, tensors, max_seqlen_q, max_seqlen_k)?;
+    let ws = BackwardWorkspace {
+        delta: flat_view(
+            "backward workspace delta",
+            workspace.delta,
+            &[plan.delta_len()],
+        )?,
+        dq_accum: match workspace.dq_accum {
+            Some(a) if !plan.deterministic() => Some(flat_view(
+                "backward workspace dQ accumulator",
+                a,
+                &[plan.dq_accum_len()],
+            )?),
+            _ => None,
+        },
+    };
+    check_disjoint(&tensors.all(), &scratch(workspace))?;
+    // The plan's launches check the accumulator's presence and alignment.
+    plan.launches(&ws)?;
+    for (what, t) in tensors.all().iter().chain(&scratch(workspace)) {
+        // An empty tensor (no rows: a framework may give it any address) is never accessed.
+        if t.shape.iter().product::<usize>() > 0 {
+            t.check_memory(what, gpu)?;
+        }
+    }
+    // SAFETY: the plan checked every view against its storage and that the outputs overlap no
+    // tensor; the workspace is inside its storage, of the plan's sizes and alignment, and
+    // overlaps no tensor nor itself (checked above); every non-empty storage is device memory
+    // of the stream's device inside one allocation (checked above; empty tensors are never
+    // accessed), live and not accessed by others until the launches complete (the caller's
+    // contract); the kernels clamp the boundaries' contents to the totals.
+    unsafe { plan.run(stream, &ws) }
 }

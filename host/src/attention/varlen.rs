@@ -169,6 +169,11 @@ impl DeviceCuSeqlens {
     pub fn host(&self) -> &CuSeqlens {
         &self.host
     }
+
+    /// The device offsets: `cu_seqlens_q`, `cu_seqlens_k`.
+    pub(super) fn device(&self) -> (DevView<'_, i32>, DevView<'_, i32>) {
+        ((&self.q).into(), (&self.k).into())
+    }
 }
 
 /// A forward pass over packed sequences: sizes and options. The sizes are what the kernel
@@ -460,7 +465,7 @@ impl AttentionVarlenProblem {
 
 /// Check a packed tensor's view (`[1, rows, heads, D]`), as the dense views are checked; an
 /// empty one (no rows) only by its shape.
-fn check_packed<T>(view: &View<'_, T>, what: &str, shape: [usize; 4]) -> Result<()> {
+pub(super) fn check_packed<T>(view: &View<'_, T>, what: &str, shape: [usize; 4]) -> Result<()> {
     if shape[1] == 0 {
         return if view.shape() == shape {
             Ok(())

@@ -1,5 +1,5 @@
-//! The dK/dV kernels (`attention_bwd_*`, `attention_bwd_dkdv_*`): one block per `BN` keys of
-//! one key/value head, dK and dV accumulated in registers (f32) over every query head of the
+//! The dK/dV kernels (`attention_bwd_*`, `attention_bwd_dkdv_*`, and their `_varlen_` forms on
+//! packed sequences): one block per `BN` keys of one key/value head of one sequence, dK and dV accumulated in registers (f32) over every query head of the
 //! group and every query block that sees the keys; with `DQ`, each step's share of dQ added
 //! into the f32 accumulator.
 //!
@@ -36,14 +36,17 @@
 //!    after the next iteration's (A).
 //!
 //! Every thread runs the same number of iterations (the step count is block-uniform), so the
-//! barrier counts match. The block waits for all its copies before the epilogue.
+//! barrier counts match. The block waits for all its copies before the epilogue. On packed
+//! sequences a block whose first key lies past its sequence's keys returns before any barrier
+//! (the condition is block-uniform).
 
 use super::super::elem::Elem;
 use super::super::mask;
 use super::frag::{a_rows, a_trans, at, mma_ab, mma_abt, pack_a};
+use super::layout::BwdLayout;
 use crate::arch::{atomic, cp_async, global, index, math, smem, sync};
 use crate::tiles::load_rows;
-use kernel_abi::attention::backward::{AttentionBwdParams, BWD_STAGES, BwdTileConfig};
+use kernel_abi::attention::backward::{BWD_STAGES, BwdTileConfig};
 
 /// n8 tiles of dQ columns per pass of the dQ product (16 accumulator registers).
 const DQ_PASS: usize = 4;
@@ -76,11 +79,13 @@ fn load<const D: u32, const RB: u32, const ROWS: u32, const THREADS: u32>(
 /// storing (a shared-memory read-after-write race; dK and dV are unaffected, dQ is not).
 ///
 /// # Safety
-/// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)`, the configuration's threads and
-/// shared memory, and parameters satisfying [`AttentionBwdParams`]'s contract (validated by the
-/// host): with `DQ` the accumulator zeroed by the preprocess of the same launch sequence.
+/// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)` (`seq_k` the longest sequence's
+/// for a packed layout), the configuration's threads and shared memory, and parameters
+/// satisfying their type's contract (validated by the host): with `DQ` the accumulator zeroed
+/// by the preprocess of the same launch sequence.
 #[inline(always)]
 pub(super) unsafe fn dkdv<
+    L: BwdLayout,
     E: Elem,
     const D: u32,
     const RB: u32,
@@ -97,9 +102,10 @@ pub(super) unsafe fn dkdv<
     const DQ: bool,
     const DS_BARRIER: bool,
 >(
-    p: &AttentionBwdParams,
+    pp: &L::Params,
     cfg: &BwdTileConfig,
 ) {
+    let p = L::base(pp);
     const { assert!(KD as u32 * 16 == D && NTQ as u32 * 8 == BM && KQ as u32 * 16 == BM) };
     const { assert!(KN as u32 * 16 == BN && WT.is_multiple_of(2) && QT.is_multiple_of(DQ_PASS)) };
     // The protocol waits for every copy at the top of each step: a 2-stage ring.
@@ -107,19 +113,22 @@ pub(super) unsafe fn dkdv<
     let lane = index::lane_id();
     let warp = index::warp_id();
     let (g, t) = (lane / 4, lane % 4);
-    let (n_block, head_kv, batch) = (
-        index::block_idx_x(),
-        index::block_idx_y(),
-        index::block_idx_z(),
-    );
+    let (n_block, head_kv) = (index::block_idx_x(), index::block_idx_y());
+    // SAFETY: the grid's z is the batch (the caller's contract).
+    let seq = unsafe { L::locate(pp, index::block_idx_z()) };
+    let (seq_q, seq_k) = (seq.seq_q(pp), seq.seq_k(pp));
     let n0 = n_block * BN;
-    let keys_valid = (p.seq_k - n0).min(BN);
+    if L::MAY_BE_PAST_END && n0 >= seq_k {
+        // No key of the sequence in this block (block-uniform, before any barrier).
+        return;
+    }
+    let keys_valid = (seq_k - n0).min(BN);
     let key_row = 16 * (warp % (BN / 16));
     let col_chunk = (warp / (BN / 16)) * (WT as u32);
     let group = p.heads_q / p.heads_kv;
 
     // Query rows that may see a key of the block: [i_lo, i_hi).
-    let off = p.seq_k as i64 - p.seq_q as i64;
+    let off = seq_k as i64 - seq_q as i64;
     let (wl, wr) = (p.window_left, p.window_right);
     let i_lo = if wr >= 0 {
         (n0 as i64 - off - wr as i64).max(0)
@@ -127,9 +136,9 @@ pub(super) unsafe fn dkdv<
         0
     };
     let i_hi = if wl >= 0 {
-        ((n0 + keys_valid) as i64 - off + wl as i64).min(p.seq_q as i64)
+        ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
     } else {
-        p.seq_q as i64
+        seq_q as i64
     };
     let (mb_lo, m_steps) = if i_hi > i_lo {
         let lo = i_lo as u32 / BM;
@@ -154,22 +163,14 @@ pub(super) unsafe fn dkdv<
         let m0_of = |s: u32| (mb_lo + s % m_steps) * BM;
         let load_step = |s: u32, stage: u32| {
             let (h, m0) = (head_of(s), m0_of(s));
-            let valid = (p.seq_q - m0).min(BM);
-            let q_base = p
-                .q
-                .wrapping_add((batch as u64 * p.q_strides[0] + h as u64 * p.q_strides[2]) as usize);
-            let do_base = p.d_o.wrapping_add(
-                (batch as u64 * p.do_strides[0] + h as u64 * p.do_strides[2]) as usize,
-            );
+            let valid = (seq_q - m0).min(BM);
+            let q_base = p.q.wrapping_add(seq.q_head(&p.q_strides, h) as usize);
+            let do_base = p.d_o.wrapping_add(seq.q_head(&p.do_strides, h) as usize);
             load::<D, RB, BM, THREADS>(q_s(stage), q_base, m0, p.q_strides[1], valid);
             load::<D, RB, BM, THREADS>(do_s(stage), do_base, m0, p.do_strides[1], valid);
         };
-        let k_base = p.k.wrapping_add(
-            (batch as u64 * p.k_strides[0] + head_kv as u64 * p.k_strides[2]) as usize,
-        );
-        let v_base = p.v.wrapping_add(
-            (batch as u64 * p.v_strides[0] + head_kv as u64 * p.v_strides[2]) as usize,
-        );
+        let k_base = p.k.wrapping_add(seq.k_head(&p.k_strides, head_kv) as usize);
+        let v_base = p.v.wrapping_add(seq.k_head(&p.v_strides, head_kv) as usize);
         load::<D, RB, BN, THREADS>(k_s, k_base, n0, p.k_strides[1], keys_valid);
         load::<D, RB, BN, THREADS>(v_s, v_base, n0, p.v_strides[1], keys_valid);
         load_step(0, 0);
@@ -185,7 +186,7 @@ pub(super) unsafe fn dkdv<
             cp_async::commit_group();
             let stage = step % BWD_STAGES;
             let (h, m0) = (head_of(step), m0_of(step));
-            let row_base = (batch as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64;
+            let row_base = seq.lse_base(pp, h);
 
             // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys.
             let mut s = [[0.0f32; 4]; NTQ];
@@ -215,9 +216,9 @@ pub(super) unsafe fn dkdv<
             for j in 0..NTQ {
                 for e in 0..2 {
                     let i = m0 + 8 * j as u32 + 2 * t + e as u32;
-                    if i < p.seq_q {
+                    if i < seq_q {
                         let idx = (row_base + i as u64) as usize;
-                        // SAFETY: idx < batch heads_q seq_q: inside LSE and delta.
+                        // SAFETY: row i < seq_q of this (sequence, head): inside LSE and delta.
                         let (l, d) = unsafe {
                             (
                                 global::load_nc_f32(p.lse.wrapping_add(idx)),
@@ -231,16 +232,16 @@ pub(super) unsafe fn dkdv<
                     }
                 }
             }
-            let needs_mask = m0 + BM > p.seq_q
-                || mask::step_needs_mask::<BM, BN>(m0, n0, off as i32, wl, wr, p.seq_k as i32);
+            let needs_mask = m0 + BM > seq_q
+                || mask::step_needs_mask::<BM, BN>(m0, n0, off as i32, wl, wr, seq_k as i32);
             for j in 0..NTQ {
                 for e in 0..4 {
                     let key = (n0 + key_row + g + 8 * (e as u32 / 2)) as i32;
                     let i = m0 + 8 * j as u32 + 2 * t + (e as u32 % 2);
                     let mut pr = math::exp2(math::fma(s[j][e], p.scale_log2, -lse2[j][e % 2]));
                     if needs_mask
-                        && !(i < p.seq_q
-                            && mask::allowed(i as i32, key, off as i32, wl, wr, p.seq_k as i32))
+                        && !(i < seq_q
+                            && mask::allowed(i as i32, key, off as i32, wl, wr, seq_k as i32))
                     {
                         pr = 0.0;
                     }
@@ -307,7 +308,7 @@ pub(super) unsafe fn dkdv<
                         for e in 0..4 {
                             let i = m0 + 16 * mq + g + 8 * (e as u32 / 2);
                             let col = 8 * (chunk0 + j as u32) + 2 * t + (e as u32 % 2);
-                            if i < p.seq_q {
+                            if i < seq_q {
                                 let idx = (row_base + i as u64) * D as u64 + col as u64;
                                 let dst = p.dq_accum.wrapping_add(idx as usize);
                                 // SAFETY: row i < seq_q of the accumulator, column < D: inside
@@ -323,15 +324,13 @@ pub(super) unsafe fn dkdv<
     }
 
     // dK (times the scale) and dV of the warp's keys and columns.
-    let dk_base = p
-        .dk
-        .wrapping_add((batch as u64 * p.dk_strides[0] + head_kv as u64 * p.dk_strides[2]) as usize);
-    let dv_base = p
-        .dv
-        .wrapping_add((batch as u64 * p.dv_strides[0] + head_kv as u64 * p.dv_strides[2]) as usize);
+    let dk_base =
+        p.dk.wrapping_add(seq.k_head(&p.dk_strides, head_kv) as usize);
+    let dv_base =
+        p.dv.wrapping_add(seq.k_head(&p.dv_strides, head_kv) as usize);
     for hh in 0..2 {
         let key = n0 + key_row + g + 8 * hh as u32;
-        if key < p.seq_k {
+        if key < seq_k {
             let dk_row = dk_base.wrapping_add((key as u64 * p.dk_strides[1]) as usize);
             let dv_row = dv_base.wrapping_add((key as u64 * p.dv_strides[1]) as usize);
             for j in 0..WT {

@@ -1,5 +1,5 @@
-//! The deterministic dQ kernel (`attention_bwd_dq_*`): one block per `BM` query rows of one
-//! (batch, query head) recomputes, over the keys its rows may see, `S = Q K^T`,
+//! The deterministic dQ kernel (`attention_bwd_dq_*`, and `attention_bwd_dq_varlen_*` on packed
+//! sequences): one block per `BM` query rows of one (sequence, query head) recomputes, over the keys its rows may see, `S = Q K^T`,
 //! `P = exp2(S scale_log2 - LSE log2 e)`, `dP = dO V^T`, `dS = P (dP - delta')`, and
 //! accumulates `dQ = dS K` in registers; then writes `scale dQ` in the element type. Every
 //! element of dQ is summed by one thread in a fixed order: bitwise reproducible.
@@ -23,24 +23,28 @@
 //! 4. Products from stage `i % 2`, Q and dO (reads only).
 //!
 //! The step count is block-uniform, so the barrier counts match; the block waits for all its
-//! copies before the epilogue.
+//! copies before the epilogue. On packed sequences a block whose first row lies past its
+//! sequence's query rows returns before any barrier (the condition is block-uniform).
 
 use super::super::elem::Elem;
 use super::super::mask;
 use super::frag::{a_rows, at, mma_ab, mma_abt, pack_a};
+use super::layout::BwdLayout;
 use crate::arch::{cp_async, global, index, math, smem, sync};
 use crate::tiles::load_rows;
-use kernel_abi::attention::backward::{AttentionBwdParams, DQ_STAGES, DqTileConfig};
+use kernel_abi::attention::backward::{DQ_STAGES, DqTileConfig};
 
 /// The kernel body; see the module documentation. `RB` bytes per padded row, `KD = D / 16`,
 /// `DT = D / 8`, `NT = BN / 8`, `KN = BN / 16`.
 ///
 /// # Safety
-/// Launched with grid `(ceil(seq_q / BM), heads_q, batch)`, the configuration's threads and
-/// shared memory, and parameters satisfying [`AttentionBwdParams`]'s contract (validated by the
-/// host), delta written by the preprocess of the same launch sequence.
+/// Launched with grid `(ceil(seq_q / BM), heads_q, batch)` (`seq_q` the longest sequence's for
+/// a packed layout), the configuration's threads and shared memory, and parameters satisfying
+/// their type's contract (validated by the host), delta written by the preprocess of the same
+/// launch sequence.
 #[inline(always)]
 pub(super) unsafe fn dq<
+    L: BwdLayout,
     E: Elem,
     const D: u32,
     const RB: u32,
@@ -52,9 +56,10 @@ pub(super) unsafe fn dq<
     const KN: usize,
     const THREADS: u32,
 >(
-    p: &AttentionBwdParams,
+    pp: &L::Params,
     cfg: &DqTileConfig,
 ) {
+    let p = L::base(pp);
     const { assert!(KD as u32 * 16 == D && DT as u32 * 8 == D) };
     const { assert!(NT as u32 * 8 == BN && KN as u32 * 16 == BN && BM / 16 * 32 == THREADS) };
     // The protocol waits for every copy at the top of each step: a 2-stage ring.
@@ -62,16 +67,19 @@ pub(super) unsafe fn dq<
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
     let warp_row = 16 * index::warp_id();
-    let (m_block, head, batch) = (
-        index::block_idx_x(),
-        index::block_idx_y(),
-        index::block_idx_z(),
-    );
+    let (m_block, head) = (index::block_idx_x(), index::block_idx_y());
+    // SAFETY: the grid's z is the batch (the caller's contract).
+    let seq = unsafe { L::locate(pp, index::block_idx_z()) };
+    let (seq_q, seq_k) = (seq.seq_q(pp), seq.seq_k(pp));
     let head_kv = head / (p.heads_q / p.heads_kv);
     let m0 = m_block * BM;
-    let rows_valid = (p.seq_q - m0).min(BM);
+    if L::MAY_BE_PAST_END && m0 >= seq_q {
+        // No query row of the sequence in this block (block-uniform, before any barrier).
+        return;
+    }
+    let rows_valid = (seq_q - m0).min(BM);
     let (wl, wr) = (p.window_left, p.window_right);
-    let off = p.seq_k as i64 - p.seq_q as i64;
+    let off = seq_k as i64 - seq_q as i64;
 
     // Keys any row of this block may attend: [n_lo, n_hi) (as in the forward).
     let first_row = m0 as i64;
@@ -82,20 +90,20 @@ pub(super) unsafe fn dq<
         0
     };
     let n_hi = if wr >= 0 {
-        (last_row + off + wr as i64 + 1).min(p.seq_k as i64)
+        (last_row + off + wr as i64 + 1).min(seq_k as i64)
     } else {
-        p.seq_k as i64
+        seq_k as i64
     };
 
     // LSE (base 2, +inf where P must be 0) and delta' of the thread's two rows of each half.
-    let row_base = (batch as u64 * p.heads_q as u64 + head as u64) * p.seq_q as u64;
+    let row_base = seq.lse_base(pp, head);
     let mut lse2 = [f32::INFINITY; 2];
     let mut delta = [0.0f32; 2];
     for hh in 0..2 {
         let i = m0 + warp_row + g + 8 * hh as u32;
-        if i < p.seq_q {
+        if i < seq_q {
             let idx = (row_base + i as u64) as usize;
-            // SAFETY: idx < batch heads_q seq_q: inside LSE and delta.
+            // SAFETY: row i < seq_q of this (sequence, head): inside LSE and delta.
             let (l, d) = unsafe {
                 (
                     global::load_nc_f32(p.lse.wrapping_add(idx)),
@@ -119,25 +127,17 @@ pub(super) unsafe fn dq<
         let nb_lo = (n_lo as u32) / BN;
         let steps = (n_hi as u32).div_ceil(BN) - nb_lo;
         let n0_of = |step: u32| (nb_lo + step) * BN;
-        let k_base = p.k.wrapping_add(
-            (batch as u64 * p.k_strides[0] + head_kv as u64 * p.k_strides[2]) as usize,
-        );
-        let v_base = p.v.wrapping_add(
-            (batch as u64 * p.v_strides[0] + head_kv as u64 * p.v_strides[2]) as usize,
-        );
+        let k_base = p.k.wrapping_add(seq.k_head(&p.k_strides, head_kv) as usize);
+        let v_base = p.v.wrapping_add(seq.k_head(&p.v_strides, head_kv) as usize);
         let load_kv = |step: u32, stage: u32| {
             let first = n0_of(step);
-            let valid = (p.seq_k - first).min(BN);
+            let valid = (seq_k - first).min(BN);
             let (ks, vs) = (p.k_strides[1], p.v_strides[1]);
             load_rows::<D, BN, THREADS>(k_s(stage), at::<RB>, k_base, first as u64 * ks, ks, valid);
             load_rows::<D, BN, THREADS>(v_s(stage), at::<RB>, v_base, first as u64 * vs, vs, valid);
         };
-        let q_base = p
-            .q
-            .wrapping_add((batch as u64 * p.q_strides[0] + head as u64 * p.q_strides[2]) as usize);
-        let do_base = p.d_o.wrapping_add(
-            (batch as u64 * p.do_strides[0] + head as u64 * p.do_strides[2]) as usize,
-        );
+        let q_base = p.q.wrapping_add(seq.q_head(&p.q_strides, head) as usize);
+        let do_base = p.d_o.wrapping_add(seq.q_head(&p.do_strides, head) as usize);
         let (qs, dos) = (p.q_strides[1], p.do_strides[1]);
         load_rows::<D, BM, THREADS>(q_s, at::<RB>, q_base, m0 as u64 * qs, qs, rows_valid);
         load_rows::<D, BM, THREADS>(do_s, at::<RB>, do_base, m0 as u64 * dos, dos, rows_valid);
@@ -174,8 +174,8 @@ pub(super) unsafe fn dq<
                     0,
                 );
             }
-            let needs_mask = m0 + BM > p.seq_q
-                || mask::step_needs_mask::<BM, BN>(m0, n0, off as i32, wl, wr, p.seq_k as i32);
+            let needs_mask = m0 + BM > seq_q
+                || mask::step_needs_mask::<BM, BN>(m0, n0, off as i32, wl, wr, seq_k as i32);
             for j in 0..NT {
                 for e in 0..4 {
                     let hh = e / 2;
@@ -183,8 +183,8 @@ pub(super) unsafe fn dq<
                     let key = (n0 + 8 * j as u32 + 2 * t + (e as u32 % 2)) as i32;
                     let mut pr = math::exp2(math::fma(s[j][e], p.scale_log2, -lse2[hh]));
                     if needs_mask
-                        && !(i < p.seq_q
-                            && mask::allowed(i as i32, key, off as i32, wl, wr, p.seq_k as i32))
+                        && !(i < seq_q
+                            && mask::allowed(i as i32, key, off as i32, wl, wr, seq_k as i32))
                     {
                         pr = 0.0;
                     }
@@ -200,9 +200,7 @@ pub(super) unsafe fn dq<
     }
 
     // dQ times the scale, rows < seq_q.
-    let dq_base = p
-        .dq
-        .wrapping_add((batch as u64 * p.dq_strides[0] + head as u64 * p.dq_strides[2]) as usize);
+    let dq_base = p.dq.wrapping_add(seq.q_head(&p.dq_strides, head) as usize);
     for hh in 0..2 {
         let row = warp_row + g + 8 * hh as u32;
         if row < rows_valid {

@@ -6,6 +6,9 @@
 //! [`AttentionBwdParams`] (one struct for the five roles): the tensors with arbitrary batch,
 //! sequence and head strides (head dimension contiguous, rows 16-byte aligned), LSE, dLSE and
 //! the workspaces (`delta'`, the dQ accumulator), sizes, scale, window.
+//! [`AttentionBwdVarlenParams`]: the same around packed `[total, heads, D]` tensors whose
+//! sequences `cu_seqlens` marks; the `_varlen_` kernels run the same bodies on that layout
+//! ([`layout`]).
 //!
 //! # Kernels (launched in this order by the host's plan)
 //! - [`rows`]: `attention_bwd_pre_*`, `delta' = rowsum(dO O) - dLSE` and the accumulator
@@ -22,22 +25,27 @@
 mod dkdv;
 mod dq;
 mod frag;
+mod layout;
 mod rows;
 
 use super::elem::{Bf16, F16};
 use kernel_abi::attention::backward::{
-    AttentionBwdParams, BwdTileConfig, DqTileConfig, bwd_tile_config_of, dq_tile_config_of,
+    AttentionBwdParams, AttentionBwdVarlenParams, BwdTileConfig, DqTileConfig, bwd_tile_config_of,
+    dq_tile_config_of,
 };
+use layout::{Dense, Packed};
 
-/// The body of a dK/dV kernel for element type `$elem`, head dimension `$d`, with (`true`) or
-/// without the dQ atomics; `$ds_barrier = false` only in the negative control.
+/// The body of a dK/dV kernel in layout `$layout` for element type `$elem`, head dimension
+/// `$d`, with (`true`) or without the dQ atomics; `$ds_barrier = false` only in the negative
+/// control.
 macro_rules! dkdv_body {
-    ($p:expr, $elem:ty, $d:expr, $with_dq:expr) => {
-        dkdv_body!($p, $elem, $d, $with_dq, true)
+    ($layout:ty, $p:expr, $elem:ty, $d:expr, $with_dq:expr) => {
+        dkdv_body!($layout, $p, $elem, $d, $with_dq, true)
     };
-    ($p:expr, $elem:ty, $d:expr, $with_dq:expr, $ds_barrier:expr) => {{
+    ($layout:ty, $p:expr, $elem:ty, $d:expr, $with_dq:expr, $ds_barrier:expr) => {{
         const CFG: BwdTileConfig = bwd_tile_config_of($d);
         dkdv::dkdv::<
+            $layout,
             $elem,
             { CFG.head_dim },
             { CFG.row_bytes() },
@@ -57,11 +65,13 @@ macro_rules! dkdv_body {
     }};
 }
 
-/// The body of the deterministic dQ kernel for element type `$elem`, head dimension `$d`.
+/// The body of the deterministic dQ kernel in layout `$layout` for element type `$elem`, head
+/// dimension `$d`.
 macro_rules! dq_body {
-    ($p:expr, $elem:ty, $d:expr) => {{
+    ($layout:ty, $p:expr, $elem:ty, $d:expr) => {{
         const CFG: DqTileConfig = dq_tile_config_of($d);
         dq::dq::<
+            $layout,
             $elem,
             { CFG.head_dim },
             { kernel_abi::attention::tile_config_of($d).row_bytes() },
@@ -76,42 +86,43 @@ macro_rules! dq_body {
     }};
 }
 
-/// Declare the kernels: the PTX entry points (with their launch bounds) and, in host builds,
-/// the emulator's table of the same bodies. Each line: entry name, threads, body on `$p`.
+/// Declare the kernels on parameters `$params`: the PTX entry points (with their launch bounds)
+/// and, in host builds, the emulator's table `$table` of the same bodies. Each line: entry
+/// name, threads, body on `$p`.
 macro_rules! backward_kernels {
-    ($( $name:ident, $threads:expr, |$p:ident| $body:expr; )*) => {
+    ($table:ident, $params:ty; $( $name:ident, $threads:expr, |$p:ident| $body:expr; )*) => {
         $(
             /// See the module documentation (the role and configuration named in the macro
             /// call).
             ///
             /// # Safety
             /// Launched with the grid, threads and shared memory of its handle in
-            /// `kernel_abi::attention::backward::BWD_KERNELS`, in the order of the host's plan,
-            /// on parameters satisfying [`AttentionBwdParams`]'s contract (validated by the
-            /// host).
+            /// `kernel_abi::attention::backward::BWD_KERNELS` (or `BWD_VARLEN_KERNELS`), in the
+            /// order of the host's plan, on parameters satisfying their type's contract
+            /// (validated by the host).
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $name($p: AttentionBwdParams) {
+            pub unsafe extern "ptx-kernel" fn $name($p: $params) {
                 crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
                 // SAFETY: forwarded to the caller.
                 unsafe { $body }
             }
         )*
 
-        /// The backward kernels, for the CPU emulator (`crate::emu`).
+        /// Backward kernels, for the CPU emulator (`crate::emu`).
         #[cfg(not(target_arch = "nvptx64"))]
-        pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
+        pub const $table: &[crate::emu::EmuKernel] = &[
             $(
                 crate::emu::EmuKernel {
                     name: stringify!($name),
-                    params: core::mem::size_of::<AttentionBwdParams>(),
+                    params: core::mem::size_of::<$params>(),
                     threads: $threads,
                     run: {
                         unsafe fn run(ptr: *const u8) {
                             // SAFETY: the emulator passes a parameter struct of this kernel's
                             // type (it checks the size), whose contract the caller upholds.
                             unsafe {
-                                let $p = core::ptr::read_unaligned(ptr as *const AttentionBwdParams);
+                                let $p = core::ptr::read_unaligned(ptr as *const $params);
                                 $body
                             }
                         }
@@ -124,36 +135,72 @@ macro_rules! backward_kernels {
 }
 
 backward_kernels! {
-    attention_bwd_pre_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Bf16, 64>(&p);
-    attention_bwd_pre_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Bf16, 128>(&p);
-    attention_bwd_pre_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Bf16, 256>(&p);
-    attention_bwd_pre_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<F16, 64>(&p);
-    attention_bwd_pre_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<F16, 128>(&p);
-    attention_bwd_pre_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<F16, 256>(&p);
-    attention_bwd_dq_convert_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Bf16, 64>(&p);
-    attention_bwd_dq_convert_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Bf16, 128>(&p);
-    attention_bwd_dq_convert_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Bf16, 256>(&p);
-    attention_bwd_dq_convert_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<F16, 64>(&p);
-    attention_bwd_dq_convert_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<F16, 128>(&p);
-    attention_bwd_dq_convert_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<F16, 256>(&p);
-    attention_bwd_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, Bf16, 64, true);
-    attention_bwd_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, Bf16, 128, true);
-    attention_bwd_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, Bf16, 256, true);
-    attention_bwd_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, F16, 64, true);
-    attention_bwd_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, F16, 128, true);
-    attention_bwd_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, F16, 256, true);
-    attention_bwd_dkdv_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, Bf16, 64, false);
-    attention_bwd_dkdv_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, Bf16, 128, false);
-    attention_bwd_dkdv_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, Bf16, 256, false);
-    attention_bwd_dkdv_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(p, F16, 64, false);
-    attention_bwd_dkdv_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(p, F16, 128, false);
-    attention_bwd_dkdv_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(p, F16, 256, false);
-    attention_bwd_dq_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(p, Bf16, 64);
-    attention_bwd_dq_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(p, Bf16, 128);
-    attention_bwd_dq_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(p, Bf16, 256);
-    attention_bwd_dq_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(p, F16, 64);
-    attention_bwd_dq_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(p, F16, 128);
-    attention_bwd_dq_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(p, F16, 256);
+    EMU_KERNELS, AttentionBwdParams;
+    attention_bwd_pre_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 64>(&p);
+    attention_bwd_pre_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 128>(&p);
+    attention_bwd_pre_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 256>(&p);
+    attention_bwd_pre_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 64>(&p);
+    attention_bwd_pre_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 128>(&p);
+    attention_bwd_pre_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 256>(&p);
+    attention_bwd_dq_convert_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 64>(&p);
+    attention_bwd_dq_convert_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 128>(&p);
+    attention_bwd_dq_convert_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 256>(&p);
+    attention_bwd_dq_convert_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 64>(&p);
+    attention_bwd_dq_convert_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 128>(&p);
+    attention_bwd_dq_convert_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 256>(&p);
+    attention_bwd_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, true);
+    attention_bwd_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, true);
+    attention_bwd_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, true);
+    attention_bwd_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, true);
+    attention_bwd_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, true);
+    attention_bwd_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, true);
+    attention_bwd_dkdv_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, false);
+    attention_bwd_dkdv_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, false);
+    attention_bwd_dkdv_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, false);
+    attention_bwd_dkdv_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, false);
+    attention_bwd_dkdv_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, false);
+    attention_bwd_dkdv_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, false);
+    attention_bwd_dq_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, Bf16, 64);
+    attention_bwd_dq_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, Bf16, 128);
+    attention_bwd_dq_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, Bf16, 256);
+    attention_bwd_dq_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, F16, 64);
+    attention_bwd_dq_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, F16, 128);
+    attention_bwd_dq_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, F16, 256);
+}
+
+// Packed sequences (`kernel_abi::attention::backward::BWD_VARLEN_KERNELS`).
+backward_kernels! {
+    VARLEN_EMU_KERNELS, AttentionBwdVarlenParams;
+    attention_bwd_pre_varlen_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 64>(&p);
+    attention_bwd_pre_varlen_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 128>(&p);
+    attention_bwd_pre_varlen_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 256>(&p);
+    attention_bwd_pre_varlen_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 64>(&p);
+    attention_bwd_pre_varlen_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 128>(&p);
+    attention_bwd_pre_varlen_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 256>(&p);
+    attention_bwd_dq_convert_varlen_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 64>(&p);
+    attention_bwd_dq_convert_varlen_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 128>(&p);
+    attention_bwd_dq_convert_varlen_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 256>(&p);
+    attention_bwd_dq_convert_varlen_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 64>(&p);
+    attention_bwd_dq_convert_varlen_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 128>(&p);
+    attention_bwd_dq_convert_varlen_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 256>(&p);
+    attention_bwd_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, true);
+    attention_bwd_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, true);
+    attention_bwd_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, true);
+    attention_bwd_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, true);
+    attention_bwd_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, true);
+    attention_bwd_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, true);
+    attention_bwd_dkdv_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, false);
+    attention_bwd_dkdv_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, false);
+    attention_bwd_dkdv_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, false);
+    attention_bwd_dkdv_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, false);
+    attention_bwd_dkdv_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, false);
+    attention_bwd_dkdv_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, false);
+    attention_bwd_dq_varlen_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, Bf16, 64);
+    attention_bwd_dq_varlen_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, Bf16, 128);
+    attention_bwd_dq_varlen_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, Bf16, 256);
+    attention_bwd_dq_varlen_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, F16, 64);
+    attention_bwd_dq_varlen_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, F16, 128);
+    attention_bwd_dq_varlen_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, F16, 256);
 }
 
 /// The body of the negative control `negative_attention_bwd_no_ds_barrier`
@@ -164,7 +211,7 @@ backward_kernels! {
 #[inline(always)]
 pub(crate) unsafe fn dkdv_dq_without_ds_barrier(p: &AttentionBwdParams) {
     // SAFETY: forwarded to the caller.
-    unsafe { dkdv_body!(p, Bf16, 64, true, false) }
+    unsafe { dkdv_body!(Dense, p, Bf16, 64, true, false) }
 }
 
 /// The negative control of the backward, for the CPU emulator (`crate::emu`).

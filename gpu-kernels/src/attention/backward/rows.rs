@@ -2,48 +2,47 @@
 //! accumulator) and the dQ conversion (accumulator times the scale to the element type).
 //!
 //! # Thread mapping (both)
-//! A block covers [`ROW_BLOCK`] query rows of one (batch, head): thread `tid` handles 16-byte
+//! A block covers [`ROW_BLOCK`] query rows of one (sequence, head): thread `tid` handles 16-byte
 //! chunk `tid % (D / 8)` (8 elements) of rows `tid / (D / 8) + k (ROW_THREADS / (D / 8))`. The
 //! `D / 8` threads of a row are consecutive lanes of one warp (`D / 8` divides 32), so the row's
 //! dot product reduces with `xor` shuffles. No shared memory, no barrier.
 
 use super::super::elem::Elem;
+use super::layout::BwdLayout;
 use crate::arch::{global, index, warp};
-use kernel_abi::attention::backward::{AttentionBwdParams, ROW_BLOCK, ROW_THREADS};
-
-/// The element offset of row `i` of head `h` of batch `b` in a strided `[b, s, h, D]` view.
-#[inline(always)]
-fn row_offset(strides: &[u64; 3], b: u32, i: u32, h: u32) -> usize {
-    (b as u64 * strides[0] + i as u64 * strides[1] + h as u64 * strides[2]) as usize
-}
+use kernel_abi::attention::backward::{ROW_BLOCK, ROW_THREADS};
 
 /// `delta'[b, h, i] = sum_d dO O - dLSE` (0 where LSE is -inf: such a row has no allowed key,
 /// its P is 0, and a non-finite dLSE must not reach its `dS = P (dP - delta')`); the dQ
 /// accumulator's rows zeroed when it is not null.
 ///
 /// # Safety
-/// Launched with grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)` and [`ROW_THREADS`] threads
-/// on parameters satisfying [`AttentionBwdParams`]'s contract (O, dO, LSE, dLSE, delta and the
-/// accumulator of the sizes documented there).
+/// Launched with grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)` (`seq_q` the longest
+/// sequence's for a packed layout) and [`ROW_THREADS`] threads on parameters satisfying their
+/// type's contract (O, dO, LSE, dLSE, delta and the accumulator of the sizes documented there).
 #[inline(always)]
-pub(super) unsafe fn preprocess<E: Elem, const D: u32>(p: &AttentionBwdParams) {
+pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Params) {
+    let p = L::base(pp);
     let chunks = D / 8;
     const { assert!(D / 8 <= 32 && ROW_THREADS.is_multiple_of(D / 8)) };
     let per_pass = ROW_THREADS / chunks;
     let tid = index::thread_idx_x();
     let (r0, c) = (tid / chunks, tid % chunks);
-    let (h, b) = (index::block_idx_y(), index::block_idx_z());
+    let h = index::block_idx_y();
+    // SAFETY: the grid's z is the batch (the caller's contract).
+    let seq = unsafe { L::locate(pp, index::block_idx_z()) };
+    let seq_q = seq.seq_q(pp);
     let m0 = index::block_idx_x() * ROW_BLOCK;
     for k in 0..ROW_BLOCK / per_pass {
         let i = m0 + r0 + k * per_pass;
         let mut acc = 0.0f32;
-        if i < p.seq_q {
+        if i < seq_q {
             let o =
-                p.o.wrapping_add(row_offset(&p.o_strides, b, i, h) + 8 * c as usize);
+                p.o.wrapping_add(seq.q_row(&p.o_strides, h, i) as usize + 8 * c as usize);
             let d_o = p
                 .d_o
-                .wrapping_add(row_offset(&p.do_strides, b, i, h) + 8 * c as usize);
-            // SAFETY: row i < seq_q, elements 8 c .. 8 c + 8 < D: inside O and dO, 16-byte
+                .wrapping_add(seq.q_row(&p.do_strides, h, i) as usize + 8 * c as usize);
+            // SAFETY: row i < seq_q of the sequence, elements 8 c .. 8 c + 8 < D: inside O and dO, 16-byte
             // aligned (host-checked start and strides).
             let (ov, dv) = unsafe {
                 (
@@ -63,11 +62,11 @@ pub(super) unsafe fn preprocess<E: Elem, const D: u32>(p: &AttentionBwdParams) {
             acc += unsafe { warp::shfl_xor_f32(warp::FULL_MASK, acc, lanes) };
             lanes *= 2;
         }
-        if i < p.seq_q {
-            let idx =
-                ((b as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64 + i as u64) as usize;
+        if i < seq_q {
+            let idx = (seq.lse_base(pp, h) + i as u64) as usize;
             if c == 0 {
-                // SAFETY: idx < batch heads_q seq_q: inside LSE, dLSE (when not null), delta.
+                // SAFETY: row i < seq_q of this (sequence, head): inside LSE, dLSE (when not null),
+                // delta.
                 unsafe {
                     let lse = global::load_nc_f32(p.lse.wrapping_add(idx));
                     let d_lse = if p.d_lse.is_null() {
@@ -100,20 +99,23 @@ pub(super) unsafe fn preprocess<E: Elem, const D: u32>(p: &AttentionBwdParams) {
 ///
 /// # Safety
 /// As for [`preprocess`] (grid, threads), with the accumulator and dQ of the sizes documented
-/// on [`AttentionBwdParams`].
+/// on the parameters' type.
 #[inline(always)]
-pub(super) unsafe fn convert<E: Elem, const D: u32>(p: &AttentionBwdParams) {
+pub(super) unsafe fn convert<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Params) {
+    let p = L::base(pp);
     let chunks = D / 8;
     let per_pass = ROW_THREADS / chunks;
     let tid = index::thread_idx_x();
     let (r0, c) = (tid / chunks, tid % chunks);
-    let (h, b) = (index::block_idx_y(), index::block_idx_z());
+    let h = index::block_idx_y();
+    // SAFETY: the grid's z is the batch (the caller's contract).
+    let seq = unsafe { L::locate(pp, index::block_idx_z()) };
+    let seq_q = seq.seq_q(pp);
     let m0 = index::block_idx_x() * ROW_BLOCK;
     for k in 0..ROW_BLOCK / per_pass {
         let i = m0 + r0 + k * per_pass;
-        if i < p.seq_q {
-            let idx =
-                ((b as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64 + i as u64) as usize;
+        if i < seq_q {
+            let idx = (seq.lse_base(pp, h) + i as u64) as usize;
             let src = p.dq_accum.wrapping_add(idx * D as usize + 8 * c as usize);
             // SAFETY: inside the accumulator (as in `preprocess`), 16-byte aligned.
             let (lo, hi) = unsafe {
@@ -130,8 +132,8 @@ pub(super) unsafe fn convert<E: Elem, const D: u32>(p: &AttentionBwdParams) {
                 E::pack(x(hi[2]), x(hi[3])),
             ];
             let dst =
-                p.dq.wrapping_add(row_offset(&p.dq_strides, b, i, h) + 8 * c as usize);
-            // SAFETY: row i < seq_q, elements 8 c .. 8 c + 8: inside dQ, 16-byte aligned.
+                p.dq.wrapping_add(seq.q_row(&p.dq_strides, h, i) as usize + 8 * c as usize);
+            // SAFETY: row i < seq_q of the sequence, elements 8 c .. 8 c + 8: inside dQ, 16-byte aligned.
             unsafe { global::store_v4(dst as *mut u32, out) };
         }
     }

@@ -11,15 +11,24 @@
 //! zeroed), the dK/dV kernel over key blocks (dQ added into the f32 accumulator by atomics),
 //! the dQ conversion; or, with `deterministic`, the dK/dV kernel without dQ and a dQ kernel
 //! over query blocks (bitwise reproducible, no accumulator).
+//!
+//! Over packed sequences (`cu_seqlens`): [`AttentionVarlenProblem::plan_backward`](
+//! super::AttentionVarlenProblem) and [`backward_varlen`], the same kernels' bodies on the
+//! packed layout (module `varlen`).
 
 mod plan;
 mod run;
+mod varlen;
 
 pub use plan::{
     AttentionBackwardPlan, AttentionBackwardTensors, BackwardLaunches, BackwardOptions,
     BackwardPath, BackwardWorkspace, BackwardWorkspaceLens,
 };
 pub use run::backward;
+pub use varlen::{
+    AttentionVarlenBackwardPlan, AttentionVarlenBackwardTensors, VarlenBackwardLaunches,
+    backward_varlen,
+};
 
 #[cfg(test)]
 mod tests;

@@ -162,6 +162,102 @@ fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
     search(delta, &dims, row)
 }
 
+/// Check that the outputs of `t` (dQ, dK, dV) overlap neither each other nor the inputs (Q, K,
+/// V, O, dO, LSE, dLSE). Views without elements (packed tensors of no rows) overlap nothing.
+pub(in crate::attention) fn check_outputs_apart<T>(
+    t: &AttentionBackwardTensors<'_, T>,
+) -> Result<()> {
+    let empty = |v: &View<'_, T>| v.shape().contains(&0);
+    let outputs = [("dQ", &t.dq), ("dK", &t.dk), ("dV", &t.dv)];
+    let inputs = [
+        ("Q", &t.q),
+        ("K", &t.k),
+        ("V", &t.v),
+        ("O", &t.o),
+        ("dO", &t.d_o),
+    ];
+    for (i, (name, out)) in outputs.iter().enumerate() {
+        if empty(out) {
+            continue;
+        }
+        for (other, view) in inputs.iter().chain(&outputs[i + 1..]) {
+            if !empty(view) && views_overlap(out, view) {
+                return Err(Error::invalid(
+                    name.to_string(),
+                    format!("overlaps {other} (outputs must not alias any tensor)"),
+                ));
+            }
+        }
+        let flat = [Some(("LSE", t.lse)), t.d_lse.map(|d| ("dLSE", d))];
+        for (other, view) in flat.into_iter().flatten() {
+            if spans_meet(span(out), flat_span(&view)) {
+                return Err(Error::invalid(
+                    name.to_string(),
+                    format!("overlaps {other} (outputs must not alias any tensor)"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check the workspace `ws` against the lengths `delta_len` and `dq_accum_len` (the accumulator
+/// required unless `deterministic` or of no element (no query row: nothing adds into it),
+/// 16-byte aligned, apart from `delta'`); its pointers (`delta'`, the accumulator or null).
+pub(in crate::attention) fn workspace_pointers(
+    ws: &BackwardWorkspace<'_>,
+    delta_len: usize,
+    dq_accum_len: usize,
+    deterministic: bool,
+) -> Result<(*mut f32, *mut f32)> {
+    if ws.delta.len() != delta_len {
+        return Err(Error::shape(
+            "backward workspace delta",
+            format!("{delta_len} elements"),
+            ws.delta.len(),
+        ));
+    }
+    if !ws.delta.addr().is_multiple_of(4) {
+        return Err(Error::Misaligned {
+            what: "backward workspace delta".into(),
+            required: 4,
+            actual: ws.delta.addr() % 4,
+        });
+    }
+    let accum = if deterministic || dq_accum_len == 0 {
+        std::ptr::null_mut()
+    } else {
+        let acc = ws.dq_accum.ok_or_else(|| {
+            Error::invalid(
+                "backward workspace",
+                "the dQ accumulator is required unless deterministic",
+            )
+        })?;
+        if acc.len() != dq_accum_len {
+            return Err(Error::shape(
+                "backward workspace dQ accumulator",
+                format!("{dq_accum_len} elements"),
+                acc.len(),
+            ));
+        }
+        if !acc.addr().is_multiple_of(16) {
+            return Err(Error::Misaligned {
+                what: "backward workspace dQ accumulator".into(),
+                required: 16,
+                actual: acc.addr() % 16,
+            });
+        }
+        if spans_meet(flat_span(&acc), flat_span(&ws.delta)) {
+            return Err(Error::invalid(
+                "backward workspace",
+                "the dQ accumulator overlaps delta",
+            ));
+        }
+        acc.addr() as *mut f32
+    };
+    Ok((ws.delta.addr() as *mut f32, accum))
+}
+
 impl AttentionProblem {
     /// Plan the backward pass on `tensors` for `target`. Validates the problem, every view
     /// (as the forward validates its views: shape, contiguous head dimension, 16-byte aligned
@@ -210,33 +306,7 @@ impl AttentionProblem {
                 ));
             }
         }
-        let outputs = [("dQ", &t.dq), ("dK", &t.dk), ("dV", &t.dv)];
-        let inputs = [
-            ("Q", &t.q),
-            ("K", &t.k),
-            ("V", &t.v),
-            ("O", &t.o),
-            ("dO", &t.d_o),
-        ];
-        for (i, (name, out)) in outputs.iter().enumerate() {
-            for (other, view) in inputs.iter().chain(&outputs[i + 1..]) {
-                if views_overlap(out, view) {
-                    return Err(Error::invalid(
-                        name.to_string(),
-                        format!("overlaps {other} (outputs must not alias any tensor)"),
-                    ));
-                }
-            }
-            let flat = [Some(("LSE", t.lse)), t.d_lse.map(|d| ("dLSE", d))];
-            for (other, view) in flat.into_iter().flatten() {
-                if spans_meet(span(out), flat_span(&view)) {
-                    return Err(Error::invalid(
-                        name.to_string(),
-                        format!("overlaps {other} (outputs must not alias any tensor)"),
-                    ));
-                }
-            }
-        }
+        check_outputs_apart(t)?;
         // Every target takes the mma.sync kernels (a Hopper backward would be chosen here).
         let _ = target;
         let d = self.head_dim as u32;
@@ -343,54 +413,11 @@ impl AttentionBackwardPlan {
 
     /// The three launches with the workspace `ws`, after checking its sizes and alignment.
     pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<BackwardLaunches> {
-        if ws.delta.len() != self.delta_len {
-            return Err(Error::shape(
-                "backward workspace delta",
-                format!("{} elements", self.delta_len),
-                ws.delta.len(),
-            ));
-        }
-        if !ws.delta.addr().is_multiple_of(4) {
-            return Err(Error::Misaligned {
-                what: "backward workspace delta".into(),
-                required: 4,
-                actual: ws.delta.addr() % 4,
-            });
-        }
-        let accum = if self.deterministic {
-            std::ptr::null_mut()
-        } else {
-            let acc = ws.dq_accum.ok_or_else(|| {
-                Error::invalid(
-                    "backward workspace",
-                    "the dQ accumulator is required unless deterministic",
-                )
-            })?;
-            if acc.len() != self.dq_accum_len {
-                return Err(Error::shape(
-                    "backward workspace dQ accumulator",
-                    format!("{} elements", self.dq_accum_len),
-                    acc.len(),
-                ));
-            }
-            if !acc.addr().is_multiple_of(16) {
-                return Err(Error::Misaligned {
-                    what: "backward workspace dQ accumulator".into(),
-                    required: 16,
-                    actual: acc.addr() % 16,
-                });
-            }
-            if spans_meet(flat_span(&acc), flat_span(&ws.delta)) {
-                return Err(Error::invalid(
-                    "backward workspace",
-                    "the dQ accumulator overlaps delta",
-                ));
-            }
-            acc.addr() as *mut f32
-        };
+        let (delta, dq_accum) =
+            workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;
         let params = AttentionBwdParams {
-            delta: ws.delta.addr() as *mut f32,
-            dq_accum: accum,
+            delta,
+            dq_accum,
             ..self.params
         };
         let k = self.kernels;

@@ -1,9 +1,9 @@
-//! CPU tests of the backward's handles and plan: names and tiles of every handle, grids,
-//! parameters and workspace sizes, every launch against each target's PTX, and bad tensors and
-//! workspaces rejected with typed errors.
+//! CPU tests of the backward's handles and plan (dense and over packed sequences): names and
+//! tiles of every handle, grids, parameters and workspace sizes, every launch against each
+//! target's PTX, and bad tensors and workspaces rejected with typed errors.
 
 use super::*;
-use crate::attention::{AttentionProblem, Dtype, Target, View};
+use crate::attention::{AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, Target, View};
 use crate::error::{Error, Result};
 use crate::exec::DevView;
 use crate::gpu::check_kernel_launch;
@@ -311,4 +311,187 @@ fn bad_workspaces_are_rejected() {
     let det = plan(&p, true).unwrap();
     assert_eq!(det.dq_accum_len(), 0);
     assert!(det.launches(&no_accum).is_ok());
+}
+
+/// Contiguous packed tensors of `p` at made-up, well-aligned, disjoint addresses, with the
+/// boundaries' device views.
+fn varlen_tensors<'a, T>(
+    p: &AttentionVarlenProblem,
+    d_lse: bool,
+) -> AttentionVarlenBackwardTensors<'a, T> {
+    let qn = p.q_shape().iter().product();
+    let kn = p.kv_shape().iter().product();
+    let q = |i: u64| View::packed_contiguous(dev(i << 40, qn), p.q_shape());
+    let k = |i: u64| View::packed_contiguous(dev(i << 40, kn), p.kv_shape());
+    AttentionVarlenBackwardTensors {
+        q: q(1),
+        k: k(2),
+        v: k(3),
+        o: q(4),
+        d_o: q(5),
+        lse: dev(6 << 40, p.lse_len()),
+        d_lse: d_lse.then(|| dev(7 << 40, p.lse_len())),
+        dq: q(8),
+        dk: k(9),
+        dv: k(10),
+        cu_seqlens_q: dev(11 << 40, p.batch + 1),
+        cu_seqlens_k: dev(12 << 40, p.batch + 1),
+    }
+}
+
+fn varlen_plan(
+    p: &AttentionVarlenProblem,
+    deterministic: bool,
+) -> Result<AttentionVarlenBackwardPlan> {
+    let options = BackwardOptions { deterministic };
+    match p.dtype {
+        Dtype::Bf16 => p.plan_backward(&varlen_tensors::<bf16>(p, true), options),
+        Dtype::F16 => p.plan_backward(&varlen_tensors::<f16>(p, true), options),
+    }
+}
+
+fn varlen_workspace<'a>(plan: &AttentionVarlenBackwardPlan) -> BackwardWorkspace<'a> {
+    BackwardWorkspace {
+        delta: dev(20 << 40, plan.delta_len()),
+        dq_accum: (plan.dq_accum_len() > 0).then(|| dev(21 << 40, plan.dq_accum_len())),
+    }
+}
+
+fn varlen_problem(
+    lens: &[(usize, usize)],
+    hq: usize,
+    hkv: usize,
+    d: usize,
+) -> AttentionVarlenProblem {
+    let s = CuSeqlens::from_lens(lens).unwrap();
+    AttentionVarlenProblem::new(&s, hq, hkv, d, Dtype::Bf16)
+}
+
+#[test]
+fn varlen_grids_parameters_and_workspace_sizes() {
+    let p = varlen_problem(&[(113, 20), (0, 203), (7, 0)], 8, 2, 128)
+        .causal()
+        .window(Some(40), None);
+    let total_q = 120;
+    for deterministic in [false, true] {
+        let plan = varlen_plan(&p, deterministic).unwrap();
+        assert_eq!(plan.deterministic(), deterministic);
+        assert_eq!(plan.delta_len(), 8 * total_q);
+        let accum = if deterministic { 0 } else { 8 * total_q * 128 };
+        assert_eq!(plan.dq_accum_len(), accum);
+        let l = plan.launches(&varlen_workspace(&plan)).unwrap();
+        let k = plan.kernels();
+        assert!(k.pre.name.contains("_varlen_") && k.dq.name.contains("_varlen_"));
+        let (pre, dkdv, dq) = (l.pre.unwrap(), l.dkdv.unwrap(), l.dq.unwrap());
+        assert_eq!(pre.name(), k.pre.name);
+        // Grids sized for the longest sequence.
+        assert_eq!(pre.config().grid, (113u32.div_ceil(ROW_BLOCK), 8, 3));
+        assert_eq!(dkdv.config().grid, (203u32.div_ceil(k.tiles.block_n), 2, 3));
+        if deterministic {
+            assert_eq!(dkdv.name(), k.dkdv.name);
+            assert_eq!(dq.name(), k.dq.name);
+            assert_eq!(
+                dq.config().grid,
+                (113u32.div_ceil(k.dq_tiles.block_m), 8, 3)
+            );
+            assert!(pre.params().base.dq_accum.is_null());
+        } else {
+            assert_eq!(dkdv.name(), k.dkdv_dq.name);
+            assert_eq!(dq.name(), k.dq_convert.name);
+            assert_eq!(pre.params().base.dq_accum as u64, 21 << 40);
+        }
+        let params = dkdv.params();
+        assert_eq!(params.base.delta as u64, 20 << 40);
+        assert_eq!(params.base.d_lse as u64, 7 << 40);
+        assert_eq!(
+            (params.cu_seqlens_q as u64, params.cu_seqlens_k as u64),
+            (11 << 40, 12 << 40)
+        );
+        assert_eq!((params.total_q, params.total_k), (120, 223));
+        assert_eq!((params.base.window_left, params.base.window_right), (40, 0));
+        assert_eq!(
+            (params.base.seq_q, params.base.seq_k, params.base.batch),
+            (113, 203, 3)
+        );
+        assert_eq!(params.base.dq_strides[1..], [8 * 128, 128]);
+    }
+}
+
+#[test]
+fn varlen_launches_with_empty_grids_are_left_out() {
+    // No query rows: only the dK/dV kernel (it writes dK = dV = 0).
+    let p = varlen_problem(&[(0, 5), (0, 3)], 2, 1, 64);
+    for deterministic in [false, true] {
+        let plan = varlen_plan(&p, deterministic).unwrap();
+        let l = plan.launches(&varlen_workspace(&plan)).unwrap();
+        assert!(l.pre.is_none() && l.dq.is_none() && l.dkdv.is_some());
+    }
+    // No key rows: no dK/dV kernel; dQ = 0 from the other two.
+    let p = varlen_problem(&[(4, 0), (9, 0)], 2, 1, 64);
+    for deterministic in [false, true] {
+        let plan = varlen_plan(&p, deterministic).unwrap();
+        let l = plan.launches(&varlen_workspace(&plan)).unwrap();
+        assert!(l.pre.is_some() && l.dq.is_some() && l.dkdv.is_none());
+    }
+}
+
+#[test]
+fn every_varlen_launch_passes_the_ptx_checks() {
+    for arch in [Arch::Sm90a, Arch::Sm80] {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for d in HEAD_DIMS {
+                for deterministic in [false, true] {
+                    let mut p = varlen_problem(&[(239, 17), (3, 80)], 4, 2, d as usize).causal();
+                    p.dtype = dtype;
+                    let plan = varlen_plan(&p, deterministic).unwrap();
+                    let l = plan.launches(&varlen_workspace(&plan)).unwrap();
+                    for launch in [l.pre, l.dkdv, l.dq].into_iter().flatten() {
+                        check_kernel_launch(arch, launch.kernel(), launch.config(), MAX_SMEM)
+                            .unwrap_or_else(|e| panic!("{} ({arch}): {e}", launch.name()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_varlen_tensors_are_rejected() {
+    let p = varlen_problem(&[(5, 9), (3, 4)], 2, 1, 64);
+    let options = BackwardOptions::default();
+    let good = varlen_tensors::<bf16>(&p, true);
+    assert!(p.plan_backward(&good, options).is_ok());
+    let mut t = good;
+    t.lse = dev(6 << 40, p.lse_len() - 1);
+    assert!(matches!(
+        p.plan_backward(&t, options),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let mut t = good;
+    t.cu_seqlens_k = dev(12 << 40, p.batch);
+    assert!(matches!(
+        p.plan_backward(&t, options),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let mut t = good;
+    t.dq = t.q;
+    assert!(matches!(
+        p.plan_backward(&t, options),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let mut t = good;
+    t.dv = t.dk;
+    assert!(matches!(
+        p.plan_backward(&t, options),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        p.plan_backward(&varlen_tensors::<f16>(&p, false), options),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // A workspace of the wrong size.
+    let plan = p.plan_backward(&good, options).unwrap();
+    let mut ws = varlen_workspace(&plan);
+    ws.delta = dev(20 << 40, plan.delta_len() + 1);
+    assert!(plan.launches(&ws).is_err());
 }

@@ -1,0 +1,400 @@
+//! The backward pass over packed sequences (FlashAttention's `flash_attn_varlen_func`
+//! backward): dQ, dK, dV of the forward over packed sequences
+//! ([`super::super::forward_varlen`]), as [`super::super::reference::backward_varlen`]
+//! specifies them. Q, O, dO, dQ `[total_q, heads_q, D]`, K, V, dK, dV `[total_k, heads_kv, D]`,
+//! LSE and dLSE `[heads_q, total_q]`; each sequence is the dense backward of its own lengths.
+//!
+//! The same steps as the dense backward, on the `_varlen_` kernels (the dense kernels' bodies
+//! on the packed layout): [`AttentionVarlenProblem::plan_backward`] on
+//! [`AttentionVarlenBackwardTensors`] gives an [`AttentionVarlenBackwardPlan`] (pure), which
+//! runs on any executor with a [`BackwardWorkspace`] (`delta'` `[heads_q, total_q]`, the dQ
+//! accumulator `[heads_q, total_q, D]`); [`backward_varlen`] does it all on `cust` buffers.
+//! The grids are sized for the longest sequence; blocks past their sequence's rows return at
+//! once. A launch with an empty grid (no query rows, or no key rows) is left out; the others
+//! still write every gradient row (zeros for rows that see no key or no query).
+
+use super::super::problem::{AttentionElem, View};
+use super::super::varlen::{AttentionVarlenProblem, DeviceCuSeqlens, check_packed};
+use super::plan::{
+    AttentionBackwardTensors, BackwardOptions, BackwardWorkspace, BackwardWorkspaceLens,
+    check_outputs_apart, workspace_pointers,
+};
+use crate::error::{Error, Result};
+use crate::exec::{DevView, Exec, OnStream};
+use crate::gpu::Gpu;
+use crate::launch::Launch;
+use crate::memory::zeroed;
+use cust::memory::DeviceBuffer;
+use cust::stream::Stream;
+use kernel_abi::attention::UNBOUNDED;
+use kernel_abi::attention::backward::{
+    AttentionBwdParams, AttentionBwdVarlenParams, BwdKernels, ROW_BLOCK, bwd_varlen_kernels,
+};
+
+/// The tensors of a backward pass over packed sequences. Packed tensors are views of shape
+/// `[1, rows, heads, D]` ([`View::packed`]). The outputs must overlap neither each other nor
+/// the inputs.
+pub struct AttentionVarlenBackwardTensors<'a, T> {
+    /// Q `[total_q, heads_q, D]`.
+    pub q: View<'a, T>,
+    /// K `[total_k, heads_kv, D]`.
+    pub k: View<'a, T>,
+    /// V, as K.
+    pub v: View<'a, T>,
+    /// O of the forward, as Q.
+    pub o: View<'a, T>,
+    /// dO, as Q.
+    pub d_o: View<'a, T>,
+    /// LSE of the forward `[heads_q, total_q]` f32 (natural log), contiguous.
+    pub lse: DevView<'a, f32>,
+    /// dLSE, as LSE; `None` when the loss does not depend on LSE.
+    pub d_lse: Option<DevView<'a, f32>>,
+    /// dQ, as Q (written).
+    pub dq: View<'a, T>,
+    /// dK, as K (written; with grouped-query attention the sum over the group's query heads).
+    pub dk: View<'a, T>,
+    /// dV, as K (written, as dK).
+    pub dv: View<'a, T>,
+    /// `[batch + 1]` query offsets.
+    pub cu_seqlens_q: DevView<'a, i32>,
+    /// `[batch + 1]` key offsets.
+    pub cu_seqlens_k: DevView<'a, i32>,
+}
+
+impl<T> Clone for AttentionVarlenBackwardTensors<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for AttentionVarlenBackwardTensors<'_, T> {}
+
+/// The launches of a planned backward over packed sequences, in order; a launch whose grid is
+/// empty is `None`.
+pub struct VarlenBackwardLaunches {
+    /// `delta'` and the zeroed accumulator (`None` without query rows).
+    pub pre: Option<Launch<AttentionBwdVarlenParams>>,
+    /// dK, dV (and dQ by atomics unless deterministic; `None` without key rows).
+    pub dkdv: Option<Launch<AttentionBwdVarlenParams>>,
+    /// dQ: the conversion of the accumulator, or the deterministic dQ kernel (`None` without
+    /// query rows).
+    pub dq: Option<Launch<AttentionBwdVarlenParams>>,
+}
+
+/// A planned backward pass over packed sequences: up to three launches, the workspace sizes.
+pub struct AttentionVarlenBackwardPlan {
+    kernels: &'static BwdKernels<AttentionBwdVarlenParams>,
+    deterministic: bool,
+    /// Parameters with null workspace pointers (filled in by
+    /// [`AttentionVarlenBackwardPlan::launches`]).
+    params: AttentionBwdVarlenParams,
+    row_grid: (u32, u32, u32),
+    dkdv_grid: (u32, u32, u32),
+    dq_grid: (u32, u32, u32),
+    delta_len: usize,
+    dq_accum_len: usize,
+}
+
+impl AttentionVarlenProblem {
+    /// Plan the backward pass on `tensors`: validates the problem, every view (as the forward
+    /// over packed sequences validates its views: shape, contiguous head dimension, 16-byte
+    /// aligned start and strides, in bounds; views without rows by their shape only), LSE's and
+    /// dLSE's lengths, the boundaries' lengths, that no output has elements sharing memory and
+    /// that the outputs overlap neither each other nor the inputs. The problem's `path` is the
+    /// forward's and not used here (one backward path). The boundaries' contents are device
+    /// data, clamped by the kernels.
+    pub fn plan_backward<T: AttentionElem>(
+        &self,
+        tensors: &AttentionVarlenBackwardTensors<'_, T>,
+        options: BackwardOptions,
+    ) -> Result<AttentionVarlenBackwardPlan> {
+        self.validate()?;
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(
+                "dtype",
+                format!(
+                    "the problem is {:?} but the tensors are {:?}",
+                    self.dtype,
+                    T::DTYPE
+                ),
+            ));
+        }
+        let t = tensors;
+        let packed = |[n, h, d]: [usize; 3]| [1, n, h, d];
+        let (qs, ks) = (packed(self.q_shape()), packed(self.kv_shape()));
+        for (what, view, shape) in [
+            ("Q", &t.q, qs),
+            ("K", &t.k, ks),
+            ("V", &t.v, ks),
+            ("O", &t.o, qs),
+            ("dO", &t.d_o, qs),
+            ("dQ", &t.dq, qs),
+            ("dK", &t.dk, ks),
+            ("dV", &t.dv, ks),
+        ] {
+            check_packed(view, what, shape)?;
+        }
+        for (what, view, rows) in [
+            ("dQ", &t.dq, self.total_q),
+            ("dK", &t.dk, self.total_k),
+            ("dV", &t.dv, self.total_k),
+        ] {
+            if rows > 0 {
+                view.check_distinct(what)?;
+            }
+        }
+        for (what, len) in [
+            ("LSE", Some(t.lse.len())),
+            ("dLSE", t.d_lse.map(|d| d.len())),
+        ] {
+            if let Some(len) = len
+                && len != self.lse_len()
+            {
+                return Err(Error::shape(
+                    what,
+                    format!("{} elements", self.lse_len()),
+                    len,
+                ));
+            }
+        }
+        for (what, cu) in [
+            ("cu_seqlens_q", t.cu_seqlens_q),
+            ("cu_seqlens_k", t.cu_seqlens_k),
+        ] {
+            if cu.len() != self.batch + 1 {
+                return Err(Error::shape(
+                    format!("{what} length"),
+                    self.batch + 1,
+                    cu.len(),
+                ));
+            }
+        }
+        check_outputs_apart(&AttentionBackwardTensors {
+            q: t.q,
+            k: t.k,
+            v: t.v,
+            o: t.o,
+            d_o: t.d_o,
+            lse: t.lse,
+            d_lse: t.d_lse,
+            dq: t.dq,
+            dk: t.dk,
+            dv: t.dv,
+        })?;
+        let d = self.head_dim as u32;
+        let kernels = bwd_varlen_kernels(self.dtype, d).expect("validated head dimension");
+        let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
+        let (left, right) = dense.effective_window();
+        let scale = dense.softmax_scale();
+        let params = AttentionBwdVarlenParams {
+            base: AttentionBwdParams {
+                q: t.q.ptr() as *const u16,
+                k: t.k.ptr() as *const u16,
+                v: t.v.ptr() as *const u16,
+                o: t.o.ptr() as *const u16,
+                d_o: t.d_o.ptr() as *const u16,
+                dq: t.dq.ptr() as *mut u16,
+                dk: t.dk.ptr() as *mut u16,
+                dv: t.dv.ptr() as *mut u16,
+                lse: t.lse.addr() as *const f32,
+                d_lse: t.d_lse.map_or(std::ptr::null(), |d| d.addr() as *const f32),
+                delta: std::ptr::null_mut(),
+                dq_accum: std::ptr::null_mut(),
+                q_strides: t.q.strides3(),
+                k_strides: t.k.strides3(),
+                v_strides: t.v.strides3(),
+                o_strides: t.o.strides3(),
+                do_strides: t.d_o.strides3(),
+                dq_strides: t.dq.strides3(),
+                dk_strides: t.dk.strides3(),
+                dv_strides: t.dv.strides3(),
+                batch: self.batch as u32,
+                seq_q: self.max_seqlen_q as u32,
+                seq_k: self.max_seqlen_k as u32,
+                heads_q: self.heads_q as u32,
+                heads_kv: self.heads_kv as u32,
+                scale,
+                scale_log2: scale * std::f32::consts::LOG2_E,
+                window_left: left.map_or(UNBOUNDED, |l| l as i32),
+                window_right: right.map_or(UNBOUNDED, |r| r as i32),
+            },
+            cu_seqlens_q: t.cu_seqlens_q.addr() as *const i32,
+            cu_seqlens_k: t.cu_seqlens_k.addr() as *const i32,
+            total_q: self.total_q as u32,
+            total_k: self.total_k as u32,
+        };
+        let (sq, sk) = (self.max_seqlen_q as u32, self.max_seqlen_k as u32);
+        let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
+        let workspace = self.backward_workspace_lens(options);
+        Ok(AttentionVarlenBackwardPlan {
+            kernels,
+            deterministic: options.deterministic,
+            params,
+            row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
+            dkdv_grid: (sk.div_ceil(kernels.tiles.block_n), hkv, b),
+            dq_grid: (sq.div_ceil(kernels.dq_tiles.block_m), hq, b),
+            delta_len: workspace.delta,
+            dq_accum_len: workspace.dq_accum,
+        })
+    }
+
+    /// The f32 elements of the backward's workspace with `options`: `delta'` `heads_q total_q`,
+    /// the dQ accumulator `heads_q total_q D` (0 in deterministic mode).
+    pub fn backward_workspace_lens(&self, options: BackwardOptions) -> BackwardWorkspaceLens {
+        BackwardWorkspaceLens {
+            delta: self.lse_len(),
+            dq_accum: if options.deterministic {
+                0
+            } else {
+                self.lse_len() * self.head_dim
+            },
+        }
+    }
+}
+
+impl AttentionVarlenBackwardPlan {
+    /// Whether dQ comes from the deterministic kernel.
+    pub fn deterministic(&self) -> bool {
+        self.deterministic
+    }
+
+    /// The kernels of the plan's element type and head dimension.
+    pub fn kernels(&self) -> &'static BwdKernels<AttentionBwdVarlenParams> {
+        self.kernels
+    }
+
+    /// f32 elements of the workspace's `delta'`: `heads_q total_q`.
+    pub fn delta_len(&self) -> usize {
+        self.delta_len
+    }
+
+    /// f32 elements of the workspace's dQ accumulator: `heads_q total_q D`, 0 in deterministic
+    /// mode.
+    pub fn dq_accum_len(&self) -> usize {
+        self.dq_accum_len
+    }
+
+    /// The launches with the workspace `ws`, after checking its sizes and alignment.
+    pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<VarlenBackwardLaunches> {
+        let (delta, dq_accum) =
+            workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;
+        let params = AttentionBwdVarlenParams {
+            base: AttentionBwdParams {
+                delta,
+                dq_accum,
+                ..self.params.base
+            },
+            ..self.params
+        };
+        let k = self.kernels;
+        let nonempty = |g: (u32, u32, u32)| g.0 > 0;
+        let (dkdv, dq) = if self.deterministic {
+            (
+                nonempty(self.dkdv_grid)
+                    .then(|| Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params)),
+                nonempty(self.dq_grid)
+                    .then(|| Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params)),
+            )
+        } else {
+            (
+                nonempty(self.dkdv_grid)
+                    .then(|| Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params)),
+                nonempty(self.row_grid)
+                    .then(|| Launch::new(&k.dq_convert, self.row_grid, (), params)),
+            )
+        };
+        Ok(VarlenBackwardLaunches {
+            pre: nonempty(self.row_grid).then(|| Launch::new(&k.pre, self.row_grid, (), params)),
+            dkdv,
+            dq,
+        })
+    }
+
+    /// Run the plan's launches with the workspace `ws` (asynchronous on a stream: synchronize
+    /// before reading the gradients or releasing the workspace).
+    ///
+    /// # Safety
+    /// The tensors the plan was made for and the workspace are live memory of `exec` for the
+    /// whole run; the workspace overlaps none of the tensors.
+    pub unsafe fn run(&self, exec: &impl Exec, ws: &BackwardWorkspace<'_>) -> Result<()> {
+        let launches = self.launches(ws)?;
+        for launch in [&launches.pre, &launches.dkdv, &launches.dq]
+            .into_iter()
+            .flatten()
+        {
+            // SAFETY: the plan checked every view (shape, contiguous head dimension, 16-byte
+            // aligned start and strides, in bounds of its memory), LSE's and dLSE's lengths
+            // (heads_q total_q), the boundaries' lengths (batch + 1), that the outputs alias
+            // nothing, and validated the sizes and window; the kernels clamp the boundaries'
+            // contents to the totals, so every row they touch is inside the checked views;
+            // `launches` checked the workspace's sizes and alignment; the grids are the ones the
+            // kernels document; on one executor the launches run in order (the dK/dV kernel
+            // reads the preprocess's delta and zeroed accumulator, the dQ kernel delta or the
+            // complete accumulator); the memory is live and the workspace aliases nothing (the
+            // caller's contract).
+            unsafe { exec.launch(launch)? };
+        }
+        Ok(())
+    }
+}
+
+/// The backward pass over packed sequences on `stream`: dQ into `dq` (`[total_q, heads_q, D]`,
+/// [`View::packed`]), dK and dV into `dk` and `dv` (`[total_k, heads_kv, D]`), given the
+/// forward's inputs, its O and LSE (`[heads_q, total_q]`), the loss's gradient `d_o` and, when
+/// the loss uses LSE, `d_lse`. The problem must be the one of `seqlens`
+/// ([`AttentionVarlenProblem::new`]). The workspace is allocated here; the call returns once the
+/// kernels finished. The outputs must overlap neither each other nor the inputs (checked).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_varlen<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionVarlenProblem,
+    seqlens: &DeviceCuSeqlens,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &View<T>,
+    lse: &DeviceBuffer<f32>,
+    d_o: &View<T>,
+    d_lse: Option<&DeviceBuffer<f32>>,
+    dq: &mut View<T>,
+    dk: &mut View<T>,
+    dv: &mut View<T>,
+    options: BackwardOptions,
+) -> Result<()> {
+    problem.validate()?;
+    problem.check_seqlens(seqlens.host())?;
+    let (cu_seqlens_q, cu_seqlens_k) = seqlens.device();
+    let tensors = AttentionVarlenBackwardTensors {
+        q: *q,
+        k: *k,
+        v: *v,
+        o: *o,
+        d_o: *d_o,
+        lse: lse.into(),
+        d_lse: d_lse.map(|d| d.into()),
+        dq: *dq,
+        dk: *dk,
+        dv: *dv,
+        cu_seqlens_q,
+        cu_seqlens_k,
+    };
+    let plan = problem.plan_backward(&tensors, options)?;
+    // At least one element each (no query row gives an empty workspace), viewed at the plan's
+    // lengths.
+    let delta = zeroed::<f32>(plan.delta_len().max(1))?;
+    let accum = if plan.dq_accum_len() > 0 {
+        Some(zeroed::<f32>(plan.dq_accum_len())?)
+    } else {
+        None
+    };
+    let ws = BackwardWorkspace {
+        // SAFETY: the first `delta_len` elements of `delta`, live until the end of the call.
+        delta: unsafe { DevView::from_raw(DevView::from(&delta).addr(), plan.delta_len()) },
+        dq_accum: accum.as_ref().map(|a| a.into()),
+    };
+    // SAFETY: the views, LSE, dLSE and the boundaries are borrowed for the whole call, which
+    // waits for the kernels before returning (so the workspace outlives them); the workspace is
+    // fresh memory that aliases nothing; the plan checked that the outputs alias no tensor.
+    unsafe { plan.run(&OnStream { gpu, stream }, &ws) }?;
+    gpu.sync(stream, "attention backward over packed sequences")
+}
