@@ -81,14 +81,15 @@ def chunk_gla_forward(
     initial_state: Optional[torch.Tensor],
     output_final_state: bool,
     cu_seqlens: Optional[torch.Tensor],
-    kernel: str = "auto",
+    gla_kernel: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """o ``[B, T, H, dv]`` bf16 and the final states ``[N, H, dk, dv]`` f32 (an empty tensor
-    without ``output_final_state``). ``kernel``: ``auto`` (the warp-specialized pingpong on
+    without ``output_final_state``). ``gla_kernel`` (not ``kernel``, a name Inductor's fallback
+    for custom ops takes for itself): ``auto`` (the warp-specialized pingpong on
     sm_90 where it pays, else the baseline), ``baseline`` or ``pingpong``."""
     _check(q, k, v, g, initial_state)
-    if kernel not in _KERNELS:
-        raise ValueError(f"kernel {kernel!r}: use one of {_KERNELS}")
+    if gla_kernel not in _KERNELS:
+        raise ValueError(f"kernel {gla_kernel!r}: use one of {_KERNELS}")
     # The kernels read contiguous bf16 tensors.
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.to(torch.bfloat16).contiguous()
@@ -104,7 +105,7 @@ def chunk_gla_forward(
     native = _native()
     with torch.cuda.device(q.device):
         words, elems = native.gla_forward_workspace(
-            q.device.index, tuple(q.shape), tuple(v.shape), cu, kernel
+            q.device.index, tuple(q.shape), tuple(v.shape), cu, gla_kernel
         )
         tables = torch.empty(words, dtype=torch.int32, device=q.device)
         buffers = torch.empty(elems, dtype=torch.float32, device=q.device) if elems else None
@@ -123,14 +124,14 @@ def chunk_gla_forward(
             None if buffers is None else _describe(buffers),
             scale,
             cu,
-            kernel,
+            gla_kernel,
         )
     return o, ht
 
 
 @chunk_gla_forward.register_fake
 def _chunk_gla_forward_fake(
-    q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, kernel="auto"
+    q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, gla_kernel="auto"
 ):
     _check(q, k, v, g, initial_state)
     batch, seqlen, heads, dk = q.shape

@@ -107,7 +107,9 @@ def semicrf_forward(
         tuple(cum_scores.shape), tuple(duration_bias.shape), checkpoint
     )[0]
     device = cum_scores.device
-    state = torch.empty(total, dtype=torch.float64, device=device)
+    # Zeroed: the forward leaves parts of it (the backward's partial counts) unwritten, and an
+    # output must not depend on what the allocator hands out (opcheck, torch.compile compare).
+    state = torch.zeros(total, dtype=torch.float64, device=device)
     log_z = torch.empty(cum_scores.shape[0], dtype=torch.float32, device=device)
     lengths_buf = torch.empty(cum_scores.shape[0], dtype=torch.int32, device=device)
     with torch.cuda.device(device):

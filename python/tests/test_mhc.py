@@ -90,13 +90,18 @@ def grads_of(fn, tensors, seeds):
     return (x_in.detach(), x_next.detach()), [None if t is None else next(g) for t in leaves]
 
 
-def within(name, got, ref, naive):
+def within(name, got, ref, naive, bf16=False):
+    """max |got - ref| within 2x the float32 formulation's error plus 1e-3 max|ref|; for bf16
+    outputs also one bf16 unit of each element (2^-7 |ref|: the library's stated bound for its
+    bf16 outputs, which round f32 results computed in a different order)."""
     got, ref, naive = got.double(), ref.double(), naive.double()
     assert torch.isfinite(got).all(), f"{name} has NaN or inf"
+    base = 2 * (naive - ref).abs().max().item() + 1e-3 * ref.abs().max().item() + 1e-6
+    bound = base + (2.0 ** -7) * ref.abs() if bf16 else torch.full_like(ref, base)
+    excess = ((got - ref).abs() - bound).max().item()
     err = (got - ref).abs().max().item()
-    bound = 2 * (naive - ref).abs().max().item() + 1e-3 * ref.abs().max().item() + 1e-6
-    assert err <= bound, f"{name}: max error {err:.3e} > {bound:.3e}"
-    return f"{name} {err:.1e}/{bound:.1e}"
+    assert excess <= 0, f"{name}: max error {err:.3e} exceeds its bound by {excess:.3e}"
+    return f"{name} {err:.1e}/{bound.max().item():.1e}"
 
 
 def run_case(b, s, n, c, gamma, iters=20, eps=1e-6):
@@ -119,13 +124,16 @@ def run_case(b, s, n, c, gamma, iters=20, eps=1e-6):
     naive_out, naive_grads = grads_of(naive, tensors, seeds)
     torch.cuda.synchronize()
     assert out[0].dtype == torch.bfloat16 and out[1].shape == (b, s, n, c)
-    lines = [within(name, o, r, nv) for name, o, r, nv in zip(("x_in", "x_next"), out, ref_out, naive_out)]
+    lines = [
+        within(name, o, r, nv, bf16=True)
+        for name, o, r, nv in zip(("x_in", "x_next"), out, ref_out, naive_out)
+    ]
     for name, g, r, nv in zip(NAMES, grads, ref_grads, naive_grads):
         if r is None:
             assert g is None, name
             continue
         assert g.dtype == tensors[NAMES.index(name)].dtype and g.shape == r.shape, (name, g.dtype, g.shape)
-        lines.append(within("d" + name, g, r, nv))
+        lines.append(within("d" + name, g, r, nv, bf16=g.dtype == torch.bfloat16))
     return ", ".join(lines)
 
 
@@ -175,7 +183,7 @@ def module_step():
     torch.cuda.synchronize()
     for name, g, r, nv in zip(("x", "phi", "gamma", "alpha", "bias", "layer.weight"), got,
                               refs[torch.float64], refs[torch.float32]):
-        lines.append(within("d" + name, g, r, nv))
+        lines.append(within("d" + name, g, r, nv, bf16=g.dtype == torch.bfloat16))
     return ", ".join(lines)
 
 
