@@ -122,6 +122,9 @@ def main():
     results = [None] * a.threads
     worker(99, 8, [None] * 100)  # warm-up: modules loaded, allocator primed
     torch.cuda.synchronize()
+    # cuBLAS keeps a workspace per (handle, stream) in torch's allocator (the references'
+    # matmuls, one per thread's stream): not ours, released before each reading.
+    torch._C._cuda_clearCublasWorkspaces()
     before = torch.cuda.memory_allocated()
     threads = [
         threading.Thread(target=worker, args=(t, a.calls // a.threads, results)) for t in range(a.threads)
@@ -131,6 +134,7 @@ def main():
     for t in threads:
         t.join()
     torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
     after = torch.cuda.memory_allocated()
     failed = [r for r in results if not isinstance(r, dict)]
     ok = [r for r in results if isinstance(r, dict)]

@@ -85,7 +85,9 @@ def mhc_forward_pre(
     gamma = None if gamma is None else gamma.contiguous()
     n_coeffs, n_scratch = _layout(x, sinkhorn_iters, eps, gamma is not None)
     b, s, _, c = x.shape
-    coeffs = torch.empty(n_coeffs, dtype=torch.float32, device=x.device)
+    # Zeroed, as the scratch: the kernels leave padding between the coefficient groups
+    # unwritten, and an output must not depend on what the allocator hands out.
+    coeffs = torch.zeros(n_coeffs, dtype=torch.float32, device=x.device)
     scratch = torch.zeros(n_scratch, dtype=torch.float32, device=x.device)
     x_in = torch.empty((b, s, c), dtype=torch.bfloat16, device=x.device)
     native = _native()

@@ -230,9 +230,11 @@ def semicrf_viterbi(
     t = max(rows - 1, 0)
     i32 = dict(dtype=torch.int32, device=device)
     score = torch.empty(b, dtype=torch.float32, device=device)
-    backptr = torch.empty((b, rows, c), **i32)
-    start, dur, label = (torch.empty((b, t), **i32) for _ in range(3))
-    count = torch.empty(b, **i32)
+    # Zeroed: only each sequence's first `count` segments (and its own back-pointer rows) are
+    # written, and an output must not depend on what the allocator hands out.
+    backptr = torch.zeros((b, rows, c), **i32)
+    start, dur, label = (torch.zeros((b, t), **i32) for _ in range(3))
+    count = torch.zeros(b, **i32)
     lengths_buf = torch.empty(b, **i32)
     native = _native()
     with torch.cuda.device(device):
@@ -298,6 +300,10 @@ def _prepare(cum_scores, transition, duration_bias, lengths, K):
         )
 
 
+# Run eagerly under torch.compile (a graph break): compiled, the log semiring's gradient
+# differed from eager on the GPU check (test_semicrf.py `torch.compile`), so the ops stay out
+# of compiled graphs until that is understood; eager results are the checked ones.
+@torch.compiler.disable
 def semi_crf_streaming_forward(
     cum_scores: torch.Tensor,
     transition: torch.Tensor,
@@ -359,6 +365,7 @@ def semi_crf_streaming_forward(
     return log_z.to(cum_scores.dtype)
 
 
+@torch.compiler.disable
 def semi_crf_viterbi(
     cum_scores: torch.Tensor,
     transition: torch.Tensor,
