@@ -6,6 +6,9 @@ use crate::kernel::str_eq;
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 pub mod backward;
+mod varlen;
+
+pub use varlen::{AttentionVarlenParams, MMA_VARLEN_KERNELS, MmaVarlenKernel, mma_varlen_kernel};
 
 /// Head dimensions with a kernel.
 pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
@@ -316,37 +319,6 @@ pub struct AttentionParams {
     /// 1 to walk query blocks from the last (under causal masking the last rows see the most
     /// keys, so the longest blocks start first), 0 otherwise.
     pub reverse_m: u32,
-}
-
-/// Parameters of `attention_fwd_varlen_{bf16,f16}_d{64,128,256}`: attention over a batch of
-/// packed sequences of different lengths (FlashAttention's `flash_attn_varlen_func`). Sequence
-/// `b` owns query rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of Q and O and key rows
-/// `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]` of K and V; the mask of [`AttentionParams`] applies
-/// per sequence with that sequence's lengths (causal aligned to its bottom-right corner).
-///
-/// The fields of `base` keep their meaning with these changes: Q and O are `[total_q, heads_q,
-/// D]` and K, V `[total_k, heads_kv, D]` (the batch strides are not used; the sequence strides
-/// step between packed rows), `seq_q` and `seq_k` are the maximum lengths (the grid's
-/// `num_m_blocks` is `ceil(seq_q / block_m)`), `batch` the number of sequences, and LSE is
-/// `[heads_q, total_q]` f32, contiguous (FlashAttention's varlen layout).
-///
-/// The kernel clamps every offset it reads from `cu_seqlens_*` into `0 ..= total_*` (and each
-/// end to at least its start), so no contents can make it access memory outside the tensors;
-/// query rows of a sequence past `seq_q` (contents longer than the stated maximum) are not
-/// written.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionVarlenParams {
-    /// The dense parameters, read as above.
-    pub base: AttentionParams,
-    /// `[batch + 1]` i32: the first query row of each sequence, then `total_q`.
-    pub cu_seqlens_q: *const i32,
-    /// `[batch + 1]` i32: the first key row of each sequence, then `total_k`.
-    pub cu_seqlens_k: *const i32,
-    /// Query rows of Q and O (and the row stride of LSE).
-    pub total_q: u32,
-    /// Key rows of K and V.
-    pub total_k: u32,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -662,17 +634,6 @@ pub struct MmaKernel {
     pub variant: Option<&'static str>,
 }
 
-/// An `mma.sync` kernel over packed sequences ([`AttentionVarlenParams`]): its handle and what it
-/// was compiled for (the default tiles of its head dimension).
-pub struct MmaVarlenKernel {
-    /// The handle; launch it with shape [`MmaVarlenKernel::tiles`].
-    pub kernel: Kernel<AttentionVarlenParams, TileConfig>,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Tile configuration ([`tile_config`] of its head dimension).
-    pub tiles: TileConfig,
-}
-
 /// A Hopper kernel: its handle (dynamic shared memory as a function of its configuration) and
 /// what it was compiled for.
 pub struct HopperKernel {
@@ -687,7 +648,7 @@ pub struct HopperKernel {
     pub variant: Option<&'static str>,
 }
 
-fn mma_smem(tiles: TileConfig) -> usize {
+pub(crate) fn mma_smem(tiles: TileConfig) -> usize {
     tiles.smem_bytes()
 }
 
@@ -825,26 +786,6 @@ pub const MMA_KERNELS: [MmaKernel; 6 + TUNING_VARIANTS.len()] = [
         TUNING_VARIANTS[6].1,
         Some(TUNING_VARIANTS[6].0),
     ),
-];
-
-const fn mma_varlen(name: &'static str, dtype: Dtype, head_dim: u32) -> MmaVarlenKernel {
-    let tiles = tile_config_of(head_dim);
-    MmaVarlenKernel {
-        kernel: Kernel::new(name, tiles.threads(), tiles.blocks_per_sm, mma_smem),
-        dtype,
-        tiles,
-    }
-}
-
-/// The `mma.sync` kernels over packed sequences: the default tiles for each dtype and head
-/// dimension.
-pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 6] = [
-    mma_varlen("attention_fwd_varlen_bf16_d64", Dtype::Bf16, 64),
-    mma_varlen("attention_fwd_varlen_bf16_d128", Dtype::Bf16, 128),
-    mma_varlen("attention_fwd_varlen_bf16_d256", Dtype::Bf16, 256),
-    mma_varlen("attention_fwd_varlen_f16_d64", Dtype::F16, 64),
-    mma_varlen("attention_fwd_varlen_f16_d128", Dtype::F16, 128),
-    mma_varlen("attention_fwd_varlen_f16_d256", Dtype::F16, 256),
 ];
 
 /// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
@@ -1002,13 +943,6 @@ pub fn mma_kernel(
     ALL.iter().find(|k| {
         k.dtype == dtype && k.tiles.head_dim == head_dim && same_variant(k.variant, variant)
     })
-}
-
-/// The `mma.sync` kernel over packed sequences for `dtype` and head dimension `head_dim`.
-pub fn mma_varlen_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static MmaVarlenKernel> {
-    const ALL: &[MmaVarlenKernel] = &MMA_VARLEN_KERNELS;
-    ALL.iter()
-        .find(|k| k.dtype == dtype && k.tiles.head_dim == head_dim)
 }
 
 /// The Hopper kernel for `dtype` and head dimension `head_dim`: the default configuration
