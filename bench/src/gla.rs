@@ -74,11 +74,14 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let draw = |r: &mut rand::rngs::StdRng| kernels::data::uniform_bf16(r, ELEMS, -1.0, 1.0);
     let (q, k, v) = (draw(&mut r), draw(&mut r), draw(&mut r));
     let g = log_sigmoid_decays(&mut r, ELEMS);
+    let d_o = kernels::data::uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
+    // One write: the file is replaced, never appended to.
     b.shared(&[
         ("q", Tensor::Bf16(&q, vec![ELEMS])),
         ("k", Tensor::Bf16(&k, vec![ELEMS])),
         ("v", Tensor::Bf16(&v, vec![ELEMS])),
         ("g", Tensor::Bf16(&g, vec![ELEMS])),
+        ("do", Tensor::Bf16(&d_o, vec![ELEMS])),
     ])?;
     let quick: &[(usize, usize, usize, usize)] = &[(4, 1024, 32, 64), (1, 16384, 16, 128)];
     let configs = if b.quick { quick } else { &CONFIGS };
@@ -156,8 +159,6 @@ pub fn run(b: &mut Bench) -> Result<()> {
         )?;
     }
     if std::env::var_os("KBENCH_GLA_BWD").is_none_or(|v| v != "0") {
-        let d_o = kernels::data::uniform_bf16(&mut r, ELEMS, -1.0, 1.0);
-        b.shared(&[("do", Tensor::Bf16(&d_o, vec![ELEMS]))])?;
         for &(batch, t, heads, d) in configs {
             let p = GlaProblem::new(batch, t, heads, d, d);
             let host = HostInputs {

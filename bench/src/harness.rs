@@ -279,7 +279,8 @@ impl Bench {
     }
 
     /// Write tensors that several cases share to `<work>/shared.safetensors` (peers load it
-    /// once; a case's spec may refer to its tensors by name).
+    /// once; a case's spec may refer to its tensors by name). The file holds the last call's
+    /// tensors only: write every shared tensor in one call.
     pub fn shared(&mut self, tensors: &[(&str, Tensor)]) -> Result<()> {
         let path = self.work.join("shared.safetensors");
         write_tensors(&path, tensors)

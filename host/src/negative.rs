@@ -4,7 +4,7 @@
 //! block-reduction control is launched by `kernels-testing`). Their results are wrong by design;
 //! what the tests check is that the reference checks, racecheck and the emulator notice.
 
-use crate::attention::{AttentionBackwardPlan, BackwardWorkspace, Dtype};
+use crate::attention::{AttentionBackwardPlan, BackwardPath, BackwardWorkspace, Dtype};
 use crate::error::{Error, Result};
 use crate::exec::{Exec, OnStream};
 use crate::gpu::Gpu;
@@ -34,8 +34,8 @@ pub fn semicrf_forward_backward_aliased_launch(
 
 /// `AttentionBackwardPlan::run` with `negative_attention_bwd_no_ds_barrier` (no barrier between
 /// the `dS^T` stores and their reads) in place of the dK/dV kernel `attention_bwd_bf16_d64`, on
-/// `exec` (a stream or the emulator). The plan must be of a bf16 problem with D = 64 and dQ by
-/// atomics (not deterministic): the kernel the control replaces; otherwise
+/// `exec` (a stream or the emulator). The plan must be of a bf16 problem with D = 64 on the
+/// `mma.sync` path and dQ by atomics (not deterministic): the kernel the control replaces; otherwise
 /// `Error::InvalidArgument`.
 ///
 /// # Safety
@@ -46,11 +46,15 @@ pub unsafe fn attention_backward_no_ds_barrier_run(
     ws: &BackwardWorkspace<'_>,
 ) -> Result<()> {
     let k = plan.kernels();
-    if k.dtype != Dtype::Bf16 || k.head_dim != 64 || plan.deterministic() {
+    if k.dtype != Dtype::Bf16
+        || k.head_dim != 64
+        || plan.deterministic()
+        || plan.path() != BackwardPath::MmaSync
+    {
         return Err(Error::invalid(
             "negative control",
             "negative_attention_bwd_no_ds_barrier replaces attention_bwd_bf16_d64: a bf16, \
-             D = 64 plan with dQ by atomics",
+             D = 64 plan on the mma.sync path with dQ by atomics",
         ));
     }
     let l = plan.launches(ws)?;

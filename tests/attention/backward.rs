@@ -783,13 +783,28 @@ pub fn register(s: &mut Suite) {
         s.cpu(&n, move || strided_emulated(deterministic));
     }
     for (i, c) in gpu_cases().into_iter().enumerate() {
-        for deterministic in [false, true] {
-            let b = bc(c.clone(), i % 2 == 0, deterministic);
-            let n = format!("attention_bwd/gpu/{}", bwd_name(&b));
-            s.gpu(&n, Needs::Gpu, move |g| match b.c.p.dtype {
-                Dtype::Bf16 => run_gpu::<bf16>(g, &b),
-                Dtype::F16 => run_gpu::<f16>(g, &b),
-            });
+        // The automatic path (the Hopper dK/dV kernel on sm_90a at D 64 and 128) and, for the
+        // bf16 cases it would take, the mma.sync kernels forced (`_mma`): both paths are tested
+        // on a Hopper GPU.
+        let mut paths = vec![attention::Path::Auto];
+        if c.p.dtype == Dtype::Bf16 && c.p.head_dim != 256 {
+            paths.push(attention::Path::MmaSync);
+        }
+        for path in paths {
+            for deterministic in [false, true] {
+                let mut b = bc(c.clone(), i % 2 == 0, deterministic);
+                b.c.p.path = path;
+                let mma = if path == attention::Path::MmaSync {
+                    "_mma"
+                } else {
+                    ""
+                };
+                let n = format!("attention_bwd/gpu/{}{mma}", bwd_name(&b));
+                s.gpu(&n, Needs::Gpu, move |g| match b.c.p.dtype {
+                    Dtype::Bf16 => run_gpu::<bf16>(g, &b),
+                    Dtype::F16 => run_gpu::<f16>(g, &b),
+                });
+            }
         }
     }
     s.gpu(

@@ -188,6 +188,8 @@ struct BwdControlCase {
 fn bwd_control_case() -> BwdControlCase {
     let mut p = AttentionProblem::new(1, 60, 70, 2, 1, 64, Dtype::Bf16);
     p.causal = true;
+    // The control replaces the mma.sync dK/dV kernel: that path on every GPU.
+    p.path = attention::Path::MmaSync;
     let (q, k, v) = kernels_testing::attention::random_inputs::<bf16>(&p, 1.0, 31);
     let mut r = kernels::data::rng(32);
     let d_o = kernels::data::uniform_bf16(&mut r, q.len(), -1.0, 1.0);

@@ -6,6 +6,7 @@ use crate::kernel::str_eq;
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 pub mod backward;
+pub mod hopper_bwd;
 mod varlen;
 
 pub use varlen::{AttentionVarlenParams, MMA_VARLEN_KERNELS, MmaVarlenKernel, mma_varlen_kernel};
@@ -890,13 +891,14 @@ pub const HOPPER_KERNELS: [HopperKernel; 6 + HOPPER_VARIANTS.len()] = [
 ];
 
 /// The family's kernels (both forward paths, the backward's on dense batches and on packed
-/// sequences, then the forward over packed sequences).
+/// sequences, the forward over packed sequences, then the Hopper backward's dK/dV kernels).
 pub const KERNELS: &[KernelDecl] = &kernel_decls();
 
 const FAMILY_KERNELS: usize = MMA_KERNELS.len()
     + HOPPER_KERNELS.len()
     + backward::BWD_KERNEL_COUNT
-    + MMA_VARLEN_KERNELS.len();
+    + MMA_VARLEN_KERNELS.len()
+    + hopper_bwd::HOPPER_BWD_KERNELS.len();
 
 const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     let mut out = [MMA_KERNELS[0].kernel.info(); FAMILY_KERNELS];
@@ -920,6 +922,12 @@ const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     while l < MMA_VARLEN_KERNELS.len() {
         out[i + j + k + l] = MMA_VARLEN_KERNELS[l].kernel.info();
         l += 1;
+    }
+    let hb = hopper_bwd::hopper_bwd_kernel_decls();
+    let mut m = 0;
+    while m < hb.len() {
+        out[i + j + k + l + m] = hb[m];
+        m += 1;
     }
     out
 }

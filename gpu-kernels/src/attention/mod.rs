@@ -15,12 +15,16 @@
 //!
 //! [`backward`]: the gradients on the `mma.sync` path (preprocess, dK/dV with dQ by atomics or
 //! a deterministic dQ kernel, dQ conversion), with the forward's mask and element types, on
-//! dense batches and on packed sequences (the same bodies on either layout).
+//! dense batches and on packed sequences (the same bodies on either layout); `hopper_bwd`
+//! (sm_90a only): the dK/dV kernel on TMA and `wgmma`, which takes the `mma.sync` one's place
+//! on Hopper GPUs.
 
 pub mod backward;
 pub mod elem;
 #[cfg(target_feature = "sm_90a")]
 pub mod hopper;
+#[cfg(target_feature = "sm_90a")]
+pub mod hopper_bwd;
 pub mod mask;
 pub mod mma;
 pub mod seq;

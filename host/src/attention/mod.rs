@@ -43,7 +43,7 @@ mod varlen;
 pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
     AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
-    BackwardWorkspaceLens, VarlenBackwardLaunches, backward, backward_varlen,
+    BackwardWorkspaceLens, DkdvLaunch, VarlenBackwardLaunches, backward, backward_varlen,
 };
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{

@@ -222,27 +222,10 @@ impl AttentionProblem {
                 format!("{tiles} query tiles; one launch takes at most {HOPPER_MAX_TILES}"),
             ));
         }
-        let dtype = match self.dtype {
-            Dtype::Bf16 => MapDtype::Bf16,
-            Dtype::F16 => MapDtype::F16,
-        };
-        let map = |view: &View<'_, T>, rows: u32| {
-            let [b, s, h, d] = view.shape();
-            let st = view.strides();
-            TiledMap {
-                address: view.ptr(),
-                dtype,
-                dims: &[d as u64, h as u64, s as u64, b as u64],
-                strides_bytes: &[2 * st[2] as u64, 2 * st[1] as u64, 2 * st[0] as u64],
-                box_dims: &[HOPPER_ATOM, 1, rows, 1],
-                swizzle: MapSwizzle::B128,
-            }
-            .spec()
-        };
         let maps = [
-            map(&tensors.q, HOPPER_BLOCK_M)?,
-            map(&tensors.k, kernel.cfg.block_n)?,
-            map(&tensors.v, kernel.cfg.block_n)?,
+            tile_map(self.dtype, &tensors.q, HOPPER_BLOCK_M)?,
+            tile_map(self.dtype, &tensors.k, kernel.cfg.block_n)?,
+            tile_map(self.dtype, &tensors.v, kernel.cfg.block_n)?,
         ];
         let (left, right) = self.effective_window();
         let params = HopperParams {
@@ -271,6 +254,31 @@ impl AttentionProblem {
             params,
         })
     }
+}
+
+/// The Hopper kernels' tensor map of a `[batch, seq, heads, D]` view: dims `[D, heads, seq,
+/// batch]`, box `[64, 1, rows, 1]` (one 128-byte swizzled column block of `rows` rows); an error
+/// if a tensor map cannot describe the view.
+pub(in crate::attention) fn tile_map<T>(
+    dtype: Dtype,
+    view: &View<'_, T>,
+    rows: u32,
+) -> Result<MapSpec> {
+    let dtype = match dtype {
+        Dtype::Bf16 => MapDtype::Bf16,
+        Dtype::F16 => MapDtype::F16,
+    };
+    let [b, s, h, d] = view.shape();
+    let st = view.strides();
+    TiledMap {
+        address: view.ptr(),
+        dtype,
+        dims: &[d as u64, h as u64, s as u64, b as u64],
+        strides_bytes: &[2 * st[2] as u64, 2 * st[1] as u64, 2 * st[0] as u64],
+        box_dims: &[HOPPER_ATOM, 1, rows, 1],
+        swizzle: MapSwizzle::B128,
+    }
+    .spec()
 }
 
 impl AttentionPlan {

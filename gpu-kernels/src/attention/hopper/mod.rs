@@ -96,7 +96,7 @@ mod mask;
 mod named_barrier;
 mod producer;
 mod scheduler;
-mod softmax;
+pub(in crate::attention) mod softmax;
 
 use super::elem::{Bf16, Elem, F16};
 use crate::arch::mbarrier::Mbarrier;

@@ -101,7 +101,9 @@ pub(super) fn rescale<const OR: usize>(o: &mut [f32; OR], correction: [f32; 2]) 
 /// `wgmma` that reads the previous fragments is in flight (defining `wgmma` input registers
 /// while one runs makes ptxas serialize the pipeline).
 #[inline(always)]
-pub(super) fn pack_p<E: Elem, const SR: usize, const NK: usize>(s: &[f32; SR]) -> [[u32; 4]; NK] {
+pub(in crate::attention) fn pack_p<E: Elem, const SR: usize, const NK: usize>(
+    s: &[f32; SR],
+) -> [[u32; 4]; NK] {
     let mut pa = [[0u32; 4]; NK];
     for kk in 0..NK {
         pa[kk] = [

@@ -1,13 +1,19 @@
 //! The plan of a backward pass: which kernels, their grids and parameters, and the workspace
 //! they need, decided without a GPU.
 
-use super::super::plan::Target;
-use super::super::problem::{AttentionElem, AttentionProblem, View, last_element};
+use super::super::plan::{Target, tile_map};
+use super::super::problem::{AttentionElem, AttentionProblem, Path, View, last_element};
 use crate::error::{Error, Result};
 use crate::exec::DevView;
+use crate::gpu::LaunchConfig;
 use crate::launch::Launch;
+use crate::tensor_map::MapSpec;
 use kernel_abi::attention::UNBOUNDED;
 use kernel_abi::attention::backward::{AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels};
+use kernel_abi::attention::hopper_bwd::{
+    HOPPER_BWD_BLOCK_M, HOPPER_BWD_BLOCK_N, HopperBwdKernel, HopperBwdParams, hopper_bwd_kernel,
+};
+use kernel_abi::{KernelDecl, TensorMap};
 
 /// Options of the backward.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -23,6 +29,10 @@ pub struct BackwardOptions {
 pub enum BackwardPath {
     /// The `mma.sync` kernels (every GPU of compute capability >= 8.0, Hopper included).
     MmaSync,
+    /// dK and dV from the Hopper kernel (sm_90a: TMA, `wgmma`, warp specialization), the
+    /// preprocess and dQ from the `mma.sync` path's deterministic kernels: bitwise reproducible
+    /// in either mode (no atomics).
+    Hopper,
 }
 
 /// The tensors of a backward pass. Inputs: Q, K, V, the forward's O and LSE, the gradients dO
@@ -73,16 +83,63 @@ pub struct BackwardWorkspace<'a> {
 pub struct BackwardLaunches {
     /// `delta'` and the zeroed accumulator.
     pub pre: Launch<AttentionBwdParams>,
-    /// dK, dV (and dQ by atomics unless deterministic).
-    pub dkdv: Launch<AttentionBwdParams>,
+    /// dK, dV (and dQ by atomics unless deterministic, on the `mma.sync` path).
+    pub dkdv: DkdvLaunch,
     /// dQ: the conversion of the accumulator, or the deterministic dQ kernel.
     pub dq: Launch<AttentionBwdParams>,
+}
+
+/// The dK/dV launch of a backward: on the `mma.sync` path, or the Hopper kernel's (its tensor
+/// maps zero until [`AttentionBackwardPlan::run`] encodes them).
+pub enum DkdvLaunch {
+    /// The `mma.sync` kernel.
+    MmaSync(Launch<AttentionBwdParams>),
+    /// The Hopper kernel.
+    Hopper(Launch<HopperBwdParams>),
+}
+
+impl DkdvLaunch {
+    /// The kernel's handle.
+    pub fn kernel(&self) -> &KernelDecl {
+        match self {
+            DkdvLaunch::MmaSync(l) => l.kernel(),
+            DkdvLaunch::Hopper(l) => l.kernel(),
+        }
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        self.kernel().name
+    }
+
+    /// Grid, block and shared memory.
+    pub fn config(&self) -> &LaunchConfig {
+        match self {
+            DkdvLaunch::MmaSync(l) => l.config(),
+            DkdvLaunch::Hopper(l) => l.config(),
+        }
+    }
+
+    /// The parameters every dK/dV kernel takes (the Hopper kernel's beside its tensor maps).
+    pub fn params(&self) -> &AttentionBwdParams {
+        match self {
+            DkdvLaunch::MmaSync(l) => l.params(),
+            DkdvLaunch::Hopper(l) => &l.params().base,
+        }
+    }
+}
+
+/// The Hopper dK/dV kernel of a plan and the tensor maps of Q, dO, K, V (encoded when it runs).
+struct HopperDkdv {
+    kernel: &'static HopperBwdKernel,
+    maps: [MapSpec; 4],
 }
 
 /// A planned backward pass: three launches on the `mma.sync` path, the workspace sizes.
 pub struct AttentionBackwardPlan {
     path: BackwardPath,
     kernels: &'static BwdKernels,
+    hopper: Option<HopperDkdv>,
     deterministic: bool,
     /// Parameters with null workspace pointers (filled in by [`AttentionBackwardPlan::launches`]).
     params: AttentionBwdParams,
@@ -307,10 +364,9 @@ impl AttentionProblem {
             }
         }
         check_outputs_apart(t)?;
-        // Every target takes the mma.sync kernels (a Hopper backward would be chosen here).
-        let _ = target;
         let d = self.head_dim as u32;
         let kernels = bwd_kernels(self.dtype, d).expect("validated head dimension");
+        let hopper = self.backward_hopper_kernel(target, t)?;
         let (left, right) = self.effective_window();
         let scale = self.softmax_scale();
         let params = AttentionBwdParams {
@@ -347,17 +403,69 @@ impl AttentionProblem {
         let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
         let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
         let workspace = self.backward_workspace_lens(options);
+        let block_n = if hopper.is_some() {
+            HOPPER_BWD_BLOCK_N
+        } else {
+            kernels.tiles.block_n
+        };
         Ok(AttentionBackwardPlan {
-            path: BackwardPath::MmaSync,
+            path: if hopper.is_some() {
+                BackwardPath::Hopper
+            } else {
+                BackwardPath::MmaSync
+            },
             kernels,
+            hopper,
             deterministic: options.deterministic,
             params,
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
-            dkdv_grid: (sk.div_ceil(kernels.tiles.block_n), hkv, b),
+            dkdv_grid: (sk.div_ceil(block_n), hkv, b),
             dq_grid: (sq.div_ceil(kernels.dq_tiles.block_m), hq, b),
             delta_len: workspace.delta,
             dq_accum_len: workspace.dq_accum,
         })
+    }
+
+    /// The Hopper dK/dV kernel for the checked tensors `t` on `target`, if the backward takes
+    /// it: with [`Path::Auto`] where the target has the Hopper kernels, one exists for the
+    /// element type and head dimension (64 and 128) and tensor maps describe Q, dO, K and V;
+    /// with [`Path::Hopper`] likewise, but an error on a GPU without the Hopper kernels or for
+    /// views a tensor map cannot describe (D = 256 takes the `mma.sync` kernels);
+    /// [`Path::MmaSync`] never.
+    fn backward_hopper_kernel<T>(
+        &self,
+        target: Target,
+        t: &AttentionBackwardTensors<'_, T>,
+    ) -> Result<Option<HopperDkdv>> {
+        let has = target.arch.has_hopper_kernels();
+        match self.path {
+            Path::MmaSync => return Ok(None),
+            Path::Hopper if !has => {
+                return Err(Error::unsupported(
+                    "attention path Hopper",
+                    format!("needs the sm_90a kernels; this GPU runs {}", target.arch),
+                ));
+            }
+            Path::Auto if !has => return Ok(None),
+            Path::Auto | Path::Hopper => {}
+        }
+        let Some(kernel) = hopper_bwd_kernel(self.dtype, self.head_dim as u32) else {
+            return Ok(None);
+        };
+        let maps = (|| {
+            Ok::<_, Error>([
+                tile_map(self.dtype, &t.q, HOPPER_BWD_BLOCK_M)?,
+                tile_map(self.dtype, &t.d_o, HOPPER_BWD_BLOCK_M)?,
+                tile_map(self.dtype, &t.k, HOPPER_BWD_BLOCK_N)?,
+                tile_map(self.dtype, &t.v, HOPPER_BWD_BLOCK_N)?,
+            ])
+        })();
+        match maps {
+            Ok(maps) => Ok(Some(HopperDkdv { kernel, maps })),
+            Err(e) if self.path == Path::Hopper => Err(e),
+            // Strides a tensor map cannot describe: the mma.sync kernels handle any.
+            Err(_) => Ok(None),
+        }
     }
 
     /// The f32 elements of the backward's workspace with `options` (what the plan reports as
@@ -390,7 +498,8 @@ impl AttentionBackwardPlan {
         self.path
     }
 
-    /// Whether dQ comes from the deterministic kernel.
+    /// Whether the plan was made in deterministic mode (no dQ accumulator in its workspace).
+    /// The Hopper path computes dQ with the deterministic kernel in either mode.
     pub fn deterministic(&self) -> bool {
         self.deterministic
     }
@@ -411,24 +520,47 @@ impl AttentionBackwardPlan {
         self.dq_accum_len
     }
 
-    /// The three launches with the workspace `ws`, after checking its sizes and alignment.
+    /// The three launches with the workspace `ws`, after checking its sizes and alignment (on
+    /// the Hopper path with the tensor maps zero: [`AttentionBackwardPlan::run`] encodes them).
+    /// The Hopper path uses no dQ accumulator (a workspace may still provide one).
     pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<BackwardLaunches> {
         let (delta, dq_accum) =
             workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;
         let params = AttentionBwdParams {
             delta,
-            dq_accum,
+            dq_accum: if self.hopper.is_some() {
+                std::ptr::null_mut()
+            } else {
+                dq_accum
+            },
             ..self.params
         };
         let k = self.kernels;
-        let (dkdv, dq) = if self.deterministic {
+        let (dkdv, dq) = if let Some(h) = &self.hopper {
+            let hp = HopperBwdParams {
+                tmap_q: TensorMap::ZEROED,
+                tmap_do: TensorMap::ZEROED,
+                tmap_k: TensorMap::ZEROED,
+                tmap_v: TensorMap::ZEROED,
+                base: params,
+            };
             (
-                Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params),
+                DkdvLaunch::Hopper(Launch::new(
+                    &h.kernel.kernel,
+                    self.dkdv_grid,
+                    h.kernel.cfg,
+                    hp,
+                )),
+                Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params),
+            )
+        } else if self.deterministic {
+            (
+                DkdvLaunch::MmaSync(Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params)),
                 Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params),
             )
         } else {
             (
-                Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params),
+                DkdvLaunch::MmaSync(Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params)),
                 Launch::new(&k.dq_convert, self.row_grid, (), params),
             )
         };
@@ -437,5 +569,28 @@ impl AttentionBackwardPlan {
             dkdv,
             dq,
         })
+    }
+}
+
+impl AttentionBackwardPlan {
+    /// The Hopper dK/dV launch `l` with the plan's tensor maps encoded (needs the driver).
+    pub(super) fn encode_maps(
+        &self,
+        l: &Launch<HopperBwdParams>,
+    ) -> Result<Launch<HopperBwdParams>> {
+        let h = self.hopper.as_ref().expect("a Hopper plan");
+        let params = HopperBwdParams {
+            tmap_q: h.maps[0].encode()?,
+            tmap_do: h.maps[1].encode()?,
+            tmap_k: h.maps[2].encode()?,
+            tmap_v: h.maps[3].encode()?,
+            ..*l.params()
+        };
+        Ok(Launch::new(
+            &h.kernel.kernel,
+            self.dkdv_grid,
+            h.kernel.cfg,
+            params,
+        ))
     }
 }

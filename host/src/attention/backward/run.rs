@@ -4,7 +4,7 @@
 use super::super::plan::Target;
 use super::super::problem::{AttentionElem, AttentionProblem, View};
 use super::plan::{
-    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardWorkspace,
+    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardWorkspace, DkdvLaunch,
 };
 use crate::error::Result;
 use crate::exec::{Exec, OnStream};
@@ -28,11 +28,15 @@ impl AttentionBackwardPlan {
         // `launches` checked the workspace's sizes and alignment; the grids are the ones the
         // kernels document; on one executor the launches run in order, so the dK/dV kernel
         // reads the preprocess's delta and zeroed accumulator, and the dQ kernel reads delta or
-        // the complete accumulator; the memory is live and the workspace aliases nothing (the
+        // the complete accumulator; the Hopper kernel's tensor maps describe the views the plan
+        // checked (Q, dO, K, V); the memory is live and the workspace aliases nothing (the
         // caller's contract).
         unsafe {
             exec.launch(&launches.pre)?;
-            exec.launch(&launches.dkdv)?;
+            match &launches.dkdv {
+                DkdvLaunch::MmaSync(l) => exec.launch(l)?,
+                DkdvLaunch::Hopper(l) => exec.launch(&self.encode_maps(l)?)?,
+            }
             exec.launch(&launches.dq)
         }
     }

@@ -3,7 +3,9 @@
 //! target's PTX, and bad tensors and workspaces rejected with typed errors.
 
 use super::*;
-use crate::attention::{AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, Target, View};
+use crate::attention::{
+    AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, Path, Target, View,
+};
 use crate::error::{Error, Result};
 use crate::exec::DevView;
 use crate::gpu::check_kernel_launch;
@@ -50,10 +52,14 @@ fn tensors<'a, T>(p: &AttentionProblem, d_lse: bool) -> AttentionBackwardTensors
 }
 
 fn plan(p: &AttentionProblem, deterministic: bool) -> Result<AttentionBackwardPlan> {
+    plan_on(Arch::Sm90a, p, deterministic)
+}
+
+fn plan_on(arch: Arch, p: &AttentionProblem, deterministic: bool) -> Result<AttentionBackwardPlan> {
     let options = BackwardOptions { deterministic };
     match p.dtype {
-        Dtype::Bf16 => p.plan_backward(target(Arch::Sm90a), &tensors::<bf16>(p, true), options),
-        Dtype::F16 => p.plan_backward(target(Arch::Sm90a), &tensors::<f16>(p, true), options),
+        Dtype::Bf16 => p.plan_backward(target(arch), &tensors::<bf16>(p, true), options),
+        Dtype::F16 => p.plan_backward(target(arch), &tensors::<f16>(p, true), options),
     }
 }
 
@@ -104,6 +110,7 @@ fn handles_are_named_by_role_dtype_and_head_dim() {
 fn grids_parameters_and_workspace_sizes() {
     let mut p = AttentionProblem::new(3, 113, 203, 8, 2, 128, Dtype::Bf16).causal();
     p.window = (Some(40), None);
+    p.path = Path::MmaSync;
     for deterministic in [false, true] {
         let plan = plan(&p, deterministic).unwrap();
         assert_eq!(plan.path(), BackwardPath::MmaSync);
@@ -157,13 +164,52 @@ fn grids_parameters_and_workspace_sizes() {
 }
 
 #[test]
+fn the_hopper_path_where_it_exists() {
+    let mut p = AttentionProblem::new(3, 113, 203, 8, 2, 128, Dtype::Bf16).causal();
+    for deterministic in [false, true] {
+        // Auto on sm_90a: the Hopper dK/dV kernel (128 keys per block), the deterministic dQ
+        // kernel, no accumulator in the parameters (the workspace may still hold one).
+        let plan = plan(&p, deterministic).unwrap();
+        assert_eq!(plan.path(), BackwardPath::Hopper);
+        assert_eq!(plan.deterministic(), deterministic);
+        let l = plan.launches(&workspace(&plan)).unwrap();
+        let k = plan.kernels();
+        assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdv_bf16_d128");
+        assert!(matches!(l.dkdv, DkdvLaunch::Hopper(_)));
+        assert_eq!(l.dkdv.config().grid, (203u32.div_ceil(128), 2, 3));
+        assert_eq!(l.dq.name(), k.dq.name);
+        assert_eq!(l.pre.name(), k.pre.name);
+        assert!(l.pre.params().dq_accum.is_null());
+        assert!(l.dkdv.params().dq_accum.is_null());
+        assert_eq!(l.dkdv.params().delta as u64, 20 << 40);
+        // sm_80 has no Hopper kernels.
+        let plan = plan_on(Arch::Sm80, &p, deterministic).unwrap();
+        assert_eq!(plan.path(), BackwardPath::MmaSync);
+    }
+    // D = 256 has no Hopper dK/dV kernel: the mma.sync path, even when Hopper is asked for.
+    for path in [Path::Auto, Path::Hopper] {
+        let mut q = AttentionProblem::new(1, 64, 64, 2, 2, 256, Dtype::F16);
+        q.path = path;
+        assert_eq!(plan(&q, false).unwrap().path(), BackwardPath::MmaSync);
+    }
+    p.path = Path::MmaSync;
+    assert_eq!(plan(&p, false).unwrap().path(), BackwardPath::MmaSync);
+    p.path = Path::Hopper;
+    assert_eq!(plan(&p, false).unwrap().path(), BackwardPath::Hopper);
+    let err = plan_on(Arch::Sm80, &p, false)
+        .err()
+        .expect("no Hopper kernels on sm_80");
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+}
+
+#[test]
 fn every_launch_passes_the_ptx_checks() {
     for arch in [Arch::Sm90a, Arch::Sm80] {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in HEAD_DIMS {
                 for deterministic in [false, true] {
                     let p = AttentionProblem::new(2, 239, 17, 4, 2, d as usize, dtype).causal();
-                    let plan = plan(&p, deterministic).unwrap();
+                    let plan = plan_on(arch, &p, deterministic).unwrap();
                     let l = plan.launches(&workspace(&plan)).unwrap();
                     for (kernel, cfg) in [
                         (l.pre.kernel(), l.pre.config()),

@@ -1,0 +1,191 @@
+//! Attention backward on Hopper (sm_90a): the dK/dV kernel with TMA, an mbarrier ring, `wgmma`
+//! and warp specialization. It takes the place of the `mma.sync` dK/dV kernel in a backward
+//! pass; the preprocess (`delta'`) and the dQ kernel stay those of [`super::backward`].
+//!
+//! One block per [`HOPPER_BWD_BLOCK_N`] keys of one key/value head of one sequence: one producer
+//! warpgroup (TMA loads) and two consumer warpgroups, consumer `c` owning keys `64 c .. 64 c +
+//! 64` of the block with their dK and dV in registers (f32) over every query head of the group
+//! and every [`HOPPER_BWD_BLOCK_M`]-row query block that sees the keys. The kernel's module
+//! documentation (`gpu-kernels/src/attention/hopper_bwd.rs`) has the products and the barrier
+//! protocol.
+
+use super::backward::AttentionBwdParams;
+use super::{Dtype, HOPPER_ATOM, HOPPER_THREADS};
+use crate::{Kernel, KernelDecl, SMEM_ALIGN, TensorMap};
+
+/// Keys per block (64 per consumer warpgroup: the M of its `wgmma`s).
+pub const HOPPER_BWD_BLOCK_N: u32 = 128;
+/// Query rows per step (the Q and dO tiles of one ring stage).
+pub const HOPPER_BWD_BLOCK_M: u32 = 64;
+/// Stages of the Q/dO ring.
+pub const HOPPER_BWD_STAGES: u32 = 2;
+
+/// Parameters of the Hopper dK/dV kernel: the tensor maps of Q, dO, K and V (4-D, dims `[D,
+/// heads, seq, batch]`, box `[64, 1, rows, 1]` with rows [`HOPPER_BWD_BLOCK_M`] for Q and dO and
+/// [`HOPPER_BWD_BLOCK_N`] for K and V, 128-byte swizzle; rows past the sequence read as zeros),
+/// then the `mma.sync` backward's parameters, of which the kernel reads LSE, `delta'`, dK, dV
+/// with their strides, the sizes, the scales and the window.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HopperBwdParams {
+    /// Q map.
+    pub tmap_q: TensorMap,
+    /// dO map.
+    pub tmap_do: TensorMap,
+    /// K map.
+    pub tmap_k: TensorMap,
+    /// V map.
+    pub tmap_v: TensorMap,
+    /// Everything else, as for the `mma.sync` kernels.
+    pub base: AttentionBwdParams,
+}
+
+/// The shared-memory layout of the Hopper dK/dV kernel for one head dimension. Tiles are stored
+/// as `D / 64` column blocks of 128-byte swizzled rows (one TMA box each), as in the forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperBwdConfig {
+    /// Head dimension D.
+    pub head_dim: u32,
+}
+
+impl HopperBwdConfig {
+    /// 128-byte column blocks along D.
+    pub const fn column_blocks(&self) -> u32 {
+        self.head_dim / HOPPER_ATOM
+    }
+
+    /// Bytes of one column block of `rows` rows.
+    pub const fn block_bytes(&self, rows: u32) -> u32 {
+        rows * 128
+    }
+
+    /// Bytes of a `[rows, D]` tile.
+    pub const fn tile_bytes(&self, rows: u32) -> u32 {
+        self.column_blocks() * self.block_bytes(rows)
+    }
+
+    /// Offset of the K tile (`[HOPPER_BWD_BLOCK_N, D]`).
+    pub const fn k_offset(&self) -> u32 {
+        0
+    }
+
+    /// Offset of the V tile.
+    pub const fn v_offset(&self) -> u32 {
+        self.tile_bytes(HOPPER_BWD_BLOCK_N)
+    }
+
+    /// Offset of stage `s`'s Q tile (`[HOPPER_BWD_BLOCK_M, D]`).
+    pub const fn q_offset(&self, s: u32) -> u32 {
+        2 * self.tile_bytes(HOPPER_BWD_BLOCK_N) + 2 * s * self.tile_bytes(HOPPER_BWD_BLOCK_M)
+    }
+
+    /// Offset of stage `s`'s dO tile.
+    pub const fn do_offset(&self, s: u32) -> u32 {
+        self.q_offset(s) + self.tile_bytes(HOPPER_BWD_BLOCK_M)
+    }
+
+    /// Bytes the K and V loads deliver together.
+    pub const fn kv_bytes(&self) -> u32 {
+        2 * self.tile_bytes(HOPPER_BWD_BLOCK_N)
+    }
+
+    /// Bytes one step's Q and dO loads deliver together.
+    pub const fn step_bytes(&self) -> u32 {
+        2 * self.tile_bytes(HOPPER_BWD_BLOCK_M)
+    }
+
+    /// Offset of the mbarriers: `kv_full`, then `full[s]` and `empty[s]` of the ring.
+    pub const fn barriers_offset(&self) -> u32 {
+        self.q_offset(HOPPER_BWD_STAGES)
+    }
+
+    /// Number of mbarriers.
+    pub const fn barriers(&self) -> u32 {
+        1 + 2 * HOPPER_BWD_STAGES
+    }
+
+    /// Dynamic shared memory of the kernel.
+    pub const fn smem_bytes(&self) -> usize {
+        crate::align_up(
+            self.barriers_offset() as usize + 8 * self.barriers() as usize,
+            16,
+        ) + SMEM_ALIGN
+    }
+}
+
+/// The Hopper dK/dV configuration for head dimension `d`, if the kernel exists for it (D = 256
+/// would need 256 accumulator registers per thread for dK and dV: it keeps the `mma.sync`
+/// kernels).
+pub const fn hopper_bwd_config(d: u32) -> Option<HopperBwdConfig> {
+    match d {
+        64 | 128 => Some(HopperBwdConfig { head_dim: d }),
+        _ => None,
+    }
+}
+
+/// [`hopper_bwd_config`] for a supported head dimension (compile-time use in kernels).
+pub const fn hopper_bwd_config_of(d: u32) -> HopperBwdConfig {
+    match hopper_bwd_config(d) {
+        Some(c) => c,
+        None => panic!("no Hopper backward for this head dimension"),
+    }
+}
+
+/// A Hopper dK/dV kernel: its handle and what it was compiled for.
+pub struct HopperBwdKernel {
+    /// The handle; launch it with shape [`HopperBwdKernel::cfg`].
+    pub kernel: Kernel<HopperBwdParams, HopperBwdConfig>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Configuration (its head dimension is the kernel's).
+    pub cfg: HopperBwdConfig,
+}
+
+fn smem(cfg: HopperBwdConfig) -> usize {
+    cfg.smem_bytes()
+}
+
+const fn hopper_bwd(name: &'static str, dtype: Dtype, d: u32) -> HopperBwdKernel {
+    HopperBwdKernel {
+        kernel: Kernel::new(name, HOPPER_THREADS, 1, smem),
+        dtype,
+        cfg: hopper_bwd_config_of(d),
+    }
+}
+
+/// The Hopper dK/dV kernels (sm_90a only).
+pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 4] = [
+    hopper_bwd("attention_bwd_hopper_dkdv_bf16_d64", Dtype::Bf16, 64),
+    hopper_bwd("attention_bwd_hopper_dkdv_bf16_d128", Dtype::Bf16, 128),
+    hopper_bwd("attention_bwd_hopper_dkdv_f16_d64", Dtype::F16, 64),
+    hopper_bwd("attention_bwd_hopper_dkdv_f16_d128", Dtype::F16, 128),
+];
+
+/// The handles of [`HOPPER_BWD_KERNELS`], for the family's table.
+pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNELS.len()] {
+    let mut out = [HOPPER_BWD_KERNELS[0].kernel.info(); HOPPER_BWD_KERNELS.len()];
+    let mut i = 0;
+    while i < HOPPER_BWD_KERNELS.len() {
+        out[i] = HOPPER_BWD_KERNELS[i].kernel.info();
+        i += 1;
+    }
+    out
+}
+
+/// The Hopper dK/dV kernel for `dtype` and head dimension `head_dim`, if built.
+pub fn hopper_bwd_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static HopperBwdKernel> {
+    const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
+    ALL.iter()
+        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim)
+}
+
+const _: () = {
+    // Two consumer warpgroups of 64 keys each; Q/dO tiles of one swizzle atom's K slices.
+    assert!(HOPPER_BWD_BLOCK_N == 2 * 64 && HOPPER_BWD_BLOCK_M % 16 == 0);
+    // Tensor maps at 64-byte offsets (TMA).
+    assert!(core::mem::offset_of!(HopperBwdParams, tmap_do) % 64 == 0);
+    assert!(core::mem::offset_of!(HopperBwdParams, tmap_k) % 64 == 0);
+    assert!(core::mem::offset_of!(HopperBwdParams, tmap_v) % 64 == 0);
+    // The largest configuration fits the 227 KiB a block may have.
+    assert!(hopper_bwd_config_of(128).smem_bytes() <= 227 * 1024);
+};

@@ -1,0 +1,445 @@
+//! `attention_bwd_hopper_dkdv_{bf16,f16}_d{64,128}`: the dK/dV kernel of the attention backward
+//! on Hopper (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same results
+//! as the `mma.sync` dK/dV kernel of the deterministic mode (`super::backward`, whose
+//! preprocess and dQ kernel complete the pass); the semantics are
+//! [`AttentionBwdParams`](kernel_abi::attention::backward::AttentionBwdParams)'.
+//!
+//! # Parameters
+//! [`HopperBwdParams`]: tensor maps of Q, dO (box rows `HOPPER_BWD_BLOCK_M`), K and V (box rows
+//! `HOPPER_BWD_BLOCK_N`), all `[D, heads, seq, batch]` with 128-byte swizzle, then the backward's
+//! parameters (LSE, `delta'`, dK, dV and their strides, sizes, scale, window).
+//!
+//! # Tiling
+//! One block per `BN = 128` keys of one key/value head of one sequence (grid `(ceil(seq_k /
+//! 128), heads_kv, batch)`); its K and V tiles are loaded once. The steps are, for each query
+//! head of the group in turn, the `BM = 64`-row query blocks that may see a key of the block
+//! (causal and window bounds; the others are skipped), their Q and dO tiles streamed through a
+//! 2-stage ring. Tiles are `D / 64` column blocks of 128-byte swizzled rows. Keys are the rows
+//! of every product (`wgmma` M):
+//! - `S^T = K Q^T` and `dP^T = V dO^T` (`m64n64k16`, both operands K-major in shared memory);
+//! - `P^T = exp2(S^T scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf), `dS^T = P^T
+//!   (dP^T - delta')`, both rounded to the element type as register A fragments;
+//! - `dV += P^T dO` and `dK += dS^T Q` (`m64n{D}k16`, dO and Q MN-major: the 16-row K slice `kk`
+//!   at `2048 kk` bytes, column blocks one swizzle atom apart).
+//!
+//! The epilogue stores `dK scale` and `dV` (element type) from the accumulators.
+//!
+//! # Thread mapping
+//! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers and its
+//! thread 0 issues every TMA load. Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS`
+//! registers): consumer `c` owns keys `64 c .. 64 c + 64` of the block, with their dK and dV
+//! accumulators (`D / 2` f32 registers each) for the whole block's walk. A thread holds, per
+//! accumulator, rows `16 w + g` and `16 w + g + 8` (warp `w` of its warpgroup, `g = lane / 4`)
+//! and columns `8 j + 2 t, + 1` (`t = lane % 4`).
+//!
+//! # Barrier protocol
+//! - Start: thread 0 initializes `kv_full` and `full[s]` (count 1) and `empty[s]` (count 8:
+//!   one arrival per consumer warp), `fence.mbarrier_init`, then `sync_threads` publishes them.
+//!   The warpgroups never meet at a block barrier again. A block without steps (no query row
+//!   sees its keys) loads nothing and waits for nothing: it stores zero gradients.
+//! - `kv_full` (phase 0 only): the producer arrives expecting K's and V's bytes and issues
+//!   their loads; consumers wait for it before their first product.
+//! - The Q/dO ring: step `i` uses stage `s = i % 2` with parity `(i / 2) % 2`. The producer
+//!   waits until `empty[s]` completed the stage's previous use (parity `^ 1`: the first pass
+//!   does not wait), arrives on `full[s]` expecting the step's Q and dO bytes, and issues the
+//!   loads; consumers wait on `full[s]` before the step's first product.
+//! - `empty[s]`: lane 0 of every consumer warp arrives once the `wgmma.wait_group 0` that
+//!   completes the step's dV and dK products (the last to read Q and dO) has returned.
+//! - Registers: the P^T and dS^T fragments of the in-flight products are pinned until their
+//!   wait; every `wgmma` batch starts with `wgmma.fence` (the accumulators of dK and dV and the
+//!   fragments were written by ordinary instructions before it); accumulators are pinned
+//!   around every wait (`fence_operands`).
+//!
+//! NaN safety: as the `mma.sync` kernels (masked entries and rows whose LSE is -inf give P = 0
+//! exactly; rows past `seq_q` and keys past `seq_k` read zeros from TMA and are masked).
+
+use super::elem::{Bf16, Elem, F16};
+use super::hopper::softmax::pack_p;
+use super::mask;
+use crate::arch::mbarrier::{Mbarrier, RingPos};
+use crate::arch::tma::TensorMapPtr;
+use crate::arch::wgmma::{self, Descriptor};
+use crate::arch::{fence, global, index, math, regs, smem, sync};
+use crate::tensor_map_ptr;
+use kernel_abi::WARPGROUP_SIZE;
+use kernel_abi::attention::hopper_bwd::{
+    HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES,
+    HopperBwdConfig, HopperBwdParams, hopper_bwd_config_of,
+};
+use kernel_abi::attention::{
+    HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
+};
+
+/// Consumer warps arriving on an `empty` barrier per phase.
+const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
+/// Keys of one consumer warpgroup (the M of its products).
+const WG_KEYS: u32 = BN / HOPPER_CONSUMERS;
+/// Accumulator registers of `S^T` and `dP^T` (`m64n{BM}`).
+const SR: usize = (BM / 2) as usize;
+/// 8-column blocks of a query tile.
+const NTQ: usize = (BM / 8) as usize;
+/// 16-row K slices of a query tile (the A fragments of `P^T` and `dS^T`).
+const KQ: usize = (BM / 16) as usize;
+
+/// The kernel body; see the module documentation. `DR = D / 2` accumulator registers of dK and
+/// dV, `DK = D / 16` K slices of `S^T` and `dP^T`; the `wgmma` shapes come in as functions so
+/// one body serves both head dimensions and element types.
+///
+/// # Safety
+/// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)`, `HOPPER_THREADS` threads, the
+/// configuration's shared memory, and parameters as documented on [`HopperBwdParams`]
+/// (validated by the host), after the preprocess that wrote `delta'`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usize>(
+    p: &HopperBwdParams,
+    cfg: &HopperBwdConfig,
+    tmaps: [TensorMapPtr; 4],
+    s_zero: impl Fn(&mut [f32; SR], Descriptor, Descriptor),
+    s_mma: impl Fn(&mut [f32; SR], Descriptor, Descriptor),
+    s_fence: impl Fn(&mut [f32; SR]),
+    g_mma: impl Fn(&mut [f32; DR], [u32; 4], Descriptor),
+    g_fence: impl Fn(&mut [f32; DR]),
+) {
+    const { assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64) };
+    let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
+    let tid = index::thread_idx_x();
+    let wg = index::warpgroup_id();
+    let base = smem::aligned_base();
+    let bars = base + cfg.barriers_offset();
+    let kv_full = Mbarrier::at(bars);
+    let full = |s: u32| Mbarrier::at(bars + 8 * (1 + s));
+    let empty = |s: u32| Mbarrier::at(bars + 8 * (1 + STAGES + s));
+    let k_s = base + cfg.k_offset();
+    let v_s = base + cfg.v_offset();
+    let q_s = |s: u32| base + cfg.q_offset(s);
+    let do_s = |s: u32| base + cfg.do_offset(s);
+    let cblocks = cfg.column_blocks();
+
+    // The block's walk, the same in every thread.
+    let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
+    let (heads_q, heads_kv) = (p.base.heads_q, p.base.heads_kv);
+    let (wl, wr) = (p.base.window_left, p.base.window_right);
+    let (n_block, head_kv, batch) = (
+        index::block_idx_x(),
+        index::block_idx_y(),
+        index::block_idx_z(),
+    );
+    let n0 = n_block * BN;
+    let keys_valid = (seq_k - n0).min(BN);
+    let group = heads_q / heads_kv;
+    // Query rows that may see a key of the block: [i_lo, i_hi).
+    let off = seq_k as i64 - seq_q as i64;
+    let i_lo = if wr >= 0 {
+        (n0 as i64 - off - wr as i64).max(0)
+    } else {
+        0
+    };
+    let i_hi = if wl >= 0 {
+        ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
+    } else {
+        seq_q as i64
+    };
+    let (mb_lo, m_steps) = if i_hi > i_lo {
+        let lo = i_lo as u32 / BM;
+        (lo, (i_hi as u32).div_ceil(BM) - lo)
+    } else {
+        (0, 0)
+    };
+    let steps = group * m_steps;
+    // Step `s`: query head and first query row.
+    let head_of = |s: u32| head_kv * group + s / m_steps;
+    let m0_of = |s: u32| (mb_lo + s % m_steps) * BM;
+
+    if tid == 0 {
+        for t in tmaps {
+            t.prefetch();
+        }
+        // SAFETY: single initializer before any use; published by the barrier below.
+        unsafe {
+            kv_full.init(1);
+            for s in 0..STAGES {
+                full(s).init(1);
+                empty(s).init(CONSUMER_WARPS);
+            }
+        }
+        fence::fence_mbarrier_init();
+    }
+    // SAFETY: all threads reach this barrier once, before the role split.
+    unsafe { sync::sync_threads() };
+
+    if wg == 0 {
+        // SAFETY: the whole producer warpgroup executes this, uniformly.
+        unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
+        if tid == 0 && steps > 0 {
+            // SAFETY: `kv_full` expects exactly K's and V's bytes; the destinations are
+            // 1024-aligned column blocks sized by the ABI, read only after the phase
+            // completes; the D coordinates are multiples of 64 elements.
+            unsafe {
+                kv_full.arrive_expect_tx(cfg.kv_bytes());
+                for cb in 0..cblocks {
+                    let x = (cb * HOPPER_ATOM) as i32;
+                    let at = cb * cfg.block_bytes(BN);
+                    let (h, n, b) = (head_kv as i32, n0 as i32, batch as i32);
+                    tmap_k.load_4d(k_s + at, x, h, n, b, kv_full);
+                    tmap_v.load_4d(v_s + at, x, h, n, b, kv_full);
+                }
+            }
+            for step in 0..steps {
+                let pos = RingPos::<STAGES>::of(step);
+                let (h, m0) = (head_of(step) as i32, m0_of(step) as i32);
+                // SAFETY: ring protocol (module docs): the stage is free once `empty` completed
+                // its previous phase; `full` expects exactly the step's bytes; the destinations
+                // are untouched until that phase completes.
+                unsafe {
+                    empty(pos.stage).wait_parity(pos.phase ^ 1);
+                    full(pos.stage).arrive_expect_tx(cfg.step_bytes());
+                    for cb in 0..cblocks {
+                        let x = (cb * HOPPER_ATOM) as i32;
+                        let at = cb * cfg.block_bytes(BM);
+                        let bar = full(pos.stage);
+                        tmap_q.load_4d(q_s(pos.stage) + at, x, h, m0, batch as i32, bar);
+                        tmap_do.load_4d(do_s(pos.stage) + at, x, h, m0, batch as i32, bar);
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    // SAFETY: the whole consumer warpgroup executes this, uniformly.
+    unsafe { regs::increase::<HOPPER_CONSUMER_REGS>() };
+    let c = wg - 1;
+    let lane = index::lane_id();
+    let (g, t) = (lane / 4, lane % 4);
+    let wk0 = n0 + c * WG_KEYS;
+    // The thread's keys: `key0` and `key0 + 8`.
+    let key0 = wk0 + (index::warp_id() % 4) * 16 + g;
+    let (scale_log2, off32, sk32) = (p.base.scale_log2, off as i32, seq_k as i32);
+    let mut dk = [0.0f32; DR];
+    let mut dv = [0.0f32; DR];
+
+    if steps > 0 {
+        // SAFETY: the producer issues K and V when `steps > 0`, completing this phase.
+        unsafe { kv_full.wait_parity(0) };
+        let lse_rows = (batch as u64 * heads_q as u64) * seq_q as u64;
+        for step in 0..steps {
+            let pos = RingPos::<STAGES>::of(step);
+            let (h, m0) = (head_of(step), m0_of(step));
+            // SAFETY: the producer issues every step's Q and dO, so this phase completes.
+            unsafe { full(pos.stage).wait_parity(pos.phase) };
+            let (qt, dot) = (q_s(pos.stage), do_s(pos.stage));
+
+            // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys (one batch).
+            let mut s = [0.0f32; SR];
+            let mut dp = [0.0f32; SR];
+            // SAFETY: whole warpgroup, uniform control flow; K, V and this stage were
+            // published by their completed phases and are not overwritten before this step's
+            // `empty` arrival.
+            unsafe {
+                wgmma::fence();
+                for kk in 0..DK as u32 {
+                    let (cb, within) = (kk / 4, 32 * (kk % 4));
+                    let rows = c * WG_KEYS * 128 + within;
+                    let a = Descriptor::k_major_sw128(k_s + cb * cfg.block_bytes(BN) + rows);
+                    let b = Descriptor::k_major_sw128(qt + cb * cfg.block_bytes(BM) + within);
+                    if kk == 0 {
+                        s_zero(&mut s, a, b);
+                    } else {
+                        s_mma(&mut s, a, b);
+                    }
+                }
+                for kk in 0..DK as u32 {
+                    let (cb, within) = (kk / 4, 32 * (kk % 4));
+                    let rows = c * WG_KEYS * 128 + within;
+                    let a = Descriptor::k_major_sw128(v_s + cb * cfg.block_bytes(BN) + rows);
+                    let b = Descriptor::k_major_sw128(dot + cb * cfg.block_bytes(BM) + within);
+                    if kk == 0 {
+                        s_zero(&mut dp, a, b);
+                    } else {
+                        s_mma(&mut dp, a, b);
+                    }
+                }
+                wgmma::commit_group();
+                wgmma::wait_group::<0>();
+            }
+            s_fence(&mut s);
+            s_fence(&mut dp);
+
+            // P^T and dS^T: the thread's query columns m0 + 8 j + 2 t + e.
+            let row_base = lse_rows + h as u64 * seq_q as u64;
+            let needs_mask = m0 + BM > seq_q
+                || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32);
+            for j in 0..NTQ {
+                let mut lse2 = [f32::INFINITY; 2];
+                let mut delta = [0.0f32; 2];
+                for e in 0..2 {
+                    let i = m0 + 8 * j as u32 + 2 * t + e as u32;
+                    if i < seq_q {
+                        let idx = (row_base + i as u64) as usize;
+                        // SAFETY: row i < seq_q of this (batch, head): inside LSE and delta'.
+                        let (l, d) = unsafe {
+                            (
+                                global::load_nc_f32(p.base.lse.wrapping_add(idx)),
+                                global::load_nc_f32(p.base.delta.wrapping_add(idx)),
+                            )
+                        };
+                        if l != f32::NEG_INFINITY {
+                            lse2[e] = l * math::LOG2_E;
+                        }
+                        delta[e] = d;
+                    }
+                }
+                for e in 0..4 {
+                    let key = (key0 + 8 * (e as u32 / 2)) as i32;
+                    let i = m0 + 8 * j as u32 + 2 * t + (e as u32 % 2);
+                    let x = 4 * j + e;
+                    let mut pr = math::exp2(math::fma(s[x], scale_log2, -lse2[e % 2]));
+                    if needs_mask
+                        && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
+                    {
+                        pr = 0.0;
+                    }
+                    s[x] = pr;
+                    dp[x] = pr * (dp[x] - delta[e % 2]);
+                }
+            }
+            let mut pa = pack_p::<E, SR, KQ>(&s);
+            let mut da = pack_p::<E, SR, KQ>(&dp);
+
+            // dV += P^T dO, dK += dS^T Q (one batch).
+            // SAFETY: as above; the fence orders the writes of the fragments and of the
+            // accumulators before the products.
+            unsafe {
+                wgmma::fence();
+                for kk in 0..KQ {
+                    let b = Descriptor::mn_major_sw128(dot + 2048 * kk as u32, cfg.block_bytes(BM));
+                    g_mma(&mut dv, pa[kk], b);
+                }
+                for kk in 0..KQ {
+                    let b = Descriptor::mn_major_sw128(qt + 2048 * kk as u32, cfg.block_bytes(BM));
+                    g_mma(&mut dk, da[kk], b);
+                }
+                wgmma::commit_group();
+                wgmma::wait_group::<0>();
+            }
+            g_fence(&mut dv);
+            g_fence(&mut dk);
+            for kk in 0..KQ {
+                // The products read the fragments until the wait above.
+                wgmma::pin_fragment(&mut pa[kk]);
+                wgmma::pin_fragment(&mut da[kk]);
+            }
+            if lane == 0 {
+                // SAFETY: every product reading this stage is complete (the wait above); one
+                // arrival per consumer warp and phase.
+                unsafe { empty(pos.stage).arrive() };
+            }
+        }
+    }
+
+    // dK (times the scale) and dV of the thread's keys.
+    let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
+    let dk_base = p
+        .base
+        .dk
+        .wrapping_add((batch as u64 * dk_st[0] + head_kv as u64 * dk_st[2]) as usize);
+    let dv_base = p
+        .base
+        .dv
+        .wrapping_add((batch as u64 * dv_st[0] + head_kv as u64 * dv_st[2]) as usize);
+    let scale = p.base.scale;
+    for hh in 0..2 {
+        let key = key0 + 8 * hh as u32;
+        if key < seq_k {
+            let dk_row = dk_base.wrapping_add((key as u64 * dk_st[1]) as usize);
+            let dv_row = dv_base.wrapping_add((key as u64 * dv_st[1]) as usize);
+            for j in 0..DR / 4 {
+                let col = 8 * j + 2 * t as usize;
+                let x = 4 * j + 2 * hh;
+                let k2 = E::pack(dk[x] * scale, dk[x + 1] * scale);
+                let v2 = E::pack(dv[x], dv[x + 1]);
+                // SAFETY: key < seq_k, column + 1 < D: inside dK and dV; 4-byte aligned
+                // (16-byte aligned rows, even column); each element has one writer.
+                unsafe {
+                    *(dk_row.wrapping_add(col) as *mut u32) = k2;
+                    *(dv_row.wrapping_add(col) as *mut u32) = v2;
+                }
+            }
+        }
+    }
+}
+
+macro_rules! hopper_bwd_kernel {
+    ($name:ident, $elem:ty, $d:literal, $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident) => {
+        /// See the module documentation (element type and head dimension in the name).
+        ///
+        /// # Safety
+        /// Grid `(ceil(seq_k / 128), heads_kv, batch)`, `HOPPER_THREADS` threads, the
+        /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
+        /// (validated by the host), after the backward's preprocess.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: HopperBwdParams) {
+            const CFG: HopperBwdConfig = hopper_bwd_config_of($d);
+            crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
+            let tmaps = [
+                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_q),
+                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_do),
+                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_k),
+                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_v),
+            ];
+            // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
+            // configuration, called by whole warpgroups in uniform control flow.
+            unsafe {
+                dkdv::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }>(
+                    &p,
+                    &CFG,
+                    tmaps,
+                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                    wgmma::fence_operands_32,
+                    |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
+                    wgmma::$g_fence,
+                )
+            }
+        }
+    };
+}
+
+hopper_bwd_kernel!(
+    attention_bwd_hopper_dkdv_bf16_d64,
+    Bf16,
+    64,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_bwd_kernel!(
+    attention_bwd_hopper_dkdv_bf16_d128,
+    Bf16,
+    128,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_bwd_kernel!(
+    attention_bwd_hopper_dkdv_f16_d64,
+    F16,
+    64,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_bwd_kernel!(
+    attention_bwd_hopper_dkdv_f16_d128,
+    F16,
+    128,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);
