@@ -23,6 +23,7 @@
 //!   streams, every result against the reference, device memory back where it started.
 
 mod concurrent;
+mod gla_backward;
 mod large_offsets;
 mod limits;
 mod negative;
@@ -128,6 +129,20 @@ fn main() {
         "negative_attention_bwd_no_ds_barrier_racecheck_target",
         Needs::Gpu,
         negative::attention_bwd_no_ds_barrier_racecheck_target,
+    );
+    s.cpu(
+        "negative_emulated_gla_bwd_carry_barrier_hazard",
+        negative::emulated_gla_bwd_carry_barrier_hazard,
+    );
+    s.gpu(
+        "negative_gla_bwd_no_carry_barrier_racecheck_target",
+        Needs::Gpu,
+        negative::gla_bwd_no_carry_barrier_racecheck_target,
+    );
+    s.gpu(
+        "negative_gla_bwd_no_carry_barrier_wrong",
+        Needs::Gpu,
+        negative::gla_bwd_no_carry_barrier_wrong,
     );
     s.gpu(
         "negative_semicrf_aliased_wrong",
