@@ -26,6 +26,8 @@ pub const TOL: f64 = 1e-2;
 pub enum Decay {
     /// Uniform in `[lo, hi)`.
     Uniform(f32, f32),
+    /// Each element -20 with probability 1/4 (the clamp), else uniform in `[-0.1, 0)`.
+    Spiky,
 }
 
 /// A backward case: the problem, whether the forward had initial states and the loss a
@@ -67,6 +69,13 @@ impl Data {
             .map(|_| {
                 bf16::from_f32(match c.decay {
                     Decay::Uniform(lo, hi) => r.random_range(lo..hi),
+                    Decay::Spiky => {
+                        if r.random_range(0..4) == 0 {
+                            -20.0
+                        } else {
+                            r.random_range(-0.1..0.0)
+                        }
+                    }
                 })
             })
             .collect();
@@ -156,6 +165,18 @@ impl Errors {
             && [self.dq, self.dk, self.dv, self.dg, self.d_init]
                 .iter()
                 .all(|e| *e <= TOL)
+    }
+
+    /// The element-wise worst of two.
+    pub fn max(self, o: Errors) -> Errors {
+        Errors {
+            dq: self.dq.max(o.dq),
+            dk: self.dk.max(o.dk),
+            dv: self.dv.max(o.dv),
+            dg: self.dg.max(o.dg),
+            d_init: self.d_init.max(o.d_init),
+            clamped_nonzero: self.clamped_nonzero.max(o.clamped_nonzero),
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //!   every launch the library would make passes the same checks `Gpu::launch` makes (kernel in
 //!   the PTX, parameter size, block size against the launch bounds, grid and shared memory
 //!   against an H100's limits), checked without a GPU; small valid problems also run the CPU
-//!   reference (and, on a GPU, the kernels against it: `props_gpu_*`, [`props_gpu`]).
+//!   reference (and, on a GPU, the kernels against it: `props_gpu_*`, [`props_gpu`]; the GLA
+//!   backward's property also runs in the CPU emulator, `props_gla_backward_emulated`).
 //! - `limits_*` ([`limits`]): element counts above 2^31 (accepted, the kernels use 64-bit
 //!   offsets, or a typed error), the largest head dimension and sequence lengths; no allocation.
 //! - `large_offsets_*` ([`large_offsets`]): the kernels on data placed past 2^31 elements.
@@ -80,6 +81,12 @@ fn main() {
         props_gpu::attention_backward_small,
     );
     s.gpu("props_gpu_gla_small", Needs::Gpu, props_gpu::gla_small);
+    s.gpu(
+        "props_gpu_gla_backward_small",
+        Needs::Gpu,
+        props_gpu::gla_backward_small,
+    );
+    s.cpu("props_gla_backward_emulated", props::gla_backward_emulated);
     s.gpu("props_gpu_mhc_small", Needs::Gpu, props_gpu::mhc_small);
     s.cpu("limits_attention", limits::attention);
     s.cpu("limits_semicrf", limits::semicrf);
