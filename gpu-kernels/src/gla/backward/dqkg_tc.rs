@@ -67,10 +67,10 @@
 //! `carry` of a chunk (channel `d`) while thread `d` (warp `d / 32`) may not have written it
 //! yet, a read-after-write race on shared memory between warps: the thread adds the stale word
 //! (the previous block's carry, or `chunk_decay` in the segment's last block) to its dg.
-//! Threads `d < DK` write their channel's carry of the block's last chunk first, before the
-//! loads of the sums that the earlier chunks' carries wait for, so every other warp is likely
-//! to read stale carries of the earlier chunks. dq and dk (stored before the carry pass), dv and
-//! the initial-state gradients (the reverse pass) do not depend on it.
+//! The carries of a block's earlier chunks wait for the writer's loads of the later chunks'
+//! sums from global memory, while the warps above `DK / 32` go straight to their reads, so
+//! stale carries are likely. dq and dk (stored before the carry pass), dv and the initial-state
+//! gradients (the reverse pass) do not depend on them.
 
 use super::super::baseline::tiles::load_tile;
 use super::super::chunk::mma_bf16;
