@@ -7,9 +7,9 @@
 #      that do not change any shared-memory protocol and print the size they ran
 #      (tests/src/lib.rs, racecheck_size); memcheck, synccheck and initcheck run them in full;
 #   2. the negative controls: racecheck must report hazards on the kernels without a barrier
-#      (the block reduction, the attention backward's dS^T tile), the reference tests must catch
-#      the reduction's and the semi-CRF's, and the emulator both barrier controls
-#      (test-reliability negative_*);
+#      (the block reduction, the attention backward's dS^T tile, the GLA backward's carry), the
+#      reference tests must catch the reduction's, the GLA backward's and the semi-CRF's, and
+#      the emulator the three barrier controls (test-reliability negative_*);
 #   3. RESULTS_DIR/reliability.json (device, driver, commit, date, family "reliability", rows of
 #      {kernel: test binary, tool, errors, hazards, status, seconds}) and a summary table.
 # Exit status 0 only if every sanitizer run is clean and every control is caught.
@@ -123,7 +123,7 @@ wait
 rel="$here/bin/test-reliability"
 control() { # name tool expect-hazards|expect-pass -- test
   local label="$1" tool="$2" expect="$3" test="$4" log start rc errors hazards status
-  log="$logs/control-$label.log"
+  log="$logs/control-$label-$tool.log"
   start=$(date +%s)
   if [ "$tool" = none ]; then
     timeout -k 10 300 "$rel" --exact "$test" > "$log" 2>&1
@@ -147,6 +147,9 @@ control negative_semicrf_marginals_aliased none pass negative_semicrf_aliased_wr
 control emulator_no_barrier none pass negative_emulated_reduce_barrier_hazard
 control negative_attention_bwd_no_ds_barrier racecheck hazards negative_attention_bwd_no_ds_barrier_racecheck_target
 control emulator_attention_bwd_no_ds_barrier none pass negative_emulated_attention_bwd_ds_barrier_hazard
+control negative_gla_bwd_no_carry_barrier racecheck hazards negative_gla_bwd_no_carry_barrier_racecheck_target
+control negative_gla_bwd_no_carry_barrier none pass negative_gla_bwd_no_carry_barrier_wrong
+control emulator_gla_bwd_no_carry_barrier none pass negative_emulated_gla_bwd_carry_barrier_hazard
 
 # reliability.json and the table.
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)

@@ -3,8 +3,8 @@
 //! on the same inputs (`bench/peers/gla.py`).
 //!
 //! Configurations: B = 4, H = 32, Dk = Dv = 64 at T = 1024, 2048, 4096, and
-//! Dk = Dv = 128 at T = 8192 (B = 2, H = 16) and T = 16384 (B = 1, H = 16); every one holds
-//! at most `B T H D` = 2^25 elements per tensor, so one set of inputs serves them all (each
+//! Dk = Dv = 128, H = 16 at T = 2048 (B = 8), T = 8192 (B = 2) and T = 16384 (B = 1); every one
+//! holds at most `B T H D` = 2^25 elements per tensor, so one set of inputs serves them all (each
 //! configuration takes prefixes). Log-decays are
 //! `g = log(sigmoid(x))`, `x` uniform in `[-3, 3)` (fla's tests use `logsigmoid(randn)`), no
 //! initial state, no final state (fla's defaults).
@@ -25,7 +25,7 @@
 //! through autograd; FLOPs counted as 3 forwards; our gradients of one head checked against the
 //! f64 backward.
 //!
-//! The automatic choice, checked beyond those five: on a Hopper GPU, rows `gla_fwd_choice` time
+//! The automatic choice, checked beyond those six: on a Hopper GPU, rows `gla_fwd_choice` time
 //! the baseline and the pingpong forced on small and uneven problems ([`CHOICE_CONFIGS`]: one
 //! head, short sequences, Dk != Dv; no peers), to show where the choice stands when launch and
 //! set-up costs dominate.
@@ -48,13 +48,24 @@ use kernels_testing::gla::log_sigmoid_decays;
 const ELEMS: usize = 1 << 25;
 
 /// The configurations `(B, T, H, D)` (Dk = Dv = D).
-pub const CONFIGS: [(usize, usize, usize, usize); 5] = [
+pub const CONFIGS: [(usize, usize, usize, usize); 6] = [
     (4, 1024, 32, 64),
     (4, 2048, 32, 64),
     (4, 4096, 32, 64),
+    (8, 2048, 16, 128),
     (2, 8192, 16, 128),
     (1, 16384, 16, 128),
 ];
+
+// Every configuration takes prefixes of the one set of inputs.
+const _: () = {
+    let mut i = 0;
+    while i < CONFIGS.len() {
+        let (b, t, h, d) = CONFIGS[i];
+        assert!(b * t * h * d <= ELEMS);
+        i += 1;
+    }
+};
 
 /// Small and uneven configurations `(B, T, H, Dk, Dv)` of the `gla_fwd_choice` rows.
 pub const CHOICE_CONFIGS: [(usize, usize, usize, usize, usize); 8] = [

@@ -1561,6 +1561,50 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The GLA benchmark's own configurations (`gla::CONFIGS`) plot as two panels, one per head
+    /// dimension: D = 64 at B = 4 and D = 128 with B T constant; every configuration's point
+    /// drawn, none reported as left out.
+    #[test]
+    fn gla_configurations_plot_one_panel_per_head_dimension() {
+        let dir = temp_dir("gla-configs");
+        let mut rows = Vec::new();
+        for (b, t, h, d) in crate::gla::CONFIGS {
+            let c = json!({"B": b, "H": h, "T": t, "dk": d, "dv": d, "dtype": "bf16"});
+            rows.push(row(
+                "gla_fwd",
+                "ours",
+                c,
+                1.0,
+                json!({"tokens_per_s": (b * t) as f64 * 1e3}),
+            ));
+        }
+        let out = render_all(&[file("gla", rows)], &dir).unwrap();
+        assert_eq!(out.plots.len(), 1);
+        let svg = read(&dir, "gla.svg");
+        let texts = texts(&svg);
+        for w in [
+            "H=32 dk=64 dtype=bf16 dv=64, B=4",
+            "H=16 dk=128 dtype=bf16 dv=128, B·T=16384",
+        ] {
+            assert!(
+                texts.iter().any(|t| t.contains(w)),
+                "no panel titled {w:?} in {texts:?}"
+            );
+        }
+        assert!(
+            out.messages.iter().all(|m| !m.contains("not plotted")),
+            "{:?}",
+            out.messages
+        );
+        let circles = svg.matches("<circle").count();
+        assert!(
+            circles >= crate::gla::CONFIGS.len(),
+            "{circles} markers for {} configurations",
+            crate::gla::CONFIGS.len()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn deterministic_and_skips_missing_families() {
         let (a, b) = (temp_dir("det-a"), temp_dir("det-b"));

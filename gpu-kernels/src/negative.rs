@@ -18,8 +18,15 @@
 //!   tile and every warp's `ldmatrix` reads of it for the dQ product: a read-after-write race
 //!   on shared memory. Racecheck must report hazards and the emulator reports them on the CPU;
 //!   dK and dV do not depend on the tile and stay right.
+//! - `negative_gla_bwd_no_carry_barrier`: `gla_bwd_dqkg_tc_dk64_dv64` without barrier F of its
+//!   protocol (`gla::backward`'s dq/dk/dg kernel, `dqkg_tc.rs`), between the carry pass's
+//!   stores of each chunk's carry and every thread's reads of them: a read-after-write race on
+//!   shared memory. Racecheck must report hazards, the emulator reports them on the CPU, and
+//!   dg is wrong whenever a thread reads a stale carry (likely: see `dqkg_tc.rs`); dq, dk, dv
+//!   and the initial-state gradients do not depend on it and stay right.
 
 use kernel_abi::attention::backward::AttentionBwdParams;
+use kernel_abi::gla::backward::DqkgTcParams;
 use kernel_abi::semicrf::MarginalParams;
 use kernel_abi::smoke::ReduceParams;
 
@@ -56,4 +63,15 @@ pub unsafe extern "ptx-kernel" fn negative_attention_bwd_no_ds_barrier(p: Attent
     );
     // SAFETY: forwarded to the caller.
     unsafe { crate::attention::backward::dkdv_dq_without_ds_barrier(&p) }
+}
+
+/// `gla_bwd_dqkg_tc_dk64_dv64` without barrier F (see the module documentation).
+///
+/// # Safety
+/// As for `gla_bwd_dqkg_tc_dk64_dv64`; its dg is undefined (a data race on shared memory).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn negative_gla_bwd_no_carry_barrier(p: DqkgTcParams) {
+    crate::launch_bounds!(negative_gla_bwd_no_carry_barrier in kernel_abi::gla::backward::NEGATIVE);
+    // SAFETY: forwarded to the caller.
+    unsafe { crate::gla::backward::dqkg_tc_without_carry_barrier(&p) }
 }

@@ -15,6 +15,7 @@ pub const FAMILIES: &[(&str, &[KernelDecl])] = &[
     ),
     ("gemm", kernel_abi::gemm::KERNELS),
     ("gla", kernel_abi::gla::KERNELS),
+    ("gla negative controls", kernel_abi::gla::backward::NEGATIVE),
     ("mhc", kernel_abi::mhc::KERNELS),
     ("semicrf", kernel_abi::semicrf::KERNELS),
     ("semicrf negative controls", kernel_abi::semicrf::NEGATIVE),

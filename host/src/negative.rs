@@ -1,4 +1,4 @@
-//! Launchers of the semi-CRF and attention-backward negative controls
+//! Launchers of the semi-CRF, attention-backward and GLA-backward negative controls
 //! (`gpu-kernels/src/negative.rs`): kernels with a deliberate bug, for the reliability tests only
 //! (feature `negative-controls`; the rest of the library never launches them; the
 //! block-reduction control is launched by `kernels-testing`). Their results are wrong by design;
@@ -7,11 +7,13 @@
 use crate::attention::{AttentionBackwardPlan, BackwardPath, BackwardWorkspace, Dtype};
 use crate::error::{Error, Result};
 use crate::exec::{Exec, OnStream};
+use crate::gla::{GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardWorkspace};
 use crate::gpu::Gpu;
 use crate::launch::Launch;
 use crate::semicrf::{DeviceInputs, ForwardState, Gradients, SemiCrfProblem};
 use cust::stream::Stream;
 use kernel_abi::attention::backward::NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER;
+use kernel_abi::gla::backward::{GLA_BWD_DQKG_TC_DK64_DV64, NEGATIVE_GLA_BWD_NO_CARRY_BARRIER};
 use kernel_abi::semicrf::NEGATIVE_SEMICRF_MARGINALS_ALIASED;
 
 /// `semicrf::forward_backward_launch` with `negative_semicrf_marginals_aliased` (segments
@@ -72,4 +74,52 @@ pub unsafe fn attention_backward_no_ds_barrier_run(
         exec.launch(&dkdv)?;
         exec.launch(&l.dq)
     }
+}
+
+/// `GlaBackwardPlan::run` with `negative_gla_bwd_no_carry_barrier` (no barrier between the
+/// carry pass's stores of the chunks' carries and their reads) in place of the dq/dk/dg kernel
+/// `gla_bwd_dqkg_tc_dk64_dv64`, on `exec` (a stream or the emulator). The plan must be a whole
+/// backward with Dk = Dv = 64 and the tensor-core dq/dk/dg kernel (`DqkgKernel::TensorCore`,
+/// the default): the kernel the control replaces; otherwise `Error::InvalidArgument`.
+///
+/// # Safety
+/// As for `GlaBackwardPlan::run`.
+pub unsafe fn gla_backward_no_carry_barrier_run(
+    plan: &GlaBackwardPlan,
+    exec: &impl Exec,
+    workspace: &GlaBackwardWorkspace<'_>,
+) -> Result<()> {
+    let launches = plan.launches(workspace)?;
+    let replaced = |l: &GlaBackwardLaunch| matches!(l, GlaBackwardLaunch::DqkgTc(t) if t.name() == GLA_BWD_DQKG_TC_DK64_DV64.name);
+    if !launches.iter().any(replaced) {
+        return Err(Error::invalid(
+            "negative control",
+            "negative_gla_bwd_no_carry_barrier replaces gla_bwd_dqkg_tc_dk64_dv64: a whole \
+             backward with Dk = Dv = 64 and the tensor-core dq/dk/dg kernel",
+        ));
+    }
+    for launch in &launches {
+        // SAFETY: as in `GlaBackwardPlan::run` (the caller's contract): the plan checked the
+        // tensors and `launches` the workspace; the launches run in the plan's order, and the
+        // negative kernel has the parameters, launch shape and shared memory of the kernel it
+        // replaces.
+        unsafe {
+            match launch {
+                GlaBackwardLaunch::DqkgTc(l) => {
+                    let neg = Launch::new(
+                        &NEGATIVE_GLA_BWD_NO_CARRY_BARRIER,
+                        l.config().grid,
+                        (),
+                        *l.params(),
+                    );
+                    exec.launch(&neg)?
+                }
+                GlaBackwardLaunch::Reverse(l) => exec.launch(l)?,
+                GlaBackwardLaunch::Combine(l) => exec.launch(l)?,
+                GlaBackwardLaunch::ForwardStates(l) => exec.launch(l)?,
+                GlaBackwardLaunch::Dqkg(l) => exec.launch(l)?,
+            }
+        }
+    }
+    Ok(())
 }

@@ -6,7 +6,8 @@
 //!   every launch the library would make passes the same checks `Gpu::launch` makes (kernel in
 //!   the PTX, parameter size, block size against the launch bounds, grid and shared memory
 //!   against an H100's limits), checked without a GPU; small valid problems also run the CPU
-//!   reference (and, on a GPU, the kernels against it: `props_gpu_*`, [`props_gpu`]).
+//!   reference (and, on a GPU, the kernels against it: `props_gpu_*`, [`props_gpu`]; the GLA
+//!   backward's property also runs in the CPU emulator, `props_gla_backward_emulated`).
 //! - `limits_*` ([`limits`]): element counts above 2^31 (accepted, the kernels use 64-bit
 //!   offsets, or a typed error), the largest head dimension and sequence lengths; no allocation.
 //! - `large_offsets_*` ([`large_offsets`]): the kernels on data placed past 2^31 elements.
@@ -23,6 +24,7 @@
 //!   streams, every result against the reference, device memory back where it started.
 
 mod concurrent;
+mod gla_backward;
 mod large_offsets;
 mod limits;
 mod negative;
@@ -79,6 +81,12 @@ fn main() {
         props_gpu::attention_backward_small,
     );
     s.gpu("props_gpu_gla_small", Needs::Gpu, props_gpu::gla_small);
+    s.gpu(
+        "props_gpu_gla_backward_small",
+        Needs::Gpu,
+        props_gpu::gla_backward_small,
+    );
+    s.cpu("props_gla_backward_emulated", props::gla_backward_emulated);
     s.gpu("props_gpu_mhc_small", Needs::Gpu, props_gpu::mhc_small);
     s.cpu("limits_attention", limits::attention);
     s.cpu("limits_semicrf", limits::semicrf);
@@ -128,6 +136,20 @@ fn main() {
         "negative_attention_bwd_no_ds_barrier_racecheck_target",
         Needs::Gpu,
         negative::attention_bwd_no_ds_barrier_racecheck_target,
+    );
+    s.cpu(
+        "negative_emulated_gla_bwd_carry_barrier_hazard",
+        negative::emulated_gla_bwd_carry_barrier_hazard,
+    );
+    s.gpu(
+        "negative_gla_bwd_no_carry_barrier_racecheck_target",
+        Needs::Gpu,
+        negative::gla_bwd_no_carry_barrier_racecheck_target,
+    );
+    s.gpu(
+        "negative_gla_bwd_no_carry_barrier_wrong",
+        Needs::Gpu,
+        negative::gla_bwd_no_carry_barrier_wrong,
     );
     s.gpu(
         "negative_semicrf_aliased_wrong",

@@ -2,6 +2,7 @@
 //! aliasing that the checks must catch. The sanitizer passes of `bundle/run.sh` leave these
 //! tests out; `bundle/reliability.sh` runs them under racecheck and expects hazards.
 
+use crate::gla_backward::{self, Kernels};
 use kernel_abi::smoke::{NEGATIVE_BLOCK_REDUCE_NO_BARRIER, ReduceParams, SMOKE_BLOCK_REDUCE};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{TestResult, check_close, ensure, gpu_ok};
@@ -12,6 +13,7 @@ use kernels::attention::{
     BackwardWorkspace, Dtype, Target, View,
 };
 use kernels::exec::OnStream;
+use kernels::gla::GlaProblem;
 use kernels::memory::{download, poisoned, upload};
 use kernels::mhc::Exec;
 use kernels::semicrf::{self, SemiCrfProblem};
@@ -395,4 +397,113 @@ pub fn attention_bwd_no_ds_barrier_racecheck_target(g: &'static Gpu) -> TestResu
         })?;
     }
     Ok(())
+}
+
+/// A case of the GLA backward's carry-barrier control: Dk = Dv = 64 (the kernel the control
+/// replaces), initial states and dS_final, decays uniform in `[-1, 0)`.
+fn gla_control_case(p: GlaProblem, seed: u64) -> (gla_backward::Case, gla_backward::Data) {
+    let c = gla_backward::Case {
+        p,
+        init: true,
+        d_final: true,
+        decay: gla_backward::Decay::Uniform(-1.0, 0.0),
+        seed,
+    };
+    let d = gla_backward::Data::random(&c);
+    (c, d)
+}
+
+pub fn emulated_gla_bwd_carry_barrier_hazard() -> TestResult {
+    // The emulator finds the missing barrier whatever the order its threads run in, and the
+    // correct kernels (same body, with the barrier) pass the reference check on the same input.
+    // One sequence of 150 tokens in one segment: three 64-token blocks in the carry pass.
+    let (c, d) = gla_control_case(
+        GlaProblem::new(1, 150, 1, 64, 64).with_segment_len(usize::MAX),
+        41,
+    );
+    let want = gpu_ok(d.reference(&c.p))?;
+    let got = gpu_ok(gla_backward::emulated(&c.p, &d, Kernels::Library))?;
+    let e = gla_backward::Errors::of(&d, &got, &want);
+    println!("emulated gla_bwd_dqkg_tc_dk64_dv64: {e}");
+    ensure(e.ok(), || format!("the correct kernels: {e}"))?;
+    let err = gla_backward::emulated(&c.p, &d, Kernels::NoCarryBarrier)
+        .err()
+        .ok_or("the emulator did not report the missing carry barrier")?
+        .to_string();
+    ensure(err.contains("hazard"), || {
+        format!("unexpected failure: {err}")
+    })?;
+    println!("emulator: {err}");
+    // A plan without the kernel the control replaces is a typed error, before any launch.
+    let (c, d) = gla_control_case(GlaProblem::new(1, 20, 1, 128, 64), 42);
+    let err = gla_backward::emulated(&c.p, &d, Kernels::NoCarryBarrier)
+        .err()
+        .ok_or("the control ran on a Dk = 128 plan")?
+        .to_string();
+    ensure(err.contains("replaces gla_bwd_dqkg_tc_dk64_dv64"), || {
+        format!("unexpected failure: {err}")
+    })
+}
+
+pub fn gla_bwd_no_carry_barrier_racecheck_target(g: &'static Gpu) -> TestResult {
+    // One small backward with the control for racecheck (bundle/reliability.sh expects hazards
+    // here). The test checks what the race leaves alone: dq, dk, dv and the initial states'
+    // gradient within the tolerance (every element written: the outputs are poisoned); dg's
+    // error is printed only.
+    let (c, d) = gla_control_case(
+        GlaProblem::new(1, 150, 1, 64, 64).with_segment_len(usize::MAX),
+        43,
+    );
+    let want = gpu_ok(d.reference(&c.p))?;
+    let got = gpu_ok(gla_backward::on_gpu(g, &c.p, &d, Kernels::NoCarryBarrier))?;
+    let e = gla_backward::Errors::of(&d, &got, &want);
+    println!("negative_gla_bwd_no_carry_barrier: {e} (dg racy, not checked)");
+    let others = [("dq", e.dq), ("dk", e.dk), ("dv", e.dv), ("dS_0", e.d_init)];
+    for (name, err) in others {
+        ensure(err <= gla_backward::TOL, || {
+            format!(
+                "{name} rel L2 {err:.3e} > tolerance {:.0e}",
+                gla_backward::TOL
+            )
+        })?;
+    }
+    Ok(())
+}
+
+pub fn gla_bwd_no_carry_barrier_wrong(g: &'static Gpu) -> TestResult {
+    // The race shows on the GPU as a wrong dg: threads read carries of a block's earlier chunks
+    // before their writers (who first load the chunks' sums from global memory) stored them.
+    // The correct kernels pass the same check on the same inputs (the check is sound), and the
+    // control leaves dq, dk, dv and dS_0 right in every trial.
+    let (c, d) = gla_control_case(GlaProblem::new(2, 1000, 4, 64, 64), 44);
+    let want = gpu_ok(d.reference(&c.p))?;
+    let good = gla_backward::Errors::of(
+        &d,
+        &gpu_ok(gla_backward::on_gpu(g, &c.p, &d, Kernels::Library))?,
+        &want,
+    );
+    println!("gla_bwd_dqkg_tc_dk64_dv64: {good}");
+    ensure(good.ok(), || format!("the correct kernels: {good}"))?;
+    const TRIALS: usize = 20;
+    for trial in 0..TRIALS {
+        let got = gpu_ok(gla_backward::on_gpu(g, &c.p, &d, Kernels::NoCarryBarrier))?;
+        let e = gla_backward::Errors::of(&d, &got, &want);
+        let others = [("dq", e.dq), ("dk", e.dk), ("dv", e.dv), ("dS_0", e.d_init)];
+        for (name, err) in others {
+            ensure(err <= gla_backward::TOL, || {
+                format!(
+                    "trial {trial}: {name} rel L2 {err:.3e} > tolerance (the race must leave it alone)"
+                )
+            })?;
+        }
+        if !e.ok() {
+            println!("missing carry barrier caught by the reference check in trial {trial}: {e}");
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "the reference check never caught the missing carry barrier in {TRIALS} launches \
+         (racecheck must still report it: bundle/reliability.sh)"
+    )
+    .into())
 }

@@ -2,9 +2,11 @@
 //! either fail validation with a typed error, or validate, and then every launch the library
 //! would make passes the same checks `Gpu::launch` makes (kernel in the PTX, parameter size,
 //! block size against the launch bounds, grid and shared memory against an H100's limits),
-//! checked without a GPU; small valid problems also run the CPU reference.
+//! checked without a GPU; small valid problems also run the CPU reference. Also the GLA
+//! backward's GPU property in the CPU emulator ([`gla_backward_emulated`]).
 
 use crate::HOPPER_MAX_SMEM;
+use crate::{gla_backward, props_gpu};
 use kernel_abi::semicrf::{SEMICRF_MARGINALS, SEMICRF_REDUCE, SEMICRF_SCAN, SEMICRF_VITERBI};
 use kernel_tests::TestResult;
 use kernels::attention::{
@@ -760,4 +762,17 @@ pub fn mhc_validate_or_typed_error() -> TestResult {
             }
         }
     })
+}
+
+/// The GLA backward's GPU property (`props_gpu::gla_backward_small`) in the CPU emulator (the
+/// kernels' own code, no GPU needed), on smaller problems: T up to 150, packed sequences up to
+/// 80 tokens, up to 2 rows and 2 heads, forced segments of 32 tokens or one per sequence.
+pub fn gla_backward_emulated() -> TestResult {
+    const CASES: u32 = 16;
+    props_gpu::gla_backward_property(
+        "in the emulator",
+        CASES,
+        props_gpu::gla_backward_cases(2, 150, 80, 2, &[32, usize::MAX]),
+        |p, d| gla_backward::emulated(p, d, gla_backward::Kernels::Library),
+    )
 }

@@ -1,6 +1,8 @@
 //! Property tests on the GPU: small random problems of every family, the kernels against the
-//! f64 references.
+//! f64 references (the GLA backward's also in the CPU emulator, on smaller problems:
+//! `props::gla_backward_emulated`).
 
+use crate::gla_backward;
 use crate::run_attention;
 use kernel_tests::{TestResult, gpu_ok};
 use kernels::attention::{self, AttentionProblem, Dtype, Path, reference};
@@ -224,9 +226,25 @@ fn seed_of(case: &impl std::fmt::Debug) -> u64 {
 /// GLA shapes of the GPU property: `batch` rows of `seq_len` tokens, or packed sequences of the
 /// given lengths.
 #[derive(Clone, Debug)]
-enum GlaShape {
+pub enum GlaShape {
     Batch(usize, usize),
     Packed(Vec<usize>),
+}
+
+impl GlaShape {
+    /// The problem of this shape.
+    fn problem(&self, heads: usize, dk: usize, dv: usize) -> GlaProblem {
+        match self {
+            GlaShape::Batch(b, t) => GlaProblem::new(*b, *t, heads, dk, dv),
+            GlaShape::Packed(lens) => {
+                let mut cu = vec![0];
+                for l in lens {
+                    cu.push(cu.last().unwrap() + l);
+                }
+                GlaProblem::varlen(cu, heads, dk, dv)
+            }
+        }
+    }
 }
 
 /// `(shape, heads, (dk, dv), segment length, (initial state, final state), lowest log-decay)`.
@@ -275,16 +293,7 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
     let run = |case: GlaCase| -> Result<(), TestCaseError> {
         let seed = seed_of(&case);
         let (shape, heads, (dk, dv), seg, (init, fin), lo) = case;
-        let mut p = match shape {
-            GlaShape::Batch(b, t) => GlaProblem::new(b, t, heads, dk, dv),
-            GlaShape::Packed(lens) => {
-                let mut cu = vec![0];
-                for l in lens {
-                    cu.push(cu.last().unwrap() + l);
-                }
-                GlaProblem::varlen(cu, heads, dk, dv)
-            }
-        };
+        let mut p = shape.problem(heads, dk, dv);
         p.segment_len = seg;
         let mut r = kernels::data::rng(seed);
         let q = kernels::data::uniform_bf16(&mut r, p.qk_len(), -1.0, 1.0);
@@ -366,6 +375,115 @@ pub fn gla_small(g: &'static Gpu) -> TestResult {
         g.arch()
     );
     Ok(())
+}
+
+/// `(shape, heads, (dk, dv), segment length, (initial state, dS_final), scale, log-decays)`.
+pub type GlaBwdCase = (
+    GlaShape,
+    usize,
+    (usize, usize),
+    Option<usize>,
+    (bool, bool),
+    Option<f32>,
+    gla_backward::Decay,
+);
+
+/// The GLA backward's random cases: `batch` rows of T tokens (T = 1 half the time, else up to
+/// `max_t`: rarely a multiple of the 16-token chunk or the 64-token block) or packed sequences
+/// (each of one token half the time, else up to `max_len`), 1 ..= `max_heads` heads, every
+/// (Dk, Dv) pair of {64, 128}, automatic or forced segments (`segments`; split sequences: the
+/// state passes and combinations), with and without initial states and dS_final, the default
+/// or a random scale, log-decays slow, moderate, strong, straddling the clamp `G_FLOOR` = -20
+/// (`[-20.5, -19.5)`) or spiky (a quarter at -20).
+pub fn gla_backward_cases(
+    max_batch: usize,
+    max_t: usize,
+    max_len: usize,
+    max_heads: usize,
+    segments: &[usize],
+) -> impl Strategy<Value = GlaBwdCase> {
+    use gla_backward::Decay;
+    let dim = || prop_oneof![Just(64usize), Just(128)];
+    let seg = proptest::option::of(proptest::sample::select(segments.to_vec()));
+    (
+        prop_oneof![
+            (
+                1usize..=max_batch,
+                prop_oneof![Just(1usize), 1usize..=max_t]
+            )
+                .prop_map(|(b, t)| GlaShape::Batch(b, t)),
+            proptest::collection::vec(prop_oneof![Just(1usize), 1usize..=max_len], 1..=4)
+                .prop_map(GlaShape::Packed),
+        ],
+        1usize..=max_heads,
+        (dim(), dim()),
+        seg,
+        (any::<bool>(), any::<bool>()),
+        proptest::option::of(0.05f32..2.0),
+        prop_oneof![
+            Just(Decay::Uniform(-0.05, 0.0)),
+            Just(Decay::Uniform(-1.0, 0.0)),
+            Just(Decay::Uniform(-3.0, 0.0)),
+            Just(Decay::Uniform(-20.5, -19.5)),
+            Just(Decay::Spiky),
+        ],
+    )
+}
+
+/// The GLA backward property: `cases` cases of `strategy`, each run by `run` (a whole backward
+/// through its plan, outputs and workspace poisoned) and every gradient (dq, dk, dv, dg, dS_0)
+/// checked against the f64 backward (`gla_backward::Errors::ok`: relative L2 at most
+/// `gla_backward::TOL` each, dg exactly 0 where `g < G_FLOOR`). Prints each case's errors and
+/// the worst of all.
+pub fn gla_backward_property(
+    what: &str,
+    cases: u32,
+    strategy: impl Strategy<Value = GlaBwdCase>,
+    run: impl Fn(&GlaProblem, &gla_backward::Data) -> kernels::Result<gla_backward::Got>,
+) -> TestResult {
+    let worst = std::cell::Cell::new(gla_backward::Errors::default());
+    let check = |case: GlaBwdCase| -> Result<(), TestCaseError> {
+        let seed = seed_of(&case);
+        let (shape, heads, (dk, dv), seg, (init, d_final), scale, decay) = case.clone();
+        let mut p = shape.problem(heads, dk, dv);
+        p.segment_len = seg;
+        if let Some(s) = scale {
+            p = p.with_scale(s);
+        }
+        let c = gla_backward::Case {
+            p,
+            init,
+            d_final,
+            decay,
+            seed,
+        };
+        let d = gla_backward::Data::random(&c);
+        let want = prop_gpu(d.reference(&c.p))?;
+        let got = prop_gpu(run(&c.p, &d))?;
+        let e = gla_backward::Errors::of(&d, &got, &want);
+        println!("  {case:?}: {e}");
+        worst.set(worst.get().max(e));
+        prop_assert!(e.ok(), "{e}");
+        Ok(())
+    };
+    gpu_runner(cases)
+        .run(&strategy, check)
+        .map_err(|e| format!("{e}"))?;
+    println!("{cases} cases {what}: worst {}", worst.get());
+    Ok(())
+}
+
+/// The GLA backward on small random problems on the GPU (see [`gla_backward_cases`]): T up to
+/// 300, packed sequences up to 200 tokens, up to 3 rows and 2 heads, forced segments of 32, 64
+/// or 96 tokens or one per sequence (`usize::MAX`).
+pub fn gla_backward_small(g: &'static Gpu) -> TestResult {
+    const CASES: u32 = 32;
+    gla_backward_property(
+        &format!("on {}", g.arch()),
+        CASES,
+        gla_backward_cases(3, 300, 200, 2, &[32, 64, 96, usize::MAX]),
+        |p, d| gla_backward::on_gpu(g, p, d, gla_backward::Kernels::Library),
+    )
 }
 
 /// `((B, S, n, C), gamma, Sinkhorn iterations)`.

@@ -21,6 +21,7 @@ impl Exec for Emulator {
             .iter()
             .chain(kernel_emulator::gla::EMU_KERNELS)
             .chain(kernel_emulator::gla::backward::EMU_KERNELS)
+            .chain(kernel_emulator::gla::backward::NEGATIVE_EMU_KERNELS)
             .chain(kernel_emulator::attention::EMU_KERNELS)
             .chain(kernel_emulator::attention::VARLEN_EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::EMU_KERNELS)

@@ -411,6 +411,20 @@ bwd_kernels! {
 pub const GLA_BWD_COMBINE: Kernel<CombineParams> =
     Kernel::new("gla_bwd_combine", COMBINE_THREADS, 1, |()| 0);
 
+/// `negative_gla_bwd_no_carry_barrier`: `gla_bwd_dqkg_tc_dk64_dv64` without the barrier
+/// between the carry pass's stores of each chunk's carry and every thread's reads of them (barrier
+/// F of its protocol), a negative control for the test suites (`gpu-kernels/src/negative.rs`);
+/// the launch shape, parameters and shared memory of [`GLA_BWD_DQKG_TC_DK64_DV64`].
+pub const NEGATIVE_GLA_BWD_NO_CARRY_BARRIER: Kernel<DqkgTcParams> = Kernel::new(
+    "negative_gla_bwd_no_carry_barrier",
+    tc_threads(64),
+    1,
+    |()| tc_smem_bytes(64, 64),
+);
+
+/// The backward's negative controls (never launched by the library).
+pub const NEGATIVE: &[KernelDecl] = &[NEGATIVE_GLA_BWD_NO_CARRY_BARRIER.info()];
+
 // The configuration's element-wise mapping must cover a chunk with whole runs (as the
 // forward's), and a block of stored gradients whole chunks.
 const _: () = {

@@ -61,6 +61,16 @@
 //! thread `d < DK` writes the carry into each chunk of the block to `carry` (reading the sums at
 //! the chunks' first tokens), barrier F publishes it, and every thread finishes its elements of
 //! dg. Global memory is written only for this block's segment and head.
+//!
+//! `CARRY_BARRIER = false` is the negative control `negative_gla_bwd_no_carry_barrier`
+//! (`crate::negative`), never launched by the library: without barrier F, a thread reads the
+//! `carry` of a chunk (channel `d`) while thread `d` (warp `d / 32`) may not have written it
+//! yet, a read-after-write race on shared memory between warps: the thread adds the stale word
+//! (the previous block's carry, or `chunk_decay` in the segment's last block) to its dg.
+//! The carries of a block's earlier chunks wait for the writer's loads of the later chunks'
+//! sums from global memory, while the warps above `DK / 32` go straight to their reads, so
+//! stale carries are likely. dq and dk (stored before the carry pass), dv and the initial-state
+//! gradients (the reverse pass) do not depend on them.
 
 use super::super::baseline::tiles::load_tile;
 use super::super::chunk::mma_bf16;
@@ -192,14 +202,43 @@ unsafe fn update<const DK: u32, const DV: u32, const NT: usize>(
     }
 }
 
+/// A block barrier of the protocol that a negative control leaves out.
+pub(super) trait Barrier {
+    /// `bar.sync 0`, or nothing.
+    ///
+    /// # Safety
+    /// As for [`sync::sync_threads`].
+    unsafe fn sync();
+}
+
+/// Barrier F of the protocol (`ON`), or nothing (the negative control). A call resolved per
+/// instantiation rather than an `if` on the constant, so that the library's kernels compile
+/// exactly as they would with the barrier written out.
+pub(super) struct BarrierF<const ON: bool>;
+
+impl Barrier for BarrierF<true> {
+    #[inline(always)]
+    unsafe fn sync() {
+        // SAFETY: forwarded to the caller.
+        unsafe { sync::sync_threads() }
+    }
+}
+
+impl Barrier for BarrierF<false> {
+    #[inline(always)]
+    unsafe fn sync() {}
+}
+
 /// The body of `gla_bwd_dqkg_tc` for one head-dimension pair (`NT = DV / 8`, `ITEMS` (chunk,
-/// channel) items of a block per thread).
+/// channel) items of a block per thread; `CARRY_BARRIER` true but in the negative control, see
+/// the module documentation).
 ///
 /// # Safety
 /// Launched as documented on [`DqkgTcParams`]; the segment table holds consecutive disjoint
 /// segments; `seg_init` (segments that are not first) and `grad` were written by the launches
 /// before (the segment's end gradient is its last block's slot of `grad`: `seg_end` and
-/// `d_final_state` are not read).
+/// `d_final_state` are not read). With `CARRY_BARRIER = false`, dg is undefined (a data race
+/// on shared memory).
 #[inline(always)]
 pub(super) unsafe fn dqkg_tc<
     const DK: u32,
@@ -207,9 +246,12 @@ pub(super) unsafe fn dqkg_tc<
     const THREADS: u32,
     const NT: usize,
     const ITEMS: u32,
+    const CARRY_BARRIER: bool,
 >(
     p: &DqkgTcParams,
-) {
+) where
+    BarrierF<CARRY_BARRIER>: Barrier,
+{
     const {
         assert!(NT as u32 * 8 == DV && THREADS * ITEMS == CHUNKS_PER_G_BLOCK * DK);
         assert!(THREADS == DK * 2 && G_BLOCK == CHUNKS_PER_G_BLOCK * CHUNK);
@@ -578,8 +620,8 @@ pub(super) unsafe fn dqkg_tc<
                 carry += sums[c as usize];
             }
         }
-        // SAFETY: barrier F.
-        unsafe { sync::sync_threads() };
+        // SAFETY: barrier F (uniform), or nothing in the negative control.
+        unsafe { <BarrierF<CARRY_BARRIER> as Barrier>::sync() };
         let mut i = tid;
         while i < valid * DK {
             let (t, d) = (i / DK, i % DK);

@@ -109,15 +109,20 @@ macro_rules! dqkg_body {
     };
 }
 
-/// The body of `gla_bwd_dqkg_tc` for one head-dimension pair: [`dqkg_tc`] with its constants.
+/// The body of `gla_bwd_dqkg_tc` for one head-dimension pair: [`dqkg_tc`] with its constants
+/// (and without barrier F of its protocol when `$carry_barrier` is false: the negative control).
 macro_rules! dqkg_tc_body {
     ($p:expr, $dk:literal, $dv:literal) => {
+        dqkg_tc_body!($p, $dk, $dv, true)
+    };
+    ($p:expr, $dk:literal, $dv:literal, $carry_barrier:literal) => {
         dqkg_tc::<
             $dk,
             $dv,
             { tc_threads($dk) },
             { ($dv / 8) as usize },
             { CHUNKS_PER_G_BLOCK * $dk / tc_threads($dk) },
+            $carry_barrier,
         >(&$p)
     };
 }
@@ -282,3 +287,34 @@ bwd_kernels! {
     gla_bwd_dhdv_dk128_dv128, gla_bwd_states_dk128_dv128, gla_bwd_dqkg_dk128_dv128,
         gla_bwd_dqkg_tc_dk128_dv128, 128, 128;
 }
+
+/// The body of the negative control `negative_gla_bwd_no_carry_barrier` (`crate::negative`):
+/// `gla_bwd_dqkg_tc_dk64_dv64` without barrier F of `dqkg_tc`'s protocol.
+///
+/// # Safety
+/// As for `gla_bwd_dqkg_tc_dk64_dv64`; its dg is undefined (a data race on shared memory).
+#[inline(always)]
+pub(crate) unsafe fn dqkg_tc_without_carry_barrier(p: &DqkgTcParams) {
+    // SAFETY: forwarded to the caller.
+    unsafe { dqkg_tc_body!(*p, 64, 64, false) }
+}
+
+/// The negative control of the backward, for the CPU emulator (`crate::emu`).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const NEGATIVE_EMU_KERNELS: &[crate::emu::EmuKernel] = &[crate::emu::EmuKernel {
+    name: kernel_abi::gla::backward::NEGATIVE_GLA_BWD_NO_CARRY_BARRIER.name,
+    params: core::mem::size_of::<DqkgTcParams>(),
+    threads: kernel_abi::gla::backward::NEGATIVE_GLA_BWD_NO_CARRY_BARRIER.threads,
+    run: {
+        unsafe fn run(ptr: *const u8) {
+            // SAFETY: the emulator passes a parameter struct of this kernel's type (it checks
+            // the size), whose contract the caller upholds.
+            unsafe {
+                dqkg_tc_without_carry_barrier(&core::ptr::read_unaligned(
+                    ptr as *const DqkgTcParams,
+                ))
+            }
+        }
+        run
+    },
+}];
