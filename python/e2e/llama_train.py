@@ -6,18 +6,18 @@ agree within the noise between transformers' own two implementations (or 1e-2 re
 larger), and the step times are reported.
 
 Usage: python3 llama_train.py OUT.json [--steps N] [--commit C]
-Writes a results file in the format of ``bench/results/*.json`` (family ``python``); prints a
-table; exits 1 when a check fails.
+Writes its rows into a results file in the format of ``bench/results/*.json`` (family
+``python``; other scripts' rows in it are kept: ``e2e_results.py``); prints a table; exits 1
+when a check fails.
 """
 
 import argparse
-import datetime
-import json
 import math
-import subprocess
 import sys
 
 import torch
+
+from e2e_results import write_results
 
 
 def ours_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -101,13 +101,6 @@ def main():
         ALL_MASK_ATTENTION_FUNCTIONS.register("rustkernels", sdpa_mask)
     except ImportError:
         pass
-    try:
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip().splitlines()[0]
-    except Exception as e:  # noqa: BLE001 - recorded, not fatal
-        driver = f"unknown ({e})"
     rows, notes, failed = [], [], False
     for head_dim in (64, 128):
         runs = {}
@@ -142,18 +135,13 @@ def main():
             f"D {head_dim}: eager vs SDPA max relative loss difference {noise:.2e} "
             f"(bf16 noise); bound for ours {bound:.2e}"
         )
-    result = {
-        "device": torch.cuda.get_device_name(),
-        "driver": driver,
-        "commit": a.commit,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "family": "python",
-        "ptx_target": "",
-        "notes": notes + [f"torch {torch.__version__}, transformers {transformers.__version__}"],
-        "rows": rows,
-    }
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write_results(
+        a.out,
+        a.commit,
+        rows,
+        notes + [f"torch {torch.__version__}, transformers {transformers.__version__}"],
+        "llama_train: ",
+    )
     for r in rows:
         print(
             f"{r['kernel']} D={r['config']['head_dim']} {r['impl']:<22} step {r['median_ms']:8.2f} ms "
