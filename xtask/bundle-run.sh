@@ -11,7 +11,8 @@
 #      its GPU checks, one per family (python/test_{attention,gla,semicrf,mhc}.py: against
 #      f64 references, bad input, opcheck, torch.compile), each then again in quick mode on
 #      the portable PTX (KERNELS_ARCH=sm_80); then python/e2e/llama_train.py (a transformers
-#      Llama trained with our attention; writes <results>/python.json), python/e2e/soak.py and
+#      Llama trained with our attention; writes <results>/python.json), python/e2e/ddp_llama.py
+#      (the same under DDP on 2 GPUs against one GPU; SKIP with fewer), python/e2e/soak.py and
 #      python/e2e/fla_gla.py (fla's own GLA layer and model with our chunk_gla swapped in, rows
 #      into python.json; needs the peers' wheels, installed first);
 #   4. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
@@ -171,6 +172,18 @@ if [ "$do_python" = 1 ]; then
       note "python e2e llama: rc=$rc $(( $(date +%s) - start ))s -> $out/python.json"
       grep -E '^(llama_train_step|note:)' "$out/logs/python-e2e-llama.log" | sed 's/^/    /' | tee -a "$summary"
       [ "$rc" = 0 ] || status=1
+      # The same model under DistributedDataParallel over NCCL (2 processes), against one GPU
+      # (prints 'SKIP: needs 2 GPUs' and exits 0 on a machine with one).
+      if [ -f "$here/python/e2e/ddp_llama.py" ]; then
+        start=$(date +%s)
+        PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
+          python3 "$here/python/e2e/ddp_llama.py" "$out/python.json" \
+          --commit "$(sed -n 's/^commit=//p' "$here/MANIFEST")" > "$out/logs/python-e2e-ddp.log" 2>&1
+        rc=$?
+        note "python e2e ddp llama: rc=$rc $(( $(date +%s) - start ))s -> $out/python.json"
+        grep -E '^(llama_ddp_train_step|SKIP|FAIL|note:)' "$out/logs/python-e2e-ddp.log" | sed 's/^/    /' | tee -a "$summary"
+        [ "$rc" = 0 ] || status=1
+      fi
       start=$(date +%s)
       PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
         python3 "$here/python/e2e/soak.py" > "$out/logs/python-e2e-soak.log" 2>&1

@@ -19,6 +19,8 @@ import torch
 
 from e2e_results import write_results
 
+VOCAB = 8192
+
 
 def ours_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-interface signature: query ``[B, H, S, D]``, key and value
@@ -39,12 +41,29 @@ def ours_attention(module, query, key, value, attention_mask, scaling=None, drop
     return out, None
 
 
-def train(impl, head_dim, steps, batch, seq, seed=0):
+def register():
+    """Register ours with transformers under the attention implementation name "rustkernels"."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("rustkernels", ours_attention)
+    # Masks are built per attention implementation name; ours ignores the mask (causal=True,
+    # no padding), so SDPA's mask builder serves (it returns None for a plain causal mask).
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+        ALL_MASK_ATTENTION_FUNCTIONS.register("rustkernels", sdpa_mask)
+    except ImportError:
+        pass
+
+
+def make_model(impl, head_dim, seq, seed=0):
+    """The Llama of this check (4 layers, hidden 1024, 16 heads, 4 K/V heads, vocab 8192), bf16
+    on the current CUDA device, random init from ``seed``, attention ``impl``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=8192,
+        vocab_size=VOCAB,
         hidden_size=1024,
         intermediate_size=2816,
         num_hidden_layers=4,
@@ -55,13 +74,23 @@ def train(impl, head_dim, steps, batch, seq, seed=0):
         attention_dropout=0.0,
     )
     cfg._attn_implementation = impl
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+    return LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+
+
+def batches(steps, batch, seq, seed=0):
+    """The token batches of the run, ``[batch, seq]`` on the CPU, the same for every run."""
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    for _ in range(steps):
+        yield torch.randint(0, VOCAB, (batch, seq), generator=gen)
+
+
+def train(impl, head_dim, steps, batch, seq, seed=0):
+    model = make_model(impl, head_dim, seq, seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
     losses, times = [], []
-    for step in range(steps):
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).cuda()
+    for ids in batches(steps, batch, seq, seed):
+        ids = ids.cuda()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         out = model(input_ids=ids, labels=ids)
@@ -90,17 +119,8 @@ def main():
     a = ap.parse_args()
 
     import transformers
-    from transformers import AttentionInterface
 
-    AttentionInterface.register("rustkernels", ours_attention)
-    # Masks are built per attention implementation name; ours ignores the mask (causal=True,
-    # no padding), so SDPA's mask builder serves (it returns None for a plain causal mask).
-    try:
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-        ALL_MASK_ATTENTION_FUNCTIONS.register("rustkernels", sdpa_mask)
-    except ImportError:
-        pass
+    register()
     rows, notes, failed = [], [], False
     for head_dim in (64, 128):
         runs = {}
