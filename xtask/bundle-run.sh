@@ -11,7 +11,10 @@
 #      its GPU checks, one per family (python/test_{attention,gla,semicrf,mhc}.py: against
 #      f64 references, bad input, opcheck, torch.compile), each then again in quick mode on
 #      the portable PTX (KERNELS_ARCH=sm_80); then python/e2e/llama_train.py (a transformers
-#      Llama trained with our attention; writes <results>/python.json) and python/e2e/soak.py;
+#      Llama trained with our attention; writes <results>/python.json), python/e2e/ddp_llama.py
+#      (the same under DDP on 2 GPUs against one GPU; SKIP with fewer), python/e2e/soak.py and
+#      python/e2e/fla_gla.py (fla's own GLA layer and model with our chunk_gla swapped in, rows
+#      into python.json; needs the peers' wheels, installed first);
 #   4. benchmarks: bin/kbench <family> for each family, writing <results>/<family>.json
 #      (peers run through python3 on the same inputs; the peers' packages are installed first
 #      from wheels/ into <results>/pydeps, offline).
@@ -52,6 +55,27 @@ status=0
 note "bundle: $(tr '\n' ' ' < "$here/MANIFEST")"
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
 export KERNELS_WATCHDOG_SECS="${KERNELS_WATCHDOG_SECS:-60}"
+
+# The peers' pure-Python packages (fla, flash-linear-attention's layers and models,
+# flash-semicrf, torch-struct), shipped as wheels: installed offline into the results folder,
+# never system-wide, once (the Python section's fla end-to-end check and the benchmarks use
+# them). Sets peers_ok=1 when they are there.
+peers_done=0 peers_ok=0
+install_peers() {
+  [ "$peers_done" = 1 ] && return
+  peers_done=1
+  local wheels=("$here"/wheels/*.whl)
+  if [ -n "${EXTRA_WHEELS:-}" ]; then wheels+=("$EXTRA_WHEELS"/*.whl); fi
+  if compgen -G "$here/wheels/*.whl" >/dev/null || [ -n "${EXTRA_WHEELS:-}" ]; then
+    if python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
+        --upgrade --target "$out/pydeps" "${wheels[@]}" > "$out/logs/pip.log" 2>&1; then
+      peers_ok=1
+      note "peers: $(for w in "${wheels[@]}"; do printf '%s ' "${w##*/}"; done)installed into $out/pydeps"
+    else
+      note "peers: installing the shipped wheels failed (logs/pip.log): those peers record a note"
+    fi
+  fi
+}
 
 test_bins=()
 for b in "$here"/bin/test-*; do
@@ -148,6 +172,18 @@ if [ "$do_python" = 1 ]; then
       note "python e2e llama: rc=$rc $(( $(date +%s) - start ))s -> $out/python.json"
       grep -E '^(llama_train_step|note:)' "$out/logs/python-e2e-llama.log" | sed 's/^/    /' | tee -a "$summary"
       [ "$rc" = 0 ] || status=1
+      # The same model under DistributedDataParallel over NCCL (2 processes), against one GPU
+      # (prints 'SKIP: needs 2 GPUs' and exits 0 on a machine with one).
+      if [ -f "$here/python/e2e/ddp_llama.py" ]; then
+        start=$(date +%s)
+        PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
+          python3 "$here/python/e2e/ddp_llama.py" "$out/python.json" \
+          --commit "$(sed -n 's/^commit=//p' "$here/MANIFEST")" > "$out/logs/python-e2e-ddp.log" 2>&1
+        rc=$?
+        note "python e2e ddp llama: rc=$rc $(( $(date +%s) - start ))s -> $out/python.json"
+        grep -E '^(llama_ddp_train_step|SKIP|FAIL|note:)' "$out/logs/python-e2e-ddp.log" | sed 's/^/    /' | tee -a "$summary"
+        [ "$rc" = 0 ] || status=1
+      fi
       start=$(date +%s)
       PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
         python3 "$here/python/e2e/soak.py" > "$out/logs/python-e2e-soak.log" 2>&1
@@ -155,28 +191,31 @@ if [ "$do_python" = 1 ]; then
       note "python e2e soak: rc=$rc $(( $(date +%s) - start ))s $(grep '^python soak' "$out/logs/python-e2e-soak.log")"
       [ "$rc" = 0 ] || status=1
     fi
+    # fla's own GLA layer and GLA model with our chunk_gla swapped in, against fla's kernels
+    # (needs the peers' wheels: fla-core and flash-linear-attention; rows into python.json).
+    if [ -f "$here/python/e2e/fla_gla.py" ]; then
+      install_peers
+      start=$(date +%s)
+      PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "${PYTHON_TIMEOUT:-900}" \
+        python3 "$here/python/e2e/fla_gla.py" "$out/python.json" \
+        --commit "$(sed -n 's/^commit=//p' "$here/MANIFEST")" > "$out/logs/python-e2e-fla-gla.log" 2>&1
+      rc=$?
+      note "python e2e fla gla: rc=$rc $(( $(date +%s) - start ))s -> $out/python.json"
+      grep -E '^(fla_gla|FAIL|SKIP)' "$out/logs/python-e2e-fla-gla.log" | sed 's/^/    /' | tee -a "$summary"
+      [ "$rc" = 0 ] || status=1
+    fi
   fi
 fi
 
 if [ "$do_bench" = 1 ]; then
   export KERNELS_PEERS_DIR="$here/peers"
-  # The peers' pure-Python packages (fla, flash-semicrf, torch-struct), shipped as wheels:
-  # installed offline into the results folder, never system-wide.
-  wheels=("$here"/wheels/*.whl)
-  if [ -n "${EXTRA_WHEELS:-}" ]; then wheels+=("$EXTRA_WHEELS"/*.whl); fi
-  if compgen -G "$here/wheels/*.whl" >/dev/null || [ -n "${EXTRA_WHEELS:-}" ]; then
-    py="$out/pydeps"
-    if python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
-        --target "$py" "${wheels[@]}" > "$out/logs/pip.log" 2>&1; then
-      export PYTHONPATH="$py${PYTHONPATH:+:$PYTHONPATH}"
-      # CUTLASS's DSL (FlashAttention-4) finds its packages through a .pth file, which a
-      # --target install does not read.
-      if [ -d "$py/nvidia_cutlass_dsl/dsl_packages" ]; then
-        export PYTHONPATH="$py/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
-      fi
-      note "peers: $(for w in "${wheels[@]}"; do printf '%s ' "${w##*/}"; done)installed into $py"
-    else
-      note "peers: installing the shipped wheels failed (logs/pip.log): those peers record a note"
+  install_peers
+  if [ "$peers_ok" = 1 ]; then
+    export PYTHONPATH="$out/pydeps${PYTHONPATH:+:$PYTHONPATH}"
+    # CUTLASS's DSL (FlashAttention-4) finds its packages through a .pth file, which a
+    # --target install does not read.
+    if [ -d "$out/pydeps/nvidia_cutlass_dsl/dsl_packages" ]; then
+      export PYTHONPATH="$out/pydeps/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
     fi
   fi
   for fam in $families; do

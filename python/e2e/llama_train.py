@@ -6,18 +6,20 @@ agree within the noise between transformers' own two implementations (or 1e-2 re
 larger), and the step times are reported.
 
 Usage: python3 llama_train.py OUT.json [--steps N] [--commit C]
-Writes a results file in the format of ``bench/results/*.json`` (family ``python``); prints a
-table; exits 1 when a check fails.
+Writes its rows into a results file in the format of ``bench/results/*.json`` (family
+``python``; other scripts' rows in it are kept: ``e2e_results.py``); prints a table; exits 1
+when a check fails.
 """
 
 import argparse
-import datetime
-import json
 import math
-import subprocess
 import sys
 
 import torch
+
+from e2e_results import write_results
+
+VOCAB = 8192
 
 
 def ours_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -39,12 +41,29 @@ def ours_attention(module, query, key, value, attention_mask, scaling=None, drop
     return out, None
 
 
-def train(impl, head_dim, steps, batch, seq, seed=0):
+def register():
+    """Register ours with transformers under the attention implementation name "rustkernels"."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("rustkernels", ours_attention)
+    # Masks are built per attention implementation name; ours ignores the mask (causal=True,
+    # no padding), so SDPA's mask builder serves (it returns None for a plain causal mask).
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+        ALL_MASK_ATTENTION_FUNCTIONS.register("rustkernels", sdpa_mask)
+    except ImportError:
+        pass
+
+
+def make_model(impl, head_dim, seq, seed=0):
+    """The Llama of this check (4 layers, hidden 1024, 16 heads, 4 K/V heads, vocab 8192), bf16
+    on the current CUDA device, random init from ``seed``, attention ``impl``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=8192,
+        vocab_size=VOCAB,
         hidden_size=1024,
         intermediate_size=2816,
         num_hidden_layers=4,
@@ -55,13 +74,23 @@ def train(impl, head_dim, steps, batch, seq, seed=0):
         attention_dropout=0.0,
     )
     cfg._attn_implementation = impl
-    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+    return LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+
+
+def batches(steps, batch, seq, seed=0):
+    """The token batches of the run, ``[batch, seq]`` on the CPU, the same for every run."""
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    for _ in range(steps):
+        yield torch.randint(0, VOCAB, (batch, seq), generator=gen)
+
+
+def train(impl, head_dim, steps, batch, seq, seed=0):
+    model = make_model(impl, head_dim, seq, seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
     losses, times = [], []
-    for step in range(steps):
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).cuda()
+    for ids in batches(steps, batch, seq, seed):
+        ids = ids.cuda()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         out = model(input_ids=ids, labels=ids)
@@ -90,24 +119,8 @@ def main():
     a = ap.parse_args()
 
     import transformers
-    from transformers import AttentionInterface
 
-    AttentionInterface.register("rustkernels", ours_attention)
-    # Masks are built per attention implementation name; ours ignores the mask (causal=True,
-    # no padding), so SDPA's mask builder serves (it returns None for a plain causal mask).
-    try:
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-        ALL_MASK_ATTENTION_FUNCTIONS.register("rustkernels", sdpa_mask)
-    except ImportError:
-        pass
-    try:
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip().splitlines()[0]
-    except Exception as e:  # noqa: BLE001 - recorded, not fatal
-        driver = f"unknown ({e})"
+    register()
     rows, notes, failed = [], [], False
     for head_dim in (64, 128):
         runs = {}
@@ -142,18 +155,13 @@ def main():
             f"D {head_dim}: eager vs SDPA max relative loss difference {noise:.2e} "
             f"(bf16 noise); bound for ours {bound:.2e}"
         )
-    result = {
-        "device": torch.cuda.get_device_name(),
-        "driver": driver,
-        "commit": a.commit,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "family": "python",
-        "ptx_target": "",
-        "notes": notes + [f"torch {torch.__version__}, transformers {transformers.__version__}"],
-        "rows": rows,
-    }
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write_results(
+        a.out,
+        a.commit,
+        rows,
+        notes + [f"torch {torch.__version__}, transformers {transformers.__version__}"],
+        "llama_train: ",
+    )
     for r in rows:
         print(
             f"{r['kernel']} D={r['config']['head_dim']} {r['impl']:<22} step {r['median_ms']:8.2f} ms "

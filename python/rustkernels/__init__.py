@@ -4,6 +4,9 @@
   ``[batch, seqlen, nheads, headdim]`` and masking semantics; differentiable (the backward
   kernels through ``torch.autograd``, ``deterministic=True`` for bitwise reproducible
   gradients).
+- ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+  ...)``: the same over packed sequences of different lengths (flash-attn's varlen signature,
+  layout ``[total, nheads, headdim]``, int32 boundaries), differentiable.
 - ``gla.chunk_gla(q, k, v, g, ...)``: gated linear attention with flash-linear-attention's
   signature and layout ``[B, T, H, D]``, returning ``(o, final_state)``; differentiable (the
   library's GLA backward).
@@ -22,13 +25,14 @@ implementation, so ``torch.compile`` traces around it.
 """
 
 from . import gla, mhc, semicrf
-from .attention import flash_attn_func
+from .attention import flash_attn_func, flash_attn_varlen_func
 from .gla import chunk_gla
 from .mhc import MHC
 from .semicrf import semi_crf_streaming_forward, semi_crf_viterbi
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_varlen_func",
     "chunk_gla",
     "MHC",
     "semi_crf_streaming_forward",

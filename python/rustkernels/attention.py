@@ -1,4 +1,5 @@
-"""Attention with flash-attn's interface: ``flash_attn_func``, forward and backward.
+"""Attention with flash-attn's interface: ``flash_attn_func``, and over packed sequences
+``flash_attn_varlen_func``, forward and backward.
 
 Layers, from the user down:
 
@@ -14,6 +15,11 @@ Layers, from the user down:
   owns them) and launch on torch's current stream of the tensors' device, through the Rust
   extension, which validates everything else (shapes, strides, alignment, sizes, options) with
   the library's messages.
+
+The packed-sequence entry point has the same layers: ``flash_attn_varlen_func``,
+``_FlashAttnVarlenFunction``, ``torch.ops.rustkernels.flash_attn_varlen_forward`` and
+``flash_attn_varlen_backward`` (the library's varlen forward and backward; the boundaries stay
+on the device).
 """
 
 from typing import Optional, Tuple
@@ -317,6 +323,318 @@ def flash_attn_func(
         out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), bool(return_attn_probs))
     else:
         out, lse = flash_attn_forward(*args)
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+# Packed sequences of different lengths: flash-attn's ``flash_attn_varlen_func``.
+
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
+    """What torch knows of the inputs: q, k, v tensors on one CUDA device, bf16/f16 alike, rank
+    3; the boundaries int32 tensors of rank 1 on that device (their lengths are the
+    extension's)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must have 3 dimensions [total_seqlen, nheads, headdim], "
+                f"got shape {tuple(t.shape)}"
+            )
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} is {t.dtype}, q is {q.dtype}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must have 1 dimension [batch + 1], got shape {tuple(t.shape)}")
+
+
+def _max_seqlen(name: str, value) -> int:
+    """A longest length: an int >= 0 (under torch.compile a SymInt, taken as it is)."""
+    if isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} = {value}: a length is >= 0")
+    return value
+
+
+@torch.library.custom_op("rustkernels::flash_attn_varlen_forward", mutates_args=())
+def flash_attn_varlen_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """O ``[total_q, nheads, headdim]`` (q's dtype) and LSE ``[nheads, total_q]`` (f32, natural
+    log) over packed sequences (the ``mma.sync`` kernels on every GPU)."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    total_q, nheads, headdim = q.shape
+    out = torch.empty((total_q, nheads, headdim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    native = _native()
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        native.attention_varlen_forward(
+            q.device.index,
+            stream,
+            _describe(q),
+            _describe(k),
+            _describe(v),
+            _describe(out),
+            _describe(lse),
+            _describe(cu_seqlens_q),
+            _describe(cu_seqlens_k),
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale,
+            causal,
+            window_left,
+            window_right,
+        )
+    return out, lse
+
+
+@flash_attn_varlen_forward.register_fake
+def _flash_attn_varlen_forward_fake(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+    window_left, window_right,
+):
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    total_q, nheads, headdim = q.shape
+    return (
+        q.new_empty((total_q, nheads, headdim)),
+        q.new_empty((nheads, total_q), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("rustkernels::flash_attn_varlen_backward", mutates_args=())
+def flash_attn_varlen_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dsoftmax_lse: Optional[torch.Tensor],
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    deterministic: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (q's, k's and v's shapes, contiguous, q's dtype) of the packed forward that
+    gave ``out`` and ``softmax_lse`` (``[nheads, total_q]``) with these boundaries and options,
+    for the loss gradients ``dout`` and ``dsoftmax_lse`` (the LSE's shape, f32, contiguous;
+    ``None`` when the loss does not use the LSE). As ``flash_attn_backward``: dk and dv summed
+    over each group's query heads; ``deterministic``: bitwise reproducible dq."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_like("out", out, q, "q")
+    _check_like("dout", dout, q, "q")
+    for name, t in (("softmax_lse", softmax_lse), ("dsoftmax_lse", dsoftmax_lse)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+    native = _native()
+    delta_len, accum_len = native.attention_varlen_backward_workspace(
+        tuple(q.shape),
+        tuple(k.shape),
+        max(cu_seqlens_q.shape[0] - 1, 0),
+        max_seqlen_q,
+        max_seqlen_k,
+        str(q.dtype),
+        deterministic,
+    )
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    delta = torch.empty(delta_len, dtype=torch.float32, device=q.device)
+    accum = torch.empty(accum_len, dtype=torch.float32, device=q.device) if accum_len else None
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        native.attention_varlen_backward(
+            q.device.index,
+            stream,
+            _describe(q),
+            _describe(k),
+            _describe(v),
+            _describe(out),
+            _describe(softmax_lse),
+            _describe(dout),
+            None if dsoftmax_lse is None else _describe(dsoftmax_lse),
+            _describe(dq),
+            _describe(dk),
+            _describe(dv),
+            _describe(cu_seqlens_q),
+            _describe(cu_seqlens_k),
+            _describe(delta),
+            None if accum is None else _describe(accum),
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale,
+            causal,
+            window_left,
+            window_right,
+            deterministic,
+        )
+    return dq, dk, dv
+
+
+@flash_attn_varlen_backward.register_fake
+def _flash_attn_varlen_backward_fake(
+    dout, q, k, v, out, softmax_lse, dsoftmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic=False,
+):
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+class _FlashAttnVarlenFunction(torch.autograd.Function):
+    """The autograd node of ``flash_attn_varlen_func`` (as ``_FlashAttnFunction``; the
+    boundaries and longest lengths are not differentiable)."""
+
+    @staticmethod
+    def forward(
+        ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+        causal, window_left, window_right, deterministic, lse_grad,
+    ):
+        out, lse = flash_attn_varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            causal, window_left, window_right,
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.window = (window_left, window_right)
+        ctx.deterministic = deterministic
+        ctx.lse_grad = lse_grad
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        if dout is None:  # only the LSE reached the loss
+            dout = torch.zeros_like(out)
+        dlse = dlse.contiguous() if ctx.lse_grad and dlse is not None else None
+        dq, dk, dv = flash_attn_varlen_backward(
+            _kernel_layout(dout),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dlse,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            ctx.max_seqlen[0],
+            ctx.max_seqlen[1],
+            ctx.softmax_scale,
+            ctx.causal,
+            ctx.window[0],
+            ctx.window[1],
+            ctx.deterministic,
+        )
+        return (dq, dk, dv) + (None,) * 10
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Optional[torch.Tensor] = None,
+):
+    """flash-attn's ``flash_attn_varlen_func``: attention over packed sequences of different
+    lengths, forward, and backward through autograd.
+
+    q ``[total_q, nheads, headdim]``, k and v ``[total_k, nheads_k, headdim]``, bfloat16 or
+    float16 CUDA tensors on one device (head dimension contiguous, other strides multiples of 8
+    elements); ``cu_seqlens_q``, ``cu_seqlens_k`` ``[batch + 1]`` int32 on that device: sequence
+    ``b`` is query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and key rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` (from 0, non-decreasing, ending at the totals; a
+    sequence may be empty); ``max_seqlen_q``, ``max_seqlen_k`` the longest lengths (at least
+    the longest, at most the totals). Each sequence is the attention of ``flash_attn_func``
+    (causal mask and window aligned to its own bottom-right corner; a query with no key gets 0
+    and LSE -inf). headdim 64, 128 or 256; ``nheads`` a multiple of ``nheads_k``. The
+    boundaries are not read on the host (no synchronization): boundaries that break the rules
+    above cannot make the kernels access memory outside the tensors, but give meaningless
+    results.
+
+    Returns ``out`` (q's shape and dtype), or ``(out, softmax_lse, None)`` with
+    ``return_attn_probs`` (LSE ``[nheads, total_q]`` f32). Gradients as ``flash_attn_func``'s
+    (dk, dv summed over each group's query heads; ``deterministic=True``: bitwise reproducible).
+    Dropout, ``softcap``, ``alibi_slopes`` and ``block_table`` (paged K/V) are not supported
+    (``NotImplementedError``).
+    """
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p = {dropout_p}: dropout is not supported (use 0.0)")
+    if softcap != 0.0:
+        raise NotImplementedError(f"softcap = {softcap}: logit soft-capping is not supported")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: ALiBi is not supported")
+    if block_table is not None:
+        raise NotImplementedError("block_table: paged K/V is not supported")
+    window_left, window_right = _window(window_size)
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    max_seqlen_q = _max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _max_seqlen("max_seqlen_k", max_seqlen_k)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    args = (
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+        bool(causal), window_left, window_right,
+    )
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _FlashAttnVarlenFunction.apply(
+            *args, bool(deterministic), bool(return_attn_probs)
+        )
+    else:
+        out, lse = flash_attn_varlen_forward(*args)
     if return_attn_probs:
         return out, lse, None
     return out

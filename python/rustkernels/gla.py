@@ -216,16 +216,18 @@ def _chunk_gla_backward_fake(do, dht, q, k, v, g, scale, initial_state, cu_seqle
 
 
 class _ChunkGLAFunction(torch.autograd.Function):
-    """The autograd node of ``chunk_gla``: saves the forward's inputs (g as the kernels read
-    it, bf16); gradients in each input's dtype."""
+    """The autograd node of ``chunk_gla``: saves the forward's inputs as given (g is rounded
+    to bf16, as the kernels read it, again in the backward: under ``torch.compile`` a saved
+    ``g.to(bfloat16)`` of a bf16 g would be the input under a second name, which PyTorch 2.11's
+    Dynamo mishandles, see ``semicrf._SemiCrfFunction``); gradients in each input's dtype."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, kernel):
-        g16 = g.to(torch.bfloat16)
         o, ht = chunk_gla_forward(
-            q, k, v, g16, scale, initial_state, output_final_state, cu_seqlens, kernel
+            q, k, v, g.to(torch.bfloat16), scale, initial_state, output_final_state, cu_seqlens,
+            kernel,
         )
-        ctx.save_for_backward(q, k, v, g16, initial_state, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens)
         ctx.scale = scale
         ctx.g_dtype = g.dtype
         ctx.output_final_state = output_final_state
@@ -235,7 +237,8 @@ class _ChunkGLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g16, h0, cu_seqlens = ctx.saved_tensors
+        q, k, v, g, h0, cu_seqlens = ctx.saved_tensors
+        g16 = g.to(torch.bfloat16)
         if do is None:
             do = torch.zeros(v.shape, dtype=torch.bfloat16, device=v.device)
         if not ctx.output_final_state:

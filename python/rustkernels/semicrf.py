@@ -269,20 +269,32 @@ def _semicrf_viterbi_fake(cum_scores, duration_bias, transition, lengths):
 
 
 class _SemiCrfFunction(torch.autograd.Function):
-    """The autograd node of ``semi_crf_streaming_forward`` (log semiring)."""
+    """The autograd node of ``semi_crf_streaming_forward`` (log semiring).
+
+    Under ``torch.compile`` no tensor it saves or returns may be a second name of another
+    (PyTorch 2.11's Dynamo collects the saved tensors as extra outputs of the traced forward;
+    one that is the same tensor as the returned one, or as an input, under a new name, e.g.
+    ``log_z.to(float32)`` of an f32 ``log_z`` or ``x.to(float32)`` of an f32 input, takes over
+    the returned tensor's gradient slot, and the compiled gradient comes out wrong). So it saves
+    the inputs as given (converted again in the backward) and returns log Z as the op gave it,
+    or a converted copy."""
 
     @staticmethod
     def forward(ctx, cum_scores, transition, duration_bias, lengths, checkpoint):
-        cs, dur, trans = _f32(cum_scores), _f32(duration_bias), _f32(transition)
-        log_z, state = semicrf_forward(cs, dur, trans, lengths, checkpoint)
-        ctx.save_for_backward(cs, dur, trans, lengths, state, log_z)
+        log_z, state = semicrf_forward(
+            _f32(cum_scores), _f32(duration_bias), _f32(transition), lengths, checkpoint
+        )
+        ctx.save_for_backward(cum_scores, duration_bias, transition, lengths, state, log_z)
         ctx.checkpoint = checkpoint
         ctx.dtypes = (cum_scores.dtype, transition.dtype, duration_bias.dtype)
+        if cum_scores.dtype == torch.float32:
+            return log_z
         return log_z.to(cum_scores.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        cs, dur, trans, lengths, state, log_z = ctx.saved_tensors
+        cum_scores, duration_bias, transition, lengths, state, log_z = ctx.saved_tensors
+        cs, dur, trans = _f32(cum_scores), _f32(duration_bias), _f32(transition)
         g_cs, g_dur, g_trans = semicrf_backward(
             grad.contiguous(), cs, dur, trans, lengths, ctx.checkpoint, state, log_z
         )
@@ -300,10 +312,6 @@ def _prepare(cum_scores, transition, duration_bias, lengths, K):
         )
 
 
-# Run eagerly under torch.compile (a graph break): compiled, the log semiring's gradient
-# differed from eager on the GPU check (test_semicrf.py `torch.compile`), so the ops stay out
-# of compiled graphs until that is understood; eager results are the checked ones.
-@torch.compiler.disable
 def semi_crf_streaming_forward(
     cum_scores: torch.Tensor,
     transition: torch.Tensor,
@@ -365,6 +373,7 @@ def semi_crf_streaming_forward(
     return log_z.to(cum_scores.dtype)
 
 
+# Decoding reads the segmentations on the host (lists): run eagerly under torch.compile.
 @torch.compiler.disable
 def semi_crf_viterbi(
     cum_scores: torch.Tensor,

@@ -1,7 +1,7 @@
 //! `rustkernels._native`: the Rust side of the Python package. It takes tensors as plain
 //! descriptions (address, dtype name, shape, strides, storage), validates and launches through
 //! the `kernels` crate's raw API (`kernels::raw`; per family `kernels::attention::forward_raw`
-//! and `backward_raw`, `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw,
+//! and `backward_raw` (packed sequences: `forward_varlen_raw`, `backward_varlen_raw`), `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw,
 //! backward_raw, viterbi_raw}`, `kernels::mhc::{forward_pre_raw, forward_post_raw,
 //! backward_raw}`) on the caller's stream, and returns nothing: the Python side allocates the
 //! outputs and workspaces with torch (their sizes from the `*_workspace`/`*_layout` functions
@@ -22,7 +22,9 @@ mod semicrf;
 use kernels::Error;
 use kernels::attention::{
     AttentionOptions, BackwardOptions, Path, RawAttentionBackwardTensors, RawAttentionTensors,
-    RawBackwardWorkspace, backward_raw, backward_workspace_lens, forward_raw,
+    RawAttentionVarlenBackwardTensors, RawAttentionVarlenTensors, RawBackwardWorkspace,
+    backward_raw, backward_varlen_raw, backward_varlen_workspace_lens, backward_workspace_lens,
+    forward_raw, forward_varlen_raw,
 };
 use kernels::raw::{ElemType, RawStream, RawTensor};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -238,6 +240,186 @@ fn attention_backward(
     .map_err(to_py)
 }
 
+/// Attention forward over packed sequences (FlashAttention's `flash_attn_varlen_func`) on
+/// device `device`'s stream `stream`: O `[total_q, heads_q, D]` and LSE `[heads_q, total_q]`
+/// written from Q, K, V and the boundaries `cu_seqlens_q`, `cu_seqlens_k` (int32 on the device),
+/// with `max_seqlen_q`, `max_seqlen_k` the longest lengths (see
+/// `kernels::attention::forward_varlen_raw`). Asynchronous.
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right))]
+#[allow(clippy::too_many_arguments)]
+fn attention_varlen_forward(
+    py: Python<'_>,
+    device: u32,
+    stream: u64,
+    q: TensorArgs,
+    k: TensorArgs,
+    v: TensorArgs,
+    o: TensorArgs,
+    lse: TensorArgs,
+    cu_seqlens_q: TensorArgs,
+    cu_seqlens_k: TensorArgs,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+) -> PyResult<()> {
+    let options = options(softmax_scale, causal, window_left, window_right, "auto")?;
+    let (q, k, v, o, lse) = (
+        tensor("q", q)?,
+        tensor("k", k)?,
+        tensor("v", v)?,
+        tensor("out", o)?,
+        tensor("softmax_lse", lse)?,
+    );
+    let (cu_q, cu_k) = (
+        tensor("cu_seqlens_q", cu_seqlens_q)?,
+        tensor("cu_seqlens_k", cu_seqlens_k)?,
+    );
+    py.detach(|| {
+        // SAFETY: as in `attention_forward`: the handle of torch's current stream of `device`.
+        let stream = unsafe { RawStream::new(device, stream) }?;
+        let tensors = RawAttentionVarlenTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        };
+        // SAFETY: as in `attention_forward`: live torch tensors the Python side holds across
+        // this call, whose memory stays valid for work enqueued on `stream`; O and LSE are fresh
+        // allocations. The boundaries' contents cannot make the kernel leave the tensors.
+        unsafe { forward_varlen_raw(&stream, &options, &tensors, max_seqlen_q, max_seqlen_k) }
+    })
+    .map_err(to_py)
+}
+
+/// The f32 elements of the packed attention backward's workspace, `(delta, dq_accum)`, for Q of
+/// shape `q_shape` and K of shape `k_shape` (`[total, heads, D]`) of dtype `dtype` in `batch`
+/// sequences of at most `max_seqlen_q` and `max_seqlen_k` rows (`dq_accum` is 0 with
+/// `deterministic`).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn attention_varlen_backward_workspace(
+    q_shape: Vec<usize>,
+    k_shape: Vec<usize>,
+    batch: usize,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    dtype: &str,
+    deterministic: bool,
+) -> PyResult<(usize, usize)> {
+    let elem = ElemType::from_name(dtype)
+        .ok_or_else(|| PyTypeError::new_err(format!("q: unsupported dtype {dtype}")))?;
+    let lens = backward_varlen_workspace_lens(
+        &q_shape,
+        &k_shape,
+        batch,
+        max_seqlen_q,
+        max_seqlen_k,
+        elem,
+        BackwardOptions { deterministic },
+    )
+    .map_err(to_py)?;
+    Ok((lens.delta, lens.dq_accum))
+}
+
+/// Attention backward over packed sequences on device `device`'s stream `stream`: dQ, dK and dV
+/// written from Q, K, V, the forward's O and LSE, dO and optionally dLSE, the boundaries, with
+/// the workspace `delta` and `dq_accum` (f32, of the lengths
+/// `attention_varlen_backward_workspace` gives; `dq_accum` may be `None` with
+/// `deterministic`). See `kernels::attention::backward_varlen_raw`. Asynchronous.
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, d_o, d_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, delta, dq_accum, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic))]
+#[allow(clippy::too_many_arguments)]
+fn attention_varlen_backward(
+    py: Python<'_>,
+    device: u32,
+    stream: u64,
+    q: TensorArgs,
+    k: TensorArgs,
+    v: TensorArgs,
+    o: TensorArgs,
+    lse: TensorArgs,
+    d_o: TensorArgs,
+    d_lse: Option<TensorArgs>,
+    dq: TensorArgs,
+    dk: TensorArgs,
+    dv: TensorArgs,
+    cu_seqlens_q: TensorArgs,
+    cu_seqlens_k: TensorArgs,
+    delta: TensorArgs,
+    dq_accum: Option<TensorArgs>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+    deterministic: bool,
+) -> PyResult<()> {
+    let options = options(softmax_scale, causal, window_left, window_right, "auto")?;
+    let backward = BackwardOptions { deterministic };
+    let (q, k, v, o, lse, d_o) = (
+        tensor("q", q)?,
+        tensor("k", k)?,
+        tensor("v", v)?,
+        tensor("out", o)?,
+        tensor("softmax_lse", lse)?,
+        tensor("dout", d_o)?,
+    );
+    let d_lse = d_lse.map(|t| tensor("dsoftmax_lse", t)).transpose()?;
+    let (dq, dk, dv) = (tensor("dq", dq)?, tensor("dk", dk)?, tensor("dv", dv)?);
+    let (cu_q, cu_k) = (
+        tensor("cu_seqlens_q", cu_seqlens_q)?,
+        tensor("cu_seqlens_k", cu_seqlens_k)?,
+    );
+    let delta = tensor("workspace", delta)?;
+    let dq_accum = dq_accum.map(|t| tensor("workspace", t)).transpose()?;
+    py.detach(|| {
+        // SAFETY: as in `attention_forward`: the handle of torch's current stream of `device`.
+        let stream = unsafe { RawStream::new(device, stream) }?;
+        let tensors = RawAttentionVarlenBackwardTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+            d_lse: d_lse.as_ref(),
+            dq: &dq,
+            dk: &dk,
+            dv: &dv,
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        };
+        let workspace = RawBackwardWorkspace {
+            delta: &delta,
+            dq_accum: dq_accum.as_ref(),
+        };
+        // SAFETY: as in `attention_backward`: live torch tensors the Python side holds across
+        // this call, whose memory stays valid for work enqueued on `stream`; dQ, dK, dV and the
+        // workspace are fresh allocations on that stream. The boundaries' contents cannot make
+        // the kernels leave the tensors.
+        unsafe {
+            backward_varlen_raw(
+                &stream,
+                &options,
+                backward,
+                &tensors,
+                &workspace,
+                max_seqlen_q,
+                max_seqlen_k,
+            )
+        }
+    })
+    .map_err(to_py)
+}
+
 /// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -245,6 +427,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_varlen_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_varlen_backward_workspace, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_varlen_backward, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_backward_workspace, m)?)?;

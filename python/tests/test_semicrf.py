@@ -13,7 +13,8 @@ Tolerance: the kernels run the scans in f64 and the gradients in f32 from f64 ex
 the best score against the same recurrence with max for lse, within ``1e-5 max(1, |ref|)``,
 and each returned segmentation's own score equal to it. Then: float64 inputs (gradients in
 float64), the forward without grad, bad input (ValueError/TypeError/NotImplementedError with
-the library's message), torch.library's opcheck, torch.compile. Prints one line per check and
+the library's message), torch.library's opcheck, torch.compile (fullgraph: log Z and every
+gradient against eager, float32 and float64 inputs). Prints one line per check and
 'N passed, N failed' last; exits 1 on any failure, 0 with a SKIP line without a CUDA device.
 """
 
@@ -212,23 +213,34 @@ def opcheck():
     return "semicrf_forward, semicrf_backward, semicrf_viterbi"
 
 
-def compiled():
+def compiled_case(dtype, weights):
+    """log Z and every gradient of a loss around ``semi_crf_streaming_forward`` compiled with
+    ``fullgraph=True`` against eager on the same inputs: log Z within 1e-6 max(1, |Z|), each
+    gradient within 1e-5 max |eager| + 1e-6 (the same kernels run; only their surroundings are
+    compiled)."""
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    cs, trans, dur = inputs(2, 100, 6, 4, gen)
+    cs, trans, dur = inputs(2, 100, 6, 4, gen, dtype)
     lengths = torch.tensor([100, 57], device="cuda")
-    trans = trans.requires_grad_()
+    w = torch.tensor([1.0, 0.25], device="cuda", dtype=dtype) if weights else None
 
     def loss(cs, trans, dur):
-        return semi_crf_streaming_forward(cs * 1.0, trans, dur, lengths, 6).sum()
+        z = semi_crf_streaming_forward(cs * 1.0, trans, dur, lengths, 6)
+        return (z * w).sum() if weights else z.sum()
 
-    want = loss(cs, trans, dur)
-    (want_g,) = torch.autograd.grad(want, trans)
-    got = torch.compile(loss)(cs, trans, dur)
-    (got_g,) = torch.autograd.grad(got, trans)
+    def run(fn):
+        leaves = [x.clone().requires_grad_() for x in (cs, trans, dur)]
+        value = fn(*leaves)
+        grads = torch.autograd.grad(value, leaves)
+        return value.detach(), grads
+
+    want, want_g = run(loss)
+    got, got_g = run(torch.compile(loss, fullgraph=True))
     torch.cuda.synchronize()
-    err = max(abs(got.item() - want.item()), (got_g - want_g).abs().max().item())
-    assert err <= 1e-5 * max(1.0, abs(want.item())), f"compiled vs eager: {err}"
-    return f"forward and backward; max |compiled - eager| = {err:.1e}"
+    lines = [close("loss", got, want, 1e-6, 1e-6 * max(1.0, abs(want.item())))]
+    for name, a, b in zip(("dcum_scores", "dtransition", "dduration_bias"), got_g, want_g):
+        assert a.dtype == dtype and a.shape == b.shape, (name, a.dtype, a.shape)
+        lines.append(close(name, a, b, 1e-5, 1e-6))
+    return "fullgraph; compiled vs eager: " + ", ".join(lines)
 
 
 def main():
@@ -250,7 +262,9 @@ def main():
     check("forward without grad", no_grad_forward)
     check("bad inputs", bad_inputs)
     check("torch.library.opcheck", opcheck)
-    check("torch.compile", compiled)
+    check("torch.compile: float32, loss sum", lambda: compiled_case(torch.float32, False))
+    check("torch.compile: float32, weighted loss", lambda: compiled_case(torch.float32, True))
+    check("torch.compile: float64", lambda: compiled_case(torch.float64, False))
     print(f"{results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
 

@@ -202,11 +202,14 @@ pub fn ensure_ptxas() -> Result<PathBuf> {
     Ok(ptxas)
 }
 
-/// The peers' pure-Python packages, pinned (the GPU machine has PyTorch and Triton but no
-/// network): fla's `chunk_gla` (with its `einops` and `packaging`), flash-semicrf and
+/// The peers' pure-Python packages, pinned (the GPU machine has PyTorch, Triton and
+/// transformers but no network): fla's `chunk_gla` (with its `einops` and `packaging`), fla's
+/// layers and models (`flash-linear-attention`: the GLA layer and model that
+/// `python/e2e/fla_gla.py` runs with our `chunk_gla` swapped in), flash-semicrf and
 /// torch-struct. `bundle` ships their wheels; `run.sh` installs them into the results folder.
-pub const PEER_WHEELS: [&str; 5] = [
+pub const PEER_WHEELS: [&str; 6] = [
     "fla-core==0.6.0",
+    "flash-linear-attention==0.6.0",
     "einops==0.8.2",
     "packaging==26.3",
     "flash-semicrf==0.2.0",

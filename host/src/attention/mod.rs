@@ -24,7 +24,8 @@
 //! Packed sequences of different lengths (FlashAttention's varlen interface, `cu_seqlens`):
 //! [`AttentionVarlenProblem`], [`forward_varlen`], [`forward_varlen_raw`] (the `mma.sync` path
 //! on every GPU; the module `varlen` documents the layouts), and their backward
-//! ([`AttentionVarlenProblem::plan_backward`], [`backward_varlen`], [`backward_varlen_raw`]).
+//! ([`AttentionVarlenProblem::plan_backward`], [`backward_varlen`], [`backward_varlen_raw`]
+//! with a workspace of [`backward_varlen_workspace_lens`]).
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
@@ -52,8 +53,9 @@ pub use problem::{
 pub use raw::{
     AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors,
     RawAttentionVarlenBackwardTensors, RawAttentionVarlenTensors, RawBackwardWorkspace,
-    backward_raw, backward_varlen_raw, backward_workspace_lens, forward_raw, forward_varlen_raw,
-    plan_backward_raw, plan_backward_varlen_raw, plan_raw, plan_varlen_raw,
+    backward_raw, backward_varlen_raw, backward_varlen_workspace_lens, backward_workspace_lens,
+    forward_raw, forward_varlen_raw, plan_backward_raw, plan_backward_varlen_raw, plan_raw,
+    plan_varlen_raw,
 };
 pub use reference::{
     naive_backward_same_precision, naive_backward_varlen_same_precision, naive_same_precision,

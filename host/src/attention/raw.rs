@@ -384,6 +384,67 @@ pub struct RawAttentionVarlenTensors<'t> {
     pub cu_seqlens_k: &'t RawTensor,
 }
 
+impl AttentionVarlenProblem {
+    /// The problem of packed Q of shape `q` and K of shape `k` (`[total, heads, D]` each; D is
+    /// Q's, K's is checked against it with the tensors) in `batch` sequences, the longest
+    /// `max_seqlen = (q, k)` rows (FlashAttention's `max_seqlen_q`, `max_seqlen_k`), with
+    /// `options`.
+    pub fn from_shapes(
+        q: &[usize],
+        k: &[usize],
+        batch: usize,
+        max_seqlen: (usize, usize),
+        dtype: Dtype,
+        options: &AttentionOptions,
+    ) -> Result<AttentionVarlenProblem> {
+        let [total_q, heads_q, head_dim] =
+            <[usize; 3]>::try_from(q).map_err(|_| Error::shape("Q rank", 3, q.len()))?;
+        let [total_k, heads_kv, _] =
+            <[usize; 3]>::try_from(k).map_err(|_| Error::shape("K rank", 3, k.len()))?;
+        Ok(AttentionVarlenProblem {
+            batch,
+            total_q,
+            total_k,
+            max_seqlen_q: max_seqlen.0,
+            max_seqlen_k: max_seqlen.1,
+            heads_q,
+            heads_kv,
+            head_dim,
+            dtype,
+            scale: options.scale,
+            causal: options.causal,
+            window: options.window,
+            path: options.path,
+        })
+    }
+}
+
+/// The workspace a backward pass over packed sequences with `backward` needs on Q of shape `q`
+/// and K of shape `k` (`[total, heads, D]` each) of element type `dtype`, in `batch` sequences
+/// of at most `max_seqlen_q` query and `max_seqlen_k` key rows: the lengths its plan reports
+/// ([`plan_backward_varlen_raw`]), for a caller that allocates the workspace before launching
+/// ([`backward_varlen_raw`]). The problem is validated as the plan validates it.
+pub fn backward_varlen_workspace_lens(
+    q: &[usize],
+    k: &[usize],
+    batch: usize,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    dtype: ElemType,
+    backward: BackwardOptions,
+) -> Result<BackwardWorkspaceLens> {
+    let problem = AttentionVarlenProblem::from_shapes(
+        q,
+        k,
+        batch,
+        (max_seqlen_q, max_seqlen_k),
+        dtype_of(dtype)?,
+        &Default::default(),
+    )?;
+    problem.validate()?;
+    Ok(problem.backward_workspace_lens(backward))
+}
+
 /// Plan the forward pass over packed sequences on raw tensors (pure: no driver call, no memory
 /// read): the problem from the shapes (totals from Q and K, the batch from `cu_seqlens_q`),
 /// `max_seqlen_q` and `max_seqlen_k` (FlashAttention's arguments; checked possible for the
@@ -397,27 +458,16 @@ pub fn plan_varlen_raw(
     max_seqlen_k: usize,
 ) -> Result<(AttentionVarlenProblem, AttentionVarlenPlan)> {
     let dtype = dtype_of(tensors.q.dtype)?;
-    let [total_q, heads_q, head_dim] = <[usize; 3]>::try_from(&tensors.q.shape[..])
-        .map_err(|_| Error::shape("Q rank", 3, tensors.q.shape.len()))?;
-    let [total_k, heads_kv, _] = <[usize; 3]>::try_from(&tensors.k.shape[..])
-        .map_err(|_| Error::shape("K rank", 3, tensors.k.shape.len()))?;
     let [entries] = <[usize; 1]>::try_from(&tensors.cu_seqlens_q.shape[..])
         .map_err(|_| Error::shape("cu_seqlens_q rank", 1, tensors.cu_seqlens_q.shape.len()))?;
-    let problem = AttentionVarlenProblem {
-        batch: entries.saturating_sub(1),
-        total_q,
-        total_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        heads_q,
-        heads_kv,
-        head_dim,
+    let problem = AttentionVarlenProblem::from_shapes(
+        &tensors.q.shape,
+        &tensors.k.shape,
+        entries.saturating_sub(1),
+        (max_seqlen_q, max_seqlen_k),
         dtype,
-        scale: options.scale,
-        causal: options.causal,
-        window: options.window,
-        path: options.path,
-    };
+        options,
+    )?;
     problem.validate()?;
     check_disjoint(
         &[
@@ -570,27 +620,16 @@ pub fn plan_backward_varlen_raw(
     max_seqlen_k: usize,
 ) -> Result<(AttentionVarlenProblem, AttentionVarlenBackwardPlan)> {
     let dtype = dtype_of(tensors.q.dtype)?;
-    let [total_q, heads_q, head_dim] = <[usize; 3]>::try_from(&tensors.q.shape[..])
-        .map_err(|_| Error::shape("Q rank", 3, tensors.q.shape.len()))?;
-    let [total_k, heads_kv, _] = <[usize; 3]>::try_from(&tensors.k.shape[..])
-        .map_err(|_| Error::shape("K rank", 3, tensors.k.shape.len()))?;
     let [entries] = <[usize; 1]>::try_from(&tensors.cu_seqlens_q.shape[..])
         .map_err(|_| Error::shape("cu_seqlens_q rank", 1, tensors.cu_seqlens_q.shape.len()))?;
-    let problem = AttentionVarlenProblem {
-        batch: entries.saturating_sub(1),
-        total_q,
-        total_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        heads_q,
-        heads_kv,
-        head_dim,
+    let problem = AttentionVarlenProblem::from_shapes(
+        &tensors.q.shape,
+        &tensors.k.shape,
+        entries.saturating_sub(1),
+        (max_seqlen_q, max_seqlen_k),
         dtype,
-        scale: options.scale,
-        causal: options.causal,
-        window: options.window,
-        path: options.path,
-    };
+        options,
+    )?;
     problem.validate()?;
     let plan = match dtype {
         Dtype::Bf16 => plan_backward_varlen_typed::<bf16>(&problem, backward, tensors),

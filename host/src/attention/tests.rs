@@ -1021,4 +1021,77 @@ mod raw_varlen {
         let (_, plan) = plan_of(&raw_tensors(&p), &options, (357, 15)).unwrap();
         assert_eq!(plan.config().unwrap().grid, (3, 4, 4));
     }
+
+    #[test]
+    fn the_raw_varlen_backward_workspace_lens_are_the_plans() {
+        let p = problem();
+        let options = AttentionOptions {
+            window: p.window,
+            ..Default::default()
+        };
+        let [q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k] = &raw_tensors(&p);
+        let grads = [
+            RawTensor::contiguous(8 << 40, ElemType::Bf16, &p.q_shape()),
+            RawTensor::contiguous(9 << 40, ElemType::Bf16, &p.q_shape()),
+            RawTensor::contiguous(10 << 40, ElemType::Bf16, &p.kv_shape()),
+            RawTensor::contiguous(11 << 40, ElemType::Bf16, &p.kv_shape()),
+        ];
+        let [d_o, dq, dk, dv] = &grads;
+        let tensors = RawAttentionVarlenBackwardTensors {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+            d_lse: None,
+            dq,
+            dk,
+            dv,
+            cu_seqlens_q,
+            cu_seqlens_k,
+        };
+        for deterministic in [false, true] {
+            let opts = BackwardOptions { deterministic };
+            let lens = backward_varlen_workspace_lens(
+                &p.q_shape(),
+                &p.kv_shape(),
+                p.batch,
+                p.max_seqlen_q,
+                p.max_seqlen_k,
+                ElemType::Bf16,
+                opts,
+            )
+            .unwrap();
+            assert_eq!(lens, p.backward_workspace_lens(opts));
+            let (rp, plan) =
+                plan_backward_varlen_raw(&options, opts, &tensors, p.max_seqlen_q, p.max_seqlen_k)
+                    .unwrap();
+            assert_eq!(rp, p);
+            assert_eq!(
+                (plan.delta_len(), plan.dq_accum_len()),
+                (lens.delta, lens.dq_accum)
+            );
+        }
+        let lens = |q: &[usize], max_q: usize, dtype: ElemType| {
+            backward_varlen_workspace_lens(
+                q,
+                &p.kv_shape(),
+                p.batch,
+                max_q,
+                p.max_seqlen_k,
+                dtype,
+                BackwardOptions::default(),
+            )
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+        };
+        let e = lens(&p.q_shape(), 80, ElemType::Bf16);
+        assert!(e.contains("max_seqlen_q"), "{e}");
+        let e = lens(&[1, 357, 4, 128], 300, ElemType::Bf16);
+        assert!(e.contains("Q rank"), "{e}");
+        let e = lens(&p.q_shape(), 300, ElemType::F32);
+        assert!(e.contains("Q dtype"), "{e}");
+    }
 }
