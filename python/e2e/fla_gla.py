@@ -139,7 +139,8 @@ def layer_case(name, hidden, heads, expand_k, expand_v, lengths, batch, seq, see
     def run(impl, dtype):
         use(impl)
         layer = copy.deepcopy(base).to(dtype)
-        xi = x.to(dtype).requires_grad_()
+        # A leaf of its own in every run (x.to(float32) would be x itself).
+        xi = x.to(dtype).detach().requires_grad_()
         before = calls["ours"]
         out, _, _ = layer(xi, attention_mask=mask)
         out.backward(dy.to(dtype))
@@ -260,6 +261,11 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument(
+        "--layer-cases", default="",
+        help="comma-separated layer case names to run (default: all); fla's Triton kernels "
+        "autotune on every new shape, minutes each",
+    )
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (fla GLA end to end)")
@@ -275,7 +281,8 @@ def main():
         return 1
 
     rows, notes, failures = [], [], []
-    for case in LAYER_CASES:
+    cases = [c for c in LAYER_CASES if not a.layer_cases or c[0] in a.layer_cases.split(",")]
+    for case in cases:
         name = case[0]
         try:
             case_rows, summary, failed = layer_case(*case, batch=a.batch, seq=a.seq, seed=0)
@@ -289,6 +296,8 @@ def main():
         rows += case_rows
         failures += [f"layer {name}: {f}" for f in failed]
         print(summary, flush=True)
+        for f in failed:
+            print(f"  FAIL {f}", flush=True)
 
     runs = {}
     for impl, mode in (("fla", "chunk"), ("ours", "chunk"), ("fla", "fused_recurrent")):
