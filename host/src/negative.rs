@@ -4,7 +4,7 @@
 //! block-reduction control is launched by `kernels-testing`). Their results are wrong by design;
 //! what the tests check is that the reference checks, racecheck and the emulator notice.
 
-use crate::attention::{AttentionBackwardPlan, BackwardPath, BackwardWorkspace, Dtype};
+use crate::attention::{AttentionBackwardPlan, BackwardPath, BackwardWorkspace, BwdLaunch, Dtype};
 use crate::error::{Error, Result};
 use crate::exec::{Exec, OnStream};
 use crate::gla::{GlaBackwardLaunch, GlaBackwardPlan, GlaBackwardWorkspace};
@@ -72,7 +72,11 @@ pub unsafe fn attention_backward_no_ds_barrier_run(
     unsafe {
         exec.launch(&l.pre)?;
         exec.launch(&dkdv)?;
-        exec.launch(&l.dq)
+        match &l.dq {
+            BwdLaunch::MmaSync(dq) => exec.launch(dq),
+            // Not reached: the plan is on the mma.sync path (checked above).
+            BwdLaunch::Hopper(_) => Err(Error::invalid("negative control", "a Hopper plan")),
+        }
     }
 }
 

@@ -231,12 +231,14 @@ pub fn attention_backward_plan_or_typed_error() -> TestResult {
                         let l = plan
                             .launches(&ws)
                             .map_err(|e| TestCaseError::fail(format!("launches: {e}")))?;
-                        // The Hopper dK/dV kernel exists in the sm_90a PTX only.
-                        let hopper = matches!(l.dkdv, kernels::attention::DkdvLaunch::Hopper(_));
+                        // The Hopper kernels exist in the sm_90a PTX only.
+                        let hopper = |l: &kernels::attention::BwdLaunch| {
+                            matches!(l, kernels::attention::BwdLaunch::Hopper(_))
+                        };
                         for (kernel, cfg, hopper_only) in [
                             (l.pre.kernel(), l.pre.config(), false),
-                            (l.dkdv.kernel(), l.dkdv.config(), hopper),
-                            (l.dq.kernel(), l.dq.config(), false),
+                            (l.dkdv.kernel(), l.dkdv.config(), hopper(&l.dkdv)),
+                            (l.dq.kernel(), l.dq.config(), hopper(&l.dq)),
                         ] {
                             launch_ok(kernel, cfg, hopper_only)?;
                         }

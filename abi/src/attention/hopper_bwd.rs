@@ -1,13 +1,18 @@
-//! Attention backward on Hopper (sm_90a): the dK/dV kernel with TMA, an mbarrier ring, `wgmma`
-//! and warp specialization. It takes the place of the `mma.sync` dK/dV kernel in a backward
-//! pass; the preprocess (`delta'`) and the dQ kernel stay those of [`super::backward`].
+//! Attention backward on Hopper (sm_90a): a dK/dV kernel and a dQ kernel with TMA, mbarrier
+//! rings, `wgmma` and warp specialization. They take the place of the `mma.sync` dK/dV and
+//! deterministic dQ kernels in a backward pass; the preprocess (`delta'`) stays the one of
+//! [`super::backward`].
 //!
-//! One block per [`HOPPER_BWD_BLOCK_N`] keys of one key/value head of one sequence: one producer
-//! warpgroup (TMA loads) and two consumer warpgroups, consumer `c` owning keys `64 c .. 64 c +
-//! 64` of the block with their dK and dV in registers (f32) over every query head of the group
-//! and every [`HOPPER_BWD_BLOCK_M`]-row query block that sees the keys. The kernel's module
-//! documentation (`gpu-kernels/src/attention/hopper_bwd.rs`) has the products and the barrier
-//! protocol.
+//! - dK/dV: one block per [`HOPPER_BWD_BLOCK_N`] keys of one key/value head of one sequence:
+//!   one producer warpgroup (TMA loads) and two consumer warpgroups, consumer `c` owning keys
+//!   `64 c .. 64 c + 64` of the block with their dK and dV in registers (f32) over every query
+//!   head of the group and every [`HOPPER_BWD_BLOCK_M`]-row query block that sees the keys.
+//! - dQ: one block per [`HOPPER_DQ_BLOCK_M`] query rows of one query head of one sequence,
+//!   consumer `c` owning rows `64 c .. 64 c + 64` with their dQ in registers, over the
+//!   [`HOPPER_DQ_BLOCK_N`]-key blocks the rows may see. No atomics: bitwise reproducible.
+//!
+//! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
+//! products and the barrier protocols.
 
 use super::backward::AttentionBwdParams;
 use super::{Dtype, HOPPER_ATOM, HOPPER_THREADS};
@@ -17,8 +22,12 @@ use crate::{Kernel, KernelDecl, SMEM_ALIGN, TensorMap};
 pub const HOPPER_BWD_BLOCK_N: u32 = 128;
 /// Query rows per step (the Q and dO tiles of one ring stage).
 pub const HOPPER_BWD_BLOCK_M: u32 = 64;
-/// Stages of the Q/dO ring.
+/// Stages of the Q/dO ring (dK/dV) and of the K/V ring (dQ).
 pub const HOPPER_BWD_STAGES: u32 = 2;
+/// Query rows per block of the dQ kernel (64 per consumer warpgroup).
+pub const HOPPER_DQ_BLOCK_M: u32 = 128;
+/// Keys per step of the dQ kernel (the K and V tiles of one ring stage).
+pub const HOPPER_DQ_BLOCK_N: u32 = 64;
 
 /// Parameters of the Hopper dK/dV kernel: the tensor maps of Q, dO, K and V (4-D, dims `[D,
 /// heads, seq, batch]`, box `[64, 1, rows, 1]` with rows [`HOPPER_BWD_BLOCK_M`] for Q and dO and
@@ -113,6 +122,82 @@ impl HopperBwdConfig {
     }
 }
 
+/// The shared-memory layout of the Hopper dQ kernel: Q and dO tiles (`[HOPPER_DQ_BLOCK_M, D]`,
+/// loaded once), then the K/V ring (`[HOPPER_DQ_BLOCK_N, D]` each), then the mbarriers; tiles
+/// as [`HopperBwdConfig`]'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperDqConfig {
+    /// Head dimension D.
+    pub head_dim: u32,
+}
+
+impl HopperDqConfig {
+    const fn tiles(&self) -> HopperBwdConfig {
+        HopperBwdConfig {
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// 128-byte column blocks along D.
+    pub const fn column_blocks(&self) -> u32 {
+        self.tiles().column_blocks()
+    }
+
+    /// Bytes of one column block of `rows` rows.
+    pub const fn block_bytes(&self, rows: u32) -> u32 {
+        self.tiles().block_bytes(rows)
+    }
+
+    /// Offset of the Q tile.
+    pub const fn q_offset(&self) -> u32 {
+        0
+    }
+
+    /// Offset of the dO tile.
+    pub const fn do_offset(&self) -> u32 {
+        self.tiles().tile_bytes(HOPPER_DQ_BLOCK_M)
+    }
+
+    /// Offset of stage `s`'s K tile.
+    pub const fn k_offset(&self, s: u32) -> u32 {
+        2 * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_M)
+            + 2 * s * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_N)
+    }
+
+    /// Offset of stage `s`'s V tile.
+    pub const fn v_offset(&self, s: u32) -> u32 {
+        self.k_offset(s) + self.tiles().tile_bytes(HOPPER_DQ_BLOCK_N)
+    }
+
+    /// Bytes the Q and dO loads deliver together.
+    pub const fn qdo_bytes(&self) -> u32 {
+        2 * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_M)
+    }
+
+    /// Bytes one step's K and V loads deliver together.
+    pub const fn step_bytes(&self) -> u32 {
+        2 * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_N)
+    }
+
+    /// Offset of the mbarriers: `qdo_full`, then `full[s]` and `empty[s]` of the ring.
+    pub const fn barriers_offset(&self) -> u32 {
+        self.k_offset(HOPPER_BWD_STAGES)
+    }
+
+    /// Number of mbarriers.
+    pub const fn barriers(&self) -> u32 {
+        1 + 2 * HOPPER_BWD_STAGES
+    }
+
+    /// Dynamic shared memory of the kernel.
+    pub const fn smem_bytes(&self) -> usize {
+        crate::align_up(
+            self.barriers_offset() as usize + 8 * self.barriers() as usize,
+            16,
+        ) + SMEM_ALIGN
+    }
+}
+
 /// The Hopper dK/dV configuration for head dimension `d`, if the kernel exists for it (D = 256
 /// would need 256 accumulator registers per thread for dK and dV: it keeps the `mma.sync`
 /// kernels).
@@ -131,48 +216,83 @@ pub const fn hopper_bwd_config_of(d: u32) -> HopperBwdConfig {
     }
 }
 
-/// A Hopper dK/dV kernel: its handle and what it was compiled for.
+/// The Hopper backward kernels of one element type and head dimension: their handles and what
+/// they were compiled for.
 pub struct HopperBwdKernel {
-    /// The handle; launch it with shape [`HopperBwdKernel::cfg`].
+    /// The dK/dV kernel; launch it with shape [`HopperBwdKernel::cfg`].
     pub kernel: Kernel<HopperBwdParams, HopperBwdConfig>,
+    /// The dQ kernel; launch it with shape [`HopperBwdKernel::dq_cfg`].
+    pub dq: Kernel<HopperBwdParams, HopperDqConfig>,
     /// Element type.
     pub dtype: Dtype,
-    /// Configuration (its head dimension is the kernel's).
+    /// The dK/dV configuration (its head dimension is the kernels').
     pub cfg: HopperBwdConfig,
+    /// The dQ configuration.
+    pub dq_cfg: HopperDqConfig,
 }
 
 fn smem(cfg: HopperBwdConfig) -> usize {
     cfg.smem_bytes()
 }
 
-const fn hopper_bwd(name: &'static str, dtype: Dtype, d: u32) -> HopperBwdKernel {
+fn smem_dq(cfg: HopperDqConfig) -> usize {
+    cfg.smem_bytes()
+}
+
+const fn hopper_bwd(name: &'static str, dq: &'static str, dtype: Dtype, d: u32) -> HopperBwdKernel {
     HopperBwdKernel {
         kernel: Kernel::new(name, HOPPER_THREADS, 1, smem),
+        dq: Kernel::new(dq, HOPPER_THREADS, 1, smem_dq),
         dtype,
         cfg: hopper_bwd_config_of(d),
+        dq_cfg: HopperDqConfig { head_dim: d },
     }
 }
 
-/// The Hopper dK/dV kernels (sm_90a only).
+/// The Hopper backward kernels (sm_90a only).
 pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 4] = [
-    hopper_bwd("attention_bwd_hopper_dkdv_bf16_d64", Dtype::Bf16, 64),
-    hopper_bwd("attention_bwd_hopper_dkdv_bf16_d128", Dtype::Bf16, 128),
-    hopper_bwd("attention_bwd_hopper_dkdv_f16_d64", Dtype::F16, 64),
-    hopper_bwd("attention_bwd_hopper_dkdv_f16_d128", Dtype::F16, 128),
+    hopper_bwd(
+        "attention_bwd_hopper_dkdv_bf16_d64",
+        "attention_bwd_hopper_dq_bf16_d64",
+        Dtype::Bf16,
+        64,
+    ),
+    hopper_bwd(
+        "attention_bwd_hopper_dkdv_bf16_d128",
+        "attention_bwd_hopper_dq_bf16_d128",
+        Dtype::Bf16,
+        128,
+    ),
+    hopper_bwd(
+        "attention_bwd_hopper_dkdv_f16_d64",
+        "attention_bwd_hopper_dq_f16_d64",
+        Dtype::F16,
+        64,
+    ),
+    hopper_bwd(
+        "attention_bwd_hopper_dkdv_f16_d128",
+        "attention_bwd_hopper_dq_f16_d128",
+        Dtype::F16,
+        128,
+    ),
 ];
 
+/// Handles in [`HOPPER_BWD_KERNELS`] (two per entry).
+pub const HOPPER_BWD_KERNEL_COUNT: usize = 2 * HOPPER_BWD_KERNELS.len();
+
 /// The handles of [`HOPPER_BWD_KERNELS`], for the family's table.
-pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNELS.len()] {
-    let mut out = [HOPPER_BWD_KERNELS[0].kernel.info(); HOPPER_BWD_KERNELS.len()];
+pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNEL_COUNT] {
+    let mut out = [HOPPER_BWD_KERNELS[0].kernel.info(); HOPPER_BWD_KERNEL_COUNT];
     let mut i = 0;
     while i < HOPPER_BWD_KERNELS.len() {
-        out[i] = HOPPER_BWD_KERNELS[i].kernel.info();
+        out[2 * i] = HOPPER_BWD_KERNELS[i].kernel.info();
+        out[2 * i + 1] = HOPPER_BWD_KERNELS[i].dq.info();
         i += 1;
     }
     out
 }
 
-/// The Hopper dK/dV kernel for `dtype` and head dimension `head_dim`, if built.
+/// The Hopper backward kernels for `dtype` and head dimension `head_dim`, if built.
 pub fn hopper_bwd_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static HopperBwdKernel> {
     const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
     ALL.iter()
@@ -186,6 +306,8 @@ const _: () = {
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_do) % 64 == 0);
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_k) % 64 == 0);
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_v) % 64 == 0);
-    // The largest configuration fits the 227 KiB a block may have.
+    // The largest configurations fit the 227 KiB a block may have.
     assert!(hopper_bwd_config_of(128).smem_bytes() <= 227 * 1024);
+    assert!(HopperDqConfig { head_dim: 128 }.smem_bytes() <= 227 * 1024);
+    assert!(HOPPER_DQ_BLOCK_M == 2 * 64 && HOPPER_DQ_BLOCK_N == 64);
 };

@@ -898,7 +898,7 @@ const FAMILY_KERNELS: usize = MMA_KERNELS.len()
     + HOPPER_KERNELS.len()
     + backward::BWD_KERNEL_COUNT
     + MMA_VARLEN_KERNELS.len()
-    + hopper_bwd::HOPPER_BWD_KERNELS.len();
+    + hopper_bwd::HOPPER_BWD_KERNEL_COUNT;
 
 const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     let mut out = [MMA_KERNELS[0].kernel.info(); FAMILY_KERNELS];

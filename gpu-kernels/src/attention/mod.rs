@@ -16,8 +16,8 @@
 //! [`backward`]: the gradients on the `mma.sync` path (preprocess, dK/dV with dQ by atomics or
 //! a deterministic dQ kernel, dQ conversion), with the forward's mask and element types, on
 //! dense batches and on packed sequences (the same bodies on either layout); `hopper_bwd`
-//! (sm_90a only): the dK/dV kernel on TMA and `wgmma`, which takes the `mma.sync` one's place
-//! on Hopper GPUs.
+//! (sm_90a only): the dK/dV and dQ kernels on TMA and `wgmma`, which take the `mma.sync` ones'
+//! place on Hopper GPUs.
 
 pub mod backward;
 pub mod elem;

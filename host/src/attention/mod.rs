@@ -44,7 +44,7 @@ mod varlen;
 pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
     AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
-    BackwardWorkspaceLens, DkdvLaunch, VarlenBackwardLaunches, backward, backward_varlen,
+    BackwardWorkspaceLens, BwdLaunch, VarlenBackwardLaunches, backward, backward_varlen,
 };
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{

@@ -22,7 +22,7 @@ mod varlen;
 
 pub use plan::{
     AttentionBackwardPlan, AttentionBackwardTensors, BackwardLaunches, BackwardOptions,
-    BackwardPath, BackwardWorkspace, BackwardWorkspaceLens, DkdvLaunch,
+    BackwardPath, BackwardWorkspace, BackwardWorkspaceLens, BwdLaunch,
 };
 pub use run::backward;
 pub use varlen::{

@@ -11,7 +11,8 @@ use crate::tensor_map::MapSpec;
 use kernel_abi::attention::UNBOUNDED;
 use kernel_abi::attention::backward::{AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels};
 use kernel_abi::attention::hopper_bwd::{
-    HOPPER_BWD_BLOCK_M, HOPPER_BWD_BLOCK_N, HopperBwdKernel, HopperBwdParams, hopper_bwd_kernel,
+    HOPPER_BWD_BLOCK_M, HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdKernel,
+    HopperBwdParams, hopper_bwd_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
 
@@ -29,9 +30,8 @@ pub struct BackwardOptions {
 pub enum BackwardPath {
     /// The `mma.sync` kernels (every GPU of compute capability >= 8.0, Hopper included).
     MmaSync,
-    /// dK and dV from the Hopper kernel (sm_90a: TMA, `wgmma`, warp specialization), the
-    /// preprocess and dQ from the `mma.sync` path's deterministic kernels: bitwise reproducible
-    /// in either mode (no atomics).
+    /// dK, dV and dQ from the Hopper kernels (sm_90a: TMA, `wgmma`, warp specialization) after
+    /// the `mma.sync` path's preprocess: bitwise reproducible in either mode (no atomics).
     Hopper,
 }
 
@@ -84,26 +84,26 @@ pub struct BackwardLaunches {
     /// `delta'` and the zeroed accumulator.
     pub pre: Launch<AttentionBwdParams>,
     /// dK, dV (and dQ by atomics unless deterministic, on the `mma.sync` path).
-    pub dkdv: DkdvLaunch,
-    /// dQ: the conversion of the accumulator, or the deterministic dQ kernel.
-    pub dq: Launch<AttentionBwdParams>,
+    pub dkdv: BwdLaunch,
+    /// dQ: the conversion of the accumulator, or a deterministic dQ kernel.
+    pub dq: BwdLaunch,
 }
 
-/// The dK/dV launch of a backward: on the `mma.sync` path, or the Hopper kernel's (its tensor
+/// A dK/dV or dQ launch of a backward: on the `mma.sync` path, or a Hopper kernel's (its tensor
 /// maps zero until [`AttentionBackwardPlan::run`] encodes them).
-pub enum DkdvLaunch {
+pub enum BwdLaunch {
     /// The `mma.sync` kernel.
     MmaSync(Launch<AttentionBwdParams>),
     /// The Hopper kernel.
     Hopper(Launch<HopperBwdParams>),
 }
 
-impl DkdvLaunch {
+impl BwdLaunch {
     /// The kernel's handle.
     pub fn kernel(&self) -> &KernelDecl {
         match self {
-            DkdvLaunch::MmaSync(l) => l.kernel(),
-            DkdvLaunch::Hopper(l) => l.kernel(),
+            BwdLaunch::MmaSync(l) => l.kernel(),
+            BwdLaunch::Hopper(l) => l.kernel(),
         }
     }
 
@@ -115,24 +115,27 @@ impl DkdvLaunch {
     /// Grid, block and shared memory.
     pub fn config(&self) -> &LaunchConfig {
         match self {
-            DkdvLaunch::MmaSync(l) => l.config(),
-            DkdvLaunch::Hopper(l) => l.config(),
+            BwdLaunch::MmaSync(l) => l.config(),
+            BwdLaunch::Hopper(l) => l.config(),
         }
     }
 
-    /// The parameters every dK/dV kernel takes (the Hopper kernel's beside its tensor maps).
+    /// The parameters every backward kernel takes (the Hopper kernels' beside their tensor
+    /// maps).
     pub fn params(&self) -> &AttentionBwdParams {
         match self {
-            DkdvLaunch::MmaSync(l) => l.params(),
-            DkdvLaunch::Hopper(l) => &l.params().base,
+            BwdLaunch::MmaSync(l) => l.params(),
+            BwdLaunch::Hopper(l) => &l.params().base,
         }
     }
 }
 
-/// The Hopper dK/dV kernel of a plan and the tensor maps of Q, dO, K, V (encoded when it runs).
+/// The Hopper kernels of a plan and their tensor maps of Q, dO, K, V (encoded when they run):
+/// `maps` with the dK/dV kernel's box rows, `dq_maps` with the dQ kernel's.
 struct HopperDkdv {
     kernel: &'static HopperBwdKernel,
     maps: [MapSpec; 4],
+    dq_maps: [MapSpec; 4],
 }
 
 /// A planned backward pass: three launches on the `mma.sync` path, the workspace sizes.
@@ -403,10 +406,10 @@ impl AttentionProblem {
         let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
         let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
         let workspace = self.backward_workspace_lens(options);
-        let block_n = if hopper.is_some() {
-            HOPPER_BWD_BLOCK_N
+        let (block_n, dq_block_m) = if hopper.is_some() {
+            (HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M)
         } else {
-            kernels.tiles.block_n
+            (kernels.tiles.block_n, kernels.dq_tiles.block_m)
         };
         Ok(AttentionBackwardPlan {
             path: if hopper.is_some() {
@@ -420,7 +423,7 @@ impl AttentionProblem {
             params,
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
             dkdv_grid: (sk.div_ceil(block_n), hkv, b),
-            dq_grid: (sq.div_ceil(kernels.dq_tiles.block_m), hq, b),
+            dq_grid: (sq.div_ceil(dq_block_m), hq, b),
             delta_len: workspace.delta,
             dq_accum_len: workspace.dq_accum,
         })
@@ -458,10 +461,18 @@ impl AttentionProblem {
                 tile_map(self.dtype, &t.d_o, HOPPER_BWD_BLOCK_M)?,
                 tile_map(self.dtype, &t.k, HOPPER_BWD_BLOCK_N)?,
                 tile_map(self.dtype, &t.v, HOPPER_BWD_BLOCK_N)?,
+                tile_map(self.dtype, &t.q, HOPPER_DQ_BLOCK_M)?,
+                tile_map(self.dtype, &t.d_o, HOPPER_DQ_BLOCK_M)?,
+                tile_map(self.dtype, &t.k, HOPPER_DQ_BLOCK_N)?,
+                tile_map(self.dtype, &t.v, HOPPER_DQ_BLOCK_N)?,
             ])
         })();
         match maps {
-            Ok(maps) => Ok(Some(HopperDkdv { kernel, maps })),
+            Ok([a, b, c, d, e, f, g, h]) => Ok(Some(HopperDkdv {
+                kernel,
+                maps: [a, b, c, d],
+                dq_maps: [e, f, g, h],
+            })),
             Err(e) if self.path == Path::Hopper => Err(e),
             // Strides a tensor map cannot describe: the mma.sync kernels handle any.
             Err(_) => Ok(None),
@@ -545,23 +556,23 @@ impl AttentionBackwardPlan {
                 base: params,
             };
             (
-                DkdvLaunch::Hopper(Launch::new(
+                BwdLaunch::Hopper(Launch::new(
                     &h.kernel.kernel,
                     self.dkdv_grid,
                     h.kernel.cfg,
                     hp,
                 )),
-                Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params),
+                BwdLaunch::Hopper(Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, hp)),
             )
         } else if self.deterministic {
             (
-                DkdvLaunch::MmaSync(Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params)),
-                Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params),
+                BwdLaunch::MmaSync(Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params)),
+                BwdLaunch::MmaSync(Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params)),
             )
         } else {
             (
-                DkdvLaunch::MmaSync(Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params)),
-                Launch::new(&k.dq_convert, self.row_grid, (), params),
+                BwdLaunch::MmaSync(Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params)),
+                BwdLaunch::MmaSync(Launch::new(&k.dq_convert, self.row_grid, (), params)),
             )
         };
         Ok(BackwardLaunches {
@@ -573,24 +584,26 @@ impl AttentionBackwardPlan {
 }
 
 impl AttentionBackwardPlan {
-    /// The Hopper dK/dV launch `l` with the plan's tensor maps encoded (needs the driver).
+    /// The Hopper launch `l` (the plan's dK/dV or dQ launch) with its tensor maps encoded
+    /// (needs the driver).
     pub(super) fn encode_maps(
         &self,
         l: &Launch<HopperBwdParams>,
     ) -> Result<Launch<HopperBwdParams>> {
         let h = self.hopper.as_ref().expect("a Hopper plan");
+        let dq = l.name() == h.kernel.dq.name;
+        let maps = if dq { &h.dq_maps } else { &h.maps };
         let params = HopperBwdParams {
-            tmap_q: h.maps[0].encode()?,
-            tmap_do: h.maps[1].encode()?,
-            tmap_k: h.maps[2].encode()?,
-            tmap_v: h.maps[3].encode()?,
+            tmap_q: maps[0].encode()?,
+            tmap_do: maps[1].encode()?,
+            tmap_k: maps[2].encode()?,
+            tmap_v: maps[3].encode()?,
             ..*l.params()
         };
-        Ok(Launch::new(
-            &h.kernel.kernel,
-            self.dkdv_grid,
-            h.kernel.cfg,
-            params,
-        ))
+        Ok(if dq {
+            Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, params)
+        } else {
+            Launch::new(&h.kernel.kernel, self.dkdv_grid, h.kernel.cfg, params)
+        })
     }
 }

@@ -4,7 +4,7 @@
 use super::super::plan::Target;
 use super::super::problem::{AttentionElem, AttentionProblem, View};
 use super::plan::{
-    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardWorkspace, DkdvLaunch,
+    AttentionBackwardPlan, AttentionBackwardTensors, BackwardOptions, BackwardWorkspace, BwdLaunch,
 };
 use crate::error::Result;
 use crate::exec::{Exec, OnStream};
@@ -33,11 +33,13 @@ impl AttentionBackwardPlan {
         // caller's contract).
         unsafe {
             exec.launch(&launches.pre)?;
-            match &launches.dkdv {
-                DkdvLaunch::MmaSync(l) => exec.launch(l)?,
-                DkdvLaunch::Hopper(l) => exec.launch(&self.encode_maps(l)?)?,
+            for l in [&launches.dkdv, &launches.dq] {
+                match l {
+                    BwdLaunch::MmaSync(l) => exec.launch(l)?,
+                    BwdLaunch::Hopper(l) => exec.launch(&self.encode_maps(l)?)?,
+                }
             }
-            exec.launch(&launches.dq)
+            Ok(())
         }
     }
 }

@@ -167,17 +167,19 @@ fn grids_parameters_and_workspace_sizes() {
 fn the_hopper_path_where_it_exists() {
     let mut p = AttentionProblem::new(3, 113, 203, 8, 2, 128, Dtype::Bf16).causal();
     for deterministic in [false, true] {
-        // Auto on sm_90a: the Hopper dK/dV kernel (128 keys per block), the deterministic dQ
-        // kernel, no accumulator in the parameters (the workspace may still hold one).
+        // Auto on sm_90a: the Hopper dK/dV kernel (128 keys per block) and dQ kernel (128 rows
+        // per block), no accumulator in the parameters (the workspace may still hold one).
         let plan = plan(&p, deterministic).unwrap();
         assert_eq!(plan.path(), BackwardPath::Hopper);
         assert_eq!(plan.deterministic(), deterministic);
         let l = plan.launches(&workspace(&plan)).unwrap();
         let k = plan.kernels();
         assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdv_bf16_d128");
-        assert!(matches!(l.dkdv, DkdvLaunch::Hopper(_)));
+        assert!(matches!(l.dkdv, BwdLaunch::Hopper(_)));
         assert_eq!(l.dkdv.config().grid, (203u32.div_ceil(128), 2, 3));
-        assert_eq!(l.dq.name(), k.dq.name);
+        assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_bf16_d128");
+        assert!(matches!(l.dq, BwdLaunch::Hopper(_)));
+        assert_eq!(l.dq.config().grid, (113u32.div_ceil(128), 8, 3));
         assert_eq!(l.pre.name(), k.pre.name);
         assert!(l.pre.params().dq_accum.is_null());
         assert!(l.dkdv.params().dq_accum.is_null());

@@ -1,7 +1,6 @@
 //! `attention_bwd_hopper_dkdv_{bf16,f16}_d{64,128}`: the dK/dV kernel of the attention backward
 //! on Hopper (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same results
-//! as the `mma.sync` dK/dV kernel of the deterministic mode (`super::backward`, whose
-//! preprocess and dQ kernel complete the pass); the semantics are
+//! as the `mma.sync` dK/dV kernel of the deterministic mode; the semantics are
 //! [`AttentionBwdParams`](kernel_abi::attention::backward::AttentionBwdParams)'.
 //!
 //! # Parameters
@@ -53,29 +52,24 @@
 //! NaN safety: as the `mma.sync` kernels (masked entries and rows whose LSE is -inf give P = 0
 //! exactly; rows past `seq_q` and keys past `seq_k` read zeros from TMA and are masked).
 
-use super::elem::{Bf16, Elem, F16};
-use super::hopper::softmax::pack_p;
-use super::mask;
+use super::super::elem::Elem;
+use super::super::hopper::softmax::pack_p;
+use super::super::mask;
+use super::{CONSUMER_WARPS, SR};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{fence, global, index, math, regs, smem, sync};
-use crate::tensor_map_ptr;
-use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES,
-    HopperBwdConfig, HopperBwdParams, hopper_bwd_config_of,
+    HopperBwdConfig, HopperBwdParams,
 };
 use kernel_abi::attention::{
     HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
 };
 
-/// Consumer warps arriving on an `empty` barrier per phase.
-const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 /// Keys of one consumer warpgroup (the M of its products).
 const WG_KEYS: u32 = BN / HOPPER_CONSUMERS;
-/// Accumulator registers of `S^T` and `dP^T` (`m64n{BM}`).
-const SR: usize = (BM / 2) as usize;
 /// 8-column blocks of a query tile.
 const NTQ: usize = (BM / 8) as usize;
 /// 16-row K slices of a query tile (the A fragments of `P^T` and `dS^T`).
@@ -91,7 +85,7 @@ const KQ: usize = (BM / 16) as usize;
 /// (validated by the host), after the preprocess that wrote `delta'`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usize>(
+pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usize>(
     p: &HopperBwdParams,
     cfg: &HopperBwdConfig,
     tmaps: [TensorMapPtr; 4],
@@ -101,7 +95,7 @@ unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usize>(
     g_mma: impl Fn(&mut [f32; DR], [u32; 4], Descriptor),
     g_fence: impl Fn(&mut [f32; DR]),
 ) {
-    const { assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64) };
+    const { assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64 && SR as u32 * 2 == BM) };
     let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
     let tid = index::thread_idx_x();
     let wg = index::warpgroup_id();
@@ -370,76 +364,3 @@ unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usize>(
         }
     }
 }
-
-macro_rules! hopper_bwd_kernel {
-    ($name:ident, $elem:ty, $d:literal, $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident) => {
-        /// See the module documentation (element type and head dimension in the name).
-        ///
-        /// # Safety
-        /// Grid `(ceil(seq_k / 128), heads_kv, batch)`, `HOPPER_THREADS` threads, the
-        /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
-        /// (validated by the host), after the backward's preprocess.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: HopperBwdParams) {
-            const CFG: HopperBwdConfig = hopper_bwd_config_of($d);
-            crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
-            let tmaps = [
-                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_q),
-                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_do),
-                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_k),
-                tensor_map_ptr!($name, 0, HopperBwdParams, tmap_v),
-            ];
-            // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
-            // configuration, called by whole warpgroups in uniform control flow.
-            unsafe {
-                dkdv::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }>(
-                    &p,
-                    &CFG,
-                    tmaps,
-                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
-                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
-                    wgmma::fence_operands_32,
-                    |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
-                    wgmma::$g_fence,
-                )
-            }
-        }
-    };
-}
-
-hopper_bwd_kernel!(
-    attention_bwd_hopper_dkdv_bf16_d64,
-    Bf16,
-    64,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_bwd_kernel!(
-    attention_bwd_hopper_dkdv_bf16_d128,
-    Bf16,
-    128,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    m64n128k16_bf16_rs,
-    fence_operands_64
-);
-hopper_bwd_kernel!(
-    attention_bwd_hopper_dkdv_f16_d64,
-    F16,
-    64,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    m64n64k16_f16_rs,
-    fence_operands_32
-);
-hopper_bwd_kernel!(
-    attention_bwd_hopper_dkdv_f16_d128,
-    F16,
-    128,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    m64n128k16_f16_rs,
-    fence_operands_64
-);

@@ -1,0 +1,142 @@
+//! The attention backward on Hopper (sm_90a): TMA, mbarrier rings, `wgmma` and warp
+//! specialization, two kernels per element type and head dimension (64, 128), launched after
+//! the `mma.sync` path's preprocess (`delta'`):
+//!
+//! - [`dkdv`]: `attention_bwd_hopper_dkdv_*`, one block per 128 keys, dK and dV in registers
+//!   over the query blocks that see the keys;
+//! - [`dq`]: `attention_bwd_hopper_dq_*`, one block per 128 query rows, dQ in registers over
+//!   the key blocks the rows see (no atomics: the whole pass is bitwise reproducible).
+//!
+//! Both have one producer warpgroup (thread 0 issues the TMA loads) and two consumer
+//! warpgroups of 64 rows each (keys for dK/dV, queries for dQ); each file documents its
+//! products, thread mapping and barrier protocol. Parameters:
+//! [`HopperBwdParams`](kernel_abi::attention::hopper_bwd::HopperBwdParams) (tensor maps of Q,
+//! dO, K, V with the box rows of the kernel's tiles, then the `mma.sync` backward's parameters).
+
+mod dkdv;
+mod dq;
+
+use super::elem::{Bf16, F16};
+use crate::arch::wgmma;
+use crate::tensor_map_ptr;
+use kernel_abi::WARPGROUP_SIZE;
+use kernel_abi::attention::HOPPER_CONSUMERS;
+use kernel_abi::attention::hopper_bwd::{
+    HopperBwdConfig, HopperBwdParams, HopperDqConfig, hopper_bwd_config_of,
+};
+
+/// Consumer warps arriving on an `empty` barrier per phase.
+const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
+/// Accumulator registers of the 64 x 64 products (`S^T`, `dP^T` in dK/dV; `S`, `dP` in dQ).
+const SR: usize = 32;
+
+macro_rules! hopper_bwd_kernels {
+    (
+        $dkdv:ident, $dq:ident, $elem:ty, $d:literal,
+        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
+    ) => {
+        /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name).
+        ///
+        /// # Safety
+        /// Grid `(ceil(seq_k / 128), heads_kv, batch)`, `HOPPER_THREADS` threads, the
+        /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
+        /// (validated by the host), after the backward's preprocess.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $dkdv(p: HopperBwdParams) {
+            const CFG: HopperBwdConfig = hopper_bwd_config_of($d);
+            crate::launch_bounds!($dkdv in kernel_abi::attention::KERNELS);
+            let tmaps = [
+                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_q),
+                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_do),
+                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_k),
+                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_v),
+            ];
+            // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
+            // configuration, called by whole warpgroups in uniform control flow.
+            unsafe {
+                dkdv::dkdv::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }>(
+                    &p,
+                    &CFG,
+                    tmaps,
+                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                    wgmma::fence_operands_32,
+                    |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
+                    wgmma::$g_fence,
+                )
+            }
+        }
+
+        /// The dQ kernel ([`dq`]; element type and head dimension in the name).
+        ///
+        /// # Safety
+        /// Grid `(ceil(seq_q / 128), heads_q, batch)`, `HOPPER_THREADS` threads, the
+        /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
+        /// (validated by the host), after the backward's preprocess.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $dq(p: HopperBwdParams) {
+            const CFG: HopperDqConfig = HopperDqConfig { head_dim: $d };
+            crate::launch_bounds!($dq in kernel_abi::attention::KERNELS);
+            let tmaps = [
+                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_q),
+                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_do),
+                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_k),
+                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_v),
+            ];
+            // SAFETY: as for the dK/dV kernel.
+            unsafe {
+                dq::dq::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }>(
+                    &p,
+                    &CFG,
+                    tmaps,
+                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                    wgmma::fence_operands_32,
+                    |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
+                    wgmma::$g_fence,
+                )
+            }
+        }
+    };
+}
+
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_bf16_d64,
+    attention_bwd_hopper_dq_bf16_d64,
+    Bf16,
+    64,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_bf16_d128,
+    attention_bwd_hopper_dq_bf16_d128,
+    Bf16,
+    128,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_f16_d64,
+    attention_bwd_hopper_dq_f16_d64,
+    F16,
+    64,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_f16_d128,
+    attention_bwd_hopper_dq_f16_d128,
+    F16,
+    128,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);
