@@ -1,9 +1,12 @@
 //! Family `attention-backward`: `attention_bwd` (the backward alone, given O and LSE from
 //! our forward) and `attention_fwd_bwd` (forward then backward, as a training step runs them),
-//! each as `ours` (dQ accumulated with f32 atomics) and `ours-deterministic` (dQ from its own
-//! kernel), over D 64/128/256, S 1k..16k (B x S = 16k tokens, H x D = 2048), causal and not,
-//! beside the peers of `bench/peers/attention.py` (SDPA flash and cuDNN, FA4 when installed)
-//! on the same Q, K, V and dO.
+//! each as `ours` (the library's default) and `ours-deterministic` (the deterministic option),
+//! over D 64/128/256, S 1k..16k (B x S = 16k tokens, H x D = 2048), causal and not, beside the
+//! peers of `bench/peers/attention.py` (SDPA flash and cuDNN, FA4 when installed) on the same
+//! Q, K, V and dO. Each row records the plan's `path`: on a Hopper GPU the Hopper kernels at D
+//! 64 and 128 (deterministic in both modes), else the `mma.sync` kernels (dQ by f32 atomics by
+//! default). On a Hopper GPU the `mma.sync` kernels are also timed forced, as tuning rows
+//! `ours-mma` and `ours-mma-deterministic`.
 //!
 //! FLOPs (FlashAttention's convention): the backward counts 2.5 forwards (`2.5 x 4 B H S^2 D`,
 //! halved under causal masking), forward + backward 3.5.
@@ -103,8 +106,21 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
         poisoned::<bf16>(nk)?,
         poisoned::<bf16>(nk)?,
     );
-    for deterministic in [false, true] {
+    let mut variants = vec![
+        (attention::Path::Auto, false, "ours"),
+        (attention::Path::Auto, true, "ours-deterministic"),
+    ];
+    if b.gpu.arch().has_hopper_kernels() && p.head_dim != 256 {
+        variants.extend([
+            (attention::Path::MmaSync, false, "ours-mma"),
+            (attention::Path::MmaSync, true, "ours-mma-deterministic"),
+        ]);
+    }
+    for (path, deterministic, impl_name) in variants {
         let options = BackwardOptions { deterministic };
+        let mut p = p.clone();
+        p.path = path;
+        let p = &p;
         let plan = {
             let tensors = AttentionBackwardTensors {
                 q: qv,
@@ -136,11 +152,7 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
         b.gpu.sync(&b.stream, "attention backward")?;
         let got = [download(&dq)?, download(&dk)?, download(&dv)?];
         let (err, rel) = check(p, x.host, &o_host, &lse_host, &got)?;
-        let impl_name = if deterministic {
-            "ours-deterministic"
-        } else {
-            "ours"
-        };
+        let path_name = format!("{:?}", plan.path()).to_lowercase();
         let ws_mib = mib::<f32>(plan.delta_len() + plan.dq_accum_len());
         let grads_mib = mib::<bf16>(nq + 2 * nk);
         let mut row = Row::ours("attention_bwd", cfg.clone(), &t_bwd)
@@ -153,6 +165,8 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
             "peak_extra_mib".into(),
             serde_json::json!(ws_mib + grads_mib),
         );
+        row.extra
+            .insert("path".into(), serde_json::json!(path_name));
         b.push(row);
         let t_step = {
             let mut ov = View::contiguous(&out, qs);
@@ -175,8 +189,10 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
             "peak_extra_mib".into(),
             serde_json::json!(ws_mib + grads_mib + fwd_mib),
         );
+        row.extra
+            .insert("path".into(), serde_json::json!(path_name));
         b.push(row);
-        if !deterministic {
+        if impl_name == "ours" {
             let tensors = [
                 ("dq", Tensor::Bf16(&got[0], qs.to_vec())),
                 ("dk", Tensor::Bf16(&got[1], ks.to_vec())),

@@ -338,7 +338,7 @@ fn scratch<'t>(w: &RawBackwardWorkspace<'t>) -> Vec<(&'static str, &'t RawTensor
 
 /// The workspace of `plan` as flat views (pure): each tensor f32, contiguous, of the plan's
 /// length, inside its storage, overlapping no tensor of the pass nor the other. An accumulator
-/// given in deterministic mode is not used.
+/// given in deterministic mode or to a plan without one (the Hopper path) is not used.
 pub(super) fn workspace_views<'a>(
     plan: &AttentionBackwardPlan,
     tensors: &RawAttentionBackwardTensors<'_>,
@@ -351,7 +351,7 @@ pub(super) fn workspace_views<'a>(
             &[plan.delta_len()],
         )?,
         dq_accum: match workspace.dq_accum {
-            Some(a) if !plan.deterministic() => Some(flat_view(
+            Some(a) if !plan.deterministic() && plan.dq_accum_len() > 0 => Some(flat_view(
                 "backward workspace dQ accumulator",
                 a,
                 &[plan.dq_accum_len()],

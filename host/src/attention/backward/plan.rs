@@ -406,6 +406,12 @@ impl AttentionProblem {
         let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
         let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
         let workspace = self.backward_workspace_lens(options);
+        // The Hopper path accumulates dQ in registers: no accumulator.
+        let dq_accum_len = if hopper.is_some() {
+            0
+        } else {
+            workspace.dq_accum
+        };
         let (block_n, dq_block_m) = if hopper.is_some() {
             (HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M)
         } else {
@@ -425,7 +431,7 @@ impl AttentionProblem {
             dkdv_grid: (sk.div_ceil(block_n), hkv, b),
             dq_grid: (sq.div_ceil(dq_block_m), hq, b),
             delta_len: workspace.delta,
-            dq_accum_len: workspace.dq_accum,
+            dq_accum_len,
         })
     }
 
@@ -526,14 +532,15 @@ impl AttentionBackwardPlan {
     }
 
     /// f32 elements of the workspace's dQ accumulator: `batch heads_q seq_q D`, 0 in
-    /// deterministic mode.
+    /// deterministic mode and on the Hopper path (a workspace may still provide one: unused).
     pub fn dq_accum_len(&self) -> usize {
         self.dq_accum_len
     }
 
     /// The three launches with the workspace `ws`, after checking its sizes and alignment (on
     /// the Hopper path with the tensor maps zero: [`AttentionBackwardPlan::run`] encodes them).
-    /// The Hopper path uses no dQ accumulator (a workspace may still provide one).
+    /// The Hopper path uses no dQ accumulator (a workspace sized by
+    /// [`AttentionProblem::backward_workspace_lens`] may still provide one).
     pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<BackwardLaunches> {
         let (delta, dq_accum) =
             workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;

@@ -319,7 +319,9 @@ fn bad_tensors_are_rejected() {
 
 #[test]
 fn bad_workspaces_are_rejected() {
-    let p = AttentionProblem::new(1, 64, 64, 2, 2, 64, Dtype::Bf16);
+    // The mma.sync path (dQ by atomics needs the accumulator).
+    let mut p = AttentionProblem::new(1, 64, 64, 2, 2, 64, Dtype::Bf16);
+    p.path = Path::MmaSync;
     let atomic = plan(&p, false).unwrap();
     let good = workspace(&atomic);
     assert!(atomic.launches(&good).is_ok());
