@@ -103,9 +103,16 @@ impl HopperBwdConfig {
         2 * self.tile_bytes(HOPPER_BWD_BLOCK_M)
     }
 
+    /// Offset of stage `s`'s row values: `HOPPER_BWD_BLOCK_M` f32 LSE values in base 2 (+inf
+    /// where P must be 0), then as many `delta'` values (0 past the sequence), written by the
+    /// producer for the step's query rows.
+    pub const fn rows_offset(&self, s: u32) -> u32 {
+        self.q_offset(HOPPER_BWD_STAGES) + s * 2 * HOPPER_BWD_BLOCK_M * 4
+    }
+
     /// Offset of the mbarriers: `kv_full`, then `full[s]` and `empty[s]` of the ring.
     pub const fn barriers_offset(&self) -> u32 {
-        self.q_offset(HOPPER_BWD_STAGES)
+        self.rows_offset(HOPPER_BWD_STAGES)
     }
 
     /// Number of mbarriers.

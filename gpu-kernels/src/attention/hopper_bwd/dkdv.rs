@@ -17,33 +17,41 @@
 //! of every product (`wgmma` M):
 //! - `S^T = K Q^T` and `dP^T = V dO^T` (`m64n64k16`, both operands K-major in shared memory);
 //! - `P^T = exp2(S^T scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf), `dS^T = P^T
-//!   (dP^T - delta')`, both rounded to the element type as register A fragments;
+//!   (dP^T - delta')`, both rounded to the element type as register A fragments (LSE in base 2
+//!   and `delta'` of the step's rows come from shared memory, written by the producer);
 //! - `dV += P^T dO` and `dK += dS^T Q` (`m64n{D}k16`, dO and Q MN-major: the 16-row K slice `kk`
 //!   at `2048 kk` bytes, column blocks one swizzle atom apart).
 //!
 //! The epilogue stores `dK scale` and `dV` (element type) from the accumulators.
 //!
 //! # Thread mapping
-//! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers and its
-//! thread 0 issues every TMA load. Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS`
+//! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, its
+//! thread 0 issues every TMA load and its warp 1 writes each step's row values (LSE in base 2,
+//! `delta'`; two rows per lane) into the stage. Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS`
 //! registers): consumer `c` owns keys `64 c .. 64 c + 64` of the block, with their dK and dV
 //! accumulators (`D / 2` f32 registers each) for the whole block's walk. A thread holds, per
 //! accumulator, rows `16 w + g` and `16 w + g + 8` (warp `w` of its warpgroup, `g = lane / 4`)
 //! and columns `8 j + 2 t, + 1` (`t = lane % 4`).
 //!
 //! # Barrier protocol
-//! - Start: thread 0 initializes `kv_full` and `full[s]` (count 1) and `empty[s]` (count 8:
-//!   one arrival per consumer warp), `fence.mbarrier_init`, then `sync_threads` publishes them.
+//! - Start: thread 0 initializes `kv_full` (count 1), `full[s]` (count 33: thread 0's and the
+//!   32 lanes of warp 1's) and `empty[s]` (count 8: one arrival per consumer warp), `fence.mbarrier_init`, then `sync_threads` publishes them.
 //!   The warpgroups never meet at a block barrier again. A block without steps (no query row
 //!   sees its keys) loads nothing and waits for nothing: it stores zero gradients.
 //! - `kv_full` (phase 0 only): the producer arrives expecting K's and V's bytes and issues
 //!   their loads; consumers wait for it before their first product.
-//! - The Q/dO ring: step `i` uses stage `s = i % 2` with parity `(i / 2) % 2`. The producer
-//!   waits until `empty[s]` completed the stage's previous use (parity `^ 1`: the first pass
-//!   does not wait), arrives on `full[s]` expecting the step's Q and dO bytes, and issues the
-//!   loads; consumers wait on `full[s]` before the step's first product.
+//! - The Q/dO ring: step `i` uses stage `s = i % 2` with parity `(i / 2) % 2`. The producer's
+//!   thread 0 and warp 1 each wait until `empty[s]` completed the stage's previous use (parity
+//!   `^ 1`: the first pass does not wait); thread 0 arrives on `full[s]` expecting the step's Q
+//!   and dO bytes and issues the loads; each lane of warp 1 stores its two rows' values into
+//!   the stage and arrives (release: the stores are visible to whoever completes the phase's
+//!   wait). Consumers wait on `full[s]` before the step's first product and their row reads.
 //! - `empty[s]`: lane 0 of every consumer warp arrives once the `wgmma.wait_group 0` that
-//!   completes the step's dV and dK products (the last to read Q and dO) has returned.
+//!   completes the step's dV and dK products (the last to read Q and dO) has returned; its row
+//!   values were read before.
+//! - Within a step, four `wgmma` groups: S^T, dP^T, then dV once P^T is packed (S^T waited
+//!   for with `wait_group 1`, dP^T still running), then dK once dS^T is (`wait_group 1`: dV
+//!   may still run); `wait_group 0` ends the step.
 //! - Registers: the P^T and dS^T fragments of the in-flight products are pinned until their
 //!   wait; every `wgmma` batch starts with `wgmma.fence` (the accumulators of dK and dV and the
 //!   fragments were written by ordinary instructions before it); accumulators are pinned
@@ -70,6 +78,8 @@ use kernel_abi::attention::{
 
 /// Keys of one consumer warpgroup (the M of its products).
 const WG_KEYS: u32 = BN / HOPPER_CONSUMERS;
+/// Lanes of producer warp 1 that write the row values of each step (two rows each).
+const ROW_WRITERS: u32 = 32;
 /// 8-column blocks of a query tile.
 const NTQ: usize = (BM / 8) as usize;
 /// 16-row K slices of a query tile (the A fragments of `P^T` and `dS^T`).
@@ -95,7 +105,10 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
     g_mma: impl Fn(&mut [f32; DR], [u32; 4], Descriptor),
     g_fence: impl Fn(&mut [f32; DR]),
 ) {
-    const { assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64 && SR as u32 * 2 == BM) };
+    const {
+        assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64 && SR as u32 * 2 == BM);
+        assert!(2 * ROW_WRITERS == BM);
+    };
     let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
     let tid = index::thread_idx_x();
     let wg = index::warpgroup_id();
@@ -153,7 +166,7 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
         unsafe {
             kv_full.init(1);
             for s in 0..STAGES {
-                full(s).init(1);
+                full(s).init(1 + ROW_WRITERS);
                 empty(s).init(CONSUMER_WARPS);
             }
         }
@@ -198,6 +211,48 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                 }
             }
         }
+        if index::warp_id() == 1 && steps > 0 {
+            // The row values of each step: LSE in base 2 (+inf where P must be 0) and delta'.
+            let lane = index::lane_id();
+            let lse_rows = (batch as u64 * heads_q as u64) * seq_q as u64;
+            for step in 0..steps {
+                let pos = RingPos::<STAGES>::of(step);
+                let (h, m0) = (head_of(step), m0_of(step));
+                let row_base = lse_rows + h as u64 * seq_q as u64;
+                let at = base + cfg.rows_offset(pos.stage);
+                // SAFETY: ring protocol (module docs): the stage's row values are free once
+                // `empty` completed the stage's previous phase.
+                unsafe { empty(pos.stage).wait_parity(pos.phase ^ 1) };
+                for half in 0..2 {
+                    let r = lane + half * ROW_WRITERS;
+                    let i = m0 + r;
+                    let (mut lse2, mut delta) = (f32::INFINITY, 0.0f32);
+                    if i < seq_q {
+                        let idx = (row_base + i as u64) as usize;
+                        // SAFETY: row i < seq_q of this (batch, head): inside LSE and delta'.
+                        let (l, d) = unsafe {
+                            (
+                                global::load_nc_f32(p.base.lse.wrapping_add(idx)),
+                                global::load_nc_f32(p.base.delta.wrapping_add(idx)),
+                            )
+                        };
+                        if l != f32::NEG_INFINITY {
+                            lse2 = l * math::LOG2_E;
+                        }
+                        delta = d;
+                    }
+                    // SAFETY: inside the stage's row values (r < BM), this lane's own words,
+                    // free since the wait above; read only after `full` completes.
+                    unsafe {
+                        smem::SmemValue::store(at + 4 * r, lse2);
+                        smem::SmemValue::store(at + 4 * (BM + r), delta);
+                    }
+                }
+                // SAFETY: one arrival per lane and phase (`full` counts the 32 lanes); release
+                // semantics publish the stores above.
+                unsafe { full(pos.stage).arrive() };
+            }
+        }
         return;
     }
 
@@ -217,15 +272,14 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
     if steps > 0 {
         // SAFETY: the producer issues K and V when `steps > 0`, completing this phase.
         unsafe { kv_full.wait_parity(0) };
-        let lse_rows = (batch as u64 * heads_q as u64) * seq_q as u64;
         for step in 0..steps {
             let pos = RingPos::<STAGES>::of(step);
-            let (h, m0) = (head_of(step), m0_of(step));
+            let m0 = m0_of(step);
             // SAFETY: the producer issues every step's Q and dO, so this phase completes.
             unsafe { full(pos.stage).wait_parity(pos.phase) };
             let (qt, dot) = (q_s(pos.stage), do_s(pos.stage));
 
-            // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys (one batch).
+            // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys (two groups).
             let mut s = [0.0f32; SR];
             let mut dp = [0.0f32; SR];
             // SAFETY: whole warpgroup, uniform control flow; K, V and this stage were
@@ -244,6 +298,7 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                         s_mma(&mut s, a, b);
                     }
                 }
+                wgmma::commit_group();
                 for kk in 0..DK as u32 {
                     let (cb, within) = (kk / 4, 32 * (kk % 4));
                     let rows = c * WG_KEYS * 128 + within;
@@ -256,38 +311,27 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                     }
                 }
                 wgmma::commit_group();
-                wgmma::wait_group::<0>();
+                // Groups complete in order: S^T is done, dP^T may still run.
+                wgmma::wait_group::<1>();
             }
             s_fence(&mut s);
-            s_fence(&mut dp);
 
-            // P^T and dS^T: the thread's query columns m0 + 8 j + 2 t + e.
-            let row_base = lse_rows + h as u64 * seq_q as u64;
+            // P^T (f32 in `s`, then A fragments): the thread's query columns m0 + 8 j + 2 t + e.
+            let rows_s = base + cfg.rows_offset(pos.stage);
             let needs_mask = m0 + BM > seq_q
                 || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32);
             for j in 0..NTQ {
-                let mut lse2 = [f32::INFINITY; 2];
-                let mut delta = [0.0f32; 2];
-                for e in 0..2 {
-                    let i = m0 + 8 * j as u32 + 2 * t + e as u32;
-                    if i < seq_q {
-                        let idx = (row_base + i as u64) as usize;
-                        // SAFETY: row i < seq_q of this (batch, head): inside LSE and delta'.
-                        let (l, d) = unsafe {
-                            (
-                                global::load_nc_f32(p.base.lse.wrapping_add(idx)),
-                                global::load_nc_f32(p.base.delta.wrapping_add(idx)),
-                            )
-                        };
-                        if l != f32::NEG_INFINITY {
-                            lse2[e] = l * math::LOG2_E;
-                        }
-                        delta[e] = d;
-                    }
-                }
+                let col = 8 * j as u32 + 2 * t;
+                // SAFETY: the stage's row values, published by `full` (waited for above).
+                let lse2: [f32; 2] = unsafe {
+                    [
+                        smem::SmemValue::load(rows_s + 4 * col),
+                        smem::SmemValue::load(rows_s + 4 * (col + 1)),
+                    ]
+                };
                 for e in 0..4 {
                     let key = (key0 + 8 * (e as u32 / 2)) as i32;
-                    let i = m0 + 8 * j as u32 + 2 * t + (e as u32 % 2);
+                    let i = m0 + col + (e as u32 % 2);
                     let x = 4 * j + e;
                     let mut pr = math::exp2(math::fma(s[x], scale_log2, -lse2[e % 2]));
                     if needs_mask
@@ -296,13 +340,10 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                         pr = 0.0;
                     }
                     s[x] = pr;
-                    dp[x] = pr * (dp[x] - delta[e % 2]);
                 }
             }
             let mut pa = pack_p::<E, SR, KQ>(&s);
-            let mut da = pack_p::<E, SR, KQ>(&dp);
-
-            // dV += P^T dO, dK += dS^T Q (one batch).
+            // dV += P^T dO while dS^T is computed.
             // SAFETY: as above; the fence orders the writes of the fragments and of the
             // accumulators before the products.
             unsafe {
@@ -311,6 +352,31 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                     let b = Descriptor::mn_major_sw128(dot + 2048 * kk as u32, cfg.block_bytes(BM));
                     g_mma(&mut dv, pa[kk], b);
                 }
+                wgmma::commit_group();
+                // dP^T is done, dV may still run.
+                wgmma::wait_group::<1>();
+            }
+            s_fence(&mut dp);
+            // dS^T = P^T (dP^T - delta').
+            for j in 0..NTQ {
+                let col = 8 * j as u32 + 2 * t;
+                // SAFETY: as for LSE.
+                let delta: [f32; 2] = unsafe {
+                    [
+                        smem::SmemValue::load(rows_s + 4 * (BM + col)),
+                        smem::SmemValue::load(rows_s + 4 * (BM + col + 1)),
+                    ]
+                };
+                for e in 0..4 {
+                    let x = 4 * j + e;
+                    dp[x] = s[x] * (dp[x] - delta[e % 2]);
+                }
+            }
+            let mut da = pack_p::<E, SR, KQ>(&dp);
+            // dK += dS^T Q.
+            // SAFETY: as above.
+            unsafe {
+                wgmma::fence();
                 for kk in 0..KQ {
                     let b = Descriptor::mn_major_sw128(qt + 2048 * kk as u32, cfg.block_bytes(BM));
                     g_mma(&mut dk, da[kk], b);

@@ -226,7 +226,7 @@ pub(super) unsafe fn dq<E: Elem, const D: u32, const DR: usize, const DK: usize>
             unsafe { full(pos.stage).wait_parity(pos.phase) };
             let (kt, vt) = (k_s(pos.stage), v_s(pos.stage));
 
-            // S = Q K^T and dP = dO V^T for the consumer's 64 rows (one batch).
+            // S = Q K^T and dP = dO V^T for the consumer's 64 rows (two groups).
             let mut s = [0.0f32; SR];
             let mut dp = [0.0f32; SR];
             // SAFETY: whole warpgroup, uniform control flow; Q, dO and this stage were
@@ -245,6 +245,7 @@ pub(super) unsafe fn dq<E: Elem, const D: u32, const DR: usize, const DK: usize>
                         s_mma(&mut s, a, b);
                     }
                 }
+                wgmma::commit_group();
                 for kk in 0..DK as u32 {
                     let (cb, within) = (kk / 4, 32 * (kk % 4));
                     let rows = c * WG_ROWS * 128 + within;
@@ -257,12 +258,12 @@ pub(super) unsafe fn dq<E: Elem, const D: u32, const DR: usize, const DK: usize>
                     }
                 }
                 wgmma::commit_group();
-                wgmma::wait_group::<0>();
+                // Groups complete in order: S is done, dP may still run.
+                wgmma::wait_group::<1>();
             }
             s_fence(&mut s);
-            s_fence(&mut dp);
 
-            // P and dS: the thread's key columns n0 + 8 j + 2 t + e.
+            // P (in `s`) while dP runs, then dS: the thread's key columns n0 + 8 j + 2 t + e.
             let needs_mask =
                 rows_past_end || mask::step_needs_mask::<WG_ROWS, BN>(wm0, n0, off32, wl, wr, sk32);
             for j in 0..NT {
@@ -277,8 +278,14 @@ pub(super) unsafe fn dq<E: Elem, const D: u32, const DR: usize, const DK: usize>
                     {
                         pr = 0.0;
                     }
-                    dp[x] = pr * (dp[x] - delta[h]);
+                    s[x] = pr;
                 }
+            }
+            // SAFETY: whole warpgroup.
+            unsafe { wgmma::wait_group::<0>() };
+            s_fence(&mut dp);
+            for x in 0..SR {
+                dp[x] = s[x] * (dp[x] - delta[(x % 4) / 2]);
             }
             let mut da = pack_p::<E, SR, KN>(&dp);
 
