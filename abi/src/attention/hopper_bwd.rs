@@ -308,7 +308,7 @@ pub fn hopper_bwd_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static HopperB
 
 const _: () = {
     // Two consumer warpgroups of 64 keys each; Q/dO tiles of one swizzle atom's K slices.
-    assert!(HOPPER_BWD_BLOCK_N == 2 * 64 && HOPPER_BWD_BLOCK_M % 16 == 0);
+    assert!(HOPPER_BWD_BLOCK_N == 2 * 64 && HOPPER_BWD_BLOCK_M.is_multiple_of(16));
     // Tensor maps at 64-byte offsets (TMA).
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_do) % 64 == 0);
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_k) % 64 == 0);

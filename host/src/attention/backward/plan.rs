@@ -91,6 +91,8 @@ pub struct BackwardLaunches {
 
 /// A dK/dV or dQ launch of a backward: on the `mma.sync` path, or a Hopper kernel's (its tensor
 /// maps zero until [`AttentionBackwardPlan::run`] encodes them).
+// Launches are built once per plan and passed by reference: the size gap costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum BwdLaunch {
     /// The `mma.sync` kernel.
     MmaSync(Launch<AttentionBwdParams>),
