@@ -207,7 +207,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
 }
 
 /// The forward and backward of `p` as a training step runs them (the automatic forward, then
-/// `gla::backward`: every gradient, the workspace allocated per call), timed together; the
+/// the session's backward: every gradient, its workspace kept across calls), timed together; the
 /// gradients of the first (sequence, head) checked against the f64 backward (relative L2 of
 /// dq, dk, dv and dg, each <= 1e-2); a `gla_fwd_bwd` row and a peer case with our gradients.
 ///
@@ -248,10 +248,9 @@ fn fwd_bwd(b: &mut Bench, p: &GlaProblem, host: &HostInputs, d_o: &[bf16]) -> Re
                     final_state: None,
                 },
             )?;
-            gla::backward(
+            session.backward(
                 gpu,
                 stream,
-                p,
                 &inputs,
                 &GlaOutputGrads {
                     d_o: &ddo,

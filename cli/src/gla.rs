@@ -327,11 +327,12 @@ impl Job for GlaBackwardJob {
             d_o: &d_o,
             d_final_state: d_final.as_ref(),
         };
+        // One session: its workspace is allocated by the first run, not timed by the repeats.
+        let mut session = GlaSession::new(gpu, p)?;
         let timings = launch_timed(gpu, &stream, repeat, "GLA backward", || {
-            kernels::gla::backward(
+            session.backward(
                 gpu,
                 &stream,
-                p,
                 &inputs,
                 &out_grads,
                 &mut GlaGradients {

@@ -706,10 +706,122 @@ pub struct GlaGradients<'a> {
     pub d_init_state: &'a mut DeviceBuffer<f32>,
 }
 
-/// The backward pass on `stream`: every gradient of the forward `problem` on `inputs` (the
-/// forward's own inputs: nothing else of the forward is kept), given the gradients of its
-/// outputs. The workspace ([`GlaProblem::plan_backward`]) is allocated here; the call returns
-/// once the kernels finished.
+/// The backward's device tables and workspace, kept by a [`GlaSession`](super::GlaSession)
+/// across runs (sizes from the plan: they depend on the problem and the target only).
+pub(super) struct BackwardWorkspace {
+    /// The kernel computing dq, dk, dg that the buffers were sized for.
+    dqkg: DqkgKernel,
+    segments: DeviceBuffer<u32>,
+    grad: DeviceBuffer<f32>,
+    /// `(combine table, seg_end, delta, decay_log2, seg_init)` when a sequence is split.
+    split: Option<(
+        DeviceBuffer<u32>,
+        DeviceBuffer<f32>,
+        DeviceBuffer<f32>,
+        DeviceBuffer<f32>,
+        DeviceBuffer<f32>,
+    )>,
+}
+
+impl BackwardWorkspace {
+    fn new(plan: &GlaBackwardPlan, dqkg: DqkgKernel) -> Result<BackwardWorkspace> {
+        let (words, combine_words) = plan.segments.table_words();
+        Ok(BackwardWorkspace {
+            dqkg,
+            segments: upload(&words)?,
+            grad: zeroed::<f32>(plan.grad_len.max(1))?,
+            split: match plan.workspace {
+                Some((state, decay)) => Some((
+                    upload(&combine_words)?,
+                    zeroed::<f32>(state)?,
+                    zeroed::<f32>(state)?,
+                    zeroed::<f32>(decay)?,
+                    zeroed::<f32>(plan.seg_init_len.max(1))?,
+                )),
+                None => None,
+            },
+        })
+    }
+
+    fn views(&mut self) -> GlaBackwardWorkspace<'_> {
+        GlaBackwardWorkspace {
+            segments: (&self.segments).into(),
+            grad: (&mut self.grad).into(),
+            split: self.split.as_mut().map(|(c, e, d, l, i)| GlaBackwardSplit {
+                combine: (&*c).into(),
+                seg_end: e.into(),
+                delta: d.into(),
+                decay_log2: l.into(),
+                seg_init: Some(i.into()),
+            }),
+        }
+    }
+}
+
+impl super::GlaSession {
+    /// Launch the whole backward of the session's problem on `stream` (asynchronous): every
+    /// gradient of the forward on `inputs` (the forward's own inputs: nothing else of the
+    /// forward is kept), given the gradients of its outputs. The first run allocates the
+    /// backward's workspace ([`GlaProblem::plan_backward`]), later runs reuse it.
+    pub fn backward(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Stream,
+        inputs: &GlaInputs,
+        out_grads: &GlaOutputGrads,
+        grads: &mut GlaGradients,
+    ) -> Result<()> {
+        self.backward_with(gpu, stream, inputs, out_grads, grads, DqkgKernel::default())
+    }
+
+    /// [`GlaSession::backward`](super::GlaSession::backward) with dq, dk, dg computed by
+    /// `dqkg`.
+    pub fn backward_with(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Stream,
+        inputs: &GlaInputs,
+        out_grads: &GlaOutputGrads,
+        grads: &mut GlaGradients,
+        dqkg: DqkgKernel,
+    ) -> Result<()> {
+        gpu.bind()?;
+        let tensors = GlaBackwardTensors {
+            q: inputs.q.into(),
+            k: inputs.k.into(),
+            v: inputs.v.into(),
+            g: inputs.g.into(),
+            init_state: inputs.init_state.map(|b| b.into()),
+            d_o: out_grads.d_o.into(),
+            d_final_state: out_grads.d_final_state.map(|b| b.into()),
+            d_q: (&mut *grads.d_q).into(),
+            d_k: (&mut *grads.d_k).into(),
+            d_v: (&mut *grads.d_v).into(),
+            d_g: (&mut *grads.d_g).into(),
+            d_init_state: (&mut *grads.d_init_state).into(),
+        };
+        let plan = self
+            .problem()
+            .plan_backward_with(Target::of(gpu), &tensors, dqkg)?;
+        // The plan depends on the problem and the target only: a workspace made for the same
+        // kernel fits every later run on this GPU.
+        if self.backward.as_ref().is_none_or(|w| w.dqkg != dqkg) {
+            self.backward = Some(BackwardWorkspace::new(&plan, dqkg)?);
+        }
+        let workspace = self.backward.as_mut().expect("allocated above").views();
+        // SAFETY: every view is a live allocation of this GPU's context (the inputs borrowed,
+        // the gradients mutably borrowed, so distinct from each other and from the inputs; the
+        // workspace the session's, held mutably for the call and sized by a plan of this
+        // problem and kernel); the table holds the plan's words; kernels on one stream run in
+        // order, so a later run's writes to the workspace follow this run's reads.
+        unsafe { plan.run(&OnStream { gpu, stream }, &workspace) }
+    }
+}
+
+/// Convenience: the backward pass on `stream` through a fresh
+/// [`GlaSession`](super::GlaSession) (its workspace allocated here), then wait for it (tests,
+/// examples; a training loop keeps a session and calls
+/// [`GlaSession::backward`](super::GlaSession::backward)).
 pub fn backward(
     gpu: &Gpu,
     stream: &Stream,
@@ -739,51 +851,8 @@ pub fn backward_with(
     grads: &mut GlaGradients,
     dqkg: DqkgKernel,
 ) -> Result<()> {
-    gpu.bind()?;
-    let tensors = GlaBackwardTensors {
-        q: inputs.q.into(),
-        k: inputs.k.into(),
-        v: inputs.v.into(),
-        g: inputs.g.into(),
-        init_state: inputs.init_state.map(|b| b.into()),
-        d_o: out_grads.d_o.into(),
-        d_final_state: out_grads.d_final_state.map(|b| b.into()),
-        d_q: (&mut *grads.d_q).into(),
-        d_k: (&mut *grads.d_k).into(),
-        d_v: (&mut *grads.d_v).into(),
-        d_g: (&mut *grads.d_g).into(),
-        d_init_state: (&mut *grads.d_init_state).into(),
-    };
-    let plan = problem.plan_backward_with(Target::of(gpu), &tensors, dqkg)?;
-    let (words, combine_words) = plan.segments.table_words();
-    let segments = upload(&words)?;
-    let mut grad = zeroed::<f32>(plan.grad_len.max(1))?;
-    let mut split = match plan.workspace {
-        Some((state, decay)) => Some((
-            upload(&combine_words)?,
-            zeroed::<f32>(state)?,
-            zeroed::<f32>(state)?,
-            zeroed::<f32>(decay)?,
-            zeroed::<f32>(plan.seg_init_len)?,
-        )),
-        None => None,
-    };
-    let workspace = GlaBackwardWorkspace {
-        segments: (&segments).into(),
-        grad: (&mut grad).into(),
-        split: split.as_mut().map(|(c, e, d, l, i)| GlaBackwardSplit {
-            combine: (&*c).into(),
-            seg_end: e.into(),
-            delta: d.into(),
-            decay_log2: l.into(),
-            seg_init: Some(i.into()),
-        }),
-    };
-    // SAFETY: every view is a live allocation of this GPU's context (the inputs borrowed, the
-    // gradients mutably borrowed, so distinct from each other and from the inputs; the
-    // workspace fresh), of the sizes the plan checked; the table holds the plan's words; the
-    // call waits for the kernels before the workspace is dropped.
-    unsafe { plan.run(&OnStream { gpu, stream }, &workspace) }?;
+    let mut session = super::GlaSession::new(gpu, problem)?;
+    session.backward_with(gpu, stream, inputs, out_grads, grads, dqkg)?;
     gpu.sync(stream, "GLA backward")
 }
 

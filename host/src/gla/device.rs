@@ -37,9 +37,10 @@ pub struct GlaOutputs<'a> {
 /// A problem made ready to run on one GPU: its kernels (for the GPU's PTX target), its segments
 /// (for those kernels on the GPU's multiprocessors), their tables on the device and the
 /// workspace of the segment passes. Build once, run many times
-/// (one run at a time: the workspace is the session's); each run ([`GlaSession::forward`])
-/// plans its launches on the given buffers ([`GlaProblem::plan`]'s [`GlaPlan`], on the
-/// session's segments) and runs them.
+/// (one run at a time: the workspace is the session's); each run ([`GlaSession::forward`],
+/// [`GlaSession::backward`]) plans its launches on the given buffers ([`GlaProblem::plan`]'s
+/// [`GlaPlan`], on the session's segments, or [`GlaProblem::plan_backward`]'s) and runs them.
+/// The backward's workspace is allocated by its first run and kept.
 pub struct GlaSession {
     problem: GlaProblem,
     /// The kernels that run ([`GlaProblem::kernel_for`] the GPU's target).
@@ -49,6 +50,8 @@ pub struct GlaSession {
     segment_table: DeviceBuffer<u32>,
     /// `(combine table, seg_init, delta, decay_log2)` when some sequence has several segments.
     split: Option<SplitWorkspace>,
+    /// The backward's tables and workspace, allocated by the first backward run.
+    pub(super) backward: Option<super::backward::BackwardWorkspace>,
 }
 
 struct SplitWorkspace {
@@ -85,6 +88,7 @@ impl GlaSession {
             segments,
             segment_table,
             split,
+            backward: None,
         })
     }
 

@@ -254,9 +254,12 @@ pub(super) unsafe fn dqkg_tc<
 {
     const {
         assert!(NT as u32 * 8 == DV && THREADS * ITEMS == CHUNKS_PER_G_BLOCK * DK);
-        assert!(THREADS == DK * 2 && G_BLOCK == CHUNKS_PER_G_BLOCK * CHUNK);
+        assert!(THREADS == DK * ROW_STEP && G_BLOCK == CHUNKS_PER_G_BLOCK * CHUNK);
     };
     let lay = const { tc_layout(DK, DV) };
+    // The carry pass's row stride (`THREADS / DK`) and rows of a block per thread.
+    const ROW_STEP: u32 = 2;
+    const PER_THREAD: usize = (G_BLOCK / ROW_STEP) as usize;
     let (rbk, rbv, rbf) = (
         const { GlaConfig::row_bytes(DK) },
         const { GlaConfig::row_bytes(DV) },
@@ -622,18 +625,34 @@ pub(super) unsafe fn dqkg_tc<
         }
         // SAFETY: barrier F (uniform), or nothing in the negative control.
         unsafe { <BarrierF<CARRY_BARRIER> as Barrier>::sync() };
-        let mut i = tid;
-        while i < valid * DK {
-            let (t, d) = (i / DK, i % DK);
-            let e = at_qk(row0 + t as u64, d);
-            // SAFETY: a token row of the segment, channel d: inside g and dg; this thread is
-            // the element's only reader and writer in the pass; carry published by barrier F.
-            unsafe {
-                let g = convert::bf16_to_f32(*b.g.add(e));
-                let c = f32::load(base + lay.carry + 4 * ((t / CHUNK) * DK + d));
-                *b.d_g.add(e) = if g >= G_FLOOR { *b.d_g.add(e) + c } else { 0.0 };
+        // Thread `tid` finishes channel `tid % DK` of rows `tid / DK + ROW_STEP j`: every load
+        // of the block first (independent, their latencies overlap), then the sums.
+        let (t0, d) = (tid / DK, tid % DK);
+        let mut gv = [0.0f32; PER_THREAD];
+        let mut dg = [0.0f32; PER_THREAD];
+        for j in 0..PER_THREAD {
+            let t = t0 + ROW_STEP * j as u32;
+            if t < valid {
+                let e = at_qk(row0 + t as u64, d);
+                // SAFETY: a token row of the segment, channel d: inside g and dg; this thread
+                // is the element's only reader and writer in the pass (written before barrier
+                // E of the first pass iteration by the CUDA-core phase).
+                unsafe {
+                    gv[j] = convert::bf16_to_f32(*b.g.add(e));
+                    dg[j] = *b.d_g.add(e);
+                }
             }
-            i += THREADS;
+        }
+        for j in 0..PER_THREAD {
+            let t = t0 + ROW_STEP * j as u32;
+            if t < valid {
+                let e = at_qk(row0 + t as u64, d);
+                // SAFETY: as for the loads; carry published by barrier F.
+                unsafe {
+                    let c = f32::load(base + lay.carry + 4 * ((t / CHUNK) * DK + d));
+                    *b.d_g.add(e) = if gv[j] >= G_FLOOR { dg[j] + c } else { 0.0 };
+                }
+            }
         }
     }
 }
