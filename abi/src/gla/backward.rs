@@ -205,15 +205,13 @@ pub const fn tc_threads(dk: u32) -> u32 {
     dk / 16 * crate::WARP_SIZE
 }
 
-/// Bytes of a row of the f32 tiles of `gla_bwd_dqkg_tc` (`dk` values and 4 of padding, so a
-/// warp's accumulator stores hit distinct banks).
-pub const fn tc_f32_row_bytes(dk: u32) -> u32 {
-    4 * (dk + 4)
-}
+/// Bytes between the high and the low tile of an operand pair of `gla_bwd_dqkg_tc` beyond the
+/// tile itself: the f32 tiles stored over a pair put a warp's channels 0..8 in the high tile
+/// and 8..16 in the low one, and this skew puts the two halves of a row in distinct banks.
+pub const TC_PAIR_SKEW: u32 = 64;
 
 /// Shared-memory layout of `gla_bwd_dqkg_tc` (byte offsets from the aligned base). Tiles of
-/// [`G_BLOCK`] rows, bf16 rows padded to [`GlaConfig::row_bytes`], f32 rows to
-/// [`tc_f32_row_bytes`].
+/// [`G_BLOCK`] rows, bf16 rows padded to [`GlaConfig::row_bytes`].
 #[derive(Clone, Copy, Debug)]
 pub struct TcLayout {
     /// Raw q, k, g rows (bf16, `dk` wide).
@@ -226,18 +224,16 @@ pub struct TcLayout {
     pub v: u32,
     /// Raw dO rows (bf16, `dv` wide).
     pub d_o: u32,
-    /// `scale q exp(b)` (bf16, `dk` wide): the gradient update's operand.
+    /// `scale q exp(b)` (bf16, `dk` wide): the gradient update's operand; with `q_dec_lo`,
+    /// then `G v^T` per token (f32: dk's inter-chunk part before its decay).
     pub q_dec: u32,
-    /// `k exp(B - b)` (bf16, `dk` wide): the state update's operand.
-    pub k_dec: u32,
     /// What `q_dec` leaves of `scale q exp(b)` (bf16): the low part of the operand.
     pub q_dec_lo: u32,
+    /// `k exp(B - b)` (bf16, `dk` wide): the state update's operand; with `k_dec_lo`, then
+    /// `S dO^T` per token (f32: dq's inter-chunk part before its decay and scale).
+    pub k_dec: u32,
     /// What `k_dec` leaves of `k exp(B - b)` (bf16).
     pub k_dec_lo: u32,
-    /// `S dO^T` per token (f32 rows): dq's inter-chunk part before its decay and scale.
-    pub dq_inter: u32,
-    /// `G v^T` per token (f32 rows): dk's inter-chunk part before its decay.
-    pub dk_inter: u32,
     /// `dA` of each chunk, `[CHUNKS_PER_G_BLOCK][16][16]` f32.
     pub d_a: u32,
     /// `exp(B)` of each chunk, `[CHUNKS_PER_G_BLOCK][dk]` f32.
@@ -257,19 +253,16 @@ pub const fn tc_layout(dk: u32, dv: u32) -> TcLayout {
         G_BLOCK * GlaConfig::row_bytes(dk),
         G_BLOCK * GlaConfig::row_bytes(dv),
     );
-    let bf = G_BLOCK * tc_f32_row_bytes(dk);
     let q = 0;
     let k = q + bk;
     let g = k + bk;
     let v = g + bk;
     let d_o = v + bv;
     let q_dec = d_o + bv;
-    let k_dec = q_dec + bk;
-    let q_dec_lo = k_dec + bk;
-    let k_dec_lo = q_dec_lo + bk;
-    let dq_inter = k_dec_lo + bk;
-    let dk_inter = dq_inter + bf;
-    let d_a = dk_inter + bf;
+    let q_dec_lo = q_dec + bk + TC_PAIR_SKEW;
+    let k_dec = q_dec_lo + bk;
+    let k_dec_lo = k_dec + bk + TC_PAIR_SKEW;
+    let d_a = k_dec_lo + bk;
     let chunk_decay = d_a + CHUNKS_PER_G_BLOCK * CHUNK * CHUNK * 4;
     let through_end = chunk_decay + CHUNKS_PER_G_BLOCK * dk * 4;
     let carry = chunk_decay;
@@ -281,11 +274,9 @@ pub const fn tc_layout(dk: u32, dv: u32) -> TcLayout {
         v,
         d_o,
         q_dec,
-        k_dec,
         q_dec_lo,
+        k_dec,
         k_dec_lo,
-        dq_inter,
-        dk_inter,
         d_a,
         chunk_decay,
         through_end,

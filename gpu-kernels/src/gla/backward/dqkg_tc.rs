@@ -49,7 +49,11 @@
 //!   `chunk_decay` (one writer per element);
 //! - barrier C publishes them; the matrix phase writes `d_a` (warps 0 .. 3, one chunk each),
 //!   `dq_inter`, `dk_inter` (each warp its 16 channels) and, in the segment's last block,
-//!   `through_end` (each warp its channels);
+//!   `through_end` (each warp its channels). `dk_inter` and `dq_inter` take the place of
+//!   `q_dec` and `k_dec` (with their low parts): the matrix phase of warp `w` reads only the
+//!   columns of its channels of those tiles, and it overwrites a chunk's rows of them (with
+//!   the same channels' f32 values) after its last read of them, its lanes ordered by a
+//!   `bar.warp.sync`;
 //! - barrier D publishes them and says that the matrix phase's reads of the raw v and dO rows
 //!   are done: every thread issues the copies of the next block's v and dO rows into them; the
 //!   CUDA-core phase reads the published tiles and the raw q, k, g rows and writes global
@@ -76,9 +80,7 @@ use super::super::baseline::tiles::load_tile;
 use super::super::chunk::mma_bf16;
 use crate::arch::smem::SmemValue;
 use crate::arch::{convert, cp_async, index, ldmatrix, math, smem, sync, warp};
-use kernel_abi::gla::backward::{
-    CHUNKS_PER_G_BLOCK, DqkgTcParams, G_BLOCK, grad_slot, tc_f32_row_bytes, tc_layout,
-};
+use kernel_abi::gla::backward::{CHUNKS_PER_G_BLOCK, DqkgTcParams, G_BLOCK, grad_slot, tc_layout};
 use kernel_abi::gla::{CHUNK, G_FLOOR, GlaConfig, SEG_FIRST, Segment};
 
 /// Tokens of a chunk, as an array length.
@@ -102,21 +104,30 @@ fn state_a<const NT: usize>(st: &[[f32; 4]; NT], kk: usize) -> ([u32; 4], [u32; 
     (hi, lo)
 }
 
+/// Byte offset, from the operand pair's tiles `hi` and `lo`, of channel `d` of token row `t`
+/// of an f32 tile stored over them (the matrix phase's outputs, `dq_inter` over `k_dec` and
+/// `k_dec_lo`, `dk_inter` over `q_dec` and `q_dec_lo`): the 32 bytes of row `t` that hold the
+/// 16 channels of `d`'s warp in a bf16 tile hold 8 f32 channels, the first 8 in `hi`, the
+/// others in `lo`.
+#[inline(always)]
+fn inter_at<const DK: u32>(hi: u32, lo: u32, t: u32, d: u32) -> u32 {
+    let rbk = const { GlaConfig::row_bytes(DK) };
+    let w = d / 16;
+    (if d % 16 < 8 { hi } else { lo }) + t * rbk + 32 * w + 4 * (d % 8)
+}
+
 /// `out[d][t] = sum_e st[d][e] rows[t][e]` for the warp's 16 channels and the chunk's 16 token
-/// rows at `rows` (bf16, `DV` wide, padded rows), stored as f32 at `dst + t * row + 4 d` (`d`
-/// relative to the warp's first channel, which `dst` includes).
+/// rows at `rows` (bf16, `DV` wide, padded rows), as the accumulators of two `m16n8` tiles
+/// (rows `d`, columns `t`); [`store_inter`] stores them.
 ///
 /// # Safety
-/// Whole warp, uniform control flow; `rows` published by a barrier; `dst ..` inside an f32
-/// tile that only this warp writes between two barriers.
+/// Whole warp, uniform control flow; `rows` published by a barrier.
 #[inline(always)]
 unsafe fn contract_rows<const DV: u32, const NT: usize>(
     lane: u32,
     st: &[[f32; 4]; NT],
     rows: u32,
-    dst: u32,
-    row: u32,
-) {
+) -> [[f32; 4]; 2] {
     let rbv = const { GlaConfig::row_bytes(DV) };
     let mut acc = [[0.0f32; 4]; 2];
     for kk in 0..NT / 2 {
@@ -133,13 +144,35 @@ unsafe fn contract_rows<const DV: u32, const NT: usize>(
             mma_bf16(&mut acc[1], hi, [b[2], b[3]]);
         }
     }
+    acc
+}
+
+/// Store [`contract_rows`]' result for the chunk whose first token row is `r0` over the bf16
+/// operand pair `hi`, `lo` (see [`inter_at`]; `d0` the warp's first channel). The warp's lanes
+/// first agree (`bar.warp.sync`) that every lane's reads of those rows of the pair are done.
+///
+/// # Safety
+/// Whole warp, uniform control flow; no thread but this warp's reads or writes the warp's
+/// channels of rows `r0 ..+ 16` of `hi` and `lo` until the next barrier.
+#[inline(always)]
+unsafe fn store_inter<const DK: u32>(
+    lane: u32,
+    acc: &[[f32; 4]; 2],
+    hi: u32,
+    lo: u32,
+    r0: u32,
+    d0: u32,
+) {
+    // SAFETY: every lane of the warp (the caller's contract).
+    unsafe { sync::sync_warp(warp::FULL_MASK) };
     let (g, t) = (lane / 4, lane % 4);
     for (n, tile) in acc.iter().enumerate() {
         for (e, &x) in tile.iter().enumerate() {
-            let d = g + 8 * (e as u32 / 2);
-            let tok = 8 * n as u32 + 2 * t + e as u32 % 2;
-            // SAFETY: tok < 16 rows, channel < 16 of the warp: inside its tile (caller).
-            unsafe { f32::store(dst + tok * row + 4 * d, x) };
+            let d = d0 + g + 8 * (e as u32 / 2);
+            let tok = r0 + 8 * n as u32 + 2 * t + e as u32 % 2;
+            // SAFETY: tok < G_BLOCK rows, channel d of this warp: the warp's part of the
+            // pair's rows (the caller's contract).
+            unsafe { f32::store(inter_at::<DK>(hi, lo, tok, d), x) };
         }
     }
 }
@@ -260,10 +293,9 @@ pub(super) unsafe fn dqkg_tc<
     // The carry pass's row stride (`THREADS / DK`) and rows of a block per thread.
     const ROW_STEP: u32 = 2;
     const PER_THREAD: usize = (G_BLOCK / ROW_STEP) as usize;
-    let (rbk, rbv, rbf) = (
+    let (rbk, rbv) = (
         const { GlaConfig::row_bytes(DK) },
         const { GlaConfig::row_bytes(DV) },
-        const { tc_f32_row_bytes(DK) },
     );
     let b = &p.base;
     let (slot, head) = (index::block_idx_x(), index::block_idx_y());
@@ -438,16 +470,8 @@ pub(super) unsafe fn dqkg_tc<
             if r0 >= valid {
                 continue;
             }
-            // SAFETY: whole warp, uniform; published rows; this warp's channels of dk_inter.
-            unsafe {
-                contract_rows::<DV, NT>(
-                    lane,
-                    &gr,
-                    base + lay.v + r0 * rbv,
-                    base + lay.dk_inter + r0 * rbf + 4 * d0,
-                    rbf,
-                )
-            };
+            // SAFETY: whole warp, uniform; published rows.
+            let acc = unsafe { contract_rows::<DV, NT>(lane, &gr, base + lay.v + r0 * rbv) };
             if c > 0 {
                 // SAFETY: whole warp, uniform; published tiles.
                 unsafe {
@@ -462,6 +486,10 @@ pub(super) unsafe fn dqkg_tc<
                     )
                 };
             }
+            // dk_inter over the warp's channels of this chunk's q_dec rows, read last just
+            // above (by this warp only).
+            // SAFETY: whole warp, uniform; the warp's part of rows r0 ..+ 16.
+            unsafe { store_inter::<DK>(lane, &acc, base + lay.q_dec, base + lay.q_dec_lo, r0, d0) };
         }
         // The chunks first to last from the state at the block's start.
         for c in 0..CHUNKS_PER_G_BLOCK {
@@ -469,16 +497,8 @@ pub(super) unsafe fn dqkg_tc<
             if r0 >= valid {
                 continue;
             }
-            // SAFETY: whole warp, uniform; published rows; this warp's channels of dq_inter.
-            unsafe {
-                contract_rows::<DV, NT>(
-                    lane,
-                    &st,
-                    base + lay.d_o + r0 * rbv,
-                    base + lay.dq_inter + r0 * rbf + 4 * d0,
-                    rbf,
-                )
-            };
+            // SAFETY: whole warp, uniform; published rows.
+            let acc = unsafe { contract_rows::<DV, NT>(lane, &st, base + lay.d_o + r0 * rbv) };
             // SAFETY: whole warp, uniform; published tiles.
             unsafe {
                 update::<DK, DV, NT>(
@@ -491,6 +511,10 @@ pub(super) unsafe fn dqkg_tc<
                     base + lay.chunk_decay + 4 * c * DK,
                 )
             };
+            // dq_inter over the warp's channels of this chunk's k_dec rows, read last just
+            // above (by this warp only).
+            // SAFETY: whole warp, uniform; the warp's part of rows r0 ..+ 16.
+            unsafe { store_inter::<DK>(lane, &acc, base + lay.k_dec, base + lay.k_dec_lo, r0, d0) };
         }
         if last_block {
             // `st` is now `a_E S_{E-1}` (the last token's own `k^T v` left out of k_dec);
@@ -562,7 +586,7 @@ pub(super) unsafe fn dqkg_tc<
             let mut decay = 1.0f32;
             for t in 0..C {
                 decay *= a[t];
-                let at = base + lay.dq_inter + (r0 + t as u32) * rbf + 4 * d;
+                let at = inter_at::<DK>(base + lay.k_dec, base + lay.k_dec_lo, r0 + t as u32, d);
                 // SAFETY: published dq_inter of this chunk's row t, channel d.
                 let past = math::fma(b.scale * decay, unsafe { f32::load(at) }, dq[t]);
                 x[t] = q[t] * past;
@@ -571,7 +595,7 @@ pub(super) unsafe fn dqkg_tc<
             let mut decay = 1.0f32;
             let mut sum = 0.0f32;
             for t in (0..C).rev() {
-                let at = base + lay.dk_inter + (r0 + t as u32) * rbf + 4 * d;
+                let at = inter_at::<DK>(base + lay.q_dec, base + lay.q_dec_lo, r0 + t as u32, d);
                 // SAFETY: published dk_inter of this chunk's row t, channel d.
                 let inter = decay * unsafe { f32::load(at) };
                 decay *= a[t];
