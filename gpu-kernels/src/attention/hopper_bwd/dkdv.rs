@@ -35,7 +35,8 @@
 //!
 //! # Barrier protocol
 //! - Start: thread 0 initializes `kv_full` (count 1), `full[s]` (count 33: thread 0's and the
-//!   32 lanes of warp 1's) and `empty[s]` (count 8: one arrival per consumer warp), `fence.mbarrier_init`, then `sync_threads` publishes them.
+//!   32 lanes of warp 1's) and `empty[s]` (count 256: one arrival per consumer thread),
+//!   `fence.mbarrier_init`, then `sync_threads` publishes them.
 //!   The warpgroups never meet at a block barrier again. A block without steps (no query row
 //!   sees its keys) loads nothing and waits for nothing: it stores zero gradients.
 //! - `kv_full` (phase 0 only): the producer arrives expecting K's and V's bytes and issues
@@ -46,9 +47,11 @@
 //!   and dO bytes and issues the loads; each lane of warp 1 stores its two rows' values into
 //!   the stage and arrives (release: the stores are visible to whoever completes the phase's
 //!   wait). Consumers wait on `full[s]` before the step's first product and their row reads.
-//! - `empty[s]`: lane 0 of every consumer warp arrives once the `wgmma.wait_group 0` that
-//!   completes the step's dV and dK products (the last to read Q and dO) has returned; its row
-//!   values were read before.
+//! - `empty[s]`: every consumer thread arrives once the `wgmma.wait_group 0` that completes the
+//!   step's dV and dK products (the last to read Q and dO) has returned; its reads of the
+//!   step's row values were before, and its own arrival (release) orders them before the
+//!   producer's next stores there (an arrival by one lane per warp would not order the other
+//!   lanes' reads: racecheck reports that as a write-after-read hazard).
 //! - Within a step, four `wgmma` groups: S^T, dP^T, then dV once P^T is packed (S^T waited
 //!   for with `wait_group 1`, dP^T still running), then dK once dS^T is (`wait_group 1`: dV
 //!   may still run); `wait_group 0` ends the step.
@@ -63,7 +66,7 @@
 use super::super::elem::Elem;
 use super::super::hopper::softmax::pack_p;
 use super::super::mask;
-use super::{CONSUMER_WARPS, SR};
+use super::{CONSUMER_THREADS, SR};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
@@ -167,7 +170,7 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
             kv_full.init(1);
             for s in 0..STAGES {
                 full(s).init(1 + ROW_WRITERS);
-                empty(s).init(CONSUMER_WARPS);
+                empty(s).init(CONSUMER_THREADS);
             }
         }
         fence::fence_mbarrier_init();
@@ -391,11 +394,10 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                 wgmma::pin_fragment(&mut pa[kk]);
                 wgmma::pin_fragment(&mut da[kk]);
             }
-            if lane == 0 {
-                // SAFETY: every product reading this stage is complete (the wait above); one
-                // arrival per consumer warp and phase.
-                unsafe { empty(pos.stage).arrive() };
-            }
+            // SAFETY: every product reading this stage is complete (the wait above) and this
+            // thread's reads of its row values were before; one arrival per consumer thread
+            // and phase.
+            unsafe { empty(pos.stage).arrive() };
         }
     }
 

@@ -25,8 +25,11 @@ use kernel_abi::attention::hopper_bwd::{
     HopperBwdConfig, HopperBwdParams, HopperDqConfig, hopper_bwd_config_of,
 };
 
-/// Consumer warps arriving on an `empty` barrier per phase.
+/// Consumer warps arriving on an `empty` barrier per phase (dQ: lane 0 of each).
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
+/// Consumer threads arriving on an `empty` barrier per phase (dK/dV: every lane, each one
+/// releasing its own reads of the stage's row values).
+const CONSUMER_THREADS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE;
 /// Accumulator registers of the 64 x 64 products (`S^T`, `dP^T` in dK/dV; `S`, `dP` in dQ).
 const SR: usize = 32;
 

@@ -72,8 +72,8 @@
 //! yet, a read-after-write race on shared memory between warps: the thread adds the stale word
 //! (the previous block's carry, or `chunk_decay` in the segment's last block) to its dg.
 //! The carries of a block's earlier chunks wait for the writer's loads of the later chunks'
-//! sums from global memory, while the warps above `DK / 32` go straight to their reads, so
-//! stale carries are likely. dq and dk (stored before the carry pass), dv and the initial-state
+//! sums from global memory, while every reader reads its carries first (before its own global
+//! loads) and the warps above `DK / 32` go straight to them, so stale carries are likely. dq and dk (stored before the carry pass), dv and the initial-state
 //! gradients (the reverse pass) do not depend on them.
 
 use super::super::baseline::tiles::load_tile;
@@ -649,9 +649,15 @@ pub(super) unsafe fn dqkg_tc<
         }
         // SAFETY: barrier F (uniform), or nothing in the negative control.
         unsafe { <BarrierF<CARRY_BARRIER> as Barrier>::sync() };
-        // Thread `tid` finishes channel `tid % DK` of rows `tid / DK + ROW_STEP j`: every load
-        // of the block first (independent, their latencies overlap), then the sums.
+        // Thread `tid` finishes channel `d = tid % DK` of rows `tid / DK + ROW_STEP j`: the
+        // carries of its channel into the block's chunks first, then every global load of the
+        // block (independent, their latencies overlap), then the sums.
         let (t0, d) = (tid / DK, tid % DK);
+        let mut carries = [0.0f32; CHUNKS_PER_G_BLOCK as usize];
+        for (c, x) in carries.iter_mut().enumerate() {
+            // SAFETY: channel d's carry into chunk c, published by barrier F.
+            *x = unsafe { f32::load(base + lay.carry + 4 * (c as u32 * DK + d)) };
+        }
         let mut gv = [0.0f32; PER_THREAD];
         let mut dg = [0.0f32; PER_THREAD];
         for j in 0..PER_THREAD {
@@ -671,11 +677,9 @@ pub(super) unsafe fn dqkg_tc<
             let t = t0 + ROW_STEP * j as u32;
             if t < valid {
                 let e = at_qk(row0 + t as u64, d);
-                // SAFETY: as for the loads; carry published by barrier F.
-                unsafe {
-                    let c = f32::load(base + lay.carry + 4 * ((t / CHUNK) * DK + d));
-                    *b.d_g.add(e) = if gv[j] >= G_FLOOR { dg[j] + c } else { 0.0 };
-                }
+                let c = carries[(t / CHUNK) as usize];
+                // SAFETY: as for the loads.
+                unsafe { *b.d_g.add(e) = if gv[j] >= G_FLOOR { dg[j] + c } else { 0.0 } };
             }
         }
     }
