@@ -37,8 +37,7 @@ use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernels::gla::reference::{self, ExactInputs, HostInputs, OutputGrads, rel_l2};
 use kernels::gla::{
-    self, GlaGradients, GlaInputs, GlaKernel, GlaOutputGrads, GlaOutputs, GlaProblem, GlaSession,
-    Target,
+    GlaGradients, GlaInputs, GlaKernel, GlaOutputGrads, GlaOutputs, GlaProblem, GlaSession, Target,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};

@@ -147,11 +147,6 @@ fn main() {
         negative::gla_bwd_no_carry_barrier_racecheck_target,
     );
     s.gpu(
-        "negative_gla_bwd_no_carry_barrier_wrong",
-        Needs::Gpu,
-        negative::gla_bwd_no_carry_barrier_wrong,
-    );
-    s.gpu(
         "negative_semicrf_aliased_wrong",
         Needs::Gpu,
         negative::semicrf_aliased_wrong,

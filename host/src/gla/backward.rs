@@ -713,14 +713,17 @@ pub(super) struct BackwardWorkspace {
     dqkg: DqkgKernel,
     segments: DeviceBuffer<u32>,
     grad: DeviceBuffer<f32>,
-    /// `(combine table, seg_end, delta, decay_log2, seg_init)` when a sequence is split.
-    split: Option<(
-        DeviceBuffer<u32>,
-        DeviceBuffer<f32>,
-        DeviceBuffer<f32>,
-        DeviceBuffer<f32>,
-        DeviceBuffer<f32>,
-    )>,
+    /// When a sequence is split.
+    split: Option<BackwardSplitBuffers>,
+}
+
+/// The split workspace's buffers (see [`GlaBackwardSplit`]).
+struct BackwardSplitBuffers {
+    combine: DeviceBuffer<u32>,
+    seg_end: DeviceBuffer<f32>,
+    delta: DeviceBuffer<f32>,
+    decay_log2: DeviceBuffer<f32>,
+    seg_init: DeviceBuffer<f32>,
 }
 
 impl BackwardWorkspace {
@@ -731,13 +734,13 @@ impl BackwardWorkspace {
             segments: upload(&words)?,
             grad: zeroed::<f32>(plan.grad_len.max(1))?,
             split: match plan.workspace {
-                Some((state, decay)) => Some((
-                    upload(&combine_words)?,
-                    zeroed::<f32>(state)?,
-                    zeroed::<f32>(state)?,
-                    zeroed::<f32>(decay)?,
-                    zeroed::<f32>(plan.seg_init_len.max(1))?,
-                )),
+                Some((state, decay)) => Some(BackwardSplitBuffers {
+                    combine: upload(&combine_words)?,
+                    seg_end: zeroed::<f32>(state)?,
+                    delta: zeroed::<f32>(state)?,
+                    decay_log2: zeroed::<f32>(decay)?,
+                    seg_init: zeroed::<f32>(plan.seg_init_len.max(1))?,
+                }),
                 None => None,
             },
         })
@@ -747,12 +750,12 @@ impl BackwardWorkspace {
         GlaBackwardWorkspace {
             segments: (&self.segments).into(),
             grad: (&mut self.grad).into(),
-            split: self.split.as_mut().map(|(c, e, d, l, i)| GlaBackwardSplit {
-                combine: (&*c).into(),
-                seg_end: e.into(),
-                delta: d.into(),
-                decay_log2: l.into(),
-                seg_init: Some(i.into()),
+            split: self.split.as_mut().map(|b| GlaBackwardSplit {
+                combine: (&b.combine).into(),
+                seg_end: (&mut b.seg_end).into(),
+                delta: (&mut b.delta).into(),
+                decay_log2: (&mut b.decay_log2).into(),
+                seg_init: Some((&mut b.seg_init).into()),
             }),
         }
     }

@@ -71,9 +71,9 @@
 //! `carry` of a chunk (channel `d`) while thread `d` (warp `d / 32`) may not have written it
 //! yet, a read-after-write race on shared memory between warps: the thread adds the stale word
 //! (the previous block's carry, or `chunk_decay` in the segment's last block) to its dg.
-//! The carries of a block's earlier chunks wait for the writer's loads of the later chunks'
-//! sums from global memory, while every reader reads its carries first (before its own global
-//! loads) and the warps above `DK / 32` go straight to them, so stale carries are likely. dq and dk (stored before the carry pass), dv and the initial-state
+//! Whether a launch shows it in dg depends on the order the warps run in (the readers' loads
+//! may also be scheduled after their global loads): racecheck and the emulator report it on
+//! every launch. dq and dk (stored before the carry pass), dv and the initial-state
 //! gradients (the reverse pass) do not depend on them.
 
 use super::super::baseline::tiles::load_tile;
