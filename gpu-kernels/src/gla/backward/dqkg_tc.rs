@@ -288,6 +288,7 @@ pub(super) unsafe fn dqkg_tc<
     const {
         assert!(NT as u32 * 8 == DV && THREADS * ITEMS == CHUNKS_PER_G_BLOCK * DK);
         assert!(THREADS == DK * ROW_STEP && G_BLOCK == CHUNKS_PER_G_BLOCK * CHUNK);
+        assert!(CHUNK.is_multiple_of(ROW_STEP));
     };
     let lay = const { tc_layout(DK, DV) };
     // The carry pass's row stride (`THREADS / DK`) and rows of a block per thread.
@@ -677,7 +678,9 @@ pub(super) unsafe fn dqkg_tc<
             let t = t0 + ROW_STEP * j as u32;
             if t < valid {
                 let e = at_qk(row0 + t as u64, d);
-                let c = carries[(t / CHUNK) as usize];
+                // t / CHUNK with a constant index: t0 < ROW_STEP, and CHUNK is a multiple of
+                // ROW_STEP, so row t lies in the chunk of row ROW_STEP j.
+                let c = carries[(ROW_STEP * j as u32 / CHUNK) as usize];
                 // SAFETY: as for the loads.
                 unsafe { *b.d_g.add(e) = if gv[j] >= G_FLOOR { dg[j] + c } else { 0.0 } };
             }
