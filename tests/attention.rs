@@ -74,7 +74,7 @@ fn name(c: &Case) -> String {
 
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
-    for d in [64, 128, 256] {
+    for d in [64, 96, 128, 192, 256] {
         for (sq, sk) in [(1, 1), (113, 203), (239, 1), (799, 3), (1023, 1024)] {
             for causal in [false, true] {
                 let b = if sq * sk < 100_000 { 2 } else { 1 };
@@ -271,6 +271,14 @@ fn main() {
             s.cpu(&n, move || run_emulated(&c, variant));
         }
     }
+    // The head dimensions with `mma.sync` kernels only (96, 192): the default tiles in the
+    // emulator, causal and windowed, odd lengths (f16 in the backward cases).
+    for d in [96, 192] {
+        for c in head_dim_cases(d) {
+            let n = format!("attention/emulated_d{d}/{}", name(&c));
+            s.cpu(&n, move || run_emulated(&c, "default"));
+        }
+    }
     s.gpu("attention/packed_qkv_views", Needs::Gpu, packed_qkv);
     s.gpu("attention/deterministic", Needs::Gpu, deterministic);
     s.gpu("attention/raw_api", Needs::Gpu, raw_api);
@@ -380,6 +388,18 @@ fn emulated_cases() -> Vec<Case> {
     let mut spread = case(1, 64, 256, 1, 1, d, Dtype::Bf16);
     spread.range = 8.0;
     v.push(spread);
+    v
+}
+
+/// Small problems at head dimension `d` for the emulator (bf16, as `run_emulated` takes).
+fn head_dim_cases(d: usize) -> Vec<Case> {
+    let mut v = vec![case(1, 17, 9, 2, 1, d, Dtype::Bf16)];
+    let mut causal = case(1, 70, 50, 2, 2, d, Dtype::Bf16); // 20 rows with no allowed key
+    causal.p.causal = true;
+    v.push(causal);
+    let mut window = case(1, 65, 100, 1, 1, d, Dtype::Bf16);
+    window.p.window = (Some(20), Some(5));
+    v.push(window);
     v
 }
 

@@ -1317,7 +1317,7 @@ const ERROR_CASES: &[ErrorCase] = &[
         },
         command: "attention @in.safetensors -o @out.safetensors --reference",
         is: |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
-        says: &["head dimension 32", "64, 128, 256"],
+        says: &["head dimension 32", "64, 96, 128, 192, 256"],
     },
     // The output file already exists: the failed run leaves it as it was.
     ErrorCase {

@@ -709,7 +709,7 @@ fn bc(c: Case, with_dlse: bool, deterministic: bool) -> BwdCase {
     }
 }
 
-/// Small problems for the emulator (one OS thread per GPU thread): D 64, 128, 256, bf16 and
+/// Small problems for the emulator (one OS thread per GPU thread): D 64, 96, 128, 192, 256, bf16 and
 /// f16, causal, window, GQA 2:1, `seq_q != seq_k`, odd lengths, rows with no allowed key.
 fn emulated_cases() -> Vec<(Case, bool)> {
     let mut v = Vec::new();
@@ -727,6 +727,13 @@ fn emulated_cases() -> Vec<(Case, bool)> {
     c.p.window = (Some(0), Some(0));
     v.push((c, true));
     v.push((case(1, 17, 20, 2, 1, 256, Dtype::Bf16), true));
+    // D 96 and 192 (the row kernels' lanes past D / 8, the dQ pass of two n8 tiles).
+    let mut c = case(1, 40, 33, 2, 1, 96, Dtype::Bf16);
+    c.p.causal = true;
+    v.push((c, true));
+    v.push((case(1, 33, 40, 2, 2, 96, Dtype::F16), false));
+    v.push((case(1, 17, 20, 2, 1, 192, Dtype::Bf16), true));
+    v.push((case(1, 20, 17, 1, 1, 192, Dtype::F16), false));
     // Many steps per block: 2 query heads x 4 query blocks for each key block.
     let mut c = case(1, 100, 70, 4, 2, 64, Dtype::Bf16);
     c.p.window = (Some(50), None);
@@ -738,7 +745,7 @@ fn emulated_cases() -> Vec<(Case, bool)> {
 fn gpu_cases() -> Vec<Case> {
     let mut v = Vec::new();
     for dtype in [Dtype::Bf16, Dtype::F16] {
-        for d in [64, 128, 256] {
+        for d in [64, 96, 128, 192, 256] {
             for (sq, sk) in [(1, 1), (113, 203), (239, 17), (300, 300)] {
                 for mask in 0..3 {
                     for (hq, hkv) in [(2, 2), (4, 2)] {

@@ -137,7 +137,7 @@ fn gpu_cases() -> Vec<VarlenCase> {
         (64, 0),
         (799, 3),
     ];
-    for d in [64, 128, 256] {
+    for d in [64, 96, 128, 192, 256] {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for causal in [false, true] {
                 let mut c = vcase(&lens, 4, 2, d, dtype);

@@ -278,7 +278,7 @@ fn gpu_cases() -> Vec<BwdCase> {
         &[(1, 1)],
     ];
     for dtype in [Dtype::Bf16, Dtype::F16] {
-        for d in [64, 128, 256] {
+        for d in [64, 96, 128, 192, 256] {
             for (bi, lens) in batches.iter().enumerate() {
                 for mask in 0..3 {
                     let (hq, hkv) = if mask == 1 { (4, 2) } else { (2, 2) };

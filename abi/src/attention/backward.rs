@@ -236,15 +236,16 @@ pub const BWD_STAGES: u32 = 2;
 /// The dK/dV tiles for head dimension `d`, if supported.
 pub const fn bwd_tile_config(d: u32) -> Option<BwdTileConfig> {
     match d {
-        64 | 128 => Some(BwdTileConfig {
+        // D = 96 takes the D = 128 tiles, D = 192 the D = 256 ones (not yet measured).
+        64 | 96 | 128 => Some(BwdTileConfig {
             head_dim: d,
             block_n: 64,
             block_m: 32,
             d_split: 1,
             blocks_per_sm: 2,
         }),
-        256 => Some(BwdTileConfig {
-            head_dim: 256,
+        192 | 256 => Some(BwdTileConfig {
+            head_dim: d,
             block_n: 64,
             block_m: 32,
             d_split: 2,
@@ -332,15 +333,16 @@ impl DqTileConfig {
 /// The dQ tiles for head dimension `d`, if supported.
 pub const fn dq_tile_config(d: u32) -> Option<DqTileConfig> {
     match d {
-        64 | 128 => Some(DqTileConfig {
+        64 | 96 | 128 => Some(DqTileConfig {
             head_dim: d,
             block_m: 64,
             block_n: 64,
             blocks_per_sm: 2,
         }),
-        // The dQ accumulator takes 128 registers per thread: keys in steps of 32.
-        256 => Some(DqTileConfig {
-            head_dim: 256,
+        // The dQ accumulator takes 128 registers per thread at D = 256 (96 at 192): keys in
+        // steps of 32.
+        192 | 256 => Some(DqTileConfig {
+            head_dim: d,
             block_m: 64,
             block_n: 32,
             blocks_per_sm: 1,
@@ -426,7 +428,7 @@ const fn bwd<P>(dtype: Dtype, d: u32, names: [&'static str; 5]) -> BwdKernels<P>
 }
 
 /// The backward kernels for each element type and head dimension.
-pub const BWD_KERNELS: [BwdKernels; 6] = [
+pub const BWD_KERNELS: [BwdKernels; 10] = [
     bwd(
         Dtype::Bf16,
         64,
@@ -458,6 +460,28 @@ pub const BWD_KERNELS: [BwdKernels; 6] = [
             "attention_bwd_dkdv_bf16_d256",
             "attention_bwd_dq_convert_bf16_d256",
             "attention_bwd_dq_bf16_d256",
+        ],
+    ),
+    bwd(
+        Dtype::Bf16,
+        96,
+        [
+            "attention_bwd_pre_bf16_d96",
+            "attention_bwd_bf16_d96",
+            "attention_bwd_dkdv_bf16_d96",
+            "attention_bwd_dq_convert_bf16_d96",
+            "attention_bwd_dq_bf16_d96",
+        ],
+    ),
+    bwd(
+        Dtype::Bf16,
+        192,
+        [
+            "attention_bwd_pre_bf16_d192",
+            "attention_bwd_bf16_d192",
+            "attention_bwd_dkdv_bf16_d192",
+            "attention_bwd_dq_convert_bf16_d192",
+            "attention_bwd_dq_bf16_d192",
         ],
     ),
     bwd(
@@ -493,11 +517,33 @@ pub const BWD_KERNELS: [BwdKernels; 6] = [
             "attention_bwd_dq_f16_d256",
         ],
     ),
+    bwd(
+        Dtype::F16,
+        96,
+        [
+            "attention_bwd_pre_f16_d96",
+            "attention_bwd_f16_d96",
+            "attention_bwd_dkdv_f16_d96",
+            "attention_bwd_dq_convert_f16_d96",
+            "attention_bwd_dq_f16_d96",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        192,
+        [
+            "attention_bwd_pre_f16_d192",
+            "attention_bwd_f16_d192",
+            "attention_bwd_dkdv_f16_d192",
+            "attention_bwd_dq_convert_f16_d192",
+            "attention_bwd_dq_f16_d192",
+        ],
+    ),
 ];
 
 /// The backward kernels over packed sequences for each element type and head dimension (the
 /// tiles of [`BWD_KERNELS`]).
-pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 6] = [
+pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 10] = [
     bwd(
         Dtype::Bf16,
         64,
@@ -532,6 +578,28 @@ pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 6] = [
         ],
     ),
     bwd(
+        Dtype::Bf16,
+        96,
+        [
+            "attention_bwd_pre_varlen_bf16_d96",
+            "attention_bwd_varlen_bf16_d96",
+            "attention_bwd_dkdv_varlen_bf16_d96",
+            "attention_bwd_dq_convert_varlen_bf16_d96",
+            "attention_bwd_dq_varlen_bf16_d96",
+        ],
+    ),
+    bwd(
+        Dtype::Bf16,
+        192,
+        [
+            "attention_bwd_pre_varlen_bf16_d192",
+            "attention_bwd_varlen_bf16_d192",
+            "attention_bwd_dkdv_varlen_bf16_d192",
+            "attention_bwd_dq_convert_varlen_bf16_d192",
+            "attention_bwd_dq_varlen_bf16_d192",
+        ],
+    ),
+    bwd(
         Dtype::F16,
         64,
         [
@@ -562,6 +630,28 @@ pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 6] = [
             "attention_bwd_dkdv_varlen_f16_d256",
             "attention_bwd_dq_convert_varlen_f16_d256",
             "attention_bwd_dq_varlen_f16_d256",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        96,
+        [
+            "attention_bwd_pre_varlen_f16_d96",
+            "attention_bwd_varlen_f16_d96",
+            "attention_bwd_dkdv_varlen_f16_d96",
+            "attention_bwd_dq_convert_varlen_f16_d96",
+            "attention_bwd_dq_varlen_f16_d96",
+        ],
+    ),
+    bwd(
+        Dtype::F16,
+        192,
+        [
+            "attention_bwd_pre_varlen_f16_d192",
+            "attention_bwd_varlen_f16_d192",
+            "attention_bwd_dkdv_varlen_f16_d192",
+            "attention_bwd_dq_convert_varlen_f16_d192",
+            "attention_bwd_dq_varlen_f16_d192",
         ],
     ),
 ];

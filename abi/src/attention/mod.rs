@@ -12,7 +12,7 @@ mod varlen;
 pub use varlen::{AttentionVarlenParams, MMA_VARLEN_KERNELS, MmaVarlenKernel, mma_varlen_kernel};
 
 /// Head dimensions with a kernel.
-pub const HEAD_DIMS: [u32; 3] = [64, 128, 256];
+pub const HEAD_DIMS: [u32; 5] = [64, 96, 128, 192, 256];
 
 /// Query rows of one `mma.sync` m16 tile; a warp owns `warp_m_tiles` of them.
 pub const M_TILE: u32 = 16;
@@ -150,9 +150,10 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
         }),
         // Keys in steps of 32: faster than steps of 64 (variant "n64"), which leave ptxas no
         // registers to spare; the folded softmax with lazy rescaling, faster than the scaled
-        // softmax (variant "scaled"). Measurements in bench/NOTES.md.
-        128 => Some(TileConfig {
-            head_dim: 128,
+        // softmax (variant "scaled"). Measurements in bench/NOTES.md. D = 96 takes the
+        // D = 128 tiles (not yet measured).
+        96 | 128 => Some(TileConfig {
+            head_dim: d,
             block_m: 128,
             block_n: 32,
             stages: 2,
@@ -162,8 +163,9 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             prefetch: false,
             softmax: Softmax::FoldedLazy,
         }),
-        256 => Some(TileConfig {
-            head_dim: 256,
+        // D = 192 takes the D = 256 tiles (not yet measured).
+        192 | 256 => Some(TileConfig {
+            head_dim: d,
             block_m: 128,
             block_n: 64,
             stages: 2,
@@ -708,7 +710,7 @@ const fn hopper(
 
 /// The `mma.sync` kernels: the default tiles for each dtype and head dimension, then the
 /// tuning variants (bf16) in the order of [`TUNING_VARIANTS`].
-pub const MMA_KERNELS: [MmaKernel; 6 + TUNING_VARIANTS.len()] = [
+pub const MMA_KERNELS: [MmaKernel; 10 + TUNING_VARIANTS.len()] = [
     mma(
         "attention_fwd_bf16_d64",
         Dtype::Bf16,
@@ -728,6 +730,18 @@ pub const MMA_KERNELS: [MmaKernel; 6 + TUNING_VARIANTS.len()] = [
         None,
     ),
     mma(
+        "attention_fwd_bf16_d96",
+        Dtype::Bf16,
+        tile_config_of(96),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d192",
+        Dtype::Bf16,
+        tile_config_of(192),
+        None,
+    ),
+    mma(
         "attention_fwd_f16_d64",
         Dtype::F16,
         tile_config_of(64),
@@ -743,6 +757,18 @@ pub const MMA_KERNELS: [MmaKernel; 6 + TUNING_VARIANTS.len()] = [
         "attention_fwd_f16_d256",
         Dtype::F16,
         tile_config_of(256),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d96",
+        Dtype::F16,
+        tile_config_of(96),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d192",
+        Dtype::F16,
+        tile_config_of(192),
         None,
     ),
     mma(

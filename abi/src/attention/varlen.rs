@@ -57,13 +57,17 @@ const fn mma_varlen(name: &'static str, dtype: Dtype, head_dim: u32) -> MmaVarle
 
 /// The `mma.sync` kernels over packed sequences: the default tiles for each dtype and head
 /// dimension.
-pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 6] = [
+pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 10] = [
     mma_varlen("attention_fwd_varlen_bf16_d64", Dtype::Bf16, 64),
     mma_varlen("attention_fwd_varlen_bf16_d128", Dtype::Bf16, 128),
     mma_varlen("attention_fwd_varlen_bf16_d256", Dtype::Bf16, 256),
+    mma_varlen("attention_fwd_varlen_bf16_d96", Dtype::Bf16, 96),
+    mma_varlen("attention_fwd_varlen_bf16_d192", Dtype::Bf16, 192),
     mma_varlen("attention_fwd_varlen_f16_d64", Dtype::F16, 64),
     mma_varlen("attention_fwd_varlen_f16_d128", Dtype::F16, 128),
     mma_varlen("attention_fwd_varlen_f16_d256", Dtype::F16, 256),
+    mma_varlen("attention_fwd_varlen_f16_d96", Dtype::F16, 96),
+    mma_varlen("attention_fwd_varlen_f16_d192", Dtype::F16, 192),
 ];
 
 /// The `mma.sync` kernel over packed sequences for `dtype` and head dimension `head_dim`.

@@ -148,11 +148,19 @@ impl AttentionProblem {
                 }
                 true
             }
-            // Every head dimension: the Hopper path measured faster on an H200 (bench/NOTES.md).
-            (Path::Auto, None) => arch.has_hopper_kernels(),
+            // Every head dimension it has kernels for: the Hopper path measured faster on an
+            // H200 (bench/NOTES.md); the others run on the mma.sync path.
+            (Path::Auto, None) => {
+                arch.has_hopper_kernels() && hopper_kernel(self.dtype, d, None).is_some()
+            }
         };
         if hopper {
-            let kernel = hopper_kernel(self.dtype, d, None).expect("validated head dimension");
+            let kernel = hopper_kernel(self.dtype, d, None).ok_or_else(|| {
+                Error::unsupported(
+                    "attention path Hopper",
+                    format!("no Hopper kernel for head dimension {d} (the mma.sync path has one)"),
+                )
+            })?;
             match self.hopper_plan(kernel, target, tensors) {
                 Ok(plan) => return Ok(plan),
                 Err(e) if self.path == Path::Hopper => return Err(e),

@@ -90,7 +90,9 @@ fn every_entry_of_the_ptx_has_its_handle() {
     }
     assert_eq!(
         KERNELS.len(),
-        2 * 6
+        // Defaults: mma.sync at 5 head dimensions, Hopper at 3, two element types each.
+        2 * 5
+            + 2 * 3
             + TUNING_VARIANTS.len()
             + HOPPER_VARIANTS.len()
             + BWD_KERNEL_COUNT
@@ -543,7 +545,7 @@ mod raw {
         );
         refuse(&|t| t[4].ptr = t[3].ptr, "O: the output overlaps LSE");
         refuse(&|t| t[3].strides[0] = 0, "must not share memory");
-        refuse(&|t| t[0].shape[3] = 96, "head dimension 96");
+        refuse(&|t| t[0].shape[3] = 80, "head dimension 80");
         refuse(&|t| t[1].shape[2] = 3, "not a multiple of heads_kv");
         let e = plan_of(
             &good,
@@ -729,7 +731,7 @@ mod raw {
         refuse(&|t| t[7].ptr = t[0].ptr, "dQ");
         refuse(&|t| t[9].shape[2] = 4, "dV shape");
         refuse(&|t| t[8].strides[3] = 2, "dK head-dimension stride");
-        refuse(&|t| t[0].shape[3] = 96, "head dimension 96");
+        refuse(&|t| t[0].shape[3] = 80, "head dimension 80");
         refuse(&|t| t[7].strides[0] = 0, "must not share memory");
         refuse(&|t| t[8].strides[1] = 8, "must not share memory");
         // An input may be an expanded view (elements sharing memory), as torch's gradients are.
@@ -899,10 +901,10 @@ fn varlen_rejects_bad_boundaries_and_problems() {
     );
     rejects(
         &AttentionVarlenProblem {
-            head_dim: 96,
+            head_dim: 80,
             ..p.clone()
         },
-        "head dimension 96",
+        "head dimension 80",
     );
     rejects(
         &AttentionVarlenProblem {

@@ -50,6 +50,8 @@ use kernel_abi::attention::backward::{BWD_STAGES, BwdTileConfig};
 
 /// n8 tiles of dQ columns per pass of the dQ product (16 accumulator registers).
 const DQ_PASS: usize = 4;
+/// n8 tiles of the last dQ pass where [`DQ_PASS`] does not divide a warp's tiles.
+const DQ_TAIL: usize = 2;
 
 /// Issue the copies of a `[ROWS, D]` tile (rows `>= valid` zero-filled).
 #[inline(always)]
@@ -107,7 +109,8 @@ pub(super) unsafe fn dkdv<
 ) {
     let p = L::base(pp);
     const { assert!(KD as u32 * 16 == D && NTQ as u32 * 8 == BM && KQ as u32 * 16 == BM) };
-    const { assert!(KN as u32 * 16 == BN && WT.is_multiple_of(2) && QT.is_multiple_of(DQ_PASS)) };
+    const { assert!(KN as u32 * 16 == BN && WT.is_multiple_of(2)) };
+    const { assert!(QT.is_multiple_of(DQ_PASS) || QT % DQ_PASS == DQ_TAIL) };
     // The protocol waits for every copy at the top of each step: a 2-stage ring.
     const { assert!(BWD_STAGES == 2) };
     let lane = index::lane_id();
@@ -289,34 +292,43 @@ pub(super) unsafe fn dkdv<
                 let mq = warp % (BM / 16);
                 let cg = warp / (BM / 16);
                 // The warp's dQ columns in passes of `DQ_PASS` n8 tiles (fewer live registers
-                // beside dK and dV).
-                for pass in 0..QT / DQ_PASS {
-                    let chunk0 = cg * QT as u32 + (pass * DQ_PASS) as u32;
-                    let mut dq = [[0.0f32; 4]; DQ_PASS];
-                    // SAFETY: dS^T published by (B), K by (A); neither is written before the
-                    // next (A); whole warp, uniform control flow.
-                    unsafe {
-                        mma_ab::<E, RB, KN, DQ_PASS>(
-                            lane,
-                            &mut dq,
-                            |kk| a_trans::<DSRB>(lane, ds_s, 16 * kk as u32, 2 * mq),
-                            k_s,
-                            chunk0,
-                        )
-                    };
-                    for j in 0..DQ_PASS {
-                        for e in 0..4 {
-                            let i = m0 + 16 * mq + g + 8 * (e as u32 / 2);
-                            let col = 8 * (chunk0 + j as u32) + 2 * t + (e as u32 % 2);
-                            if i < seq_q {
-                                let idx = (row_base + i as u64) * D as u64 + col as u64;
-                                let dst = p.dq_accum.wrapping_add(idx as usize);
-                                // SAFETY: row i < seq_q of the accumulator, column < D: inside
-                                // it, 4-byte aligned.
-                                unsafe { atomic::red_add_f32(dst, dq[j][e]) };
+                // beside dK and dV), then a pass of `DQ_TAIL` where `DQ_PASS` does not divide
+                // them.
+                macro_rules! dq_pass {
+                    ($n:expr, $chunk0:expr) => {{
+                        let chunk0: u32 = $chunk0;
+                        let mut dq = [[0.0f32; 4]; $n];
+                        // SAFETY: dS^T published by (B), K by (A); neither is written before
+                        // the next (A); whole warp, uniform control flow.
+                        unsafe {
+                            mma_ab::<E, RB, KN, { $n }>(
+                                lane,
+                                &mut dq,
+                                |kk| a_trans::<DSRB>(lane, ds_s, 16 * kk as u32, 2 * mq),
+                                k_s,
+                                chunk0,
+                            )
+                        };
+                        for j in 0..$n {
+                            for e in 0..4 {
+                                let i = m0 + 16 * mq + g + 8 * (e as u32 / 2);
+                                let col = 8 * (chunk0 + j as u32) + 2 * t + (e as u32 % 2);
+                                if i < seq_q {
+                                    let idx = (row_base + i as u64) * D as u64 + col as u64;
+                                    let dst = p.dq_accum.wrapping_add(idx as usize);
+                                    // SAFETY: row i < seq_q of the accumulator, column < D:
+                                    // inside it, 4-byte aligned.
+                                    unsafe { atomic::red_add_f32(dst, dq[j][e]) };
+                                }
                             }
                         }
-                    }
+                    }};
+                }
+                for pass in 0..QT / DQ_PASS {
+                    dq_pass!(DQ_PASS, cg * QT as u32 + (pass * DQ_PASS) as u32);
+                }
+                if !QT.is_multiple_of(DQ_PASS) {
+                    dq_pass!(DQ_TAIL, cg * QT as u32 + (QT / DQ_PASS * DQ_PASS) as u32);
                 }
             }
         }

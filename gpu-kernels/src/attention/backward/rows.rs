@@ -2,15 +2,21 @@
 //! accumulator) and the dQ conversion (accumulator times the scale to the element type).
 //!
 //! # Thread mapping (both)
-//! A block covers [`ROW_BLOCK`] query rows of one (sequence, head): thread `tid` handles 16-byte
-//! chunk `tid % (D / 8)` (8 elements) of rows `tid / (D / 8) + k (ROW_THREADS / (D / 8))`. The
-//! `D / 8` threads of a row are consecutive lanes of one warp (`D / 8` divides 32), so the row's
-//! dot product reduces with `xor` shuffles. No shared memory, no barrier.
+//! A block covers [`ROW_BLOCK`] query rows of one (sequence, head) with `L` lanes per row (`D /
+//! 8` rounded up to a power of two, at most 32): thread `tid` handles 16-byte chunk `c = tid %
+//! L` (8 elements; none when `c >= D / 8`) of rows `tid / L + k (ROW_THREADS / L)`. The lanes of
+//! a row are consecutive lanes of one warp, so the row's dot product reduces with `xor`
+//! shuffles. No shared memory, no barrier.
 
 use super::super::elem::Elem;
 use super::layout::BwdLayout;
 use crate::arch::{global, index, warp};
 use kernel_abi::attention::backward::{ROW_BLOCK, ROW_THREADS};
+
+/// Lanes per row of the row kernels: `D / 8` 16-byte chunks, rounded up to a power of two.
+const fn row_lanes(d: u32) -> u32 {
+    (d / 8).next_power_of_two()
+}
 
 /// `delta'[b, h, i] = sum_d dO O - dLSE` (0 where LSE is -inf: such a row has no allowed key,
 /// its P is 0, and a non-finite dLSE must not reach its `dS = P (dP - delta')`); the dQ
@@ -23,11 +29,11 @@ use kernel_abi::attention::backward::{ROW_BLOCK, ROW_THREADS};
 #[inline(always)]
 pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Params) {
     let p = L::base(pp);
-    let chunks = D / 8;
-    const { assert!(D / 8 <= 32 && ROW_THREADS.is_multiple_of(D / 8)) };
-    let per_pass = ROW_THREADS / chunks;
+    let (chunks, lanes) = (D / 8, row_lanes(D));
+    const { assert!(row_lanes(D) <= 32 && ROW_BLOCK.is_multiple_of(ROW_THREADS / row_lanes(D))) };
+    let per_pass = ROW_THREADS / lanes;
     let tid = index::thread_idx_x();
-    let (r0, c) = (tid / chunks, tid % chunks);
+    let (r0, c) = (tid / lanes, tid % lanes);
     let h = index::block_idx_y();
     // SAFETY: the grid's z is the batch (the caller's contract).
     let seq = unsafe { L::locate(pp, index::block_idx_z()) };
@@ -36,7 +42,7 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
     for k in 0..ROW_BLOCK / per_pass {
         let i = m0 + r0 + k * per_pass;
         let mut acc = 0.0f32;
-        if i < seq_q {
+        if i < seq_q && c < chunks {
             let o =
                 p.o.wrapping_add(seq.q_row(&p.o_strides, h, i) as usize + 8 * c as usize);
             let d_o = p
@@ -56,11 +62,11 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
                 acc += o0 * d0 + o1 * d1;
             }
         }
-        let mut lanes = 1;
-        while lanes < chunks {
+        let mut step = 1;
+        while step < lanes {
             // SAFETY: all 32 lanes execute these shuffles (uniform trip count).
-            acc += unsafe { warp::shfl_xor_f32(warp::FULL_MASK, acc, lanes) };
-            lanes *= 2;
+            acc += unsafe { warp::shfl_xor_f32(warp::FULL_MASK, acc, step) };
+            step *= 2;
         }
         if i < seq_q {
             let idx = (seq.lse_base(pp, h) + i as u64) as usize;
@@ -82,7 +88,7 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
                     *p.delta.wrapping_add(idx) = delta;
                 }
             }
-            if !p.dq_accum.is_null() {
+            if !p.dq_accum.is_null() && c < chunks {
                 let dst = p.dq_accum.wrapping_add(idx * D as usize + 8 * c as usize);
                 // SAFETY: row idx of the `[.., D]` f32 accumulator, elements 8 c .. 8 c + 8:
                 // inside it, 16-byte aligned (host-allocated, D a multiple of 8).
@@ -103,10 +109,10 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
 #[inline(always)]
 pub(super) unsafe fn convert<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Params) {
     let p = L::base(pp);
-    let chunks = D / 8;
-    let per_pass = ROW_THREADS / chunks;
+    let (chunks, lanes) = (D / 8, row_lanes(D));
+    let per_pass = ROW_THREADS / lanes;
     let tid = index::thread_idx_x();
-    let (r0, c) = (tid / chunks, tid % chunks);
+    let (r0, c) = (tid / lanes, tid % lanes);
     let h = index::block_idx_y();
     // SAFETY: the grid's z is the batch (the caller's contract).
     let seq = unsafe { L::locate(pp, index::block_idx_z()) };
@@ -114,7 +120,7 @@ pub(super) unsafe fn convert<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Params
     let m0 = index::block_idx_x() * ROW_BLOCK;
     for k in 0..ROW_BLOCK / per_pass {
         let i = m0 + r0 + k * per_pass;
-        if i < seq_q {
+        if i < seq_q && c < chunks {
             let idx = (seq.lse_base(pp, h) + i as u64) as usize;
             let src = p.dq_accum.wrapping_add(idx * D as usize + 8 * c as usize);
             // SAFETY: inside the accumulator (as in `preprocess`), 16-byte aligned.

@@ -315,9 +315,13 @@ attention_kernels! {
     attention_fwd_bf16_d64, Bf16, tile_config_of(64);
     attention_fwd_bf16_d128, Bf16, tile_config_of(128);
     attention_fwd_bf16_d256, Bf16, tile_config_of(256);
+    attention_fwd_bf16_d96, Bf16, tile_config_of(96);
+    attention_fwd_bf16_d192, Bf16, tile_config_of(192);
     attention_fwd_f16_d64, F16, tile_config_of(64);
     attention_fwd_f16_d128, F16, tile_config_of(128);
     attention_fwd_f16_d256, F16, tile_config_of(256);
+    attention_fwd_f16_d96, F16, tile_config_of(96);
+    attention_fwd_f16_d192, F16, tile_config_of(192);
     // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
     attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1;
     attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1;
@@ -334,7 +338,11 @@ attention_kernels! {
     attention_fwd_varlen_bf16_d64, Bf16, tile_config_of(64);
     attention_fwd_varlen_bf16_d128, Bf16, tile_config_of(128);
     attention_fwd_varlen_bf16_d256, Bf16, tile_config_of(256);
+    attention_fwd_varlen_bf16_d96, Bf16, tile_config_of(96);
+    attention_fwd_varlen_bf16_d192, Bf16, tile_config_of(192);
     attention_fwd_varlen_f16_d64, F16, tile_config_of(64);
     attention_fwd_varlen_f16_d128, F16, tile_config_of(128);
     attention_fwd_varlen_f16_d256, F16, tile_config_of(256);
+    attention_fwd_varlen_f16_d96, F16, tile_config_of(96);
+    attention_fwd_varlen_f16_d192, F16, tile_config_of(192);
 }
