@@ -8,8 +8,9 @@
 //! Family `attention-backward` ([`run_backward`]): the backward rows (`attention_bwd`,
 //! `attention_fwd_bwd`) of [`crate::attention_bwd`] over the same grid, its own results file.
 //!
-//! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` and
-//! `KBENCH_ATTENTION_SEQS` restrict the grid, the backward's too (the peers follow it; B = 16,
+//! Focused runs (environment, comma-separated lists): `KBENCH_ATTENTION_DIMS` (any of the
+//! library's head dimensions: 96 and 192 run only when named) and `KBENCH_ATTENTION_SEQS` set
+//! the grid, the backward's too (the peers follow it; B = 16,
 //! S = 2048 runs only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants
 //! to time (default: all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k,
 //! 8k, 16k within the grid's sequences).
@@ -93,7 +94,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
     } else {
         &[4096, 8192, 16384]
     };
-    let tuning_seqs = only("KBENCH_ATTENTION_SEQS", tuning_seqs)?;
+    let tuning_seqs = only("KBENCH_ATTENTION_SEQS", tuning_seqs, tuning_seqs)?;
     let hopper = b.gpu.arch().has_hopper_kernels();
     let tiles = TUNING_VARIANTS.iter().map(|(n, c)| (*n, c.head_dim));
     let hoppers = HOPPER_VARIANTS
@@ -153,16 +154,23 @@ fn grid(quick: bool) -> Result<(Vec<usize>, Vec<usize>)> {
         &[512, 1024, 2048, 4096, 8192, 16384]
     };
     let dims: &[usize] = if quick { &[128] } else { &[64, 128, 256] };
+    // Every head dimension the library has may be asked for (96 and 192 are not in the default
+    // grid).
+    let every_dim: Vec<usize> = kernels::attention::HEAD_DIMS
+        .iter()
+        .map(|&d| d as usize)
+        .collect();
     Ok((
-        only("KBENCH_ATTENTION_DIMS", dims)?,
-        only("KBENCH_ATTENTION_SEQS", seqs)?,
+        only("KBENCH_ATTENTION_DIMS", dims, &every_dim)?,
+        only("KBENCH_ATTENTION_SEQS", seqs, seqs)?,
     ))
 }
 
-/// `all`, restricted to the comma-separated values of the environment variable `var` when set.
-fn only(var: &str, all: &[usize]) -> Result<Vec<usize>> {
+/// `default`, or the comma-separated values of the environment variable `var` when set (each
+/// one of `all`).
+fn only(var: &str, default: &[usize], all: &[usize]) -> Result<Vec<usize>> {
     let Ok(list) = std::env::var(var) else {
-        return Ok(all.to_vec());
+        return Ok(default.to_vec());
     };
     let mut keep = Vec::new();
     for item in list.split(',') {

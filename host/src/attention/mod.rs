@@ -46,6 +46,8 @@ pub use backward::{
     AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
     BackwardWorkspaceLens, BwdLaunch, VarlenBackwardLaunches, backward, backward_varlen,
 };
+/// The head dimensions the forward and the backward accept.
+pub use kernel_abi::attention::HEAD_DIMS;
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
