@@ -171,6 +171,8 @@ CASES = [
     (1, 1024, 1024, 4, 1, 64, torch.float16, True, (128, -1), None),
     (3, 128, 128, 6, 3, 64, torch.bfloat16, False, (0, 0), 0.3),
     (2, 2048, 2048, 8, 2, 128, torch.float16, False, (-1, -1), None),
+    (2, 113, 203, 4, 2, 96, torch.bfloat16, True, (-1, -1), None),
+    (1, 300, 300, 4, 4, 192, torch.float16, False, (64, -1), None),
 ]
 if QUICK:
     CASES = CASES[:5]
@@ -437,6 +439,8 @@ BWD_CASES = [
     (3, 128, 128, 6, 3, 64, torch.bfloat16, False, (0, 0), 0.3, False),
     (1, 1023, 1024, 8, 8, 128, torch.bfloat16, True, (-1, -1), None, False),
     (1, 200, 150, 4, 2, 256, torch.bfloat16, True, (-1, -1), None, False),
+    (2, 113, 203, 4, 2, 96, torch.bfloat16, True, (-1, -1), None, True),
+    (1, 200, 150, 4, 4, 192, torch.float16, False, (-1, -1), None, False),
 ]
 if QUICK:
     BWD_CASES = BWD_CASES[:4]
