@@ -735,7 +735,7 @@ fn rejects_bad_problems() -> TestResult {
         f(&mut p);
         p.validate()
     };
-    expect_err("head dim 96", bad(|p| p.head_dim = 96), |e| {
+    expect_err("head dim 80", bad(|p| p.head_dim = 80), |e| {
         matches!(e, Error::Unsupported { .. })
     })?;
     expect_err("heads 4 vs 3", bad(|p| p.heads_kv = 3), |e| {
