@@ -60,8 +60,9 @@
 //! plans every gradient on its tensors ([`GlaBackwardTensors`]: the forward's inputs q, k, v, g
 //! and initial state, dO, the final states' gradient if any; written dq, dk, dv, dg (f32) and
 //! the initial states' gradient) into a [`GlaBackwardPlan`] that runs on any executor with its
-//! workspace ([`GlaBackwardWorkspace`]); [`backward`] does it on `cust` buffers, allocating
-//! the workspace. Nothing of the forward is kept beyond its inputs. The launches: the reverse
+//! workspace ([`GlaBackwardWorkspace`]); [`GlaSession::backward`] does it on `cust` buffers
+//! with a workspace the session allocates on its first backward and keeps (a training loop's
+//! way), [`backward`] through a fresh session, waiting for it. Nothing of the forward is kept beyond its inputs. The launches: the reverse
 //! pass (dv, the initial states' gradients, the gradient at every segment's end and every
 //! [`G_BLOCK`]-token block end, [`grad_slot`]; [`GlaProblem::plan_reverse_pass`] plans it
 //! alone), for split sequences the forward's state pass and combination (the state at every
