@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The session checks run on the GPU machine (the files in bench/results/sweeps/checks-h100-*.txt):
+#   t   attention and GLA backward GPU tests, reliability props and negative controls, CLI tests,
+#       the four sanitizers on attention and GLA backward cases, CLI timings with ncu per kernel,
+#       ncu details of gla_bwd_dqkg_tc, Python attention and GLA tests;
+#   vb  a shorter check set, then kbench attention-backward and kbench gla without peers;
+#   fla kbench gla --quick with the fla peer (TRITON_CACHE_DIR kept under /tmp).
+# Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla
+set -u
+part=${1:-t}
+B=/tmp/b9/bundle
+if [ ! -d $B ]; then mkdir -p /tmp/b9 && tar -xJf target/bundle-pack/bundle.tar.xz -C /tmp/b9 || exit 3; fi
+L=/tmp/logs9-$part; mkdir -p $L; S=$OUT/summary.txt
+cat $B/MANIFEST > $S
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> $S
+export KERNELS_WATCHDOG_SECS=120
+t() { local n=$1; shift; local s=$(date +%s); timeout ${TT:-200} "$@" > $L/$n.log 2>&1; echo "$n rc=$? $(( $(date +%s)-s ))s $(grep -E '^test result' $L/$n.log | tail -1)" >> $S; grep -E "FAILED|panicked|^WATCHDOG|MISMATCH" $L/$n.log | head -8 >> $S; }
+san() { local tool=$1 bin=$2 filt=$3; local extra=(); [ $tool = racecheck ] && extra=(--racecheck-report all)
+  local f=${filt//\//_}; f=${f//[\[\]\(\),]/_}
+  local s=$(date +%s); KERNELS_SANITIZER=$tool KERNELS_WATCHDOG_SECS=600 timeout 150 compute-sanitizer --tool $tool --error-exitcode 86 "${extra[@]}" $B/bin/test-$bin "$filt" --test-threads 1 > $L/san_${tool}_$f.log 2>&1
+  echo "san $tool $filt rc=$? $(( $(date +%s)-s ))s $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/san_${tool}_$f.log | tail -1) | $(grep -E '^test result' $L/san_${tool}_$f.log | tail -1)" >> $S; }
+CLI=$B/bin/kernels-cli
+ktimes() { python3 -c "
+import csv,collections
+t=collections.OrderedDict()
+for r in csv.reader(open('$1')):
+    if len(r)>14 and r[-3]=='gpu__time_duration.sum':
+        n=r[4].split('(')[0]+' '+r[8]; t[n]=t.get(n,0)+float(r[-1].replace(',',''))
+for n,v in t.items(): print(f'  $2 {n:60s} {v:10.1f}')
+" >> $S 2>&1; }
+if [ "$part" = t ]; then
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t gla_bwd $B/bin/test-gla gla/backward/gpu
+  t props $B/bin/test-reliability props
+  t neg $B/bin/test-reliability negative
+  t cli $B/bin/test-cli gpu/
+  for tool in memcheck racecheck synccheck initcheck; do
+    san $tool attention attention_bwd/gpu/bf16_d128_b2_sq113
+    san $tool attention attention_bwd/gpu/f16_d64_b2_sq113
+    san $tool gla 'gla/backward/gpu/tc/b2_t1000_h2_dk64_dv64_g[-0.05,0)'
+    san $tool gla 'gla/backward/gpu/tc/b1_t1000_h2_dk128_dv128_g[-0.2,0)_seg96'
+  done
+  san racecheck reliability negative_gla_bwd_no_carry_barrier_racecheck_target
+  python3 - <<'PY'
+import torch, torch.nn.functional as F
+from safetensors.torch import save_file
+torch.manual_seed(0)
+r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+for d,b,s_,h in [(128,2,4096,16),(64,2,8192,16)]:
+    save_file({'q':r(b,s_,h,d),'k':r(b,s_,h,d),'v':r(b,s_,h,d)}, f'/tmp/attn_in_{d}.st')
+def gla(B,T,H,D,name):
+    u=lambda: (torch.rand(B,T,H,D,device='cuda')*2-1).bfloat16()
+    g=F.logsigmoid(torch.rand(B,T,H,D,device='cuda')*6-3).bfloat16()
+    save_file({'q':u(),'k':u(),'v':u(),'g':g,'d_o':u()}, f'/tmp/{name}.st')
+gla(4,1024,32,64,'gla_a'); gla(4,4096,32,64,'gla_c'); gla(1,16384,16,128,'gla_b')
+PY
+  for d in 128 64; do
+    $CLI attention /tmp/attn_in_$d.st -o /tmp/attn_out_$d.st > $L/fwd_$d.log 2>&1
+    python3 - $d <<'PY'
+import sys, torch
+from safetensors.torch import load_file, save_file
+d=sys.argv[1]
+a=load_file(f'/tmp/attn_in_{d}.st'); o=load_file(f'/tmp/attn_out_{d}.st')
+a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
+save_file(a,f'/tmp/attn_bwd_{d}.st')
+PY
+    $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab.st --repeat 20 2>&1 | grep -i "median" | sed "s/^/D$d /" >> $S
+    ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab2.st > $L/ncu_$d.csv 2>&1
+    ktimes $L/ncu_$d.csv D$d
+  done
+  for c in gla_a gla_c gla_b; do
+    $CLI gla-backward /tmp/$c.st -o /tmp/${c}_g.st --repeat 20 2>&1 | grep -i "median" | sed "s/^/$c /" >> $S
+    ncu --metrics gpu__time_duration.sum --csv $CLI gla-backward /tmp/$c.st -o /tmp/${c}_g2.st > $L/ncu_$c.csv 2>&1
+    ktimes $L/ncu_$c.csv $c
+  done
+  ncu --set full -k regex:dqkg_tc -c 1 -o $OUT/dqkg $CLI gla-backward /tmp/gla_a.st -o /tmp/x.st > $L/ncu_dqkg.log 2>&1
+  ncu -i $OUT/dqkg.ncu-rep --page details > $OUT/dqkg.txt 2>&1; rm -f $OUT/dqkg.ncu-rep
+  P=/tmp/pyd9; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention gla; do
+    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+fi
+if [ "$part" = v ] || [ "$part" = vb ]; then
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t gla_bwd $B/bin/test-gla gla/backward/gpu
+  t neg $B/bin/test-reliability negative
+  for tool in racecheck memcheck synccheck initcheck; do
+    san $tool attention attention_bwd/gpu/bf16_d128_b2_sq113
+  done
+  san racecheck attention attention_bwd/gpu/f16_d64_b2_sq113
+  for tool in racecheck memcheck; do
+    san $tool gla 'gla/backward/gpu/tc/b2_t1000_h2_dk64_dv64_g[-0.05,0)'
+  done
+  san racecheck reliability negative_gla_bwd_no_carry_barrier_racecheck_target
+fi
+if [ "$part" = b ] || [ "$part" = vb ]; then
+  P=/tmp/pyd9b
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=${DIMS:-64,128,256} KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
+  s=$(date +%s); timeout -k 5 ${T:-330} $B/bin/kbench attention-backward --out $OUT > $L/bench.log 2>&1
+  echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench.log | grep "attention_fwd_bwd" | tail -80 >> $S
+  grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
+  s=$(date +%s); KBENCH_PEERS=0 timeout -k 5 ${TG:-200} $B/bin/kbench gla --out $OUT > $L/bench-gla.log 2>&1
+  echo "bench gla rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench-gla.log | grep -E "gla_fwd_bwd|gla_fwd " | tail -30 >> $S
+fi
+if [ "$part" = fla ]; then
+  P=/tmp/pyd9f
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers TRITON_CACHE_DIR=/tmp/tc; mkdir -p /tmp/tc
+  s=$(date +%s); timeout -k 5 ${T:-500} $B/bin/kbench gla --quick --out $OUT > $L/bench-gla-fla.log 2>&1
+  echo "bench gla --quick (fla peer) rc=$? $(( $(date +%s)-s ))s" >> $S
+  grep -E "peer |fla" $L/bench-gla-fla.log | tail -20 >> $S
+  sed -n '/^== table/,$p' $L/bench-gla-fla.log | grep -E "gla_fwd_bwd|gla_fwd " | grep -v "ours-" | tail -30 >> $S
+  tar -czf $OUT/triton-cache.tgz -C /tmp tc; ls -la $OUT >> $S
+fi
+tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
+cat $S
