@@ -168,15 +168,25 @@ fn attention_backward_summary(f: &ResultsFile) -> String {
         "Backward summary (FLOPs as FlashAttention counts them: the backward 2.5 forwards, \
          forward + backward 3.5; `ours` accumulates dQ with f32 atomics, `det` is \
          `ours-deterministic`; `vs <peer>` = peer ms / ours ms on forward + backward, > 1: ours \
-         faster):\n\n| d | seq | batch x heads | causal | ours fwd+bwd TFLOP/s | det fwd+bwd \
+         faster; `extra MiB` = device memory the forward + backward allocates beyond its inputs):\n\n| d | seq | batch x heads | causal | ours fwd+bwd TFLOP/s | det fwd+bwd \
          TFLOP/s | ours bwd TFLOP/s | det bwd TFLOP/s |",
     );
     for p in &peers {
         write!(md, " vs {p} |").unwrap();
     }
+    // Device memory each forward + backward allocates beyond its inputs (`peak_extra_mib`).
+    md.push_str(" ours extra MiB |");
+    for p in &peers {
+        write!(md, " {p} extra MiB |").unwrap();
+    }
     md.push_str("\n|---:|---:|---:|---|---:|---:|---:|---:|");
-    md.push_str(&"---:|".repeat(peers.len()));
+    md.push_str(&"---:|".repeat(2 * peers.len() + 1));
     md.push('\n');
+    let mib = |r: Option<&Row>| {
+        r.and_then(|r| r.extra.get("peak_extra_mib"))
+            .and_then(Value::as_f64)
+            .map_or(String::new(), |m| format!("{m:.0}"))
+    };
     let get = |r: &Row, k: &str| r.config.get(k).map(|v| v.to_string()).unwrap_or_default();
     for o in f
         .rows
@@ -213,6 +223,10 @@ fn attention_backward_summary(f: &ResultsFile) -> String {
                 format!("{:.2}x", r.median_ms / o.median_ms)
             });
             write!(md, " {ratio} |").unwrap();
+        }
+        write!(md, " {} |", mib(Some(o))).unwrap();
+        for p in &peers {
+            write!(md, " {} |", mib(find(STEP, p))).unwrap();
         }
         md.push('\n');
     }
