@@ -33,6 +33,18 @@ const CONSUMER_THREADS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE;
 /// Accumulator registers of the 64 x 64 products (`S^T`, `dP^T` in dK/dV; `S`, `dP` in dQ).
 const SR: usize = 32;
 
+/// The tensor maps of Q, dO, K and V in kernel `$kernel`'s parameters.
+macro_rules! bwd_tmaps {
+    ($kernel:ident) => {
+        [
+            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_q),
+            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_do),
+            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_k),
+            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_v),
+        ]
+    };
+}
+
 macro_rules! hopper_bwd_kernels {
     (
         $dkdv:ident, $dq:ident, $elem:ty, $d:literal,
@@ -48,12 +60,7 @@ macro_rules! hopper_bwd_kernels {
         pub unsafe extern "ptx-kernel" fn $dkdv(p: HopperBwdParams) {
             const CFG: HopperBwdConfig = hopper_bwd_config_of($d);
             crate::launch_bounds!($dkdv in kernel_abi::attention::KERNELS);
-            let tmaps = [
-                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_q),
-                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_do),
-                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_k),
-                tensor_map_ptr!($dkdv, 0, HopperBwdParams, tmap_v),
-            ];
+            let tmaps = bwd_tmaps!($dkdv);
             // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
             // configuration, called by whole warpgroups in uniform control flow.
             unsafe {
@@ -80,12 +87,7 @@ macro_rules! hopper_bwd_kernels {
         pub unsafe extern "ptx-kernel" fn $dq(p: HopperBwdParams) {
             const CFG: HopperDqConfig = HopperDqConfig { head_dim: $d };
             crate::launch_bounds!($dq in kernel_abi::attention::KERNELS);
-            let tmaps = [
-                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_q),
-                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_do),
-                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_k),
-                tensor_map_ptr!($dq, 0, HopperBwdParams, tmap_v),
-            ];
+            let tmaps = bwd_tmaps!($dq);
             // SAFETY: as for the dK/dV kernel.
             unsafe {
                 dq::dq::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }>(
