@@ -24,6 +24,8 @@ use rand::Rng;
 
 #[path = "attention/backward.rs"]
 mod backward;
+#[path = "attention/reference_fd.rs"]
+mod reference_fd;
 #[path = "attention/varlen.rs"]
 mod varlen;
 #[path = "attention/varlen_bwd.rs"]
@@ -289,11 +291,7 @@ fn main() {
         rejects_bad_tensors,
     );
     s.cpu("attention/mask_convention", mask_convention);
-    for c in backward_cases() {
-        s.cpu(&format!("reference/backward/{}", c.name), move || {
-            backward_against_finite_differences(&c)
-        });
-    }
+    reference_fd::register(&mut s);
     backward::register(&mut s);
     varlen::register(&mut s);
     varlen_bwd::register(&mut s);
@@ -836,186 +834,4 @@ fn mask_convention() -> TestResult {
         !p.allowed(2, 0) && p.allowed(2, 1) && p.allowed(2, 3) && !p.allowed(0, 2),
         || "window".into(),
     )
-}
-
-/// A backward-reference case: the gradients of `L = sum(O * W) + sum(LSE * U)` (U = 0 without
-/// dLSE) against central finite differences of the f64 forward reference.
-struct BackwardCase {
-    name: &'static str,
-    p: AttentionProblem,
-    /// Whether the loss has the LSE term (`d_lse` given) or not (`None`).
-    with_lse: bool,
-    /// Inputs in bf16 through [`attention::reference::backward`] (else f64 through
-    /// `backward_f64`); the finite differences always perturb the inputs in f64.
-    bf16: bool,
-}
-
-fn backward_cases() -> Vec<BackwardCase> {
-    let p = |b, sq, sk, hq, hkv| AttentionProblem::new(b, sq, sk, hq, hkv, 64, Dtype::Bf16);
-    let c = |name, p, with_lse| BackwardCase {
-        name,
-        p,
-        with_lse,
-        bf16: false,
-    };
-    vec![
-        c("plain", p(2, 5, 7, 2, 2), true),
-        c("plain_no_dlse", p(2, 5, 7, 2, 2), false),
-        c("causal_sq_lt_sk", p(1, 3, 7, 2, 2).causal(), true),
-        // The first 4 rows have no allowed key.
-        c(
-            "causal_sq_gt_sk_empty_rows",
-            p(1, 7, 3, 2, 2).causal(),
-            true,
-        ),
-        c("window", p(1, 6, 6, 2, 1).window(Some(1), Some(2)), true),
-        // diag = i - 2: rows 0 and 1 have no allowed key.
-        c(
-            "window_empty_rows",
-            p(2, 6, 4, 2, 2).window(Some(0), Some(0)),
-            true,
-        ),
-        c(
-            "causal_window",
-            p(1, 6, 7, 2, 2).causal().window(Some(2), None),
-            false,
-        ),
-        c("gqa", p(2, 4, 5, 4, 2).causal(), true),
-        c("mqa", p(1, 5, 6, 4, 1), true),
-        c("mqa_no_dlse", p(1, 5, 6, 4, 1).window(None, Some(1)), false),
-        c("sq1", p(2, 1, 7, 2, 1).causal(), true),
-        c("sq1_sk1", p(1, 1, 1, 2, 2), true),
-        c("sk1", p(1, 4, 1, 2, 2).causal(), true),
-        c("scale", p(1, 5, 5, 2, 2).scale(0.4), true),
-        BackwardCase {
-            name: "gqa_bf16_inputs",
-            p: p(1, 5, 6, 4, 2).causal(),
-            with_lse: true,
-            bf16: true,
-        },
-    ]
-}
-
-/// Relative bound on `|analytic - fd|`: `FD_TOL * (1 + |fd|)`. Central differences with step
-/// `h = 1e-6 max(1, |x|)` in f64 have truncation error `O(h^2)` (~1e-12 here) and rounding
-/// error about `eps |L| / h` (~1e-9 for these losses), far below it.
-const FD_TOL: f64 = 1e-6;
-
-/// Elements of each of Q, K and V perturbed (a random subset, so each case takes milliseconds).
-const FD_SAMPLES: usize = 24;
-
-fn backward_against_finite_differences(c: &BackwardCase) -> TestResult {
-    use attention::reference::{backward, backward_f64, reference_f64};
-    let p = &c.p;
-    let seed = 0xbacd ^ (c.name.len() as u64 * 7919) ^ (p.seq_q * 131 + p.seq_k) as u64;
-    let mut r = rng(seed);
-    let mut draw = |n: usize| -> Vec<f64> {
-        (0..n)
-            .map(|_| {
-                let x: f64 = r.random_range(-1.0..1.0);
-                if c.bf16 {
-                    bf16::from_f64(x).to_f64()
-                } else {
-                    x
-                }
-            })
-            .collect()
-    };
-    let (qn, kn) = (p.q_shape().iter().product(), p.kv_shape().iter().product());
-    let (q, k, v) = (draw(qn), draw(kn), draw(kn));
-    let w = draw(qn);
-    let u = if c.with_lse {
-        draw(p.lse_len())
-    } else {
-        vec![0.0; p.lse_len()]
-    };
-    let grads = if c.bf16 {
-        let t = |x: &[f64]| -> Vec<bf16> { x.iter().map(|&x| bf16::from_f64(x)).collect() };
-        let u32: Vec<f32> = u.iter().map(|&x| x as f32).collect();
-        backward(
-            p,
-            &t(&q),
-            &t(&k),
-            &t(&v),
-            &t(&w),
-            c.with_lse.then_some(&u32[..]),
-        )
-    } else {
-        backward_f64(p, &q, &k, &v, &w, c.with_lse.then_some(&u[..]))
-    };
-    // L = sum(O * W) + sum(LSE * U) over the rows with an allowed key (LSE = -inf elsewhere;
-    // U is nonzero there too, and must not reach the gradients).
-    let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
-        let f = reference_f64(p, q, k, v);
-        let o: f64 = f.o.iter().zip(&w).map(|(a, b)| a * b).sum();
-        let l: f64 = f
-            .lse
-            .iter()
-            .zip(&u)
-            .filter(|(l, _)| l.is_finite())
-            .map(|(a, b)| a * b)
-            .sum();
-        o + l
-    };
-    for (what, g) in [("dQ", &grads.dq), ("dK", &grads.dk), ("dV", &grads.dv)] {
-        ensure(g.iter().all(|x| x.is_finite()), || {
-            format!("{}: {what} has NaN or inf", c.name)
-        })?;
-    }
-    // Rows with no allowed key: dQ exactly 0.
-    let mut empty_rows = 0;
-    let d = p.head_dim;
-    for b in 0..p.batch {
-        for i in (0..p.seq_q).filter(|&i| (0..p.seq_k).all(|j| !p.allowed(i, j))) {
-            for h in 0..p.heads_q {
-                empty_rows += 1;
-                let start = ((b * p.seq_q + i) * p.heads_q + h) * d;
-                ensure(grads.dq[start..start + d].iter().all(|&x| x == 0.0), || {
-                    format!(
-                        "{}: dQ row (b {b}, i {i}, h {h}) has no allowed key but is not 0",
-                        c.name
-                    )
-                })?;
-            }
-        }
-    }
-    let mut worst = 0.0f64; // max |analytic - fd| / (1 + |fd|)
-    let mut worst_abs = 0.0f64;
-    for (which, analytic) in [(0, &grads.dq), (1, &grads.dk), (2, &grads.dv)] {
-        let n = analytic.len();
-        let mut picks: Vec<usize> = (0..FD_SAMPLES.min(n))
-            .map(|_| r.random_range(0..n))
-            .collect();
-        picks.sort();
-        picks.dedup();
-        for idx in picks {
-            let mut inputs = [q.clone(), k.clone(), v.clone()];
-            let x = inputs[which][idx];
-            let h = 1e-6 * x.abs().max(1.0);
-            inputs[which][idx] = x + h;
-            let xp = inputs[which][idx];
-            let lp = loss(&inputs[0], &inputs[1], &inputs[2]);
-            inputs[which][idx] = x - h;
-            let xm = inputs[which][idx];
-            let lm = loss(&inputs[0], &inputs[1], &inputs[2]);
-            let fd = (lp - lm) / (xp - xm);
-            let a = analytic[idx];
-            let err = (a - fd).abs();
-            worst_abs = worst_abs.max(err);
-            worst = worst.max(err / (1.0 + fd.abs()));
-            ensure(err <= FD_TOL * (1.0 + fd.abs()), || {
-                format!(
-                    "{}: {} [{idx}] analytic {a:.12e} vs finite difference {fd:.12e} (seed {seed:#x})",
-                    c.name,
-                    ["dQ", "dK", "dV"][which]
-                )
-            })?;
-        }
-    }
-    println!(
-        "reference/backward/{}: worst |analytic - fd| / (1 + |fd|) = {worst:.3e} (tol {FD_TOL:e}), \
-         worst abs {worst_abs:.3e}, {empty_rows} empty rows",
-        c.name
-    );
-    Ok(())
 }
