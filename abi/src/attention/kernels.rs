@@ -1,0 +1,374 @@
+//! The family's kernel handles: the `mma.sync` and Hopper forward kernels of each element type,
+//! head dimension and tuning variant, the lookups by them, and the family's table of every
+//! kernel (the backward's and the packed-sequence forward's included).
+
+use super::*;
+
+/// An `mma.sync` kernel: its handle (dynamic shared memory as a function of its tile
+/// configuration) and what it was compiled for.
+pub struct MmaKernel {
+    /// The handle; launch it with shape [`MmaKernel::tiles`].
+    pub kernel: Kernel<AttentionParams, TileConfig>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Tile configuration (its head dimension is the kernel's).
+    pub tiles: TileConfig,
+    /// The tuning variant ([`TUNING_VARIANTS`]), `None` for the default tiles of its head
+    /// dimension ([`tile_config`]).
+    pub variant: Option<&'static str>,
+}
+
+/// A Hopper kernel: its handle (dynamic shared memory as a function of its configuration) and
+/// what it was compiled for.
+pub struct HopperKernel {
+    /// The handle; launch it with shape [`HopperKernel::cfg`].
+    pub kernel: Kernel<HopperParams, HopperConfig>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Configuration (its head dimension is the kernel's).
+    pub cfg: HopperConfig,
+    /// The tuning variant ([`HOPPER_VARIANTS`]), `None` for the default configuration of its
+    /// head dimension ([`hopper_config`]).
+    pub variant: Option<&'static str>,
+}
+
+pub(crate) fn mma_smem(tiles: TileConfig) -> usize {
+    tiles.smem_bytes()
+}
+
+fn hopper_smem(cfg: HopperConfig) -> usize {
+    cfg.smem_bytes()
+}
+
+/// Whether `name` ends with `_{variant}` (a variant's entry name carries the variant's name).
+const fn names_variant(name: &str, variant: Option<&str>) -> bool {
+    let Some(variant) = variant else {
+        return true;
+    };
+    let (n, v) = (name.as_bytes(), variant.as_bytes());
+    if n.len() <= v.len() || n[n.len() - v.len() - 1] != b'_' {
+        return false;
+    }
+    let mut i = 0;
+    while i < v.len() {
+        if n[n.len() - v.len() + i] != v[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn mma(
+    name: &'static str,
+    dtype: Dtype,
+    tiles: TileConfig,
+    variant: Option<&'static str>,
+) -> MmaKernel {
+    assert!(names_variant(name, variant));
+    MmaKernel {
+        kernel: Kernel::new(name, tiles.threads(), tiles.blocks_per_sm, mma_smem),
+        dtype,
+        tiles,
+        variant,
+    }
+}
+
+const fn hopper(
+    name: &'static str,
+    dtype: Dtype,
+    cfg: HopperConfig,
+    variant: Option<&'static str>,
+) -> HopperKernel {
+    assert!(names_variant(name, variant));
+    HopperKernel {
+        kernel: Kernel::new(name, HOPPER_THREADS, 1, hopper_smem),
+        dtype,
+        cfg,
+        variant,
+    }
+}
+
+/// The `mma.sync` kernels: the default tiles for each dtype and head dimension, then the
+/// tuning variants (bf16) in the order of [`TUNING_VARIANTS`].
+pub const MMA_KERNELS: [MmaKernel; 10 + TUNING_VARIANTS.len()] = [
+    mma(
+        "attention_fwd_bf16_d64",
+        Dtype::Bf16,
+        tile_config_of(64),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d128",
+        Dtype::Bf16,
+        tile_config_of(128),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d256",
+        Dtype::Bf16,
+        tile_config_of(256),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d96",
+        Dtype::Bf16,
+        tile_config_of(96),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d192",
+        Dtype::Bf16,
+        tile_config_of(192),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d64",
+        Dtype::F16,
+        tile_config_of(64),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d128",
+        Dtype::F16,
+        tile_config_of(128),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d256",
+        Dtype::F16,
+        tile_config_of(256),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d96",
+        Dtype::F16,
+        tile_config_of(96),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d192",
+        Dtype::F16,
+        tile_config_of(192),
+        None,
+    ),
+    mma(
+        "attention_fwd_bf16_d128_mt1",
+        Dtype::Bf16,
+        TUNING_VARIANTS[0].1,
+        Some(TUNING_VARIANTS[0].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_n64",
+        Dtype::Bf16,
+        TUNING_VARIANTS[1].1,
+        Some(TUNING_VARIANTS[1].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_n64pf",
+        Dtype::Bf16,
+        TUNING_VARIANTS[2].1,
+        Some(TUNING_VARIANTS[2].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d256_n32",
+        Dtype::Bf16,
+        TUNING_VARIANTS[3].1,
+        Some(TUNING_VARIANTS[3].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_ffma",
+        Dtype::Bf16,
+        TUNING_VARIANTS[4].1,
+        Some(TUNING_VARIANTS[4].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_scaled",
+        Dtype::Bf16,
+        TUNING_VARIANTS[5].1,
+        Some(TUNING_VARIANTS[5].0),
+    ),
+    mma(
+        "attention_fwd_bf16_d128_n64lazy",
+        Dtype::Bf16,
+        TUNING_VARIANTS[6].1,
+        Some(TUNING_VARIANTS[6].0),
+    ),
+];
+
+/// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
+/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`].
+pub const HOPPER_KERNELS: [HopperKernel; 6 + HOPPER_VARIANTS.len()] = [
+    hopper(
+        "attention_fwd_hopper_bf16_d64",
+        Dtype::Bf16,
+        hopper_config_of(64),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128",
+        Dtype::Bf16,
+        hopper_config_of(128),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d256",
+        Dtype::Bf16,
+        hopper_config_of(256),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d64",
+        Dtype::F16,
+        hopper_config_of(64),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d128",
+        Dtype::F16,
+        hopper_config_of(128),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d256",
+        Dtype::F16,
+        hopper_config_of(256),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hscaled",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[0].1,
+        Some(HOPPER_VARIANTS[0].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hpp",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[1].1,
+        Some(HOPPER_VARIANTS[1].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_h176",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[2].1,
+        Some(HOPPER_VARIANTS[2].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_h3",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[3].1,
+        Some(HOPPER_VARIANTS[3].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hnp",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[4].1,
+        Some(HOPPER_VARIANTS[4].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hstatic",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[5].1,
+        Some(HOPPER_VARIANTS[5].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d128_hgrid3",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[6].1,
+        Some(HOPPER_VARIANTS[6].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d64_hpp64",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[7].1,
+        Some(HOPPER_VARIANTS[7].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d256_hpp256",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[8].1,
+        Some(HOPPER_VARIANTS[8].0),
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d256_hscaled256",
+        Dtype::Bf16,
+        HOPPER_VARIANTS[9].1,
+        Some(HOPPER_VARIANTS[9].0),
+    ),
+];
+
+/// The family's kernels (both forward paths, the backward's on dense batches and on packed
+/// sequences, the forward over packed sequences, then the Hopper backward's dK/dV kernels).
+pub const KERNELS: &[KernelDecl] = &kernel_decls();
+
+const FAMILY_KERNELS: usize = MMA_KERNELS.len()
+    + HOPPER_KERNELS.len()
+    + backward::BWD_KERNEL_COUNT
+    + MMA_VARLEN_KERNELS.len()
+    + hopper_bwd::HOPPER_BWD_KERNEL_COUNT;
+
+const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
+    let mut out = [MMA_KERNELS[0].kernel.info(); FAMILY_KERNELS];
+    let mut i = 0;
+    while i < MMA_KERNELS.len() {
+        out[i] = MMA_KERNELS[i].kernel.info();
+        i += 1;
+    }
+    let mut j = 0;
+    while j < HOPPER_KERNELS.len() {
+        out[i + j] = HOPPER_KERNELS[j].kernel.info();
+        j += 1;
+    }
+    let bwd = backward::bwd_kernel_decls();
+    let mut k = 0;
+    while k < bwd.len() {
+        out[i + j + k] = bwd[k];
+        k += 1;
+    }
+    let mut l = 0;
+    while l < MMA_VARLEN_KERNELS.len() {
+        out[i + j + k + l] = MMA_VARLEN_KERNELS[l].kernel.info();
+        l += 1;
+    }
+    let hb = hopper_bwd::hopper_bwd_kernel_decls();
+    let mut m = 0;
+    while m < hb.len() {
+        out[i + j + k + l + m] = hb[m];
+        m += 1;
+    }
+    out
+}
+
+fn same_variant(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => str_eq(a, b),
+        _ => false,
+    }
+}
+
+/// The `mma.sync` kernel for `dtype` and head dimension `head_dim`: the default tiles
+/// (`variant` `None`) or the tuning variant of that name, if one was built.
+pub fn mma_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    variant: Option<&str>,
+) -> Option<&'static MmaKernel> {
+    const ALL: &[MmaKernel] = &MMA_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype && k.tiles.head_dim == head_dim && same_variant(k.variant, variant)
+    })
+}
+
+/// The Hopper kernel for `dtype` and head dimension `head_dim`: the default configuration
+/// (`variant` `None`) or the tuning variant of that name, if one was built.
+pub fn hopper_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    variant: Option<&str>,
+) -> Option<&'static HopperKernel> {
+    const ALL: &[HopperKernel] = &HOPPER_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype && k.cfg.head_dim == head_dim && same_variant(k.variant, variant)
+    })
+}
