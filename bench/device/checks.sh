@@ -4,7 +4,10 @@
 #       the four sanitizers on attention and GLA backward cases, CLI timings with ncu per kernel,
 #       ncu details of gla_bwd_dqkg_tc, Python attention and GLA tests;
 #   vb  a shorter check set, then kbench attention-backward and kbench gla without peers;
-#   fla kbench gla --quick with the fla peer (TRITON_CACHE_DIR kept under /tmp).
+#   fla kbench gla --quick with the fla peer (TRITON_CACHE_DIR kept under /tmp);
+#   hd  head dimensions 96 and 192: their GPU tests (forward, packed, backward), GLA backward
+#       tests, sanitizers on D 96/192 cases, Python attention tests, then kbench attention and
+#       attention-backward at D 96/192 (peers cuDNN and FA2 through SDPA).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla
 set -u
@@ -117,6 +120,28 @@ if [ "$part" = fla ]; then
   grep -E "peer |fla" $L/bench-gla-fla.log | tail -20 >> $S
   sed -n '/^== table/,$p' $L/bench-gla-fla.log | grep -E "gla_fwd_bwd|gla_fwd " | grep -v "ours-" | tail -30 >> $S
   tar -czf $OUT/triton-cache.tgz -C /tmp tc; ls -la $OUT >> $S
+fi
+if [ "$part" = hd ]; then
+  TT=400 t hd $B/bin/test-attention d96 d192 --skip emulated
+  t gla_bwd $B/bin/test-gla gla/backward/gpu
+  for tool in memcheck racecheck synccheck initcheck; do
+    san $tool attention attention_bwd/gpu/bf16_d96_b2_sq113_sk203_h4x2_causal_atomic_mma
+    san $tool attention attention/mma/bf16_d192_b2_sq113_sk203_h4x2_causal
+  done
+  san racecheck attention attention_bwd/gpu/f16_d192_b2_sq113_sk203_h4x2_det_mma
+  san racecheck gla 'gla/backward/gpu/tc/b2_t1000_h2_dk64_dv64_g[-0.05,0)'
+  P=/tmp/pyd9h; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_attention.py > $L/py_attention.log 2>&1
+  echo "py attention rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_attention.log | tail -1)" >> $S
+  grep -E "^(SKIP|FAIL)" -A4 $L/py_attention.log | head -12 >> $S
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl >> $L/pip.log 2>&1
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=96,192 KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
+  for k in attention attention-backward; do
+    s=$(date +%s); timeout -k 5 ${T:-150} $B/bin/kbench $k --out $OUT > $L/bench-$k.log 2>&1
+    echo "bench $k rc=$? $(( $(date +%s)-s ))s" >> $S
+    sed -n '/^== table/,$p' $L/bench-$k.log | grep -E "attention_fwd |attention_fwd_bwd" | tail -40 >> $S
+    grep -i "note\|error\|MISMATCH" $L/bench-$k.log | tail -5 >> $S
+  done
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S
