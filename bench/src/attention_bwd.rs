@@ -110,7 +110,12 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
         (attention::Path::Auto, false, "ours"),
         (attention::Path::Auto, true, "ours-deterministic"),
     ];
-    if b.gpu.arch().has_hopper_kernels() && p.head_dim != 256 {
+    // "ours-mma" only where the automatic choice is another path (a Hopper backward kernel).
+    let hopper = kernel_abi::attention::hopper_bwd::hopper_bwd_kernel(
+        kernel_abi::attention::Dtype::Bf16,
+        p.head_dim as u32,
+    );
+    if b.gpu.arch().has_hopper_kernels() && hopper.is_some() {
         variants.extend([
             (attention::Path::MmaSync, false, "ours-mma"),
             (attention::Path::MmaSync, true, "ours-mma-deterministic"),
