@@ -34,6 +34,7 @@
 //! launches).
 
 pub mod backward;
+pub mod decode;
 mod plan;
 mod problem;
 mod raw;
