@@ -7,7 +7,8 @@
 //!
 //! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs`, the forward over
 //! packed sequences (`attention_varlen/*`) in `attention/varlen.rs`, its backward
-//! (`attention_varlen_bwd/*`) in `attention/varlen_bwd.rs`.
+//! (`attention_varlen_bwd/*`) in `attention/varlen_bwd.rs`; decoding over a paged KV cache
+//! (`attention_decode/*`) in `attention/decode.rs`.
 
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -24,6 +25,8 @@ use rand::Rng;
 
 #[path = "attention/backward.rs"]
 mod backward;
+#[path = "attention/decode.rs"]
+mod decode;
 #[path = "attention/reference_fd.rs"]
 mod reference_fd;
 #[path = "attention/varlen.rs"]
@@ -295,6 +298,7 @@ fn main() {
     backward::register(&mut s);
     varlen::register(&mut s);
     varlen_bwd::register(&mut s);
+    decode::register(&mut s);
     s.run()
 }
 

@@ -298,14 +298,16 @@ pub const HOPPER_KERNELS: [HopperKernel; 6 + HOPPER_VARIANTS.len()] = [
 ];
 
 /// The family's kernels (both forward paths, the backward's on dense batches and on packed
-/// sequences, the forward over packed sequences, then the Hopper backward's dK/dV kernels).
+/// sequences, the forward over packed sequences, the Hopper backward's dK/dV kernels, then the
+/// decode kernels over a paged KV cache).
 pub const KERNELS: &[KernelDecl] = &kernel_decls();
 
 const FAMILY_KERNELS: usize = MMA_KERNELS.len()
     + HOPPER_KERNELS.len()
     + backward::BWD_KERNEL_COUNT
     + MMA_VARLEN_KERNELS.len()
-    + hopper_bwd::HOPPER_BWD_KERNEL_COUNT;
+    + hopper_bwd::HOPPER_BWD_KERNEL_COUNT
+    + decode::DECODE_KERNEL_COUNT;
 
 const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     let mut out = [MMA_KERNELS[0].kernel.info(); FAMILY_KERNELS];
@@ -335,6 +337,12 @@ const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     while m < hb.len() {
         out[i + j + k + l + m] = hb[m];
         m += 1;
+    }
+    let dec = decode::decode_kernel_decls();
+    let mut n = 0;
+    while n < dec.len() {
+        out[i + j + k + l + m + n] = dec[n];
+        n += 1;
     }
     out
 }

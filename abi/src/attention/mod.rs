@@ -6,6 +6,7 @@ use crate::kernel::str_eq;
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 pub mod backward;
+pub mod decode;
 pub mod hopper_bwd;
 mod kernels;
 mod varlen;

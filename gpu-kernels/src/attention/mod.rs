@@ -18,8 +18,12 @@
 //! dense batches and on packed sequences (the same bodies on either layout); `hopper_bwd`
 //! (sm_90a only): the dK/dV and dQ kernels on TMA and `wgmma`, which take the `mma.sync` ones'
 //! place on Hopper GPUs.
+//!
+//! [`decode`]: one decode step over a paged KV cache, its context split over blocks and the
+//! splits merged (flash-decoding), on `mma.sync`.
 
 pub mod backward;
+pub mod decode;
 pub mod elem;
 #[cfg(target_feature = "sm_90a")]
 pub mod hopper;

@@ -16,11 +16,30 @@
 //! L_b - seq_q + i`. A row with no key (a context of 0, or causal rows before the context)
 //! gets `O = 0` and `LSE = -inf`. Pages may come in any order and may be shared between
 //! sequences (a common prefix).
+//!
+//! The family's three steps: an [`AttentionDecodeProblem`] (sizes and options) is planned on its
+//! tensors ([`AttentionDecodeTensors`]) and a number of splits ([`AttentionDecodeProblem::
+//! num_splits`], the heuristic) into an [`AttentionDecodePlan`] (pure), which runs on any
+//! executor. [`decode`] does it on `cust` buffers with tables checked on the host and uploaded
+//! once ([`DecodeTables`]). Kernels: `attention_decode_*` (the `mma.sync` kernel documented in
+//! the kernel crate: a block per sequence, key/value head, 16 query rows and split) and, with
+//! several splits, `attention_decode_combine_*`; every GPU of compute capability >= 8.0.
 
 use super::reference::{AttentionOutput, reference_f64};
-use super::{AttentionElem, AttentionProblem, HEAD_DIMS};
+use super::{AttentionElem, AttentionProblem, HEAD_DIMS, View};
 use crate::attention::Dtype;
 use crate::error::{Error, Result};
+use crate::exec::{DevView, Exec, OnStream};
+use crate::gpu::{Gpu, LaunchConfig};
+use crate::launch::Launch;
+use crate::memory::upload;
+use cust::memory::DeviceBuffer;
+use cust::stream::Stream;
+use kernel_abi::KernelDecl;
+use kernel_abi::attention::decode::{
+    AttentionDecodeCombineParams, AttentionDecodeParams, COMBINE_WARPS, DECODE_BLOCK_M,
+    DecodeKernel, decode_kernel,
+};
 
 /// The most query tokens per sequence of a decode step (speculative decoding drafts).
 pub const MAX_DECODE_QUERIES: usize = 16;
@@ -251,8 +270,9 @@ impl AttentionDecodeProblem {
             .unwrap_or(1)
     }
 
-    /// The dense problem of sequence `b` with a context of `context` keys (for the reference).
-    fn dense(&self, context: usize) -> AttentionProblem {
+    /// The dense problem of one sequence with a context of `context` keys (its keys gathered
+    /// from the pages): what the reference computes for it.
+    pub fn sequence(&self, context: usize) -> AttentionProblem {
         let mut p = AttentionProblem::new(
             1,
             self.seq_q,
@@ -266,6 +286,323 @@ impl AttentionDecodeProblem {
         p.causal = self.causal;
         p
     }
+}
+
+/// The tensors of a decode step.
+pub struct AttentionDecodeTensors<'a, T> {
+    /// Q `[batch, seq_q, heads_q, D]`.
+    pub q: View<'a, T>,
+    /// The key cache `[num_pages, page_size, heads_kv, D]`.
+    pub k_cache: View<'a, T>,
+    /// The value cache, as the key cache.
+    pub v_cache: View<'a, T>,
+    /// O `[batch, seq_q, heads_q, D]` (written; must not overlap the inputs).
+    pub o: View<'a, T>,
+    /// LSE `[batch, heads_q, seq_q]` f32, contiguous (written).
+    pub lse: DevView<'a, f32>,
+    /// The block table `[batch, max_pages]` i32, contiguous.
+    pub block_table: DevView<'a, i32>,
+    /// `[batch]` i32 context lengths.
+    pub cache_seqlens: DevView<'a, i32>,
+    /// f32 scratch of at least [`AttentionDecodeProblem::workspace_len`] elements for the
+    /// splits' partial results (may be empty with one split).
+    pub workspace: DevView<'a, f32>,
+}
+
+impl<T> Clone for AttentionDecodeTensors<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for AttentionDecodeTensors<'_, T> {}
+
+/// A planned decode step: the decode kernel's launch and, with several splits, the combine
+/// kernel's.
+pub struct AttentionDecodePlan {
+    /// The kernels.
+    pub kernel: &'static DecodeKernel,
+    /// Splits of each sequence's keys.
+    pub num_splits: usize,
+    /// The decode launch: grid `(num_splits, heads_kv * row_blocks, batch)`.
+    pub decode: Launch<AttentionDecodeParams>,
+    /// The combine launch (several splits): grid `ceil(batch heads_q seq_q / COMBINE_WARPS)`.
+    pub combine: Option<Launch<AttentionDecodeCombineParams>>,
+}
+
+impl AttentionDecodeProblem {
+    /// The element shape of Q and O: `[batch, seq_q, heads_q, D]`.
+    pub fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.seq_q, self.heads_q, self.head_dim]
+    }
+
+    /// The element shape of each cache: `[num_pages, page_size, heads_kv, D]`.
+    pub fn cache_shape(&self) -> [usize; 4] {
+        [self.num_pages, self.page_size, self.heads_kv, self.head_dim]
+    }
+
+    /// Elements of LSE (`batch heads_q seq_q`).
+    pub fn lse_len(&self) -> usize {
+        self.batch * self.heads_q * self.seq_q
+    }
+
+    /// f32 elements of the scratch `num_splits` splits need: their partial outputs
+    /// `[num_splits, batch, heads_q, seq_q, D]` and LSE `[num_splits, batch, heads_q, seq_q]`
+    /// (none with one split).
+    pub fn workspace_len(&self, num_splits: usize) -> usize {
+        if num_splits <= 1 {
+            0
+        } else {
+            num_splits * self.lse_len() * (self.head_dim + 1)
+        }
+    }
+
+    /// Bytes one decode step reads at least: the K and V of every sequence's context
+    /// (`contexts`; 16-bit elements), for the bandwidth the benchmark reports.
+    pub fn kv_bytes(&self, contexts: &[i32]) -> f64 {
+        let keys: f64 = contexts.iter().map(|&l| l.max(0) as f64).sum();
+        2.0 * keys * (self.heads_kv * self.head_dim * 2) as f64
+    }
+
+    /// Plan the decode step on `tensors` with `num_splits` splits of each sequence's keys (1 to
+    /// [`MAX_SPLITS`]; [`num_splits`](Self::num_splits) chooses one): validates the problem,
+    /// the views (shapes, contiguous head dimension, 16-byte aligned starts and strides, in
+    /// bounds), the tables' and LSE's lengths and the workspace. The tables' contents are
+    /// device data: the kernel clamps them ([`DecodeTables`] checks them on the host).
+    pub fn plan<T: AttentionElem>(
+        &self,
+        tensors: &AttentionDecodeTensors<'_, T>,
+        num_splits: usize,
+    ) -> Result<AttentionDecodePlan> {
+        self.validate()?;
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(
+                "dtype",
+                format!(
+                    "the problem is {:?} but the tensors are {:?}",
+                    self.dtype,
+                    T::DTYPE
+                ),
+            ));
+        }
+        if num_splits == 0 || num_splits > MAX_SPLITS {
+            return Err(Error::invalid(
+                "num_splits",
+                format!("{num_splits} is outside 1 ..= {MAX_SPLITS}"),
+            ));
+        }
+        tensors.q.check("Q", self.q_shape())?;
+        tensors.k_cache.check("K cache", self.cache_shape())?;
+        tensors.v_cache.check("V cache", self.cache_shape())?;
+        tensors.o.check("O", self.q_shape())?;
+        tensors.o.check_distinct("O")?;
+        let lens = [
+            ("LSE", tensors.lse.len(), self.lse_len()),
+            (
+                "block table",
+                tensors.block_table.len(),
+                self.batch * self.max_pages,
+            ),
+            ("cache_seqlens", tensors.cache_seqlens.len(), self.batch),
+        ];
+        for (what, got, want) in lens {
+            if got != want {
+                return Err(Error::shape(what, format!("{want} elements"), got));
+            }
+        }
+        let ws_len = self.workspace_len(num_splits);
+        if tensors.workspace.len() < ws_len {
+            return Err(Error::shape(
+                "decode workspace",
+                format!("at least {ws_len} f32 elements for {num_splits} splits"),
+                tensors.workspace.len(),
+            ));
+        }
+        if !tensors.workspace.addr().is_multiple_of(16) {
+            return Err(Error::Misaligned {
+                what: "decode workspace".into(),
+                required: 16,
+                actual: tensors.workspace.addr() % 16,
+            });
+        }
+        let group = self.heads_q / self.heads_kv;
+        let row_blocks = (self.seq_q * group).div_ceil(DECODE_BLOCK_M as usize);
+        let grid_y = self.heads_kv * row_blocks;
+        if grid_y > 65535 || self.batch > 65535 {
+            return Err(Error::unsupported(
+                format!("batch {} with {grid_y} row blocks", self.batch),
+                "the decode grid takes at most 65535 sequences and 65535 key/value heads x \
+                 row blocks",
+            ));
+        }
+        let kernel = decode_kernel(self.dtype, self.head_dim as u32).expect("validated");
+        let o_partial = tensors.workspace.addr();
+        let lse_partial = o_partial + 4 * (num_splits * self.lse_len() * self.head_dim) as u64;
+        let params = AttentionDecodeParams {
+            q: tensors.q.ptr() as *const u16,
+            k_cache: tensors.k_cache.ptr() as *const u16,
+            v_cache: tensors.v_cache.ptr() as *const u16,
+            o: tensors.o.ptr() as *mut u16,
+            lse: tensors.lse.addr() as *mut f32,
+            o_partial: if num_splits > 1 { o_partial } else { 0 } as *mut f32,
+            lse_partial: if num_splits > 1 { lse_partial } else { 0 } as *mut f32,
+            block_table: tensors.block_table.addr() as *const i32,
+            cache_seqlens: tensors.cache_seqlens.addr() as *const i32,
+            q_strides: tensors.q.strides3(),
+            k_strides: tensors.k_cache.strides3(),
+            v_strides: tensors.v_cache.strides3(),
+            o_strides: tensors.o.strides3(),
+            batch: self.batch as u32,
+            seq_q: self.seq_q as u32,
+            heads_q: self.heads_q as u32,
+            heads_kv: self.heads_kv as u32,
+            page_size: self.page_size as u32,
+            num_pages: self.num_pages as u32,
+            max_pages: self.max_pages as u32,
+            num_splits: num_splits as u32,
+            row_blocks: row_blocks as u32,
+            scale_log2: self.softmax_scale() * std::f32::consts::LOG2_E,
+            causal: u32::from(self.causal),
+        };
+        let decode = Launch::new(
+            &kernel.kernel,
+            (num_splits as u32, grid_y as u32, self.batch as u32),
+            kernel.cfg,
+            params,
+        );
+        let combine = (num_splits > 1).then(|| {
+            let rows = self.lse_len() as u32;
+            Launch::new(
+                &kernel.combine,
+                (rows.div_ceil(COMBINE_WARPS), 1, 1),
+                (),
+                AttentionDecodeCombineParams {
+                    o_partial: o_partial as *const f32,
+                    lse_partial: lse_partial as *const f32,
+                    o: params.o,
+                    lse: params.lse,
+                    o_strides: params.o_strides,
+                    batch: params.batch,
+                    seq_q: params.seq_q,
+                    heads_q: params.heads_q,
+                    num_splits: params.num_splits,
+                },
+            )
+        });
+        Ok(AttentionDecodePlan {
+            kernel,
+            num_splits,
+            decode,
+            combine,
+        })
+    }
+}
+
+impl AttentionDecodePlan {
+    /// What the decode kernel's handle declares.
+    pub fn kernel(&self) -> KernelDecl {
+        self.kernel.kernel.info()
+    }
+
+    /// Grid, block and shared memory of the decode launch.
+    pub fn config(&self) -> LaunchConfig {
+        *self.decode.config()
+    }
+
+    /// Run the plan (asynchronous on a stream: synchronize before reading O and LSE, or
+    /// releasing the workspace).
+    ///
+    /// # Safety
+    /// The tensors the plan was made for are live memory of `exec` for the whole run; O, LSE
+    /// and the workspace overlap neither each other nor the inputs.
+    pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
+        // SAFETY: the plan checked every view against its memory (shapes, strides, alignment,
+        // bounds), the lengths of LSE and the tables, the workspace's size for the splits and
+        // its alignment, and validated the sizes; the kernel clamps the tables' contents into
+        // the cache and the block table; the grids are the ones the kernels document; on one
+        // executor the combine runs after the decode kernel wrote every split; the memory is
+        // live and the outputs alias nothing (the caller's contract).
+        unsafe {
+            exec.launch(&self.decode)?;
+            if let Some(c) = &self.combine {
+                exec.launch(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A decode step's tables checked on the host ([`AttentionDecodeProblem::check_tables`]) and
+/// uploaded, with their longest context (for the split heuristic).
+pub struct DecodeTables {
+    block_table: DeviceBuffer<i32>,
+    cache_seqlens: DeviceBuffer<i32>,
+    longest: usize,
+    problem: AttentionDecodeProblem,
+}
+
+impl DecodeTables {
+    /// Check the tables for `problem` and upload them.
+    pub fn new(
+        problem: &AttentionDecodeProblem,
+        block_table: &[i32],
+        cache_seqlens: &[i32],
+    ) -> Result<DecodeTables> {
+        let longest = problem.check_tables(block_table, cache_seqlens)?;
+        Ok(DecodeTables {
+            block_table: upload(block_table)?,
+            cache_seqlens: upload(cache_seqlens)?,
+            longest,
+            problem: problem.clone(),
+        })
+    }
+
+    /// The longest context of the batch.
+    pub fn longest(&self) -> usize {
+        self.longest
+    }
+}
+
+/// One decode step on `stream`: O (`[batch, seq_q, heads_q, D]`) into `o` and LSE `[batch,
+/// heads_q, seq_q]` into `lse`, the splits chosen by [`AttentionDecodeProblem::num_splits`] for
+/// this GPU and the tables' longest context; their workspace is allocated here, and the call
+/// returns once the kernels finished (so that it can be freed). `tables` must have been made
+/// for `problem`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionDecodeProblem,
+    tables: &DecodeTables,
+    q: &View<T>,
+    k_cache: &View<T>,
+    v_cache: &View<T>,
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+) -> Result<()> {
+    if tables.problem != *problem {
+        return Err(Error::invalid(
+            "decode tables",
+            "made for another problem (check them with this one: DecodeTables::new)",
+        ));
+    }
+    let splits = problem.num_splits(tables.longest, gpu.info().multiprocessors as usize);
+    let workspace = crate::memory::poisoned::<f32>(problem.workspace_len(splits).max(1))?;
+    let tensors = AttentionDecodeTensors {
+        q: *q,
+        k_cache: *k_cache,
+        v_cache: *v_cache,
+        o: *o,
+        lse: (&*lse).into(),
+        block_table: (&tables.block_table).into(),
+        cache_seqlens: (&tables.cache_seqlens).into(),
+        workspace: (&workspace).into(),
+    };
+    let plan = problem.plan(&tensors, splits)?;
+    // SAFETY: the views, tables, `lse` and the workspace are borrowed for the whole call, which
+    // waits for the kernels before the workspace is dropped; `o` and `lse` are borrowed
+    // mutably (the caller keeps O apart from the inputs, as documented).
+    unsafe { plan.run(&OnStream { gpu, stream })? };
+    gpu.sync(stream, "attention decode")
 }
 
 /// The f64 reference of a decode step: O `[batch, seq_q, heads_q, D]` and LSE `[batch,
@@ -297,7 +634,7 @@ pub fn reference_decode<T: AttentionElem>(
             v.extend(v_cache[at..at + hkv * d].iter().map(|e| e.to_f32() as f64));
         }
         let qb = wide(&q[b * sq * hq * d..(b + 1) * sq * hq * d]);
-        let out = reference_f64(&p.dense(len), &qb, &k, &v);
+        let out = reference_f64(&p.sequence(len), &qb, &k, &v);
         o.extend(out.o);
         lse.extend(out.lse);
     }
@@ -405,7 +742,7 @@ mod tests {
                         })
                         .collect()
                 };
-                let dense = p.dense(len);
+                let dense = p.sequence(len);
                 let want = reference(
                     &dense,
                     &q[b * sq * hq * d..(b + 1) * sq * hq * d],

@@ -27,6 +27,10 @@
 //! ([`AttentionVarlenProblem::plan_backward`], [`backward_varlen`], [`backward_varlen_raw`]
 //! with a workspace of [`backward_varlen_workspace_lens`]).
 //!
+//! Decoding over a paged KV cache (FlashAttention's `flash_attn_with_kvcache` with a block
+//! table; split-KV): [`AttentionDecodeProblem`], [`DecodeTables`], [`decode()`] (the module
+//! `decode` documents the layouts).
+//!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
 //! rule of the tests). [`reference::backward`] is the f64 specification of the gradients dQ,
@@ -46,6 +50,10 @@ pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
     AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
     BackwardWorkspaceLens, BwdLaunch, VarlenBackwardLaunches, backward, backward_varlen,
+};
+pub use decode::{
+    AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, DecodeTables, decode,
+    reference_decode,
 };
 /// The head dimensions the forward and the backward accept.
 pub use kernel_abi::attention::HEAD_DIMS;

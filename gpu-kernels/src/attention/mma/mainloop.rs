@@ -10,7 +10,7 @@ use crate::arch::ldmatrix;
 /// 16 bytes (`TileConfig::row_bytes`). Along a row the offset is linear, so the k-slices of an
 /// `ldmatrix` sequence are compile-time offsets from one per-thread base address.
 #[inline(always)]
-fn tile_offset<const D: u32>(row: u32, chunk: u32) -> u32 {
+pub(in crate::attention) fn tile_offset<const D: u32>(row: u32, chunk: u32) -> u32 {
     row * (D * 2 + 16) + (chunk << 4)
 }
 
@@ -36,25 +36,25 @@ pub(super) fn load_tile<const D: u32, const ROWS: u32, const THREADS: u32>(
 
 /// A warp's place in the problem: everything the step functions need besides the tiles.
 #[derive(Clone, Copy)]
-pub(super) struct Warp {
-    pub(super) lane: u32,
+pub(in crate::attention) struct Warp {
+    pub(in crate::attention) lane: u32,
     /// `lane / 4`: the row within an m16 half-tile a thread holds accumulators for.
-    pub(super) g: u32,
+    pub(in crate::attention) g: u32,
     /// `lane % 4`: which column pair of each n8 tile a thread holds.
-    pub(super) t: u32,
+    pub(in crate::attention) t: u32,
     /// First row of this warp within the block.
-    pub(super) warp_row: u32,
+    pub(in crate::attention) warp_row: u32,
     /// First query row of the block.
-    pub(super) m0: u32,
+    pub(in crate::attention) m0: u32,
     /// Query rows of the block that exist (`<= block_m`).
-    pub(super) rows_valid: u32,
+    pub(in crate::attention) rows_valid: u32,
     /// `seq_k - seq_q` (the diagonal offset of the bottom-right alignment).
-    pub(super) offset: i32,
-    pub(super) window_left: i32,
-    pub(super) window_right: i32,
-    pub(super) seq_k: i32,
+    pub(in crate::attention) offset: i32,
+    pub(in crate::attention) window_left: i32,
+    pub(in crate::attention) window_right: i32,
+    pub(in crate::attention) seq_k: i32,
     /// Softmax scale times log2(e).
-    pub(super) scale_log2: f32,
+    pub(in crate::attention) scale_log2: f32,
 }
 
 /// The A fragment of m-tile `mt`, k-slice `kk` of the Q tile at `q_s`.
@@ -77,7 +77,7 @@ pub(super) fn q_fragment<const D: u32>(w: &Warp, q_s: u32, mt: usize, kk: usize)
 /// Whole warp, uniform control flow; the K tile (and Q) were published by a barrier and are not
 /// overwritten before the caller's next barrier.
 #[inline(always)]
-pub(super) unsafe fn qk<
+pub(in crate::attention) unsafe fn qk<
     E: Elem,
     const D: u32,
     const MT: usize,
@@ -241,7 +241,7 @@ pub(super) fn mask<const MT: usize, const NT: usize, const BM: u32, const BN: u3
 /// # Safety
 /// As for [`qk`], for the V tile.
 #[inline(always)]
-pub(super) unsafe fn pv<
+pub(in crate::attention) unsafe fn pv<
     E: Elem,
     const D: u32,
     const MT: usize,

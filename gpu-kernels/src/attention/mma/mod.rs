@@ -61,7 +61,7 @@
 //! [`super::mask`]).
 
 mod epilogue;
-mod mainloop;
+pub(super) mod mainloop;
 
 use super::elem::{Bf16, Elem, F16};
 use super::seq::{Dense, Layout, Packed};
