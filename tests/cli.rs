@@ -8,7 +8,7 @@
 
 use clap::Parser;
 use kernel_tests::{Needs, Suite, TestFailure, TestResult, ensure};
-use kernels::attention::{AttentionProblem, Dtype as AttnDtype};
+use kernels::attention::{AttentionDecodeProblem, AttentionProblem, Dtype as AttnDtype};
 use kernels::data::{rng, uniform_bf16, uniform_f16, uniform_f32};
 use kernels::gla::GlaProblem;
 use kernels::gla::reference::{ExactInputs, HostInputs, OutputGrads, recurrence};
@@ -31,6 +31,7 @@ fn main() {
         attention_backward_reference,
     );
     s.cpu("reference/attention_varlen_causal_gqa", attention_varlen);
+    s.cpu("reference/attention_decode_paged", attention_decode);
     s.cpu("reference/gla_varlen_initial_state", gla_varlen);
     s.cpu("reference/gla_batch", gla_batch);
     s.cpu("reference/gla_backward_varlen", gla_backward_varlen);
@@ -62,6 +63,11 @@ fn main() {
         "gpu/attention_backward_check",
         Needs::Gpu,
         gpu_attention_backward,
+    );
+    s.gpu(
+        "gpu/attention_decode_check",
+        Needs::Gpu,
+        gpu_attention_decode,
     );
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
     s.gpu("gpu/gla_backward_check", Needs::Gpu, gpu_gla_backward);
@@ -522,6 +528,120 @@ fn attention_f16_window() -> TestResult {
     let want = kernels::attention::reference(&p, &q, &k, &v);
     exact(&out, "o", Dtype::F64, &p.q_shape(), &want.o)?;
     exact(&out, "lse", Dtype::F64, &[1, 2, 7], &want.lse)
+}
+
+/// Q and the caches of a decode step, uniform in `[-1, 1)`, in `p`'s dtype.
+fn decode_inputs(p: &AttentionDecodeProblem, seed: u64) -> [V; 3] {
+    let mut r = rng(seed);
+    let nq: usize = p.q_shape().iter().product();
+    let nc: usize = p.cache_shape().iter().product();
+    let mut draw = |n| match p.dtype {
+        AttnDtype::Bf16 => V::Bf16(uniform_bf16(&mut r, n, -1.0, 1.0)),
+        AttnDtype::F16 => V::F16(uniform_f16(&mut r, n, -1.0, 1.0)),
+    };
+    [draw(nq), draw(nc), draw(nc)]
+}
+
+/// The input file of a decode step: Q, the caches, the block table (i32) and the context
+/// lengths (`lens`, i32 or i64).
+fn decode_tensors(
+    p: &AttentionDecodeProblem,
+    [q, k, v]: [V; 3],
+    table: &[i32],
+    lens: V,
+) -> Vec<Named> {
+    vec![
+        ("q", p.q_shape().to_vec(), q),
+        ("k_cache", p.cache_shape().to_vec(), k),
+        ("v_cache", p.cache_shape().to_vec(), v),
+        (
+            "block_table",
+            vec![p.batch, p.max_pages],
+            V::I32(table.to_vec()),
+        ),
+        ("cache_seqlens", vec![p.batch], lens),
+    ]
+}
+
+/// `attention-decode --reference` against `attention::reference_decode` called directly, twice:
+/// bf16, one new token, pages out of order, a page shared between sequences, an empty context
+/// (its rows O = 0, LSE = -inf) and contexts not a multiple of the page; then f16, three new
+/// tokens, causal (the first row of a 2-key context sees no key), `--scale`, i64 lengths.
+fn attention_decode() -> TestResult {
+    use kernels::attention::reference_decode;
+    let d = Dir::new("attention_decode");
+    // B 3, Sq 1, Hq 4, Hkv 2, D 64, pages of 16, 5 pages, 3 per sequence (48 keys at most).
+    let mut p = AttentionDecodeProblem::new(3, 1, 4, 2, 64, 16, 5, 3);
+    let lens = [37, 0, 29];
+    let table = [3, 0, 4, -1, -1, -1, 3, 1, -1];
+    let inputs = decode_inputs(&p, 14);
+    let (q, k, v) = match &inputs {
+        [V::Bf16(q), V::Bf16(k), V::Bf16(v)] => (q.clone(), k.clone(), v.clone()),
+        _ => unreachable!("bf16 inputs"),
+    };
+    write_inputs(
+        &d.path("in.safetensors"),
+        &decode_tensors(&p, inputs, &table, V::I32(lens.to_vec())),
+    )?;
+    let report =
+        ok(&d.command("attention-decode @in.safetensors -o @out.safetensors --reference"))?;
+    print!("{report}");
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = reference_decode(&p, &q, &k, &v, &table, &lens);
+    exact(&out, "o", Dtype::F64, &[3, 1, 4, 64], &want.o)?;
+    exact(&out, "lse", Dtype::F64, &[3, 4, 1], &want.lse)?;
+    // LSE [B, Hq, Sq]: finite where the context has keys, -inf (and O = 0) where it has none.
+    for (b, &len) in lens.iter().enumerate() {
+        let lse = &out["lse"].values[b * 4..(b + 1) * 4];
+        let o = &out["o"].values[b * 4 * 64..(b + 1) * 4 * 64];
+        if len > 0 {
+            ensure(lse.iter().all(|x| x.is_finite()), || {
+                format!("sequence {b} ({len} keys): LSE {lse:?} not finite")
+            })?;
+        } else {
+            ensure(
+                lse.iter().all(|&x| x == f64::NEG_INFINITY) && o.iter().all(|&x| x == 0.0),
+                || format!("sequence {b} (no key): LSE {lse:?}, O not all 0"),
+            )?;
+        }
+    }
+    ensure(d.files() == ["in.safetensors", "out.safetensors"], || {
+        format!("left in the directory: {:?}", d.files())
+    })?;
+
+    // f16, Sq 3, causal, scale 0.2; B 2 with contexts of 2 and 48 keys.
+    p = AttentionDecodeProblem::new(2, 3, 4, 2, 64, 16, 5, 3);
+    p.dtype = AttnDtype::F16;
+    p.causal = true;
+    p.scale = Some(0.2);
+    let lens = [2i32, 48];
+    let table = [2, -7, 99, 1, 4, 0];
+    let inputs = decode_inputs(&p, 15);
+    let (q, k, v) = match &inputs {
+        [V::F16(q), V::F16(k), V::F16(v)] => (q.clone(), k.clone(), v.clone()),
+        _ => unreachable!("f16 inputs"),
+    };
+    let lens64 = V::I64(lens.iter().map(|&l| l as i64).collect());
+    write_inputs(
+        &d.path("in.safetensors"),
+        &decode_tensors(&p, inputs, &table, lens64),
+    )?;
+    ok(&d.command(
+        "attention-decode @in.safetensors -o @out.safetensors --reference --causal --scale 0.2",
+    ))?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = reference_decode(&p, &q, &k, &v, &table, &lens);
+    exact(&out, "o", Dtype::F64, &[2, 3, 4, 64], &want.o)?;
+    exact(&out, "lse", Dtype::F64, &[2, 4, 3], &want.lse)?;
+    // Query i of a sequence of L keys sees keys 0 ..= L - 3 + i: none for i = 0 when L = 2.
+    for (at, &x) in out["lse"].values.iter().enumerate() {
+        let (b, i) = (at / 12, at % 3);
+        let has_key = lens[b] as i64 - 3 + i as i64 >= 0;
+        ensure(x.is_finite() == has_key, || {
+            format!("LSE[{at}] = {x} (sequence {b}, query {i}): expected a key: {has_key}")
+        })?;
+    }
+    Ok(())
 }
 
 fn gla_varlen() -> TestResult {
@@ -1017,6 +1137,17 @@ fn args() -> TestResult {
             "--check",
         ],
         &["attention-backward", "in", "-o", "out", "--path", "hopper"],
+        &[
+            "attention-decode",
+            "in",
+            "-o",
+            "out",
+            "--reference",
+            "--check",
+        ],
+        &["attention-decode", "in", "-o", "out", "--num-splits", "0"],
+        &["attention-decode", "in", "-o", "out", "--num-splits", "129"],
+        &["attention-decode", "in", "-o", "out", "--window-left", "4"],
         &["semicrf", "in", "-o", "out", "--marginals"],
         &["gla", "in", "-o", "out", "--kernel", "fastest"],
     ] {
@@ -1319,6 +1450,78 @@ const ERROR_CASES: &[ErrorCase] = &[
         is: |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
         says: &["head dimension 32", "64, 96, 128, 192, 256"],
     },
+    // attention-decode: the tables are checked on the host before anything runs (a page of a
+    // context outside the cache, a negative one, a context past max_pages x page_size), typed
+    // like every other input.
+    ErrorCase {
+        test: "errors/attention_decode_tables",
+        files: |d| decode_files(d, &[3, 0, 5, -1, -1, -1, 3, 1, -1], &[37, 0, 29]),
+        command: "attention-decode @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
+        says: &[
+            "block table",
+            "page 2 of sequence 0 is 5",
+            "outside the cache's 0 .. 5",
+        ],
+    },
+    ErrorCase {
+        test: "errors/attention_decode_tables",
+        files: |d| decode_files(d, &[3, 0, 4, -1, -1, -1, 3, -1, -1], &[37, 0, 29]),
+        command: "attention-decode @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
+        says: &["block table", "page 1 of sequence 2 is -1"],
+    },
+    ErrorCase {
+        test: "errors/attention_decode_tables",
+        files: |d| decode_files(d, &[3, 0, 4, -1, -1, -1, 3, 1, 2], &[37, 0, 49]),
+        command: "attention-decode @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::InvalidArgument { .. })),
+        says: &[
+            "cache_seqlens",
+            "sequence 2 has 49 keys",
+            "max_pages x page_size = 48",
+        ],
+    },
+    // The tables' dtype and shape, and a page size the kernels do not take.
+    ErrorCase {
+        test: "errors/attention_decode_tables",
+        files: |d| {
+            let p = AttentionDecodeProblem::new(3, 1, 4, 2, 64, 16, 5, 3);
+            let mut t = decode_tensors(&p, decode_inputs(&p, 1), &[0; 9], V::I32(vec![0; 3]));
+            t[3] = ("block_table", vec![3, 3], V::F32(vec![0.0; 9]));
+            write_inputs(&d.path("in.safetensors"), &t)
+        },
+        command: "attention-decode @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Dtype { .. }),
+        says: &["tensor `block_table`", "expected dtype i32 or i64, got f32"],
+    },
+    ErrorCase {
+        test: "errors/attention_decode_tables",
+        files: |d| {
+            let p = AttentionDecodeProblem::new(3, 1, 4, 2, 64, 16, 5, 3);
+            let mut t = decode_tensors(&p, decode_inputs(&p, 1), &[0; 9], V::I32(vec![0; 3]));
+            t[3] = ("block_table", vec![2, 3], V::I32(vec![0; 6]));
+            write_inputs(&d.path("in.safetensors"), &t)
+        },
+        command: "attention-decode @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &[
+            "tensor `block_table`",
+            "[B, max_pages] = [3, ?] (B from `q`)",
+            "got [2, 3]",
+        ],
+    },
+    ErrorCase {
+        test: "errors/attention_decode_tables",
+        files: |d| {
+            let p = AttentionDecodeProblem::new(3, 1, 4, 2, 64, 8, 5, 3);
+            let t = decode_tensors(&p, decode_inputs(&p, 1), &[0; 9], V::I32(vec![0; 3]));
+            write_inputs(&d.path("in.safetensors"), &t)
+        },
+        command: "attention-decode @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
+        says: &["page size 8", "multiple of 16"],
+    },
     // The output file already exists: the failed run leaves it as it was.
     ErrorCase {
         test: "errors/existing_output_untouched",
@@ -1435,6 +1638,14 @@ fn backward_files(d: &Dir, skip: &str, swap: Option<Named>) -> TestResult {
         t.retain(|y| y.0 != x.0);
         t.push(x);
     }
+    write_inputs(&d.path("in.safetensors"), &t)
+}
+
+/// The inputs of `attention-decode` (B 3, Sq 1, Hq 4, Hkv 2, D 64, 5 pages of 16, 3 per
+/// sequence; bf16) with the block table `table` and the context lengths `lens`.
+fn decode_files(d: &Dir, table: &[i32], lens: &[i32]) -> TestResult {
+    let p = AttentionDecodeProblem::new(3, 1, 4, 2, 64, 16, 5, 3);
+    let t = decode_tensors(&p, decode_inputs(&p, 2), table, V::I32(lens.to_vec()));
     write_inputs(&d.path("in.safetensors"), &t)
 }
 
@@ -1574,6 +1785,66 @@ fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
         "attention-backward @in.safetensors -o @out.safetensors --check --causal --deterministic",
     );
     check_run(gpu, &d, &args, &bounds)?;
+    Ok(())
+}
+
+/// `attention-decode --check` (the attention tests' tolerance rule: the run fails past it):
+/// bf16, 4 new tokens, GQA 8:2, D 128, pages of 64 out of order with one shared, an empty
+/// context, causal, the heuristic's splits with `--repeat 2`; then f16 with `--num-splits 1`
+/// (no combine) and `--num-splits 7`.
+fn gpu_attention_decode(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_attention_decode");
+    let lens = [700i32, 0, 1000];
+    let (page, num_pages, max_pages) = (64, 30, 16);
+    // Pages in the order (7 t + 3) mod 30 (7 is prime to 30: no page twice); sequence 2's first
+    // page is sequence 0's (shared); entries past a context -1.
+    let mut next = (0..num_pages).map(|t| ((7 * t + 3) % num_pages) as i32);
+    let mut table = vec![-1i32; lens.len() * max_pages];
+    for (b, &len) in lens.iter().enumerate() {
+        for t in 0..(len as usize).div_ceil(page) {
+            table[b * max_pages + t] = next.next().ok_or("not enough pages")?;
+        }
+    }
+    table[2 * max_pages] = table[0];
+    for (dtype, seed, runs) in [
+        (AttnDtype::Bf16, 54, &["--causal --repeat 2"][..]),
+        (
+            AttnDtype::F16,
+            55,
+            &["--num-splits 1", "--num-splits 7"][..],
+        ),
+    ] {
+        let mut p =
+            AttentionDecodeProblem::new(lens.len(), 4, 8, 2, 128, page, num_pages, max_pages);
+        p.dtype = dtype;
+        write_inputs(
+            &d.path("in.safetensors"),
+            &decode_tensors(&p, decode_inputs(&p, seed), &table, V::I32(lens.to_vec())),
+        )?;
+        for extra in runs {
+            let args = d.command(&format!(
+                "attention-decode @in.safetensors -o @out.safetensors --check {extra}"
+            ));
+            let report = check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)])?;
+            let text = report.to_string();
+            ensure(
+                text.contains("o: max abs") && text.contains("lse: max abs"),
+                || format!("no tolerance lines in the report: {text}"),
+            )?;
+            if extra.contains("--repeat 2") {
+                ensure(
+                    report
+                        .timings
+                        .as_ref()
+                        .is_some_and(|t| t.samples_ms.len() == 2),
+                    || "--repeat 2 did not give 2 timed runs".into(),
+                )?;
+                ensure(text.contains("median"), || {
+                    format!("no median in the report: {text}")
+                })?;
+            }
+        }
+    }
     Ok(())
 }
 

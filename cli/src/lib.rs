@@ -56,6 +56,10 @@ pub enum Command {
     /// Attention backward: dQ, dK, dV from the forward's O and LSE and the gradient dO.
     #[command(long_about = attention::HELP_BACKWARD)]
     AttentionBackward(attention::AttentionBackwardArgs),
+    /// Attention decode over a paged KV cache (block table, split-KV): O and the row
+    /// log-sum-exp of each sequence's new tokens.
+    #[command(long_about = attention::HELP_DECODE)]
+    AttentionDecode(attention::AttentionDecodeArgs),
     /// Gated linear attention (GLA) forward, chunkwise, after fla's chunk_gla.
     #[command(long_about = gla::HELP)]
     Gla(gla::GlaArgs),
@@ -94,8 +98,8 @@ pub struct Common {
     pub reference: bool,
     /// Run the GPU kernel and the CPU reference on the same inputs, print the max abs and
     /// relative L2 error of every output, and write the kernel's outputs. Subcommands with a
-    /// tolerance rule (`attention-backward`) also compare each output's error with its
-    /// tolerance and fail (exit status 1, no output written) when one exceeds it.
+    /// tolerance rule (`attention-backward`, `attention-decode`) also compare each output's
+    /// error with its tolerance and fail (exit status 1, no output written) when one exceeds it.
     #[arg(long)]
     pub check: bool,
     /// Time the kernel: one warm-up run, then N timed runs (CUDA events); prints the median and
@@ -153,6 +157,12 @@ pub fn run_with(cli: &Cli, gpu: Option<&Gpu>) -> Result<Report> {
             "attention-backward",
             &a.common,
             &*attention::backward_job(a)?,
+            gpu,
+        ),
+        Command::AttentionDecode(a) => execute(
+            "attention-decode",
+            &a.common,
+            &*attention::decode_job(a)?,
             gpu,
         ),
         Command::Gla(a) => execute("gla", &a.common, &gla::job(a)?, gpu),

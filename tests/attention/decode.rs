@@ -295,6 +295,68 @@ fn emulated_clamps_bad_tables() -> TestResult {
     Ok(())
 }
 
+/// The adversarial tables of [`emulated_clamps_bad_tables`] on a GPU (device tables are never
+/// checked by the host): every launch completes (run under compute-sanitizer memcheck, no
+/// access outside the caches, the table and the outputs).
+fn gpu_clamps_bad_tables(g: &Gpu) -> TestResult {
+    let c = dcase(&[40, 61], 2, 4, 2, 64, 16, Dtype::Bf16, true, Some(2));
+    let (q, k, v, good) = inputs::<bf16>(&c);
+    let p = &c.p;
+    let bad_pages: Vec<i32> = good
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| match i % 3 {
+            0 => -5,
+            1 => i32::MAX,
+            _ => x,
+        })
+        .collect();
+    let most = (p.max_pages * p.page_size) as i32;
+    let cases: [(&[i32], [i32; 2]); 4] = [
+        (&bad_pages, [40, 61]),
+        (&good, [-7, i32::MIN]),
+        (&good, [most + 1, i32::MAX]),
+        (&bad_pages, [i32::MAX, most]),
+    ];
+    let out = (|| -> kernels::Result<usize> {
+        let stream = g.stream()?;
+        let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+        let mut runs = 0;
+        for splits in [1, 3] {
+            for (table, lens) in cases {
+                let (dt, dl) = (upload(table)?, upload(&lens)?);
+                let (o, lse) = (poisoned::<bf16>(q.len())?, poisoned::<f32>(p.lse_len())?);
+                let ws = poisoned::<f32>(p.workspace_len(splits).max(1))?;
+                let tensors = AttentionDecodeTensors {
+                    q: View::contiguous(&dq, p.q_shape()),
+                    k_cache: View::contiguous(&dk, p.cache_shape()),
+                    v_cache: View::contiguous(&dv, p.cache_shape()),
+                    o: View::contiguous(&o, p.q_shape()),
+                    lse: (&lse).into(),
+                    block_table: (&dt).into(),
+                    cache_seqlens: (&dl).into(),
+                    workspace: (&ws).into(),
+                };
+                let plan = p.plan(&tensors, splits)?;
+                // SAFETY: every buffer lives until the synchronization below; O, LSE and the
+                // workspace overlap nothing.
+                unsafe {
+                    plan.run(&kernels::exec::OnStream {
+                        gpu: g,
+                        stream: &stream,
+                    })?
+                };
+                g.sync(&stream, "attention decode on adversarial tables")?;
+                runs += 1;
+            }
+        }
+        Ok(runs)
+    })();
+    let runs = gpu_ok(out)?;
+    println!("{runs} runs on adversarial tables completed");
+    Ok(())
+}
+
 /// Larger cases for the GPU: every head dimension and dtype, causal and not, 1 to 16 query
 /// tokens, page sizes 16 to 256, contexts from 0 to several thousand keys, multi-query heads;
 /// the splits of the heuristic and explicit ones (up to 128, more than the steps of the
@@ -495,6 +557,11 @@ pub fn register(s: &mut Suite) {
     s.cpu(
         "attention_decode/emulated/clamps_bad_tables",
         emulated_clamps_bad_tables,
+    );
+    s.gpu(
+        "attention_decode/gpu/clamps_bad_tables",
+        Needs::Gpu,
+        gpu_clamps_bad_tables,
     );
     s.gpu(
         "attention_decode/gpu/rejects_bad_tensors",

@@ -24,12 +24,11 @@ pub(super) unsafe fn finish<E: Elem, const D: u32, const DT: usize>(
     cfg: &DecodeConfig,
     smem: u32,
     at: &Place,
-    split: u32,
     o: &[[f32; 4]; DT],
     row_max: &[f32; 2],
     row_sum: &[f32; 2],
 ) {
-    let (lane, w) = (index::lane_id(), index::warp_id());
+    let (lane, w, split) = (index::lane_id(), index::warp_id(), index::block_idx_x());
     let (g, t) = (lane / 4, lane % 4);
     let stride = cfg.partial_row_floats();
     let rows = DECODE_BLOCK_M;
@@ -71,8 +70,8 @@ pub(super) unsafe fn finish<E: Elem, const D: u32, const DT: usize>(
         if r >= at.rows_valid {
             continue;
         }
-        // SAFETY: reads of the arrays published by the barrier above, indices inside them.
         let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0.0f32, [0.0f32; 2]);
+        // SAFETY: reads of the arrays published by the barrier above, indices inside them.
         unsafe {
             for v in 0..DECODE_WARPS {
                 m = m.max(ml.load(v * rows + r));

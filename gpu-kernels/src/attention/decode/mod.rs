@@ -207,7 +207,7 @@ unsafe fn decode<
     }
     // SAFETY: every thread of the block gets here, its copies complete.
     unsafe {
-        epilogue::finish::<E, D, DT>(p, cfg, smem, &at, split, &o[0], &row_max[0], &row_sum[0])
+        epilogue::finish::<E, D, DT>(p, cfg, smem, &at, &o[0], &row_max[0], &row_sum[0])
     };
 }
 
