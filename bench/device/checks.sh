@@ -7,7 +7,10 @@
 #   fla kbench gla --quick with the fla peer (TRITON_CACHE_DIR kept under /tmp);
 #   hd  head dimensions 96 and 192: their GPU tests (forward, packed, backward), GLA backward
 #       tests, sanitizers on D 96/192 cases, Python attention tests, then kbench attention and
-#       attention-backward at D 96/192 (peers cuDNN and FA2 through SDPA).
+#       attention-backward at D 96/192 (peers cuDNN and FA2 through SDPA);
+#   dec decode over a paged KV cache: its GPU tests and CLI tests, the four sanitizers on decode
+#       cases (memcheck on adversarial tables), the D 96/192 tests, then kbench attention-decode
+#       and kbench attention at D 96/192.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla
 set -u
@@ -143,6 +146,27 @@ if [ "$part" = hd ]; then
     sed -n '/^== table/,$p' $L/bench-$k.log | grep -E "attention_fwd |attention_fwd_bwd" | tail -40 >> $S
     grep -i "note\|error\|MISMATCH" $L/bench-$k.log | tail -5 >> $S
   done
+fi
+if [ "$part" = dec ]; then
+  t dec $B/bin/test-attention attention_decode/gpu
+  t cli $B/bin/test-cli decode
+  for tool in memcheck racecheck synccheck initcheck; do
+    san $tool attention attention_decode/gpu/bf16_d128_sq16_h32x8_page32_ctx5000_33_2048_causal_splits128
+    san $tool attention attention_decode/gpu/f16_d96_sq3
+  done
+  san memcheck attention attention_decode/gpu/clamps_bad_tables
+  san memcheck attention attention_decode/gpu/bf16_d192_sq3
+  TT=250 t d96 $B/bin/test-attention d96 --skip emulated
+  TT=250 t d192 $B/bin/test-attention d192 --skip emulated
+  P=/tmp/pyd9d; python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers
+  s=$(date +%s); timeout -k 5 ${TD:-200} $B/bin/kbench attention-decode --out $OUT > $L/bench-decode.log 2>&1
+  echo "bench attention-decode rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench-decode.log | grep -E "attention_decode|memcpy" | tail -60 >> $S
+  grep -i "note\|error\|MISMATCH\|panicked" $L/bench-decode.log | tail -5 >> $S
+  s=$(date +%s); KBENCH_ATTENTION_DIMS=96,192 KBENCH_ATTENTION_SEQS=4096,8192,16384 timeout -k 5 ${T:-150} $B/bin/kbench attention --out $OUT > $L/bench-attention.log 2>&1
+  echo "bench attention D96/192 rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench-attention.log | grep -E "attention_fwd " | tail -40 >> $S
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

@@ -4,12 +4,14 @@
 //! ```text
 //! kbench main [--quick]                 every kernel on default sizes, validated and timed
 //! kbench <family> --out DIR [--quick]   benchmark a family (smoke, attention, attention-backward,
-//!                                       gla, semicrf, mhc), write DIR/<family>.json
+//!                                       attention-decode, gla, semicrf, mhc), write
+//!                                       DIR/<family>.json
 //! kbench report [--results DIR] [--out FILE] [--plots DIR]
 //! ```
 
 mod attention;
 mod attention_bwd;
+mod attention_decode;
 mod gla;
 mod harness;
 mod main_job;
@@ -48,6 +50,9 @@ enum Command {
     /// Attention backward, alone and after the forward (beside the same peers); writes
     /// `attention-backward.json`.
     AttentionBackward(FamilyArgs),
+    /// Attention decode over a paged KV cache (beside SDPA on the contexts gathered dense, and
+    /// the device copy bandwidth); writes `attention-decode.json`.
+    AttentionDecode(FamilyArgs),
     /// Chunkwise gated linear attention forward beside fla's chunk_gla and a PyTorch chunked
     /// reference.
     Gla(FamilyArgs),
@@ -110,6 +115,7 @@ fn main() -> ExitCode {
         Command::AttentionBackward(args) => {
             family("attention-backward", &args, attention::run_backward)
         }
+        Command::AttentionDecode(args) => family("attention-decode", &args, attention_decode::run),
         Command::Gla(args) => family("gla", &args, gla::run),
         Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Mhc(args) => family("mhc", &args, mhc::run),

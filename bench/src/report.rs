@@ -66,6 +66,9 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
         if f.family == "gla" {
             md.push_str(&gla_summary(f));
         }
+        if f.family == "attention-decode" {
+            md.push_str(&attention_decode_summary(f));
+        }
         md.push_str(&table(&f.rows));
         for n in &f.notes {
             writeln!(md, "\n- note: {n}").unwrap();
@@ -286,6 +289,59 @@ fn gla_summary(f: &ResultsFile) -> String {
             times(base),
             ms(fla),
             times(fla),
+        )
+        .unwrap();
+    }
+    md.push('\n');
+    md
+}
+
+/// The decode family in brief: per batch and context, our achieved bandwidth (K and V bytes of
+/// the contexts per time) as a fraction of the copy bandwidth measured in the same run, and
+/// against the best peer.
+fn attention_decode_summary(f: &ResultsFile) -> String {
+    let copy = f
+        .rows
+        .iter()
+        .find(|r| r.kernel == "memcpy_dtod")
+        .and_then(|r| r.gbps);
+    let mut md = format!(
+        "Summary (`ours` = the split heuristic's choice, `splits` in the config; copy \
+         bandwidth {} GB/s, `memcpy_dtod` of the same run; best peer = the fastest peer row of the \
+         configuration):\n\n| batch | context | splits | ours ms | ours GB/s | of copy | best peer \
+         | peer ms | ours/peer |\n|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
+        copy.map_or("not measured".into(), |c| format!("{c:.0}"))
+    );
+    let get = |r: &Row, k: &str| r.config.get(k).map(|v| v.to_string()).unwrap_or_default();
+    for o in f
+        .rows
+        .iter()
+        .filter(|r| r.kernel == "attention_decode" && r.implementation == "ours")
+    {
+        let (batch, context) = (get(o, "batch"), get(o, "context"));
+        let best = f
+            .rows
+            .iter()
+            .filter(|r| {
+                r.kernel == "attention_decode"
+                    && r.implementation != "ours"
+                    && get(r, "batch") == batch
+                    && get(r, "context") == context
+            })
+            .min_by(|a, b| a.median_ms.total_cmp(&b.median_ms));
+        let gbps = o.gbps.unwrap_or(f64::NAN);
+        writeln!(
+            md,
+            "| {batch} | {context} | {} | {:.4} | {gbps:.0} | {} | {} | {} | {} |",
+            get(o, "splits"),
+            o.median_ms,
+            copy.map_or(String::new(), |c| format!("{:.0}%", 100.0 * gbps / c)),
+            best.map_or(String::new(), |b| b.implementation.clone()),
+            best.map_or(String::new(), |b| format!("{:.4}", b.median_ms)),
+            best.map_or(String::new(), |b| format!(
+                "{:.2}",
+                b.median_ms / o.median_ms
+            )),
         )
         .unwrap();
     }
