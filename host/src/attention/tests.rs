@@ -98,6 +98,7 @@ fn every_entry_of_the_ptx_has_its_handle() {
             + BWD_KERNEL_COUNT
             + MMA_VARLEN_KERNELS.len()
             + HOPPER_BWD_KERNEL_COUNT
+            + kernel_abi::attention::decode::DECODE_KERNEL_COUNT
     );
 }
 
