@@ -178,6 +178,25 @@ fn the_path_follows_the_arch_and_the_option() {
     }
 }
 
+/// A head dimension without a Hopper kernel: Auto takes the `mma.sync` kernel on Hopper too,
+/// and a forced Hopper path is a typed error.
+#[test]
+fn head_dims_without_a_hopper_kernel_take_mma_sync() {
+    for d in HEAD_DIMS {
+        if kernel_abi::attention::hopper_kernel(Dtype::Bf16, d, None).is_some() {
+            continue;
+        }
+        let p = AttentionProblem::new(1, 40, 40, 2, 1, d as usize, Dtype::Bf16);
+        let m = plan(&p, Arch::Sm90a, None).unwrap();
+        assert!(!m.is_hopper());
+        assert_eq!(m.kernel().name, format!("attention_fwd_bf16_d{d}"));
+        assert!(matches!(
+            plan(&p.clone().path(Path::Hopper), Arch::Sm90a, None),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+}
+
 #[test]
 fn strides_no_tensor_map_takes_fall_back_to_mma_sync() {
     // A batch stride of 2^40 bytes: a valid view, beyond what a tensor map describes.

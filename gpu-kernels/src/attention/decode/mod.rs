@@ -206,9 +206,7 @@ unsafe fn decode<
         cp_async::wait_all();
     }
     // SAFETY: every thread of the block gets here, its copies complete.
-    unsafe {
-        epilogue::finish::<E, D, DT>(p, cfg, smem, &at, &o[0], &row_max[0], &row_sum[0])
-    };
+    unsafe { epilogue::finish::<E, D, DT>(p, cfg, smem, &at, &o[0], &row_max[0], &row_sum[0]) };
 }
 
 /// The body of a decode kernel of element type `$elem`, head dimension `$d`.
