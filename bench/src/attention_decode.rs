@@ -37,6 +37,7 @@ const D: usize = 128;
 
 /// Run the family.
 pub fn run(b: &mut Bench) -> Result<()> {
+    b.peers_from("attention_decode");
     let (batches, contexts): (&[usize], &[usize]) = if b.quick {
         (&[1, 8], &[1024, 4096])
     } else {
@@ -89,7 +90,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
             let lens = vec![len as i32; batch];
             let longest = p.check_tables(&table, &lens)?;
             let q = uniform_bf16(&mut r, batch * HEADS_Q * D, -1.0, 1.0);
-            let splits = p.num_splits(longest, b.gpu.info().multiprocessors as usize);
+            let splits = p.num_splits_on(longest, b.gpu.info());
             let (dq, dt, dl) = (upload(&q)?, upload(&table)?, upload(&lens)?);
             let out = poisoned::<bf16>(q.len())?;
             let lse = poisoned::<f32>(p.lse_len())?;

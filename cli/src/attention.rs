@@ -810,7 +810,7 @@ impl<T: Elem> Job for DecodeJob<T> {
         // synchronization inside the timed runs).
         let splits = self
             .num_splits
-            .unwrap_or_else(|| p.num_splits(self.longest, gpu.info().multiprocessors as usize));
+            .unwrap_or_else(|| p.num_splits_on(self.longest, gpu.info()));
         let stream = gpu.stream()?;
         let (q, k, v) = (upload(&self.q)?, upload(&self.k)?, upload(&self.v)?);
         let (table, lens) = (upload(&self.table)?, upload(&self.lens)?);

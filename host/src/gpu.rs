@@ -26,6 +26,8 @@ pub struct DeviceInfo {
     pub multiprocessors: u32,
     /// Largest dynamic shared memory one block may opt in to, in bytes.
     pub max_shared_memory_per_block: usize,
+    /// Shared memory of one multiprocessor, in bytes (what its resident blocks share).
+    pub shared_memory_per_multiprocessor: usize,
     /// L2 cache size in bytes.
     pub l2_cache_bytes: usize,
     /// Device memory in bytes.
@@ -589,6 +591,16 @@ fn device_info(device: Device) -> Result<DeviceInfo> {
         )
     };
     check(r, "reading the shared memory opt-in limit")?;
+    let mut per_sm: i32 = 0;
+    // SAFETY: as above.
+    let r = unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut per_sm,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            device.as_raw(),
+        )
+    };
+    check(r, "reading the shared memory of a multiprocessor")?;
     Ok(DeviceInfo {
         name: device.name().ctx("reading the device name")?,
         compute_capability: (
@@ -597,6 +609,7 @@ fn device_info(device: Device) -> Result<DeviceInfo> {
         ),
         multiprocessors: attr(DeviceAttribute::MultiprocessorCount)?,
         max_shared_memory_per_block: optin as usize,
+        shared_memory_per_multiprocessor: per_sm as usize,
         l2_cache_bytes: attr(DeviceAttribute::L2CacheSize)? as usize,
         total_memory: device.total_memory().ctx("reading the memory size")?,
         driver: driver_version(),

@@ -423,7 +423,7 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, c: &DecodeCase) -> TestResult {
         let splits = match c.splits {
             None => {
                 attention::decode(g, &stream, p, &tables, &qv, &kv, &vv, &mut ov, &mut dlse)?;
-                p.num_splits(tables.longest(), g.info().multiprocessors as usize)
+                p.num_splits_on(tables.longest(), g.info())
             }
             Some(n) => {
                 let ws = poisoned::<f32>(p.workspace_len(n).max(1))?;
@@ -476,6 +476,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
     let p = &c.p;
     let (q, k, v, table) = inputs::<bf16>(&c);
     let errors = (|| -> kernels::Result<Vec<String>> {
+        g.bind()?;
         let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
         let (dt, dl) = (upload(&table)?, upload(&c.lens)?);
         let (out, lse) = (poisoned::<bf16>(q.len())?, poisoned::<f32>(p.lse_len())?);

@@ -38,7 +38,7 @@ use cust::stream::Stream;
 use kernel_abi::KernelDecl;
 use kernel_abi::attention::decode::{
     AttentionDecodeCombineParams, AttentionDecodeParams, COMBINE_WARPS, DECODE_BLOCK_M,
-    DecodeKernel, decode_kernel,
+    DECODE_BLOCK_N, DecodeKernel, decode_kernel,
 };
 
 /// The most query tokens per sequence of a decode step (speculative decoding drafts).
@@ -186,6 +186,25 @@ impl AttentionDecodeProblem {
             .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
     }
 
+    /// Decode blocks a GPU of `multiprocessors` SMs with `smem_per_sm` bytes of shared memory
+    /// each holds at once (its shared memory bounds the blocks per SM; at least one).
+    pub fn resident_blocks(&self, multiprocessors: usize, smem_per_sm: usize) -> usize {
+        let smem = decode_kernel(self.dtype, self.head_dim as u32)
+            .map_or(usize::MAX, |k| k.cfg.smem_bytes())
+            // The driver reserves 1 KiB of every block's shared memory.
+            + 1024;
+        multiprocessors * (smem_per_sm / smem).max(1)
+    }
+
+    /// [`num_splits`](Self::num_splits) on the GPU described by `info`.
+    pub fn num_splits_on(&self, context: usize, info: &crate::gpu::DeviceInfo) -> usize {
+        let slots = self.resident_blocks(
+            info.multiprocessors as usize,
+            info.shared_memory_per_multiprocessor,
+        );
+        self.num_splits(context, slots)
+    }
+
     /// The most keys a sequence may have (`max_pages x page_size`).
     pub fn max_context(&self) -> usize {
         self.max_pages * self.page_size
@@ -248,18 +267,21 @@ impl AttentionDecodeProblem {
     }
 
     /// Blocks each (sequence, key/value head) is split over for a longest context of
-    /// `context` keys on `sms` multiprocessors: 1 when the pairs alone fill most of the GPU;
-    /// else the fewest splits whose last wave is at least 85% as full as the best count's
-    /// (FlashAttention's heuristic), at most [`MAX_SPLITS`] and at most one per page of the
-    /// longest context.
-    pub fn num_splits(&self, context: usize, sms: usize) -> usize {
-        let pairs = self.batch * self.heads_kv;
-        let pages = context.div_ceil(self.page_size).max(1);
-        let sms = sms.max(1);
+    /// `context` keys on a GPU that holds `slots` decode blocks at once
+    /// ([`resident_blocks`](Self::resident_blocks)): 1 when the blocks of one split already
+    /// fill most of the slots; else the fewest splits whose last wave is at least 85% as full
+    /// as the best count's (FlashAttention's heuristic), at most [`MAX_SPLITS`] and at most one
+    /// per 64-key step of the longest context.
+    pub fn num_splits(&self, context: usize, slots: usize) -> usize {
+        let group = self.heads_q / self.heads_kv.max(1);
+        let row_blocks = (self.seq_q * group).div_ceil(DECODE_BLOCK_M as usize);
+        let pairs = self.batch * self.heads_kv * row_blocks;
+        let steps = context.div_ceil(DECODE_BLOCK_N as usize).max(1);
+        let sms = slots.max(1);
         if pairs * 5 >= sms * 4 {
             return 1;
         }
-        let most = MAX_SPLITS.min(sms).min(pages);
+        let most = MAX_SPLITS.min(sms).min(steps);
         let efficiency = |s: usize| {
             let waves = (pairs * s) as f64 / sms as f64;
             waves / waves.ceil()
@@ -563,7 +585,7 @@ impl DecodeTables {
 }
 
 /// One decode step on `stream`: O (`[batch, seq_q, heads_q, D]`) into `o` and LSE `[batch,
-/// heads_q, seq_q]` into `lse`, the splits chosen by [`AttentionDecodeProblem::num_splits`] for
+/// heads_q, seq_q]` into `lse`, the splits chosen by [`AttentionDecodeProblem::num_splits_on`] for
 /// this GPU and the tables' longest context; their workspace is allocated here, and the call
 /// returns once the kernels finished (so that it can be freed). `tables` must have been made
 /// for `problem`.
@@ -585,7 +607,7 @@ pub fn decode<T: AttentionElem>(
             "made for another problem (check them with this one: DecodeTables::new)",
         ));
     }
-    let splits = problem.num_splits(tables.longest, gpu.info().multiprocessors as usize);
+    let splits = problem.num_splits_on(tables.longest, gpu.info());
     let workspace = crate::memory::poisoned::<f32>(problem.workspace_len(splits).max(1))?;
     let tensors = AttentionDecodeTensors {
         q: *q,
