@@ -462,7 +462,9 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     };
     match d {
         64 | 128 => Some(base),
-        256 => Some(HopperConfig {
+        // D = 192 takes the D = 256 configuration (keys in steps of 64, no overlap: the O
+        // accumulator leaves no registers for a second S).
+        192 | 256 => Some(HopperConfig {
             block_n: 64,
             overlap: false,
             ..base

@@ -90,9 +90,9 @@ fn every_entry_of_the_ptx_has_its_handle() {
     }
     assert_eq!(
         KERNELS.len(),
-        // Defaults: mma.sync at 5 head dimensions, Hopper at 3, two element types each.
+        // Defaults: mma.sync at 5 head dimensions, Hopper at 4, two element types each.
         2 * 5
-            + 2 * 3
+            + 2 * 4
             + TUNING_VARIANTS.len()
             + HOPPER_VARIANTS.len()
             + BWD_KERNEL_COUNT

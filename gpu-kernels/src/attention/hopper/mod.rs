@@ -1,4 +1,4 @@
-//! `attention_fwd_hopper_{bf16,f16}_d{64,128,256}`: the attention forward pass on Hopper
+//! `attention_fwd_hopper_{bf16,f16}_d{64,128,192,256}`: the attention forward pass on Hopper
 //! (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
 //! `mma.sync` path ([`AttentionParams`](kernel_abi::attention::AttentionParams) documents the
 //! masking and the outputs); chosen automatically on Hopper GPUs.
@@ -326,6 +326,26 @@ hopper_kernel!(
     fence_operands_32,
     m64n256k16_f16_rs,
     fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d192,
+    Bf16,
+    hopper_config_of(192),
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n192k16_bf16_rs,
+    fence_operands_96
+);
+hopper_kernel!(
+    attention_fwd_hopper_f16_d192,
+    F16,
+    hopper_config_of(192),
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n192k16_f16_rs,
+    fence_operands_96
 );
 
 // Tuning variants (`kernel_abi::attention::HOPPER_VARIANTS`, in order), bf16.
