@@ -7,6 +7,8 @@
 - ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
   ...)``: the same over packed sequences of different lengths (flash-attn's varlen signature,
   layout ``[total, nheads, headdim]``, int32 boundaries), differentiable.
+- ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=..., ...)``: a
+  decode step over a paged KV cache (flash-attn's signature and paged layout; inference only).
 - ``gla.chunk_gla(q, k, v, g, ...)``: gated linear attention with flash-linear-attention's
   signature and layout ``[B, T, H, D]``, returning ``(o, final_state)``; differentiable (the
   library's GLA backward).
@@ -25,7 +27,7 @@ implementation, so ``torch.compile`` traces around it.
 """
 
 from . import gla, mhc, semicrf
-from .attention import flash_attn_func, flash_attn_varlen_func
+from .attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .gla import chunk_gla
 from .mhc import MHC
 from .semicrf import semi_crf_streaming_forward, semi_crf_viterbi
@@ -33,6 +35,7 @@ from .semicrf import semi_crf_streaming_forward, semi_crf_viterbi
 __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "chunk_gla",
     "MHC",
     "semi_crf_streaming_forward",

@@ -1,7 +1,8 @@
 //! `rustkernels._native`: the Rust side of the Python package. It takes tensors as plain
 //! descriptions (address, dtype name, shape, strides, storage), validates and launches through
 //! the `kernels` crate's raw API (`kernels::raw`; per family `kernels::attention::forward_raw`
-//! and `backward_raw` (packed sequences: `forward_varlen_raw`, `backward_varlen_raw`), `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw,
+//! and `backward_raw` (packed sequences: `forward_varlen_raw`, `backward_varlen_raw`; the decode
+//! step over a paged KV cache: `decode_raw`), `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw,
 //! backward_raw, viterbi_raw}`, `kernels::mhc::{forward_pre_raw, forward_post_raw,
 //! backward_raw}`) on the caller's stream, and returns nothing: the Python side allocates the
 //! outputs and workspaces with torch (their sizes from the `*_workspace`/`*_layout` functions
@@ -21,9 +22,10 @@ mod semicrf;
 
 use kernels::Error;
 use kernels::attention::{
-    AttentionOptions, BackwardOptions, Path, RawAttentionBackwardTensors, RawAttentionTensors,
-    RawAttentionVarlenBackwardTensors, RawAttentionVarlenTensors, RawBackwardWorkspace,
-    backward_raw, backward_varlen_raw, backward_varlen_workspace_lens, backward_workspace_lens,
+    AttentionDecodeOptions, AttentionOptions, BackwardOptions, Path, RawAttentionBackwardTensors,
+    RawAttentionDecodeTensors, RawAttentionTensors, RawAttentionVarlenBackwardTensors,
+    RawAttentionVarlenTensors, RawBackwardWorkspace, backward_raw, backward_varlen_raw,
+    backward_varlen_workspace_lens, backward_workspace_lens, decode_raw, decode_workspace_len,
     forward_raw, forward_varlen_raw,
 };
 use kernels::raw::{ElemType, RawStream, RawTensor};
@@ -420,6 +422,97 @@ fn attention_varlen_backward(
     .map_err(to_py)
 }
 
+/// The splits and the f32 workspace elements of a decode step over a paged KV cache,
+/// `(num_splits, workspace_len)`, for Q of shape `q_shape`, caches of shape `k_cache_shape` and
+/// a block table of shape `block_table_shape` of dtype `dtype`: `num_splits` as given, or with
+/// 0 the library's heuristic for a GPU of `multiprocessors` and the longest context the block
+/// table allows (see `kernels::attention::decode_workspace_len`).
+#[pyfunction]
+fn attention_decode_workspace(
+    q_shape: Vec<usize>,
+    k_cache_shape: Vec<usize>,
+    block_table_shape: Vec<usize>,
+    dtype: &str,
+    num_splits: usize,
+    multiprocessors: usize,
+) -> PyResult<(usize, usize)> {
+    let elem = ElemType::from_name(dtype)
+        .ok_or_else(|| PyTypeError::new_err(format!("q: unsupported dtype {dtype}")))?;
+    decode_workspace_len(
+        &q_shape,
+        &k_cache_shape,
+        &block_table_shape,
+        elem,
+        num_splits,
+        multiprocessors,
+    )
+    .map_err(to_py)
+}
+
+/// A decode step over a paged KV cache (FlashAttention's `flash_attn_with_kvcache` with a block
+/// table) on device `device`'s stream `stream`: O `[batch, seqlen_q, nheads, headdim]` and LSE
+/// `[batch, nheads, seqlen_q]` written from Q, the caches `[num_blocks, page_block_size,
+/// nheads_k, headdim]` and the tables `block_table` `[batch, max_num_blocks_per_seq]` and
+/// `cache_seqlens` `[batch]` (int32 on the device, not read on the host), with `num_splits`
+/// splits and the f32 `workspace` of their length (both from `attention_decode_workspace`).
+/// See `kernels::attention::decode_raw`. Asynchronous.
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k_cache, v_cache, o, lse, block_table, cache_seqlens, workspace, softmax_scale, causal, num_splits))]
+#[allow(clippy::too_many_arguments)]
+fn attention_decode(
+    py: Python<'_>,
+    device: u32,
+    stream: u64,
+    q: TensorArgs,
+    k_cache: TensorArgs,
+    v_cache: TensorArgs,
+    o: TensorArgs,
+    lse: TensorArgs,
+    block_table: TensorArgs,
+    cache_seqlens: TensorArgs,
+    workspace: TensorArgs,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    num_splits: usize,
+) -> PyResult<()> {
+    let options = AttentionDecodeOptions {
+        scale: softmax_scale,
+        causal,
+    };
+    let (q, k_cache, v_cache, o, lse) = (
+        tensor("q", q)?,
+        tensor("k_cache", k_cache)?,
+        tensor("v_cache", v_cache)?,
+        tensor("out", o)?,
+        tensor("softmax_lse", lse)?,
+    );
+    let (block_table, cache_seqlens) = (
+        tensor("block_table", block_table)?,
+        tensor("cache_seqlens", cache_seqlens)?,
+    );
+    let workspace = tensor("workspace", workspace)?;
+    py.detach(|| {
+        // SAFETY: as in `attention_forward`: the handle of torch's current stream of `device`.
+        let stream = unsafe { RawStream::new(device, stream) }?;
+        let tensors = RawAttentionDecodeTensors {
+            q: &q,
+            k_cache: &k_cache,
+            v_cache: &v_cache,
+            o: &o,
+            lse: &lse,
+            block_table: &block_table,
+            cache_seqlens: &cache_seqlens,
+            workspace: &workspace,
+        };
+        // SAFETY: as in `attention_forward`: live torch tensors the Python side holds across
+        // this call, whose memory stays valid for work enqueued on `stream`; O, LSE and the
+        // workspace are fresh allocations on that stream. The tables' contents cannot make the
+        // kernels leave the tensors (they clamp them).
+        unsafe { decode_raw(&stream, &options, &tensors, num_splits) }
+    })
+    .map_err(to_py)
+}
+
 /// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -430,6 +523,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_varlen_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_varlen_backward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(attention_varlen_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_decode_workspace, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_decode, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_backward_workspace, m)?)?;

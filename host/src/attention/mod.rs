@@ -30,7 +30,8 @@
 //!
 //! Decoding over a paged KV cache (FlashAttention's `flash_attn_with_kvcache` with a block
 //! table; split-KV): [`AttentionDecodeProblem`], [`DecodeTables`], [`decode()`] (the module
-//! `decode` documents the layouts).
+//! `decode` documents the layouts); on a framework's tensors [`decode_raw`] (its splits and
+//! workspace: [`decode_workspace_len`]).
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
@@ -63,11 +64,12 @@ pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
 pub use raw::{
-    AttentionOptions, RawAttentionBackwardTensors, RawAttentionTensors,
-    RawAttentionVarlenBackwardTensors, RawAttentionVarlenTensors, RawBackwardWorkspace,
-    backward_raw, backward_varlen_raw, backward_varlen_workspace_lens, backward_workspace_lens,
-    forward_raw, forward_varlen_raw, plan_backward_raw, plan_backward_varlen_raw, plan_raw,
-    plan_varlen_raw,
+    AttentionDecodeOptions, AttentionOptions, RawAttentionBackwardTensors,
+    RawAttentionDecodeTensors, RawAttentionTensors, RawAttentionVarlenBackwardTensors,
+    RawAttentionVarlenTensors, RawBackwardWorkspace, backward_raw, backward_varlen_raw,
+    backward_varlen_workspace_lens, backward_workspace_lens, decode_raw, decode_workspace_len,
+    forward_raw, forward_varlen_raw, plan_backward_raw, plan_backward_varlen_raw, plan_decode_raw,
+    plan_raw, plan_varlen_raw,
 };
 pub use reference::{
     naive_backward_same_precision, naive_backward_varlen_same_precision, naive_same_precision,

@@ -430,6 +430,7 @@ fn the_plan_refuses_bad_tensors() {
 }
 
 mod raw;
+mod raw_decode;
 
 /// Contiguous packed tensors of `p` at made-up, well-aligned addresses.
 fn varlen_tensors<'a, T>(p: &AttentionVarlenProblem) -> AttentionVarlenTensors<'a, T> {
