@@ -9,8 +9,9 @@
 #       tests, sanitizers on D 96/192 cases, Python attention tests, then kbench attention and
 #       attention-backward at D 96/192 (peers cuDNN and FA2 through SDPA);
 #   dec decode over a paged KV cache: its GPU tests and CLI tests, the four sanitizers on decode
-#       cases (memcheck on adversarial tables), the D 96/192 tests, then kbench attention-decode
-#       and kbench attention at D 96/192.
+#       cases (memcheck on adversarial tables) and on the Hopper forward at D 192, Python
+#       attention tests, the D 96/192 tests, then kbench attention-decode and kbench attention
+#       at D 96/192.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla
 set -u
@@ -156,6 +157,14 @@ if [ "$part" = dec ]; then
   done
   san memcheck attention attention_decode/gpu/clamps_bad_tables
   san memcheck attention attention_decode/gpu/bf16_d192_sq3
+  for tool in memcheck racecheck synccheck initcheck; do
+    san $tool attention attention/hopper/bf16_d192_b2_sq113_sk203_h4x2_causal
+  done
+  P=/tmp/pyd9h; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip-w.log 2>&1
+  s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_attention.py > $L/py_attention.log 2>&1
+  echo "py attention rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_attention.log | tail -1)" >> $S
+  grep -E "^(SKIP|FAIL)" -A6 $L/py_attention.log | head -30 >> $S
+  grep -E "kvcache" $L/py_attention.log | head -20 >> $S
   TT=250 t d96 $B/bin/test-attention d96 --skip emulated
   TT=250 t d192 $B/bin/test-attention d192 --skip emulated
   P=/tmp/pyd9d; python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1

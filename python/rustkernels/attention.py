@@ -717,14 +717,17 @@ def flash_attn_decode(
     longest context the block table allows)."""
     _check_decode_inputs(q, k_cache, v_cache, block_table, cache_seqlens)
     native = _native()
-    multiprocessors = torch.cuda.get_device_properties(q.device).multi_processor_count
+    props = torch.cuda.get_device_properties(q.device)
+    # Shared memory per SM bounds the decode blocks an SM holds (0 if this torch lacks it).
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
     num_splits, workspace_len = native.attention_decode_workspace(
         tuple(q.shape),
         tuple(k_cache.shape),
         tuple(block_table.shape),
         str(q.dtype),
         _num_splits(num_splits),
-        multiprocessors,
+        props.multi_processor_count,
+        smem_per_sm,
     )
     batch, seqlen_q, nheads, headdim = q.shape
     out = torch.empty((batch, seqlen_q, nheads, headdim), dtype=q.dtype, device=q.device)

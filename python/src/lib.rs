@@ -425,8 +425,9 @@ fn attention_varlen_backward(
 /// The splits and the f32 workspace elements of a decode step over a paged KV cache,
 /// `(num_splits, workspace_len)`, for Q of shape `q_shape`, caches of shape `k_cache_shape` and
 /// a block table of shape `block_table_shape` of dtype `dtype`: `num_splits` as given, or with
-/// 0 the library's heuristic for a GPU of `multiprocessors` and the longest context the block
-/// table allows (see `kernels::attention::decode_workspace_len`).
+/// 0 the library's heuristic for a GPU of `multiprocessors` SMs with `smem_per_sm` bytes of
+/// shared memory each (0 if unknown) and the longest context the block table allows (see
+/// `kernels::attention::decode_workspace_len`).
 #[pyfunction]
 fn attention_decode_workspace(
     q_shape: Vec<usize>,
@@ -435,6 +436,7 @@ fn attention_decode_workspace(
     dtype: &str,
     num_splits: usize,
     multiprocessors: usize,
+    smem_per_sm: usize,
 ) -> PyResult<(usize, usize)> {
     let elem = ElemType::from_name(dtype)
         .ok_or_else(|| PyTypeError::new_err(format!("q: unsupported dtype {dtype}")))?;
@@ -445,6 +447,7 @@ fn attention_decode_workspace(
         elem,
         num_splits,
         multiprocessors,
+        smem_per_sm,
     )
     .map_err(to_py)
 }

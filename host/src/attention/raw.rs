@@ -832,8 +832,10 @@ fn check_splits(num_splits: usize) -> Result<()> {
 /// element type `dtype`, for a caller that allocates the workspace before launching
 /// ([`decode_raw`]): `(num_splits, workspace_len)`. `num_splits` is the one given (1 to
 /// [`MAX_SPLITS`]), or with 0 the heuristic's ([`AttentionDecodeProblem::num_splits`]) for a
-/// GPU of `multiprocessors` and the longest context the block table allows (`max_pages x
-/// page_size`: the tables' contents are device data, not read); `workspace_len` is the f32
+/// GPU of `multiprocessors` SMs of `smem_per_sm` bytes of shared memory each (0 if unknown: one
+/// block per SM; [`AttentionDecodeProblem::resident_blocks`]) and the longest context the
+/// block table allows (`max_pages x page_size`: the tables' contents are device data, not
+/// read); `workspace_len` is the f32
 /// elements those splits need ([`AttentionDecodeProblem::workspace_len`], 0 with one split).
 /// The problem is validated as the plan validates it.
 pub fn decode_workspace_len(
@@ -843,6 +845,7 @@ pub fn decode_workspace_len(
     dtype: ElemType,
     num_splits: usize,
     multiprocessors: usize,
+    smem_per_sm: usize,
 ) -> Result<(usize, usize)> {
     let problem = AttentionDecodeProblem::from_shapes(
         q,
@@ -853,7 +856,10 @@ pub fn decode_workspace_len(
     )?;
     problem.validate()?;
     let splits = match num_splits {
-        0 => problem.num_splits(problem.max_context(), multiprocessors),
+        0 => problem.num_splits(
+            problem.max_context(),
+            problem.resident_blocks(multiprocessors, smem_per_sm),
+        ),
         n => {
             check_splits(n)?;
             n

@@ -136,17 +136,19 @@ fn the_raw_decode_splits_and_workspace() {
             ElemType::Bf16,
             splits,
             sms,
+            228 * 1024,
         )
     };
-    // 0: the heuristic on the longest context the block table allows (6 pages of 16).
+    // 0: the heuristic on the longest context the block table allows (6 pages of 16), with the
+    // blocks an SM of 228 KiB holds.
     for sms in [1, 8, 132] {
-        let want = p.num_splits(p.max_context(), sms);
+        let want = p.num_splits(p.max_context(), p.resident_blocks(sms, 228 * 1024));
         assert_eq!(lens(0, sms).unwrap(), (want, p.workspace_len(want)));
     }
     assert_eq!(
         lens(0, 132).unwrap().0,
-        6,
-        "one split per page of the longest context"
+        2,
+        "one split per 64-key step of the longest context (96 keys)"
     );
     assert_eq!(lens(1, 132).unwrap(), (1, 0));
     assert_eq!(lens(3, 132).unwrap(), (3, p.workspace_len(3)));
@@ -154,7 +156,7 @@ fn the_raw_decode_splits_and_workspace() {
     let e = lens(MAX_SPLITS + 1, 132).unwrap_err().to_string();
     assert!(e.contains("num_splits: 129 is outside"), "{e}");
     let refuse = |q: &[usize], k: &[usize], table: &[usize], dtype, want: &str| {
-        let e = decode_workspace_len(q, k, table, dtype, 0, 132)
+        let e = decode_workspace_len(q, k, table, dtype, 0, 132, 0)
             .unwrap_err()
             .to_string();
         assert!(e.contains(want), "want {want:?}, got: {e}");
