@@ -198,7 +198,7 @@ pub const MMA_KERNELS: [MmaKernel; 10 + TUNING_VARIANTS.len()] = [
 
 /// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
 /// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`].
-pub const HOPPER_KERNELS: [HopperKernel; 8 + HOPPER_VARIANTS.len()] = [
+pub const HOPPER_KERNELS: [HopperKernel; 10 + HOPPER_VARIANTS.len()] = [
     hopper(
         "attention_fwd_hopper_bf16_d64",
         Dtype::Bf16,
@@ -233,6 +233,18 @@ pub const HOPPER_KERNELS: [HopperKernel; 8 + HOPPER_VARIANTS.len()] = [
         "attention_fwd_hopper_f16_d256",
         Dtype::F16,
         hopper_config_of(256),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_bf16_d96",
+        Dtype::Bf16,
+        hopper_config_of(96),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d96",
+        Dtype::F16,
+        hopper_config_of(96),
         None,
     ),
     hopper(

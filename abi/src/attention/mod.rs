@@ -394,7 +394,7 @@ impl HopperConfig {
     /// 128-byte column blocks along D (`D / 64`): tiles are stored as this many `[rows, 64]`
     /// blocks, each a stack of 128-byte swizzled rows (what TMA writes with a 64-wide box).
     pub const fn column_blocks(&self) -> u32 {
-        self.head_dim / HOPPER_ATOM
+        self.head_dim.div_ceil(HOPPER_ATOM)
     }
 
     /// Bytes of one column block of `rows` rows.
@@ -461,7 +461,9 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
         grid: HopperGrid::Auto,
     };
     match d {
-        64 | 128 => Some(base),
+        // D = 96: two column blocks, the second half filled with zeros by TMA (the boxes reach
+        // past D); S = Q K^T over the 6 k-slices of D, O += P V with N = 96.
+        64 | 96 | 128 => Some(base),
         // D = 192 takes the D = 256 configuration (keys in steps of 64, no overlap: the O
         // accumulator leaves no registers for a second S).
         192 | 256 => Some(HopperConfig {

@@ -4,8 +4,8 @@
 //!   strides with the head dimension contiguous (so views into a packed QKV tensor work); O
 //!   `[batch, seq_q, heads_q, D]` in the input type, LSE `[batch, heads_q, seq_q]` f32
 //!   (natural log).
-//! - D in {64, 96, 128, 192, 256} (96 on the `mma.sync` path only); grouped-query attention
-//!   with `heads_q` a multiple of `heads_kv`.
+//! - D in {64, 96, 128, 192, 256}; grouped-query attention with `heads_q` a multiple of
+//!   `heads_kv`.
 //! - `scale` defaults to `1 / sqrt(D)`.
 //! - Masking follows FlashAttention >= 2.1: with `seq_q != seq_k` the causal diagonal is
 //!   aligned to the **bottom-right** corner, i.e. query `i` may attend key `j` iff

@@ -90,9 +90,9 @@ fn every_entry_of_the_ptx_has_its_handle() {
     }
     assert_eq!(
         KERNELS.len(),
-        // Defaults: mma.sync at 5 head dimensions, Hopper at 4, two element types each.
+        // Defaults: mma.sync and Hopper at 5 head dimensions, two element types each.
         2 * 5
-            + 2 * 4
+            + 2 * 5
             + TUNING_VARIANTS.len()
             + HOPPER_VARIANTS.len()
             + BWD_KERNEL_COUNT
@@ -178,22 +178,17 @@ fn the_path_follows_the_arch_and_the_option() {
     }
 }
 
-/// A head dimension without a Hopper kernel: Auto takes the `mma.sync` kernel on Hopper too,
-/// and a forced Hopper path is a typed error.
+/// Every head dimension has a Hopper kernel (D = 96 over two column blocks, the second half
+/// zero-filled): Auto takes it on sm_90a and the `mma.sync` kernel on sm_80.
 #[test]
-fn head_dims_without_a_hopper_kernel_take_mma_sync() {
+fn every_head_dim_has_a_hopper_kernel() {
     for d in HEAD_DIMS {
-        if kernel_abi::attention::hopper_kernel(Dtype::Bf16, d, None).is_some() {
-            continue;
-        }
         let p = AttentionProblem::new(1, 40, 40, 2, 1, d as usize, Dtype::Bf16);
-        let m = plan(&p, Arch::Sm90a, None).unwrap();
-        assert!(!m.is_hopper());
+        let h = plan(&p, Arch::Sm90a, None).unwrap();
+        assert!(h.is_hopper());
+        assert_eq!(h.kernel().name, format!("attention_fwd_hopper_bf16_d{d}"));
+        let m = plan(&p, Arch::Sm80, None).unwrap();
         assert_eq!(m.kernel().name, format!("attention_fwd_bf16_d{d}"));
-        assert!(matches!(
-            plan(&p.clone().path(Path::Hopper), Arch::Sm90a, None),
-            Err(Error::Unsupported { .. })
-        ));
     }
 }
 

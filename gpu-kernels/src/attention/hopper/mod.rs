@@ -1,4 +1,4 @@
-//! `attention_fwd_hopper_{bf16,f16}_d{64,128,192,256}`: the attention forward pass on Hopper
+//! `attention_fwd_hopper_{bf16,f16}_d{64,96,128,192,256}`: the attention forward pass on Hopper
 //! (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
 //! `mma.sync` path ([`AttentionParams`](kernel_abi::attention::AttentionParams) documents the
 //! masking and the outputs); chosen automatically on Hopper GPUs.
@@ -326,6 +326,26 @@ hopper_kernel!(
     fence_operands_32,
     m64n256k16_f16_rs,
     fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_bf16_d96,
+    Bf16,
+    hopper_config_of(96),
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n96k16_bf16_rs,
+    fence_operands_48
+);
+hopper_kernel!(
+    attention_fwd_hopper_f16_d96,
+    F16,
+    hopper_config_of(96),
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n96k16_f16_rs,
+    fence_operands_48
 );
 hopper_kernel!(
     attention_fwd_hopper_bf16_d192,
