@@ -23,7 +23,7 @@ Attention forward: O = softmax(scale Q K^T + mask) V and the row log-sum-exp (na
 softmax and accumulation in f32.
 
 Inputs (FlashAttention's layout: sequence before heads, head dimension last):
-  q    bf16 or f16  [B, Sq, Hq, D]    D in {64, 128, 256}
+  q    bf16 or f16  [B, Sq, Hq, D]    D in {64, 96, 128, 192, 256}
   k    same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv (GQA; Hkv = 1 is MQA)
   v    same as q    [B, Sk, Hkv, D]
 
@@ -391,7 +391,7 @@ Attention backward: the gradients dQ, dK, dV of a loss through O = softmax(scale
 softmax recomputed and accumulation in f32.
 
 Inputs (the forward's layout and masking; see `kernels-cli attention --help`):
-  q     bf16 or f16  [B, Sq, Hq, D]    D in {64, 128, 256}
+  q     bf16 or f16  [B, Sq, Hq, D]    D in {64, 96, 128, 192, 256}
   k     same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv
   v     same as q    [B, Sk, Hkv, D]
   o     same as q    [B, Sq, Hq, D]    the forward's output

@@ -279,7 +279,7 @@ pub const fn tile_config_of(d: u32) -> TileConfig {
 /// A window bound that does not restrict (`window_left`/`window_right`).
 pub const UNBOUNDED: i32 = -1;
 
-/// Parameters of `attention_fwd_{bf16,f16}_d{64,128,256}`.
+/// Parameters of `attention_fwd_{bf16,f16}_d{64,96,128,192,256}`.
 ///
 /// Masking (FlashAttention >= 2.1 convention, aligned to the bottom-right when
 /// `seq_q != seq_k`): query `i` may attend key `j` iff `j < seq_k`,
@@ -577,7 +577,7 @@ pub const fn hopper_config_of(d: u32) -> HopperConfig {
     }
 }
 
-/// Parameters of `attention_fwd_hopper_{bf16,f16}_d{64,128,256}`: the tensor maps of Q, K, V
+/// Parameters of `attention_fwd_hopper_{bf16,f16}_d{64,96,128,192,256}`: the tensor maps of Q, K, V
 /// (4-D, dims `[D, heads, seq, batch]` innermost first, box `[64, 1, rows, 1]`, 128-byte
 /// swizzle) and everything of [`AttentionParams`] the kernel still needs. Masking and outputs
 /// are as documented there.

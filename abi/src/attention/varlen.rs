@@ -4,7 +4,7 @@
 use super::{AttentionParams, Dtype, TileConfig, mma_smem, tile_config_of};
 use crate::Kernel;
 
-/// Parameters of `attention_fwd_varlen_{bf16,f16}_d{64,128,256}`: attention over a batch of
+/// Parameters of `attention_fwd_varlen_{bf16,f16}_d{64,96,128,192,256}`: attention over a batch of
 /// packed sequences of different lengths (FlashAttention's `flash_attn_varlen_func`). Sequence
 /// `b` owns query rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of Q and O and key rows
 /// `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]` of K and V; the mask of [`AttentionParams`] applies

@@ -1,6 +1,6 @@
-//! `attention_fwd_{bf16,f16}_d{64,128,256}`: fused attention forward, FlashAttention-2 style,
+//! `attention_fwd_{bf16,f16}_d{64,96,128,192,256}`: fused attention forward, FlashAttention-2 style,
 //! on `mma.sync` tensor cores (runs on any GPU of compute capability >= 8.0), and
-//! `attention_fwd_varlen_{bf16,f16}_d{64,128,256}`, the same body over packed sequences.
+//! `attention_fwd_varlen_{bf16,f16}_d{64,96,128,192,256}`, the same body over packed sequences.
 //!
 //! # Parameters
 //! [`AttentionParams`]: Q, K, V, O with arbitrary batch/sequence/head strides (head dimension
