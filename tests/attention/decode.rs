@@ -154,42 +154,7 @@ fn compare<T: AttentionElem>(
         let out = attention::naive_same_precision(&p.sequence(len), qb, &gather(k), &gather(v));
         naive.extend(out.o);
     }
-    let max_diff = |a: &[f64], b: &[f64]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f64::max)
-    };
-    let naive_err = max_diff(&naive, &want.o);
-    let tol = 2.0 * naive_err + 1e-3;
-    let got: Vec<f64> = o.iter().map(|x| x.to_f32() as f64).collect();
-    ensure(got.iter().all(|x| x.is_finite()), || {
-        format!("{what}: O has NaN or inf (or an unwritten element)")
-    })?;
-    let err = max_diff(&got, &want.o);
-    let mut lse_err = 0.0f64;
-    for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
-        if w == f64::NEG_INFINITY {
-            ensure(g == f32::NEG_INFINITY, || {
-                format!("{what}: LSE[{i}] = {g}, the row has no key")
-            })?;
-            continue;
-        }
-        ensure(g.is_finite(), || {
-            format!("{what}: LSE[{i}] = {g}, want {w}")
-        })?;
-        lse_err = lse_err.max((g as f64 - w).abs() / w.abs().max(1.0));
-    }
-    let empty_rows = want.lse.iter().filter(|x| **x == f64::NEG_INFINITY).count();
-    println!(
-        "{what}: max |O - ref| = {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3), LSE rel err {lse_err:.3e}, {empty_rows} rows without keys"
-    );
-    ensure(err <= tol, || {
-        format!("{what}: max |O - ref| {err:.3e} > {tol:.3e}")
-    })?;
-    ensure(lse_err <= 1e-3, || {
-        format!("{what}: LSE error {lse_err:.3e} > 1e-3")
-    })
+    super::varlen::check_outputs(what, o, lse, &want, &naive)
 }
 
 /// Small cases for the emulator: one split and several (more splits than steps included), a
@@ -259,14 +224,17 @@ fn run_emulated<T: AttentionElem>(c: &DecodeCase) -> TestResult {
     compare(&what, c, (&q, &k, &v, &table), &o, &lse)
 }
 
-/// Tables whose contents the host cannot check (on the device): pages negative or past the
-/// cache, contexts negative or past `max_pages x page_size`. The kernel clamps them: nothing
-/// is read outside the caches and the table (the emulator checks every `cp.async` source
-/// against its buffers) and nothing written outside O, LSE and the workspace (guards).
-fn emulated_clamps_bad_tables() -> TestResult {
+/// A causal case (2 sequences, GQA 4:2, D 64, pages of 16) with its inputs and four pairs of
+/// (block table, contexts) whose contents the host cannot check when they are on the device:
+/// pages negative or past the cache, contexts negative or past `max_pages x page_size`.
+#[allow(clippy::type_complexity)]
+fn adversarial_tables() -> (
+    DecodeCase,
+    (Vec<bf16>, Vec<bf16>, Vec<bf16>),
+    [(Vec<i32>, [i32; 2]); 4],
+) {
     let c = dcase(&[40, 61], 2, 4, 2, 64, 16, Dtype::Bf16, true, Some(2));
     let (q, k, v, good) = inputs::<bf16>(&c);
-    let p = &c.p;
     let bad_pages: Vec<i32> = good
         .iter()
         .enumerate()
@@ -276,16 +244,25 @@ fn emulated_clamps_bad_tables() -> TestResult {
             _ => x,
         })
         .collect();
-    let most = (p.max_pages * p.page_size) as i32;
-    let cases: [(&[i32], [i32; 2]); 4] = [
-        (&bad_pages, [40, 61]),
-        (&good, [-7, i32::MIN]),
-        (&good, [most + 1, i32::MAX]),
-        (&bad_pages, [i32::MAX, most]),
+    let most = (c.p.max_pages * c.p.page_size) as i32;
+    let cases = [
+        (bad_pages.clone(), [40, 61]),
+        (good.clone(), [-7, i32::MIN]),
+        (good, [most + 1, i32::MAX]),
+        (bad_pages, [i32::MAX, most]),
     ];
+    (c, (q, k, v), cases)
+}
+
+/// Tables whose contents the host cannot check (on the device): pages negative or past the
+/// cache, contexts negative or past `max_pages x page_size`. The kernel clamps them: nothing
+/// is read outside the caches and the table (the emulator checks every `cp.async` source
+/// against its buffers) and nothing written outside O, LSE and the workspace (guards).
+fn emulated_clamps_bad_tables() -> TestResult {
+    let (c, (q, k, v), cases) = adversarial_tables();
     for splits in [1, 3] {
-        for (table, lens) in cases {
-            let (_, _, intact) = emulate(&c, (&q, &k, &v), (table, &lens), splits)?;
+        for (table, lens) in &cases {
+            let (_, _, intact) = emulate(&c, (&q, &k, &v), (table, lens), splits)?;
             ensure(intact, || {
                 format!("contexts {lens:?}, {splits} splits: a write outside its buffer")
             })?;
@@ -299,32 +276,15 @@ fn emulated_clamps_bad_tables() -> TestResult {
 /// checked by the host): every launch completes (run under compute-sanitizer memcheck, no
 /// access outside the caches, the table and the outputs).
 fn gpu_clamps_bad_tables(g: &Gpu) -> TestResult {
-    let c = dcase(&[40, 61], 2, 4, 2, 64, 16, Dtype::Bf16, true, Some(2));
-    let (q, k, v, good) = inputs::<bf16>(&c);
+    let (c, (q, k, v), cases) = adversarial_tables();
     let p = &c.p;
-    let bad_pages: Vec<i32> = good
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| match i % 3 {
-            0 => -5,
-            1 => i32::MAX,
-            _ => x,
-        })
-        .collect();
-    let most = (p.max_pages * p.page_size) as i32;
-    let cases: [(&[i32], [i32; 2]); 4] = [
-        (&bad_pages, [40, 61]),
-        (&good, [-7, i32::MIN]),
-        (&good, [most + 1, i32::MAX]),
-        (&bad_pages, [i32::MAX, most]),
-    ];
     let out = (|| -> kernels::Result<usize> {
         let stream = g.stream()?;
         let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
         let mut runs = 0;
         for splits in [1, 3] {
-            for (table, lens) in cases {
-                let (dt, dl) = (upload(table)?, upload(&lens)?);
+            for (table, lens) in &cases {
+                let (dt, dl) = (upload(table)?, upload(lens)?);
                 let (o, lse) = (poisoned::<bf16>(q.len())?, poisoned::<f32>(p.lse_len())?);
                 let ws = poisoned::<f32>(p.workspace_len(splits).max(1))?;
                 let tensors = AttentionDecodeTensors {

@@ -182,13 +182,26 @@ fn compare<T: AttentionElem>(
     let s = seqlens(c);
     let want = attention::reference_varlen(&c.p, &s, q, k, v);
     let naive = attention::naive_varlen_same_precision(&c.p, &s, q, k, v);
+    check_outputs(what, o, lse, &want, &naive.o)
+}
+
+/// Check O (every element finite, `max |O - ref| <= 2 max |O_naive - ref| + 1e-3`) and LSE
+/// (`-inf` exactly where the reference has it, else within `1e-3 max(1, |ref|)`) against the
+/// reference `want` and the same-precision naive O `naive_o`; prints the measured errors.
+pub(super) fn check_outputs<T: AttentionElem>(
+    what: &str,
+    o: &[T],
+    lse: &[f32],
+    want: &attention::reference::AttentionOutput,
+    naive_o: &[f64],
+) -> TestResult {
     let max_diff = |a: &[f64], b: &[f64]| {
         a.iter()
             .zip(b)
             .map(|(x, y)| (x - y).abs())
             .fold(0.0, f64::max)
     };
-    let naive_err = max_diff(&naive.o, &want.o);
+    let naive_err = max_diff(naive_o, &want.o);
     let tol = 2.0 * naive_err + 1e-3;
     let got: Vec<f64> = o.iter().map(|x| x.to_f32() as f64).collect();
     ensure(got.iter().all(|x| x.is_finite()), || {
