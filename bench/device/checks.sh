@@ -161,10 +161,11 @@ if [ "$part" = dec ]; then
     san $tool attention attention/hopper/bf16_d192_b2_sq113_sk203_h4x2_causal
   done
   P=/tmp/pyd9h; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip-w.log 2>&1
-  s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_attention.py > $L/py_attention.log 2>&1
-  echo "py attention rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_attention.log | tail -1)" >> $S
-  grep -E "^(SKIP|FAIL)" -A6 $L/py_attention.log | head -30 >> $S
-  grep -E "kvcache" $L/py_attention.log | head -20 >> $S
+  for f in attention attention_decode; do
+    s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A6 $L/py_$f.log | head -30 >> $S
+  done
   TT=250 t d96 $B/bin/test-attention d96 --skip emulated
   TT=250 t d192 $B/bin/test-attention d192 --skip emulated
   P=/tmp/pyd9d; python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
