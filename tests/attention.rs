@@ -8,7 +8,8 @@
 //! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs`, the forward over
 //! packed sequences (`attention_varlen/*`) in `attention/varlen.rs`, its backward
 //! (`attention_varlen_bwd/*`) in `attention/varlen_bwd.rs`; decoding over a paged KV cache
-//! (`attention_decode/*`) in `attention/decode.rs`.
+//! (`attention_decode/*`) in `attention/decode.rs`; the softcap and sinks
+//! (`attention_capsink/*`) in `attention/capsink.rs`.
 
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -25,6 +26,8 @@ use rand::Rng;
 
 #[path = "attention/backward.rs"]
 mod backward;
+#[path = "attention/capsink.rs"]
+mod capsink;
 #[path = "attention/decode.rs"]
 mod decode;
 #[path = "attention/reference_fd.rs"]
@@ -299,6 +302,7 @@ fn main() {
     varlen::register(&mut s);
     varlen_bwd::register(&mut s);
     decode::register(&mut s);
+    capsink::register(&mut s);
     s.run()
 }
 
@@ -423,6 +427,7 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
         v: View::contiguous(dv.view(), p.kv_shape()),
         o: View::contiguous(o.view(), p.q_shape()),
         lse: lse.view(),
+        sinks: None,
     };
     let what = format!("emulated {variant}: {} (seed {})", name(c), c.seed);
     // The mma.sync path: what the plan picks for sm_80 (the emulator runs those kernels).
@@ -587,6 +592,7 @@ fn raw_api(g: &Gpu) -> TestResult {
                 v: &v,
                 o,
                 lse: &lse,
+                sinks: None,
             };
             // SAFETY: Q, K, V, LSE and the good O lie in live device buffers of this function,
             // synchronized below before the buffers drop; the bad O's are refused before any

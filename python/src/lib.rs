@@ -103,6 +103,7 @@ fn options(
                 )));
             }
         },
+        softcap: None,
     })
 }
 
@@ -146,6 +147,7 @@ fn attention_forward(
             v: &v,
             o: &o,
             lse: &lse,
+            sinks: None,
         };
         // SAFETY: the Python side passes live torch tensors it holds across this call; their
         // memory stays valid for work enqueued on `stream` afterwards (torch's caching
@@ -291,6 +293,7 @@ fn attention_varlen_forward(
             lse: &lse,
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
+            sinks: None,
         };
         // SAFETY: as in `attention_forward`: live torch tensors the Python side holds across
         // this call, whose memory stays valid for work enqueued on `stream`; O and LSE are fresh
@@ -398,6 +401,7 @@ fn attention_varlen_backward(
             dv: &dv,
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
+            sinks: None,
         };
         let workspace = RawBackwardWorkspace {
             delta: &delta,

@@ -266,6 +266,7 @@ fn emulate<T: AttentionElem>(
         lse: lse.view(),
         cu_seqlens_q: cq.view(),
         cu_seqlens_k: ck.view(),
+        sinks: None,
     };
     let plan = p.plan(&tensors).map_err(|e| e.to_string())?;
     // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
@@ -318,6 +319,7 @@ fn emulated_matches_dense() -> TestResult {
         v: View::contiguous(dv.view(), p.kv_shape()),
         o: View::contiguous(od.view(), p.q_shape()),
         lse: lsed.view(),
+        sinks: None,
     };
     let plan = p
         .plan(EMULATED, &tensors, None)
@@ -504,6 +506,7 @@ fn raw_api(g: &Gpu) -> TestResult {
             lse: &lse,
             cu_seqlens_q: &cq,
             cu_seqlens_k: &ck,
+            sinks: None,
         };
         launch(&tensors)?;
         // No keys at all: K and V empty at address 0, every row O = 0 and LSE = -inf.
@@ -533,6 +536,7 @@ fn raw_api(g: &Gpu) -> TestResult {
                     lse: &nk.2,
                     cu_seqlens_q: &nk.3,
                     cu_seqlens_k: &nk.4,
+                    sinks: None,
                 },
                 5,
                 0,

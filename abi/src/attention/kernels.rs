@@ -16,6 +16,9 @@ pub struct MmaKernel {
     /// The tuning variant ([`TUNING_VARIANTS`]), `None` for the default tiles of its head
     /// dimension ([`tile_config`]).
     pub variant: Option<&'static str>,
+    /// Whether it applies the softcap and sinks of [`LogitOptions`] (the `capsink` kernels;
+    /// default tiles only).
+    pub capsink: bool,
 }
 
 /// A Hopper kernel: its handle (dynamic shared memory as a function of its configuration) and
@@ -30,6 +33,9 @@ pub struct HopperKernel {
     /// The tuning variant ([`HOPPER_VARIANTS`]), `None` for the default configuration of its
     /// head dimension ([`hopper_config`]).
     pub variant: Option<&'static str>,
+    /// Whether it applies the softcap and sinks of [`LogitOptions`] (the `capsink` kernels;
+    /// default configuration only).
+    pub capsink: bool,
 }
 
 pub(crate) fn mma_smem(tiles: TileConfig) -> usize {
@@ -71,6 +77,15 @@ const fn mma(
         dtype,
         tiles,
         variant,
+        capsink: false,
+    }
+}
+
+/// The `capsink` kernel of the default tiles of head dimension `d`.
+const fn mma_capsink(name: &'static str, dtype: Dtype, d: u32) -> MmaKernel {
+    MmaKernel {
+        capsink: true,
+        ..mma(name, dtype, tile_config_of(d), None)
     }
 }
 
@@ -86,12 +101,21 @@ const fn hopper(
         dtype,
         cfg,
         variant,
+        capsink: false,
+    }
+}
+
+/// The `capsink` kernel of the default configuration of head dimension `d`.
+const fn hopper_capsink(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {
+    HopperKernel {
+        capsink: true,
+        ..hopper(name, dtype, hopper_config_of(d), None)
     }
 }
 
 /// The `mma.sync` kernels: the default tiles for each dtype and head dimension, then the
-/// tuning variants (bf16) in the order of [`TUNING_VARIANTS`].
-pub const MMA_KERNELS: [MmaKernel; 10 + TUNING_VARIANTS.len()] = [
+/// tuning variants (bf16) in the order of [`TUNING_VARIANTS`], then the `capsink` kernels.
+pub const MMA_KERNELS: [MmaKernel; 20 + TUNING_VARIANTS.len()] = [
     mma(
         "attention_fwd_bf16_d64",
         Dtype::Bf16,
@@ -194,11 +218,22 @@ pub const MMA_KERNELS: [MmaKernel; 10 + TUNING_VARIANTS.len()] = [
         TUNING_VARIANTS[6].1,
         Some(TUNING_VARIANTS[6].0),
     ),
+    mma_capsink("attention_fwd_capsink_bf16_d64", Dtype::Bf16, 64),
+    mma_capsink("attention_fwd_capsink_bf16_d96", Dtype::Bf16, 96),
+    mma_capsink("attention_fwd_capsink_bf16_d128", Dtype::Bf16, 128),
+    mma_capsink("attention_fwd_capsink_bf16_d192", Dtype::Bf16, 192),
+    mma_capsink("attention_fwd_capsink_bf16_d256", Dtype::Bf16, 256),
+    mma_capsink("attention_fwd_capsink_f16_d64", Dtype::F16, 64),
+    mma_capsink("attention_fwd_capsink_f16_d96", Dtype::F16, 96),
+    mma_capsink("attention_fwd_capsink_f16_d128", Dtype::F16, 128),
+    mma_capsink("attention_fwd_capsink_f16_d192", Dtype::F16, 192),
+    mma_capsink("attention_fwd_capsink_f16_d256", Dtype::F16, 256),
 ];
 
 /// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
-/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`].
-pub const HOPPER_KERNELS: [HopperKernel; 10 + HOPPER_VARIANTS.len()] = [
+/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`], then the
+/// `capsink` kernels.
+pub const HOPPER_KERNELS: [HopperKernel; 20 + HOPPER_VARIANTS.len()] = [
     hopper(
         "attention_fwd_hopper_bf16_d64",
         Dtype::Bf16,
@@ -319,6 +354,16 @@ pub const HOPPER_KERNELS: [HopperKernel; 10 + HOPPER_VARIANTS.len()] = [
         HOPPER_VARIANTS[9].1,
         Some(HOPPER_VARIANTS[9].0),
     ),
+    hopper_capsink("attention_fwd_hopper_capsink_bf16_d64", Dtype::Bf16, 64),
+    hopper_capsink("attention_fwd_hopper_capsink_bf16_d96", Dtype::Bf16, 96),
+    hopper_capsink("attention_fwd_hopper_capsink_bf16_d128", Dtype::Bf16, 128),
+    hopper_capsink("attention_fwd_hopper_capsink_bf16_d192", Dtype::Bf16, 192),
+    hopper_capsink("attention_fwd_hopper_capsink_bf16_d256", Dtype::Bf16, 256),
+    hopper_capsink("attention_fwd_hopper_capsink_f16_d64", Dtype::F16, 64),
+    hopper_capsink("attention_fwd_hopper_capsink_f16_d96", Dtype::F16, 96),
+    hopper_capsink("attention_fwd_hopper_capsink_f16_d128", Dtype::F16, 128),
+    hopper_capsink("attention_fwd_hopper_capsink_f16_d192", Dtype::F16, 192),
+    hopper_capsink("attention_fwd_hopper_capsink_f16_d256", Dtype::F16, 256),
 ];
 
 /// The family's kernels (both forward paths, the backward's on dense batches and on packed
@@ -388,8 +433,19 @@ pub fn mma_kernel(
 ) -> Option<&'static MmaKernel> {
     const ALL: &[MmaKernel] = &MMA_KERNELS;
     ALL.iter().find(|k| {
-        k.dtype == dtype && k.tiles.head_dim == head_dim && same_variant(k.variant, variant)
+        k.dtype == dtype
+            && k.tiles.head_dim == head_dim
+            && same_variant(k.variant, variant)
+            && !k.capsink
     })
+}
+
+/// The `mma.sync` `capsink` kernel (softcap and sinks) for `dtype` and head dimension
+/// `head_dim`.
+pub fn mma_capsink_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static MmaKernel> {
+    const ALL: &[MmaKernel] = &MMA_KERNELS;
+    ALL.iter()
+        .find(|k| k.dtype == dtype && k.tiles.head_dim == head_dim && k.capsink)
 }
 
 /// The Hopper kernel for `dtype` and head dimension `head_dim`: the default configuration
@@ -401,6 +457,16 @@ pub fn hopper_kernel(
 ) -> Option<&'static HopperKernel> {
     const ALL: &[HopperKernel] = &HOPPER_KERNELS;
     ALL.iter().find(|k| {
-        k.dtype == dtype && k.cfg.head_dim == head_dim && same_variant(k.variant, variant)
+        k.dtype == dtype
+            && k.cfg.head_dim == head_dim
+            && same_variant(k.variant, variant)
+            && !k.capsink
     })
+}
+
+/// The Hopper `capsink` kernel (softcap and sinks) for `dtype` and head dimension `head_dim`.
+pub fn hopper_capsink_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static HopperKernel> {
+    const ALL: &[HopperKernel] = &HOPPER_KERNELS;
+    ALL.iter()
+        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim && k.capsink)
 }

@@ -13,7 +13,8 @@ mod varlen;
 
 pub(crate) use kernels::mma_smem;
 pub use kernels::{
-    HOPPER_KERNELS, HopperKernel, KERNELS, MMA_KERNELS, MmaKernel, hopper_kernel, mma_kernel,
+    HOPPER_KERNELS, HopperKernel, KERNELS, MMA_KERNELS, MmaKernel, hopper_capsink_kernel,
+    hopper_kernel, mma_capsink_kernel, mma_kernel,
 };
 pub use varlen::{AttentionVarlenParams, MMA_VARLEN_KERNELS, MmaVarlenKernel, mma_varlen_kernel};
 
@@ -279,6 +280,35 @@ pub const fn tile_config_of(d: u32) -> TileConfig {
 /// A window bound that does not restrict (`window_left`/`window_right`).
 pub const UNBOUNDED: i32 = -1;
 
+/// The logit options of the `capsink` kernels (`attention_fwd_capsink_*`,
+/// `attention_fwd_varlen_capsink_*`, `attention_fwd_hopper_capsink_*`,
+/// `attention_decode_capsink_*`); the other kernels ignore them.
+///
+/// - **Softcap** (Gemma 2): the logit `l = scale q.k` becomes `softcap tanh(l / softcap)`. The
+///   kernel computes `tanh(q.k softcap_scale)` with `softcap_scale = scale / softcap`, and the
+///   parameters' `scale_log2` is then `softcap log2(e)`, so the softmax that follows is
+///   unchanged. 0 turns it off.
+/// - **Sinks** (gpt-oss): one logit per query head that joins every row's softmax (in the units
+///   of the final logits, natural log) and contributes no value: `O_i = sum_j e^{l_ij} v_j /
+///   (e^{sink_h} + sum_j e^{l_ij})` and `LSE_i = log(e^{sink_h} + sum_j e^{l_ij})`. A row with
+///   no allowed key gets `O = 0` and `LSE = sink_h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LogitOptions {
+    /// `scale / softcap`, or 0 for no softcap.
+    pub softcap_scale: f32,
+    /// `[heads_q]` f32 sink logits, or null for none.
+    pub sinks: *const f32,
+}
+
+impl LogitOptions {
+    /// No softcap, no sinks.
+    pub const NONE: LogitOptions = LogitOptions {
+        softcap_scale: 0.0,
+        sinks: core::ptr::null(),
+    };
+}
+
 /// Parameters of `attention_fwd_{bf16,f16}_d{64,96,128,192,256}`.
 ///
 /// Masking (FlashAttention >= 2.1 convention, aligned to the bottom-right when
@@ -328,6 +358,8 @@ pub struct AttentionParams {
     /// 1 to walk query blocks from the last (under causal masking the last rows see the most
     /// keys, so the longest blocks start first), 0 otherwise.
     pub reverse_m: u32,
+    /// Softcap and sinks (read by the `capsink` kernels only).
+    pub logits: LogitOptions,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -619,6 +651,8 @@ pub struct HopperParams {
     /// Tiles (`num_m_blocks * heads_q * batch`, below 2^31); block `b` of the grid computes
     /// tiles `b`, `b + grid`, `b + 2 grid`, ...
     pub num_tiles: u32,
+    /// Softcap and sinks (read by the `capsink` kernels only).
+    pub logits: LogitOptions,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ pub struct MmaVarlenKernel {
     pub dtype: Dtype,
     /// Tile configuration ([`tile_config`] of its head dimension).
     pub tiles: TileConfig,
+    /// Whether it applies the softcap and sinks of [`super::LogitOptions`].
+    pub capsink: bool,
 }
 
 const fn mma_varlen(name: &'static str, dtype: Dtype, head_dim: u32) -> MmaVarlenKernel {
@@ -52,12 +54,20 @@ const fn mma_varlen(name: &'static str, dtype: Dtype, head_dim: u32) -> MmaVarle
         kernel: Kernel::new(name, tiles.threads(), tiles.blocks_per_sm, mma_smem),
         dtype,
         tiles,
+        capsink: false,
+    }
+}
+
+const fn mma_varlen_capsink(name: &'static str, dtype: Dtype, head_dim: u32) -> MmaVarlenKernel {
+    MmaVarlenKernel {
+        capsink: true,
+        ..mma_varlen(name, dtype, head_dim)
     }
 }
 
 /// The `mma.sync` kernels over packed sequences: the default tiles for each dtype and head
-/// dimension.
-pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 10] = [
+/// dimension, then the `capsink` kernels.
+pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 20] = [
     mma_varlen("attention_fwd_varlen_bf16_d64", Dtype::Bf16, 64),
     mma_varlen("attention_fwd_varlen_bf16_d128", Dtype::Bf16, 128),
     mma_varlen("attention_fwd_varlen_bf16_d256", Dtype::Bf16, 256),
@@ -68,11 +78,26 @@ pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 10] = [
     mma_varlen("attention_fwd_varlen_f16_d256", Dtype::F16, 256),
     mma_varlen("attention_fwd_varlen_f16_d96", Dtype::F16, 96),
     mma_varlen("attention_fwd_varlen_f16_d192", Dtype::F16, 192),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d64", Dtype::Bf16, 64),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d96", Dtype::Bf16, 96),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d128", Dtype::Bf16, 128),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d192", Dtype::Bf16, 192),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d256", Dtype::Bf16, 256),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d64", Dtype::F16, 64),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d96", Dtype::F16, 96),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d128", Dtype::F16, 128),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d192", Dtype::F16, 192),
+    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d256", Dtype::F16, 256),
 ];
 
-/// The `mma.sync` kernel over packed sequences for `dtype` and head dimension `head_dim`.
-pub fn mma_varlen_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static MmaVarlenKernel> {
+/// The `mma.sync` kernel over packed sequences for `dtype` and head dimension `head_dim`, the
+/// `capsink` one (softcap and sinks) if `capsink`.
+pub fn mma_varlen_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    capsink: bool,
+) -> Option<&'static MmaVarlenKernel> {
     const ALL: &[MmaVarlenKernel] = &MMA_VARLEN_KERNELS;
     ALL.iter()
-        .find(|k| k.dtype == dtype && k.tiles.head_dim == head_dim)
+        .find(|k| k.dtype == dtype && k.tiles.head_dim == head_dim && k.capsink == capsink)
 }

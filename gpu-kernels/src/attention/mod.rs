@@ -11,7 +11,8 @@
 //!   in files of their own).
 //!
 //! Shared by both: [`elem`] (the bf16/f16 element types), [`mask`] (which keys a row may
-//! attend), [`softmax`] (the online softmax in base 2, its folded and lazy modes, NaN safety).
+//! attend), [`softmax`] (the online softmax in base 2, its folded and lazy modes, NaN safety),
+//! [`logits`] (the softcap and sinks of the `capsink` kernels).
 //!
 //! [`backward`]: the gradients on the `mma.sync` path (preprocess, dK/dV with dQ by atomics or
 //! a deterministic dQ kernel, dQ conversion), with the forward's mask and element types, on
@@ -29,6 +30,7 @@ pub mod elem;
 pub mod hopper;
 #[cfg(target_feature = "sm_90a")]
 pub mod hopper_bwd;
+pub mod logits;
 pub mod mask;
 pub mod mma;
 pub mod seq;

@@ -73,9 +73,10 @@ pub use raw::{
 };
 pub use reference::{
     naive_backward_same_precision, naive_backward_varlen_same_precision, naive_same_precision,
-    naive_varlen_same_precision, reference, reference_rows, reference_varlen,
+    naive_same_precision_sinks, naive_varlen_same_precision, naive_varlen_same_precision_sinks,
+    reference, reference_rows, reference_varlen, reference_varlen_with_sinks, reference_with_sinks,
 };
-pub use run::{forward, forward_variant};
+pub use run::{forward, forward_variant, forward_with_sinks};
 pub use varlen::{
     AttentionVarlenPlan, AttentionVarlenProblem, AttentionVarlenTensors, CuSeqlens,
     DeviceCuSeqlens, forward_varlen,

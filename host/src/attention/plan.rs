@@ -15,7 +15,8 @@ use crate::ptx::Arch;
 use crate::tensor_map::{MapDtype, MapSpec, MapSwizzle, TiledMap};
 use kernel_abi::attention::{
     AttentionParams, HOPPER_ATOM, HOPPER_BLOCK_M, HopperConfig, HopperGrid, HopperKernel,
-    HopperParams, MmaKernel, TileConfig, UNBOUNDED, hopper_kernel, hopper_variant, mma_kernel,
+    HopperParams, LogitOptions, MmaKernel, TileConfig, UNBOUNDED, hopper_capsink_kernel,
+    hopper_kernel, hopper_variant, mma_capsink_kernel, mma_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
 
@@ -51,6 +52,9 @@ pub struct AttentionTensors<'a, T> {
     pub o: View<'a, T>,
     /// LSE (written).
     pub lse: DevView<'a, f32>,
+    /// The sink logits `[heads_q]` f32, when the problem has sinks
+    /// ([`AttentionProblem::sinks`]).
+    pub sinks: Option<DevView<'a, f32>>,
 }
 
 impl<T> Clone for AttentionTensors<'_, T> {
@@ -118,8 +122,18 @@ impl AttentionProblem {
                 tensors.lse.len(),
             ));
         }
+        check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
         let arch = target.arch;
         let d = self.head_dim as u32;
+        if self.has_logit_options() {
+            if let Some(name) = variant {
+                return Err(Error::unsupported(
+                    format!("tuning variant {name} with a softcap or sinks"),
+                    "the softcap and sinks run on the default kernels only",
+                ));
+            }
+            return self.capsink_plan(target, tensors);
+        }
         if let Some(name) = variant
             && hopper_variant(d, name).is_some()
         {
@@ -180,6 +194,56 @@ impl AttentionProblem {
         Ok(self.mma_plan(kernel, tensors))
     }
 
+    /// The plan of a problem with a softcap or sinks: the `capsink` kernels, on the path
+    /// [`AttentionProblem::plan`] would take.
+    fn capsink_plan<T>(
+        &self,
+        target: Target,
+        tensors: &AttentionTensors<'_, T>,
+    ) -> Result<AttentionPlan> {
+        let (arch, d) = (target.arch, self.head_dim as u32);
+        let hopper = match self.path {
+            Path::MmaSync => false,
+            Path::Hopper if !arch.has_hopper_kernels() => {
+                return Err(Error::unsupported(
+                    "attention path Hopper",
+                    format!("needs the sm_90a kernels; this GPU runs {arch}"),
+                ));
+            }
+            Path::Hopper => true,
+            Path::Auto => arch.has_hopper_kernels(),
+        };
+        if hopper {
+            let kernel = hopper_capsink_kernel(self.dtype, d).expect("validated head dimension");
+            match self.hopper_plan(kernel, target, tensors) {
+                Ok(plan) => return Ok(plan),
+                Err(e) if self.path == Path::Hopper => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let kernel = mma_capsink_kernel(self.dtype, d).expect("validated head dimension");
+        Ok(self.mma_plan(kernel, tensors))
+    }
+
+    /// The softmax's `scale_log2` and the kernels' [`LogitOptions`] of this problem with the
+    /// sink logits at `sinks`: under a softcap `c`, the kernels take `tanh(q.k scale / c)` and
+    /// scale it by `c log2 e`.
+    pub(crate) fn logit_params(&self, sinks: Option<&DevView<'_, f32>>) -> (f32, LogitOptions) {
+        let scale = self.softmax_scale();
+        let (scale_log2, softcap_scale) = match self.softcap {
+            Some(c) => (c * std::f32::consts::LOG2_E, scale / c),
+            None => (scale * std::f32::consts::LOG2_E, 0.0),
+        };
+        let sinks = sinks.map_or(std::ptr::null(), |s| s.addr() as *const f32);
+        (
+            scale_log2,
+            LogitOptions {
+                softcap_scale,
+                sinks,
+            },
+        )
+    }
+
     /// The `mma.sync` launch of `kernel` on the checked `tensors`.
     fn mma_plan<T>(
         &self,
@@ -188,6 +252,7 @@ impl AttentionProblem {
     ) -> AttentionPlan {
         let grid = mma_grid(self, &kernel.tiles);
         let (left, right) = self.effective_window();
+        let (scale_log2, logits) = self.logit_params(tensors.sinks.as_ref());
         let params = AttentionParams {
             q: tensors.q.ptr() as *const u16,
             k: tensors.k.ptr() as *const u16,
@@ -203,11 +268,12 @@ impl AttentionProblem {
             seq_k: self.seq_k as u32,
             heads_q: self.heads_q as u32,
             heads_kv: self.heads_kv as u32,
-            scale_log2: self.softmax_scale() * std::f32::consts::LOG2_E,
+            scale_log2,
             window_left: left.map_or(UNBOUNDED, |l| l as i32),
             window_right: right.map_or(UNBOUNDED, |r| r as i32),
             num_m_blocks: grid.0,
             reverse_m: u32::from(self.causal),
+            logits,
         };
         AttentionPlan::MmaSync {
             kernel,
@@ -236,6 +302,7 @@ impl AttentionProblem {
             tile_map(self.dtype, &tensors.v, kernel.cfg.block_n)?,
         ];
         let (left, right) = self.effective_window();
+        let (scale_log2, logits) = self.logit_params(tensors.sinks.as_ref());
         let params = HopperParams {
             tmap_q: TensorMap::ZEROED,
             tmap_k: TensorMap::ZEROED,
@@ -247,13 +314,14 @@ impl AttentionProblem {
             seq_k: self.seq_k as u32,
             heads_q: self.heads_q as u32,
             heads_kv: self.heads_kv as u32,
-            scale_log2: self.softmax_scale() * std::f32::consts::LOG2_E,
+            scale_log2,
             window_left: left.map_or(UNBOUNDED, |l| l as i32),
             window_right: right.map_or(UNBOUNDED, |r| r as i32),
             num_m_blocks: (self.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
             reverse_m: u32::from(self.causal),
             batch: self.batch as u32,
             num_tiles: u32::try_from(tiles).expect("checked above"),
+            logits,
         };
         Ok(AttentionPlan::Hopper {
             kernel,
@@ -261,6 +329,37 @@ impl AttentionProblem {
             maps,
             params,
         })
+    }
+}
+
+/// Check the sink logits against a problem with (`expected`) or without sinks: present exactly
+/// when expected, `heads_q` f32 values.
+pub(in crate::attention) fn check_sinks(
+    expected: bool,
+    heads_q: usize,
+    sinks: Option<&DevView<'_, f32>>,
+) -> Result<()> {
+    match (expected, sinks) {
+        (false, None) => Ok(()),
+        (true, None) => Err(Error::invalid(
+            "sinks",
+            "the problem has sinks but no sink tensor was given",
+        )),
+        (false, Some(_)) => Err(Error::invalid(
+            "sinks",
+            "a sink tensor was given but the problem has no sinks",
+        )),
+        (true, Some(s)) if s.len() != heads_q => Err(Error::shape(
+            "sinks",
+            format!("{heads_q} elements (one per query head)"),
+            s.len(),
+        )),
+        (true, Some(s)) if !s.addr().is_multiple_of(4) => Err(Error::Misaligned {
+            what: "sinks start".into(),
+            required: 4,
+            actual: s.addr() % 4,
+        }),
+        (true, Some(_)) => Ok(()),
     }
 }
 

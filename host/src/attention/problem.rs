@@ -77,6 +77,11 @@ pub struct AttentionProblem {
     pub window: (Option<usize>, Option<usize>),
     /// Which kernel to use.
     pub path: Path,
+    /// Softcap (Gemma 2): every logit `l` becomes `softcap tanh(l / softcap)`; `None` for none.
+    pub softcap: Option<f32>,
+    /// Attention sinks (gpt-oss): one logit per query head joins every row's softmax and
+    /// contributes no value; the values come with the tensors (`[heads_q]` f32).
+    pub sinks: bool,
 }
 
 impl AttentionProblem {
@@ -102,6 +107,47 @@ impl AttentionProblem {
             causal: false,
             window: (None, None),
             path: Path::Auto,
+            softcap: None,
+            sinks: false,
+        }
+    }
+
+    /// With a softcap (`softcap tanh(l / softcap)` on every logit `l`).
+    pub fn softcap(mut self, softcap: f32) -> Self {
+        self.softcap = Some(softcap);
+        self
+    }
+
+    /// With attention sinks (their values come with the tensors).
+    pub fn with_sinks(mut self) -> Self {
+        self.sinks = true;
+        self
+    }
+
+    /// The backward kernels take neither a softcap nor sinks: a typed error for a problem with
+    /// either.
+    pub(crate) fn check_backward_logits(&self) -> Result<()> {
+        if self.has_logit_options() {
+            return Err(Error::unsupported(
+                "attention backward with a softcap or sinks",
+                "the backward kernels support neither yet (the forward does)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the problem needs the `capsink` kernels (a softcap or sinks).
+    pub fn has_logit_options(&self) -> bool {
+        self.softcap.is_some() || self.sinks
+    }
+
+    /// The final logit of the raw product `x = q . k` (scale and softcap; the reference's
+    /// definition).
+    pub fn logit(&self, x: f64) -> f64 {
+        let l = self.softmax_scale() as f64 * x;
+        match self.softcap {
+            Some(c) => c as f64 * (l / c as f64).tanh(),
+            None => l,
         }
     }
 
@@ -210,6 +256,14 @@ impl AttentionProblem {
             return Err(Error::invalid(
                 "scale",
                 format!("{scale} is not a positive finite number"),
+            ));
+        }
+        if let Some(c) = self.softcap
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(Error::invalid(
+                "softcap",
+                format!("{c} is not a positive finite number"),
             ));
         }
         for (side, w) in [("left", self.window.0), ("right", self.window.1)] {

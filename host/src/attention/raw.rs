@@ -35,6 +35,8 @@ pub struct AttentionOptions {
     pub window: (Option<usize>, Option<usize>),
     /// Which kernel to use.
     pub path: Path,
+    /// Softcap (`softcap tanh(l / softcap)` on every logit `l`); `None` for none.
+    pub softcap: Option<f32>,
 }
 
 /// The tensors of a raw forward pass.
@@ -50,6 +52,8 @@ pub struct RawAttentionTensors<'t> {
     pub o: &'t RawTensor,
     /// LSE `[batch, heads_q, seq_q]` f32, contiguous (written).
     pub lse: &'t RawTensor,
+    /// Attention sinks: `[heads_q]` f32 logits, one per query head, or `None`.
+    pub sinks: Option<&'t RawTensor>,
 }
 
 impl AttentionProblem {
@@ -77,6 +81,8 @@ impl AttentionProblem {
             causal: options.causal,
             window: options.window,
             path: options.path,
+            softcap: options.softcap,
+            sinks: false,
         })
     }
 }
@@ -91,13 +97,13 @@ pub fn plan_raw(
     tensors: &RawAttentionTensors<'_>,
 ) -> Result<(AttentionProblem, AttentionPlan)> {
     let dtype = dtype_of(tensors.q.dtype)?;
-    let problem =
+    let mut problem =
         AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
+    problem.sinks = tensors.sinks.is_some();
     problem.validate()?;
-    check_disjoint(
-        &[("Q", tensors.q), ("K", tensors.k), ("V", tensors.v)],
-        &[("O", tensors.o), ("LSE", tensors.lse)],
-    )?;
+    let mut inputs = vec![("Q", tensors.q), ("K", tensors.k), ("V", tensors.v)];
+    inputs.extend(tensors.sinks.map(|s| ("sinks", s)));
+    check_disjoint(&inputs, &[("O", tensors.o), ("LSE", tensors.lse)])?;
     let plan = match dtype {
         Dtype::Bf16 => plan_typed::<bf16>(&problem, target, tensors),
         Dtype::F16 => plan_typed::<f16>(&problem, target, tensors),
@@ -130,9 +136,18 @@ fn plan_typed<T: AttentionElem + RawElem>(
             v: view("V", t.v)?,
             o: view("O", t.o)?,
             lse: lse_view(problem, "LSE", t.lse)?,
+            sinks: t
+                .sinks
+                .map(|s| sinks_view(problem.heads_q, s))
+                .transpose()?,
         },
         None,
     )
+}
+
+/// The sink logits as a contiguous `[heads_q]` f32 view, inside their storage.
+pub(super) fn sinks_view<'a>(heads_q: usize, sinks: &RawTensor) -> Result<DevView<'a, f32>> {
+    flat_view("sinks", sinks, &[heads_q])
 }
 
 /// A rank-4 tensor of element type `T` as a [`View`] into its storage (the plan checks the
@@ -184,6 +199,9 @@ pub unsafe fn forward_raw(
         ("LSE", tensors.lse),
     ] {
         t.check_memory(what, gpu)?;
+    }
+    if let Some(sinks) = tensors.sinks {
+        sinks.check_memory("sinks", gpu)?;
     }
     // SAFETY: the plan checked every view against its storage, the storage is device memory
     // of the stream's device inside one allocation (checked above), live and not accessed by
@@ -389,6 +407,8 @@ pub struct RawAttentionVarlenTensors<'t> {
     pub cu_seqlens_q: &'t RawTensor,
     /// `[batch + 1]` i32, contiguous: the first key row of each sequence, then `total_k`.
     pub cu_seqlens_k: &'t RawTensor,
+    /// Attention sinks: `[heads_q]` f32 logits, one per query head, or `None`.
+    pub sinks: Option<&'t RawTensor>,
 }
 
 impl AttentionVarlenProblem {
@@ -422,6 +442,8 @@ impl AttentionVarlenProblem {
             causal: options.causal,
             window: options.window,
             path: options.path,
+            softcap: options.softcap,
+            sinks: false,
         })
     }
 }
@@ -467,7 +489,7 @@ pub fn plan_varlen_raw(
     let dtype = dtype_of(tensors.q.dtype)?;
     let [entries] = <[usize; 1]>::try_from(&tensors.cu_seqlens_q.shape[..])
         .map_err(|_| Error::shape("cu_seqlens_q rank", 1, tensors.cu_seqlens_q.shape.len()))?;
-    let problem = AttentionVarlenProblem::from_shapes(
+    let mut problem = AttentionVarlenProblem::from_shapes(
         &tensors.q.shape,
         &tensors.k.shape,
         entries.saturating_sub(1),
@@ -475,17 +497,17 @@ pub fn plan_varlen_raw(
         dtype,
         options,
     )?;
+    problem.sinks = tensors.sinks.is_some();
     problem.validate()?;
-    check_disjoint(
-        &[
-            ("Q", tensors.q),
-            ("K", tensors.k),
-            ("V", tensors.v),
-            ("cu_seqlens_q", tensors.cu_seqlens_q),
-            ("cu_seqlens_k", tensors.cu_seqlens_k),
-        ],
-        &[("O", tensors.o), ("LSE", tensors.lse)],
-    )?;
+    let mut inputs = vec![
+        ("Q", tensors.q),
+        ("K", tensors.k),
+        ("V", tensors.v),
+        ("cu_seqlens_q", tensors.cu_seqlens_q),
+        ("cu_seqlens_k", tensors.cu_seqlens_k),
+    ];
+    inputs.extend(tensors.sinks.map(|s| ("sinks", s)));
+    check_disjoint(&inputs, &[("O", tensors.o), ("LSE", tensors.lse)])?;
     let plan = match dtype {
         Dtype::Bf16 => plan_varlen_typed::<bf16>(&problem, tensors),
         Dtype::F16 => plan_varlen_typed::<f16>(&problem, tensors),
@@ -506,6 +528,10 @@ fn plan_varlen_typed<T: AttentionElem + RawElem>(
         lse: flat_view("LSE", t.lse, &[problem.heads_q, problem.total_q])?,
         cu_seqlens_q: flat_view("cu_seqlens_q", t.cu_seqlens_q, &[cu_len])?,
         cu_seqlens_k: flat_view("cu_seqlens_k", t.cu_seqlens_k, &[cu_len])?,
+        sinks: t
+            .sinks
+            .map(|s| sinks_view(problem.heads_q, s))
+            .transpose()?,
     })
 }
 
@@ -547,7 +573,10 @@ pub unsafe fn forward_varlen_raw(
         ("LSE", tensors.lse),
         ("cu_seqlens_q", tensors.cu_seqlens_q),
         ("cu_seqlens_k", tensors.cu_seqlens_k),
-    ] {
+    ]
+    .into_iter()
+    .chain(tensors.sinks.map(|s| ("sinks", s)))
+    {
         // An empty tensor (no rows: a framework may give it any address) is never accessed.
         if t.shape.iter().product::<usize>() > 0 {
             t.check_memory(what, gpu)?;

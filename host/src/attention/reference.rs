@@ -109,30 +109,44 @@ fn widen<T: AttentionElem>(x: &[T]) -> Vec<f64> {
 }
 
 /// The softmax of query row `i` of query head `h` of batch `b` over every key, from the logits
-/// `s_j = scale q_i . k_j` of the allowed keys: writes
-/// `P_j = exp(s_j - max) / sum_l exp(s_l - max)` (`= exp(s_j - LSE)`) into `probs` (`seq_k`
-/// values, 0 where the mask forbids key `j`) and returns `LSE = log sum_j exp(s_j)`; `-inf`
-/// (and `P = 0`) for a row with no allowed key. Q and K are contiguous f64 tensors.
+/// `l_j = logit(q_i . k_j)` of the allowed keys ([`AttentionProblem::logit`]: the scale, then
+/// the softcap if any): writes `P_j = exp(l_j - max) / sum_l exp(l_l - max)` (`= exp(l_j -
+/// LSE)`) into `probs` (`seq_k` values, 0 where the mask forbids key `j`) and returns `LSE = log
+/// sum_j exp(l_j)`; `-inf` (and `P = 0`) for a row with no allowed key. Q and K are contiguous
+/// f64 tensors.
 pub fn row_softmax(
     p: &AttentionProblem,
     q: &[f64],
     k: &[f64],
+    idx: (usize, usize, usize),
+    probs: &mut [f64],
+) -> f64 {
+    row_softmax_sink(p, q, k, idx, None, probs)
+}
+
+/// [`row_softmax`] with the sink logit `sink` joining the softmax (no value; `P` then sums to
+/// less than 1, and a row with no allowed key has `LSE = sink`).
+pub fn row_softmax_sink(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
     (b, i, h): (usize, usize, usize),
+    sink: Option<f64>,
     probs: &mut [f64],
 ) -> f64 {
     let d = p.head_dim;
     let hk = h / (p.heads_q / p.heads_kv);
-    let scale = p.softmax_scale() as f64;
     let qi = row(q, p.seq_q, p.heads_q, d, b, i, h);
     for (j, s) in probs.iter_mut().enumerate() {
         *s = if p.allowed(i, j) {
             let kj = row(k, p.seq_k, p.heads_kv, d, b, j, hk);
-            scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>()
+            p.logit(qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>())
         } else {
             f64::NEG_INFINITY
         };
     }
-    let max = probs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sink = sink.unwrap_or(f64::NEG_INFINITY);
+    let max = probs.iter().copied().fold(sink, f64::max);
     if max == f64::NEG_INFINITY {
         probs.iter_mut().for_each(|x| *x = 0.0);
         return f64::NEG_INFINITY;
@@ -140,13 +154,14 @@ pub fn row_softmax(
     // Normalized by the sum rather than as `exp(s_j - LSE)`: `LSE` rounds to `max` once the
     // logits are so large that `ln sum` is below their ulp.
     probs.iter_mut().for_each(|x| *x = (*x - max).exp());
-    let sum: f64 = probs.iter().sum();
+    let sum: f64 = probs.iter().sum::<f64>() + (sink - max).exp();
     probs.iter_mut().for_each(|x| *x /= sum);
     max + sum.ln()
 }
 
-/// The f64 reference: exact softmax of `scale q.k` over the allowed keys of each row, computed
-/// in f64 from the (already rounded) inputs.
+/// The f64 reference: exact softmax of the logits ([`AttentionProblem::logit`]: `scale q.k`,
+/// soft-capped if the problem says so) over the allowed keys of each row, computed in f64 from
+/// the (already rounded) inputs. For a problem without sinks ([`reference_with_sinks`]).
 pub fn reference<T: AttentionElem>(
     p: &AttentionProblem,
     q: &[T],
@@ -156,17 +171,48 @@ pub fn reference<T: AttentionElem>(
     reference_f64(p, &widen(q), &widen(k), &widen(v))
 }
 
+/// [`reference`] of a problem with sinks: `sinks[h]` joins the softmax of every row of query
+/// head `h`.
+pub fn reference_with_sinks<T: AttentionElem>(
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    sinks: &[f32],
+) -> AttentionOutput {
+    let sinks: Vec<f64> = sinks.iter().map(|&x| x as f64).collect();
+    reference_f64_sinks(p, &widen(q), &widen(k), &widen(v), Some(&sinks))
+}
+
 /// [`reference`] on f64 inputs (e.g. for finite differences, which need unrounded inputs).
 pub fn reference_f64(p: &AttentionProblem, q: &[f64], k: &[f64], v: &[f64]) -> AttentionOutput {
+    reference_f64_sinks(p, q, k, v, None)
+}
+
+/// [`reference_f64`] with the sink logits `sinks` (`[heads_q]`; `Some` exactly when the problem
+/// has sinks).
+pub fn reference_f64_sinks(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    sinks: Option<&[f64]>,
+) -> AttentionOutput {
+    assert_eq!(
+        p.sinks,
+        sinks.is_some(),
+        "sink values are given exactly for a problem with sinks"
+    );
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
     per_head(p, |b, h| {
         let hk = h / group;
+        let sink = sinks.map(|s| s[h]);
         let mut o = vec![0.0; p.seq_q * d];
         let mut lse = vec![f64::NEG_INFINITY; p.seq_q];
         let mut probs = vec![0.0; p.seq_k];
         for i in 0..p.seq_q {
-            lse[i] = row_softmax(p, q, k, (b, i, h), &mut probs);
+            lse[i] = row_softmax_sink(p, q, k, (b, i, h), sink, &mut probs);
             let oi = &mut o[i * d..(i + 1) * d];
             for (j, &pj) in probs.iter().enumerate() {
                 if !p.allowed(i, j) {
@@ -192,26 +238,49 @@ pub fn naive_same_precision<T: AttentionElem>(
     k: &[T],
     v: &[T],
 ) -> AttentionOutput {
+    naive_same_precision_sinks(p, q, k, v, None)
+}
+
+/// [`naive_same_precision`] with the sink logits `sinks` (`[heads_q]`; `Some` exactly when the
+/// problem has sinks). The softcap, when the problem has one, is applied in f32 to the rounded
+/// scores and rounded to T.
+pub fn naive_same_precision_sinks<T: AttentionElem>(
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    sinks: Option<&[f32]>,
+) -> AttentionOutput {
+    assert_eq!(
+        p.sinks,
+        sinks.is_some(),
+        "sink values are given exactly for a problem with sinks"
+    );
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale();
     let round = |x: f32| T::from_f32(x).to_f32();
+    let cap = |x: f32| match p.softcap {
+        Some(c) => round(c * (x / c).tanh()),
+        None => x,
+    };
     let qs: Vec<f32> = q.iter().map(|x| round(x.to_f32() * scale)).collect();
     let k32: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
     let v32: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
     per_head(p, |b, h| {
         let hk = h / group;
+        let sink = sinks.map_or(f32::NEG_INFINITY, |s| s[h]);
         let mut o = vec![0.0; p.seq_q * d];
         let mut lse = vec![f64::NEG_INFINITY; p.seq_q];
         let mut scores = vec![0.0f32; p.seq_k];
         let mut acc = vec![0.0f32; d];
         for i in 0..p.seq_q {
             let qi = row(&qs, p.seq_q, p.heads_q, d, b, i, h);
-            let mut max = f32::NEG_INFINITY;
+            let mut max = sink;
             for (j, s) in scores.iter_mut().enumerate() {
                 *s = if p.allowed(i, j) {
                     let kj = row(&k32, p.seq_k, p.heads_kv, d, b, j, hk);
-                    round(qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>())
+                    cap(round(qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>()))
                 } else {
                     f32::NEG_INFINITY
                 };
@@ -220,7 +289,8 @@ pub fn naive_same_precision<T: AttentionElem>(
             if max == f32::NEG_INFINITY {
                 continue;
             }
-            let sum: f32 = scores.iter().map(|&s| (s - max).exp()).sum();
+            let sum: f32 =
+                scores.iter().map(|&s| (s - max).exp()).sum::<f32>() + (sink - max).exp();
             acc.iter_mut().for_each(|x| *x = 0.0);
             for (j, &s) in scores.iter().enumerate() {
                 let w = round((s - max).exp() / sum);
@@ -250,9 +320,9 @@ pub fn reference_rows<T: AttentionElem>(
     v: &[T],
     rows: &[(usize, usize, usize)],
 ) -> Vec<(Vec<f64>, f64)> {
+    assert!(!p.sinks, "reference_rows covers problems without sinks");
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
-    let scale = p.softmax_scale() as f64;
     rows.iter()
         .map(|&(b, i, h)| {
             let hk = h / group;
@@ -264,11 +334,12 @@ pub fn reference_rows<T: AttentionElem>(
                 .map(|j| {
                     if p.allowed(i, j) {
                         let kj = row(k, p.seq_k, p.heads_kv, d, b, j, hk);
-                        scale
-                            * qi.iter()
+                        p.logit(
+                            qi.iter()
                                 .zip(kj)
                                 .map(|(a, b)| a * b.to_f32() as f64)
-                                .sum::<f64>()
+                                .sum::<f64>(),
+                        )
                     } else {
                         f64::NEG_INFINITY
                     }
@@ -340,6 +411,10 @@ pub fn backward_f64(
     d_o: &[f64],
     d_lse: Option<&[f64]>,
 ) -> AttentionGrads {
+    assert!(
+        !p.has_logit_options(),
+        "the backward reference covers problems without a softcap or sinks"
+    );
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale() as f64;
@@ -509,6 +584,24 @@ pub fn reference_varlen<T: AttentionElem>(
     per_sequence(p, seqlens, |sp, q, k, v| reference(sp, q, k, v), (q, k, v))
 }
 
+/// [`reference_varlen`] of a problem with sinks (`sinks[h]` joins every row of query head `h`,
+/// in every sequence).
+pub fn reference_varlen_with_sinks<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    sinks: &[f32],
+) -> AttentionOutput {
+    per_sequence(
+        p,
+        seqlens,
+        |sp, q, k, v| reference_with_sinks(sp, q, k, v, sinks),
+        (q, k, v),
+    )
+}
+
 /// [`naive_same_precision`] per sequence, as [`reference_varlen`].
 pub fn naive_varlen_same_precision<T: AttentionElem>(
     p: &AttentionVarlenProblem,
@@ -517,10 +610,23 @@ pub fn naive_varlen_same_precision<T: AttentionElem>(
     k: &[T],
     v: &[T],
 ) -> AttentionOutput {
+    naive_varlen_same_precision_sinks(p, seqlens, q, k, v, None)
+}
+
+/// [`naive_varlen_same_precision`] with the sink logits `sinks` (`Some` exactly when the problem
+/// has sinks).
+pub fn naive_varlen_same_precision_sinks<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    sinks: Option<&[f32]>,
+) -> AttentionOutput {
     per_sequence(
         p,
         seqlens,
-        |sp, q, k, v| naive_same_precision(sp, q, k, v),
+        |sp, q, k, v| naive_same_precision_sinks(sp, q, k, v, sinks),
         (q, k, v),
     )
 }

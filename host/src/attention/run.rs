@@ -70,12 +70,46 @@ pub fn forward_variant<T: AttentionElem>(
     lse: &mut DeviceBuffer<f32>,
     variant: Option<&str>,
 ) -> Result<()> {
+    launch_forward(gpu, stream, problem, q, k, v, o, lse, None, variant)
+}
+
+/// [`forward`] of a problem with attention sinks ([`AttentionProblem::sinks`]): their logits
+/// `[heads_q]` f32 in `sinks`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_with_sinks<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionProblem,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+    sinks: &DeviceBuffer<f32>,
+) -> Result<()> {
+    launch_forward(gpu, stream, problem, q, k, v, o, lse, Some(sinks), None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_forward<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionProblem,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+    sinks: Option<&DeviceBuffer<f32>>,
+    variant: Option<&str>,
+) -> Result<()> {
     let tensors = AttentionTensors {
         q: *q,
         k: *k,
         v: *v,
         o: *o,
         lse: (&*lse).into(),
+        sinks: sinks.map(Into::into),
     };
     let plan = problem.plan(Target::of(gpu), &tensors, variant)?;
     // SAFETY: the views and `lse` are borrowed for the whole call, which enqueues the launch;

@@ -41,6 +41,7 @@ fn tensors<'a, T>(p: &AttentionProblem) -> AttentionTensors<'a, T> {
         v: View::contiguous(dev(3 << 40, kn), p.kv_shape()),
         o: View::contiguous(dev(4 << 40, qn), p.q_shape()),
         lse: dev(5 << 40, p.lse_len()),
+        sinks: p.sinks.then(|| dev(6 << 40, p.heads_q)),
     }
 }
 
@@ -90,9 +91,10 @@ fn every_entry_of_the_ptx_has_its_handle() {
     }
     assert_eq!(
         KERNELS.len(),
-        // Defaults: mma.sync and Hopper at 5 head dimensions, two element types each.
-        2 * 5
-            + 2 * 5
+        // Defaults and capsink kernels: mma.sync and Hopper at 5 head dimensions, two element
+        // types each.
+        2 * (2 * 5)
+            + 2 * (2 * 5)
             + TUNING_VARIANTS.len()
             + HOPPER_VARIANTS.len()
             + BWD_KERNEL_COUNT
@@ -106,7 +108,8 @@ fn every_entry_of_the_ptx_has_its_handle() {
 fn handles_are_named_by_dtype_head_dim_and_variant() {
     for k in &MMA_KERNELS {
         let mut want = format!(
-            "attention_fwd_{}_d{}",
+            "attention_fwd_{}{}_d{}",
+            if k.capsink { "capsink_" } else { "" },
             dtype_name(k.dtype),
             k.tiles.head_dim
         );
@@ -126,7 +129,8 @@ fn handles_are_named_by_dtype_head_dim_and_variant() {
     }
     for k in &HOPPER_KERNELS {
         let mut want = format!(
-            "attention_fwd_hopper_{}_d{}",
+            "attention_fwd_hopper_{}{}_d{}",
+            if k.capsink { "capsink_" } else { "" },
             dtype_name(k.dtype),
             k.cfg.head_dim
         );
@@ -439,14 +443,56 @@ fn varlen_tensors<'a, T>(p: &AttentionVarlenProblem) -> AttentionVarlenTensors<'
         lse: dev(5 << 40, p.lse_len()),
         cu_seqlens_q: dev(6 << 40, p.batch + 1),
         cu_seqlens_k: dev(7 << 40, p.batch + 1),
+        sinks: p.sinks.then(|| dev(8 << 40, p.heads_q)),
     }
+}
+
+#[test]
+fn softcap_and_sinks_take_the_capsink_kernels_with_their_parameters() {
+    let p = AttentionProblem::new(1, 300, 300, 4, 2, 128, Dtype::Bf16)
+        .softcap(30.0)
+        .with_sinks();
+    let scale = p.softmax_scale();
+    let hopper = plan(&p, Arch::Sm90a, None).unwrap();
+    assert_eq!(
+        hopper.kernel().name,
+        "attention_fwd_hopper_capsink_bf16_d128"
+    );
+    let AttentionPlan::Hopper { params, .. } = &hopper else {
+        panic!("a Hopper plan")
+    };
+    assert_eq!(params.scale_log2, 30.0 * std::f32::consts::LOG2_E);
+    assert_eq!(params.logits.softcap_scale, scale / 30.0);
+    assert_eq!(params.logits.sinks as u64, 6 << 40);
+    let mma = plan(&p.clone().path(Path::MmaSync), Arch::Sm90a, None).unwrap();
+    assert_eq!(mma.kernel().name, "attention_fwd_capsink_bf16_d128");
+    let sinks_only = AttentionProblem::new(1, 30, 30, 4, 2, 64, Dtype::F16).with_sinks();
+    let AttentionPlan::MmaSync { launch, .. } = plan(&sinks_only, Arch::Sm80, None).unwrap() else {
+        panic!("an mma.sync plan on sm_80")
+    };
+    assert_eq!(launch.kernel().name, "attention_fwd_capsink_f16_d64");
+    let params = launch.params();
+    assert_eq!(params.logits.softcap_scale, 0.0);
+    assert_eq!(params.scale_log2, 0.125 * std::f32::consts::LOG2_E);
+    // Without either: the default kernels, the options zero.
+    let plain = plan(
+        &AttentionProblem::new(1, 30, 30, 4, 2, 64, Dtype::F16),
+        Arch::Sm80,
+        None,
+    );
+    let AttentionPlan::MmaSync { launch, .. } = plain.unwrap() else {
+        panic!("an mma.sync plan on sm_80")
+    };
+    assert_eq!(launch.kernel().name, "attention_fwd_f16_d64");
+    assert!(launch.params().logits.sinks.is_null());
 }
 
 #[test]
 fn varlen_handles_are_named_by_dtype_and_head_dim() {
     for k in &MMA_VARLEN_KERNELS {
         let want = format!(
-            "attention_fwd_varlen_{}_d{}",
+            "attention_fwd_varlen_{}{}_d{}",
+            if k.capsink { "capsink_" } else { "" },
             dtype_name(k.dtype),
             k.tiles.head_dim
         );
@@ -597,6 +643,7 @@ mod raw_varlen {
                 lse,
                 cu_seqlens_q,
                 cu_seqlens_k,
+                sinks: None,
             },
             max.0,
             max.1,

@@ -17,6 +17,7 @@
 //! layout) on every GPU; [`Path::Auto`] and [`Path::MmaSync`] take it, [`Path::Hopper`] is
 //! `Unsupported` (the Hopper kernels take dense batches only).
 
+use super::plan::check_sinks;
 use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
 use crate::error::{Error, Result};
 use crate::exec::{DevView, Exec, OnStream};
@@ -207,6 +208,10 @@ pub struct AttentionVarlenProblem {
     pub window: (Option<usize>, Option<usize>),
     /// Which kernel to use ([`Path::Hopper`] is unsupported).
     pub path: Path,
+    /// Softcap, as [`AttentionProblem::softcap`].
+    pub softcap: Option<f32>,
+    /// Attention sinks, as [`AttentionProblem::sinks`] (`[heads_q]` f32 with the tensors).
+    pub sinks: bool,
 }
 
 impl AttentionVarlenProblem {
@@ -232,7 +237,21 @@ impl AttentionVarlenProblem {
             causal: false,
             window: (None, None),
             path: Path::Auto,
+            softcap: None,
+            sinks: false,
         }
+    }
+
+    /// With a softcap (`softcap tanh(l / softcap)` on every logit `l`).
+    pub fn softcap(mut self, softcap: f32) -> Self {
+        self.softcap = Some(softcap);
+        self
+    }
+
+    /// With attention sinks (their values come with the tensors).
+    pub fn with_sinks(mut self) -> Self {
+        self.sinks = true;
+        self
     }
 
     /// With causal masking.
@@ -274,6 +293,8 @@ impl AttentionVarlenProblem {
             causal: self.causal,
             window: self.window,
             path: self.path,
+            softcap: self.softcap,
+            sinks: self.sinks,
         }
     }
 
@@ -418,16 +439,18 @@ impl AttentionVarlenProblem {
                 ));
             }
         }
-        let kernel =
-            mma_varlen_kernel(self.dtype, self.head_dim as u32).expect("validated head dimension");
+        check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
+        let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
+        let kernel = mma_varlen_kernel(self.dtype, self.head_dim as u32, dense.has_logit_options())
+            .expect("validated head dimension");
         let tiles = &kernel.tiles;
         let grid = (
             (self.max_seqlen_q as u32).div_ceil(tiles.block_m),
             self.heads_q as u32,
             self.batch as u32,
         );
-        let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
         let (left, right) = dense.effective_window();
+        let (scale_log2, logits) = dense.logit_params(tensors.sinks.as_ref());
         let params = AttentionVarlenParams {
             base: AttentionParams {
                 q: tensors.q.ptr() as *const u16,
@@ -444,11 +467,12 @@ impl AttentionVarlenProblem {
                 seq_k: self.max_seqlen_k as u32,
                 heads_q: self.heads_q as u32,
                 heads_kv: self.heads_kv as u32,
-                scale_log2: dense.softmax_scale() * std::f32::consts::LOG2_E,
+                scale_log2,
                 window_left: left.map_or(UNBOUNDED, |l| l as i32),
                 window_right: right.map_or(UNBOUNDED, |r| r as i32),
                 num_m_blocks: grid.0,
                 reverse_m: u32::from(self.causal),
+                logits,
             },
             cu_seqlens_q: tensors.cu_seqlens_q.addr() as *const i32,
             cu_seqlens_k: tensors.cu_seqlens_k.addr() as *const i32,
@@ -497,6 +521,8 @@ pub struct AttentionVarlenTensors<'a, T> {
     pub cu_seqlens_q: DevView<'a, i32>,
     /// `[batch + 1]` key offsets.
     pub cu_seqlens_k: DevView<'a, i32>,
+    /// The sink logits `[heads_q]` f32, when the problem has sinks.
+    pub sinks: Option<DevView<'a, f32>>,
 }
 
 impl<T> Clone for AttentionVarlenTensors<'_, T> {
@@ -602,6 +628,7 @@ pub fn forward_varlen<T: AttentionElem>(
         lse: (&*lse).into(),
         cu_seqlens_q: (&seqlens.q).into(),
         cu_seqlens_k: (&seqlens.k).into(),
+        sinks: None,
     };
     let plan = problem.plan(&tensors)?;
     // SAFETY: the views, `lse` and `seqlens` are borrowed for the whole call, which enqueues the

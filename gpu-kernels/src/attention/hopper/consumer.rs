@@ -144,7 +144,7 @@ pub(super) use pv_step;
 /// its `&HopperConfig`; then per operand its shared memory and its `full` and `empty`
 /// mbarriers (the Q tile `$q_s` with `$q_full`, `$q_empty`; the closures of ring slot `s` for
 /// K and V); then the `wgmma` shapes and operand fences of S and O. `E`, `BN`, `STAGES`, `SR`,
-/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG` and `MODE` are the kernel's parameters (see
+/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE` and `CAPSINK` are the kernel's parameters (see
 /// [`super::forward`]).
 macro_rules! consume_tiles {
     (
@@ -234,6 +234,7 @@ macro_rules! consume_tiles {
                 key_lo: [range0.0, range1.0],
                 key_hi: [range0.1, range1.1],
                 scale_log2: $p.scale_log2,
+                softcap_scale: $p.logits.softcap_scale,
             };
             let mut o = [0.0f32; OR];
             let mut row_max = [f32::NEG_INFINITY; 2];
@@ -268,6 +269,7 @@ macro_rules! consume_tiles {
                         NT,
                         BN,
                         MODE,
+                        CAPSINK,
                     >(&rows, &mut s, n0, &mut row_max, &mut row_sum);
                     if let Some(correction) = correction {
                         $crate::attention::hopper::softmax::rescale(&mut o, correction);
@@ -299,7 +301,7 @@ macro_rules! consume_tiles {
                     first
                 );
                 // O is still 0: the first factor does not matter.
-                $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE>(
+                $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE, CAPSINK>(
                     &rows,
                     &mut s,
                     nb_lo * BN,
@@ -346,6 +348,7 @@ macro_rules! consume_tiles {
                         NT,
                         BN,
                         MODE,
+                        CAPSINK,
                     >(&rows, &mut s_next, n0, &mut row_max, &mut row_sum);
                     // SAFETY: whole warpgroup.
                     unsafe { $crate::arch::wgmma::wait_group::<0>() };

@@ -12,7 +12,8 @@
 /// picks the column pair of each n8 tile of the accumulators `$o` (`[f32; $or]`); `$row_max`
 /// and `$row_sum` are the thread's partial softmax statistics of the two rows. The whole warp
 /// expands it in uniform control flow (the row sums are finished by shuffles); `$p` is the
-/// kernel's `&HopperParams` and `$e` the element type.
+/// kernel's `&HopperParams` and `$e` the element type. The kernel's `CAPSINK` adds the sink of
+/// `$head` to every row's softmax (`super::super::logits::finish_row`).
 macro_rules! store_tile {
     (
         $e:ty, $or:expr, $p:ident, $o:ident, $row_max:ident, $row_sum:ident,
@@ -21,6 +22,12 @@ macro_rules! store_tile {
         let o_base = $p.o.wrapping_add(
             ($batch as u64 * $p.o_strides[0] + $head as u64 * $p.o_strides[2]) as usize,
         );
+        let sink2 = if CAPSINK {
+            // SAFETY: `sinks` is null or has `heads_q` values (`HopperParams`' contract).
+            unsafe { $crate::attention::logits::sink_log2(&$p.logits, $head) }
+        } else {
+            f32::NEG_INFINITY
+        };
         for h in 0..2 {
             let mut sum = $row_sum[h];
             // SAFETY: all 32 lanes execute these shuffles.
@@ -28,7 +35,9 @@ macro_rules! store_tile {
                 sum += $crate::arch::warp::shfl_xor_f32($crate::arch::warp::FULL_MASK, sum, 1);
                 sum += $crate::arch::warp::shfl_xor_f32($crate::arch::warp::FULL_MASK, sum, 2);
             }
-            let (inv, lse) = if sum > 0.0 {
+            let (inv, lse) = if CAPSINK {
+                $crate::attention::logits::finish_row($row_max[h], sum, sink2)
+            } else if sum > 0.0 {
                 (
                     1.0 / sum,
                     ($row_max[h] + $crate::arch::math::log2(sum)) * $crate::arch::math::LN_2,

@@ -18,6 +18,8 @@ pub(super) struct Rows {
     pub(super) key_lo: [i32; 2],
     pub(super) key_hi: [i32; 2],
     pub(super) scale_log2: f32,
+    /// `LogitOptions::softcap_scale` (read by the `capsink` kernels only).
+    pub(super) softcap_scale: f32,
 }
 
 impl Rows {

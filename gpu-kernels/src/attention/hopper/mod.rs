@@ -115,7 +115,8 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 /// The forward pass: barrier setup and the role split; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
 /// accumulator registers of S and O; `NT = block_n / 8`, `NK = block_n / 16`, `DK = D / 16`;
 /// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
-/// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`). The
+/// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`), `CAPSINK`
+/// the softcap and sinks of `HopperParams::logits` (`super::logits`). The
 /// `wgmma` shapes come in as functions so one body serves every head dimension and type.
 ///
 /// # Safety
@@ -135,6 +136,7 @@ unsafe fn forward<
     const OVERLAP: bool,
     const PINGPONG: bool,
     const MODE: u32,
+    const CAPSINK: bool,
 >(
     p: &HopperParams,
     cfg: &HopperConfig,
@@ -219,6 +221,9 @@ unsafe fn forward<
 
 macro_rules! hopper_kernel {
     ($name:ident, $elem:ty, $cfg:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
+        hopper_kernel!($name, $elem, $cfg, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence);
+    };
+    ($name:ident, $elem:ty, $cfg:expr, $capsink:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
         /// See the module documentation (the configuration
         #[doc = stringify!($cfg)]
         /// ).
@@ -252,6 +257,7 @@ macro_rules! hopper_kernel {
                     { CFG.overlap },
                     { CFG.pingpong },
                     { CFG.softmax.code() },
+                    $capsink,
                 >(
                     &p,
                     &CFG,
@@ -468,4 +474,116 @@ hopper_kernel!(
     fence_operands_32,
     m64n256k16_bf16_rs,
     fence_operands_128
+);
+
+// Softcap and sinks (`kernel_abi::attention::LogitOptions`).
+hopper_kernel!(
+    attention_fwd_hopper_capsink_bf16_d64,
+    Bf16,
+    hopper_config_of(64),
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_bf16_d128,
+    Bf16,
+    hopper_config_of(128),
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_bf16_d256,
+    Bf16,
+    hopper_config_of(256),
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_f16_d64,
+    F16,
+    hopper_config_of(64),
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_f16_d128,
+    F16,
+    hopper_config_of(128),
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_f16_d256,
+    F16,
+    hopper_config_of(256),
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n256k16_f16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_bf16_d96,
+    Bf16,
+    hopper_config_of(96),
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n96k16_bf16_rs,
+    fence_operands_48
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_f16_d96,
+    F16,
+    hopper_config_of(96),
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n96k16_f16_rs,
+    fence_operands_48
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_bf16_d192,
+    Bf16,
+    hopper_config_of(192),
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n192k16_bf16_rs,
+    fence_operands_96
+);
+hopper_kernel!(
+    attention_fwd_hopper_capsink_f16_d192,
+    F16,
+    hopper_config_of(192),
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n192k16_f16_rs,
+    fence_operands_96
 );

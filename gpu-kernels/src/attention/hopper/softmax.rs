@@ -14,9 +14,16 @@ use kernel_abi::attention::Softmax;
 /// place), and returns the factors by which O must be rescaled, if any (applied by the caller
 /// once O is not in use by a product). The folded modes are the `mma.sync` path's
 /// ([`softmax_folded_max`], [`softmax_folded_p`]): the accumulator layout of a
-/// `wgmma` m64 tile is, per warp, that of `NT = BN / 8` m16n8 tiles.
+/// `wgmma` m64 tile is, per warp, that of `NT = BN / 8` m16n8 tiles. With `CAPSINK` the raw
+/// products are soft-capped first ([`super::super::logits::softcap`]).
 #[inline(always)]
-pub(super) fn softmax_step<const SR: usize, const NT: usize, const BN: u32, const MODE: u32>(
+pub(super) fn softmax_step<
+    const SR: usize,
+    const NT: usize,
+    const BN: u32,
+    const MODE: u32,
+    const CAPSINK: bool,
+>(
     r: &Rows,
     s: &mut [f32; SR],
     n0: u32,
@@ -24,6 +31,11 @@ pub(super) fn softmax_step<const SR: usize, const NT: usize, const BN: u32, cons
     row_sum: &mut [f32; 2],
 ) -> Option<[f32; 2]> {
     const { assert!(SR == 4 * NT) };
+    if CAPSINK && r.softcap_scale != 0.0 {
+        for x in s.iter_mut() {
+            *x = super::super::logits::tanh(*x * r.softcap_scale);
+        }
+    }
     if MODE == Softmax::Scaled.code() {
         mask_step::<SR, BN, true>(r, s, n0);
         return Some(softmax_scaled::<SR>(s, row_max, row_sum));

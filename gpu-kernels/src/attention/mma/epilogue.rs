@@ -2,20 +2,29 @@
 //! and stored, and the LSE.
 
 use super::super::elem::Elem;
+use super::super::logits::finish_row;
 use super::super::seq::Layout;
 use super::mainloop::Warp;
 use crate::arch::{math, warp};
 
 /// Finish the row sums across the quad, normalize, store O and LSE (rows with no allowed key
-/// get O = 0 and LSE = -inf).
+/// get O = 0 and LSE = -inf). With `CAPSINK`, every row's softmax also takes the sink `sink2`
+/// (base 2; -inf for none) through [`finish_row`].
 #[inline(always)]
-pub(super) fn store_output<L: Layout, E: Elem, const MT: usize, const DT: usize>(
+pub(super) fn store_output<
+    L: Layout,
+    E: Elem,
+    const MT: usize,
+    const DT: usize,
+    const CAPSINK: bool,
+>(
     pp: &L::Params,
     seq: &L,
     w: &Warp,
     o: &[[[f32; 4]; DT]; MT],
     row_max: &[[f32; 2]; MT],
     row_sum: &[[f32; 2]; MT],
+    sink2: f32,
 ) {
     let p = L::base(pp);
     let o_base = p.o.wrapping_add(seq.o_offset(pp) as usize);
@@ -27,7 +36,9 @@ pub(super) fn store_output<L: Layout, E: Elem, const MT: usize, const DT: usize>
                 sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 1);
                 sum += warp::shfl_xor_f32(warp::FULL_MASK, sum, 2);
             }
-            let (inv, lse) = if sum > 0.0 {
+            let (inv, lse) = if CAPSINK {
+                finish_row(row_max[mt][h], sum, sink2)
+            } else if sum > 0.0 {
                 (1.0 / sum, (row_max[mt][h] + math::log2(sum)) * math::LN_2)
             } else {
                 (0.0, f32::NEG_INFINITY)

@@ -64,6 +64,7 @@ mod epilogue;
 pub(super) mod mainloop;
 
 use super::elem::{Bf16, Elem, F16};
+use super::logits;
 use super::seq::{Dense, Layout, Packed};
 use super::softmax::{softmax_folded_p, softmax_folded_rescale, softmax_update};
 use crate::arch::{cp_async, index, smem, sync};
@@ -98,6 +99,7 @@ unsafe fn forward<
     const PF: bool,
     const SM: u32,
     const THREADS: u32,
+    const CAPSINK: bool,
 >(
     pp: &L::Params,
     cfg: &TileConfig,
@@ -210,6 +212,9 @@ unsafe fn forward<
                 // overwritten before the next one.
                 let mut s =
                     unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS, PF>(&w, q_s, &q_frag, k_s(stage)) };
+                if CAPSINK {
+                    logits::softcap(s.iter_mut().flatten().flatten(), &p.logits);
+                }
                 if SM == 0 {
                     mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
                     softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
@@ -235,13 +240,19 @@ unsafe fn forward<
         }
         cp_async::wait_all();
     }
-    store_output::<L, E, MT, DT>(pp, &seq, &w, &o, &row_max, &row_sum);
+    let sink2 = if CAPSINK {
+        // SAFETY: `sinks` is null or has `heads_q` values (the contract of the parameters).
+        unsafe { logits::sink_log2(&p.logits, head) }
+    } else {
+        f32::NEG_INFINITY
+    };
+    store_output::<L, E, MT, DT, CAPSINK>(pp, &seq, &w, &o, &row_max, &row_sum, sink2);
 }
 
 /// The body of a kernel with element type `$elem` and tile configuration `$cfg` (a constant
 /// expression) on the parameter struct `$p`.
 macro_rules! attention_body {
-    ($layout:ty, $p:expr, $elem:ty, $cfg:expr) => {{
+    ($layout:ty, $p:expr, $elem:ty, $cfg:expr, $capsink:expr) => {{
         const CFG: kernel_abi::attention::TileConfig = $cfg;
         forward::<
             $layout,
@@ -260,6 +271,7 @@ macro_rules! attention_body {
             { CFG.prefetch },
             { CFG.softmax.code() },
             { CFG.threads() },
+            $capsink,
         >(&$p, &CFG)
     }};
 }
@@ -268,7 +280,7 @@ macro_rules! attention_body {
 /// the emulator's table `$table` of the same bodies: [`forward`] on parameters `$params` in the
 /// layout `$layout` ([`Dense`] or [`Packed`]).
 macro_rules! attention_kernels {
-    ($table:ident, $params:ty, $layout:ty; $( $name:ident, $elem:ty, $cfg:expr; )*) => {
+    ($table:ident, $params:ty, $layout:ty; $( $name:ident, $elem:ty, $cfg:expr, $capsink:expr; )*) => {
         $(
             /// See the module documentation (the tile configuration named in the macro call).
             ///
@@ -281,7 +293,7 @@ macro_rules! attention_kernels {
             pub unsafe extern "ptx-kernel" fn $name(p: $params) {
                 crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
                 // SAFETY: forwarded to the caller.
-                unsafe { attention_body!($layout, p, $elem, $cfg) }
+                unsafe { attention_body!($layout, p, $elem, $cfg, $capsink) }
             }
         )*
 
@@ -299,7 +311,7 @@ macro_rules! attention_kernels {
                             // type (it checks the size), whose contract the caller upholds.
                             unsafe {
                                 let p = core::ptr::read_unaligned(p as *const $params);
-                                attention_body!($layout, p, $elem, $cfg)
+                                attention_body!($layout, p, $elem, $cfg, $capsink)
                             }
                         }
                         run
@@ -312,37 +324,58 @@ macro_rules! attention_kernels {
 
 attention_kernels! {
     EMU_KERNELS, AttentionParams, Dense;
-    attention_fwd_bf16_d64, Bf16, tile_config_of(64);
-    attention_fwd_bf16_d128, Bf16, tile_config_of(128);
-    attention_fwd_bf16_d256, Bf16, tile_config_of(256);
-    attention_fwd_bf16_d96, Bf16, tile_config_of(96);
-    attention_fwd_bf16_d192, Bf16, tile_config_of(192);
-    attention_fwd_f16_d64, F16, tile_config_of(64);
-    attention_fwd_f16_d128, F16, tile_config_of(128);
-    attention_fwd_f16_d256, F16, tile_config_of(256);
-    attention_fwd_f16_d96, F16, tile_config_of(96);
-    attention_fwd_f16_d192, F16, tile_config_of(192);
+    attention_fwd_bf16_d64, Bf16, tile_config_of(64), false;
+    attention_fwd_bf16_d128, Bf16, tile_config_of(128), false;
+    attention_fwd_bf16_d256, Bf16, tile_config_of(256), false;
+    attention_fwd_bf16_d96, Bf16, tile_config_of(96), false;
+    attention_fwd_bf16_d192, Bf16, tile_config_of(192), false;
+    attention_fwd_f16_d64, F16, tile_config_of(64), false;
+    attention_fwd_f16_d128, F16, tile_config_of(128), false;
+    attention_fwd_f16_d256, F16, tile_config_of(256), false;
+    attention_fwd_f16_d96, F16, tile_config_of(96), false;
+    attention_fwd_f16_d192, F16, tile_config_of(192), false;
     // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
-    attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1;
-    attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1;
-    attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1;
-    attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1;
-    attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1;
-    attention_fwd_bf16_d128_scaled, Bf16, TUNING_VARIANTS[5].1;
-    attention_fwd_bf16_d128_n64lazy, Bf16, TUNING_VARIANTS[6].1;
+    attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1, false;
+    attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1, false;
+    attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1, false;
+    attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1, false;
+    attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1, false;
+    attention_fwd_bf16_d128_scaled, Bf16, TUNING_VARIANTS[5].1, false;
+    attention_fwd_bf16_d128_n64lazy, Bf16, TUNING_VARIANTS[6].1, false;
+    // Softcap and sinks (`kernel_abi::attention::LogitOptions`).
+    attention_fwd_capsink_bf16_d64, Bf16, tile_config_of(64), true;
+    attention_fwd_capsink_bf16_d96, Bf16, tile_config_of(96), true;
+    attention_fwd_capsink_bf16_d128, Bf16, tile_config_of(128), true;
+    attention_fwd_capsink_bf16_d192, Bf16, tile_config_of(192), true;
+    attention_fwd_capsink_bf16_d256, Bf16, tile_config_of(256), true;
+    attention_fwd_capsink_f16_d64, F16, tile_config_of(64), true;
+    attention_fwd_capsink_f16_d96, F16, tile_config_of(96), true;
+    attention_fwd_capsink_f16_d128, F16, tile_config_of(128), true;
+    attention_fwd_capsink_f16_d192, F16, tile_config_of(192), true;
+    attention_fwd_capsink_f16_d256, F16, tile_config_of(256), true;
 }
 
 // Packed sequences (`kernel_abi::attention::MMA_VARLEN_KERNELS`): the default tiles.
 attention_kernels! {
     VARLEN_EMU_KERNELS, AttentionVarlenParams, Packed;
-    attention_fwd_varlen_bf16_d64, Bf16, tile_config_of(64);
-    attention_fwd_varlen_bf16_d128, Bf16, tile_config_of(128);
-    attention_fwd_varlen_bf16_d256, Bf16, tile_config_of(256);
-    attention_fwd_varlen_bf16_d96, Bf16, tile_config_of(96);
-    attention_fwd_varlen_bf16_d192, Bf16, tile_config_of(192);
-    attention_fwd_varlen_f16_d64, F16, tile_config_of(64);
-    attention_fwd_varlen_f16_d128, F16, tile_config_of(128);
-    attention_fwd_varlen_f16_d256, F16, tile_config_of(256);
-    attention_fwd_varlen_f16_d96, F16, tile_config_of(96);
-    attention_fwd_varlen_f16_d192, F16, tile_config_of(192);
+    attention_fwd_varlen_bf16_d64, Bf16, tile_config_of(64), false;
+    attention_fwd_varlen_bf16_d128, Bf16, tile_config_of(128), false;
+    attention_fwd_varlen_bf16_d256, Bf16, tile_config_of(256), false;
+    attention_fwd_varlen_bf16_d96, Bf16, tile_config_of(96), false;
+    attention_fwd_varlen_bf16_d192, Bf16, tile_config_of(192), false;
+    attention_fwd_varlen_f16_d64, F16, tile_config_of(64), false;
+    attention_fwd_varlen_f16_d128, F16, tile_config_of(128), false;
+    attention_fwd_varlen_f16_d256, F16, tile_config_of(256), false;
+    attention_fwd_varlen_f16_d96, F16, tile_config_of(96), false;
+    attention_fwd_varlen_f16_d192, F16, tile_config_of(192), false;
+    attention_fwd_varlen_capsink_bf16_d64, Bf16, tile_config_of(64), true;
+    attention_fwd_varlen_capsink_bf16_d96, Bf16, tile_config_of(96), true;
+    attention_fwd_varlen_capsink_bf16_d128, Bf16, tile_config_of(128), true;
+    attention_fwd_varlen_capsink_bf16_d192, Bf16, tile_config_of(192), true;
+    attention_fwd_varlen_capsink_bf16_d256, Bf16, tile_config_of(256), true;
+    attention_fwd_varlen_capsink_f16_d64, F16, tile_config_of(64), true;
+    attention_fwd_varlen_capsink_f16_d96, F16, tile_config_of(96), true;
+    attention_fwd_varlen_capsink_f16_d128, F16, tile_config_of(128), true;
+    attention_fwd_varlen_capsink_f16_d192, F16, tile_config_of(192), true;
+    attention_fwd_varlen_capsink_f16_d256, F16, tile_config_of(256), true;
 }

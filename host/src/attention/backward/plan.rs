@@ -332,6 +332,7 @@ impl AttentionProblem {
         options: BackwardOptions,
     ) -> Result<AttentionBackwardPlan> {
         self.validate()?;
+        self.check_backward_logits()?;
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",

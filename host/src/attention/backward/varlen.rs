@@ -108,6 +108,7 @@ impl AttentionVarlenProblem {
         options: BackwardOptions,
     ) -> Result<AttentionVarlenBackwardPlan> {
         self.validate()?;
+        self.sequence(1, 1).check_backward_logits()?;
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",

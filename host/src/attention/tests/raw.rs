@@ -30,7 +30,14 @@ fn plan_of(
     plan_raw(
         target(arch),
         options,
-        &RawAttentionTensors { q, k, v, o, lse },
+        &RawAttentionTensors {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            sinks: None,
+        },
     )
 }
 
@@ -40,6 +47,7 @@ fn options(p: &AttentionProblem) -> AttentionOptions {
         causal: p.causal,
         window: p.window,
         path: p.path,
+        softcap: p.softcap,
     }
 }
 
