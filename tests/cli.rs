@@ -68,6 +68,11 @@ fn main() {
         gpu_attention_varlen,
     );
     s.gpu(
+        "gpu/attention_capsink_check",
+        Needs::Gpu,
+        gpu_attention_capsink,
+    );
+    s.gpu(
         "gpu/attention_backward_check",
         Needs::Gpu,
         gpu_attention_backward,

@@ -12,8 +12,12 @@
 #       cases (memcheck on adversarial tables) and on the Hopper forward at D 192, Python
 #       attention tests, the D 96/192 tests, then kbench attention-decode and kbench attention
 #       at D 96/192.
+#   cap softcap and sinks: their GPU tests (both paths, packed sequences), the dense forward and
+#       packed tests beside them, CLI tests, the four sanitizers on capsink cases, the Python
+#       tests (capsink and attention), then CLI timings (median of 20 timed runs) of the default
+#       kernels and the capsink kernels with a softcap, sinks and both, per path and D.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -124,6 +128,47 @@ if [ "$part" = fla ]; then
   grep -E "peer |fla" $L/bench-gla-fla.log | tail -20 >> $S
   sed -n '/^== table/,$p' $L/bench-gla-fla.log | grep -E "gla_fwd_bwd|gla_fwd " | grep -v "ours-" | tail -30 >> $S
   tar -czf $OUT/triton-cache.tgz -C /tmp tc; ls -la $OUT >> $S
+fi
+if [ "$part" = cap ]; then
+  TT=300 t capsink $B/bin/test-attention attention_capsink/ --skip emulated
+  t fwd_h128 $B/bin/test-attention attention/hopper/bf16_d128
+  t fwd_mma64 $B/bin/test-attention attention/mma/bf16_d64
+  t varlen $B/bin/test-attention attention_varlen/gpu
+  t cli $B/bin/test-cli gpu/
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in attention_capsink/hopper/bf16_d128_b1_sq150_sk100_h2x2_causal_softcap10 \
+             attention_capsink/mma/bf16_d64_b1_sq150_sk100_h2x2_causal \
+             attention_capsink/varlen_gpu/bf16_d128 attention_capsink/hopper/bf16_d256_b1_sq140; do
+      san $tool attention $f
+    done
+  done
+  P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention_capsink attention; do
+    s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+  python3 - <<'PY'
+import torch
+from safetensors.torch import save_file
+torch.manual_seed(0)
+for d in (64, 128, 256):
+    r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+    t={'q':r(2,4096,16,d),'k':r(2,4096,16,d),'v':r(2,4096,16,d)}
+    save_file(t, f'/tmp/cap_plain_{d}.st')
+    t['sinks']=torch.randn(16,device='cuda')
+    save_file(t, f'/tmp/cap_sinks_{d}.st')
+PY
+  echo "CLI timings: B 2, S 4096, H 16, bf16, non-causal; median of 20 timed runs" >> $S
+  for d in 64 128 256; do
+    for path in auto mma-sync; do
+      for v in "default:plain:" "softcap:plain:--softcap 30" "sinks:sinks:" "softcap+sinks:sinks:--softcap 30"; do
+        IFS=: read name file extra <<< "$v"
+        m=$($CLI attention /tmp/cap_${file}_$d.st -o /tmp/cap_out.st --path $path --repeat 20 $extra 2>&1 | grep -i median | head -1)
+        echo "D$d $path $name: $m" >> $S
+      done
+    done
+  done
 fi
 if [ "$part" = hd ]; then
   TT=300 t d96 $B/bin/test-attention d96 --skip emulated

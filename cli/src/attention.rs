@@ -27,9 +27,15 @@ Inputs (FlashAttention's layout: sequence before heads, head dimension last):
   k    same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv (GQA; Hkv = 1 is MQA)
   v    same as q    [B, Sk, Hkv, D]
 
+  sinks f32         [Hq]              optional: attention sinks (gpt-oss), one logit per query
+                                    head that joins every row's softmax and adds no value
+
 Outputs:
   o    dtype of q   [B, Sq, Hq, D]    (f64 with --reference)
   lse  f32          [B, Hq, Sq]       (f64 with --reference); -inf for a row with no allowed key
+                                    (the sink with sinks)
+
+--softcap C caps every logit l = scale q.k as C tanh(l / C) (Gemma 2).
 
 Masking (FlashAttention >= 2.1): with Sq != Sk the causal diagonal is aligned to the \
 bottom-right corner: query i may attend key j iff j <= i + Sk - Sq. A window (LEFT, RIGHT) \
@@ -78,13 +84,16 @@ pub struct AttentionArgs {
     /// Softmax scale (default 1 / sqrt(D)).
     #[arg(long)]
     pub scale: Option<f32>,
+    /// Softcap: every logit l becomes C tanh(l / C) (default none).
+    #[arg(long, value_name = "C")]
+    pub softcap: Option<f32>,
     /// Kernel path (GPU only; the reference is the same for all).
     #[arg(long, value_enum, default_value_t = PathArg::Auto)]
     pub path: PathArg,
 }
 
 /// The tensors `attention` reads.
-pub const TENSORS: &[&str] = &["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"];
+pub const TENSORS: &[&str] = &["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks"];
 
 /// Read and check the inputs, build the problem.
 pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
@@ -116,6 +125,9 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     }
     let cu_q = inp.take_opt("cu_seqlens_q", &[St::I32, St::I64], &[Dim::Succ("N")])?;
     let cu_k = inp.take_opt("cu_seqlens_k", &[St::I32, St::I64], &[Dim::Succ("N")])?;
+    let sinks = inp
+        .take_opt("sinks", &[St::F32], &[Dim::Var("Hq")])?
+        .map(|t| t.f32());
     inp.finish("attention", TENSORS, &[])?;
     let [b, sq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, sk, hkv, _] = k.shape().try_into().expect("rank checked");
@@ -142,7 +154,7 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
         }
     };
     if let Some((cq, ck)) = cu {
-        return varlen_job(args, dtype, (&q, &k, &v), (&cq, &ck));
+        return varlen_job(args, dtype, (&q, &k, &v), (&cq, &ck), sinks);
     }
     let mut p = AttentionProblem::new(b, sq, sk, hq, hkv, d, dtype)
         .window(args.window_left, args.window_right)
@@ -155,6 +167,8 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     if let Some(s) = args.scale {
         p = p.scale(s);
     }
+    p.softcap = args.softcap;
+    p.sinks = sinks.is_some();
     p.validate()?;
     Ok(match dtype {
         Dtype::Bf16 => Box::new(AttentionJob::<bf16> {
@@ -162,12 +176,14 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
             q: q.bf16(),
             k: k.bf16(),
             v: v.bf16(),
+            sinks,
         }),
         Dtype::F16 => Box::new(AttentionJob::<f16> {
             p,
             q: q.f16(),
             k: k.f16(),
             v: v.f16(),
+            sinks,
         }),
     })
 }
@@ -209,6 +225,7 @@ fn varlen_job(
     dtype: Dtype,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (cq, ck): (&Tensor, &Tensor),
+    sinks: Option<Vec<f32>>,
 ) -> Result<Box<dyn Job>> {
     let [b, tq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, tk, hkv, _] = k.shape().try_into().expect("rank checked");
@@ -236,6 +253,8 @@ fn varlen_job(
     if let Some(s) = args.scale {
         p = p.scale(s);
     }
+    p.softcap = args.softcap;
+    p.sinks = sinks.is_some();
     p.validate()?;
     Ok(match dtype {
         Dtype::Bf16 => Box::new(VarlenJob::<bf16> {
@@ -244,6 +263,7 @@ fn varlen_job(
             q: q.bf16(),
             k: k.bf16(),
             v: v.bf16(),
+            sinks,
         }),
         Dtype::F16 => Box::new(VarlenJob::<f16> {
             p,
@@ -251,6 +271,7 @@ fn varlen_job(
             q: q.f16(),
             k: k.f16(),
             v: v.f16(),
+            sinks,
         }),
     })
 }
@@ -261,6 +282,7 @@ struct VarlenJob<T> {
     q: Vec<T>,
     k: Vec<T>,
     v: Vec<T>,
+    sinks: Option<Vec<f32>>,
 }
 
 impl<T> VarlenJob<T> {
@@ -295,16 +317,26 @@ impl<T: Elem> Job for VarlenJob<T> {
         let (q, k, v) = (upload(&self.q)?, up(&self.k)?, up(&self.v)?);
         let o = poisoned::<T>(self.q.len())?;
         let mut lse = poisoned::<f32>(p.lse_len())?;
+        let sinks = self.sinks.as_deref().map(upload).transpose()?;
         let timings = {
             let qv = View::packed_contiguous(&q, p.q_shape());
             let kv = View::packed(&k, 0, &p.kv_shape(), &packed_strides(p.kv_shape()))?;
             let vv = View::packed(&v, 0, &p.kv_shape(), &packed_strides(p.kv_shape()))?;
             let mut ov = View::packed_contiguous(&o, p.q_shape());
-            launch_timed(gpu, &stream, repeat, "attention varlen forward", || {
-                attention::forward_varlen(
-                    gpu, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut lse,
-                )
-            })?
+            launch_timed(
+                gpu,
+                &stream,
+                repeat,
+                "attention varlen forward",
+                || match &sinks {
+                    None => attention::forward_varlen(
+                        gpu, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut lse,
+                    ),
+                    Some(s) => attention::forward_varlen_with_sinks(
+                        gpu, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut lse, s,
+                    ),
+                },
+            )?
         };
         out.push("o", &self.o_shape(), T::data(download(&o)?));
         out.push("lse", &self.lse_shape(), Data::F32(download(&lse)?));
@@ -312,7 +344,11 @@ impl<T: Elem> Job for VarlenJob<T> {
     }
 
     fn reference(&self) -> Result<Outputs> {
-        let r = attention::reference_varlen(&self.p, &self.seqlens, &self.q, &self.k, &self.v);
+        let (p, s) = (&self.p, &self.seqlens);
+        let r = match &self.sinks {
+            None => attention::reference_varlen(p, s, &self.q, &self.k, &self.v),
+            Some(x) => attention::reference_varlen_with_sinks(p, s, &self.q, &self.k, &self.v, x),
+        };
         let mut out = Outputs::default();
         out.push("o", &self.o_shape(), Data::F64(r.o));
         out.push("lse", &self.lse_shape(), Data::F64(r.lse));
@@ -347,6 +383,7 @@ struct AttentionJob<T> {
     q: Vec<T>,
     k: Vec<T>,
     v: Vec<T>,
+    sinks: Option<Vec<f32>>,
 }
 
 impl<T: Elem> Job for AttentionJob<T> {
@@ -356,13 +393,17 @@ impl<T: Elem> Job for AttentionJob<T> {
         let (q, k, v) = (upload(&self.q)?, upload(&self.k)?, upload(&self.v)?);
         let o = poisoned::<T>(self.q.len())?;
         let mut lse = poisoned::<f32>(p.lse_len())?;
+        let sinks = self.sinks.as_deref().map(upload).transpose()?;
         let timings = {
             let qv = View::contiguous(&q, p.q_shape());
             let kv = View::contiguous(&k, p.kv_shape());
             let vv = View::contiguous(&v, p.kv_shape());
             let mut ov = View::contiguous(&o, p.q_shape());
-            launch_timed(gpu, &stream, repeat, "attention forward", || {
-                attention::forward(gpu, &stream, p, &qv, &kv, &vv, &mut ov, &mut lse)
+            launch_timed(gpu, &stream, repeat, "attention forward", || match &sinks {
+                None => attention::forward(gpu, &stream, p, &qv, &kv, &vv, &mut ov, &mut lse),
+                Some(s) => attention::forward_with_sinks(
+                    gpu, &stream, p, &qv, &kv, &vv, &mut ov, &mut lse, s,
+                ),
             })?
         };
         let mut out = Outputs::default();
@@ -372,7 +413,10 @@ impl<T: Elem> Job for AttentionJob<T> {
     }
 
     fn reference(&self) -> Result<Outputs> {
-        let r = attention::reference(&self.p, &self.q, &self.k, &self.v);
+        let r = match &self.sinks {
+            None => attention::reference(&self.p, &self.q, &self.k, &self.v),
+            Some(s) => attention::reference_with_sinks(&self.p, &self.q, &self.k, &self.v, s),
+        };
         let mut out = Outputs::default();
         out.push("o", &self.p.q_shape(), Data::F64(r.o));
         out.push("lse", &lse_shape(&self.p), Data::F64(r.lse));

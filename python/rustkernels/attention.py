@@ -99,13 +99,18 @@ def flash_attn_forward(
     window_left: int,
     window_right: int,
     path: str = "auto",
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """O ``[batch, seqlen_q, nheads, headdim]`` (q's dtype) and LSE ``[batch, nheads, seqlen_q]``
     (f32, natural log). ``path`` picks the kernel: ``auto`` (the Hopper kernels on sm_90),
-    ``mma_sync`` or ``hopper``."""
+    ``mma_sync`` or ``hopper``. ``softcap > 0`` caps every logit ``l`` as
+    ``softcap * tanh(l / softcap)``; ``sinks`` (float32 ``[nheads]``) joins one logit per query
+    head to every row's softmax."""
     _check_inputs(q, k, v)
     if path not in _PATHS:
         raise ValueError(f"path {path!r}: use one of {_PATHS}")
+    _check_sinks(sinks, q)
     batch, seqlen_q, nheads, headdim = q.shape
     out = torch.empty((batch, seqlen_q, nheads, headdim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
@@ -125,12 +130,28 @@ def flash_attn_forward(
             window_left,
             window_right,
             path,
+            float(softcap) if softcap != 0.0 else None,
+            None if sinks is None else _describe(sinks),
         )
     return out, lse
 
 
+def _check_sinks(sinks, q: torch.Tensor) -> None:
+    """``sinks``: None, or a float32 tensor on q's device (its shape is the extension's)."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor, got {type(sinks).__name__}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks is on {sinks.device}, q on {q.device}")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must be float32, got {sinks.dtype}")
+
+
 @flash_attn_forward.register_fake
-def _flash_attn_forward_fake(q, k, v, softmax_scale, causal, window_left, window_right, path="auto"):
+def _flash_attn_forward_fake(
+    q, k, v, softmax_scale, causal, window_left, window_right, path="auto", softcap=0.0, sinks=None
+):
     _check_inputs(q, k, v)
     batch, seqlen_q, nheads, headdim = q.shape
     return (
@@ -294,6 +315,7 @@ def flash_attn_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    sinks: Optional[torch.Tensor] = None,
 ):
     """flash-attn's ``flash_attn_func``: attention forward, and backward through autograd.
 
@@ -312,13 +334,15 @@ def flash_attn_func(
     gradient: dq, dk, dv come from the backward kernels (``flash_attn_backward``), dk and dv of
     grouped-query attention summed over each group's query heads. ``deterministic=True`` makes
     the backward bitwise reproducible (dq from its own kernel instead of f32 atomics; slower);
-    the forward is always deterministic. Dropout, ``softcap`` and ``alibi_slopes`` are not
-    supported (``NotImplementedError``).
+    the forward is always deterministic. ``softcap > 0`` caps every logit ``l`` as ``softcap *
+    tanh(l / softcap)`` (Gemma 2); ``sinks`` (float32 ``[nheads]``, gpt-oss) joins one logit per
+    query head to every row's softmax (no value; a row with no key gets LSE = its sink). Both
+    are forward only for now: with either, inputs that require grad raise
+    ``NotImplementedError``. Dropout and ``alibi_slopes`` are not supported
+    (``NotImplementedError``).
     """
     if dropout_p != 0.0:
         raise NotImplementedError(f"dropout_p = {dropout_p}: dropout is not supported (use 0.0)")
-    if softcap != 0.0:
-        raise NotImplementedError(f"softcap = {softcap}: logit soft-capping is not supported")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not supported")
     window_left, window_right = _window(window_size)
@@ -326,7 +350,15 @@ def flash_attn_func(
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     args = (q, k, v, softmax_scale, bool(causal), window_left, window_right)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if softcap != 0.0 or sinks is not None:
+        if grad or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled()):
+            raise NotImplementedError(
+                "softcap and sinks are supported in the forward only: the backward kernels do "
+                "not take them yet (run under torch.no_grad() for inference)"
+            )
+        out, lse = flash_attn_forward(*args, "auto", float(softcap), sinks)
+    elif grad:
         out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), bool(return_attn_probs))
     else:
         out, lse = flash_attn_forward(*args)

@@ -111,7 +111,7 @@ fn options(
 /// `torch.cuda.Stream.cuda_stream`): O and LSE written from Q, K, V (see
 /// `kernels::attention`). Asynchronous, like any kernel launch on the stream.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, softmax_scale, causal, window_left, window_right, path = "auto"))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, softmax_scale, causal, window_left, window_right, path = "auto", softcap = None, sinks = None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_forward(
     py: Python<'_>,
@@ -127,8 +127,13 @@ fn attention_forward(
     window_left: i64,
     window_right: i64,
     path: &str,
+    softcap: Option<f32>,
+    sinks: Option<TensorArgs>,
 ) -> PyResult<()> {
-    let options = options(softmax_scale, causal, window_left, window_right, path)?;
+    let options = AttentionOptions {
+        softcap,
+        ..options(softmax_scale, causal, window_left, window_right, path)?
+    };
     let (q, k, v, o, lse) = (
         tensor("q", q)?,
         tensor("k", k)?,
@@ -136,6 +141,7 @@ fn attention_forward(
         tensor("out", o)?,
         tensor("softmax_lse", lse)?,
     );
+    let sinks = sinks.map(|s| tensor("sinks", s)).transpose()?;
     // The first call on a device loads (JIT-compiles) the kernels: no need to hold the GIL.
     py.detach(|| {
         // SAFETY: the Python side passes the handle of torch's current stream of `device`,
@@ -147,7 +153,7 @@ fn attention_forward(
             v: &v,
             o: &o,
             lse: &lse,
-            sinks: None,
+            sinks: sinks.as_ref(),
         };
         // SAFETY: the Python side passes live torch tensors it holds across this call; their
         // memory stays valid for work enqueued on `stream` afterwards (torch's caching
@@ -401,7 +407,6 @@ fn attention_varlen_backward(
             dv: &dv,
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
-            sinks: None,
         };
         let workspace = RawBackwardWorkspace {
             delta: &delta,

@@ -118,6 +118,25 @@ pub(super) const ERROR_CASES: &[ErrorCase] = &[
             "got [2, 6, 2, 128]",
         ],
     },
+    // Sinks: one per query head.
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| {
+            let (q, kv) = (vec![2, 5, 4, 64], vec![2, 6, 2, 64]);
+            write_inputs(
+                &d.path("in.safetensors"),
+                &[
+                    ("q", q, bf16s(2 * 5 * 4 * 64)),
+                    ("k", kv.clone(), bf16s(2 * 6 * 2 * 64)),
+                    ("v", kv, bf16s(2 * 6 * 2 * 64)),
+                    ("sinks", vec![3], V::F32(vec![0.5; 3])),
+                ],
+            )
+        },
+        command: "attention @in.safetensors -o @out.safetensors --reference --softcap 5",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `sinks`", "[Hq] = [4]", "got [3]"],
+    },
     // A wrong rank, and a `T + 1` dimension.
     ErrorCase {
         test: "errors/wrong_shape",

@@ -55,6 +55,61 @@ pub(super) fn gpu_attention(gpu: &'static Gpu) -> TestResult {
     )
 }
 
+/// `attention --check` with a softcap and sinks: dense (the Hopper path on Hopper GPUs, then
+/// the mma.sync path) and packed.
+pub(super) fn gpu_attention_capsink(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_attention_capsink");
+    let p = AttentionProblem::new(2, 70, 90, 4, 2, 128, AttnDtype::Bf16);
+    let (q, k, v) = attention_inputs_bf16(&p, 54);
+    let sinks = V::F32(vec![-1.0, 0.5, 2.0, 6.0]);
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", p.q_shape().to_vec(), V::Bf16(q)),
+            ("k", p.kv_shape().to_vec(), V::Bf16(k)),
+            ("v", p.kv_shape().to_vec(), V::Bf16(v)),
+            ("sinks", vec![4], sinks.clone()),
+        ],
+    )?;
+    for path in ["auto", "mma-sync"] {
+        let args = d.command(&format!(
+            "attention @in.safetensors -o @out.safetensors --check --causal --softcap 0.5 \
+             --path {path}"
+        ));
+        check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)])?;
+    }
+    let lens = [(70, 90), (0, 5), (9, 0), (130, 40)];
+    let seqlens = kernels::attention::CuSeqlens::from_lens(&lens).map_err(|e| e.to_string())?;
+    let (tq, tk) = (seqlens.total_q(), seqlens.total_k());
+    let mut r = rng(55);
+    write_inputs(
+        &d.path("packed.safetensors"),
+        &[
+            (
+                "q",
+                vec![1, tq, 4, 64],
+                V::Bf16(uniform_bf16(&mut r, tq * 256, -1.0, 1.0)),
+            ),
+            (
+                "k",
+                vec![1, tk, 2, 64],
+                V::Bf16(uniform_bf16(&mut r, tk * 128, -1.0, 1.0)),
+            ),
+            (
+                "v",
+                vec![1, tk, 2, 64],
+                V::Bf16(uniform_bf16(&mut r, tk * 128, -1.0, 1.0)),
+            ),
+            ("cu_seqlens_q", vec![5], V::I32(seqlens.q().to_vec())),
+            ("cu_seqlens_k", vec![5], V::I32(seqlens.k().to_vec())),
+            ("sinks", vec![4], sinks),
+        ],
+    )?;
+    let args =
+        d.command("attention @packed.safetensors -o @out.safetensors --check --causal --softcap 2");
+    check_run(gpu, &d, &args, &[("o", 1e-2), ("lse", 1e-4)]).map(|_| ())
+}
+
 /// `attention --check` on packed sequences (`cu_seqlens_q`, `cu_seqlens_k`).
 pub(super) fn gpu_attention_varlen(gpu: &'static Gpu) -> TestResult {
     use kernels::attention::CuSeqlens;

@@ -79,7 +79,7 @@ pub use reference::{
 pub use run::{forward, forward_variant, forward_with_sinks};
 pub use varlen::{
     AttentionVarlenPlan, AttentionVarlenProblem, AttentionVarlenTensors, CuSeqlens,
-    DeviceCuSeqlens, forward_varlen,
+    DeviceCuSeqlens, forward_varlen, forward_varlen_with_sinks,
 };
 
 #[cfg(test)]

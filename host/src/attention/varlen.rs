@@ -618,6 +618,47 @@ pub fn forward_varlen<T: AttentionElem>(
     o: &mut View<T>,
     lse: &mut DeviceBuffer<f32>,
 ) -> Result<()> {
+    launch_varlen(gpu, stream, problem, seqlens, (q, k, v), o, lse, None)
+}
+
+/// [`forward_varlen`] of a problem with attention sinks ([`AttentionVarlenProblem::sinks`]):
+/// their logits `[heads_q]` f32 in `sinks`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_varlen_with_sinks<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionVarlenProblem,
+    seqlens: &DeviceCuSeqlens,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+    sinks: &DeviceBuffer<f32>,
+) -> Result<()> {
+    launch_varlen(
+        gpu,
+        stream,
+        problem,
+        seqlens,
+        (q, k, v),
+        o,
+        lse,
+        Some(sinks),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_varlen<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionVarlenProblem,
+    seqlens: &DeviceCuSeqlens,
+    (q, k, v): (&View<T>, &View<T>, &View<T>),
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+    sinks: Option<&DeviceBuffer<f32>>,
+) -> Result<()> {
     problem.validate()?;
     problem.check_seqlens(&seqlens.host)?;
     let tensors = AttentionVarlenTensors {
@@ -628,7 +669,7 @@ pub fn forward_varlen<T: AttentionElem>(
         lse: (&*lse).into(),
         cu_seqlens_q: (&seqlens.q).into(),
         cu_seqlens_k: (&seqlens.k).into(),
-        sinks: None,
+        sinks: sinks.map(Into::into),
     };
     let plan = problem.plan(&tensors)?;
     // SAFETY: the views, `lse` and `seqlens` are borrowed for the whole call, which enqueues the

@@ -1,0 +1,183 @@
+"""GPU check of flash_attn_func's softcap and sinks (plain Python with asserts; no pytest needed).
+
+    python3 python/tests/test_attention_capsink.py
+
+Against an f64 reference of the definition (logits ``l = scale q.k``, capped as ``softcap
+tanh(l / softcap)``; the sink of each query head joined to every row's softmax as one more
+logit with no value; LSE over the keys and the sink), with the tolerance of test_attention.py:
+max |O - ref| <= 2 max |O_naive - ref| + 1e-3 (O_naive the same computation in the input
+precision), LSE within 1e-3 max(1, |ref|) and -inf exactly where the reference has it (a row
+with neither keys nor sinks). Both kernel paths (auto: Hopper on sm_90; mma_sync), outputs
+poisoned first. Then: autograd through softcap or sinks raises NotImplementedError, bad sinks
+raise with the library's message, torch.library's opcheck with both options.
+
+Prints one line per check and 'N passed, N failed' last; exits 1 on any failure, 0 with a SKIP
+line without a CUDA device.
+"""
+
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_attention import (  # noqa: E402  (the shared references and helpers)
+    SEED,
+    allowed_mask,
+    check,
+    dtype_name,
+    heads_first,
+    poison_allocator,
+    raises,
+    results,
+)
+
+import rustkernels  # noqa: E402
+from rustkernels import flash_attn_func  # noqa: E402
+
+
+def capped(s, softcap):
+    return s if softcap == 0.0 else softcap * torch.tanh(s / softcap)
+
+
+def reference(q, k, v, scale, allowed, softcap, sinks):
+    """f64 O [b, sq, h, d] and LSE [b, h, sq] of the definition."""
+    qt, kt, vt = heads_first(q.double(), k.double(), v.double())
+    s = capped((qt @ kt.transpose(-1, -2)) * scale, softcap).masked_fill(~allowed, -math.inf)
+    if sinks is not None:
+        col = sinks.double()[None, :, None, None].expand(s.shape[0], -1, s.shape[2], 1)
+        s = torch.cat([s, col], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    if sinks is not None:
+        p = p[..., :-1]
+    return (p @ vt).transpose(1, 2), lse
+
+
+def naive(q, k, v, scale, allowed, softcap, sinks):
+    """O as a straightforward implementation in the input precision computes it."""
+    dt = q.dtype
+    qt, kt, vt = heads_first(q, k, v)
+    s = ((qt.float() * scale).to(dt) @ kt.transpose(-1, -2)).float()
+    s = capped(s, softcap).to(dt).float().masked_fill(~allowed, -math.inf)
+    if sinks is not None:
+        col = sinks.float()[None, :, None, None].expand(s.shape[0], -1, s.shape[2], 1)
+        s = torch.cat([s, col], dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    if sinks is not None:
+        p = p[..., :-1]
+    return (p.to(dt) @ vt).transpose(1, 2).double()
+
+
+def run_case(b, sq, sk, hq, hkv, d, dtype, causal, softcap, sink_range, path):
+    g = torch.Generator(device="cuda").manual_seed(SEED + sq * 7 + sk * 13 + d)
+    dev = torch.device("cuda")
+    q = torch.randn(b, sq, hq, d, device=dev, dtype=dtype, generator=g)
+    k = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
+    sinks = None
+    if sink_range is not None:
+        lo, hi = sink_range
+        sinks = lo + (hi - lo) * torch.rand(hq, device=dev, generator=g)
+    scale = 1.0 / math.sqrt(d)
+    allowed = allowed_mask(sq, sk, causal, (-1, -1), dev)
+    poison_allocator(((b, sq, hq, d), dtype), ((b, hq, sq), torch.float32), device=dev)
+    if path == "auto":
+        out, lse, _ = flash_attn_func(
+            q, k, v, causal=causal, softcap=softcap, sinks=sinks, return_attn_probs=True
+        )
+    else:
+        out, lse = torch.ops.rustkernels.flash_attn_forward(
+            q, k, v, None, causal, -1, -1, path, softcap, sinks
+        )
+    torch.cuda.synchronize()
+    ref_o, ref_lse = reference(q, k, v, scale, allowed, softcap, sinks)
+    naive_o = naive(q, k, v, scale, allowed, softcap, sinks)
+    got = out.double()
+    assert torch.isfinite(got).all(), "O has NaN or inf (or an unwritten element)"
+    err = (got - ref_o).abs().max().item()
+    naive_err = (naive_o - ref_o).abs().max().item()
+    tol = 2 * naive_err + 1e-3
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty), "LSE is -inf exactly where the reference is"
+    finite = ~empty
+    rel = (lse.double()[finite] - ref_lse[finite]).abs() / ref_lse[finite].abs().clamp(min=1.0)
+    lse_err = rel.max().item() if finite.any() else 0.0
+    detail = (
+        f"max |O - ref| = {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3), "
+        f"LSE rel err {lse_err:.3e}"
+    )
+    assert err <= tol, detail
+    assert lse_err <= 1e-3, detail
+    return detail
+
+
+CASES = [
+    # (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, softcap, sinks)
+    (2, 113, 203, 8, 2, 64, torch.bfloat16, False, 0.5, None),
+    (2, 113, 203, 8, 2, 64, torch.bfloat16, True, 0.0, (-2.0, 2.0)),
+    (1, 300, 200, 4, 4, 128, torch.bfloat16, True, 30.0, (-1.0, 3.0)),
+    (1, 1024, 1024, 8, 1, 128, torch.float16, True, 1.0, (0.0, 1.0)),
+    (2, 256, 300, 4, 2, 256, torch.bfloat16, False, 50.0, (5.0, 8.0)),
+    (1, 200, 333, 4, 2, 96, torch.float16, False, 2.0, None),
+    (1, 129, 257, 2, 2, 192, torch.bfloat16, True, 0.0, (-3.0, 0.0)),
+]
+
+
+def autograd_refused():
+    dev = torch.device("cuda")
+    q = torch.randn(1, 16, 2, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 16, 2, 64, device=dev, dtype=torch.bfloat16)
+    raises(NotImplementedError, lambda: flash_attn_func(q, k, k, softcap=5.0), "forward only")
+    sinks = torch.zeros(2, device=dev)
+    raises(NotImplementedError, lambda: flash_attn_func(q, k, k, sinks=sinks), "forward only")
+    with torch.no_grad():
+        out = flash_attn_func(q, k, k, softcap=5.0, sinks=sinks)
+    assert out.shape == q.shape
+
+
+def bad_sinks():
+    dev = torch.device("cuda")
+    q = torch.randn(1, 16, 4, 64, device=dev, dtype=torch.bfloat16)
+    raises(ValueError, lambda: flash_attn_func(q, q, q, sinks=torch.zeros(3, device=dev)), "sinks")
+    raises(TypeError, lambda: flash_attn_func(q, q, q, sinks=torch.zeros(4, device=dev).half()), "float32")
+    raises(ValueError, lambda: flash_attn_func(q, q, q, sinks=torch.zeros(4)), "sinks is on")
+    raises(ValueError, lambda: flash_attn_func(q, q, q, softcap=-1.0), "softcap")
+
+
+def opcheck():
+    dev = torch.device("cuda")
+    q = torch.randn(1, 64, 4, 64, device=dev, dtype=torch.bfloat16)
+    sinks = torch.randn(4, device=dev)
+    torch.library.opcheck(
+        torch.ops.rustkernels.flash_attn_forward.default,
+        (q, q, q, None, True, -1, -1, "auto", 3.0, sinks),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device (rustkernels' GPU check)")
+        print("0 passed, 0 failed")
+        return 0
+    torch.manual_seed(SEED)
+    print(f"rustkernels {rustkernels.__name__} softcap and sinks on {torch.cuda.get_device_name()}")
+    for c in CASES:
+        b, sq, sk, hq, hkv, d, dt, causal, softcap, sinks = c
+        for path in ("auto", "mma_sync"):
+            name = (
+                f"capsink {path} b{b} sq{sq} sk{sk} h{hq}x{hkv} d{d} {dtype_name(dt)}"
+                f"{' causal' if causal else ''} softcap {softcap} sinks {sinks}"
+            )
+            check(name, lambda c=c, path=path: run_case(*c, path))
+    check("capsink: autograd refused, no_grad runs", autograd_refused)
+    check("capsink: bad sinks and softcap", bad_sinks)
+    check("capsink: torch.library.opcheck", opcheck)
+    print(f"{results['passed']} passed, {results['failed']} failed")
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
