@@ -320,6 +320,7 @@ pub(crate) fn attention_plan(p: &AttentionProblem, arch: Arch) -> kernels::Resul
             v: View::contiguous(fake(kv.iter().product()), kv),
             o: View::contiguous(fake(q.iter().product()), q),
             lse: fake(p.lse_len()),
+            sinks: p.sinks.then(|| fake(p.heads_q)),
         };
         let target = Target {
             arch,
