@@ -300,7 +300,7 @@ def bad_inputs():
             "Q start must be aligned",
         ),
         ("dropout", NotImplementedError, lambda: flash_attn_func(q, kv, kv, dropout_p=0.1), "dropout"),
-        ("softcap", NotImplementedError, lambda: flash_attn_func(q, kv, kv, softcap=30.0), "softcap"),
+        ("softcap -1", ValueError, lambda: flash_attn_func(q, kv, kv, softcap=-1.0), "softcap"),
         ("alibi", NotImplementedError, lambda: flash_attn_func(q, kv, kv, alibi_slopes=torch.ones(4, device=dev)), "ALiBi"),
         ("window -2", ValueError, lambda: flash_attn_func(q, kv, kv, window_size=(-2, 0)), "window_size"),
         ("window not a pair", ValueError, lambda: flash_attn_func(q, kv, kv, window_size=3), "pair"),

@@ -14,15 +14,24 @@ pub(crate) fn tanh(x: f32) -> f32 {
     1.0 - 2.0 * math::rcp(math::exp2(x * (2.0 * math::LOG2_E)) + 1.0)
 }
 
-/// Soft-cap raw products in place: `s = tanh(s softcap_scale)` (the caller's `scale_log2` is
-/// `softcap log2 e`); nothing when `softcap_scale` is 0. Applied before masking, so masked
-/// logits stay -inf.
+/// Soft-cap raw products in place on `mma.sync` accumulator tiles: `s = tanh(s
+/// softcap_scale)` (the caller's `scale_log2` is `softcap log2 e`); nothing when
+/// `softcap_scale` is 0. Applied before masking, so masked logits stay -inf. Constant trip
+/// counts over the arrays (an iterator over them left a loop rolled and the tiles in local
+/// memory).
 #[inline(always)]
-pub(crate) fn softcap<'a>(s: impl Iterator<Item = &'a mut f32>, opts: &LogitOptions) {
+pub(crate) fn softcap<const MT: usize, const NT: usize>(
+    s: &mut [[[f32; 4]; NT]; MT],
+    opts: &LogitOptions,
+) {
     let k = opts.softcap_scale;
     if k != 0.0 {
-        for x in s {
-            *x = tanh(*x * k);
+        for mt in 0..MT {
+            for j in 0..NT {
+                for e in 0..4 {
+                    s[mt][j][e] = tanh(s[mt][j][e] * k);
+                }
+            }
         }
     }
 }

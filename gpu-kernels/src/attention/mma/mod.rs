@@ -213,7 +213,7 @@ unsafe fn forward<
                 let mut s =
                     unsafe { qk::<E, D, MT, DK, NT, NK, Q_REGS, PF>(&w, q_s, &q_frag, k_s(stage)) };
                 if CAPSINK {
-                    logits::softcap(s.iter_mut().flatten().flatten(), &p.logits);
+                    logits::softcap::<MT, NT>(&mut s, &p.logits);
                 }
                 if SM == 0 {
                     mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
