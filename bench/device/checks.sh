@@ -134,16 +134,19 @@ if [ "$part" = cap ]; then
   t fwd_h128 $B/bin/test-attention attention/hopper/bf16_d128
   t fwd_mma64 $B/bin/test-attention attention/mma/bf16_d64
   t varlen $B/bin/test-attention attention_varlen/gpu
+  TT=300 t decode $B/bin/test-attention attention_decode/gpu
   t cli $B/bin/test-cli gpu/
   for tool in memcheck racecheck synccheck initcheck; do
     for f in attention_capsink/hopper/bf16_d128_b1_sq150_sk100_h2x2_causal_softcap10 \
              attention_capsink/mma/bf16_d64_b1_sq150_sk100_h2x2_causal \
-             attention_capsink/varlen_gpu/bf16_d128 attention_capsink/hopper/bf16_d256_b1_sq140; do
+             attention_capsink/varlen_gpu/bf16_d128 attention_capsink/hopper/bf16_d256_b1_sq140 \
+             attention_decode/gpu/bf16_d128_sq3_h8x2_page64_ctx1_777_0_4099_64_1500_causal_splits1_softcap10_sinks \
+             attention_decode/gpu/bf16_d128_sq3_h8x2_page64_ctx1_777_0_4099_64_1500_causal_auto_softcap10_sinks; do
       san $tool attention $f
     done
   done
   P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-  for f in attention_capsink attention; do
+  for f in attention_capsink attention attention_decode; do
     s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py --quick > $L/py_$f.log 2>&1
     echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
     grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
@@ -158,6 +161,16 @@ for d in (64, 128, 256):
     save_file(t, f'/tmp/cap_plain_{d}.st')
     t['sinks']=torch.randn(16,device='cuda')
     save_file(t, f'/tmp/cap_sinks_{d}.st')
+# Decode: B 32, Hq 32 / Hkv 8, D 128, pages of 64, contexts of 8k, pages in order.
+b, ctx, page = 32, 8192, 64
+pages = b * ctx // page
+r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+t={'q':r(b,1,32,128),'k_cache':r(pages,page,8,128),'v_cache':r(pages,page,8,128),
+   'block_table':torch.arange(pages,device='cuda',dtype=torch.int32).view(b,-1),
+   'cache_seqlens':torch.full((b,),ctx,device='cuda',dtype=torch.int32)}
+save_file(t, '/tmp/dec_plain.st')
+t['sinks']=torch.randn(32,device='cuda')
+save_file(t, '/tmp/dec_sinks.st')
 PY
   echo "CLI timings: B 2, S 4096, H 16, bf16, non-causal; median of 20 timed runs" >> $S
   for d in 64 128 256; do
@@ -169,7 +182,13 @@ PY
       done
     done
   done
-  cp $L/capsink.log $L/cli.log $L/py_attention_capsink.log $OUT/ 2>/dev/null
+  echo "CLI timings: decode B 32, Hq 32 / Hkv 8, D 128, page 64, contexts 8192, bf16; median of 20" >> $S
+  for v in "default:plain:" "softcap:plain:--softcap 30" "sinks:sinks:" "softcap+sinks:sinks:--softcap 30"; do
+    IFS=: read name file extra <<< "$v"
+    m=$($CLI attention-decode /tmp/dec_$file.st -o /tmp/dec_out.st --repeat 20 $extra 2>&1 | grep -i median | head -1)
+    echo "decode $name: $m" >> $S
+  done
+  cp $L/capsink.log $L/decode.log $L/cli.log $L/py_attention_capsink.log $OUT/ 2>/dev/null
 fi
 if [ "$part" = hd ]; then
   TT=300 t d96 $B/bin/test-attention d96 --skip emulated

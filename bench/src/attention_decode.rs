@@ -104,6 +104,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
                 block_table: (&dt).into(),
                 cache_seqlens: (&dl).into(),
                 workspace: (&ws).into(),
+                sinks: None,
             };
             let plan: AttentionDecodePlan = p.plan(&tensors, splits)?;
             let exec = OnStream {

@@ -10,7 +10,7 @@ use kernels::attention::decode::MAX_SPLITS;
 use kernels::attention::{
     self, AttentionDecodeProblem, AttentionDecodeTensors, AttentionElem, AttentionProblem,
     AttentionVarlenProblem, BackwardOptions, CuSeqlens, Dtype, Path, View, reference,
-    reference_decode,
+    reference_decode_sinks,
 };
 use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
@@ -681,6 +681,7 @@ Inputs (FlashAttention's layout, the head dimension last):
   block_table    i32/i64      [B, max_pages]              page t of sequence b: block_table[b, t]
   cache_seqlens  i32/i64      [B]                         the context lengths L_b, each at most
                                                           max_pages x page_size
+  sinks          f32          [Hq]                        optional: attention sinks (gpt-oss)
 
 Outputs:
   o    dtype of q   [B, Sq, Hq, D]    (f64 with --reference)
@@ -693,7 +694,7 @@ anything runs: every page a context uses must be in 0 .. pages.
 
 Query i of sequence b is the token at position L_b - Sq + i (bottom-right aligned, as \
 `attention`): it attends every key j < L_b, or with --causal the keys j <= L_b - Sq + i. A \
-row with no key (L_b = 0, or causal rows before the context) gets O = 0 and LSE = -inf.
+row with no key (L_b = 0, or causal rows before the context) gets O = 0 and LSE = -inf (the sink with sinks). --softcap C caps every logit l as C tanh(l / C).
 
 Each sequence's keys are split over --num-splits blocks (flash-decoding; default: \
 FlashAttention's heuristic for this GPU and the longest context), whose partial results a \
@@ -717,6 +718,9 @@ pub struct AttentionDecodeArgs {
     /// Softmax scale (default 1 / sqrt(D)).
     #[arg(long)]
     pub scale: Option<f32>,
+    /// Softcap: every logit l becomes C tanh(l / C) (default none).
+    #[arg(long, value_name = "C")]
+    pub softcap: Option<f32>,
     /// Blocks each sequence's keys are split over, 1 to 128 (GPU only; default: the heuristic
     /// for this GPU and the longest context; the reference is the same for all).
     #[arg(
@@ -728,7 +732,14 @@ pub struct AttentionDecodeArgs {
 }
 
 /// The tensors `attention-decode` reads.
-pub const TENSORS_DECODE: &[&str] = &["q", "k_cache", "v_cache", "block_table", "cache_seqlens"];
+pub const TENSORS_DECODE: &[&str] = &[
+    "q",
+    "k_cache",
+    "v_cache",
+    "block_table",
+    "cache_seqlens",
+    "sinks",
+];
 
 /// Read and check the inputs of `attention-decode` (the tables' contents included), build the
 /// problem.
@@ -767,6 +778,9 @@ pub fn decode_job(args: &AttentionDecodeArgs) -> Result<Box<dyn Job>> {
         &[Dim::Var("B"), Dim::Var("max_pages")],
     )?;
     let lens = inp.take("cache_seqlens", &ints, &[Dim::Var("B")])?;
+    let sinks = inp
+        .take_opt("sinks", &[St::F32], &[Dim::Var("Hq")])?
+        .map(|t| t.f32());
     inp.finish("attention-decode", TENSORS_DECODE, &[])?;
     let [b, sq, hq, d] = q.shape().try_into().expect("rank checked");
     let [pages, page_size, hkv, _] = k.shape().try_into().expect("rank checked");
@@ -779,6 +793,8 @@ pub fn decode_job(args: &AttentionDecodeArgs) -> Result<Box<dyn Job>> {
     };
     p.causal = args.causal;
     p.scale = args.scale;
+    p.softcap = args.softcap;
+    p.sinks = sinks.is_some();
     let table = ints_i32("block_table", &table)?;
     let lens = ints_i32("cache_seqlens", &lens)?;
     // The checks `DecodeTables::new` makes, on the host before any GPU work (the reference reads
@@ -795,6 +811,7 @@ pub fn decode_job(args: &AttentionDecodeArgs) -> Result<Box<dyn Job>> {
             lens,
             longest,
             num_splits,
+            sinks: sinks.clone(),
         }),
         Dtype::F16 => Box::new(DecodeJob::<f16> {
             q: q.f16(),
@@ -805,6 +822,7 @@ pub fn decode_job(args: &AttentionDecodeArgs) -> Result<Box<dyn Job>> {
             lens,
             longest,
             num_splits,
+            sinks: sinks.clone(),
         }),
     })
 }
@@ -822,6 +840,8 @@ struct DecodeJob<T> {
     longest: usize,
     /// `--num-splits`.
     num_splits: Option<usize>,
+    /// The sink logits `[Hq]`, if given.
+    sinks: Option<Vec<f32>>,
 }
 
 impl<T> DecodeJob<T> {
@@ -861,6 +881,7 @@ impl<T: Elem> Job for DecodeJob<T> {
         let o = poisoned::<T>(self.q.len())?;
         let lse = poisoned::<f32>(p.lse_len())?;
         let workspace = poisoned::<f32>(p.workspace_len(splits).max(1))?;
+        let sinks = self.sinks.as_deref().map(upload).transpose()?;
         let timings = {
             let tensors = AttentionDecodeTensors {
                 q: View::contiguous(&q, p.q_shape()),
@@ -871,6 +892,7 @@ impl<T: Elem> Job for DecodeJob<T> {
                 block_table: (&table).into(),
                 cache_seqlens: (&lens).into(),
                 workspace: (&workspace).into(),
+                sinks: sinks.as_ref().map(Into::into),
             };
             let plan = p.plan(&tensors, splits)?;
             let exec = OnStream {
@@ -892,7 +914,13 @@ impl<T: Elem> Job for DecodeJob<T> {
 
     fn reference(&self) -> Result<Outputs> {
         let p = &self.p;
-        let r = reference_decode(p, &self.q, &self.k, &self.v, &self.table, &self.lens);
+        let r = reference_decode_sinks(
+            p,
+            &self.q,
+            (&self.k, &self.v),
+            (&self.table, &self.lens),
+            self.sinks.as_deref(),
+        );
         let mut out = Outputs::default();
         out.push("o", &p.q_shape(), Data::F64(r.o));
         out.push("lse", &self.lse_shape(), Data::F64(r.lse));
@@ -911,7 +939,9 @@ impl<T: Elem> Job for DecodeJob<T> {
             let len = len as usize;
             let (k, v) = (self.gather(&self.k, b, len), self.gather(&self.v, b, len));
             let qb = &self.q[b * rows..(b + 1) * rows];
-            naive.extend(attention::naive_same_precision(&p.sequence(len), qb, &k, &v).o);
+            let sinks = self.sinks.as_deref();
+            let seq = p.sequence(len);
+            naive.extend(attention::naive_same_precision_sinks(&seq, qb, &k, &v, sinks).o);
         }
         let get = |name: &str| -> Result<Vec<f64>> {
             Ok(want

@@ -742,12 +742,16 @@ def flash_attn_decode(
     softmax_scale: Optional[float],
     causal: bool,
     num_splits: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """O ``[batch, seqlen_q, nheads, headdim]`` (q's dtype) and LSE ``[batch, nheads, seqlen_q]``
     (f32, natural log) of a decode step over a paged KV cache, with ``num_splits`` splits of
     each sequence's keys (0: the library's heuristic for this GPU's multiprocessors and the
-    longest context the block table allows)."""
+    longest context the block table allows); ``softcap`` and ``sinks`` as in
+    ``flash_attn_forward``."""
     _check_decode_inputs(q, k_cache, v_cache, block_table, cache_seqlens)
+    _check_sinks(sinks, q)
     native = _native()
     props = torch.cuda.get_device_properties(q.device)
     # Shared memory per SM bounds the decode blocks an SM holds (0 if this torch lacks it).
@@ -782,13 +786,24 @@ def flash_attn_decode(
             softmax_scale,
             causal,
             num_splits,
+            float(softcap) if softcap != 0.0 else None,
+            None if sinks is None else _describe(sinks),
         )
     return out, lse
 
 
 @flash_attn_decode.register_fake
 def _flash_attn_decode_fake(
-    q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, causal, num_splits=0
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    cache_seqlens,
+    softmax_scale,
+    causal,
+    num_splits=0,
+    softcap=0.0,
+    sinks=None,
 ):
     _check_decode_inputs(q, k_cache, v_cache, block_table, cache_seqlens)
     _num_splits(num_splits)
@@ -819,6 +834,7 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[torch.Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    sinks: Optional[torch.Tensor] = None,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` over a paged KV cache: one decode step of
     ``seqlen_q`` new tokens per sequence attending the keys and values already in the cache
@@ -842,14 +858,15 @@ def flash_attn_with_kvcache(
     split over (flash-decoding; 0: the library's heuristic, from the GPU's multiprocessors and
     ``max_num_blocks_per_seq * page_block_size``). The tables are not read on the host (no
     synchronization): contents outside the rules above cannot make the kernels access memory
-    outside the tensors, but give meaningless results.
+    outside the tensors, but give meaningless results. ``softcap > 0`` caps every logit ``l`` as
+    ``softcap * tanh(l / softcap)``; ``sinks`` (float32 ``[nheads]``) joins one logit per query
+    head to every row's softmax (gpt-oss; a query with no key gets LSE = its sink).
 
     Returns ``out`` (q's shape and dtype), or ``(out, softmax_lse)`` with
     ``return_softmax_lse`` (LSE ``[batch, nheads, seqlen_q]`` f32). Not supported
     (``NotImplementedError``): appending new keys and values (``k``, ``v``), rotary embedding
     (``rotary_cos``, ``rotary_sin``), ``cache_batch_idx``, ``cache_leftpad``, a sliding
-    ``window_size``, ``softcap``, ``alibi_slopes``, and the contiguous cache layout without a
-    ``block_table``.
+    ``window_size``, ``alibi_slopes``, and the contiguous cache layout without a ``block_table``.
     """
     if k is not None or v is not None:
         raise NotImplementedError(
@@ -872,8 +889,6 @@ def flash_attn_with_kvcache(
         raise NotImplementedError(
             f"window_size = {tuple(window_size)}: sliding windows are not supported in decoding"
         )
-    if softcap != 0.0:
-        raise NotImplementedError(f"softcap = {softcap}: logit soft-capping is not supported")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not supported")
     num_splits = _num_splits(num_splits)
@@ -896,7 +911,16 @@ def flash_attn_with_kvcache(
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     out, lse = flash_attn_decode(
-        q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, bool(causal), num_splits
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        cache_seqlens,
+        softmax_scale,
+        bool(causal),
+        num_splits,
+        float(softcap),
+        sinks,
     )
     if return_softmax_lse:
         return out, lse

@@ -469,7 +469,7 @@ fn attention_decode_workspace(
 /// splits and the f32 `workspace` of their length (both from `attention_decode_workspace`).
 /// See `kernels::attention::decode_raw`. Asynchronous.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k_cache, v_cache, o, lse, block_table, cache_seqlens, workspace, softmax_scale, causal, num_splits))]
+#[pyo3(signature = (device, stream, q, k_cache, v_cache, o, lse, block_table, cache_seqlens, workspace, softmax_scale, causal, num_splits, softcap = None, sinks = None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_decode(
     py: Python<'_>,
@@ -486,11 +486,15 @@ fn attention_decode(
     softmax_scale: Option<f32>,
     causal: bool,
     num_splits: usize,
+    softcap: Option<f32>,
+    sinks: Option<TensorArgs>,
 ) -> PyResult<()> {
     let options = AttentionDecodeOptions {
         scale: softmax_scale,
         causal,
+        softcap,
     };
+    let sinks = sinks.map(|s| tensor("sinks", s)).transpose()?;
     let (q, k_cache, v_cache, o, lse) = (
         tensor("q", q)?,
         tensor("k_cache", k_cache)?,
@@ -515,6 +519,7 @@ fn attention_decode(
             block_table: &block_table,
             cache_seqlens: &cache_seqlens,
             workspace: &workspace,
+            sinks: sinks.as_ref(),
         };
         // SAFETY: as in `attention_forward`: live torch tensors the Python side holds across
         // this call, whose memory stays valid for work enqueued on `stream`; O, LSE and the

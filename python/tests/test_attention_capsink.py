@@ -8,7 +8,10 @@ logit with no value; LSE over the keys and the sink), with the tolerance of test
 max |O - ref| <= 2 max |O_naive - ref| + 1e-3 (O_naive the same computation in the input
 precision), LSE within 1e-3 max(1, |ref|) and -inf exactly where the reference has it (a row
 with neither keys nor sinks). Both kernel paths (auto: Hopper on sm_90; mma_sync), outputs
-poisoned first. Then: autograd through softcap or sinks raises NotImplementedError, bad sinks
+poisoned first; the same over a paged KV cache (flash_attn_with_kvcache, per sequence on its
+gathered keys: contexts of 0, causal speculative tokens, explicit and heuristic splits, so the
+sinks join in the decode kernel and in the combine kernel). Then: autograd through softcap or
+sinks raises NotImplementedError, bad sinks
 raise with the library's message, torch.library's opcheck with both options.
 
 Prints one line per check and 'N passed, N failed' last; exits 1 on any failure, 0 with a SKIP
@@ -34,7 +37,8 @@ from test_attention import (  # noqa: E402  (the shared references and helpers)
 )
 
 import rustkernels  # noqa: E402
-from rustkernels import flash_attn_func  # noqa: E402
+from rustkernels import flash_attn_func, flash_attn_with_kvcache  # noqa: E402
+from test_attention_decode import paged_case  # noqa: E402
 
 
 def capped(s, softcap):
@@ -125,6 +129,55 @@ CASES = [
 ]
 
 
+DECODE_CASES = [
+    # (contexts, seqlen_q, nheads, nheads_k, headdim, page, dtype, causal, softcap, sinks, splits)
+    ([0, 37, 200, 1000], 1, 8, 2, 128, 16, torch.bfloat16, False, 30.0, (-1.0, 3.0), 0),
+    ([5, 300, 64], 4, 8, 8, 64, 64, torch.float16, True, 0.0, (0.0, 2.0), 3),
+    ([0, 129, 700], 2, 4, 1, 256, 32, torch.bfloat16, True, 2.0, None, 1),
+    ([513, 2048], 1, 16, 2, 128, 256, torch.bfloat16, False, 0.0, (20.0, 30.0), 0),
+]
+
+
+def run_decode_case(lens, sq, hq, hkv, d, page, dtype, causal, softcap, sink_range, splits):
+    """flash_attn_with_kvcache with a softcap and sinks, per sequence against the dense
+    references on the keys and values gathered from its pages."""
+    q, kc, vc, bt, seqlens, gathered = paged_case(lens, sq, hq, hkv, d, page, dtype, SEED + d)
+    dev = q.device
+    sinks = None
+    if sink_range is not None:
+        g = torch.Generator(device="cuda").manual_seed(SEED + len(lens))
+        lo, hi = sink_range
+        sinks = lo + (hi - lo) * torch.rand(hq, device=dev, generator=g)
+    poison_allocator(((len(lens), sq, hq, d), dtype), ((len(lens), hq, sq), torch.float32), device=dev)
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=seqlens, block_table=bt, causal=causal, softcap=softcap,
+        num_splits=splits, return_softmax_lse=True, sinks=sinks,
+    )
+    torch.cuda.synchronize()
+    scale = 1.0 / math.sqrt(d)
+    worst = (0.0, 0.0, 0.0)
+    for b, (kb, vb) in enumerate(gathered):
+        allowed = allowed_mask(sq, kb.shape[0], causal, (-1, -1), dev)
+        qb, kb, vb = q[b : b + 1], kb[None], vb[None]
+        ref_o, ref_lse = reference(qb, kb, vb, scale, allowed, softcap, sinks)
+        naive_o = naive(qb, kb, vb, scale, allowed, softcap, sinks)
+        got = out[b : b + 1].double()
+        assert torch.isfinite(got).all(), f"sequence {b}: O has NaN or inf"
+        err = (got - ref_o).abs().max().item()
+        naive_err = (naive_o - ref_o).abs().max().item()
+        empty = torch.isneginf(ref_lse)
+        assert torch.equal(torch.isneginf(lse[b : b + 1]), empty), f"sequence {b}: -inf LSE"
+        finite = ~empty
+        lse_err = 0.0
+        if finite.any():
+            rel = (lse[b : b + 1].double()[finite] - ref_lse[finite]).abs()
+            lse_err = (rel / ref_lse[finite].abs().clamp(min=1.0)).max().item()
+        assert err <= 2 * naive_err + 1e-3, f"sequence {b}: max |O - ref| {err:.3e}, naive {naive_err:.3e}"
+        assert lse_err <= 1e-3, f"sequence {b}: LSE rel err {lse_err:.3e}"
+        worst = max(worst, (err, naive_err, lse_err))
+    return f"worst sequence: max |O - ref| = {worst[0]:.3e} (naive {worst[1]:.3e}), LSE rel err {worst[2]:.3e}"
+
+
 def autograd_refused():
     dev = torch.device("cuda")
     q = torch.randn(1, 16, 2, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -172,6 +225,13 @@ def main():
                 f"{' causal' if causal else ''} softcap {softcap} sinks {sinks}"
             )
             check(name, lambda c=c, path=path: run_case(*c, path))
+    for c in DECODE_CASES:
+        lens, sq, hq, hkv, d, page, dt, causal, softcap, sinks, splits = c
+        name = (
+            f"capsink decode contexts {lens} sq{sq} h{hq}x{hkv} d{d} page {page} {dtype_name(dt)}"
+            f"{' causal' if causal else ''} softcap {softcap} sinks {sinks} splits {splits}"
+        )
+        check(name, lambda c=c: run_decode_case(*c))
     check("capsink: autograd refused, no_grad runs", autograd_refused)
     check("capsink: bad sinks and softcap", bad_sinks)
     check("capsink: torch.library.opcheck", opcheck)

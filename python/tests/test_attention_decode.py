@@ -241,7 +241,8 @@ def decode_bad_inputs():
         ("cache_batch_idx", NotImplementedError, lambda: call(cache_batch_idx=lens), "cache_batch_idx"),
         ("cache_leftpad", NotImplementedError, lambda: call(cache_leftpad=lens), "cache_leftpad"),
         ("window", NotImplementedError, lambda: call(window_size=(16, 0)), "window_size"),
-        ("softcap", NotImplementedError, lambda: call(softcap=30.0), "softcap"),
+        ("softcap -1", ValueError, lambda: call(softcap=-1.0), "softcap"),
+        ("sinks of 3 heads", ValueError, lambda: call(sinks=torch.zeros(3, device=dev)), "sinks"),
         ("alibi", NotImplementedError, lambda: call(alibi_slopes=torch.ones(8, device=dev)), "alibi_slopes"),
     ]
     lines = [f"{name} -> {raises(exc, fn, contains)}" for name, exc, fn, contains in cases]

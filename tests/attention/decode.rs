@@ -30,6 +30,8 @@ struct DecodeCase {
     lens: Vec<i32>,
     splits: Option<usize>,
     seed: u64,
+    /// The sink logits of a problem with sinks.
+    sinks: Option<Vec<f32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -69,7 +71,19 @@ fn dcase(
         lens: lens.to_vec(),
         splits,
         seed,
+        sinks: None,
     }
+}
+
+/// `c` with a softcap and sinks uniform in `sinks` (either optional; the capsink kernels).
+fn capsink(mut c: DecodeCase, softcap: Option<f32>, sinks: Option<(f32, f32)>) -> DecodeCase {
+    c.p.softcap = softcap;
+    c.p.sinks = sinks.is_some();
+    c.sinks = sinks.map(|(lo, hi)| {
+        let mut r = rng(c.seed ^ 0x51_4b);
+        (0..c.p.heads_q).map(|_| r.random_range(lo..hi)).collect()
+    });
+    c
 }
 
 fn name(c: &DecodeCase) -> String {
@@ -92,6 +106,12 @@ fn name(c: &DecodeCase) -> String {
     match c.splits {
         Some(n) => s.push_str(&format!("_splits{n}")),
         None => s.push_str("_auto"),
+    }
+    if let Some(sc) = p.softcap {
+        s.push_str(&format!("_softcap{sc}"));
+    }
+    if c.sinks.is_some() {
+        s.push_str("_sinks");
     }
     s
 }
@@ -135,7 +155,8 @@ fn compare<T: AttentionElem>(
     lse: &[f32],
 ) -> TestResult {
     let p = &c.p;
-    let want = attention::reference_decode(p, q, k, v, table, &c.lens);
+    let sinks = c.sinks.as_deref();
+    let want = attention::reference_decode_sinks(p, q, (k, v), (table, &c.lens), sinks);
     // The same-precision naive computation, sequence by sequence on the gathered keys.
     let (d, hkv, hq, sq) = (p.head_dim, p.heads_kv, p.heads_q, p.seq_q);
     let mut naive = Vec::new();
@@ -151,7 +172,13 @@ fn compare<T: AttentionElem>(
                 .collect()
         };
         let qb = &q[b * sq * hq * d..(b + 1) * sq * hq * d];
-        let out = attention::naive_same_precision(&p.sequence(len), qb, &gather(k), &gather(v));
+        let out = attention::naive_same_precision_sinks(
+            &p.sequence(len),
+            qb,
+            &gather(k),
+            &gather(v),
+            sinks,
+        );
         naive.extend(out.o);
     }
     super::varlen::check_outputs(what, o, lse, &want, &naive)
@@ -168,6 +195,28 @@ fn emulated_cases() -> Vec<DecodeCase> {
         dcase(&[50], 16, 4, 2, 96, 16, Dtype::Bf16, true, Some(4)),
         dcase(&[130, 5], 2, 2, 1, 256, 64, Dtype::F16, false, Some(2)),
         dcase(&[97, 200], 1, 3, 1, 192, 48, Dtype::Bf16, false, Some(1)),
+        // Softcap and sinks: the sinks join in the decode kernel (one split) and in the combine
+        // kernel (several), a context of 0 (LSE = the sink), a sink far above the logits.
+        capsink(
+            dcase(&[40, 61], 1, 4, 2, 64, 16, Dtype::Bf16, false, Some(1)),
+            Some(0.5),
+            Some((-1.0, 2.0)),
+        ),
+        capsink(
+            dcase(&[0, 1, 70], 3, 8, 2, 128, 32, Dtype::Bf16, true, Some(2)),
+            Some(5.0),
+            Some((-2.0, 2.0)),
+        ),
+        capsink(
+            dcase(&[130, 5], 2, 2, 1, 256, 64, Dtype::F16, false, Some(3)),
+            None,
+            Some((30.0, 40.0)),
+        ),
+        capsink(
+            dcase(&[50], 4, 4, 2, 96, 16, Dtype::Bf16, true, Some(1)),
+            Some(1.0),
+            None,
+        ),
     ]
 }
 
@@ -190,6 +239,7 @@ fn emulate<T: AttentionElem>(
     let mut o = HostBuf::filled(q.len(), T::from_f32(f32::NAN));
     let mut lse = HostBuf::filled(p.lse_len(), f32::NAN);
     let mut ws = HostBuf::filled(p.workspace_len(splits).max(1), f32::NAN);
+    let mut ds = c.sinks.as_deref().map(HostBuf::from_slice);
     let tensors = AttentionDecodeTensors {
         q: View::contiguous(dq.view(), p.q_shape()),
         k_cache: View::contiguous(dk.view(), p.cache_shape()),
@@ -199,6 +249,7 @@ fn emulate<T: AttentionElem>(
         block_table: dt.view(),
         cache_seqlens: dl.view(),
         workspace: ws.view(),
+        sinks: ds.as_mut().map(|s| s.view()),
     };
     let plan = p.plan(&tensors, splits).map_err(|e| e.to_string())?;
     // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
@@ -296,6 +347,7 @@ fn gpu_clamps_bad_tables(g: &Gpu) -> TestResult {
                     block_table: (&dt).into(),
                     cache_seqlens: (&dl).into(),
                     workspace: (&ws).into(),
+                    sinks: None,
                 };
                 let plan = p.plan(&tensors, splits)?;
                 // SAFETY: every buffer lives until the synchronization below; O, LSE and the
@@ -349,6 +401,21 @@ fn gpu_cases() -> Vec<DecodeCase> {
             splits,
         ));
     }
+    // Softcap and sinks at every head dimension, one split and several (the heuristic).
+    for d in [64, 96, 128, 192, 256] {
+        for splits in [Some(1), None] {
+            v.push(capsink(
+                dcase(&lens, 3, 8, 2, d, 64, Dtype::Bf16, true, splits),
+                Some(10.0),
+                Some((-2.0, 3.0)),
+            ));
+        }
+    }
+    v.push(capsink(
+        dcase(&[20000, 0], 1, 16, 2, 128, 64, Dtype::F16, false, None),
+        Some(50.0),
+        Some((-1.0, 1.0)),
+    ));
     // Multi-query heads, one long context (the heuristic splits it over the GPU).
     v.push(dcase(&[20000], 1, 16, 1, 128, 64, Dtype::Bf16, false, None));
     v.push(dcase(
@@ -380,9 +447,19 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, c: &DecodeCase) -> TestResult {
             View::contiguous(&dv, p.cache_shape()),
         );
         let mut ov = View::contiguous(&dout, p.q_shape());
+        let dsinks = c.sinks.as_deref().map(upload).transpose()?;
         let splits = match c.splits {
             None => {
-                attention::decode(g, &stream, p, &tables, &qv, &kv, &vv, &mut ov, &mut dlse)?;
+                attention::decode_with_sinks(
+                    g,
+                    &stream,
+                    p,
+                    &tables,
+                    (&qv, &kv, &vv),
+                    &mut ov,
+                    &mut dlse,
+                    dsinks.as_ref(),
+                )?;
                 p.num_splits_on(tables.longest(), g.info())
             }
             Some(n) => {
@@ -397,6 +474,7 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, c: &DecodeCase) -> TestResult {
                     block_table: (&dt).into(),
                     cache_seqlens: (&dl).into(),
                     workspace: (&ws).into(),
+                    sinks: dsinks.as_ref().map(Into::into),
                 };
                 let plan = p.plan(&tensors, n)?;
                 // SAFETY: every buffer lives until the synchronization below; O, LSE and the
@@ -450,6 +528,7 @@ fn rejects_bad_tensors(g: &Gpu) -> TestResult {
             block_table: (&dt).into(),
             cache_seqlens: (&dl).into(),
             workspace: (&ws).into(),
+            sinks: None,
         };
         p.plan(&good, 2)?;
         let mut errors = Vec::new();

@@ -182,7 +182,7 @@ pub(super) fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
 /// `attention-decode --check` (the attention tests' tolerance rule: the run fails past it):
 /// bf16, 4 new tokens, GQA 8:2, D 128, pages of 64 out of order with one shared, an empty
 /// context, causal, the heuristic's splits with `--repeat 2`; then f16 with `--num-splits 1`
-/// (no combine) and `--num-splits 7`.
+/// (no combine) and `--num-splits 7`; then a softcap and sinks with one split and seven.
 pub(super) fn gpu_attention_decode(gpu: &'static Gpu) -> TestResult {
     let d = Dir::new("gpu_attention_decode");
     let lens = [700i32, 0, 1000];
@@ -197,21 +197,31 @@ pub(super) fn gpu_attention_decode(gpu: &'static Gpu) -> TestResult {
         }
     }
     table[2 * max_pages] = table[0];
-    for (dtype, seed, runs) in [
-        (AttnDtype::Bf16, 54, &["--causal --repeat 2"][..]),
+    let sink_runs = [
+        "--softcap 2 --num-splits 1",
+        "--softcap 2 --num-splits 7 --causal",
+    ];
+    for (dtype, seed, runs, sinks) in [
+        (AttnDtype::Bf16, 54, &["--causal --repeat 2"][..], false),
         (
             AttnDtype::F16,
             55,
             &["--num-splits 1", "--num-splits 7"][..],
+            false,
         ),
+        // Softcap and sinks: the sinks join in the decode kernel, then in the combine kernel.
+        (AttnDtype::Bf16, 56, &sink_runs[..], true),
     ] {
         let mut p =
             AttentionDecodeProblem::new(lens.len(), 4, 8, 2, 128, page, num_pages, max_pages);
         p.dtype = dtype;
-        write_inputs(
-            &d.path("in.safetensors"),
-            &decode_tensors(&p, decode_inputs(&p, seed), &table, V::I32(lens.to_vec())),
-        )?;
+        let mut tensors =
+            decode_tensors(&p, decode_inputs(&p, seed), &table, V::I32(lens.to_vec()));
+        if sinks {
+            let values = (0..8).map(|h| h as f32 * 0.5 - 1.0).collect();
+            tensors.push(("sinks", vec![8], V::F32(values)));
+        }
+        write_inputs(&d.path("in.safetensors"), &tensors)?;
         for extra in runs {
             let args = d.command(&format!(
                 "attention-decode @in.safetensors -o @out.safetensors --check {extra}"

@@ -2,7 +2,7 @@
 //! table): the parameters, tile shape and handles of the split-KV decode kernel and of the
 //! kernel that combines its splits.
 
-use super::{Dtype, M_TILE};
+use super::{Dtype, LogitOptions, M_TILE};
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 /// Warps of a decode block: they share the block's query rows and split each step's keys
@@ -96,7 +96,8 @@ impl DecodeConfig {
 ///   page, slot, head): key `j` of sequence `b` is slot `j % page_size` of page
 ///   `block_table[b * max_pages + j / page_size]`.
 /// - Without masking query `i` attends keys `j < L_b`; `causal` limits it to
-///   `j <= L_b - seq_q + i`. A row with no key gets `O = 0`, `LSE = -inf`.
+///   `j <= L_b - seq_q + i`. A row with no key gets `O = 0`, `LSE = -inf` (the sink, with
+///   sinks: [`LogitOptions`]).
 /// - Split `s` of `num_splits` attends the keys `s c .. (s + 1) c` of its sequence, `c` =
 ///   `ceil(ceil(L_b / DECODE_BLOCK_N) / num_splits) DECODE_BLOCK_N`. With one split the kernel
 ///   writes O (strides `o_strides`) and LSE `[batch, heads_q, seq_q]` f32; with more, each
@@ -158,6 +159,9 @@ pub struct AttentionDecodeParams {
     pub scale_log2: f32,
     /// 1 for causal masking among the new tokens, 0 otherwise.
     pub causal: u32,
+    /// Softcap and sinks (read by the `capsink` kernels only; with several splits the sinks
+    /// join in the combine kernel).
+    pub logits: LogitOptions,
 }
 
 /// Parameters of `attention_decode_combine_{bf16,f16}_d{D}`: the splits of
@@ -184,6 +188,9 @@ pub struct AttentionDecodeCombineParams {
     pub heads_q: u32,
     /// Splits.
     pub num_splits: u32,
+    /// The sinks (read by the `capsink` combine kernels only): each joins its head's rows as
+    /// one more split with no value.
+    pub logits: LogitOptions,
 }
 
 /// A decode kernel and its combine kernel for one element type and head dimension.
@@ -196,6 +203,8 @@ pub struct DecodeKernel {
     pub dtype: Dtype,
     /// Shared-memory layout (its head dimension is the kernels').
     pub cfg: DecodeConfig,
+    /// Whether the kernels apply the softcap and sinks of [`LogitOptions`].
+    pub capsink: bool,
 }
 
 fn decode_smem(cfg: DecodeConfig) -> usize {
@@ -212,11 +221,25 @@ const fn decode(name: &'static str, combine: &'static str, dtype: Dtype, d: u32)
         combine: Kernel::new(combine, COMBINE_THREADS, 1, no_smem),
         dtype,
         cfg: decode_config(d),
+        capsink: false,
     }
 }
 
-/// The decode kernels, for each dtype and head dimension of [`super::HEAD_DIMS`].
-pub const DECODE_KERNELS: [DecodeKernel; 10] = [
+const fn decode_capsink(
+    name: &'static str,
+    combine: &'static str,
+    dtype: Dtype,
+    d: u32,
+) -> DecodeKernel {
+    DecodeKernel {
+        capsink: true,
+        ..decode(name, combine, dtype, d)
+    }
+}
+
+/// The decode kernels, for each dtype and head dimension of [`super::HEAD_DIMS`], then their
+/// `capsink` kernels.
+pub const DECODE_KERNELS: [DecodeKernel; 20] = [
     decode(
         "attention_decode_bf16_d64",
         "attention_decode_combine_bf16_d64",
@@ -277,6 +300,66 @@ pub const DECODE_KERNELS: [DecodeKernel; 10] = [
         Dtype::F16,
         256,
     ),
+    decode_capsink(
+        "attention_decode_capsink_bf16_d64",
+        "attention_decode_combine_capsink_bf16_d64",
+        Dtype::Bf16,
+        64,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_bf16_d96",
+        "attention_decode_combine_capsink_bf16_d96",
+        Dtype::Bf16,
+        96,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_bf16_d128",
+        "attention_decode_combine_capsink_bf16_d128",
+        Dtype::Bf16,
+        128,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_bf16_d192",
+        "attention_decode_combine_capsink_bf16_d192",
+        Dtype::Bf16,
+        192,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_bf16_d256",
+        "attention_decode_combine_capsink_bf16_d256",
+        Dtype::Bf16,
+        256,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_f16_d64",
+        "attention_decode_combine_capsink_f16_d64",
+        Dtype::F16,
+        64,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_f16_d96",
+        "attention_decode_combine_capsink_f16_d96",
+        Dtype::F16,
+        96,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_f16_d128",
+        "attention_decode_combine_capsink_f16_d128",
+        Dtype::F16,
+        128,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_f16_d192",
+        "attention_decode_combine_capsink_f16_d192",
+        Dtype::F16,
+        192,
+    ),
+    decode_capsink(
+        "attention_decode_capsink_f16_d256",
+        "attention_decode_combine_capsink_f16_d256",
+        Dtype::F16,
+        256,
+    ),
 ];
 
 /// Handles in [`DECODE_KERNELS`] (two per entry).
@@ -294,11 +377,12 @@ pub const fn decode_kernel_decls() -> [KernelDecl; DECODE_KERNEL_COUNT] {
     out
 }
 
-/// The decode kernels for `dtype` and head dimension `head_dim`, if built.
-pub fn decode_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static DecodeKernel> {
+/// The decode kernels for `dtype` and head dimension `head_dim` (the `capsink` ones if
+/// `capsink`), if built.
+pub fn decode_kernel(dtype: Dtype, head_dim: u32, capsink: bool) -> Option<&'static DecodeKernel> {
     const ALL: &[DecodeKernel] = &DECODE_KERNELS;
     ALL.iter()
-        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim)
+        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim && k.capsink == capsink)
 }
 
 const _: () = {

@@ -25,7 +25,8 @@
 //! the kernel crate: a block per sequence, key/value head, 16 query rows and split) and, with
 //! several splits, `attention_decode_combine_*`; every GPU of compute capability >= 8.0.
 
-use super::reference::{AttentionOutput, reference_f64};
+use super::plan::check_sinks;
+use super::reference::{AttentionOutput, reference_f64_sinks};
 use super::{AttentionElem, AttentionProblem, HEAD_DIMS, View};
 use crate::attention::Dtype;
 use crate::error::{Error, Result};
@@ -75,6 +76,10 @@ pub struct AttentionDecodeProblem {
     pub scale: Option<f32>,
     /// Causal masking among the new tokens (bottom-right aligned).
     pub causal: bool,
+    /// Softcap, as [`AttentionProblem::softcap`].
+    pub softcap: Option<f32>,
+    /// Attention sinks, as [`AttentionProblem::sinks`] (`[heads_q]` f32 with the tensors).
+    pub sinks: bool,
 }
 
 impl AttentionDecodeProblem {
@@ -102,6 +107,8 @@ impl AttentionDecodeProblem {
             dtype: Dtype::Bf16,
             scale: None,
             causal: false,
+            softcap: None,
+            sinks: false,
         }
     }
 
@@ -159,6 +166,14 @@ impl AttentionDecodeProblem {
                 format!("{s} is not finite and positive"),
             ));
         }
+        if let Some(c) = self.softcap
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(Error::invalid(
+                "softcap",
+                format!("{c} is not a positive finite number"),
+            ));
+        }
         // Element counts the kernels index with 32-bit row numbers.
         let cache_rows = self.num_pages.checked_mul(self.page_size);
         if cache_rows.is_none_or(|r| r.checked_mul(self.heads_kv).is_none_or(|x| x >= 1 << 31)) {
@@ -189,7 +204,7 @@ impl AttentionDecodeProblem {
     /// Decode blocks a GPU of `multiprocessors` SMs with `smem_per_sm` bytes of shared memory
     /// each holds at once (its shared memory bounds the blocks per SM; at least one).
     pub fn resident_blocks(&self, multiprocessors: usize, smem_per_sm: usize) -> usize {
-        let smem = decode_kernel(self.dtype, self.head_dim as u32)
+        let smem = decode_kernel(self.dtype, self.head_dim as u32, false)
             .map_or(usize::MAX, |k| k.cfg.smem_bytes())
             // The driver reserves 1 KiB of every block's shared memory.
             + 1024;
@@ -306,6 +321,8 @@ impl AttentionDecodeProblem {
         );
         p.scale = self.scale;
         p.causal = self.causal;
+        p.softcap = self.softcap;
+        p.sinks = self.sinks;
         p
     }
 }
@@ -329,6 +346,8 @@ pub struct AttentionDecodeTensors<'a, T> {
     /// f32 scratch of at least [`AttentionDecodeProblem::workspace_len`] elements for the
     /// splits' partial results (may be empty with one split).
     pub workspace: DevView<'a, f32>,
+    /// The sink logits `[heads_q]` f32, when the problem has sinks.
+    pub sinks: Option<DevView<'a, f32>>,
 }
 
 impl<T> Clone for AttentionDecodeTensors<'_, T> {
@@ -456,7 +475,11 @@ impl AttentionDecodeProblem {
                  row blocks",
             ));
         }
-        let kernel = decode_kernel(self.dtype, self.head_dim as u32).expect("validated");
+        check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
+        let dense = self.sequence(1);
+        let kernel = decode_kernel(self.dtype, self.head_dim as u32, dense.has_logit_options())
+            .expect("validated");
+        let (scale_log2, logits) = dense.logit_params(tensors.sinks.as_ref());
         let o_partial = tensors.workspace.addr();
         let lse_partial = o_partial + 4 * (num_splits * self.lse_len() * self.head_dim) as u64;
         let params = AttentionDecodeParams {
@@ -482,8 +505,9 @@ impl AttentionDecodeProblem {
             max_pages: self.max_pages as u32,
             num_splits: num_splits as u32,
             row_blocks: row_blocks as u32,
-            scale_log2: self.softmax_scale() * std::f32::consts::LOG2_E,
+            scale_log2,
             causal: u32::from(self.causal),
+            logits,
         };
         let decode = Launch::new(
             &kernel.kernel,
@@ -507,6 +531,7 @@ impl AttentionDecodeProblem {
                     seq_q: params.seq_q,
                     heads_q: params.heads_q,
                     num_splits: params.num_splits,
+                    logits,
                 },
             )
         });
@@ -601,6 +626,31 @@ pub fn decode<T: AttentionElem>(
     o: &mut View<T>,
     lse: &mut DeviceBuffer<f32>,
 ) -> Result<()> {
+    decode_with_sinks(
+        gpu,
+        stream,
+        problem,
+        tables,
+        (q, k_cache, v_cache),
+        o,
+        lse,
+        None,
+    )
+}
+
+/// [`decode`] of a problem with attention sinks ([`AttentionDecodeProblem::sinks`]): their
+/// logits `[heads_q]` f32 in `sinks` (`None` for a problem without).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_with_sinks<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionDecodeProblem,
+    tables: &DecodeTables,
+    (q, k_cache, v_cache): (&View<T>, &View<T>, &View<T>),
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+    sinks: Option<&DeviceBuffer<f32>>,
+) -> Result<()> {
     if tables.problem != *problem {
         return Err(Error::invalid(
             "decode tables",
@@ -618,6 +668,7 @@ pub fn decode<T: AttentionElem>(
         block_table: (&tables.block_table).into(),
         cache_seqlens: (&tables.cache_seqlens).into(),
         workspace: (&workspace).into(),
+        sinks: sinks.map(Into::into),
     };
     let plan = problem.plan(&tensors, splits)?;
     // SAFETY: the views, tables, `lse` and the workspace are borrowed for the whole call, which
@@ -638,6 +689,19 @@ pub fn reference_decode<T: AttentionElem>(
     block_table: &[i32],
     cache_seqlens: &[i32],
 ) -> AttentionOutput {
+    reference_decode_sinks(p, q, (k_cache, v_cache), (block_table, cache_seqlens), None)
+}
+
+/// [`reference_decode`] with the sink logits `sinks` (`Some` exactly when the problem has
+/// sinks).
+pub fn reference_decode_sinks<T: AttentionElem>(
+    p: &AttentionDecodeProblem,
+    q: &[T],
+    (k_cache, v_cache): (&[T], &[T]),
+    (block_table, cache_seqlens): (&[i32], &[i32]),
+    sinks: Option<&[f32]>,
+) -> AttentionOutput {
+    let sinks: Option<Vec<f64>> = sinks.map(|s| s.iter().map(|&x| x as f64).collect());
     let (d, hq, hkv, sq) = (p.head_dim, p.heads_q, p.heads_kv, p.seq_q);
     let wide = |x: &[T]| x.iter().map(|e| e.to_f32() as f64).collect::<Vec<f64>>();
     let mut o = Vec::with_capacity(p.batch * sq * hq * d);
@@ -656,7 +720,7 @@ pub fn reference_decode<T: AttentionElem>(
             v.extend(v_cache[at..at + hkv * d].iter().map(|e| e.to_f32() as f64));
         }
         let qb = wide(&q[b * sq * hq * d..(b + 1) * sq * hq * d]);
-        let out = reference_f64(&p.sequence(len), &qb, &k, &v);
+        let out = reference_f64_sinks(&p.sequence(len), &qb, &k, &v, sinks.as_deref());
         o.extend(out.o);
         lse.extend(out.lse);
     }

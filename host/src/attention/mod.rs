@@ -55,7 +55,7 @@ pub use backward::{
 };
 pub use decode::{
     AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, DecodeTables, decode,
-    reference_decode,
+    decode_with_sinks, reference_decode, reference_decode_sinks,
 };
 /// The head dimensions the forward and the backward accept.
 pub use kernel_abi::attention::HEAD_DIMS;

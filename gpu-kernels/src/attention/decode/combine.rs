@@ -3,6 +3,8 @@
 //! take the splits' LSE 32 at a time for the maximum and the weights' sum, then each lane sums
 //! its columns of the splits' partial outputs with weights `exp(lse_s - max) / sum`.
 //!
+//! With `CAPSINK` the row's sink (if any) joins as one more split whose output is 0.
+//!
 //! No barrier: each warp reads and writes only its own row.
 
 use super::super::elem::Elem;
@@ -15,7 +17,9 @@ use kernel_abi::attention::decode::{AttentionDecodeCombineParams, COMBINE_WARPS}
 /// Launched with `ceil(rows / COMBINE_WARPS)` blocks of `COMBINE_THREADS` on parameters
 /// satisfying [`AttentionDecodeCombineParams`]'s contract.
 #[inline(always)]
-pub(super) unsafe fn combine<E: Elem, const D: u32>(p: &AttentionDecodeCombineParams) {
+pub(super) unsafe fn combine<E: Elem, const D: u32, const CAPSINK: bool>(
+    p: &AttentionDecodeCombineParams,
+) {
     let lane = index::lane_id();
     let rows = p.batch * p.heads_q * p.seq_q;
     let row = index::block_idx_x() * COMBINE_WARPS + index::warp_id();
@@ -25,6 +29,17 @@ pub(super) unsafe fn combine<E: Elem, const D: u32>(p: &AttentionDecodeCombinePa
         return;
     }
     let splits = p.num_splits;
+    // Row `(b, head, token)` of the `[batch, heads_q, seq_q]` order.
+    let token = row % p.seq_q;
+    let head = (row / p.seq_q) % p.heads_q;
+    let b = row / (p.seq_q * p.heads_q);
+    // The sink (natural log; -inf without sinks) joins as one more split with no value.
+    let sink = if CAPSINK && !p.logits.sinks.is_null() {
+        // SAFETY: head < heads_q: inside `sinks` (the contract).
+        unsafe { *p.logits.sinks.add(head as usize) }
+    } else {
+        f32::NEG_INFINITY
+    };
     let lse_of = |s: u32| {
         // SAFETY: s < num_splits and row < rows: inside `[num_splits, rows]`.
         unsafe {
@@ -32,7 +47,7 @@ pub(super) unsafe fn combine<E: Elem, const D: u32>(p: &AttentionDecodeCombinePa
                 .add((s as u64 * rows as u64 + row as u64) as usize)
         }
     };
-    let mut m = f32::NEG_INFINITY;
+    let mut m = sink;
     let mut s = lane;
     while s < splits {
         m = m.max(lse_of(s));
@@ -49,11 +64,10 @@ pub(super) unsafe fn combine<E: Elem, const D: u32>(p: &AttentionDecodeCombinePa
     }
     // SAFETY: as above.
     l = unsafe { warp::sum_f32(l) };
+    if CAPSINK {
+        l += math::exp(sink - reference);
+    }
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-    // Row `(b, head, token)` of the `[batch, heads_q, seq_q]` order.
-    let token = row % p.seq_q;
-    let head = (row / p.seq_q) % p.heads_q;
-    let b = row / (p.seq_q * p.heads_q);
     let dst = p.o.wrapping_add(
         (b as u64 * p.o_strides[0] + token as u64 * p.o_strides[1] + head as u64 * p.o_strides[2])
             as usize,

@@ -1,8 +1,10 @@
 //! The decode kernel's epilogue: the four warps' online-softmax states (each over its own
 //! slices of the keys) merged through shared memory, then O and LSE written (one split), or the
-//! split's normalized partial output and LSE (several).
+//! split's normalized partial output and LSE (several). With `CAPSINK` and one split, the row's
+//! sink joins here ([`finish_row`]); with several, in the combine kernel.
 
 use super::super::elem::Elem;
+use super::super::logits::{self, finish_row};
 use super::pages::Place;
 use crate::arch::smem::SmemArray;
 use crate::arch::{index, math, sync, warp};
@@ -19,7 +21,7 @@ use kernel_abi::attention::decode::{
 /// (`wait_all`); the ring's memory is then reused (the first barrier here orders every warp's
 /// last reads of it before the writes).
 #[inline(always)]
-pub(super) unsafe fn finish<E: Elem, const D: u32, const DT: usize>(
+pub(super) unsafe fn finish<E: Elem, const D: u32, const DT: usize, const CAPSINK: bool>(
     p: &AttentionDecodeParams,
     cfg: &DecodeConfig,
     smem: u32,
@@ -86,12 +88,15 @@ pub(super) unsafe fn finish<E: Elem, const D: u32, const DT: usize>(
             }
             m = reference;
         }
-        let (inv, lse) = if l > 0.0 {
+        let (token, head) = at.row(r);
+        let (inv, lse) = if CAPSINK && p.num_splits == 1 {
+            // SAFETY: head < heads_q: inside `sinks` when it is not null (the contract).
+            finish_row(m, l, unsafe { logits::sink_log2(&p.logits, head) })
+        } else if l > 0.0 {
             (1.0 / l, (m + math::log2(l)) * math::LN_2)
         } else {
             (0.0, f32::NEG_INFINITY)
         };
-        let (token, head) = at.row(r);
         let row_index = (at.b * p.heads_q + head) * p.seq_q + token;
         if p.num_splits == 1 {
             let dst = p.o.wrapping_add(

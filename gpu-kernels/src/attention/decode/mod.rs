@@ -39,6 +39,10 @@
 //! NaN safety: the family's softmax rules ([`super::softmax`]); keys past the context are
 //! zero-filled (no garbage reaches P V) and masked; a row with no key gets O = 0, LSE = -inf.
 //!
+//! The `capsink` kernels (`CAPSINK`) soft-cap the products before masking and join each row's
+//! sink at its end ([`super::logits`]): in the epilogue with one split, in the combine kernel
+//! (as one more split with no value) with several.
+//!
 //! # Files
 //! - this file: the kernel body (prologue, main loop, masks) and the entry points;
 //! - [`pages`]: the Q rows and the paged K/V tile loads, the block-table reads;
@@ -53,6 +57,7 @@ mod epilogue;
 mod pages;
 
 use super::elem::{Bf16, Elem, F16};
+use super::logits;
 use super::mma::mainloop::{Warp, pv, qk};
 use super::softmax::softmax_update;
 use crate::arch::{cp_async, index, smem, sync};
@@ -76,6 +81,7 @@ unsafe fn decode<
     const DK: usize,
     const STAGES: u32,
     const WAIT: u32,
+    const CAPSINK: bool,
 >(
     p: &AttentionDecodeParams,
     cfg: &DecodeConfig,
@@ -188,6 +194,9 @@ unsafe fn decode<
                 let mut s = unsafe {
                     qk::<E, D, 1, DK, 2, 1, false, false>(&w, q_s, &no_q, k_s(stage) + slice)
                 };
+                if CAPSINK {
+                    logits::softcap::<1, 2>(&mut s, &p.logits);
+                }
                 for (j, tile) in s[0].iter_mut().enumerate() {
                     for (e, x) in tile.iter_mut().enumerate() {
                         let key = key0 + 8 * j as u32 + 2 * t + e as u32 % 2;
@@ -206,12 +215,14 @@ unsafe fn decode<
         cp_async::wait_all();
     }
     // SAFETY: every thread of the block gets here, its copies complete.
-    unsafe { epilogue::finish::<E, D, DT>(p, cfg, smem, &at, &o[0], &row_max[0], &row_sum[0]) };
+    unsafe {
+        epilogue::finish::<E, D, DT, CAPSINK>(p, cfg, smem, &at, &o[0], &row_max[0], &row_sum[0])
+    };
 }
 
 /// The body of a decode kernel of element type `$elem`, head dimension `$d`.
 macro_rules! decode_body {
-    ($p:expr, $elem:ty, $d:expr) => {{
+    ($p:expr, $elem:ty, $d:expr, $capsink:expr) => {{
         const CFG: DecodeConfig = decode_config($d);
         decode::<
             $elem,
@@ -220,6 +231,7 @@ macro_rules! decode_body {
             { ($d / 16) as usize },
             { CFG.stages },
             { CFG.stages - 2 },
+            $capsink,
         >(&$p, &CFG)
     }};
 }
@@ -227,7 +239,7 @@ macro_rules! decode_body {
 /// Declare the decode and combine kernels (PTX entry points with their launch bounds) and, in
 /// host builds, the emulator's table `EMU_KERNELS` of the same bodies.
 macro_rules! decode_kernels {
-    ($( $name:ident, $combine:ident, $elem:ty, $d:expr; )*) => {
+    ($( $name:ident, $combine:ident, $elem:ty, $d:expr, $capsink:expr; )*) => {
         $(
             /// See the module documentation.
             ///
@@ -240,7 +252,7 @@ macro_rules! decode_kernels {
             pub unsafe extern "ptx-kernel" fn $name(p: AttentionDecodeParams) {
                 crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
                 // SAFETY: forwarded to the caller.
-                unsafe { decode_body!(p, $elem, $d) }
+                unsafe { decode_body!(p, $elem, $d, $capsink) }
             }
 
             /// See [`combine`].
@@ -252,7 +264,7 @@ macro_rules! decode_kernels {
             pub unsafe extern "ptx-kernel" fn $combine(p: AttentionDecodeCombineParams) {
                 crate::launch_bounds!($combine in kernel_abi::attention::KERNELS);
                 // SAFETY: forwarded to the caller.
-                unsafe { combine::combine::<$elem, $d>(&p) }
+                unsafe { combine::combine::<$elem, $d, $capsink>(&p) }
             }
         )*
 
@@ -271,7 +283,7 @@ macro_rules! decode_kernels {
                             unsafe {
                                 let p =
                                     core::ptr::read_unaligned(p as *const AttentionDecodeParams);
-                                decode_body!(p, $elem, $d)
+                                decode_body!(p, $elem, $d, $capsink)
                             }
                         }
                         run
@@ -288,7 +300,7 @@ macro_rules! decode_kernels {
                                 let p = core::ptr::read_unaligned(
                                     p as *const AttentionDecodeCombineParams,
                                 );
-                                combine::combine::<$elem, $d>(&p)
+                                combine::combine::<$elem, $d, $capsink>(&p)
                             }
                         }
                         run
@@ -300,14 +312,25 @@ macro_rules! decode_kernels {
 }
 
 decode_kernels! {
-    attention_decode_bf16_d64, attention_decode_combine_bf16_d64, Bf16, 64;
-    attention_decode_bf16_d96, attention_decode_combine_bf16_d96, Bf16, 96;
-    attention_decode_bf16_d128, attention_decode_combine_bf16_d128, Bf16, 128;
-    attention_decode_bf16_d192, attention_decode_combine_bf16_d192, Bf16, 192;
-    attention_decode_bf16_d256, attention_decode_combine_bf16_d256, Bf16, 256;
-    attention_decode_f16_d64, attention_decode_combine_f16_d64, F16, 64;
-    attention_decode_f16_d96, attention_decode_combine_f16_d96, F16, 96;
-    attention_decode_f16_d128, attention_decode_combine_f16_d128, F16, 128;
-    attention_decode_f16_d192, attention_decode_combine_f16_d192, F16, 192;
-    attention_decode_f16_d256, attention_decode_combine_f16_d256, F16, 256;
+    attention_decode_bf16_d64, attention_decode_combine_bf16_d64, Bf16, 64, false;
+    attention_decode_bf16_d96, attention_decode_combine_bf16_d96, Bf16, 96, false;
+    attention_decode_bf16_d128, attention_decode_combine_bf16_d128, Bf16, 128, false;
+    attention_decode_bf16_d192, attention_decode_combine_bf16_d192, Bf16, 192, false;
+    attention_decode_bf16_d256, attention_decode_combine_bf16_d256, Bf16, 256, false;
+    attention_decode_f16_d64, attention_decode_combine_f16_d64, F16, 64, false;
+    attention_decode_f16_d96, attention_decode_combine_f16_d96, F16, 96, false;
+    attention_decode_f16_d128, attention_decode_combine_f16_d128, F16, 128, false;
+    attention_decode_f16_d192, attention_decode_combine_f16_d192, F16, 192, false;
+    attention_decode_f16_d256, attention_decode_combine_f16_d256, F16, 256, false;
+    // Softcap and sinks (`kernel_abi::attention::LogitOptions`).
+    attention_decode_capsink_bf16_d64, attention_decode_combine_capsink_bf16_d64, Bf16, 64, true;
+    attention_decode_capsink_bf16_d96, attention_decode_combine_capsink_bf16_d96, Bf16, 96, true;
+    attention_decode_capsink_bf16_d128, attention_decode_combine_capsink_bf16_d128, Bf16, 128, true;
+    attention_decode_capsink_bf16_d192, attention_decode_combine_capsink_bf16_d192, Bf16, 192, true;
+    attention_decode_capsink_bf16_d256, attention_decode_combine_capsink_bf16_d256, Bf16, 256, true;
+    attention_decode_capsink_f16_d64, attention_decode_combine_capsink_f16_d64, F16, 64, true;
+    attention_decode_capsink_f16_d96, attention_decode_combine_capsink_f16_d96, F16, 96, true;
+    attention_decode_capsink_f16_d128, attention_decode_combine_capsink_f16_d128, F16, 128, true;
+    attention_decode_capsink_f16_d192, attention_decode_combine_capsink_f16_d192, F16, 192, true;
+    attention_decode_capsink_f16_d256, attention_decode_combine_capsink_f16_d256, F16, 256, true;
 }

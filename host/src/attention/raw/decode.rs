@@ -6,7 +6,7 @@ use super::super::decode::{
     AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, MAX_SPLITS,
 };
 use super::super::problem::{AttentionElem, Dtype};
-use super::{dtype_of, flat_view, view};
+use super::{dtype_of, flat_view, sinks_view, view};
 use crate::error::{Error, Result};
 use crate::raw::{ElemType, RawElem, RawStream, RawTensor, check_disjoint};
 use half::{bf16, f16};
@@ -18,6 +18,8 @@ pub struct AttentionDecodeOptions {
     pub scale: Option<f32>,
     /// Causal masking among the new tokens (bottom-right aligned).
     pub causal: bool,
+    /// Softcap (`softcap tanh(l / softcap)` on every logit `l`); `None` for none.
+    pub softcap: Option<f32>,
 }
 
 /// The tensors of a raw decode step over a paged KV cache (the layouts of
@@ -41,19 +43,23 @@ pub struct RawAttentionDecodeTensors<'t> {
     /// The splits' scratch: a contiguous rank-1 f32 tensor of the length
     /// [`decode_workspace_len`] gives (empty with one split), 16-byte aligned (written).
     pub workspace: &'t RawTensor,
+    /// Attention sinks: `[heads_q]` f32 logits, one per query head, or `None`.
+    pub sinks: Option<&'t RawTensor>,
 }
 
 impl RawAttentionDecodeTensors<'_> {
     /// The inputs and the outputs (with the workspace), named.
     fn inputs_outputs(&self) -> [Vec<(&'static str, &RawTensor)>; 2] {
+        let mut inputs = vec![
+            ("Q", self.q),
+            ("K cache", self.k_cache),
+            ("V cache", self.v_cache),
+            ("block table", self.block_table),
+            ("cache_seqlens", self.cache_seqlens),
+        ];
+        inputs.extend(self.sinks.map(|s| ("sinks", s)));
         [
-            vec![
-                ("Q", self.q),
-                ("K cache", self.k_cache),
-                ("V cache", self.v_cache),
-                ("block table", self.block_table),
-                ("cache_seqlens", self.cache_seqlens),
-            ],
+            inputs,
             vec![
                 ("O", self.o),
                 ("LSE", self.lse),
@@ -93,6 +99,8 @@ impl AttentionDecodeProblem {
             dtype,
             scale: options.scale,
             causal: options.causal,
+            softcap: options.softcap,
+            sinks: false,
         })
     }
 }
@@ -162,13 +170,14 @@ pub fn plan_decode_raw(
     num_splits: usize,
 ) -> Result<(AttentionDecodeProblem, AttentionDecodePlan)> {
     let dtype = dtype_of(tensors.q.dtype)?;
-    let problem = AttentionDecodeProblem::from_shapes(
+    let mut problem = AttentionDecodeProblem::from_shapes(
         &tensors.q.shape,
         &tensors.k_cache.shape,
         &tensors.block_table.shape,
         dtype,
         options,
     )?;
+    problem.sinks = tensors.sinks.is_some();
     problem.validate()?;
     check_splits(num_splits)?;
     let [inputs, outputs] = tensors.inputs_outputs();
@@ -206,6 +215,10 @@ fn plan_decode_typed<T: AttentionElem + RawElem>(
             workspace: t
                 .workspace
                 .contiguous_view("decode workspace", &[ws_len], 16)?,
+            sinks: t
+                .sinks
+                .map(|s| sinks_view(problem.heads_q, s))
+                .transpose()?,
         },
         num_splits,
     )

@@ -58,6 +58,7 @@ fn plan_of(
             block_table,
             cache_seqlens,
             workspace,
+            sinks: None,
         },
         splits,
     )
@@ -67,6 +68,7 @@ fn options(p: &AttentionDecodeProblem) -> AttentionDecodeOptions {
     AttentionDecodeOptions {
         scale: p.scale,
         causal: p.causal,
+        softcap: p.softcap,
     }
 }
 
@@ -89,6 +91,7 @@ fn typed_plan<T: AttentionElem>(
         block_table: dev(t[5].ptr, p.batch * p.max_pages),
         cache_seqlens: dev(t[6].ptr, p.batch),
         workspace: dev(t[7].ptr, p.workspace_len(splits)),
+        sinks: None,
     };
     p.plan(&tensors, splits).unwrap()
 }
