@@ -426,10 +426,14 @@ def flash_attn_varlen_forward(
     causal: bool,
     window_left: int,
     window_right: int,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """O ``[total_q, nheads, headdim]`` (q's dtype) and LSE ``[nheads, total_q]`` (f32, natural
-    log) over packed sequences (the ``mma.sync`` kernels on every GPU)."""
+    log) over packed sequences (the ``mma.sync`` kernels on every GPU); ``softcap`` and
+    ``sinks`` as in ``flash_attn_forward``."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_sinks(sinks, q)
     total_q, nheads, headdim = q.shape
     out = torch.empty((total_q, nheads, headdim), dtype=q.dtype, device=q.device)
     lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
@@ -452,6 +456,8 @@ def flash_attn_varlen_forward(
             causal,
             window_left,
             window_right,
+            float(softcap) if softcap != 0.0 else None,
+            None if sinks is None else _describe(sinks),
         )
     return out, lse
 
@@ -459,7 +465,7 @@ def flash_attn_varlen_forward(
 @flash_attn_varlen_forward.register_fake
 def _flash_attn_varlen_forward_fake(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-    window_left, window_right,
+    window_left, window_right, softcap=0.0, sinks=None,
 ):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     total_q, nheads, headdim = q.shape
@@ -627,6 +633,7 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: Optional[torch.Tensor] = None,
+    sinks: Optional[torch.Tensor] = None,
 ):
     """flash-attn's ``flash_attn_varlen_func``: attention over packed sequences of different
     lengths, forward, and backward through autograd.
@@ -647,13 +654,11 @@ def flash_attn_varlen_func(
     Returns ``out`` (q's shape and dtype), or ``(out, softmax_lse, None)`` with
     ``return_attn_probs`` (LSE ``[nheads, total_q]`` f32). Gradients as ``flash_attn_func``'s
     (dk, dv summed over each group's query heads; ``deterministic=True``: bitwise reproducible).
-    Dropout, ``softcap``, ``alibi_slopes`` and ``block_table`` (paged K/V) are not supported
-    (``NotImplementedError``).
+    ``softcap`` and ``sinks`` as ``flash_attn_func``'s (forward only). Dropout,
+    ``alibi_slopes`` and ``block_table`` (paged K/V) are not supported (``NotImplementedError``).
     """
     if dropout_p != 0.0:
         raise NotImplementedError(f"dropout_p = {dropout_p}: dropout is not supported (use 0.0)")
-    if softcap != 0.0:
-        raise NotImplementedError(f"softcap = {softcap}: logit soft-capping is not supported")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not supported")
     if block_table is not None:
@@ -668,7 +673,15 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
         bool(causal), window_left, window_right,
     )
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if softcap != 0.0 or sinks is not None:
+        if grad or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled()):
+            raise NotImplementedError(
+                "softcap and sinks are supported in the forward only: the backward kernels do "
+                "not take them yet (run under torch.no_grad() for inference)"
+            )
+        out, lse = flash_attn_varlen_forward(*args, float(softcap), sinks)
+    elif grad:
         out, lse = _FlashAttnVarlenFunction.apply(
             *args, bool(deterministic), bool(return_attn_probs)
         )

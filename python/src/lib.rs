@@ -256,7 +256,7 @@ fn attention_backward(
 /// with `max_seqlen_q`, `max_seqlen_k` the longest lengths (see
 /// `kernels::attention::forward_varlen_raw`). Asynchronous.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap = None, sinks = None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_varlen_forward(
     py: Python<'_>,
@@ -275,8 +275,13 @@ fn attention_varlen_forward(
     causal: bool,
     window_left: i64,
     window_right: i64,
+    softcap: Option<f32>,
+    sinks: Option<TensorArgs>,
 ) -> PyResult<()> {
-    let options = options(softmax_scale, causal, window_left, window_right, "auto")?;
+    let options = AttentionOptions {
+        softcap,
+        ..options(softmax_scale, causal, window_left, window_right, "auto")?
+    };
     let (q, k, v, o, lse) = (
         tensor("q", q)?,
         tensor("k", k)?,
@@ -284,6 +289,7 @@ fn attention_varlen_forward(
         tensor("out", o)?,
         tensor("softmax_lse", lse)?,
     );
+    let sinks = sinks.map(|s| tensor("sinks", s)).transpose()?;
     let (cu_q, cu_k) = (
         tensor("cu_seqlens_q", cu_seqlens_q)?,
         tensor("cu_seqlens_k", cu_seqlens_k)?,
@@ -299,7 +305,7 @@ fn attention_varlen_forward(
             lse: &lse,
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
-            sinks: None,
+            sinks: sinks.as_ref(),
         };
         // SAFETY: as in `attention_forward`: live torch tensors the Python side holds across
         // this call, whose memory stays valid for work enqueued on `stream`; O and LSE are fresh

@@ -10,7 +10,9 @@ precision), LSE within 1e-3 max(1, |ref|) and -inf exactly where the reference h
 with neither keys nor sinks). Both kernel paths (auto: Hopper on sm_90; mma_sync), outputs
 poisoned first; the same over a paged KV cache (flash_attn_with_kvcache, per sequence on its
 gathered keys: contexts of 0, causal speculative tokens, explicit and heuristic splits, so the
-sinks join in the decode kernel and in the combine kernel). Then: autograd through softcap or
+sinks join in the decode kernel and in the combine kernel) and over packed sequences
+(flash_attn_varlen_func, per sequence; empty sequences, where a sequence without keys has LSE =
+its sink). Then: autograd through softcap or
 sinks raises NotImplementedError, bad sinks
 raise with the library's message, torch.library's opcheck with both options.
 
@@ -37,7 +39,7 @@ from test_attention import (  # noqa: E402  (the shared references and helpers)
 )
 
 import rustkernels  # noqa: E402
-from rustkernels import flash_attn_func, flash_attn_with_kvcache  # noqa: E402
+from rustkernels import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
 from test_attention_decode import paged_case  # noqa: E402
 
 
@@ -178,6 +180,46 @@ def run_decode_case(lens, sq, hq, hkv, d, page, dtype, causal, softcap, sink_ran
     return f"worst sequence: max |O - ref| = {worst[0]:.3e} (naive {worst[1]:.3e}), LSE rel err {worst[2]:.3e}"
 
 
+def run_varlen_case(lens, hq, hkv, d, dtype, causal, softcap, sink_range):
+    """flash_attn_varlen_func with a softcap and sinks, per sequence against the dense
+    references (empty sequences included)."""
+    g = torch.Generator(device="cuda").manual_seed(SEED + d + len(lens))
+    dev = torch.device("cuda")
+    tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+    q = torch.randn(tq, hq, d, device=dev, dtype=dtype, generator=g)
+    k = torch.randn(tk, hkv, d, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(tk, hkv, d, device=dev, dtype=dtype, generator=g)
+    lo, hi = sink_range
+    sinks = lo + (hi - lo) * torch.rand(hq, device=dev, generator=g)
+    cq = torch.tensor([0] + [sum(a for a, _ in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32, device=dev)
+    ck = torch.tensor([0] + [sum(b for _, b in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32, device=dev)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k, v, cq, ck, max(a for a, _ in lens), max(b for _, b in lens), causal=causal,
+        softcap=softcap, sinks=sinks, return_attn_probs=True,
+    )
+    torch.cuda.synchronize()
+    scale = 1.0 / math.sqrt(d)
+    worst = (0.0, 0.0)
+    for i, (sq, sk) in enumerate(lens):
+        if sq == 0:
+            continue
+        q0, k0 = int(cq[i]), int(ck[i])
+        allowed = allowed_mask(sq, sk, causal, (-1, -1), dev)
+        qs, ks, vs = q[None, q0 : q0 + sq], k[None, k0 : k0 + sk], v[None, k0 : k0 + sk]
+        ref_o, ref_lse = reference(qs, ks, vs, scale, allowed, softcap, sinks)
+        naive_o = naive(qs, ks, vs, scale, allowed, softcap, sinks)
+        got = out[None, q0 : q0 + sq].double()
+        assert torch.isfinite(got).all(), f"sequence {i}: O has NaN or inf"
+        err = (got - ref_o).abs().max().item()
+        naive_err = (naive_o - ref_o).abs().max().item()
+        assert err <= 2 * naive_err + 1e-3, f"sequence {i}: max |O - ref| {err:.3e}, naive {naive_err:.3e}"
+        got_lse = lse[:, q0 : q0 + sq].double()
+        lse_err = ((got_lse - ref_lse[0]).abs() / ref_lse[0].abs().clamp(min=1.0)).max().item()
+        assert lse_err <= 1e-3, f"sequence {i}: LSE rel err {lse_err:.3e}"
+        worst = max(worst, (err, lse_err))
+    return f"worst sequence: max |O - ref| = {worst[0]:.3e}, LSE rel err {worst[1]:.3e}"
+
+
 def autograd_refused():
     dev = torch.device("cuda")
     q = torch.randn(1, 16, 2, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -232,6 +274,16 @@ def main():
             f"{' causal' if causal else ''} softcap {softcap} sinks {sinks} splits {splits}"
         )
         check(name, lambda c=c: run_decode_case(*c))
+    for lens, d, causal, softcap in (
+        ([(70, 90), (0, 5), (9, 0), (130, 40), (1, 1)], 128, True, 5.0),
+        ([(200, 200), (33, 500)], 64, False, 0.0),
+    ):
+        check(
+            f"capsink varlen lens {lens} d{d}{' causal' if causal else ''} softcap {softcap} sinks",
+            lambda lens=lens, d=d, causal=causal, softcap=softcap: run_varlen_case(
+                lens, 4, 2, d, torch.bfloat16, causal, softcap, (-2.0, 2.0)
+            ),
+        )
     check("capsink: autograd refused, no_grad runs", autograd_refused)
     check("capsink: bad sinks and softcap", bad_sinks)
     check("capsink: torch.library.opcheck", opcheck)
