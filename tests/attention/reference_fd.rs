@@ -1,5 +1,6 @@
 //! The f64 backward reference against central finite differences of the f64 forward
-//! reference, on tiny problems (CPU): `reference/backward/<case>`.
+//! reference, on tiny problems (CPU): `reference/backward/<case>`; with a softcap and sinks
+//! too (`backward_f64_sinks`, the sinks' gradient included).
 
 use kernel_tests::{Suite, TestResult, ensure};
 use kernels::attention::{self, AttentionProblem, Dtype};
@@ -65,6 +66,24 @@ fn backward_cases() -> Vec<BackwardCase> {
         c("sq1_sk1", p(1, 1, 1, 2, 2), true),
         c("sk1", p(1, 4, 1, 2, 2).causal(), true),
         c("scale", p(1, 5, 5, 2, 2).scale(0.4), true),
+        // Softcaps small enough to bend the logits (|scale q.k| reaches about 1).
+        c("softcap", p(2, 5, 7, 2, 2).softcap(0.7), true),
+        c("sinks", p(2, 5, 7, 2, 2).with_sinks(), true),
+        c("sinks_no_dlse", p(1, 5, 6, 4, 2).with_sinks(), false),
+        // Rows with no key: their LSE is the sink, and dLSE reaches the sink's gradient.
+        c(
+            "softcap_sinks_causal_empty_rows",
+            p(1, 7, 3, 2, 2).causal().softcap(1.5).with_sinks(),
+            true,
+        ),
+        c(
+            "softcap_sinks_gqa_window",
+            p(2, 4, 5, 4, 2)
+                .window(Some(1), Some(1))
+                .softcap(2.0)
+                .with_sinks(),
+            true,
+        ),
         BackwardCase {
             name: "gqa_bf16_inputs",
             p: p(1, 5, 6, 4, 2).causal(),
@@ -83,7 +102,7 @@ const FD_TOL: f64 = 1e-6;
 const FD_SAMPLES: usize = 24;
 
 fn backward_against_finite_differences(c: &BackwardCase) -> TestResult {
-    use attention::reference::{backward, backward_f64, reference_f64};
+    use attention::reference::{backward, backward_f64_sinks, reference_f64_sinks};
     let p = &c.p;
     let seed = 0xbacd ^ (c.name.len() as u64 * 7919) ^ (p.seq_q * 131 + p.seq_k) as u64;
     let mut r = rng(seed);
@@ -102,29 +121,32 @@ fn backward_against_finite_differences(c: &BackwardCase) -> TestResult {
     let (qn, kn) = (p.q_shape().iter().product(), p.kv_shape().iter().product());
     let (q, k, v) = (draw(qn), draw(kn), draw(kn));
     let w = draw(qn);
+    let sinks: Option<Vec<f64>> = p.sinks.then(|| draw(p.heads_q));
     let u = if c.with_lse {
         draw(p.lse_len())
     } else {
         vec![0.0; p.lse_len()]
     };
-    let grads = if c.bf16 {
+    let (grads, dsinks) = if c.bf16 {
         let t = |x: &[f64]| -> Vec<bf16> { x.iter().map(|&x| bf16::from_f64(x)).collect() };
         let u32: Vec<f32> = u.iter().map(|&x| x as f32).collect();
-        backward(
+        let g = backward(
             p,
             &t(&q),
             &t(&k),
             &t(&v),
             &t(&w),
             c.with_lse.then_some(&u32[..]),
-        )
+        );
+        (g, None)
     } else {
-        backward_f64(p, &q, &k, &v, &w, c.with_lse.then_some(&u[..]))
+        let d_lse = c.with_lse.then_some(&u[..]);
+        backward_f64_sinks(p, &q, &k, &v, &w, d_lse, sinks.as_deref())
     };
     // L = sum(O * W) + sum(LSE * U) over the rows with an allowed key (LSE = -inf elsewhere;
     // U is nonzero there too, and must not reach the gradients).
-    let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
-        let f = reference_f64(p, q, k, v);
+    let loss_with = |q: &[f64], k: &[f64], v: &[f64], s: Option<&[f64]>| -> f64 {
+        let f = reference_f64_sinks(p, q, k, v, s);
         let o: f64 = f.o.iter().zip(&w).map(|(a, b)| a * b).sum();
         let l: f64 = f
             .lse
@@ -135,6 +157,7 @@ fn backward_against_finite_differences(c: &BackwardCase) -> TestResult {
             .sum();
         o + l
     };
+    let loss = |q: &[f64], k: &[f64], v: &[f64]| loss_with(q, k, v, sinks.as_deref());
     for (what, g) in [("dQ", &grads.dq), ("dK", &grads.dk), ("dV", &grads.dv)] {
         ensure(g.iter().all(|x| x.is_finite()), || {
             format!("{}: {what} has NaN or inf", c.name)
@@ -190,6 +213,32 @@ fn backward_against_finite_differences(c: &BackwardCase) -> TestResult {
             })?;
         }
     }
+    // The sinks' gradient, every head.
+    if let (Some(s), Some(ds)) = (&sinks, &dsinks) {
+        for hd in 0..s.len() {
+            let mut sp = s.clone();
+            let h = 1e-6 * s[hd].abs().max(1.0);
+            sp[hd] = s[hd] + h;
+            let xp = sp[hd];
+            let lp = loss_with(&q, &k, &v, Some(&sp));
+            sp[hd] = s[hd] - h;
+            let xm = sp[hd];
+            let lm = loss_with(&q, &k, &v, Some(&sp));
+            let fd = (lp - lm) / (xp - xm);
+            let err = (ds[hd] - fd).abs();
+            worst_abs = worst_abs.max(err);
+            worst = worst.max(err / (1.0 + fd.abs()));
+            ensure(err <= FD_TOL * (1.0 + fd.abs()), || {
+                format!(
+                    "{}: dsinks [{hd}] analytic {:.12e} vs finite difference {fd:.12e}",
+                    c.name, ds[hd]
+                )
+            })?;
+        }
+    }
+    ensure(sinks.is_some() == dsinks.is_some(), || {
+        format!("{}: a sinks gradient exactly with sinks", c.name)
+    })?;
     println!(
         "reference/backward/{}: worst |analytic - fd| / (1 + |fd|) = {worst:.3e} (tol {FD_TOL:e}), \
          worst abs {worst_abs:.3e}, {empty_rows} empty rows",

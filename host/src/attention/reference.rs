@@ -402,7 +402,7 @@ pub fn backward<T: AttentionElem>(
     )
 }
 
-/// [`backward`] on f64 inputs.
+/// [`backward`] on f64 inputs (for a problem without sinks; [`backward_f64_sinks`]).
 pub fn backward_f64(
     p: &AttentionProblem,
     q: &[f64],
@@ -411,32 +411,53 @@ pub fn backward_f64(
     d_o: &[f64],
     d_lse: Option<&[f64]>,
 ) -> AttentionGrads {
-    assert!(
-        !p.has_logit_options(),
-        "the backward reference covers problems without a softcap or sinks"
-    );
+    backward_f64_sinks(p, q, k, v, d_o, d_lse, None).0
+}
+
+/// [`backward_f64`] with a softcap and sinks (`sinks` `Some` exactly when the problem has them):
+/// the gradients of Q, K, V and of the sinks (`[heads_q]`, summed over batch and rows; `None`
+/// without sinks). With a softcap `c`, `l = c tanh(x / c)` of `x = scale q.k`, so the logit's
+/// gradient `dL = P (dP - delta + dLSE)` becomes `dx = dL (1 - tanh^2(x / c))` before the
+/// products with K and Q. The sink `s` of head `h` joins every row's LSE, so `dP_j / ds = -P_j
+/// P_sink` and `dLSE / ds = P_sink` (`P_sink = exp(s - LSE)`): `d s = sum_rows P_sink (dLSE -
+/// delta)`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_f64_sinks(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    d_lse: Option<&[f64]>,
+    sinks: Option<&[f64]>,
+) -> (AttentionGrads, Option<Vec<f64>>) {
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale() as f64;
-    let forward = reference_f64(p, q, k, v);
+    let forward = reference_f64_sinks(p, q, k, v, sinks);
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
+    let mut dsinks = sinks.map(|s| vec![0.0; s.len()]);
     let mut probs = vec![0.0; p.seq_k];
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     for b in 0..p.batch {
         for h in 0..p.heads_q {
             let hk = h / group;
+            let sink = sinks.map(|s| s[h]);
             for i in 0..p.seq_q {
-                let lse = row_softmax(p, q, k, (b, i, h), &mut probs);
+                let lse = row_softmax_sink(p, q, k, (b, i, h), sink, &mut probs);
                 if lse == f64::NEG_INFINITY {
-                    continue; // no allowed key: P = 0, the row contributes nothing
+                    continue; // no allowed key and no sink: P = 0, the row contributes nothing
                 }
                 let qi = row(q, p.seq_q, p.heads_q, d, b, i, h);
                 let oi = row(&forward.o, p.seq_q, p.heads_q, d, b, i, h);
                 let doi = row(d_o, p.seq_q, p.heads_q, d, b, i, h);
                 let dlse_i = d_lse.map_or(0.0, |g| g[(b * p.heads_q + h) * p.seq_q + i]);
                 let delta = dot(doi, oi);
+                if let (Some(ds), Some(s)) = (dsinks.as_mut(), sink) {
+                    ds[h] += (s - lse).exp() * (dlse_i - delta);
+                }
                 for (j, &pj) in probs.iter().enumerate() {
                     if !p.allowed(i, j) {
                         continue;
@@ -444,7 +465,14 @@ pub fn backward_f64(
                     let kj = row(k, p.seq_k, p.heads_kv, d, b, j, hk);
                     let vj = row(v, p.seq_k, p.heads_kv, d, b, j, hk);
                     let dpj = dot(doi, vj);
-                    let dsj = pj * (dpj - delta + dlse_i);
+                    let dlj = pj * (dpj - delta + dlse_i);
+                    let dsj = match p.softcap {
+                        Some(c) => {
+                            let t = (scale * dot(qi, kj) / c as f64).tanh();
+                            dlj * (1.0 - t * t)
+                        }
+                        None => dlj,
+                    };
                     let dqi = row_mut(&mut dq, p.seq_q, p.heads_q, d, b, i, h);
                     dqi.iter_mut()
                         .zip(kj)
@@ -459,7 +487,7 @@ pub fn backward_f64(
             }
         }
     }
-    AttentionGrads { dq, dk, dv }
+    (AttentionGrads { dq, dk, dv }, dsinks)
 }
 
 /// The backward computed the way a straightforward implementation in the input precision T
@@ -477,6 +505,10 @@ pub fn naive_backward_same_precision<T: AttentionElem>(
     d_o: &[T],
     d_lse: Option<&[f32]>,
 ) -> AttentionGrads {
+    assert!(
+        !p.has_logit_options(),
+        "the naive backward covers problems without a softcap or sinks"
+    );
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale();
