@@ -9,11 +9,10 @@
 //! emulator), `attention_capsink/{hopper,mma}/*` (a GPU), `attention_capsink/varlen_*` (packed
 //! sequences), `attention_capsink/rejects_*` (typed errors).
 
-use super::varlen::{VarlenCase, seqlens, vcase};
+use super::varlen::{VarlenCase, check_outputs, seqlens, vcase};
 use super::{Case, case, name};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
-use kernels::attention::reference::AttentionOutput;
 use kernels::attention::{
     self, AttentionElem, AttentionProblem, AttentionTensors, AttentionVarlenTensors, Dtype, Path,
     Target, View,
@@ -151,51 +150,6 @@ pub(super) fn register(s: &mut Suite) {
     s.cpu("attention_capsink/rejects_bad_options", rejects_bad_options);
 }
 
-/// Compare O and LSE with the reference, with the tolerance of the module documentation.
-fn compare<T: AttentionElem>(
-    what: &str,
-    want: &AttentionOutput,
-    naive: &AttentionOutput,
-    o: &[T],
-    lse: &[f32],
-) -> TestResult {
-    let max_diff = |a: &[f64], b: &[f64]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f64::max)
-    };
-    let naive_err = max_diff(&naive.o, &want.o);
-    let tol = 2.0 * naive_err + 1e-3;
-    let got: Vec<f64> = o.iter().map(|x| x.to_f32() as f64).collect();
-    ensure(got.iter().all(|x| x.is_finite()), || {
-        format!("{what}: O has NaN or inf (or an unwritten element)")
-    })?;
-    let err = max_diff(&got, &want.o);
-    let mut lse_err = 0.0f64;
-    for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
-        if w == f64::NEG_INFINITY {
-            ensure(g == f32::NEG_INFINITY, || {
-                format!("{what}: LSE[{i}] = {g}, the row has neither keys nor a sink")
-            })?;
-            continue;
-        }
-        ensure(g.is_finite(), || {
-            format!("{what}: LSE[{i}] = {g}, want {w}")
-        })?;
-        lse_err = lse_err.max((g as f64 - w).abs() / w.abs().max(1.0));
-    }
-    println!(
-        "{what}: max |O - ref| = {err:.3e} (tol {tol:.3e} = 2 x naive {naive_err:.3e} + 1e-3), LSE rel err {lse_err:.3e}"
-    );
-    ensure(err <= tol, || {
-        format!("{what}: max |O - ref| {err:.3e} > {tol:.3e}")
-    })?;
-    ensure(lse_err <= 1e-3, || {
-        format!("{what}: LSE error {lse_err:.3e} > 1e-3")
-    })
-}
-
 fn check_dense<T: AttentionElem>(
     what: &str,
     cc: &CapCase,
@@ -214,7 +168,7 @@ fn check_dense<T: AttentionElem>(
             attention::naive_same_precision(p, q, k, v),
         ),
     };
-    compare(what, &want, &naive, o, lse)
+    check_outputs(what, o, lse, &want, &naive.o)
 }
 
 /// The `mma.sync` capsink kernel in the CPU emulator.
@@ -363,7 +317,7 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
     };
     let want = attention::reference_varlen_with_sinks(p, &s, &q, &k, &v, sinks);
     let naive = attention::naive_varlen_same_precision_sinks(p, &s, &q, &k, &v, Some(sinks));
-    compare(&what, &want, &naive, &o, &lse)
+    check_outputs(&what, &o, &lse, &want, &naive.o)
 }
 
 /// Typed errors: a softcap that is not a positive finite number, sinks missing, unexpected, of
