@@ -9,7 +9,8 @@
 //! packed sequences (`attention_varlen/*`) in `attention/varlen.rs`, its backward
 //! (`attention_varlen_bwd/*`) in `attention/varlen_bwd.rs`; decoding over a paged KV cache
 //! (`attention_decode/*`) in `attention/decode.rs`; the softcap and sinks
-//! (`attention_capsink/*`) in `attention/capsink.rs`.
+//! (`attention_capsink/*`) in `attention/capsink.rs`, their backward
+//! (`attention_capsink_bwd/*`) in `attention/capsink_bwd.rs`.
 
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -28,6 +29,8 @@ use rand::Rng;
 mod backward;
 #[path = "attention/capsink.rs"]
 mod capsink;
+#[path = "attention/capsink_bwd.rs"]
+mod capsink_bwd;
 #[path = "attention/decode.rs"]
 mod decode;
 #[path = "attention/reference_fd.rs"]
@@ -303,6 +306,7 @@ fn main() {
     varlen_bwd::register(&mut s);
     decode::register(&mut s);
     capsink::register(&mut s);
+    capsink_bwd::register(&mut s);
     s.run()
 }
 

@@ -138,6 +138,8 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
                 dq: View::contiguous(&dq, qs),
                 dk: View::contiguous(&dk, ks),
                 dv: View::contiguous(&dv, ks),
+                sinks: None,
+                d_sinks: None,
             };
             p.plan_backward(Target::of(&b.gpu), &tensors, options)?
         };

@@ -183,9 +183,10 @@ fn attention_backward_workspace(
 /// Attention backward on device `device`'s stream `stream`: dQ, dK and dV written from Q, K,
 /// V, the forward's O and LSE, dO and optionally dLSE, with the workspace `delta` and
 /// `dq_accum` (f32, of the lengths `attention_backward_workspace` gives; `dq_accum` may be
-/// `None` with `deterministic`). See `kernels::attention::backward_raw`. Asynchronous.
+/// `None` with `deterministic`). With `sinks` (the forward's), their gradient is written into
+/// `d_sinks`. See `kernels::attention::backward_raw`. Asynchronous.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, d_o, d_lse, dq, dk, dv, delta, dq_accum, softmax_scale, causal, window_left, window_right, deterministic))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, d_o, d_lse, dq, dk, dv, delta, dq_accum, softmax_scale, causal, window_left, window_right, deterministic, softcap = None, sinks = None, d_sinks = None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_backward(
     py: Python<'_>,
@@ -208,9 +209,17 @@ fn attention_backward(
     window_left: i64,
     window_right: i64,
     deterministic: bool,
+    softcap: Option<f32>,
+    sinks: Option<TensorArgs>,
+    d_sinks: Option<TensorArgs>,
 ) -> PyResult<()> {
-    let options = options(softmax_scale, causal, window_left, window_right, "auto")?;
+    let options = AttentionOptions {
+        softcap,
+        ..options(softmax_scale, causal, window_left, window_right, "auto")?
+    };
     let backward = BackwardOptions { deterministic };
+    let sinks = sinks.map(|s| tensor("sinks", s)).transpose()?;
+    let d_sinks = d_sinks.map(|s| tensor("dsinks", s)).transpose()?;
     let (q, k, v, o, lse, d_o) = (
         tensor("q", q)?,
         tensor("k", k)?,
@@ -237,6 +246,8 @@ fn attention_backward(
             dq: &dq,
             dk: &dk,
             dv: &dv,
+            sinks: sinks.as_ref(),
+            d_sinks: d_sinks.as_ref(),
         };
         let workspace = RawBackwardWorkspace {
             delta: &delta,
@@ -351,7 +362,7 @@ fn attention_varlen_backward_workspace(
 /// `attention_varlen_backward_workspace` gives; `dq_accum` may be `None` with
 /// `deterministic`). See `kernels::attention::backward_varlen_raw`. Asynchronous.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, d_o, d_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, delta, dq_accum, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, d_o, d_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, delta, dq_accum, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic, softcap = None, sinks = None, d_sinks = None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_varlen_backward(
     py: Python<'_>,
@@ -378,9 +389,17 @@ fn attention_varlen_backward(
     window_left: i64,
     window_right: i64,
     deterministic: bool,
+    softcap: Option<f32>,
+    sinks: Option<TensorArgs>,
+    d_sinks: Option<TensorArgs>,
 ) -> PyResult<()> {
-    let options = options(softmax_scale, causal, window_left, window_right, "auto")?;
+    let options = AttentionOptions {
+        softcap,
+        ..options(softmax_scale, causal, window_left, window_right, "auto")?
+    };
     let backward = BackwardOptions { deterministic };
+    let sinks = sinks.map(|s| tensor("sinks", s)).transpose()?;
+    let d_sinks = d_sinks.map(|s| tensor("dsinks", s)).transpose()?;
     let (q, k, v, o, lse, d_o) = (
         tensor("q", q)?,
         tensor("k", k)?,
@@ -413,6 +432,8 @@ fn attention_varlen_backward(
             dv: &dv,
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
+            sinks: sinks.as_ref(),
+            d_sinks: d_sinks.as_ref(),
         };
         let workspace = RawBackwardWorkspace {
             delta: &delta,

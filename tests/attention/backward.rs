@@ -203,6 +203,8 @@ fn run_emulated<T: AttentionElem>(b: &BwdCase) -> TestResult {
         dq: View::contiguous(dq.view(), qs),
         dk: View::contiguous(dk.view(), ks),
         dv: View::contiguous(dv.view(), ks),
+        sinks: None,
+        d_sinks: None,
     };
     let target = Target {
         arch: Arch::Sm80,
@@ -319,6 +321,8 @@ fn concurrent_backward<T: AttentionElem>(
             dq: View::contiguous(dq, qs),
             dk: View::contiguous(dk, ks),
             dv: View::contiguous(dv, ks),
+            sinks: None,
+            d_sinks: None,
         };
         let plan = p.plan_backward(Target::of(g), &tensors, options)?;
         let delta = poisoned::<f32>(plan.delta_len())?;
@@ -547,6 +551,8 @@ fn raw_api(g: &Gpu) -> TestResult {
                 dq: &rdq,
                 dk: &rdk,
                 dv: &rdv,
+                sinks: None,
+                d_sinks: None,
             };
             let launch = |delta: &RawTensor| {
                 let ws = attention::RawBackwardWorkspace {
@@ -670,6 +676,8 @@ fn strided_emulated(deterministic: bool) -> TestResult {
             dq: view(gv, 0, &out_strides)?,
             dk: view(gv, 1, &out_strides)?,
             dv: view(gv, 2, &out_strides)?,
+            sinks: None,
+            d_sinks: None,
         };
         let target = Target {
             arch: Arch::Sm80,

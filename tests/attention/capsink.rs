@@ -321,7 +321,9 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
 }
 
 /// Typed errors: a softcap that is not a positive finite number, sinks missing, unexpected, of
-/// the wrong length; a tuning variant with a softcap; the backward with either.
+/// the wrong length; a tuning variant with a softcap; the backward's sinks and their gradient
+/// not given together or of the wrong length, the Hopper backward with a softcap. The
+/// backward's kernels for a softcap and for sinks.
 fn rejects_bad_options() -> TestResult {
     let base = AttentionProblem::new(1, 16, 16, 4, 2, 64, Dtype::Bf16);
     for c in [0.0, -1.0, f32::NAN, f32::INFINITY] {
@@ -373,7 +375,9 @@ fn rejects_bad_options() -> TestResult {
     ensure(ok == "attention_fwd_hopper_capsink_bf16_d64", || {
         format!("planned {ok}")
     })?;
-    for p in [base.clone().softcap(5.0), sinky] {
+    // The backward: the softcap kernels on the mma.sync path (the Hopper kernels have no
+    // softcap form), sinks and their gradient present exactly together.
+    let bwd = |p: &AttentionProblem, sinks: Option<usize>, d_sinks: Option<usize>| {
         let (qn, kn) = (p.q_shape().iter().product(), p.kv_shape().iter().product());
         let view = |a: u64, n: usize, shape| View::contiguous(dev(a << 40, n), shape);
         let t = attention::AttentionBackwardTensors {
@@ -387,12 +391,52 @@ fn rejects_bad_options() -> TestResult {
             dq: view(7, qn, p.q_shape()),
             dk: view(8, kn, p.kv_shape()),
             dv: view(9, kn, p.kv_shape()),
+            sinks: sinks.map(|n| devf(10 << 40, n)),
+            d_sinks: d_sinks.map(|n| devf(11 << 40, n)),
         };
-        let bwd = p.plan_backward(target, &t, Default::default()).map(|_| ());
-        ensure(matches!(bwd, Err(Error::Unsupported { .. })), || {
-            format!("backward with a softcap or sinks: {bwd:?}")
-        })?;
-        println!("backward: {}", bwd.unwrap_err());
+        p.plan_backward(target, &t, Default::default())
+    };
+    let ws_of = |plan: &attention::AttentionBackwardPlan| attention::BackwardWorkspace {
+        delta: devf(12 << 40, plan.delta_len()),
+        dq_accum: Some(devf(13 << 40, plan.dq_accum_len())),
+    };
+    let capped = base.clone().softcap(5.0);
+    for (what, r) in [
+        (
+            "backward sinks missing",
+            bwd(&sinky, None, Some(4)).map(|_| ()),
+        ),
+        (
+            "backward dsinks missing",
+            bwd(&sinky, Some(4), None).map(|_| ()),
+        ),
+        (
+            "backward dsinks of 3 heads",
+            bwd(&sinky, Some(4), Some(3)).map(|_| ()),
+        ),
+        (
+            "backward dsinks unexpected",
+            bwd(&base, None, Some(4)).map(|_| ()),
+        ),
+        (
+            "backward Hopper path with a softcap",
+            bwd(&capped.clone().path(Path::Hopper), None, None).map(|_| ()),
+        ),
+    ] {
+        ensure(r.is_err(), || format!("{what}: planned"))?;
+        println!("{what}: {}", r.unwrap_err());
     }
+    let plan = bwd(&capped, None, None).map_err(|e| e.to_string())?;
+    let name = plan.launches(&ws_of(&plan))?.dkdv.name();
+    ensure(name == "attention_bwd_softcap_bf16_d64", || {
+        format!("softcap backward planned {name}")
+    })?;
+    let plan = bwd(&sinky, Some(4), Some(4)).map_err(|e| e.to_string())?;
+    let launches = plan.launches(&ws_of(&plan))?;
+    ensure(
+        launches.dsinks.as_ref().map(|l| l.name()) == Some("attention_bwd_dsinks")
+            && launches.dkdv.name() == "attention_bwd_hopper_dkdv_bf16_d64",
+        || format!("sinks backward planned {}", launches.dkdv.name()),
+    )?;
     Ok(())
 }

@@ -190,6 +190,8 @@ fn emulate<T: AttentionElem>(b: &BwdCase, x: &Inputs<T>) -> Result<[Vec<T>; 3], 
         dv: View::packed_contiguous(dv.view(), ks),
         cu_seqlens_q: cq.view(),
         cu_seqlens_k: ck.view(),
+        sinks: None,
+        d_sinks: None,
     };
     let options = BackwardOptions {
         deterministic: b.deterministic,
@@ -473,6 +475,8 @@ fn gpu_raw_api(g: &Gpu) -> TestResult {
                 ElemType::I32,
                 &[cu_k.len()],
             ),
+            sinks: None,
+            d_sinks: None,
         };
         let ws = kernels::attention::RawBackwardWorkspace {
             delta: &RawTensor::contiguous(

@@ -288,6 +288,8 @@ pub fn emulated_attention_bwd_ds_barrier_hazard() -> TestResult {
             dq: View::contiguous(dq.view(), qs),
             dk: View::contiguous(dk.view(), ks),
             dv: View::contiguous(dv.view(), ks),
+            sinks: None,
+            d_sinks: None,
         };
         let target = Target {
             arch: Arch::Sm80,
@@ -367,6 +369,8 @@ pub fn attention_bwd_no_ds_barrier_racecheck_target(g: &'static Gpu) -> TestResu
             dq: View::contiguous(&dq, qs),
             dk: View::contiguous(&dk, ks),
             dv: View::contiguous(&dv, ks),
+            sinks: None,
+            d_sinks: None,
         };
         let plan = p.plan_backward(Target::of(g), &tensors, BackwardOptions::default())?;
         let delta = poisoned::<f32>(plan.delta_len())?;

@@ -296,6 +296,8 @@ fn attention_backward_plan(
             dq: View::contiguous(at(6, nq), q),
             dk: View::contiguous(at(7, nk), kv),
             dv: View::contiguous(at(8, nk), kv),
+            sinks: None,
+            d_sinks: None,
         };
         let target = Target {
             arch,

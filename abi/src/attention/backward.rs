@@ -1,7 +1,8 @@
 //! Attention backward on the `mma.sync` path (FlashAttention-2's structure): the parameter
 //! struct of its kernels, their tile shapes and shared-memory layouts, and the handles.
 //!
-//! Five kernels per element type and head dimension, launched in this order:
+//! Five kernels per element type and head dimension (and three more, `*_softcap_*`, for a
+//! softcap), launched in this order:
 //!
 //! 1. `attention_bwd_pre_*`: `delta'[b, h, i] = sum_d dO O - dLSE` (0 for a row whose LSE is
 //!    -inf), and the dQ accumulator zeroed (when there is one);
@@ -11,9 +12,14 @@
 //!    its share of dQ into the f32 accumulator with `red.global.add.f32`;
 //! 3. `attention_bwd_dq_convert_*` (after the atomics: the accumulator times the scale to dQ) or
 //!    `attention_bwd_dq_*` (deterministic mode: one block per query block recomputes P and dS
-//!    over the keys its rows see and writes dQ; no atomics, bitwise reproducible).
+//!    over the keys its rows see and writes dQ; no atomics, bitwise reproducible);
+//! 4. with sinks, `attention_bwd_dsinks` (or `_varlen`): the sinks' gradient, one block per
+//!    query head summing over every row of the batch in a fixed order (reproducible).
+//!
+//! The `attention_bwd_softcap_*`, `attention_bwd_dkdv_softcap_*` and `attention_bwd_dq_softcap_*`
+//! kernels are steps 2 and 3 under a softcap ([`AttentionBwdParams::logits`]).
 
-use super::{Dtype, tile_config_of};
+use super::{Dtype, LogitOptions, tile_config_of};
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 /// Parameters of every backward kernel (each reads the fields its role needs; the others may
@@ -82,6 +88,15 @@ pub struct AttentionBwdParams {
     pub window_left: i32,
     /// Right window size (0 for causal), or [`super::UNBOUNDED`].
     pub window_right: i32,
+    /// The forward's softcap and sinks ([`LogitOptions`]). Under a softcap the `softcap`
+    /// kernels recompute `t = tanh(q.k softcap_scale)` as the logit (times `scale_log2 =
+    /// softcap log2 e`) and scale `dS` by `1 - t^2`, the softcap's derivative; the other
+    /// kernels ignore `softcap_scale`. The sinks are read by the dsinks kernel only: the
+    /// forward's LSE already includes them.
+    pub logits: LogitOptions,
+    /// `[heads_q]` f32, the sinks' gradient `d sink_h = -sum_rows exp(sink_h - LSE) delta'`
+    /// (written by `attention_bwd_dsinks*`); null without sinks.
+    pub d_sinks: *mut f32,
 }
 
 /// Parameters of the backward kernels over packed sequences (`attention_bwd_*_varlen_*`), the
@@ -378,6 +393,12 @@ pub struct BwdKernels<P = AttentionBwdParams> {
     /// dQ recomputed per query block (deterministic mode); grid
     /// `(ceil(seq_q / block_m), heads_q, batch)`.
     pub dq: Kernel<P, DqTileConfig>,
+    /// `dkdv_dq` under a softcap.
+    pub dkdv_dq_softcap: Kernel<P, BwdTileConfig>,
+    /// `dkdv` under a softcap.
+    pub dkdv_softcap: Kernel<P, BwdTileConfig>,
+    /// `dq` under a softcap.
+    pub dq_softcap: Kernel<P, DqTileConfig>,
     /// Tiles of `dkdv_dq` and `dkdv`.
     pub tiles: BwdTileConfig,
     /// Tiles of `dq`.
@@ -400,261 +421,99 @@ fn dq_smem(t: DqTileConfig) -> usize {
     t.smem_bytes()
 }
 
-/// The kernels named `attention_bwd_{role}{dtype}_d{d}` (`names`: pre, main, dkdv, convert, dq).
-const fn bwd<P>(dtype: Dtype, d: u32, names: [&'static str; 5]) -> BwdKernels<P> {
+/// The kernels of one element type and head dimension (`names`: pre, main, dkdv, convert,
+/// dq, then the softcap forms of main, dkdv, dq).
+const fn bwd<P>(dtype: Dtype, d: u32, names: [&'static str; 8]) -> BwdKernels<P> {
     let tiles = bwd_tile_config_of(d);
     let dq_tiles = dq_tile_config_of(d);
+    let (threads, blocks) = (tiles.threads(), tiles.blocks_per_sm);
+    let (dq_threads, dq_blocks) = (dq_tiles.threads(), dq_tiles.blocks_per_sm);
     BwdKernels {
         dtype,
         head_dim: d,
         pre: Kernel::new(names[0], ROW_THREADS, 1, no_smem),
-        dkdv_dq: Kernel::new(names[1], tiles.threads(), tiles.blocks_per_sm, smem_with_dq),
-        dkdv: Kernel::new(
-            names[2],
-            tiles.threads(),
-            tiles.blocks_per_sm,
-            smem_without_dq,
-        ),
+        dkdv_dq: Kernel::new(names[1], threads, blocks, smem_with_dq),
+        dkdv: Kernel::new(names[2], threads, blocks, smem_without_dq),
         dq_convert: Kernel::new(names[3], ROW_THREADS, 1, no_smem),
-        dq: Kernel::new(
-            names[4],
-            dq_tiles.threads(),
-            dq_tiles.blocks_per_sm,
-            dq_smem,
-        ),
+        dq: Kernel::new(names[4], dq_threads, dq_blocks, dq_smem),
+        dkdv_dq_softcap: Kernel::new(names[5], threads, blocks, smem_with_dq),
+        dkdv_softcap: Kernel::new(names[6], threads, blocks, smem_without_dq),
+        dq_softcap: Kernel::new(names[7], dq_threads, dq_blocks, dq_smem),
         tiles,
         dq_tiles,
     }
 }
 
+/// The eight names of one entry: `attention_bwd_{role}{layout}_{dtype}_d{d}`, the softcap
+/// forms with `_softcap` after the role.
+macro_rules! bwd_entry {
+    ($dtype:ident, $t:literal, $d:literal, $layout:literal) => {
+        bwd(
+            Dtype::$dtype,
+            $d,
+            [
+                concat!("attention_bwd_pre", $layout, "_", $t, "_d", $d),
+                concat!("attention_bwd", $layout, "_", $t, "_d", $d),
+                concat!("attention_bwd_dkdv", $layout, "_", $t, "_d", $d),
+                concat!("attention_bwd_dq_convert", $layout, "_", $t, "_d", $d),
+                concat!("attention_bwd_dq", $layout, "_", $t, "_d", $d),
+                concat!("attention_bwd_softcap", $layout, "_", $t, "_d", $d),
+                concat!("attention_bwd_dkdv_softcap", $layout, "_", $t, "_d", $d),
+                concat!("attention_bwd_dq_softcap", $layout, "_", $t, "_d", $d),
+            ],
+        )
+    };
+}
+
 /// The backward kernels for each element type and head dimension.
 pub const BWD_KERNELS: [BwdKernels; 10] = [
-    bwd(
-        Dtype::Bf16,
-        64,
-        [
-            "attention_bwd_pre_bf16_d64",
-            "attention_bwd_bf16_d64",
-            "attention_bwd_dkdv_bf16_d64",
-            "attention_bwd_dq_convert_bf16_d64",
-            "attention_bwd_dq_bf16_d64",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        128,
-        [
-            "attention_bwd_pre_bf16_d128",
-            "attention_bwd_bf16_d128",
-            "attention_bwd_dkdv_bf16_d128",
-            "attention_bwd_dq_convert_bf16_d128",
-            "attention_bwd_dq_bf16_d128",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        256,
-        [
-            "attention_bwd_pre_bf16_d256",
-            "attention_bwd_bf16_d256",
-            "attention_bwd_dkdv_bf16_d256",
-            "attention_bwd_dq_convert_bf16_d256",
-            "attention_bwd_dq_bf16_d256",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        96,
-        [
-            "attention_bwd_pre_bf16_d96",
-            "attention_bwd_bf16_d96",
-            "attention_bwd_dkdv_bf16_d96",
-            "attention_bwd_dq_convert_bf16_d96",
-            "attention_bwd_dq_bf16_d96",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        192,
-        [
-            "attention_bwd_pre_bf16_d192",
-            "attention_bwd_bf16_d192",
-            "attention_bwd_dkdv_bf16_d192",
-            "attention_bwd_dq_convert_bf16_d192",
-            "attention_bwd_dq_bf16_d192",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        64,
-        [
-            "attention_bwd_pre_f16_d64",
-            "attention_bwd_f16_d64",
-            "attention_bwd_dkdv_f16_d64",
-            "attention_bwd_dq_convert_f16_d64",
-            "attention_bwd_dq_f16_d64",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        128,
-        [
-            "attention_bwd_pre_f16_d128",
-            "attention_bwd_f16_d128",
-            "attention_bwd_dkdv_f16_d128",
-            "attention_bwd_dq_convert_f16_d128",
-            "attention_bwd_dq_f16_d128",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        256,
-        [
-            "attention_bwd_pre_f16_d256",
-            "attention_bwd_f16_d256",
-            "attention_bwd_dkdv_f16_d256",
-            "attention_bwd_dq_convert_f16_d256",
-            "attention_bwd_dq_f16_d256",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        96,
-        [
-            "attention_bwd_pre_f16_d96",
-            "attention_bwd_f16_d96",
-            "attention_bwd_dkdv_f16_d96",
-            "attention_bwd_dq_convert_f16_d96",
-            "attention_bwd_dq_f16_d96",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        192,
-        [
-            "attention_bwd_pre_f16_d192",
-            "attention_bwd_f16_d192",
-            "attention_bwd_dkdv_f16_d192",
-            "attention_bwd_dq_convert_f16_d192",
-            "attention_bwd_dq_f16_d192",
-        ],
-    ),
+    bwd_entry!(Bf16, "bf16", 64, ""),
+    bwd_entry!(Bf16, "bf16", 128, ""),
+    bwd_entry!(Bf16, "bf16", 256, ""),
+    bwd_entry!(Bf16, "bf16", 96, ""),
+    bwd_entry!(Bf16, "bf16", 192, ""),
+    bwd_entry!(F16, "f16", 64, ""),
+    bwd_entry!(F16, "f16", 128, ""),
+    bwd_entry!(F16, "f16", 256, ""),
+    bwd_entry!(F16, "f16", 96, ""),
+    bwd_entry!(F16, "f16", 192, ""),
 ];
 
 /// The backward kernels over packed sequences for each element type and head dimension (the
 /// tiles of [`BWD_KERNELS`]).
 pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 10] = [
-    bwd(
-        Dtype::Bf16,
-        64,
-        [
-            "attention_bwd_pre_varlen_bf16_d64",
-            "attention_bwd_varlen_bf16_d64",
-            "attention_bwd_dkdv_varlen_bf16_d64",
-            "attention_bwd_dq_convert_varlen_bf16_d64",
-            "attention_bwd_dq_varlen_bf16_d64",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        128,
-        [
-            "attention_bwd_pre_varlen_bf16_d128",
-            "attention_bwd_varlen_bf16_d128",
-            "attention_bwd_dkdv_varlen_bf16_d128",
-            "attention_bwd_dq_convert_varlen_bf16_d128",
-            "attention_bwd_dq_varlen_bf16_d128",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        256,
-        [
-            "attention_bwd_pre_varlen_bf16_d256",
-            "attention_bwd_varlen_bf16_d256",
-            "attention_bwd_dkdv_varlen_bf16_d256",
-            "attention_bwd_dq_convert_varlen_bf16_d256",
-            "attention_bwd_dq_varlen_bf16_d256",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        96,
-        [
-            "attention_bwd_pre_varlen_bf16_d96",
-            "attention_bwd_varlen_bf16_d96",
-            "attention_bwd_dkdv_varlen_bf16_d96",
-            "attention_bwd_dq_convert_varlen_bf16_d96",
-            "attention_bwd_dq_varlen_bf16_d96",
-        ],
-    ),
-    bwd(
-        Dtype::Bf16,
-        192,
-        [
-            "attention_bwd_pre_varlen_bf16_d192",
-            "attention_bwd_varlen_bf16_d192",
-            "attention_bwd_dkdv_varlen_bf16_d192",
-            "attention_bwd_dq_convert_varlen_bf16_d192",
-            "attention_bwd_dq_varlen_bf16_d192",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        64,
-        [
-            "attention_bwd_pre_varlen_f16_d64",
-            "attention_bwd_varlen_f16_d64",
-            "attention_bwd_dkdv_varlen_f16_d64",
-            "attention_bwd_dq_convert_varlen_f16_d64",
-            "attention_bwd_dq_varlen_f16_d64",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        128,
-        [
-            "attention_bwd_pre_varlen_f16_d128",
-            "attention_bwd_varlen_f16_d128",
-            "attention_bwd_dkdv_varlen_f16_d128",
-            "attention_bwd_dq_convert_varlen_f16_d128",
-            "attention_bwd_dq_varlen_f16_d128",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        256,
-        [
-            "attention_bwd_pre_varlen_f16_d256",
-            "attention_bwd_varlen_f16_d256",
-            "attention_bwd_dkdv_varlen_f16_d256",
-            "attention_bwd_dq_convert_varlen_f16_d256",
-            "attention_bwd_dq_varlen_f16_d256",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        96,
-        [
-            "attention_bwd_pre_varlen_f16_d96",
-            "attention_bwd_varlen_f16_d96",
-            "attention_bwd_dkdv_varlen_f16_d96",
-            "attention_bwd_dq_convert_varlen_f16_d96",
-            "attention_bwd_dq_varlen_f16_d96",
-        ],
-    ),
-    bwd(
-        Dtype::F16,
-        192,
-        [
-            "attention_bwd_pre_varlen_f16_d192",
-            "attention_bwd_varlen_f16_d192",
-            "attention_bwd_dkdv_varlen_f16_d192",
-            "attention_bwd_dq_convert_varlen_f16_d192",
-            "attention_bwd_dq_varlen_f16_d192",
-        ],
-    ),
+    bwd_entry!(Bf16, "bf16", 64, "_varlen"),
+    bwd_entry!(Bf16, "bf16", 128, "_varlen"),
+    bwd_entry!(Bf16, "bf16", 256, "_varlen"),
+    bwd_entry!(Bf16, "bf16", 96, "_varlen"),
+    bwd_entry!(Bf16, "bf16", 192, "_varlen"),
+    bwd_entry!(F16, "f16", 64, "_varlen"),
+    bwd_entry!(F16, "f16", 128, "_varlen"),
+    bwd_entry!(F16, "f16", 256, "_varlen"),
+    bwd_entry!(F16, "f16", 96, "_varlen"),
+    bwd_entry!(F16, "f16", 192, "_varlen"),
 ];
+
+/// Threads per block of the dsinks kernels.
+pub const DSINKS_THREADS: u32 = 256;
+
+/// Shared memory of the dsinks kernels: one f32 partial sum per warp.
+fn dsinks_smem(_: ()) -> usize {
+    (DSINKS_THREADS / WARP_SIZE) as usize * 4
+}
+
+/// `attention_bwd_dsinks`: the sinks' gradient on a dense batch, grid `(heads_q, 1, 1)`,
+/// after the preprocess (it reads LSE, `delta'` and the sinks, writes `d_sinks`).
+pub const ATTENTION_BWD_DSINKS: Kernel<AttentionBwdParams> =
+    Kernel::new("attention_bwd_dsinks", DSINKS_THREADS, 1, dsinks_smem);
+
+/// `attention_bwd_dsinks_varlen`: [`ATTENTION_BWD_DSINKS`] over packed sequences.
+pub const ATTENTION_BWD_DSINKS_VARLEN: Kernel<AttentionBwdVarlenParams> = Kernel::new(
+    "attention_bwd_dsinks_varlen",
+    DSINKS_THREADS,
+    1,
+    dsinks_smem,
+);
 
 /// `negative_attention_bwd_no_ds_barrier`: `attention_bwd_bf16_d64` without the barrier between
 /// the warps' `dS^T` stores and their reads for the dQ product, a negative control for the test
@@ -671,17 +530,24 @@ pub const NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER: Kernel<AttentionBwdParams, BwdTi
 /// The backward's negative controls (never launched by the library).
 pub const NEGATIVE: &[KernelDecl] = &[NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER.info()];
 
-/// Backward kernels in [`BWD_KERNELS`] and [`BWD_VARLEN_KERNELS`] (five per entry).
-pub const BWD_KERNEL_COUNT: usize = 5 * (BWD_KERNELS.len() + BWD_VARLEN_KERNELS.len());
+/// Kernels per entry of [`BWD_KERNELS`] and [`BWD_VARLEN_KERNELS`].
+const PER_ENTRY: usize = 8;
 
-/// The five handles of `k`, in launch-table order.
-const fn decls_of<P>(k: &BwdKernels<P>) -> [KernelDecl; 5] {
+/// Backward kernels: [`PER_ENTRY`] per entry of [`BWD_KERNELS`] and [`BWD_VARLEN_KERNELS`],
+/// then the two dsinks kernels.
+pub const BWD_KERNEL_COUNT: usize = PER_ENTRY * (BWD_KERNELS.len() + BWD_VARLEN_KERNELS.len()) + 2;
+
+/// The handles of `k`, in launch-table order.
+const fn decls_of<P>(k: &BwdKernels<P>) -> [KernelDecl; PER_ENTRY] {
     [
         k.pre.info(),
         k.dkdv_dq.info(),
         k.dkdv.info(),
         k.dq_convert.info(),
         k.dq.info(),
+        k.dkdv_dq_softcap.info(),
+        k.dkdv_softcap.info(),
+        k.dq_softcap.info(),
     ]
 }
 
@@ -696,12 +562,14 @@ pub const fn bwd_kernel_decls() -> [KernelDecl; BWD_KERNEL_COUNT] {
             decls_of(&BWD_VARLEN_KERNELS[i - BWD_KERNELS.len()])
         };
         let mut j = 0;
-        while j < 5 {
-            out[5 * i + j] = decls[j];
+        while j < PER_ENTRY {
+            out[PER_ENTRY * i + j] = decls[j];
             j += 1;
         }
         i += 1;
     }
+    out[BWD_KERNEL_COUNT - 2] = ATTENTION_BWD_DSINKS.info();
+    out[BWD_KERNEL_COUNT - 1] = ATTENTION_BWD_DSINKS_VARLEN.info();
     out
 }
 

@@ -1,6 +1,6 @@
 //! The logit options of the `capsink` kernels ([`LogitOptions`]): the softcap on raw products,
 //! and the sink joined to a row's softmax when the row is finished. Shared by the forward
-//! paths and the decode kernels.
+//! paths, the decode kernels and (the softcap and its derivative) the backward's.
 
 use crate::arch::math;
 use kernel_abi::attention::LogitOptions;
@@ -33,6 +33,20 @@ pub(crate) fn softcap<const MT: usize, const NT: usize>(
                 }
             }
         }
+    }
+}
+
+/// The backward's logit of raw product `s` and the factor of its gradient: `(tanh(s k), 1 -
+/// tanh^2(s k))` with `SOFTCAP` (`k = softcap_scale`; the caller's `scale_log2` is `softcap
+/// log2 e`), `(s, 1)` without. `dS` of the raw product is the logit's gradient times the
+/// factor (the softcap's derivative; the softmax scale is applied to dQ and dK at the end).
+#[inline(always)]
+pub(crate) fn backward_logit<const SOFTCAP: bool>(s: f32, softcap_scale: f32) -> (f32, f32) {
+    if SOFTCAP {
+        let t = tanh(s * softcap_scale);
+        (t, math::fma(-t, t, 1.0))
+    } else {
+        (s, 1.0)
     }
 }
 

@@ -52,6 +52,7 @@ pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
     AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
     BackwardWorkspaceLens, BwdLaunch, VarlenBackwardLaunches, backward, backward_varlen,
+    backward_varlen_with_sinks, backward_with_sinks,
 };
 pub use decode::{
     AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, DecodeTables, decode,
@@ -72,9 +73,11 @@ pub use raw::{
     plan_raw, plan_varlen_raw,
 };
 pub use reference::{
-    naive_backward_same_precision, naive_backward_varlen_same_precision, naive_same_precision,
-    naive_same_precision_sinks, naive_varlen_same_precision, naive_varlen_same_precision_sinks,
-    reference, reference_rows, reference_varlen, reference_varlen_with_sinks, reference_with_sinks,
+    naive_backward_same_precision, naive_backward_same_precision_sinks,
+    naive_backward_varlen_same_precision, naive_backward_varlen_same_precision_sinks,
+    naive_same_precision, naive_same_precision_sinks, naive_varlen_same_precision,
+    naive_varlen_same_precision_sinks, reference, reference_rows, reference_varlen,
+    reference_varlen_with_sinks, reference_with_sinks,
 };
 pub use run::{forward, forward_variant, forward_with_sinks};
 pub use varlen::{

@@ -339,23 +339,36 @@ pub(in crate::attention) fn check_sinks(
     heads_q: usize,
     sinks: Option<&DevView<'_, f32>>,
 ) -> Result<()> {
-    match (expected, sinks) {
+    check_head_values("sinks", "sink tensor", expected, heads_q, sinks)
+}
+
+/// Check a per-query-head f32 tensor `what` (the sinks or their gradient) against a problem with
+/// (`expected`) or without sinks: present exactly when expected, `heads_q` values, 4-byte
+/// aligned.
+pub(in crate::attention) fn check_head_values(
+    what: &str,
+    noun: &str,
+    expected: bool,
+    heads_q: usize,
+    values: Option<&DevView<'_, f32>>,
+) -> Result<()> {
+    match (expected, values) {
         (false, None) => Ok(()),
         (true, None) => Err(Error::invalid(
-            "sinks",
-            "the problem has sinks but no sink tensor was given",
+            what,
+            format!("the problem has sinks but no {noun} was given"),
         )),
         (false, Some(_)) => Err(Error::invalid(
-            "sinks",
-            "a sink tensor was given but the problem has no sinks",
+            what,
+            format!("a {noun} was given but the problem has no sinks"),
         )),
         (true, Some(s)) if s.len() != heads_q => Err(Error::shape(
-            "sinks",
+            what,
             format!("{heads_q} elements (one per query head)"),
             s.len(),
         )),
         (true, Some(s)) if !s.addr().is_multiple_of(4) => Err(Error::Misaligned {
-            what: "sinks start".into(),
+            what: format!("{what} start"),
             required: 4,
             actual: s.addr() % 4,
         }),

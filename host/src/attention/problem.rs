@@ -124,18 +124,6 @@ impl AttentionProblem {
         self
     }
 
-    /// The backward kernels take neither a softcap nor sinks: a typed error for a problem with
-    /// either.
-    pub(crate) fn check_backward_logits(&self) -> Result<()> {
-        if self.has_logit_options() {
-            return Err(Error::unsupported(
-                "attention backward with a softcap or sinks",
-                "the backward kernels support neither yet (the forward does)",
-            ));
-        }
-        Ok(())
-    }
-
     /// Whether the problem needs the `capsink` kernels (a softcap or sinks).
     pub fn has_logit_options(&self) -> bool {
         self.softcap.is_some() || self.sinks

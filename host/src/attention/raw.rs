@@ -233,6 +233,10 @@ pub struct RawAttentionBackwardTensors<'t> {
     pub dk: &'t RawTensor,
     /// dV, as K (written, as dK).
     pub dv: &'t RawTensor,
+    /// The forward's sinks `[heads_q]` f32, or `None` (a problem without sinks).
+    pub sinks: Option<&'t RawTensor>,
+    /// The sinks' gradient `[heads_q]` f32 (written), exactly when `sinks` is given.
+    pub d_sinks: Option<&'t RawTensor>,
 }
 
 /// The workspace of a raw backward pass: contiguous rank-1 f32 tensors of the lengths
@@ -256,8 +260,9 @@ pub fn plan_backward_raw(
     tensors: &RawAttentionBackwardTensors<'_>,
 ) -> Result<(AttentionProblem, AttentionBackwardPlan)> {
     let dtype = dtype_of(tensors.q.dtype)?;
-    let problem =
+    let mut problem =
         AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
+    problem.sinks = tensors.sinks.is_some();
     problem.validate()?;
     let plan = match dtype {
         Dtype::Bf16 => plan_backward_typed::<bf16>(&problem, target, backward, tensors),
@@ -285,6 +290,14 @@ fn plan_backward_typed<T: AttentionElem + RawElem>(
             dq: view("dQ", t.dq)?,
             dk: view("dK", t.dk)?,
             dv: view("dV", t.dv)?,
+            sinks: t
+                .sinks
+                .map(|s| sinks_view(problem.heads_q, s))
+                .transpose()?,
+            d_sinks: t
+                .d_sinks
+                .map(|s| flat_view("dsinks", s, &[problem.heads_q]))
+                .transpose()?,
         },
         backward,
     )
@@ -351,6 +364,8 @@ fn all_tensors<'t>(t: &RawAttentionBackwardTensors<'t>) -> Vec<(&'static str, &'
         ("dV", t.dv),
     ];
     all.extend(t.d_lse.map(|d| ("dLSE", d)));
+    all.extend(t.sinks.map(|s| ("sinks", s)));
+    all.extend(t.d_sinks.map(|s| ("dsinks", s)));
     all
 }
 
@@ -618,6 +633,10 @@ pub struct RawAttentionVarlenBackwardTensors<'t> {
     pub cu_seqlens_q: &'t RawTensor,
     /// `[batch + 1]` i32, contiguous: the first key row of each sequence, then `total_k`.
     pub cu_seqlens_k: &'t RawTensor,
+    /// The forward's sinks `[heads_q]` f32, or `None` (a problem without sinks).
+    pub sinks: Option<&'t RawTensor>,
+    /// The sinks' gradient `[heads_q]` f32 (written), exactly when `sinks` is given.
+    pub d_sinks: Option<&'t RawTensor>,
 }
 
 impl<'t> RawAttentionVarlenBackwardTensors<'t> {
@@ -637,6 +656,8 @@ impl<'t> RawAttentionVarlenBackwardTensors<'t> {
             ("cu_seqlens_k", self.cu_seqlens_k),
         ];
         all.extend(self.d_lse.map(|d| ("dLSE", d)));
+        all.extend(self.sinks.map(|s| ("sinks", s)));
+        all.extend(self.d_sinks.map(|s| ("dsinks", s)));
         all
     }
 }
@@ -658,7 +679,7 @@ pub fn plan_backward_varlen_raw(
     let dtype = dtype_of(tensors.q.dtype)?;
     let [entries] = <[usize; 1]>::try_from(&tensors.cu_seqlens_q.shape[..])
         .map_err(|_| Error::shape("cu_seqlens_q rank", 1, tensors.cu_seqlens_q.shape.len()))?;
-    let problem = AttentionVarlenProblem::from_shapes(
+    let mut problem = AttentionVarlenProblem::from_shapes(
         &tensors.q.shape,
         &tensors.k.shape,
         entries.saturating_sub(1),
@@ -666,6 +687,7 @@ pub fn plan_backward_varlen_raw(
         dtype,
         options,
     )?;
+    problem.sinks = tensors.sinks.is_some();
     problem.validate()?;
     let plan = match dtype {
         Dtype::Bf16 => plan_backward_varlen_typed::<bf16>(&problem, backward, tensors),
@@ -698,6 +720,14 @@ fn plan_backward_varlen_typed<T: AttentionElem + RawElem>(
             dv: packed_view("dV", t.dv)?,
             cu_seqlens_q: flat_view("cu_seqlens_q", t.cu_seqlens_q, &[cu_len])?,
             cu_seqlens_k: flat_view("cu_seqlens_k", t.cu_seqlens_k, &[cu_len])?,
+            sinks: t
+                .sinks
+                .map(|s| sinks_view(problem.heads_q, s))
+                .transpose()?,
+            d_sinks: t
+                .d_sinks
+                .map(|s| flat_view("dsinks", s, &[problem.heads_q]))
+                .transpose()?,
         },
         backward,
     )

@@ -402,6 +402,33 @@ pub fn backward<T: AttentionElem>(
     )
 }
 
+/// [`backward`] of a problem with a softcap and sinks (`sinks` `Some` exactly when the problem
+/// has them): [`backward_f64_sinks`] on the widened inputs; the gradients of Q, K, V and of
+/// the sinks.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_sinks<T: AttentionElem>(
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+    sinks: Option<&[f32]>,
+) -> (AttentionGrads, Option<Vec<f64>>) {
+    let wide32 = |x: &[f32]| -> Vec<f64> { x.iter().map(|&x| x as f64).collect() };
+    let d_lse = d_lse.map(wide32);
+    let sinks = sinks.map(wide32);
+    backward_f64_sinks(
+        p,
+        &widen(q),
+        &widen(k),
+        &widen(v),
+        &widen(d_o),
+        d_lse.as_deref(),
+        sinks.as_deref(),
+    )
+}
+
 /// [`backward`] on f64 inputs (for a problem without sinks; [`backward_f64_sinks`]).
 pub fn backward_f64(
     p: &AttentionProblem,
@@ -505,42 +532,77 @@ pub fn naive_backward_same_precision<T: AttentionElem>(
     d_o: &[T],
     d_lse: Option<&[f32]>,
 ) -> AttentionGrads {
-    assert!(
-        !p.has_logit_options(),
-        "the naive backward covers problems without a softcap or sinks"
+    naive_backward_same_precision_sinks(p, q, k, v, d_o, d_lse, None).0
+}
+
+/// [`naive_backward_same_precision`] with a softcap and sinks (`sinks` `Some` exactly when the
+/// problem has them), the backward of [`naive_same_precision_sinks`]: under a softcap `c` the
+/// capped logit `round(c tanh(x / c))` of the rounded score `x`, and `dS` times `1 - tanh^2(x /
+/// c)` rounded to T; the sinks' gradient `sum_rows P_sink (dLSE - rowsum(dO O))` in f32 with
+/// the row's output O rounded to T (as a framework computes it from the layer's saved output;
+/// the kernels' `delta'` is that of the O they are given, also in T).
+pub fn naive_backward_same_precision_sinks<T: AttentionElem>(
+    p: &AttentionProblem,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+    sinks: Option<&[f32]>,
+) -> (AttentionGrads, Option<Vec<f64>>) {
+    assert_eq!(
+        p.sinks,
+        sinks.is_some(),
+        "sink values are given exactly for a problem with sinks"
     );
     let d = p.head_dim;
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale();
     let round = |x: f32| T::from_f32(x).to_f32();
+    // The capped logit and the derivative of the cap at the rounded score `x`.
+    let cap = |x: f32| match p.softcap {
+        Some(c) => {
+            let t = (x / c).tanh();
+            (round(c * t), 1.0 - t * t)
+        }
+        None => (x, 1.0),
+    };
     let f32s = |x: &[T]| -> Vec<f32> { x.iter().map(|x| x.to_f32()).collect() };
     let qs: Vec<f32> = q.iter().map(|x| round(x.to_f32() * scale)).collect();
     let (k32, v32, do32) = (f32s(k), f32s(v), f32s(d_o));
     let mut dq = vec![0.0f64; q.len()];
     let mut dk32 = vec![0.0f32; k.len()];
     let mut dv32 = vec![0.0f32; v.len()];
+    let mut dsinks = sinks.map(|s| vec![0.0f32; s.len()]);
     let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
     let mut probs = vec![0.0f32; p.seq_k];
+    let mut dcap = vec![1.0f32; p.seq_k];
     let mut ds = vec![0.0f32; p.seq_k];
     for b in 0..p.batch {
         for h in 0..p.heads_q {
             let hk = h / group;
+            let sink = sinks.map_or(f32::NEG_INFINITY, |s| s[h]);
             for i in 0..p.seq_q {
                 let qi = row(&qs, p.seq_q, p.heads_q, d, b, i, h);
                 let doi = row(&do32, p.seq_q, p.heads_q, d, b, i, h);
-                let mut max = f32::NEG_INFINITY;
+                let mut max = sink;
                 for (j, s) in probs.iter_mut().enumerate() {
                     *s = if p.allowed(i, j) {
-                        round(dot(qi, row(&k32, p.seq_k, p.heads_kv, d, b, j, hk)))
+                        let x = round(dot(qi, row(&k32, p.seq_k, p.heads_kv, d, b, j, hk)));
+                        let (l, dl) = cap(x);
+                        dcap[j] = dl;
+                        l
                     } else {
                         f32::NEG_INFINITY
                     };
                     max = max.max(*s);
                 }
                 if max == f32::NEG_INFINITY {
-                    continue; // no allowed key: the row contributes nothing
+                    continue; // no allowed key and no sink: the row contributes nothing
                 }
-                let sum: f32 = probs.iter().map(|&s| (s - max).exp()).sum();
+                let sum: f32 =
+                    probs.iter().map(|&s| (s - max).exp()).sum::<f32>() + (sink - max).exp();
+                let p_sink = (sink - max).exp() / sum;
                 probs
                     .iter_mut()
                     .for_each(|s| *s = round((*s - max).exp() / sum));
@@ -554,8 +616,18 @@ pub fn naive_backward_same_precision<T: AttentionElem>(
                     delta += probs[j] * *ds;
                 }
                 let dlse = d_lse.map_or(0.0, |g| g[(b * p.heads_q + h) * p.seq_q + i]);
+                if let Some(dsinks) = dsinks.as_mut() {
+                    // From the layer's output O rounded to T: `rowsum(dO O)`.
+                    let mut o = vec![0.0f32; d];
+                    for (j, &pj) in probs.iter().enumerate().filter(|(_, p)| **p != 0.0) {
+                        let vj = row(&v32, p.seq_k, p.heads_kv, d, b, j, hk);
+                        o.iter_mut().zip(vj).for_each(|(x, y)| *x += pj * y);
+                    }
+                    let row_delta: f32 = o.iter().zip(doi).map(|(x, y)| round(*x) * y).sum();
+                    dsinks[h] += p_sink * (dlse - row_delta);
+                }
                 for (j, ds) in ds.iter_mut().enumerate() {
-                    *ds = round(probs[j] * (*ds - delta + dlse));
+                    *ds = round(round(probs[j] * (*ds - delta + dlse)) * dcap[j]);
                 }
                 let mut acc = vec![0.0f32; d];
                 for j in 0..p.seq_k {
@@ -579,11 +651,14 @@ pub fn naive_backward_same_precision<T: AttentionElem>(
             }
         }
     }
-    AttentionGrads {
-        dq,
-        dk: dk32.iter().map(|&x| round(x) as f64).collect(),
-        dv: dv32.iter().map(|&x| round(x) as f64).collect(),
-    }
+    (
+        AttentionGrads {
+            dq,
+            dk: dk32.iter().map(|&x| round(x) as f64).collect(),
+            dv: dv32.iter().map(|&x| round(x) as f64).collect(),
+        },
+        dsinks.map(|s| s.iter().map(|&x| x as f64).collect()),
+    )
 }
 
 /// Relative floor of the backward's tolerance (times `max |ref|` of the gradient).
@@ -661,6 +736,54 @@ pub fn naive_varlen_same_precision_sinks<T: AttentionElem>(
         |sp, q, k, v| naive_same_precision_sinks(sp, q, k, v, sinks),
         (q, k, v),
     )
+}
+
+/// [`backward_varlen`] of a problem with a softcap and sinks: [`backward_sinks`] per sequence,
+/// the sinks' gradient summed over the sequences.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_varlen_sinks<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+    sinks: Option<&[f32]>,
+) -> (AttentionGrads, Option<Vec<f64>>) {
+    let total = std::cell::RefCell::new(sinks.map(|s| vec![0.0; s.len()]));
+    let grads = per_sequence_grads(p, seqlens, (q, k, v, d_o), d_lse, |sp, q, k, v, d_o, dl| {
+        let (g, ds) = backward_sinks(sp, q, k, v, d_o, dl, sinks);
+        if let (Some(t), Some(ds)) = (total.borrow_mut().as_mut(), ds) {
+            t.iter_mut().zip(ds).for_each(|(t, x)| *t += x);
+        }
+        g
+    });
+    (grads, total.into_inner())
+}
+
+/// [`naive_backward_same_precision_sinks`] per sequence, as [`backward_varlen_sinks`] (the
+/// sinks' gradient summed over the sequences in f64).
+#[allow(clippy::too_many_arguments)]
+pub fn naive_backward_varlen_same_precision_sinks<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    d_lse: Option<&[f32]>,
+    sinks: Option<&[f32]>,
+) -> (AttentionGrads, Option<Vec<f64>>) {
+    let total = std::cell::RefCell::new(sinks.map(|s| vec![0.0; s.len()]));
+    let grads = per_sequence_grads(p, seqlens, (q, k, v, d_o), d_lse, |sp, q, k, v, d_o, dl| {
+        let (g, ds) = naive_backward_same_precision_sinks(sp, q, k, v, d_o, dl, sinks);
+        if let (Some(t), Some(ds)) = (total.borrow_mut().as_mut(), ds) {
+            t.iter_mut().zip(ds).for_each(|(t, x)| *t += x);
+        }
+        g
+    });
+    (grads, total.into_inner())
 }
 
 /// Run `f` on each sequence's dense problem and rows, and place its outputs in the packed

@@ -740,6 +740,8 @@ mod raw_varlen {
             dv,
             cu_seqlens_q,
             cu_seqlens_k,
+            sinks: None,
+            d_sinks: None,
         };
         for deterministic in [false, true] {
             let opts = BackwardOptions { deterministic };

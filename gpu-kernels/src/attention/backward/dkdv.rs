@@ -15,7 +15,8 @@
 //! `(w / (BN / 16)) D / d_split ..+ D / d_split`. Per step it computes, with keys as rows,
 //! `S^T = K Q^T` and `dP^T = V dO^T` (`16 x BM`, all of D), then
 //! `P^T = exp2(S^T scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf),
-//! `dS^T = P^T (dP^T - delta')`, and `dV += P^T dO`, `dK += dS^T Q` on its columns (P and dS
+//! `dS^T = P^T (dP^T - delta')` (with `SOFTCAP`, `S^T` replaced by `t = tanh(S^T softcap_scale)`
+//! and `dS^T` scaled by `1 - t^2`: [`logits::backward_logit`]), and `dV += P^T dO`, `dK += dS^T Q` on its columns (P and dS
 //! rounded to the element type as A fragments). With `DQ`, the warps of the first column
 //! group store `dS^T` (element type) in shared memory, and warp `w` computes the m16 tile
 //! `w % (BM / 16)` of `dQ_step = dS K` on its column group `w / (BM / 16)`, added into the
@@ -41,7 +42,7 @@
 //! (the condition is block-uniform).
 
 use super::super::elem::Elem;
-use super::super::mask;
+use super::super::{logits, mask};
 use super::frag::{a_rows, a_trans, at, mma_ab, mma_abt, pack_a};
 use super::layout::BwdLayout;
 use crate::arch::{atomic, cp_async, global, index, math, smem, sync};
@@ -79,6 +80,7 @@ fn load<const D: u32, const RB: u32, const ROWS: u32, const THREADS: u32>(
 /// `negative_attention_bwd_no_ds_barrier` (`crate::negative`), never launched by the library:
 /// barrier (B) is left out, so warps read rows of the `dS^T` tile that other warps are still
 /// storing (a shared-memory read-after-write race; dK and dV are unaffected, dQ is not).
+/// `SOFTCAP`: the logits soft-capped ([`logits::backward_logit`]).
 ///
 /// # Safety
 /// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)` (`seq_k` the longest sequence's
@@ -103,6 +105,7 @@ pub(super) unsafe fn dkdv<
     const THREADS: u32,
     const DQ: bool,
     const DS_BARRIER: bool,
+    const SOFTCAP: bool,
 >(
     pp: &L::Params,
     cfg: &BwdTileConfig,
@@ -241,7 +244,9 @@ pub(super) unsafe fn dkdv<
                 for e in 0..4 {
                     let key = (n0 + key_row + g + 8 * (e as u32 / 2)) as i32;
                     let i = m0 + 8 * j as u32 + 2 * t + (e as u32 % 2);
-                    let mut pr = math::exp2(math::fma(s[j][e], p.scale_log2, -lse2[j][e % 2]));
+                    let (x, dx) =
+                        logits::backward_logit::<SOFTCAP>(s[j][e], p.logits.softcap_scale);
+                    let mut pr = math::exp2(math::fma(x, p.scale_log2, -lse2[j][e % 2]));
                     if needs_mask
                         && !(i < seq_q
                             && mask::allowed(i as i32, key, off as i32, wl, wr, seq_k as i32))
@@ -250,6 +255,9 @@ pub(super) unsafe fn dkdv<
                     }
                     s[j][e] = pr;
                     dp[j][e] = pr * (dp[j][e] - delta[j][e % 2]);
+                    if SOFTCAP {
+                        dp[j][e] *= dx;
+                    }
                 }
             }
 

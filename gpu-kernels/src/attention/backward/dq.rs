@@ -1,6 +1,7 @@
 //! The deterministic dQ kernel (`attention_bwd_dq_*`, and `attention_bwd_dq_varlen_*` on packed
 //! sequences): one block per `BM` query rows of one (sequence, query head) recomputes, over the keys its rows may see, `S = Q K^T`,
-//! `P = exp2(S scale_log2 - LSE log2 e)`, `dP = dO V^T`, `dS = P (dP - delta')`, and
+//! `P = exp2(S scale_log2 - LSE log2 e)`, `dP = dO V^T`, `dS = P (dP - delta')` (with
+//! `SOFTCAP`, `S` replaced by `t = tanh(S softcap_scale)` and `dS` scaled by `1 - t^2`), and
 //! accumulates `dQ = dS K` in registers; then writes `scale dQ` in the element type. Every
 //! element of dQ is summed by one thread in a fixed order: bitwise reproducible.
 //!
@@ -27,7 +28,7 @@
 //! sequence's query rows returns before any barrier (the condition is block-uniform).
 
 use super::super::elem::Elem;
-use super::super::mask;
+use super::super::{logits, mask};
 use super::frag::{a_rows, at, mma_ab, mma_abt, pack_a};
 use super::layout::BwdLayout;
 use crate::arch::{cp_async, global, index, math, smem, sync};
@@ -55,6 +56,7 @@ pub(super) unsafe fn dq<
     const NT: usize,
     const KN: usize,
     const THREADS: u32,
+    const SOFTCAP: bool,
 >(
     pp: &L::Params,
     cfg: &DqTileConfig,
@@ -181,7 +183,9 @@ pub(super) unsafe fn dq<
                     let hh = e / 2;
                     let i = m0 + warp_row + g + 8 * hh as u32;
                     let key = (n0 + 8 * j as u32 + 2 * t + (e as u32 % 2)) as i32;
-                    let mut pr = math::exp2(math::fma(s[j][e], p.scale_log2, -lse2[hh]));
+                    let (x, dx) =
+                        logits::backward_logit::<SOFTCAP>(s[j][e], p.logits.softcap_scale);
+                    let mut pr = math::exp2(math::fma(x, p.scale_log2, -lse2[hh]));
                     if needs_mask
                         && !(i < seq_q
                             && mask::allowed(i as i32, key, off as i32, wl, wr, seq_k as i32))
@@ -189,6 +193,9 @@ pub(super) unsafe fn dq<
                         pr = 0.0;
                     }
                     dp[j][e] = pr * (dp[j][e] - delta[hh]);
+                    if SOFTCAP {
+                        dp[j][e] *= dx;
+                    }
                 }
             }
             // SAFETY: as above (K of this stage).

@@ -16,7 +16,12 @@
 //! - [`dkdv`]: `attention_bwd_*` (dK, dV and dQ by `red.global.add.f32`) and
 //!   `attention_bwd_dkdv_*` (dK, dV; deterministic mode), one block per key block;
 //! - [`rows`]: `attention_bwd_dq_convert_*`, dQ from the accumulator; or [`dq`]:
-//!   `attention_bwd_dq_*`, dQ recomputed per query block (deterministic mode).
+//!   `attention_bwd_dq_*`, dQ recomputed per query block (deterministic mode);
+//! - with sinks, [`rows`]: `attention_bwd_dsinks` (`_varlen`), the sinks' gradient.
+//!
+//! Under a softcap, `attention_bwd_softcap_*`, `attention_bwd_dkdv_softcap_*` and
+//! `attention_bwd_dq_softcap_*` replace the dK/dV and dQ kernels (the same bodies with the
+//! softcap's logit and derivative, `super::logits::backward_logit`).
 //!
 //! Each file documents its kernels' tiling, thread mapping and barrier protocol; [`frag`] holds
 //! the fragment products they share. The mask is the forward's ([`super::mask`]); a row whose
@@ -36,13 +41,13 @@ use kernel_abi::attention::backward::{
 use layout::{Dense, Packed};
 
 /// The body of a dK/dV kernel in layout `$layout` for element type `$elem`, head dimension
-/// `$d`, with (`true`) or without the dQ atomics; `$ds_barrier = false` only in the negative
-/// control.
+/// `$d`, with (`true`) or without the dQ atomics, soft-capped logits if `$softcap`;
+/// `$ds_barrier = false` only in the negative control.
 macro_rules! dkdv_body {
-    ($layout:ty, $p:expr, $elem:ty, $d:expr, $with_dq:expr) => {
-        dkdv_body!($layout, $p, $elem, $d, $with_dq, true)
+    ($layout:ty, $p:expr, $elem:ty, $d:expr, $with_dq:expr, $softcap:expr) => {
+        dkdv_body!($layout, $p, $elem, $d, $with_dq, true, $softcap)
     };
-    ($layout:ty, $p:expr, $elem:ty, $d:expr, $with_dq:expr, $ds_barrier:expr) => {{
+    ($layout:ty, $p:expr, $elem:ty, $d:expr, $with_dq:expr, $ds_barrier:expr, $softcap:expr) => {{
         const CFG: BwdTileConfig = bwd_tile_config_of($d);
         dkdv::dkdv::<
             $layout,
@@ -61,14 +66,15 @@ macro_rules! dkdv_body {
             { CFG.threads() },
             $with_dq,
             $ds_barrier,
+            $softcap,
         >(&$p, &CFG)
     }};
 }
 
 /// The body of the deterministic dQ kernel in layout `$layout` for element type `$elem`, head
-/// dimension `$d`.
+/// dimension `$d`, soft-capped logits if `$softcap`.
 macro_rules! dq_body {
-    ($layout:ty, $p:expr, $elem:ty, $d:expr) => {{
+    ($layout:ty, $p:expr, $elem:ty, $d:expr, $softcap:expr) => {{
         const CFG: DqTileConfig = dq_tile_config_of($d);
         dq::dq::<
             $layout,
@@ -82,6 +88,7 @@ macro_rules! dq_body {
             { (CFG.block_n / 8) as usize },
             { (CFG.block_n / 16) as usize },
             { CFG.threads() },
+            $softcap,
         >(&$p, &CFG)
     }};
 }
@@ -156,36 +163,67 @@ backward_kernels! {
     attention_bwd_dq_convert_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 256>(&p);
     attention_bwd_dq_convert_f16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 96>(&p);
     attention_bwd_dq_convert_f16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 192>(&p);
-    attention_bwd_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, true);
-    attention_bwd_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, true);
-    attention_bwd_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, true);
-    attention_bwd_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, true);
-    attention_bwd_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, true);
-    attention_bwd_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, true);
-    attention_bwd_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, true);
-    attention_bwd_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, true);
-    attention_bwd_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, true);
-    attention_bwd_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, true);
-    attention_bwd_dkdv_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, false);
-    attention_bwd_dkdv_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, false);
-    attention_bwd_dkdv_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, false);
-    attention_bwd_dkdv_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, false);
-    attention_bwd_dkdv_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, false);
-    attention_bwd_dkdv_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, false);
-    attention_bwd_dkdv_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, false);
-    attention_bwd_dkdv_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, false);
-    attention_bwd_dkdv_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, false);
-    attention_bwd_dkdv_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, false);
-    attention_bwd_dq_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, Bf16, 64);
-    attention_bwd_dq_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, Bf16, 128);
-    attention_bwd_dq_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, Bf16, 256);
-    attention_bwd_dq_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, Bf16, 96);
-    attention_bwd_dq_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, Bf16, 192);
-    attention_bwd_dq_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, F16, 64);
-    attention_bwd_dq_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, F16, 128);
-    attention_bwd_dq_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, F16, 256);
-    attention_bwd_dq_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, F16, 96);
-    attention_bwd_dq_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, F16, 192);
+    attention_bwd_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, true, false);
+    attention_bwd_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, true, false);
+    attention_bwd_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, true, false);
+    attention_bwd_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, true, false);
+    attention_bwd_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, true, false);
+    attention_bwd_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, true, false);
+    attention_bwd_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, true, false);
+    attention_bwd_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, true, false);
+    attention_bwd_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, true, false);
+    attention_bwd_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, true, false);
+    attention_bwd_dkdv_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, false, false);
+    attention_bwd_dkdv_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, false, false);
+    attention_bwd_dkdv_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, false, false);
+    attention_bwd_dkdv_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, false, false);
+    attention_bwd_dkdv_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, false, false);
+    attention_bwd_dkdv_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, false, false);
+    attention_bwd_dkdv_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, false, false);
+    attention_bwd_dkdv_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, false, false);
+    attention_bwd_dkdv_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, false, false);
+    attention_bwd_dkdv_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, false, false);
+    attention_bwd_dq_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, Bf16, 64, false);
+    attention_bwd_dq_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, Bf16, 128, false);
+    attention_bwd_dq_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, Bf16, 256, false);
+    attention_bwd_dq_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, Bf16, 96, false);
+    attention_bwd_dq_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, Bf16, 192, false);
+    attention_bwd_dq_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, F16, 64, false);
+    attention_bwd_dq_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, F16, 128, false);
+    attention_bwd_dq_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, F16, 256, false);
+    attention_bwd_dq_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, F16, 96, false);
+    attention_bwd_dq_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, F16, 192, false);
+    attention_bwd_dsinks, kernel_abi::attention::backward::DSINKS_THREADS, |p| rows::dsinks::<Dense>(&p);
+    attention_bwd_softcap_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, true, true);
+    attention_bwd_softcap_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, true, true);
+    attention_bwd_softcap_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, true, true);
+    attention_bwd_softcap_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, true, true);
+    attention_bwd_softcap_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, true, true);
+    attention_bwd_softcap_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, true, true);
+    attention_bwd_softcap_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, true, true);
+    attention_bwd_softcap_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, true, true);
+    attention_bwd_softcap_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, true, true);
+    attention_bwd_softcap_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, true, true);
+    attention_bwd_dkdv_softcap_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, false, true);
+    attention_bwd_dkdv_softcap_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, false, true);
+    attention_bwd_dkdv_softcap_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, false, true);
+    attention_bwd_dkdv_softcap_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, false, true);
+    attention_bwd_dkdv_softcap_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, false, true);
+    attention_bwd_dkdv_softcap_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, false, true);
+    attention_bwd_dkdv_softcap_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, false, true);
+    attention_bwd_dkdv_softcap_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, false, true);
+    attention_bwd_dkdv_softcap_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, false, true);
+    attention_bwd_dkdv_softcap_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, false, true);
+    attention_bwd_dq_softcap_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, Bf16, 64, true);
+    attention_bwd_dq_softcap_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, Bf16, 128, true);
+    attention_bwd_dq_softcap_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, Bf16, 256, true);
+    attention_bwd_dq_softcap_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, Bf16, 96, true);
+    attention_bwd_dq_softcap_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, Bf16, 192, true);
+    attention_bwd_dq_softcap_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, F16, 64, true);
+    attention_bwd_dq_softcap_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, F16, 128, true);
+    attention_bwd_dq_softcap_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, F16, 256, true);
+    attention_bwd_dq_softcap_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, F16, 96, true);
+    attention_bwd_dq_softcap_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, F16, 192, true);
 }
 
 // Packed sequences (`kernel_abi::attention::backward::BWD_VARLEN_KERNELS`).
@@ -211,36 +249,67 @@ backward_kernels! {
     attention_bwd_dq_convert_varlen_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 256>(&p);
     attention_bwd_dq_convert_varlen_f16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 96>(&p);
     attention_bwd_dq_convert_varlen_f16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 192>(&p);
-    attention_bwd_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, true);
-    attention_bwd_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, true);
-    attention_bwd_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, true);
-    attention_bwd_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, true);
-    attention_bwd_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, true);
-    attention_bwd_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, true);
-    attention_bwd_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, true);
-    attention_bwd_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, true);
-    attention_bwd_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, true);
-    attention_bwd_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, true);
-    attention_bwd_dkdv_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, false);
-    attention_bwd_dkdv_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, false);
-    attention_bwd_dkdv_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, false);
-    attention_bwd_dkdv_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, false);
-    attention_bwd_dkdv_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, false);
-    attention_bwd_dkdv_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, false);
-    attention_bwd_dkdv_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, false);
-    attention_bwd_dkdv_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, false);
-    attention_bwd_dkdv_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, false);
-    attention_bwd_dkdv_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, false);
-    attention_bwd_dq_varlen_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, Bf16, 64);
-    attention_bwd_dq_varlen_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, Bf16, 128);
-    attention_bwd_dq_varlen_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, Bf16, 256);
-    attention_bwd_dq_varlen_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, Bf16, 96);
-    attention_bwd_dq_varlen_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, Bf16, 192);
-    attention_bwd_dq_varlen_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, F16, 64);
-    attention_bwd_dq_varlen_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, F16, 128);
-    attention_bwd_dq_varlen_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, F16, 256);
-    attention_bwd_dq_varlen_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, F16, 96);
-    attention_bwd_dq_varlen_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, F16, 192);
+    attention_bwd_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, true, false);
+    attention_bwd_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, true, false);
+    attention_bwd_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, true, false);
+    attention_bwd_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, true, false);
+    attention_bwd_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, true, false);
+    attention_bwd_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, true, false);
+    attention_bwd_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, true, false);
+    attention_bwd_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, true, false);
+    attention_bwd_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, true, false);
+    attention_bwd_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, true, false);
+    attention_bwd_dkdv_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, false, false);
+    attention_bwd_dkdv_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, false, false);
+    attention_bwd_dkdv_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, false, false);
+    attention_bwd_dkdv_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, false, false);
+    attention_bwd_dkdv_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, false, false);
+    attention_bwd_dkdv_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, false, false);
+    attention_bwd_dkdv_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, false, false);
+    attention_bwd_dkdv_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, false, false);
+    attention_bwd_dkdv_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, false, false);
+    attention_bwd_dkdv_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, false, false);
+    attention_bwd_dq_varlen_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, Bf16, 64, false);
+    attention_bwd_dq_varlen_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, Bf16, 128, false);
+    attention_bwd_dq_varlen_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, Bf16, 256, false);
+    attention_bwd_dq_varlen_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, Bf16, 96, false);
+    attention_bwd_dq_varlen_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, Bf16, 192, false);
+    attention_bwd_dq_varlen_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, F16, 64, false);
+    attention_bwd_dq_varlen_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, F16, 128, false);
+    attention_bwd_dq_varlen_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, F16, 256, false);
+    attention_bwd_dq_varlen_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, F16, 96, false);
+    attention_bwd_dq_varlen_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, F16, 192, false);
+    attention_bwd_dsinks_varlen, kernel_abi::attention::backward::DSINKS_THREADS, |p| rows::dsinks::<Packed>(&p);
+    attention_bwd_softcap_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, true, true);
+    attention_bwd_softcap_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, true, true);
+    attention_bwd_softcap_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, true, true);
+    attention_bwd_softcap_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, true, true);
+    attention_bwd_softcap_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, true, true);
+    attention_bwd_softcap_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, true, true);
+    attention_bwd_softcap_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, true, true);
+    attention_bwd_softcap_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, true, true);
+    attention_bwd_softcap_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, true, true);
+    attention_bwd_softcap_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, true, true);
+    attention_bwd_dkdv_softcap_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, false, true);
+    attention_bwd_dkdv_softcap_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, false, true);
+    attention_bwd_dkdv_softcap_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, false, true);
+    attention_bwd_dkdv_softcap_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, false, true);
+    attention_bwd_dkdv_softcap_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, false, true);
+    attention_bwd_dkdv_softcap_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, false, true);
+    attention_bwd_dkdv_softcap_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, false, true);
+    attention_bwd_dkdv_softcap_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, false, true);
+    attention_bwd_dkdv_softcap_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, false, true);
+    attention_bwd_dkdv_softcap_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, false, true);
+    attention_bwd_dq_softcap_varlen_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, Bf16, 64, true);
+    attention_bwd_dq_softcap_varlen_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, Bf16, 128, true);
+    attention_bwd_dq_softcap_varlen_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, Bf16, 256, true);
+    attention_bwd_dq_softcap_varlen_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, Bf16, 96, true);
+    attention_bwd_dq_softcap_varlen_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, Bf16, 192, true);
+    attention_bwd_dq_softcap_varlen_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, F16, 64, true);
+    attention_bwd_dq_softcap_varlen_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, F16, 128, true);
+    attention_bwd_dq_softcap_varlen_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, F16, 256, true);
+    attention_bwd_dq_softcap_varlen_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, F16, 96, true);
+    attention_bwd_dq_softcap_varlen_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, F16, 192, true);
 }
 
 /// The body of the negative control `negative_attention_bwd_no_ds_barrier`
@@ -251,7 +320,7 @@ backward_kernels! {
 #[inline(always)]
 pub(crate) unsafe fn dkdv_dq_without_ds_barrier(p: &AttentionBwdParams) {
     // SAFETY: forwarded to the caller.
-    unsafe { dkdv_body!(Dense, p, Bf16, 64, true, false) }
+    unsafe { dkdv_body!(Dense, p, Bf16, 64, true, false, false) }
 }
 
 /// The negative control of the backward, for the CPU emulator (`crate::emu`).

@@ -1,7 +1,8 @@
 //! The row-wise kernels of the backward: the preprocess (`delta'` and the zeroed dQ
-//! accumulator) and the dQ conversion (accumulator times the scale to the element type).
+//! accumulator), the dQ conversion (accumulator times the scale to the element type) and the
+//! sinks' gradient ([`dsinks`], whose mapping and barrier protocol are documented there).
 //!
-//! # Thread mapping (both)
+//! # Thread mapping (preprocess and conversion)
 //! A block covers [`ROW_BLOCK`] query rows of one (sequence, head) with `L` lanes per row (`D /
 //! 8` rounded up to a power of two, at most 32): thread `tid` handles 16-byte chunk `c = tid %
 //! L` (8 elements; none when `c >= D / 8`) of rows `tid / L + k (ROW_THREADS / L)`. The lanes of
@@ -9,9 +10,11 @@
 //! shuffles. No shared memory, no barrier.
 
 use super::super::elem::Elem;
+use super::super::logits;
 use super::layout::BwdLayout;
-use crate::arch::{global, index, warp};
-use kernel_abi::attention::backward::{ROW_BLOCK, ROW_THREADS};
+use crate::arch::{global, index, math, smem, sync, warp};
+use kernel_abi::WARP_SIZE;
+use kernel_abi::attention::backward::{DSINKS_THREADS, ROW_BLOCK, ROW_THREADS};
 
 /// Lanes per row of the row kernels: `D / 8` 16-byte chunks, rounded up to a power of two.
 const fn row_lanes(d: u32) -> u32 {
@@ -142,5 +145,78 @@ pub(super) unsafe fn convert<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Params
             // SAFETY: row i < seq_q of the sequence, elements 8 c .. 8 c + 8: inside dQ, 16-byte aligned.
             unsafe { global::store_v4(dst as *mut u32, out) };
         }
+    }
+}
+
+/// The sinks' gradient of query head `blockIdx.x`: `d_sinks[h] = -sum exp(sink_h - LSE_i)
+/// delta'_i` over every row `i` of head `h` in every sequence (rows below `seq_q`, the longest
+/// length, as the preprocess; `delta' = rowsum(dO O) - dLSE`,
+/// so each term is `P_sink (dLSE - rowsum(dO O))`; a row whose LSE is -inf adds nothing).
+///
+/// # Thread mapping
+/// Thread `tid` sums rows `tid, tid + DSINKS_THREADS, ..` of each sequence in turn; each warp
+/// reduces its lanes with `xor` shuffles, and thread 0 adds the warps' sums in warp order: the
+/// order of every addition is fixed, so the result is bitwise reproducible.
+///
+/// # Barrier protocol
+/// Lane 0 of each warp stores the warp's sum into shared word `warp`; one `sync_threads`
+/// publishes the words; thread 0 reads them. Every thread reaches the barrier once.
+///
+/// # Safety
+/// Launched with grid `(heads_q, 1, 1)`, [`DSINKS_THREADS`] threads and one f32 of shared
+/// memory per warp, after the preprocess of the same launch sequence, on parameters satisfying
+/// their type's contract with sinks and `d_sinks` of `heads_q` values.
+#[inline(always)]
+pub(super) unsafe fn dsinks<L: BwdLayout>(pp: &L::Params) {
+    let p = L::base(pp);
+    let tid = index::thread_idx_x();
+    let h = index::block_idx_x();
+    // SAFETY: `h < heads_q` (the grid) and the sinks hold `heads_q` values (the contract).
+    let sink2 = unsafe { logits::sink_log2(&p.logits, h) };
+    let mut acc = 0.0f32;
+    for b in 0..p.batch {
+        // SAFETY: `b < batch`.
+        let seq = unsafe { L::locate(pp, b) };
+        let base = seq.lse_base(pp, h);
+        // Rows past the longest length (contents longer than stated) have no `delta'`.
+        let rows = seq.seq_q(pp).min(p.seq_q);
+        let mut i = tid;
+        while i < rows {
+            let idx = (base + i as u64) as usize;
+            // SAFETY: row i < seq_q of this (sequence, head): inside LSE and delta'.
+            let (lse, delta) = unsafe {
+                (
+                    global::load_nc_f32(p.lse.wrapping_add(idx)),
+                    global::load_nc_f32(p.delta.wrapping_add(idx)),
+                )
+            };
+            if lse != f32::NEG_INFINITY {
+                acc = math::fma(-math::exp2(sink2 - lse * math::LOG2_E), delta, acc);
+            }
+            i += DSINKS_THREADS;
+        }
+    }
+    let mut step = 16;
+    while step > 0 {
+        // SAFETY: all 32 lanes execute these shuffles (uniform trip count).
+        acc += unsafe { warp::shfl_xor_f32(warp::FULL_MASK, acc, step) };
+        step /= 2;
+    }
+    let sums = smem::dynamic_base();
+    let w = tid / WARP_SIZE;
+    if tid.is_multiple_of(WARP_SIZE) {
+        // SAFETY: word `w` < DSINKS_THREADS / 32 of the block's shared memory; one writer.
+        unsafe { smem::SmemValue::store(sums + 4 * w, acc) };
+    }
+    // SAFETY: the protocol's one barrier, reached by every thread.
+    unsafe { sync::sync_threads() };
+    if tid == 0 {
+        let mut total = 0.0f32;
+        for k in 0..DSINKS_THREADS / WARP_SIZE {
+            // SAFETY: published by the barrier.
+            total += unsafe { <f32 as smem::SmemValue>::load(sums + 4 * k) };
+        }
+        // SAFETY: `h < heads_q`: inside `d_sinks` (the contract).
+        unsafe { *p.d_sinks.add(h as usize) = total };
     }
 }

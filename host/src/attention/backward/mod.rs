@@ -24,10 +24,10 @@ pub use plan::{
     AttentionBackwardPlan, AttentionBackwardTensors, BackwardLaunches, BackwardOptions,
     BackwardPath, BackwardWorkspace, BackwardWorkspaceLens, BwdLaunch,
 };
-pub use run::backward;
+pub use run::{backward, backward_with_sinks};
 pub use varlen::{
     AttentionVarlenBackwardPlan, AttentionVarlenBackwardTensors, VarlenBackwardLaunches,
-    backward_varlen,
+    backward_varlen, backward_varlen_with_sinks,
 };
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The plan of a backward pass: which kernels, their grids and parameters, and the workspace
 //! they need, decided without a GPU.
 
-use super::super::plan::{Target, tile_map};
+use super::super::plan::{Target, check_head_values, check_sinks, tile_map};
 use super::super::problem::{AttentionElem, AttentionProblem, Path, View, last_element};
 use crate::error::{Error, Result};
 use crate::exec::DevView;
@@ -9,7 +9,9 @@ use crate::gpu::LaunchConfig;
 use crate::launch::Launch;
 use crate::tensor_map::MapSpec;
 use kernel_abi::attention::UNBOUNDED;
-use kernel_abi::attention::backward::{AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels};
+use kernel_abi::attention::backward::{
+    ATTENTION_BWD_DSINKS, AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels,
+};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M, HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdKernel,
     HopperBwdParams, hopper_bwd_kernel,
@@ -59,6 +61,11 @@ pub struct AttentionBackwardTensors<'a, T> {
     pub dk: View<'a, T>,
     /// dV, as K (written).
     pub dv: View<'a, T>,
+    /// The sink logits `[heads_q]` f32 of a problem with sinks ([`AttentionProblem::sinks`]),
+    /// the forward's; `None` without.
+    pub sinks: Option<DevView<'a, f32>>,
+    /// The sinks' gradient `[heads_q]` f32 (written) of a problem with sinks; `None` without.
+    pub d_sinks: Option<DevView<'a, f32>>,
 }
 
 impl<T> Clone for AttentionBackwardTensors<'_, T> {
@@ -87,6 +94,8 @@ pub struct BackwardLaunches {
     pub dkdv: BwdLaunch,
     /// dQ: the conversion of the accumulator, or a deterministic dQ kernel.
     pub dq: BwdLaunch,
+    /// The sinks' gradient (after the preprocess), with sinks.
+    pub dsinks: Option<Launch<AttentionBwdParams>>,
 }
 
 /// A dK/dV or dQ launch of a backward: on the `mma.sync` path, or a Hopper kernel's (its tensor
@@ -146,6 +155,10 @@ pub struct AttentionBackwardPlan {
     kernels: &'static BwdKernels,
     hopper: Option<HopperDkdv>,
     deterministic: bool,
+    /// Whether the logits are soft-capped (the `softcap` kernels).
+    softcap: bool,
+    /// Whether the problem has sinks (the dsinks kernel).
+    sinks: bool,
     /// Parameters with null workspace pointers (filled in by [`AttentionBackwardPlan::launches`]).
     params: AttentionBwdParams,
     row_grid: (u32, u32, u32),
@@ -224,8 +237,9 @@ fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
     search(delta, &dims, row)
 }
 
-/// Check that the outputs of `t` (dQ, dK, dV) overlap neither each other nor the inputs (Q, K,
-/// V, O, dO, LSE, dLSE). Views without elements (packed tensors of no rows) overlap nothing.
+/// Check that the outputs of `t` (dQ, dK, dV, dsinks) overlap neither each other nor the inputs
+/// (Q, K, V, O, dO, LSE, dLSE, sinks). Views without elements (packed tensors of no rows)
+/// overlap nothing.
 pub(in crate::attention) fn check_outputs_apart<T>(
     t: &AttentionBackwardTensors<'_, T>,
 ) -> Result<()> {
@@ -250,11 +264,36 @@ pub(in crate::attention) fn check_outputs_apart<T>(
                 ));
             }
         }
-        let flat = [Some(("LSE", t.lse)), t.d_lse.map(|d| ("dLSE", d))];
+        let flat = [
+            Some(("LSE", t.lse)),
+            t.d_lse.map(|d| ("dLSE", d)),
+            t.sinks.map(|s| ("sinks", s)),
+            t.d_sinks.map(|s| ("dsinks", s)),
+        ];
         for (other, view) in flat.into_iter().flatten() {
             if spans_meet(span(out), flat_span(&view)) {
                 return Err(Error::invalid(
                     name.to_string(),
+                    format!("overlaps {other} (outputs must not alias any tensor)"),
+                ));
+            }
+        }
+    }
+    if let Some(ds) = t.d_sinks {
+        let views = inputs
+            .iter()
+            .filter(|(_, v)| !empty(v))
+            .map(|&(n, v)| (n, span(v)));
+        let flat = [
+            Some(("LSE", t.lse)),
+            t.d_lse.map(|d| ("dLSE", d)),
+            t.sinks.map(|s| ("sinks", s)),
+        ];
+        let flat = flat.into_iter().flatten().map(|(n, v)| (n, flat_span(&v)));
+        for (other, sp) in views.chain(flat) {
+            if spans_meet(flat_span(&ds), sp) {
+                return Err(Error::invalid(
+                    "dsinks",
                     format!("overlaps {other} (outputs must not alias any tensor)"),
                 ));
             }
@@ -332,7 +371,6 @@ impl AttentionProblem {
         options: BackwardOptions,
     ) -> Result<AttentionBackwardPlan> {
         self.validate()?;
-        self.check_backward_logits()?;
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",
@@ -369,12 +407,14 @@ impl AttentionProblem {
                 ));
             }
         }
+        self.check_backward_sinks(t.sinks.as_ref(), t.d_sinks.as_ref())?;
         check_outputs_apart(t)?;
         let d = self.head_dim as u32;
         let kernels = bwd_kernels(self.dtype, d).expect("validated head dimension");
         let hopper = self.backward_hopper_kernel(target, t)?;
         let (left, right) = self.effective_window();
         let scale = self.softmax_scale();
+        let (scale_log2, logits) = self.logit_params(t.sinks.as_ref());
         let params = AttentionBwdParams {
             q: t.q.ptr() as *const u16,
             k: t.k.ptr() as *const u16,
@@ -402,9 +442,13 @@ impl AttentionProblem {
             heads_q: self.heads_q as u32,
             heads_kv: self.heads_kv as u32,
             scale,
-            scale_log2: scale * std::f32::consts::LOG2_E,
+            scale_log2,
             window_left: left.map_or(UNBOUNDED, |l| l as i32),
             window_right: right.map_or(UNBOUNDED, |r| r as i32),
+            logits,
+            d_sinks: t
+                .d_sinks
+                .map_or(std::ptr::null_mut(), |s| s.addr() as *mut f32),
         };
         let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
         let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
@@ -429,6 +473,8 @@ impl AttentionProblem {
             kernels,
             hopper,
             deterministic: options.deterministic,
+            softcap: self.softcap.is_some(),
+            sinks: self.sinks,
             params,
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
             dkdv_grid: (sk.div_ceil(block_n), hkv, b),
@@ -442,8 +488,9 @@ impl AttentionProblem {
     /// it: with [`Path::Auto`] where the target has the Hopper kernels, one exists for the
     /// element type and head dimension (64 and 128) and tensor maps describe Q, dO, K and V;
     /// with [`Path::Hopper`] likewise, but an error on a GPU without the Hopper kernels or for
-    /// views a tensor map cannot describe (D = 256 takes the `mma.sync` kernels);
-    /// [`Path::MmaSync`] never.
+    /// views a tensor map cannot describe (D = 256 takes the `mma.sync` kernels) or a softcap
+    /// (the Hopper kernels have no softcap form: [`Path::Auto`] takes the `mma.sync` kernels);
+    /// [`Path::MmaSync`] never. Sinks change neither kernel (the forward's LSE holds them).
     fn backward_hopper_kernel<T>(
         &self,
         target: Target,
@@ -459,6 +506,13 @@ impl AttentionProblem {
                 ));
             }
             Path::Auto if !has => return Ok(None),
+            Path::Hopper if self.softcap.is_some() => {
+                return Err(Error::unsupported(
+                    "attention backward on the Hopper path with a softcap",
+                    "the Hopper backward kernels have no softcap form; the mma.sync path has",
+                ));
+            }
+            Path::Auto if self.softcap.is_some() => return Ok(None),
             Path::Auto | Path::Hopper => {}
         }
         let Some(kernel) = hopper_bwd_kernel(self.dtype, self.head_dim as u32) else {
@@ -500,6 +554,19 @@ impl AttentionProblem {
                 self.lse_len() * self.head_dim
             },
         }
+    }
+}
+
+impl AttentionProblem {
+    /// Check a backward's sinks and their gradient: both present exactly when the problem
+    /// has sinks, `heads_q` f32 values each, 4-byte aligned.
+    pub(in crate::attention) fn check_backward_sinks(
+        &self,
+        sinks: Option<&DevView<'_, f32>>,
+        d_sinks: Option<&DevView<'_, f32>>,
+    ) -> Result<()> {
+        check_sinks(self.sinks, self.heads_q, sinks)?;
+        check_head_values("dsinks", "sink gradient", self.sinks, self.heads_q, d_sinks)
     }
 }
 
@@ -575,20 +642,35 @@ impl AttentionBackwardPlan {
                 BwdLaunch::Hopper(Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, hp)),
             )
         } else if self.deterministic {
+            let (dkdv, dq) = if self.softcap {
+                (&k.dkdv_softcap, &k.dq_softcap)
+            } else {
+                (&k.dkdv, &k.dq)
+            };
             (
-                BwdLaunch::MmaSync(Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params)),
-                BwdLaunch::MmaSync(Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params)),
+                BwdLaunch::MmaSync(Launch::new(dkdv, self.dkdv_grid, k.tiles, params)),
+                BwdLaunch::MmaSync(Launch::new(dq, self.dq_grid, k.dq_tiles, params)),
             )
         } else {
+            let dkdv = if self.softcap {
+                &k.dkdv_dq_softcap
+            } else {
+                &k.dkdv_dq
+            };
             (
-                BwdLaunch::MmaSync(Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params)),
+                BwdLaunch::MmaSync(Launch::new(dkdv, self.dkdv_grid, k.tiles, params)),
                 BwdLaunch::MmaSync(Launch::new(&k.dq_convert, self.row_grid, (), params)),
             )
         };
+        let dsinks = self.sinks.then(|| {
+            let grid = (self.params.heads_q, 1, 1);
+            Launch::new(&ATTENTION_BWD_DSINKS, grid, (), params)
+        });
         Ok(BackwardLaunches {
             pre: Launch::new(&k.pre, self.row_grid, (), params),
             dkdv,
             dq,
+            dsinks,
         })
     }
 }

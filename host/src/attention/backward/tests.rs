@@ -48,6 +48,8 @@ fn tensors<'a, T>(p: &AttentionProblem, d_lse: bool) -> AttentionBackwardTensors
         dq: q(8),
         dk: k(9),
         dv: k(10),
+        sinks: None,
+        d_sinks: None,
     }
 }
 
@@ -386,6 +388,8 @@ fn varlen_tensors<'a, T>(
         dv: k(10),
         cu_seqlens_q: dev(11 << 40, p.batch + 1),
         cu_seqlens_k: dev(12 << 40, p.batch + 1),
+        sinks: None,
+        d_sinks: None,
     }
 }
 

@@ -28,7 +28,8 @@ use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 use kernel_abi::attention::UNBOUNDED;
 use kernel_abi::attention::backward::{
-    AttentionBwdParams, AttentionBwdVarlenParams, BwdKernels, ROW_BLOCK, bwd_varlen_kernels,
+    ATTENTION_BWD_DSINKS_VARLEN, AttentionBwdParams, AttentionBwdVarlenParams, BwdKernels,
+    ROW_BLOCK, bwd_varlen_kernels,
 };
 
 /// The tensors of a backward pass over packed sequences. Packed tensors are views of shape
@@ -59,6 +60,11 @@ pub struct AttentionVarlenBackwardTensors<'a, T> {
     pub cu_seqlens_q: DevView<'a, i32>,
     /// `[batch + 1]` key offsets.
     pub cu_seqlens_k: DevView<'a, i32>,
+    /// The sink logits `[heads_q]` f32 of a problem with sinks, the forward's; `None` without.
+    pub sinks: Option<DevView<'a, f32>>,
+    /// The sinks' gradient `[heads_q]` f32 (written, summed over every sequence) of a problem
+    /// with sinks; `None` without.
+    pub d_sinks: Option<DevView<'a, f32>>,
 }
 
 impl<T> Clone for AttentionVarlenBackwardTensors<'_, T> {
@@ -78,12 +84,18 @@ pub struct VarlenBackwardLaunches {
     /// dQ: the conversion of the accumulator, or the deterministic dQ kernel (`None` without
     /// query rows).
     pub dq: Option<Launch<AttentionBwdVarlenParams>>,
+    /// The sinks' gradient (after the preprocess; zeros without query rows), with sinks.
+    pub dsinks: Option<Launch<AttentionBwdVarlenParams>>,
 }
 
 /// A planned backward pass over packed sequences: up to three launches, the workspace sizes.
 pub struct AttentionVarlenBackwardPlan {
     kernels: &'static BwdKernels<AttentionBwdVarlenParams>,
     deterministic: bool,
+    /// Whether the logits are soft-capped (the `softcap` kernels).
+    softcap: bool,
+    /// Whether the problem has sinks (the dsinks kernel).
+    sinks: bool,
     /// Parameters with null workspace pointers (filled in by
     /// [`AttentionVarlenBackwardPlan::launches`]).
     params: AttentionBwdVarlenParams,
@@ -108,7 +120,6 @@ impl AttentionVarlenProblem {
         options: BackwardOptions,
     ) -> Result<AttentionVarlenBackwardPlan> {
         self.validate()?;
-        self.sequence(1, 1).check_backward_logits()?;
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",
@@ -180,12 +191,16 @@ impl AttentionVarlenProblem {
             dq: t.dq,
             dk: t.dk,
             dv: t.dv,
+            sinks: t.sinks,
+            d_sinks: t.d_sinks,
         })?;
         let d = self.head_dim as u32;
         let kernels = bwd_varlen_kernels(self.dtype, d).expect("validated head dimension");
         let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
+        dense.check_backward_sinks(t.sinks.as_ref(), t.d_sinks.as_ref())?;
         let (left, right) = dense.effective_window();
         let scale = dense.softmax_scale();
+        let (scale_log2, logits) = dense.logit_params(t.sinks.as_ref());
         let params = AttentionBwdVarlenParams {
             base: AttentionBwdParams {
                 q: t.q.ptr() as *const u16,
@@ -214,9 +229,13 @@ impl AttentionVarlenProblem {
                 heads_q: self.heads_q as u32,
                 heads_kv: self.heads_kv as u32,
                 scale,
-                scale_log2: scale * std::f32::consts::LOG2_E,
+                scale_log2,
                 window_left: left.map_or(UNBOUNDED, |l| l as i32),
                 window_right: right.map_or(UNBOUNDED, |r| r as i32),
+                logits,
+                d_sinks: t
+                    .d_sinks
+                    .map_or(std::ptr::null_mut(), |s| s.addr() as *mut f32),
             },
             cu_seqlens_q: t.cu_seqlens_q.addr() as *const i32,
             cu_seqlens_k: t.cu_seqlens_k.addr() as *const i32,
@@ -229,6 +248,8 @@ impl AttentionVarlenProblem {
         Ok(AttentionVarlenBackwardPlan {
             kernels,
             deterministic: options.deterministic,
+            softcap: dense.softcap.is_some(),
+            sinks: dense.sinks,
             params,
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
             dkdv_grid: (sk.div_ceil(kernels.tiles.block_n), hkv, b),
@@ -289,24 +310,37 @@ impl AttentionVarlenBackwardPlan {
         let k = self.kernels;
         let nonempty = |g: (u32, u32, u32)| g.0 > 0;
         let (dkdv, dq) = if self.deterministic {
+            let (dkdv, dq) = if self.softcap {
+                (&k.dkdv_softcap, &k.dq_softcap)
+            } else {
+                (&k.dkdv, &k.dq)
+            };
             (
                 nonempty(self.dkdv_grid)
-                    .then(|| Launch::new(&k.dkdv, self.dkdv_grid, k.tiles, params)),
-                nonempty(self.dq_grid)
-                    .then(|| Launch::new(&k.dq, self.dq_grid, k.dq_tiles, params)),
+                    .then(|| Launch::new(dkdv, self.dkdv_grid, k.tiles, params)),
+                nonempty(self.dq_grid).then(|| Launch::new(dq, self.dq_grid, k.dq_tiles, params)),
             )
         } else {
+            let dkdv = if self.softcap {
+                &k.dkdv_dq_softcap
+            } else {
+                &k.dkdv_dq
+            };
             (
                 nonempty(self.dkdv_grid)
-                    .then(|| Launch::new(&k.dkdv_dq, self.dkdv_grid, k.tiles, params)),
+                    .then(|| Launch::new(dkdv, self.dkdv_grid, k.tiles, params)),
                 nonempty(self.row_grid)
                     .then(|| Launch::new(&k.dq_convert, self.row_grid, (), params)),
             )
         };
+        let heads = (self.params.base.heads_q, 1, 1);
+        let dsinks = (self.sinks && nonempty(heads))
+            .then(|| Launch::new(&ATTENTION_BWD_DSINKS_VARLEN, heads, (), params));
         Ok(VarlenBackwardLaunches {
             pre: nonempty(self.row_grid).then(|| Launch::new(&k.pre, self.row_grid, (), params)),
             dkdv,
             dq,
+            dsinks,
         })
     }
 
@@ -318,9 +352,14 @@ impl AttentionVarlenBackwardPlan {
     /// whole run; the workspace overlaps none of the tensors.
     pub unsafe fn run(&self, exec: &impl Exec, ws: &BackwardWorkspace<'_>) -> Result<()> {
         let launches = self.launches(ws)?;
-        for launch in [&launches.pre, &launches.dkdv, &launches.dq]
-            .into_iter()
-            .flatten()
+        for launch in [
+            &launches.pre,
+            &launches.dsinks,
+            &launches.dkdv,
+            &launches.dq,
+        ]
+        .into_iter()
+        .flatten()
         {
             // SAFETY: the plan checked every view (shape, contiguous head dimension, 16-byte
             // aligned start and strides, in bounds of its memory), LSE's and dLSE's lengths
@@ -344,6 +383,7 @@ impl AttentionVarlenBackwardPlan {
 /// the loss uses LSE, `d_lse`. The problem must be the one of `seqlens`
 /// ([`AttentionVarlenProblem::new`]). The workspace is allocated here; the call returns once the
 /// kernels finished. The outputs must overlap neither each other nor the inputs (checked).
+/// For a problem with sinks, [`backward_varlen_with_sinks`].
 #[allow(clippy::too_many_arguments)]
 pub fn backward_varlen<T: AttentionElem>(
     gpu: &Gpu,
@@ -362,6 +402,65 @@ pub fn backward_varlen<T: AttentionElem>(
     dv: &mut View<T>,
     options: BackwardOptions,
 ) -> Result<()> {
+    launch_varlen_backward(
+        gpu,
+        stream,
+        (problem, seqlens),
+        (q, k, v, o, lse),
+        (d_o, d_lse),
+        (dq, dk, dv),
+        None,
+        options,
+    )
+}
+
+/// [`backward_varlen`] of a problem with sinks: `sinks` holds their logits `[heads_q]` (the
+/// forward's); their gradient `[heads_q]` (summed over every sequence) is written into
+/// `d_sinks`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_varlen_with_sinks<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionVarlenProblem,
+    seqlens: &DeviceCuSeqlens,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &View<T>,
+    lse: &DeviceBuffer<f32>,
+    d_o: &View<T>,
+    d_lse: Option<&DeviceBuffer<f32>>,
+    dq: &mut View<T>,
+    dk: &mut View<T>,
+    dv: &mut View<T>,
+    sinks: &DeviceBuffer<f32>,
+    d_sinks: &mut DeviceBuffer<f32>,
+    options: BackwardOptions,
+) -> Result<()> {
+    launch_varlen_backward(
+        gpu,
+        stream,
+        (problem, seqlens),
+        (q, k, v, o, lse),
+        (d_o, d_lse),
+        (dq, dk, dv),
+        Some((sinks, d_sinks)),
+        options,
+    )
+}
+
+/// The plan of `problem` on these tensors, run on `stream` with a fresh workspace.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn launch_varlen_backward<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    (problem, seqlens): (&AttentionVarlenProblem, &DeviceCuSeqlens),
+    (q, k, v, o, lse): (&View<T>, &View<T>, &View<T>, &View<T>, &DeviceBuffer<f32>),
+    (d_o, d_lse): (&View<T>, Option<&DeviceBuffer<f32>>),
+    (dq, dk, dv): (&mut View<T>, &mut View<T>, &mut View<T>),
+    sinks: Option<(&DeviceBuffer<f32>, &mut DeviceBuffer<f32>)>,
+    options: BackwardOptions,
+) -> Result<()> {
     problem.validate()?;
     problem.check_seqlens(seqlens.host())?;
     let (cu_seqlens_q, cu_seqlens_k) = seqlens.device();
@@ -378,6 +477,8 @@ pub fn backward_varlen<T: AttentionElem>(
         dv: *dv,
         cu_seqlens_q,
         cu_seqlens_k,
+        sinks: sinks.as_ref().map(|(s, _)| (*s).into()),
+        d_sinks: sinks.as_ref().map(|(_, d)| (&**d).into()),
     };
     let plan = problem.plan_backward(&tensors, options)?;
     // At least one element each (no query row gives an empty workspace), viewed at the plan's
@@ -393,7 +494,7 @@ pub fn backward_varlen<T: AttentionElem>(
         delta: unsafe { DevView::from_raw(DevView::from(&delta).addr(), plan.delta_len()) },
         dq_accum: accum.as_ref().map(|a| a.into()),
     };
-    // SAFETY: the views, LSE, dLSE and the boundaries are borrowed for the whole call, which
+    // SAFETY: the views, LSE, dLSE, the boundaries and the sinks are borrowed for the whole call, which
     // waits for the kernels before returning (so the workspace outlives them); the workspace is
     // fresh memory that aliases nothing; the plan checked that the outputs alias no tensor.
     unsafe { plan.run(&OnStream { gpu, stream }, &ws) }?;

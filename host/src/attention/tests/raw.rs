@@ -195,6 +195,8 @@ fn backward_tensors(t: &[RawTensor; 10], d_lse: bool) -> RawAttentionBackwardTen
         dq,
         dk,
         dv,
+        sinks: None,
+        d_sinks: None,
     }
 }
 
@@ -230,6 +232,8 @@ fn typed_launches<T: AttentionElem>(
         dq: view(&t[7]),
         dk: view(&t[8]),
         dv: view(&t[9]),
+        sinks: None,
+        d_sinks: None,
     };
     let plan = p.plan_backward(target(Arch::Sm90a), &typed, opts).unwrap();
     plan.launches(ws).unwrap()
