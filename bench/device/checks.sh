@@ -16,8 +16,13 @@
 #       packed tests beside them, CLI tests, the four sanitizers on capsink cases, the Python
 #       tests (capsink and attention), then CLI timings (median of 20 timed runs) of the default
 #       kernels and the capsink kernels with a softcap, sinks and both, per path and D.
+#   capb the backward with a softcap and sinks: its GPU tests (both paths, packed sequences,
+#       the deterministic mode), the default backward's and the packed backward's tests beside
+#       them, CLI tests, the four sanitizers on its cases, the Python tests (capsink backward,
+#       capsink, attention), then CLI timings (median of 20 timed runs) of attention-backward
+#       with the default kernels, a softcap, sinks and both, per D.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -189,6 +194,52 @@ PY
     echo "decode $name: $m" >> $S
   done
   cp $L/capsink.log $L/decode.log $L/cli.log $L/py_attention_capsink.log $OUT/ 2>/dev/null
+fi
+if [ "$part" = capb ]; then
+  TT=400 t capbwd $B/bin/test-attention attention_capsink_bwd/ --skip emulated
+  TT=300 t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t varlen_bwd $B/bin/test-attention attention_varlen_bwd/gpu
+  t cli $B/bin/test-cli gpu/
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in attention_capsink_bwd/auto/bf16_d128_b2_sq113_sk203_h4x2_softcap20_dlse_atomic \
+             attention_capsink_bwd/auto/f16_d64_b1_sq300_sk300_h4x2_win40_7_softcap5 \
+             attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_sinks \
+             attention_capsink_bwd/varlen/bf16_d64; do
+      san $tool attention $f
+    done
+  done
+  P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention_capsink_bwd attention_capsink attention; do
+    s=$(date +%s); PYTHONPATH=$P timeout 300 python3 $B/python/test_$f.py --quick > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+  PYTHONPATH=$P python3 - <<'PY'
+import torch
+from safetensors.torch import save_file
+from rustkernels import flash_attn_func
+torch.manual_seed(0)
+for d in (64, 128, 256):
+    r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+    q,k,v,do=r(2,4096,16,d),r(2,4096,16,d),r(2,4096,16,d),r(2,4096,16,d)
+    sinks=torch.randn(16,device='cuda')
+    for name, cap, s in (("plain", 0.0, None), ("cap", 30.0, None), ("sinks", 0.0, sinks), ("both", 30.0, sinks)):
+        with torch.no_grad():
+            o, lse, _ = flash_attn_func(q, k, v, softcap=cap, sinks=s, return_attn_probs=True)
+        t={'q':q,'k':k,'v':v,'o':o,'lse':lse.contiguous(),'do':do}
+        if s is not None:
+            t['sinks']=s
+        save_file(t, f'/tmp/capb_{name}_{d}.st')
+PY
+  echo "CLI timings: attention-backward B 2, S 4096, H 16, bf16, non-causal; median of 20 timed runs" >> $S
+  for d in 64 128 256; do
+    for v in "default:plain:" "softcap:cap:--softcap 30" "sinks:sinks:" "softcap+sinks:both:--softcap 30"; do
+      IFS=: read name file extra <<< "$v"
+      m=$($CLI attention-backward /tmp/capb_${file}_$d.st -o /tmp/capb_out.st --repeat 20 $extra 2>&1 | grep -i median | head -1)
+      echo "D$d $name: $m" >> $S
+    done
+  done
+  cp $L/capbwd.log $L/cli.log $L/py_attention_capsink_bwd.log $OUT/ 2>/dev/null
 fi
 if [ "$part" = hd ]; then
   TT=300 t d96 $B/bin/test-attention d96 --skip emulated

@@ -5,12 +5,13 @@
 Layers, from the user down:
 
 - ``flash_attn_func``: flash-attn's signature and semantics (``softcap``, and ``sinks`` beside
-  it); rejects what the kernels do not do (dropout, ALiBi; softcap and sinks under autograd) and
-  checks what torch knows (tensor, device, dtype, rank).
+  it); rejects what the kernels do not do (dropout, ALiBi) and checks what torch knows (tensor,
+  device, dtype, rank).
 - ``_FlashAttnFunction`` (``torch.autograd.Function``): the autograd node, used when an input
-  requires grad. It saves q, k, v, out and the LSE for the backward, which calls
-  ``flash_attn_backward`` (dK and dV of grouped-query attention are summed over the query heads
-  of each group by the kernels, so they have k's and v's shapes).
+  requires grad (q, k, v or the sinks). It saves q, k, v, out, the LSE and the sinks for the
+  backward, which calls ``flash_attn_backward`` (dK and dV of grouped-query attention are summed
+  over the query heads of each group by the kernels, so they have k's and v's shapes; the
+  sinks' gradient over the batch and the rows).
 - ``torch.ops.rustkernels.flash_attn_forward`` and ``torch.ops.rustkernels.flash_attn_backward``:
   the custom ops, each with a fake implementation so ``torch.compile`` traces around them. They
   allocate their outputs, and the backward its f32 workspace, with torch (the caching allocator
@@ -181,14 +182,19 @@ def flash_attn_backward(
     window_left: int,
     window_right: int,
     deterministic: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (q's, k's and v's shapes, contiguous, q's dtype) of the attention forward
-    that gave ``out`` and ``softmax_lse`` on q, k, v with these options, for the loss gradients
-    ``dout`` (out's shape; head dimension contiguous, other strides multiples of 8 elements)
-    and ``dsoftmax_lse`` (the LSE's shape, f32, contiguous; ``None`` when the loss does not use
-    the LSE). With grouped-query attention dk and dv are summed over the query heads of each
-    group. ``deterministic``: bitwise reproducible dq (its own kernel, no atomics; slower)."""
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (q's, k's and v's shapes, contiguous, q's dtype) and dsinks of the attention
+    forward that gave ``out`` and ``softmax_lse`` on q, k, v with these options, for the loss
+    gradients ``dout`` (out's shape; head dimension contiguous, other strides multiples of 8
+    elements) and ``dsoftmax_lse`` (the LSE's shape, f32, contiguous; ``None`` when the loss
+    does not use the LSE). With grouped-query attention dk and dv are summed over the query
+    heads of each group. ``deterministic``: bitwise reproducible dq (its own kernel, no
+    atomics; slower). ``softcap`` and ``sinks`` as the forward took them; dsinks is the sinks'
+    gradient (float32 ``[nheads]``, summed over the batch and the rows; empty without sinks)."""
     _check_inputs(q, k, v)
+    _check_sinks(sinks, q)
     _check_like("out", out, q, "q")
     _check_like("dout", dout, q, "q")
     for name, t in (("softmax_lse", softmax_lse), ("dsoftmax_lse", dsoftmax_lse)):
@@ -207,6 +213,7 @@ def flash_attn_backward(
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dsinks = _dsinks_like(sinks, q)
     # The workspace: delta' and (unless deterministic) the f32 dQ accumulator.
     delta = torch.empty(delta_len, dtype=torch.float32, device=q.device)
     accum = torch.empty(accum_len, dtype=torch.float32, device=q.device) if accum_len else None
@@ -232,17 +239,27 @@ def flash_attn_backward(
             window_left,
             window_right,
             deterministic,
+            float(softcap) if softcap != 0.0 else None,
+            None if sinks is None else _describe(sinks),
+            None if sinks is None else _describe(dsinks),
         )
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
+
+
+def _dsinks_like(sinks: Optional[torch.Tensor], q: torch.Tensor) -> torch.Tensor:
+    """The sinks' gradient: float32 of the sinks' shape, empty without sinks."""
+    shape = (0,) if sinks is None else sinks.shape
+    return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
 @flash_attn_backward.register_fake
 def _flash_attn_backward_fake(
     dout, q, k, v, out, softmax_lse, dsoftmax_lse, softmax_scale, causal, window_left, window_right,
-    deterministic=False,
+    deterministic=False, softcap=0.0, sinks=None,
 ):
     _check_inputs(q, k, v)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dsinks = _dsinks_like(sinks, q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
@@ -265,9 +282,15 @@ class _FlashAttnFunction(torch.autograd.Function):
     ``lse_grad`` (``flash_attn_func(..., return_attn_probs=True)``, where the caller gets it)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic, lse_grad):
-        out, lse = flash_attn_forward(q, k, v, softmax_scale, causal, window_left, window_right)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(
+        ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic, lse_grad,
+        softcap, sinks,
+    ):
+        out, lse = flash_attn_forward(
+            q, k, v, softmax_scale, causal, window_left, window_right, "auto", softcap, sinks
+        )
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.softcap = softcap
         ctx.softmax_scale = softmax_scale
         ctx.causal = causal
         ctx.window = (window_left, window_right)
@@ -279,11 +302,11 @@ class _FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         if dout is None:  # only the LSE reached the loss
             dout = torch.zeros_like(out)
         dlse = dlse.contiguous() if ctx.lse_grad and dlse is not None else None
-        dq, dk, dv = flash_attn_backward(
+        dq, dk, dv, dsinks = flash_attn_backward(
             _kernel_layout(dout),
             q,
             k,
@@ -296,8 +319,11 @@ class _FlashAttnFunction(torch.autograd.Function):
             ctx.window[0],
             ctx.window[1],
             ctx.deterministic,
+            ctx.softcap,
+            sinks,
         )
-        return dq, dk, dv, None, None, None, None, None, None
+        dsinks = dsinks if sinks is not None and ctx.needs_input_grad[11] else None
+        return dq, dk, dv, None, None, None, None, None, None, None, dsinks
 
 
 def flash_attn_func(
@@ -333,9 +359,9 @@ def flash_attn_func(
     the backward bitwise reproducible (dq from its own kernel instead of f32 atomics; slower);
     the forward is always deterministic. ``softcap > 0`` caps every logit ``l`` as ``softcap *
     tanh(l / softcap)`` (Gemma 2); ``sinks`` (float32 ``[nheads]``, gpt-oss) joins one logit per
-    query head to every row's softmax (no value; a row with no key gets LSE = its sink). Both
-    are forward only for now: with either, inputs that require grad raise
-    ``NotImplementedError``. Dropout and ``alibi_slopes`` are not supported
+    query head to every row's softmax (no value; a row with no key gets LSE = its sink); with
+    either, the backward's gradients follow them, and sinks that require grad get theirs
+    (summed over the batch and the rows). Dropout and ``alibi_slopes`` are not supported
     (``NotImplementedError``).
     """
     if dropout_p != 0.0:
@@ -346,19 +372,16 @@ def flash_attn_func(
     _check_inputs(q, k, v)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
+    _check_sinks(sinks, q)
     args = (q, k, v, softmax_scale, bool(causal), window_left, window_right)
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if softcap != 0.0 or sinks is not None:
-        if grad or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled()):
-            raise NotImplementedError(
-                "softcap and sinks are supported in the forward only: the backward kernels do "
-                "not take them yet (run under torch.no_grad() for inference)"
-            )
-        out, lse = flash_attn_forward(*args, "auto", float(softcap), sinks)
-    elif grad:
-        out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), bool(return_attn_probs))
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    if grad:
+        out, lse = _FlashAttnFunction.apply(
+            *args, bool(deterministic), bool(return_attn_probs), float(softcap), sinks
+        )
     else:
-        out, lse = flash_attn_forward(*args)
+        out, lse = flash_attn_forward(*args, "auto", float(softcap), sinks)
     if return_attn_probs:
         return out, lse, None
     return out
@@ -490,13 +513,17 @@ def flash_attn_varlen_backward(
     window_left: int,
     window_right: int,
     deterministic: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (q's, k's and v's shapes, contiguous, q's dtype) of the packed forward that
-    gave ``out`` and ``softmax_lse`` (``[nheads, total_q]``) with these boundaries and options,
-    for the loss gradients ``dout`` and ``dsoftmax_lse`` (the LSE's shape, f32, contiguous;
-    ``None`` when the loss does not use the LSE). As ``flash_attn_backward``: dk and dv summed
-    over each group's query heads; ``deterministic``: bitwise reproducible dq."""
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (q's, k's and v's shapes, contiguous, q's dtype) and dsinks of the packed
+    forward that gave ``out`` and ``softmax_lse`` (``[nheads, total_q]``) with these boundaries
+    and options, for the loss gradients ``dout`` and ``dsoftmax_lse`` (the LSE's shape, f32,
+    contiguous; ``None`` when the loss does not use the LSE). As ``flash_attn_backward``: dk
+    and dv summed over each group's query heads; ``deterministic``: bitwise reproducible dq;
+    dsinks summed over every sequence (empty without sinks)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_sinks(sinks, q)
     _check_like("out", out, q, "q")
     _check_like("dout", dout, q, "q")
     for name, t in (("softmax_lse", softmax_lse), ("dsoftmax_lse", dsoftmax_lse)):
@@ -521,6 +548,7 @@ def flash_attn_varlen_backward(
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dsinks = _dsinks_like(sinks, q)
     delta = torch.empty(delta_len, dtype=torch.float32, device=q.device)
     accum = torch.empty(accum_len, dtype=torch.float32, device=q.device) if accum_len else None
     with torch.cuda.device(q.device):
@@ -549,17 +577,22 @@ def flash_attn_varlen_backward(
             window_left,
             window_right,
             deterministic,
+            float(softcap) if softcap != 0.0 else None,
+            None if sinks is None else _describe(sinks),
+            None if sinks is None else _describe(dsinks),
         )
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 @flash_attn_varlen_backward.register_fake
 def _flash_attn_varlen_backward_fake(
     dout, q, k, v, out, softmax_lse, dsoftmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic=False,
+    softcap=0.0, sinks=None,
 ):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dsinks = _dsinks_like(sinks, q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 class _FlashAttnVarlenFunction(torch.autograd.Function):
@@ -569,13 +602,14 @@ class _FlashAttnVarlenFunction(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-        causal, window_left, window_right, deterministic, lse_grad,
+        causal, window_left, window_right, deterministic, lse_grad, softcap, sinks,
     ):
         out, lse = flash_attn_varlen_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-            causal, window_left, window_right,
+            causal, window_left, window_right, softcap, sinks,
         )
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
+        ctx.softcap = softcap
         ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
         ctx.softmax_scale = softmax_scale
         ctx.causal = causal
@@ -588,11 +622,11 @@ class _FlashAttnVarlenFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
         if dout is None:  # only the LSE reached the loss
             dout = torch.zeros_like(out)
         dlse = dlse.contiguous() if ctx.lse_grad and dlse is not None else None
-        dq, dk, dv = flash_attn_varlen_backward(
+        dq, dk, dv, dsinks = flash_attn_varlen_backward(
             _kernel_layout(dout),
             q,
             k,
@@ -609,8 +643,11 @@ class _FlashAttnVarlenFunction(torch.autograd.Function):
             ctx.window[0],
             ctx.window[1],
             ctx.deterministic,
+            ctx.softcap,
+            sinks,
         )
-        return (dq, dk, dv) + (None,) * 10
+        dsinks = dsinks if sinks is not None and ctx.needs_input_grad[14] else None
+        return (dq, dk, dv) + (None,) * 11 + (dsinks,)
 
 
 def flash_attn_varlen_func(
@@ -651,7 +688,8 @@ def flash_attn_varlen_func(
     Returns ``out`` (q's shape and dtype), or ``(out, softmax_lse, None)`` with
     ``return_attn_probs`` (LSE ``[nheads, total_q]`` f32). Gradients as ``flash_attn_func``'s
     (dk, dv summed over each group's query heads; ``deterministic=True``: bitwise reproducible).
-    ``softcap`` and ``sinks`` as ``flash_attn_func``'s (forward only). Dropout,
+    ``softcap`` and ``sinks`` as ``flash_attn_func``'s (the sinks' gradient summed over every
+    sequence). Dropout,
     ``alibi_slopes`` and ``block_table`` (paged K/V) are not supported (``NotImplementedError``).
     """
     if dropout_p != 0.0:
@@ -670,20 +708,15 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
         bool(causal), window_left, window_right,
     )
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if softcap != 0.0 or sinks is not None:
-        if grad or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled()):
-            raise NotImplementedError(
-                "softcap and sinks are supported in the forward only: the backward kernels do "
-                "not take them yet (run under torch.no_grad() for inference)"
-            )
-        out, lse = flash_attn_varlen_forward(*args, float(softcap), sinks)
-    elif grad:
+    _check_sinks(sinks, q)
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    if grad:
         out, lse = _FlashAttnVarlenFunction.apply(
-            *args, bool(deterministic), bool(return_attn_probs)
+            *args, bool(deterministic), bool(return_attn_probs), float(softcap), sinks
         )
     else:
-        out, lse = flash_attn_varlen_forward(*args)
+        out, lse = flash_attn_varlen_forward(*args, float(softcap), sinks)
     if return_attn_probs:
         return out, lse, None
     return out

@@ -133,16 +133,21 @@ pub(super) fn attention_varlen() -> TestResult {
 }
 
 /// Backward inputs of `p` (bf16): Q, K, V, dO and dLSE uniform, O and LSE the f64 forward's
-/// rounded (dLSE of rows with no allowed key is NaN: it must reach no gradient).
+/// rounded (dLSE of rows with no allowed key is NaN: it must reach no gradient); with `sinks`
+/// (a problem with sinks) the forward's with them, and the sinks among the files.
 #[allow(clippy::type_complexity)]
 pub(super) fn attention_backward_inputs(
     p: &AttentionProblem,
     seed: u64,
+    sinks: Option<&[f32]>,
 ) -> (Vec<Named>, [Vec<bf16>; 4], Vec<f32>) {
     let (q, k, v) = attention_inputs_bf16(p, seed);
     let mut r = rng(seed ^ 0xd0);
     let d_o = uniform_bf16(&mut r, q.len(), -1.0, 1.0);
-    let fwd = kernels::attention::reference(p, &q, &k, &v);
+    let fwd = match sinks {
+        Some(s) => kernels::attention::reference_with_sinks(p, &q, &k, &v, s),
+        None => kernels::attention::reference(p, &q, &k, &v),
+    };
     let o: Vec<bf16> = fwd.o.iter().map(|&x| bf16::from_f64(x)).collect();
     let lse: Vec<f32> = fwd.lse.iter().map(|&x| x as f32).collect();
     let d_lse: Vec<f32> = uniform_f32(&mut r, lse.len(), -1.0, 1.0)
@@ -155,7 +160,7 @@ pub(super) fn attention_backward_inputs(
         p.kv_shape().to_vec(),
         vec![p.batch, p.heads_q, p.seq_q],
     );
-    let files = vec![
+    let mut files = vec![
         ("q", qs.clone(), V::Bf16(q.clone())),
         ("k", ks.clone(), V::Bf16(k.clone())),
         ("v", ks, V::Bf16(v.clone())),
@@ -164,6 +169,9 @@ pub(super) fn attention_backward_inputs(
         ("do", qs, V::Bf16(d_o.clone())),
         ("dlse", ls, V::F32(d_lse.clone())),
     ];
+    if let Some(s) = sinks {
+        files.push(("sinks", vec![s.len()], V::F32(s.to_vec())));
+    }
     (files, [q, k, v, d_o], d_lse)
 }
 
@@ -171,7 +179,7 @@ pub(super) fn attention_backward_reference() -> TestResult {
     let d = Dir::new("attention_backward");
     // Sq > Sk under causal masking: rows with no allowed key (their dLSE is NaN).
     let p = AttentionProblem::new(2, 9, 6, 4, 2, 64, AttnDtype::Bf16).causal();
-    let (files, [q, k, v, d_o], d_lse) = attention_backward_inputs(&p, 12);
+    let (files, [q, k, v, d_o], d_lse) = attention_backward_inputs(&p, 12, None);
     write_inputs(&d.path("in.safetensors"), &files)?;
     let report = ok(
         &d.command("attention-backward @in.safetensors -o @out.safetensors --reference --causal")
@@ -185,6 +193,34 @@ pub(super) fn attention_backward_reference() -> TestResult {
     ensure(want.dq.iter().all(|x| x.is_finite()), || {
         "the reference's dQ is not finite".into()
     })?;
+    // A softcap and sinks: the reference's gradients through both, and the sinks'.
+    let p = p.softcap(3.0).with_sinks();
+    let sinks = [1.0f32, -0.5, 0.25, 2.0];
+    let (files, [q, k, v, d_o], d_lse) = attention_backward_inputs(&p, 13, Some(&sinks));
+    write_inputs(&d.path("in.safetensors"), &files)?;
+    ok(&d.command(
+        "attention-backward @in.safetensors -o @out.safetensors --reference --causal --softcap 3",
+    ))?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let (want, ds) = kernels::attention::reference::backward_sinks(
+        &p,
+        &q,
+        &k,
+        &v,
+        &d_o,
+        Some(&d_lse),
+        Some(&sinks),
+    );
+    exact(&out, "dq", Dtype::F64, &p.q_shape(), &want.dq)?;
+    exact(&out, "dk", Dtype::F64, &p.kv_shape(), &want.dk)?;
+    exact(&out, "dv", Dtype::F64, &p.kv_shape(), &want.dv)?;
+    exact(
+        &out,
+        "dsinks",
+        Dtype::F64,
+        &[4],
+        &ds.ok_or("no sinks' gradient")?,
+    )?;
     ensure(d.files() == ["in.safetensors", "out.safetensors"], || {
         format!("left in the directory: {:?}", d.files())
     })

@@ -154,11 +154,12 @@ pub(super) fn gpu_attention_varlen(gpu: &'static Gpu) -> TestResult {
 }
 
 /// `attention-backward --check` (the tests' tolerance rule: the run fails past it) with dLSE,
-/// atomic dQ with `--repeat 2`, then `--deterministic`.
+/// atomic dQ with `--repeat 2`, then `--deterministic`; then with a softcap and sinks, in
+/// both modes.
 pub(super) fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
     let d = Dir::new("gpu_attention_backward");
     let p = AttentionProblem::new(2, 70, 90, 4, 2, 128, AttnDtype::Bf16).causal();
-    let (files, _, _) = attention_backward_inputs(&p, 53);
+    let (files, _, _) = attention_backward_inputs(&p, 53, None);
     write_inputs(&d.path("in.safetensors"), &files)?;
     let bounds = [("dq", 1e-2), ("dk", 1e-2), ("dv", 1e-2)];
     let args = d.command(
@@ -176,6 +177,19 @@ pub(super) fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
         "attention-backward @in.safetensors -o @out.safetensors --check --causal --deterministic",
     );
     check_run(gpu, &d, &args, &bounds)?;
+    // A softcap and sinks: their gradient `dsinks` checked too.
+    let p = p.softcap(10.0).with_sinks();
+    let sinks = [0.5f32, -1.0, 2.0, 0.0];
+    let (files, _, _) = attention_backward_inputs(&p, 54, Some(&sinks));
+    write_inputs(&d.path("in.safetensors"), &files)?;
+    let bounds = [("dq", 1e-2), ("dk", 1e-2), ("dv", 1e-2), ("dsinks", 1e-1)];
+    for mode in ["", " --deterministic"] {
+        let args = d.command(&format!(
+            "attention-backward @in.safetensors -o @out.safetensors --check --causal \
+             --softcap 10{mode}"
+        ));
+        check_run(gpu, &d, &args, &bounds)?;
+    }
     Ok(())
 }
 
