@@ -114,6 +114,7 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
     let hopper = kernel_abi::attention::hopper_bwd::hopper_bwd_kernel(
         kernel_abi::attention::Dtype::Bf16,
         p.head_dim as u32,
+        false,
     );
     if b.gpu.arch().has_hopper_kernels() && hopper.is_some() {
         variants.extend([

@@ -322,7 +322,7 @@ class _FlashAttnFunction(torch.autograd.Function):
             ctx.softcap,
             sinks,
         )
-        dsinks = dsinks if sinks is not None and ctx.needs_input_grad[11] else None
+        dsinks = dsinks if sinks is not None and ctx.needs_input_grad[10] else None
         return dq, dk, dv, None, None, None, None, None, None, None, dsinks
 
 

@@ -322,8 +322,8 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
 
 /// Typed errors: a softcap that is not a positive finite number, sinks missing, unexpected, of
 /// the wrong length; a tuning variant with a softcap; the backward's sinks and their gradient
-/// not given together or of the wrong length, the Hopper backward with a softcap. The
-/// backward's kernels for a softcap and for sinks.
+/// not given together or of the wrong length. The backward's kernels for a softcap (on both
+/// paths) and for sinks.
 fn rejects_bad_options() -> TestResult {
     let base = AttentionProblem::new(1, 16, 16, 4, 2, 64, Dtype::Bf16);
     for c in [0.0, -1.0, f32::NAN, f32::INFINITY] {
@@ -418,19 +418,21 @@ fn rejects_bad_options() -> TestResult {
             "backward dsinks unexpected",
             bwd(&base, None, Some(4)).map(|_| ()),
         ),
-        (
-            "backward Hopper path with a softcap",
-            bwd(&capped.clone().path(Path::Hopper), None, None).map(|_| ()),
-        ),
     ] {
         ensure(r.is_err(), || format!("{what}: planned"))?;
         println!("{what}: {}", r.unwrap_err());
     }
-    let plan = bwd(&capped, None, None).map_err(|e| e.to_string())?;
-    let name = plan.launches(&ws_of(&plan))?.dkdv.name();
-    ensure(name == "attention_bwd_softcap_bf16_d64", || {
-        format!("softcap backward planned {name}")
-    })?;
+    for (p, want) in [
+        (capped.clone(), "attention_bwd_hopper_dkdv_softcap_bf16_d64"),
+        (
+            capped.clone().path(Path::MmaSync),
+            "attention_bwd_softcap_bf16_d64",
+        ),
+    ] {
+        let plan = bwd(&p, None, None).map_err(|e| e.to_string())?;
+        let name = plan.launches(&ws_of(&plan))?.dkdv.name();
+        ensure(name == want, || format!("softcap backward planned {name}"))?;
+    }
     let plan = bwd(&sinky, Some(4), Some(4)).map_err(|e| e.to_string())?;
     let launches = plan.launches(&ws_of(&plan))?;
     ensure(

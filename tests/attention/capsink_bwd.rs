@@ -374,7 +374,7 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, b: &CapBwdCase, path: Path) -> TestResult 
     let x = inputs::<T>(b);
     let ((dq, dk, dv, ds), kernel) = gpu_ok(gpu_grads(g, b, &x, path))?;
     let what = format!("{} [{kernel}] (seed {})", cb_name(b), b.c.seed);
-    // A softcap takes the softcap kernels on every path (the Hopper path has none).
+    // A softcap takes the softcap kernels on every path.
     ensure(
         b.c.p.softcap.is_none() || kernel.contains("softcap"),
         || format!("{what}: a softcap on {kernel}"),
@@ -596,13 +596,7 @@ pub fn register(s: &mut Suite) {
         });
     }
     for b in gpu_cases() {
-        // Sinks alone run on the Hopper kernels where the plan takes them: both paths.
-        let paths: &[(&str, Path)] = if b.c.p.softcap.is_none() {
-            &[("auto", Path::Auto), ("mma", Path::MmaSync)]
-        } else {
-            &[("auto", Path::Auto)]
-        };
-        for &(pn, path) in paths {
+        for (pn, path) in [("auto", Path::Auto), ("mma", Path::MmaSync)] {
             let n = format!("attention_capsink_bwd/{pn}/{}", cb_name(&b));
             let b = b.clone();
             s.gpu(&n, Needs::Gpu, move |g| match b.c.p.dtype {

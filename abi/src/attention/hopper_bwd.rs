@@ -236,6 +236,9 @@ pub struct HopperBwdKernel {
     pub cfg: HopperBwdConfig,
     /// The dQ configuration.
     pub dq_cfg: HopperDqConfig,
+    /// Whether the kernels apply the softcap of
+    /// [`AttentionBwdParams::logits`](super::backward::AttentionBwdParams::logits).
+    pub softcap: bool,
 }
 
 fn smem(cfg: HopperBwdConfig) -> usize {
@@ -253,11 +256,25 @@ const fn hopper_bwd(name: &'static str, dq: &'static str, dtype: Dtype, d: u32) 
         dtype,
         cfg: hopper_bwd_config_of(d),
         dq_cfg: HopperDqConfig { head_dim: d },
+        softcap: false,
     }
 }
 
-/// The Hopper backward kernels (sm_90a only).
-pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 4] = [
+/// [`hopper_bwd`] of the softcap kernels.
+const fn hopper_bwd_softcap(
+    name: &'static str,
+    dq: &'static str,
+    dtype: Dtype,
+    d: u32,
+) -> HopperBwdKernel {
+    HopperBwdKernel {
+        softcap: true,
+        ..hopper_bwd(name, dq, dtype, d)
+    }
+}
+
+/// The Hopper backward kernels (sm_90a only), then their softcap forms.
+pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 8] = [
     hopper_bwd(
         "attention_bwd_hopper_dkdv_bf16_d64",
         "attention_bwd_hopper_dq_bf16_d64",
@@ -282,6 +299,30 @@ pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 4] = [
         Dtype::F16,
         128,
     ),
+    hopper_bwd_softcap(
+        "attention_bwd_hopper_dkdv_softcap_bf16_d64",
+        "attention_bwd_hopper_dq_softcap_bf16_d64",
+        Dtype::Bf16,
+        64,
+    ),
+    hopper_bwd_softcap(
+        "attention_bwd_hopper_dkdv_softcap_bf16_d128",
+        "attention_bwd_hopper_dq_softcap_bf16_d128",
+        Dtype::Bf16,
+        128,
+    ),
+    hopper_bwd_softcap(
+        "attention_bwd_hopper_dkdv_softcap_f16_d64",
+        "attention_bwd_hopper_dq_softcap_f16_d64",
+        Dtype::F16,
+        64,
+    ),
+    hopper_bwd_softcap(
+        "attention_bwd_hopper_dkdv_softcap_f16_d128",
+        "attention_bwd_hopper_dq_softcap_f16_d128",
+        Dtype::F16,
+        128,
+    ),
 ];
 
 /// Handles in [`HOPPER_BWD_KERNELS`] (two per entry).
@@ -299,11 +340,16 @@ pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNEL_COUNT] 
     out
 }
 
-/// The Hopper backward kernels for `dtype` and head dimension `head_dim`, if built.
-pub fn hopper_bwd_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static HopperBwdKernel> {
+/// The Hopper backward kernels for `dtype` and head dimension `head_dim` (their softcap forms
+/// if `softcap`), if built.
+pub fn hopper_bwd_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    softcap: bool,
+) -> Option<&'static HopperBwdKernel> {
     const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
     ALL.iter()
-        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim)
+        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim && k.softcap == softcap)
 }
 
 const _: () = {

@@ -881,8 +881,9 @@ fn per_sequence_grads<T: AttentionElem>(
     let mut dv = vec![0.0; p.total_k * hkv * d];
     for b in 0..seqlens.batch() {
         let (sq, sk) = (seqlens.seq_q(b), seqlens.seq_k(b));
-        if sq == 0 || sk == 0 {
-            continue; // no query row attends a key: every gradient of the sequence is 0
+        if sq == 0 || (sk == 0 && !p.sinks) {
+            // No query row attends a key (nor a sink): every gradient of the sequence is 0.
+            continue;
         }
         let (q0, k0) = (seqlens.q_start(b), seqlens.k_start(b));
         let (qr, kr) = (

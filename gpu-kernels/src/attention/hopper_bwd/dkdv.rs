@@ -17,7 +17,8 @@
 //! of every product (`wgmma` M):
 //! - `S^T = K Q^T` and `dP^T = V dO^T` (`m64n64k16`, both operands K-major in shared memory);
 //! - `P^T = exp2(S^T scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf), `dS^T = P^T
-//!   (dP^T - delta')`, both rounded to the element type as register A fragments (LSE in base 2
+//!   (dP^T - delta')` (with `SOFTCAP`, `S^T` replaced by `t = tanh(S^T softcap_scale)` and
+//!   `dS^T` scaled by `1 - t^2`), both rounded to the element type as register A fragments (LSE in base 2
 //!   and `delta'` of the step's rows come from shared memory, written by the producer);
 //! - `dV += P^T dO` and `dK += dS^T Q` (`m64n{D}k16`, dO and Q MN-major: the 16-row K slice `kk`
 //!   at `2048 kk` bytes, column blocks one swizzle atom apart).
@@ -65,8 +66,8 @@
 
 use super::super::elem::Elem;
 use super::super::hopper::softmax::pack_p;
-use super::super::mask;
-use super::{CONSUMER_THREADS, SR};
+use super::super::{logits, mask};
+use super::{CONSUMER_THREADS, SR, softcap_grad_of_p};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
@@ -98,7 +99,13 @@ const KQ: usize = (BM / 16) as usize;
 /// (validated by the host), after the preprocess that wrote `delta'`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usize>(
+pub(super) unsafe fn dkdv<
+    E: Elem,
+    const D: u32,
+    const DR: usize,
+    const DK: usize,
+    const SOFTCAP: bool,
+>(
     p: &HopperBwdParams,
     cfg: &HopperBwdConfig,
     tmaps: [TensorMapPtr; 4],
@@ -269,6 +276,8 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
     // The thread's keys: `key0` and `key0 + 8`.
     let key0 = wk0 + (index::warp_id() % 4) * 16 + g;
     let (scale_log2, off32, sk32) = (p.base.scale_log2, off as i32, seq_k as i32);
+    let softcap_scale = p.base.logits.softcap_scale;
+    let inv_scale_log2 = 1.0 / scale_log2;
     let mut dk = [0.0f32; DR];
     let mut dv = [0.0f32; DR];
 
@@ -336,7 +345,8 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                     let key = (key0 + 8 * (e as u32 / 2)) as i32;
                     let i = m0 + col + (e as u32 % 2);
                     let x = 4 * j + e;
-                    let mut pr = math::exp2(math::fma(s[x], scale_log2, -lse2[e % 2]));
+                    let (l, _) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
+                    let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
                     if needs_mask
                         && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
                     {
@@ -346,6 +356,24 @@ pub(super) unsafe fn dkdv<E: Elem, const D: u32, const DR: usize, const DK: usiz
                 }
             }
             let mut pa = pack_p::<E, SR, KQ>(&s);
+            if SOFTCAP {
+                // P^T (1 - t^2) in `s`, the factor of dS^T, with `t` back from P^T (`P = 2^(t
+                // scale_log2 - LSE2)`): no register holds `t` across the products.
+                for j in 0..NTQ {
+                    let col = 8 * j as u32 + 2 * t;
+                    // SAFETY: as above.
+                    let lse2: [f32; 2] = unsafe {
+                        [
+                            smem::SmemValue::load(rows_s + 4 * col),
+                            smem::SmemValue::load(rows_s + 4 * (col + 1)),
+                        ]
+                    };
+                    for e in 0..4 {
+                        let x = 4 * j + e;
+                        s[x] *= softcap_grad_of_p(s[x], lse2[e % 2], inv_scale_log2);
+                    }
+                }
+            }
             // dV += P^T dO while dS^T is computed.
             // SAFETY: as above; the fence orders the writes of the fragments and of the
             // accumulators before the products.

@@ -11,7 +11,8 @@
 //! bounds; the others are skipped). Query rows are the rows of every product:
 //! - `S = Q K^T` and `dP = dO V^T` (`m64n64k16`, both operands K-major in shared memory);
 //! - `P = exp2(S scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf), `dS = P (dP -
-//!   delta')`, rounded to the element type as register A fragments;
+//!   delta')` (with `SOFTCAP`, `S` replaced by `t = tanh(S softcap_scale)` and `dS` scaled by
+//!   `1 - t^2`), rounded to the element type as register A fragments;
 //! - `dQ += dS K` (`m64n{D}k16`, K MN-major: the 16-row K slice `kk` at `2048 kk` bytes).
 //!
 //! The epilogue stores `dQ scale` (element type) from the accumulators.
@@ -39,7 +40,7 @@
 
 use super::super::elem::Elem;
 use super::super::hopper::softmax::pack_p;
-use super::super::mask;
+use super::super::{logits, mask};
 use super::{CONSUMER_WARPS, SR};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
@@ -70,7 +71,13 @@ const KN: usize = (BN / 16) as usize;
 /// preprocess that wrote `delta'`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn dq<E: Elem, const D: u32, const DR: usize, const DK: usize>(
+pub(super) unsafe fn dq<
+    E: Elem,
+    const D: u32,
+    const DR: usize,
+    const DK: usize,
+    const SOFTCAP: bool,
+>(
     p: &HopperBwdParams,
     cfg: &HopperDqConfig,
     tmaps: [TensorMapPtr; 4],
@@ -193,6 +200,7 @@ pub(super) unsafe fn dq<E: Elem, const D: u32, const DR: usize, const DK: usize>
     // and delta'.
     let row0 = wm0 + (index::warp_id() % 4) * 16 + g;
     let (scale_log2, off32, sk32) = (p.base.scale_log2, off as i32, seq_k as i32);
+    let softcap_scale = p.base.logits.softcap_scale;
     let row_base = (batch as u64 * heads_q as u64 + head as u64) * seq_q as u64;
     let mut lse2 = [f32::INFINITY; 2];
     let mut delta = [0.0f32; 2];
@@ -272,13 +280,15 @@ pub(super) unsafe fn dq<E: Elem, const D: u32, const DR: usize, const DK: usize>
                     let i = row0 + 8 * h as u32;
                     let key = (n0 + 8 * j as u32 + 2 * t + (e as u32 % 2)) as i32;
                     let x = 4 * j + e;
-                    let mut pr = math::exp2(math::fma(s[x], scale_log2, -lse2[h]));
+                    let (l, dx) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
+                    let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[h]));
                     if needs_mask
                         && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
                     {
                         pr = 0.0;
                     }
-                    s[x] = pr;
+                    // With `SOFTCAP`, P (1 - t^2): dS's factor (P itself feeds no product here).
+                    s[x] = if SOFTCAP { pr * dx } else { pr };
                 }
             }
             // SAFETY: whole warpgroup.

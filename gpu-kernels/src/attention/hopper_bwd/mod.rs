@@ -7,6 +7,9 @@
 //! - [`dq`]: `attention_bwd_hopper_dq_*`, one block per 128 query rows, dQ in registers over
 //!   the key blocks the rows see (no atomics: the whole pass is bitwise reproducible).
 //!
+//! The `attention_bwd_hopper_{dkdv,dq}_softcap_*` kernels are the same bodies with the
+//! softcap's logit and derivative (`super::logits::backward_logit`).
+//!
 //! Both have one producer warpgroup (thread 0 issues the TMA loads) and two consumer
 //! warpgroups of 64 rows each (keys for dK/dV, queries for dQ); each file documents its
 //! products, thread mapping and barrier protocol. Parameters:
@@ -17,7 +20,7 @@ mod dkdv;
 mod dq;
 
 use super::elem::{Bf16, F16};
-use crate::arch::wgmma;
+use crate::arch::{math, wgmma};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::HOPPER_CONSUMERS;
@@ -33,6 +36,21 @@ const CONSUMER_THREADS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE;
 /// Accumulator registers of the 64 x 64 products (`S^T`, `dP^T` in dK/dV; `S`, `dP` in dQ).
 const SR: usize = 32;
 
+/// The softcap's derivative `1 - t^2` at the logit `t` of the probability `p = 2^(t scale_log2
+/// - lse2)` (`inv_scale_log2 = 1 / scale_log2`): `t = (log2 p + lse2) / scale_log2`, clamped
+/// to `[-1, 1]`; 0 where `p` is 0 (a masked key, or a row without keys whose `lse2` is +inf),
+/// so that no infinity or NaN reaches `dS`. For a kernel that keeps P but not `t` across its
+/// products (the dK/dV kernel's `P^T`).
+#[inline(always)]
+fn softcap_grad_of_p(p: f32, lse2: f32, inv_scale_log2: f32) -> f32 {
+    if p > 0.0 {
+        let t = ((math::log2(p) + lse2) * inv_scale_log2).clamp(-1.0, 1.0);
+        math::fma(-t, t, 1.0)
+    } else {
+        0.0
+    }
+}
+
 /// The tensor maps of Q, dO, K and V in kernel `$kernel`'s parameters.
 macro_rules! bwd_tmaps {
     ($kernel:ident) => {
@@ -47,7 +65,7 @@ macro_rules! bwd_tmaps {
 
 macro_rules! hopper_bwd_kernels {
     (
-        $dkdv:ident, $dq:ident, $elem:ty, $d:literal,
+        $dkdv:ident, $dq:ident, $elem:ty, $d:literal, $softcap:literal,
         $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
     ) => {
         /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name).
@@ -64,7 +82,7 @@ macro_rules! hopper_bwd_kernels {
             // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
             // configuration, called by whole warpgroups in uniform control flow.
             unsafe {
-                dkdv::dkdv::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }>(
+                dkdv::dkdv::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }, $softcap>(
                     &p,
                     &CFG,
                     tmaps,
@@ -90,7 +108,7 @@ macro_rules! hopper_bwd_kernels {
             let tmaps = bwd_tmaps!($dq);
             // SAFETY: as for the dK/dV kernel.
             unsafe {
-                dq::dq::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }>(
+                dq::dq::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }, $softcap>(
                     &p,
                     &CFG,
                     tmaps,
@@ -110,6 +128,7 @@ hopper_bwd_kernels!(
     attention_bwd_hopper_dq_bf16_d64,
     Bf16,
     64,
+    false,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n64k16_bf16_rs,
@@ -120,6 +139,7 @@ hopper_bwd_kernels!(
     attention_bwd_hopper_dq_bf16_d128,
     Bf16,
     128,
+    false,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n128k16_bf16_rs,
@@ -130,6 +150,7 @@ hopper_bwd_kernels!(
     attention_bwd_hopper_dq_f16_d64,
     F16,
     64,
+    false,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n64k16_f16_rs,
@@ -140,6 +161,51 @@ hopper_bwd_kernels!(
     attention_bwd_hopper_dq_f16_d128,
     F16,
     128,
+    false,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_softcap_bf16_d64,
+    attention_bwd_hopper_dq_softcap_bf16_d64,
+    Bf16,
+    64,
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_softcap_bf16_d128,
+    attention_bwd_hopper_dq_softcap_bf16_d128,
+    Bf16,
+    128,
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_softcap_f16_d64,
+    attention_bwd_hopper_dq_softcap_f16_d64,
+    F16,
+    64,
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_bwd_kernels!(
+    attention_bwd_hopper_dkdv_softcap_f16_d128,
+    attention_bwd_hopper_dq_softcap_f16_d128,
+    F16,
+    128,
+    true,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n128k16_f16_rs,

@@ -488,9 +488,9 @@ impl AttentionProblem {
     /// it: with [`Path::Auto`] where the target has the Hopper kernels, one exists for the
     /// element type and head dimension (64 and 128) and tensor maps describe Q, dO, K and V;
     /// with [`Path::Hopper`] likewise, but an error on a GPU without the Hopper kernels or for
-    /// views a tensor map cannot describe (D = 256 takes the `mma.sync` kernels) or a softcap
-    /// (the Hopper kernels have no softcap form: [`Path::Auto`] takes the `mma.sync` kernels);
-    /// [`Path::MmaSync`] never. Sinks change neither kernel (the forward's LSE holds them).
+    /// views a tensor map cannot describe (D = 256 takes the `mma.sync` kernels);
+    /// [`Path::MmaSync`] never. A softcap takes the kernels' softcap forms; sinks change
+    /// neither kernel (the forward's LSE holds them).
     fn backward_hopper_kernel<T>(
         &self,
         target: Target,
@@ -506,16 +506,10 @@ impl AttentionProblem {
                 ));
             }
             Path::Auto if !has => return Ok(None),
-            Path::Hopper if self.softcap.is_some() => {
-                return Err(Error::unsupported(
-                    "attention backward on the Hopper path with a softcap",
-                    "the Hopper backward kernels have no softcap form; the mma.sync path has",
-                ));
-            }
-            Path::Auto if self.softcap.is_some() => return Ok(None),
             Path::Auto | Path::Hopper => {}
         }
-        let Some(kernel) = hopper_bwd_kernel(self.dtype, self.head_dim as u32) else {
+        let softcap = self.softcap.is_some();
+        let Some(kernel) = hopper_bwd_kernel(self.dtype, self.head_dim as u32, softcap) else {
             return Ok(None);
         };
         let maps = (|| {
