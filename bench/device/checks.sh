@@ -18,11 +18,13 @@
 #       kernels and the capsink kernels with a softcap, sinks and both, per path and D.
 #   capb the backward with a softcap and sinks: its GPU tests (both paths, packed sequences,
 #       the deterministic mode), the default backward's and the packed backward's tests beside
-#       them, CLI tests, the four sanitizers on its cases, the Python tests (capsink backward,
-#       capsink, attention), then CLI timings (median of 20 timed runs) of attention-backward
-#       with the default kernels, a softcap, sinks and both, per D.
+#       them, CLI tests, the Python tests (capsink backward, capsink, attention), then CLI
+#       timings (median of 20 timed runs) of attention-backward with the default kernels, a
+#       softcap, sinks and both, per D;
+#   capbsan the four sanitizers on its cases (Hopper and mma.sync softcap, softcap with sinks,
+#       sinks on the Hopper kernels, packed sequences).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -200,14 +202,6 @@ if [ "$part" = capb ]; then
   TT=300 t bwd $B/bin/test-attention attention_bwd/ --skip emulated
   t varlen_bwd $B/bin/test-attention attention_varlen_bwd/gpu
   t cli $B/bin/test-cli gpu/
-  for tool in memcheck racecheck synccheck initcheck; do
-    for f in attention_capsink_bwd/auto/bf16_d128_b2_sq113_sk203_h4x2_softcap20_dlse_atomic \
-             attention_capsink_bwd/auto/f16_d64_b1_sq300_sk300_h4x2_win40_7_softcap5 \
-             attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_sinks \
-             attention_capsink_bwd/varlen/bf16_d64; do
-      san $tool attention $f
-    done
-  done
   P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
   for f in attention_capsink_bwd attention_capsink attention; do
     s=$(date +%s); PYTHONPATH=$P timeout 300 python3 $B/python/test_$f.py --quick > $L/py_$f.log 2>&1
@@ -240,6 +234,17 @@ PY
     done
   done
   cp $L/capbwd.log $L/cli.log $L/py_attention_capsink_bwd.log $OUT/ 2>/dev/null
+fi
+if [ "$part" = capbsan ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in attention_capsink_bwd/auto/bf16_d128_b2_sq113_sk203_h4x2_softcap20_dlse_atomic \
+             attention_capsink_bwd/mma/bf16_d128_b2_sq113_sk203_h4x2_softcap20_dlse_atomic \
+             attention_capsink_bwd/auto/f16_d64_b1_sq300_sk300_h4x2_win40_7_softcap5 \
+             attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_sinks \
+             attention_capsink_bwd/varlen/bf16_d64_h4x2_lens0x5_1x1_70x130_200x150_33x0_softcap5_sinks_dlse_atomic; do
+      san $tool attention $f
+    done
+  done
 fi
 if [ "$part" = hd ]; then
   TT=300 t d96 $B/bin/test-attention d96 --skip emulated

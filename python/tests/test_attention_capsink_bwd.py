@@ -38,11 +38,14 @@ import rustkernels  # noqa: E402
 from rustkernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
 
-def grads_reference(q, k, v, sinks, dout, dlse, scale, allowed, softcap, dtype):
+def grads_reference(q, k, v, sinks, dout, dlse, scale, allowed, softcap, dtype, o_given=None):
     """dq, dk, dv, dsinks of ``loss = sum(out dout) + sum(lse dlse)`` by torch.autograd, in f64
     (``dtype = float64``) or as a straightforward implementation in the input precision
-    (scores, capped logits, probabilities and O rounded to it; the softmax in f32). Rows with
-    neither an allowed key nor a sink: out 0, no gradient."""
+    (scores, capped logits, probabilities and O rounded to it; the softmax in f32; dsinks from
+    the forward output ``o_given``, as the kernels: the sinks' gradient is a sum over every row
+    of ``rowsum(dO O)``, so O's rounding dominates its error, and the backward is checked on the
+    O it gets; the forward's O is checked by test_attention_capsink.py). Rows with neither an
+    allowed key nor a sink: out 0, no gradient."""
     ct = torch.float64 if dtype == torch.float64 else torch.float32
     qd, kd, vd = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
     sd = sinks.detach().to(ct).requires_grad_() if sinks is not None else None
@@ -65,8 +68,16 @@ def grads_reference(q, k, v, sinks, dout, dlse, scale, allowed, softcap, dtype):
         lse = torch.logsumexp(s, dim=-1)
         loss = loss + (lse * dlse.to(ct) * (~empty).to(ct)).sum()
     inputs = (qd, kd, vd) if sd is None else (qd, kd, vd, sd)
-    grads = torch.autograd.grad(loss, inputs)
-    return [t.double() for t in grads]
+    grads = [t.double() for t in torch.autograd.grad(loss, inputs)]
+    if sd is not None and dtype != torch.float64:
+        # The sinks' gradient as an implementation in the input precision computes it from the
+        # layer's saved output O (``o_given``, the one the kernels' backward gets, ``[b, s, h,
+        # d]``): sum P_sink (dLSE - rowsum(dO O)).
+        p_sink = torch.softmax(s, dim=-1)[..., -1] * (~empty).to(ct)
+        row = (o_given.transpose(1, 2).float() * dout.transpose(1, 2).float()).sum(-1)
+        dl = dlse.float() if dlse is not None else 0.0
+        grads[3] = (p_sink.float() * (dl - row)).sum(dim=(0, 2)).double()
+    return grads
 
 
 def compare(names, got, ref, naive, abs_floor):
@@ -107,7 +118,9 @@ def run_case(b, sq, sk, hq, hkv, d, dtype, causal, softcap, sink_range, with_dls
     allowed = allowed_mask(sq, sk, causal, (-1, -1), q.device)
     args = (q, k, v, sinks, dout, dlse, scale, allowed, softcap)
     ref = grads_reference(*args, torch.float64)
-    naive = grads_reference(*args, dtype)
+    with torch.no_grad():
+        out0 = flash_attn_func(q, k, v, causal=causal, softcap=softcap, sinks=sinks)
+    naive = grads_reference(*args, dtype, out0)
     names = ("dq", "dk", "dv") if sinks is None else ("dq", "dk", "dv", "dsinks")
     details = []
     for deterministic in (False, True):
@@ -157,6 +170,7 @@ def run_varlen_case(lens, hq, hkv, d, dtype, causal, softcap, sink_range):
     )
     got = torch.autograd.grad([out], leaves + [sg], [dout])
     torch.cuda.synchronize()
+    out = out.detach()
     scale = 1.0 / math.sqrt(d)
     ref = [torch.zeros_like(t, dtype=torch.float64) for t in (q, k, v, sinks)]
     naive = [torch.zeros_like(t, dtype=torch.float64) for t in (q, k, v, sinks)]
@@ -170,7 +184,7 @@ def run_varlen_case(lens, hq, hkv, d, dtype, causal, softcap, sink_range):
         for acc, dt in ((ref, torch.float64), (naive, dtype)):
             if sq == 0:
                 continue
-            dq, dk, dv, ds = grads_reference(*args, dt)
+            dq, dk, dv, ds = grads_reference(*args, dt, out[None, q0 : q0 + sq])
             acc[0][q0 : q0 + sq] += dq[0]
             acc[1][k0 : k0 + sk] += dk[0]
             acc[2][k0 : k0 + sk] += dv[0]

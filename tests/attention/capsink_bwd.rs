@@ -547,6 +547,14 @@ fn emulated_cases() -> Vec<CapBwdCase> {
         true,
         false,
     ));
+    // Inputs in [-3, 3) (logits of several units), causal with rows without keys.
+    for seed in 0..4 {
+        let mut c = case(1, 90, 60, 4, 4, 128, Dtype::Bf16);
+        c.p.causal = true;
+        c.range = 3.0;
+        c.seed += seed;
+        v.push(cb(c, Some(30.0), Some((-1.0, 3.0)), false, false));
+    }
     v
 }
 
