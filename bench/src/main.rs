@@ -4,7 +4,8 @@
 //! ```text
 //! kbench main [--quick]                 every kernel on default sizes, validated and timed
 //! kbench <family> --out DIR [--quick]   benchmark a family (smoke, attention, attention-backward,
-//!                                       attention-decode, gla, semicrf, mhc), write
+//!                                       attention-decode, attention-varlen, gla, semicrf,
+//!                                       mhc), write
 //!                                       DIR/<family>.json
 //! kbench report [--results DIR] [--out FILE] [--plots DIR]
 //! ```
@@ -12,6 +13,7 @@
 mod attention;
 mod attention_bwd;
 mod attention_decode;
+mod attention_varlen;
 mod gla;
 mod harness;
 mod main_job;
@@ -53,6 +55,9 @@ enum Command {
     /// Attention decode over a paged KV cache (beside SDPA on the contexts gathered dense, and
     /// the device copy bandwidth); writes `attention-decode.json`.
     AttentionDecode(FamilyArgs),
+    /// Attention forward over packed sequences of mixed lengths beside the equal-length
+    /// forward of the same work; writes `attention-varlen.json`.
+    AttentionVarlen(FamilyArgs),
     /// Chunkwise gated linear attention forward beside fla's chunk_gla and a PyTorch chunked
     /// reference.
     Gla(FamilyArgs),
@@ -116,6 +121,7 @@ fn main() -> ExitCode {
             family("attention-backward", &args, attention::run_backward)
         }
         Command::AttentionDecode(args) => family("attention-decode", &args, attention_decode::run),
+        Command::AttentionVarlen(args) => family("attention-varlen", &args, attention_varlen::run),
         Command::Gla(args) => family("gla", &args, gla::run),
         Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Mhc(args) => family("mhc", &args, mhc::run),

@@ -1,0 +1,166 @@
+//! `kbench attention-varlen`: the forward over packed sequences of mixed lengths
+//! (`attention::forward_varlen`, rows `attention_varlen_fwd`), 64 sequences with lengths
+//! uniform in [128, 8192] (`--quick`: 8 in [128, 2048]), 16 heads, bf16, D 64 and 128, causal
+//! and not, beside the equal-length forward of about the same work on the same device in the
+//! same run (rows `attention_varlen_fwd` with implementation `ours-equal-length`, the automatic
+//! path, and `ours-equal-length-mma` on Hopper GPUs: 64 sequences of the root mean square
+//! length rounded to 128): the "within 10% of the equal-length forward" compares their
+//! TFLOP/s.
+//!
+//! FLOPs: the sum over the sequences of `4 heads L^2 D` (halved under causal masking), the dense
+//! forward's convention per sequence. Two rows of the shortest and the longest sequence are
+//! checked against the f64 reference (`max_err`).
+
+use crate::config;
+use crate::harness::{Bench, Row};
+use kernels::attention::{
+    self, AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, Path, View,
+};
+use kernels::data::{rng, uniform_bf16};
+use kernels::memory::{download, poisoned, upload};
+use kernels::{Result, bf16};
+use rand::Rng;
+
+const HEADS: usize = 16;
+
+/// Run the family.
+pub fn run(b: &mut Bench) -> Result<()> {
+    let (n, max_len, dims): (usize, usize, &[usize]) = if b.quick {
+        (8, 2048, &[128])
+    } else {
+        (64, 8192, &[64, 128])
+    };
+    let mut r = rng(4242);
+    let lens: Vec<usize> = (0..n).map(|_| r.random_range(128..=max_len)).collect();
+    let total: usize = lens.iter().sum();
+    let seqlens = CuSeqlens::from_lens(&lens.iter().map(|&l| (l, l)).collect::<Vec<_>>())?;
+    let dev_seqlens = seqlens.upload()?;
+    let sum_sq: f64 = lens.iter().map(|&l| (l * l) as f64).sum();
+    let rms = (sum_sq / n as f64).sqrt();
+    let eq_len = ((rms / 128.0).round() as usize).max(1) * 128;
+    for &d in dims {
+        let elems = total.max(n * eq_len) * HEADS * d;
+        let q = uniform_bf16(&mut r, elems, -1.0, 1.0);
+        let k = uniform_bf16(&mut r, elems, -1.0, 1.0);
+        let v = uniform_bf16(&mut r, elems, -1.0, 1.0);
+        let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+        for causal in [false, true] {
+            // Packed sequences.
+            let mut p = AttentionVarlenProblem::new(&seqlens, HEADS, HEADS, d, Dtype::Bf16);
+            p.causal = causal;
+            let shape = [total, HEADS, d];
+            let out = poisoned::<bf16>(total * HEADS * d)?;
+            let mut lse = poisoned::<f32>(p.lse_len())?;
+            let mut ov = View::packed_contiguous(&out, shape);
+            let (qv, kv, vv) = (
+                View::packed_contiguous(&dq, shape),
+                View::packed_contiguous(&dk, shape),
+                View::packed_contiguous(&dv, shape),
+            );
+            let t = b.time(|| {
+                attention::forward_varlen(
+                    &b.gpu,
+                    &b.stream,
+                    &p,
+                    &dev_seqlens,
+                    &qv,
+                    &kv,
+                    &vv,
+                    &mut ov,
+                    &mut lse,
+                )
+            })?;
+            let o = download(&out)?;
+            let flops: f64 = lens.iter().map(|&l| p.sequence(l, l).flops()).sum();
+            let err = check_rows(&p, &seqlens, &lens, (&q, &k, &v), &o);
+            if err > 2e-2 {
+                return Err(kernels::Error::invalid(
+                    "attention varlen result",
+                    format!("D {d} causal {causal}: max error {err:.3e} exceeds 2e-2"),
+                ));
+            }
+            let cfg = config!(
+                "sequences": n, "min_len": 128, "max_len": max_len, "total": total,
+                "heads": HEADS, "d": d, "causal": causal, "dtype": "bf16"
+            );
+            b.push(
+                Row::ours("attention_varlen_fwd", cfg.clone(), &t)
+                    .flops(flops)
+                    .err(err),
+            );
+            // The equal-length forward of about the same work, on each path.
+            let mut dense = AttentionProblem::new(n, eq_len, eq_len, HEADS, HEADS, d, Dtype::Bf16);
+            dense.causal = causal;
+            let hopper = b.gpu.arch().has_hopper_kernels()
+                && kernel_abi::attention::hopper_kernel(Dtype::Bf16, d as u32, None).is_some();
+            let paths: &[(Path, &str)] = if hopper {
+                &[
+                    (Path::Auto, "ours-equal-length"),
+                    (Path::MmaSync, "ours-equal-length-mma"),
+                ]
+            } else {
+                &[(Path::Auto, "ours-equal-length")]
+            };
+            for &(path, name) in paths {
+                let dp = dense.clone().path(path);
+                let out = poisoned::<bf16>(n * eq_len * HEADS * d)?;
+                let mut lse = poisoned::<f32>(dp.lse_len())?;
+                let mut ov = View::contiguous(&out, dp.q_shape());
+                let (qv, kv, vv) = (
+                    View::contiguous(&dq, dp.q_shape()),
+                    View::contiguous(&dk, dp.kv_shape()),
+                    View::contiguous(&dv, dp.kv_shape()),
+                );
+                let t = b.time(|| {
+                    attention::forward(&b.gpu, &b.stream, &dp, &qv, &kv, &vv, &mut ov, &mut lse)
+                })?;
+                let mut row = Row::ours("attention_varlen_fwd", cfg.clone(), &t).flops(dp.flops());
+                row.implementation = name.to_string();
+                row.extra
+                    .insert("equal_length".into(), serde_json::json!(eq_len));
+                b.push(row);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The largest error of a few rows of the shortest and the longest sequence against the f64
+/// reference of their own dense problems.
+fn check_rows(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    lens: &[usize],
+    (q, k, v): (&[bf16], &[bf16], &[bf16]),
+    o: &[bf16],
+) -> f64 {
+    let row = p.heads_q * p.head_dim;
+    let pick = |better: fn(usize, usize) -> bool| {
+        (0..lens.len())
+            .reduce(|a, i| if better(lens[i], lens[a]) { i } else { a })
+            .expect("sequences")
+    };
+    let mut err = 0.0f64;
+    for s in [pick(|a, b| a < b), pick(|a, b| a > b)] {
+        let (len, q0) = (seqlens.seq_q(s), seqlens.q_start(s));
+        let sp = p.sequence(len, len);
+        let range = q0 * row..(q0 + len) * row;
+        let rows: Vec<(usize, usize, usize)> = (0..4)
+            .map(|i| (0, (i * 7919 + 3) % len, (i * 5) % p.heads_q))
+            .collect();
+        let want =
+            attention::reference_rows(&sp, &q[range.clone()], &k[range.clone()], &v[range], &rows);
+        for ((_, i, h), (ref_o, _)) in rows.iter().zip(&want) {
+            let start = ((q0 + i) * p.heads_q + h) * p.head_dim;
+            for (x, y) in o[start..start + p.head_dim].iter().zip(ref_o) {
+                let e = (x.to_f64() - y).abs();
+                err = if e.is_nan() {
+                    f64::INFINITY
+                } else {
+                    err.max(e)
+                };
+            }
+        }
+    }
+    err
+}
