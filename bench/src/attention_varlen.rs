@@ -9,10 +9,13 @@
 //!
 //! FLOPs: the sum over the sequences of `4 heads L^2 D` (halved under causal masking), the dense
 //! forward's convention per sequence. Two rows of the shortest and the longest sequence are
-//! checked against the f64 reference (`max_err`).
+//! checked against the f64 reference (`max_err`). Peers (`bench/peers/attention_varlen.py`):
+//! PyTorch SDPA on nested (jagged) tensors of the same lengths, which runs FlashAttention-2's
+//! varlen kernel, and FlashAttention's `flash_attn_varlen_func` where installed; on inputs of
+//! their own (timing only: each case carries the boundaries, not Q, K, V).
 
 use crate::config;
-use crate::harness::{Bench, Row};
+use crate::harness::{Bench, Row, Tensor};
 use kernels::attention::{
     self, AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, Path, View,
 };
@@ -25,6 +28,7 @@ const HEADS: usize = 16;
 
 /// Run the family.
 pub fn run(b: &mut Bench) -> Result<()> {
+    b.peers_from("attention_varlen");
     let (n, max_len, dims): (usize, usize, &[usize]) = if b.quick {
         (8, 2048, &[128])
     } else {
@@ -38,6 +42,12 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let sum_sq: f64 = lens.iter().map(|&l| (l * l) as f64).sum();
     let rms = (sum_sq / n as f64).sqrt();
     let eq_len = ((rms / 128.0).round() as usize).max(1) * 128;
+    let cu: Vec<i64> = std::iter::once(0)
+        .chain(lens.iter().scan(0i64, |acc, &l| {
+            *acc += l as i64;
+            Some(*acc)
+        }))
+        .collect();
     for &d in dims {
         let elems = total.max(n * eq_len) * HEADS * d;
         let q = uniform_bf16(&mut r, elems, -1.0, 1.0);
@@ -88,6 +98,12 @@ pub fn run(b: &mut Bench) -> Result<()> {
                     .flops(flops)
                     .err(err),
             );
+            b.case(
+                "attention_varlen_fwd",
+                &cfg,
+                config!("flops": flops),
+                &[("cu_seqlens", Tensor::I64(&cu, vec![n + 1]))],
+            )?;
             // The equal-length forward of about the same work, on each path.
             let mut dense = AttentionProblem::new(n, eq_len, eq_len, HEADS, HEADS, d, Dtype::Bf16);
             dense.causal = causal;
@@ -122,6 +138,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
             }
         }
     }
+    b.run_peers();
     Ok(())
 }
 
