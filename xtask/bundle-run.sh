@@ -8,7 +8,8 @@
 #      with KERNELS_SANITIZER=<tool> (under racecheck the largest problems shrink, see
 #      reliability.sh);
 #   3. the Python package: the rustkernels wheel installed offline into <results>/pydeps, and
-#      its GPU checks, one per family (python/test_{attention,attention_decode,gla,semicrf,mhc}.py:
+#      its GPU checks, one per family (python/test_{attention,attention_varlen,attention_decode,
+#      attention_capsink,attention_capsink_bwd,gla,semicrf,mhc}.py:
 #      f64 references, bad input, opcheck, torch.compile), each then again in quick mode on
 #      the portable PTX (KERNELS_ARCH=sm_80); then python/e2e/llama_train.py (a transformers
 #      Llama trained with our attention; writes <results>/python.json), python/e2e/ddp_llama.py
@@ -137,7 +138,8 @@ if [ "$do_python" = 1 ]; then
     note "python: installing the rustkernels wheel failed (logs/pip-rustkernels.log)"
     status=1
   else
-    for family in attention attention_decode gla semicrf mhc; do
+    for family in attention attention_varlen attention_decode attention_capsink \
+        attention_capsink_bwd gla semicrf mhc; do
       test="$here/python/test_$family.py"
       if [ ! -f "$test" ]; then
         note "python $family: no $test in this bundle"

@@ -95,7 +95,7 @@ PY
   ncu --set full -k regex:dqkg_tc -c 1 -o $OUT/dqkg $CLI gla-backward /tmp/gla_a.st -o /tmp/x.st > $L/ncu_dqkg.log 2>&1
   ncu -i $OUT/dqkg.ncu-rep --page details > $OUT/dqkg.txt 2>&1; rm -f $OUT/dqkg.ncu-rep
   P=/tmp/pyd9; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-  for f in attention gla; do
+  for f in attention attention_varlen gla; do
     s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
     echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
     grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
@@ -153,7 +153,7 @@ if [ "$part" = cap ]; then
     done
   done
   P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-  for f in attention_capsink attention attention_decode; do
+  for f in attention_capsink attention attention_varlen attention_decode; do
     s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py --quick > $L/py_$f.log 2>&1
     echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
     grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
@@ -203,7 +203,7 @@ if [ "$part" = capb ]; then
   t varlen_bwd $B/bin/test-attention attention_varlen_bwd/gpu
   t cli $B/bin/test-cli gpu/
   P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-  for f in attention_capsink_bwd attention_capsink attention; do
+  for f in attention_capsink_bwd attention_capsink attention attention_varlen; do
     s=$(date +%s); PYTHONPATH=$P timeout 300 python3 $B/python/test_$f.py --quick > $L/py_$f.log 2>&1
     echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
     grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
@@ -282,7 +282,7 @@ if [ "$part" = dec ]; then
     san $tool attention attention/hopper/bf16_d192_b2_sq113_sk203_h4x2_causal
   done
   P=/tmp/pyd9h; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip-w.log 2>&1
-  for f in attention attention_decode; do
+  for f in attention attention_varlen attention_decode; do
     s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
     echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
     grep -E "^(SKIP|FAIL)" -A6 $L/py_$f.log | head -30 >> $S
