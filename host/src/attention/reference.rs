@@ -751,15 +751,7 @@ pub fn backward_varlen_sinks<T: AttentionElem>(
     d_lse: Option<&[f32]>,
     sinks: Option<&[f32]>,
 ) -> (AttentionGrads, Option<Vec<f64>>) {
-    let total = std::cell::RefCell::new(sinks.map(|s| vec![0.0; s.len()]));
-    let grads = per_sequence_grads(p, seqlens, (q, k, v, d_o), d_lse, |sp, q, k, v, d_o, dl| {
-        let (g, ds) = backward_sinks(sp, q, k, v, d_o, dl, sinks);
-        if let (Some(t), Some(ds)) = (total.borrow_mut().as_mut(), ds) {
-            t.iter_mut().zip(ds).for_each(|(t, x)| *t += x);
-        }
-        g
-    });
-    (grads, total.into_inner())
+    per_sequence_grads_sinks(p, seqlens, (q, k, v, d_o), d_lse, sinks, backward_sinks)
 }
 
 /// [`naive_backward_same_precision_sinks`] per sequence, as [`backward_varlen_sinks`] (the
@@ -775,9 +767,40 @@ pub fn naive_backward_varlen_same_precision_sinks<T: AttentionElem>(
     d_lse: Option<&[f32]>,
     sinks: Option<&[f32]>,
 ) -> (AttentionGrads, Option<Vec<f64>>) {
+    per_sequence_grads_sinks(
+        p,
+        seqlens,
+        (q, k, v, d_o),
+        d_lse,
+        sinks,
+        naive_backward_same_precision_sinks,
+    )
+}
+
+/// The backward of a dense problem with its sinks, as [`backward_sinks`] computes it.
+type DenseGradsSinks<T> = fn(
+    &AttentionProblem,
+    &[T],
+    &[T],
+    &[T],
+    &[T],
+    Option<&[f32]>,
+    Option<&[f32]>,
+) -> (AttentionGrads, Option<Vec<f64>>);
+
+/// [`per_sequence_grads`] of `f` with the sinks `sinks`: the sinks' gradients of the sequences
+/// summed.
+fn per_sequence_grads_sinks<T: AttentionElem>(
+    p: &AttentionVarlenProblem,
+    seqlens: &CuSeqlens,
+    tensors: (&[T], &[T], &[T], &[T]),
+    d_lse: Option<&[f32]>,
+    sinks: Option<&[f32]>,
+    f: DenseGradsSinks<T>,
+) -> (AttentionGrads, Option<Vec<f64>>) {
     let total = std::cell::RefCell::new(sinks.map(|s| vec![0.0; s.len()]));
-    let grads = per_sequence_grads(p, seqlens, (q, k, v, d_o), d_lse, |sp, q, k, v, d_o, dl| {
-        let (g, ds) = naive_backward_same_precision_sinks(sp, q, k, v, d_o, dl, sinks);
+    let grads = per_sequence_grads(p, seqlens, tensors, d_lse, |sp, q, k, v, d_o, dl| {
+        let (g, ds) = f(sp, q, k, v, d_o, dl, sinks);
         if let (Some(t), Some(ds)) = (total.borrow_mut().as_mut(), ds) {
             t.iter_mut().zip(ds).for_each(|(t, x)| *t += x);
         }
