@@ -14,7 +14,8 @@
 //!
 //! Names: `attention_capsink_bwd/emulated/*` (the `mma.sync` kernels' own code in the CPU
 //! emulator), `attention_capsink_bwd/{auto,mma}/*` (a GPU, the plan's path or the `mma.sync`
-//! path), `attention_capsink_bwd/varlen/*` (packed sequences on a GPU),
+//! path), `attention_capsink_bwd/varlen/*` (packed sequences on a GPU; `varlen_emulated/*` in
+//! the emulator),
 //! `attention_capsink_bwd/deterministic_bitwise`.
 
 use super::varlen::{VarlenCase, seqlens, vcase};
@@ -25,8 +26,9 @@ use kernels::attention::reference::{
     AttentionGrads, backward_sinks, backward_tolerance, backward_varlen_sinks,
 };
 use kernels::attention::{
-    self, AttentionBackwardTensors, AttentionElem, BackwardOptions, BackwardWorkspace, Dtype, Path,
-    Target, View, naive_backward_same_precision_sinks, naive_backward_varlen_same_precision_sinks,
+    self, AttentionBackwardTensors, AttentionElem, AttentionVarlenBackwardTensors,
+    AttentionVarlenProblem, BackwardOptions, BackwardWorkspace, CuSeqlens, Dtype, Path, Target,
+    View, naive_backward_same_precision_sinks, naive_backward_varlen_same_precision_sinks,
 };
 use kernels::data::rng;
 use kernels::exec::OnStream;
@@ -414,14 +416,22 @@ fn deterministic_bitwise(g: &Gpu) -> TestResult {
     )
 }
 
-/// Packed sequences (one empty, one of a single row) with a softcap and sinks, on a GPU.
-fn run_varlen<T: AttentionElem>(
-    g: &Gpu,
+/// A packed case with a softcap and sinks: its problem and lengths, the inputs, the forward's O
+/// and LSE (the f64 reference's, rounded), the sink values, the case's name.
+struct VarlenInputs<T> {
+    p: AttentionVarlenProblem,
+    s: CuSeqlens,
+    x: Inputs<T>,
+    sinks: Option<Vec<f32>>,
+    what: String,
+}
+
+fn varlen_inputs<T: AttentionElem>(
     c: &VarlenCase,
     softcap: Option<f32>,
     sinks: bool,
     deterministic: bool,
-) -> TestResult {
+) -> VarlenInputs<T> {
     let mut p = c.p.clone();
     p.softcap = softcap;
     p.sinks = sinks;
@@ -433,32 +443,67 @@ fn run_varlen<T: AttentionElem>(
         None => attention::reference_varlen(&p, &s, &q, &k, &v),
     };
     let (d_o, d_lse) = loss_grads::<T>(c.seed, q.len(), &fwd.lse, true);
-    let o: Vec<T> = fwd.o.iter().map(|&x| T::from_f32(x as f32)).collect();
-    let lse: Vec<f32> = fwd.lse.iter().map(|&x| x as f32).collect();
     let what = format!(
         "{}{}",
         super::varlen::name(c),
         options_name(softcap, sink_vals.as_deref(), true, deterministic)
     );
+    VarlenInputs {
+        x: Inputs {
+            o: fwd.o.iter().map(|&x| T::from_f32(x as f32)).collect(),
+            lse: fwd.lse.iter().map(|&x| x as f32).collect(),
+            q,
+            k,
+            v,
+            d_o,
+            d_lse,
+        },
+        p,
+        s,
+        sinks: sink_vals,
+        what,
+    }
+}
+
+/// The gradients of a packed case against the references per sequence.
+fn check_varlen<T: AttentionElem>(vi: &VarlenInputs<T>, what: &str, got: Grads<T>) -> TestResult {
+    let (x, dl, sv) = (&vi.x, vi.x.d_lse.as_deref(), vi.sinks.as_deref());
+    let (p, s) = (&vi.p, &vi.s);
+    let want = backward_varlen_sinks(p, s, &x.q, &x.k, &x.v, &x.d_o, dl, sv);
+    let naive = naive_backward_varlen_same_precision_sinks(p, s, &x.q, &x.k, &x.v, &x.d_o, dl, sv);
+    let (dq, dk, dv, ds) = got;
+    check_grads(what, (&dq, &dk, &dv, ds.as_deref()), &want, &naive)
+}
+
+/// Packed sequences (one empty, one of a single row) with a softcap and sinks, on a GPU.
+fn run_varlen<T: AttentionElem>(
+    g: &Gpu,
+    c: &VarlenCase,
+    softcap: Option<f32>,
+    sinks: bool,
+    deterministic: bool,
+) -> TestResult {
+    let vi = varlen_inputs::<T>(c, softcap, sinks, deterministic);
+    let (p, s, x) = (&vi.p, &vi.s, &vi.x);
     let run = || -> kernels::Result<Grads<T>> {
         let stream = g.stream()?;
         let dev_s = s.upload()?;
         let (dq_, dk_, dv_) = (
-            poisoned::<T>(q.len())?,
-            poisoned::<T>(k.len())?,
-            poisoned::<T>(k.len())?,
+            poisoned::<T>(x.q.len())?,
+            poisoned::<T>(x.k.len())?,
+            poisoned::<T>(x.k.len())?,
         );
         let (qs, ks) = (p.q_shape(), p.kv_shape());
         let (qb, kb, vb, ob, dob) = (
-            upload(&q)?,
-            upload(&k)?,
-            upload(&v)?,
-            upload(&o)?,
-            upload(&d_o)?,
+            upload(&x.q)?,
+            upload(&x.k)?,
+            upload(&x.v)?,
+            upload(&x.o)?,
+            upload(&x.d_o)?,
         );
         let (lb, dlb) = (
-            upload(&lse)?,
-            d_lse.as_ref().map(|d| upload(d)).transpose()?,
+            upload(&x.lse)?,
+            x.d_lse.as_ref().map(|d| upload(d)).transpose()?,
         );
         let (mut dqv, mut dkv, mut dvv) = (
             View::packed_contiguous(&dq_, qs),
@@ -469,14 +514,14 @@ fn run_varlen<T: AttentionElem>(
         let pk = |b| View::packed_contiguous(b, qs);
         let pv = |b| View::packed_contiguous(b, ks);
         let mut ds = None;
-        match &sink_vals {
+        match &vi.sinks {
             Some(sv) => {
                 let sb = upload(sv)?;
                 let mut dsb = poisoned::<f32>(sv.len())?;
                 attention::backward_varlen_with_sinks(
                     g,
                     &stream,
-                    &p,
+                    p,
                     &dev_s,
                     &pk(&qb),
                     &pv(&kb),
@@ -497,7 +542,7 @@ fn run_varlen<T: AttentionElem>(
             None => attention::backward_varlen(
                 g,
                 &stream,
-                &p,
+                p,
                 &dev_s,
                 &pk(&qb),
                 &pv(&kb),
@@ -514,11 +559,76 @@ fn run_varlen<T: AttentionElem>(
         }
         Ok((download(&dq_)?, download(&dk_)?, download(&dv_)?, ds))
     };
-    let (dq, dk, dv, ds) = gpu_ok(run())?;
-    let (dl, sv) = (d_lse.as_deref(), sink_vals.as_deref());
-    let want = backward_varlen_sinks(&p, &s, &q, &k, &v, &d_o, dl, sv);
-    let naive = naive_backward_varlen_same_precision_sinks(&p, &s, &q, &k, &v, &d_o, dl, sv);
-    check_grads(&what, (&dq, &dk, &dv, ds.as_deref()), &want, &naive)
+    let got = gpu_ok(run())?;
+    check_varlen(&vi, &vi.what, got)
+}
+
+/// A packed case in the CPU emulator (the `_varlen_` softcap kernels and
+/// `attention_bwd_dsinks_varlen`), outputs and workspace poisoned.
+fn run_varlen_emulated<T: AttentionElem>(
+    c: &VarlenCase,
+    softcap: Option<f32>,
+    sinks: bool,
+    deterministic: bool,
+) -> TestResult {
+    let vi = varlen_inputs::<T>(c, softcap, sinks, deterministic);
+    let (p, s, x) = (&vi.p, &vi.s, &vi.x);
+    let what = format!("emulated {}", vi.what);
+    let (mut q, mut k, mut v, mut o, mut d_o) = (
+        HostBuf::from_slice(&x.q),
+        HostBuf::from_slice(&x.k),
+        HostBuf::from_slice(&x.v),
+        HostBuf::from_slice(&x.o),
+        HostBuf::from_slice(&x.d_o),
+    );
+    let mut lse = HostBuf::from_slice(&x.lse);
+    let mut d_lse = x.d_lse.as_ref().map(|d| HostBuf::from_slice(d));
+    let (mut cq, mut ck) = (HostBuf::from_slice(s.q()), HostBuf::from_slice(s.k()));
+    let mut sinks_b = vi.sinks.as_deref().map(HostBuf::from_slice);
+    let mut d_sinks = vi
+        .sinks
+        .as_ref()
+        .map(|sv| HostBuf::filled(sv.len(), f32::NAN));
+    let nan = T::from_f32(f32::NAN);
+    let mut dq = HostBuf::filled(x.q.len(), nan);
+    let mut dk = HostBuf::filled(x.k.len(), nan);
+    let mut dv = HostBuf::filled(x.k.len(), nan);
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let tensors = AttentionVarlenBackwardTensors {
+        q: View::packed_contiguous(q.view(), qs),
+        k: View::packed_contiguous(k.view(), ks),
+        v: View::packed_contiguous(v.view(), ks),
+        o: View::packed_contiguous(o.view(), qs),
+        d_o: View::packed_contiguous(d_o.view(), qs),
+        lse: lse.view(),
+        d_lse: d_lse.as_mut().map(|d| d.view()),
+        dq: View::packed_contiguous(dq.view(), qs),
+        dk: View::packed_contiguous(dk.view(), ks),
+        dv: View::packed_contiguous(dv.view(), ks),
+        cu_seqlens_q: cq.view(),
+        cu_seqlens_k: ck.view(),
+        sinks: sinks_b.as_mut().map(|b| b.view()),
+        d_sinks: d_sinks.as_mut().map(|b| b.view()),
+    };
+    let plan = p
+        .plan_backward(&tensors, BackwardOptions { deterministic })
+        .map_err(|e| format!("{what}: {e}"))?;
+    let mut delta = HostBuf::filled(plan.delta_len(), f32::NAN);
+    let mut accum =
+        (plan.dq_accum_len() > 0).then(|| HostBuf::filled(plan.dq_accum_len(), f32::NAN));
+    let ws = BackwardWorkspace {
+        delta: delta.view(),
+        dq_accum: accum.as_mut().map(|a| a.view()),
+    };
+    // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
+    // (synchronous) emulated launches; the workspace is separate memory.
+    unsafe { plan.run(&Emulator, &ws) }.map_err(|e| format!("{what}: {e}"))?;
+    let intact = [&dq, &dk, &dv].iter().all(|b| b.guards_intact())
+        && d_sinks.as_ref().is_none_or(|d| d.guards_intact())
+        && delta.guards_intact();
+    ensure(intact, || format!("{what}: a write outside its buffer"))?;
+    let ds = d_sinks.as_ref().map(|d| d.to_vec());
+    check_varlen(&vi, &what, (dq.to_vec(), dk.to_vec(), dv.to_vec(), ds))
 }
 
 /// Small problems for the emulator: D 64 and 128, bf16 and f16, causal, a window leaving rows
@@ -618,6 +728,20 @@ pub fn register(s: &mut Suite) {
         Needs::Gpu,
         deterministic_bitwise,
     );
+    // Packed sequences in the emulator: an empty one, one without keys, one of a single row.
+    let small = [(0, 3), (5, 0), (1, 1), (20, 33), (40, 17)];
+    for (softcap, sinks, det) in [(Some(5.0), true, false), (None, true, true)] {
+        let mut c = vcase(&small, 4, 2, 64, Dtype::Bf16);
+        c.p.causal = true;
+        let n = format!(
+            "attention_capsink_bwd/varlen_emulated/{}{}",
+            super::varlen::name(&c),
+            options_name(softcap, sinks.then_some(&[][..]), true, det)
+        );
+        s.cpu(&n, move || {
+            run_varlen_emulated::<bf16>(&c, softcap, sinks, det)
+        });
+    }
     let lens = [(0, 5), (1, 1), (70, 130), (200, 150), (33, 0)];
     for (d, dtype) in [(64, Dtype::Bf16), (128, Dtype::F16), (256, Dtype::Bf16)] {
         for (softcap, sinks) in [(Some(10.0), false), (None, true), (Some(5.0), true)] {
