@@ -205,6 +205,22 @@ pub(super) const ERROR_CASES: &[ErrorCase] = &[
         is: |e| matches!(e, CliError::Shape { .. }),
         says: &["tensor `dlse`", "[B, Hq, Sq] = [2, 4, 5]", "got [2, 4, 6]"],
     },
+    // The backward's sinks: `[Hq]` f32 (their gradient is written beside dQ, dK, dV); a
+    // non-positive softcap is refused.
+    ErrorCase {
+        test: "errors/wrong_shape",
+        files: |d| backward_files(d, "", Some(("sinks", vec![3], V::F32(vec![0.0; 3])))),
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference",
+        is: |e| matches!(e, CliError::Shape { .. }),
+        says: &["tensor `sinks`", "[Hq] = [4]", "got [3]"],
+    },
+    ErrorCase {
+        test: "errors/bad_softcap",
+        files: |d| backward_files(d, "", None),
+        command: "attention-backward @in.safetensors -o @out.safetensors --reference --softcap 0",
+        is: |e| matches!(e, CliError::Kernel(_)),
+        says: &["softcap"],
+    },
     ErrorCase {
         test: "errors/unreadable_file",
         files: |_| Ok(()),
