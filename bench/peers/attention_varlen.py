@@ -58,7 +58,10 @@ def main(work):
                     return F.scaled_dot_product_attention(qn, kn, vn, is_causal=causal)
             peers.append((name, f))
         for name, fn in varlen:
-            peers.append((name, lambda fn=fn: fn(q, k, v, cu32, cu32, max(lens), max(lens), causal=causal)))
+            # Keywords: FlashAttention-4's signature has `qv` before the boundaries.
+            peers.append((name, lambda fn=fn: fn(
+                q, k, v, cu_seqlens_q=cu32, cu_seqlens_k=cu32, max_seqlen_q=max(lens),
+                max_seqlen_k=max(lens), causal=causal)))
         for name, f in peers:
             try:
                 with torch.no_grad():
