@@ -29,9 +29,9 @@ impl AttentionBackwardPlan {
         // kernels document; on one executor the launches run in order, so the dK/dV kernel
         // reads the preprocess's delta and zeroed accumulator, and the dQ kernel reads delta or
         // the complete accumulator, and the dsinks kernel reads delta and the checked sinks and
-        // writes the checked `heads_q` values of dsinks; the Hopper kernel's tensor maps describe the views the plan
-        // checked (Q, dO, K, V); the memory is live and the workspace aliases nothing (the
-        // caller's contract).
+        // writes the checked `heads_q` values of dsinks; the Hopper kernel's tensor maps
+        // describe the views the plan checked (Q, dO, K, V); the memory is live and the
+        // workspace aliases nothing (the caller's contract).
         unsafe {
             exec.launch(&launches.pre)?;
             if let Some(l) = &launches.dsinks {

@@ -369,8 +369,9 @@ impl AttentionVarlenBackwardPlan {
             // `launches` checked the workspace's sizes and alignment; the grids are the ones the
             // kernels document; on one executor the launches run in order (the dK/dV kernel
             // reads the preprocess's delta and zeroed accumulator, the dQ kernel delta or the
-            // complete accumulator); the memory is live and the workspace aliases nothing (the
-            // caller's contract).
+            // complete accumulator, the dsinks kernel delta and the checked sinks, writing the
+            // checked `heads_q` values of dsinks); the memory is live and the workspace aliases
+            // nothing (the caller's contract).
             unsafe { exec.launch(launch)? };
         }
         Ok(())
