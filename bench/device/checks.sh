@@ -23,8 +23,13 @@
 #       softcap, sinks and both, per D;
 #   capbsan the four sanitizers on its cases (Hopper and mma.sync softcap, softcap with sinks,
 #       sinks on the Hopper kernels, packed sequences).
+#   hvar packed sequences on the Hopper path: the packed forward's GPU tests (both paths, the
+#       bad-boundary guards), the capsink packed tests, the dense Hopper forward and packed
+#       backward tests beside them, the four sanitizers on Hopper packed cases (memcheck on
+#       contradictory boundaries), the Python packed and attention tests, then kbench
+#       attention-varlen with its peers (FlashAttention-4 when installed under /tmp/fa4pkgs).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -140,13 +145,13 @@ if [ "$part" = cap ]; then
   TT=300 t capsink $B/bin/test-attention attention_capsink/ --skip emulated
   t fwd_h128 $B/bin/test-attention attention/hopper/bf16_d128
   t fwd_mma64 $B/bin/test-attention attention/mma/bf16_d64
-  t varlen $B/bin/test-attention attention_varlen/gpu
+  t varlen $B/bin/test-attention attention_varlen/ --skip emulated
   TT=300 t decode $B/bin/test-attention attention_decode/gpu
   t cli $B/bin/test-cli gpu/
   for tool in memcheck racecheck synccheck initcheck; do
     for f in attention_capsink/hopper/bf16_d128_b1_sq150_sk100_h2x2_causal_softcap10 \
              attention_capsink/mma/bf16_d64_b1_sq150_sk100_h2x2_causal \
-             attention_capsink/varlen_gpu/bf16_d128 attention_capsink/hopper/bf16_d256_b1_sq140 \
+             attention_capsink/varlen_hopper/bf16_d128 attention_capsink/hopper/bf16_d256_b1_sq140 \
              attention_decode/gpu/bf16_d128_sq3_h8x2_page64_ctx1_777_0_4099_64_1500_causal_splits1_softcap10_sinks \
              attention_decode/gpu/bf16_d128_sq3_h8x2_page64_ctx1_777_0_4099_64_1500_causal_auto_softcap10_sinks; do
       san $tool attention $f
@@ -301,3 +306,28 @@ if [ "$part" = dec ]; then
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S
+if [ "$part" = hvar ]; then
+  TT=300 t varlen $B/bin/test-attention attention_varlen/ --skip emulated
+  t capvar $B/bin/test-attention attention_capsink/varlen
+  t fwd_h128 $B/bin/test-attention attention/hopper/bf16_d128
+  t varbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in attention_varlen/hopper/clamps_bad_boundaries \
+             attention_varlen/hopper/bf16_d64_h4x4_lens500x700_700x500_33x1_win \
+             attention_capsink/varlen_hopper/bf16_d128; do
+      san $tool attention $f
+    done
+  done
+  P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention_varlen attention_capsink attention; do
+    s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py --quick > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+  FP=/tmp/fa4pkgs
+  [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP
+  s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-varlen --out $OUT > $L/bench-varlen.log 2>&1
+  echo "kbench attention-varlen rc=$? $(( $(date +%s)-s ))s" >> $S
+  tail -30 $L/bench-varlen.log >> $S
+  cp $L/varlen.log $L/bench-varlen.log $OUT/ 2>/dev/null
+fi

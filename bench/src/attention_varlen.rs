@@ -1,7 +1,8 @@
 //! `kbench attention-varlen`: the forward over packed sequences of mixed lengths
-//! (`attention::forward_varlen`, rows `attention_varlen_fwd`), 64 sequences with lengths
-//! uniform in [128, 8192] (`--quick`: 8 in [128, 2048]), 16 heads, bf16, D 64 and 128, causal
-//! and not, beside the equal-length forward of about the same work on the same device in the
+//! (`attention::forward_varlen`, rows `attention_varlen_fwd`: `ours`, the automatic path, and
+//! `ours-mma`, the `mma.sync` path, on Hopper GPUs), 64 sequences with lengths uniform in
+//! [128, 8192] (`--quick`: 8 in [128, 2048]), 16 heads, bf16, D 64 and 128, causal and not,
+//! beside the equal-length forward of about the same work on the same device in the
 //! same run (rows `attention_varlen_fwd` with implementation `ours-equal-length`, the automatic
 //! path, and `ours-equal-length-mma` on Hopper GPUs: 64 sequences of the root mean square
 //! length rounded to 128): the "within 10% of the equal-length forward" compares their
@@ -55,49 +56,60 @@ pub fn run(b: &mut Bench) -> Result<()> {
         let v = uniform_bf16(&mut r, elems, -1.0, 1.0);
         let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
         for causal in [false, true] {
-            // Packed sequences.
-            let mut p = AttentionVarlenProblem::new(&seqlens, HEADS, HEADS, d, Dtype::Bf16);
-            p.causal = causal;
-            let shape = [total, HEADS, d];
-            let out = poisoned::<bf16>(total * HEADS * d)?;
-            let mut lse = poisoned::<f32>(p.lse_len())?;
-            let mut ov = View::packed_contiguous(&out, shape);
-            let (qv, kv, vv) = (
-                View::packed_contiguous(&dq, shape),
-                View::packed_contiguous(&dk, shape),
-                View::packed_contiguous(&dv, shape),
-            );
-            let t = b.time(|| {
-                attention::forward_varlen(
-                    &b.gpu,
-                    &b.stream,
-                    &p,
-                    &dev_seqlens,
-                    &qv,
-                    &kv,
-                    &vv,
-                    &mut ov,
-                    &mut lse,
-                )
-            })?;
-            let o = download(&out)?;
-            let flops: f64 = lens.iter().map(|&l| p.sequence(l, l).flops()).sum();
-            let err = check_rows(&p, &seqlens, &lens, (&q, &k, &v), &o);
-            if err > 2e-2 {
-                return Err(kernels::Error::invalid(
-                    "attention varlen result",
-                    format!("D {d} causal {causal}: max error {err:.3e} exceeds 2e-2"),
-                ));
-            }
+            let hopper = b.gpu.arch().has_hopper_kernels()
+                && kernel_abi::attention::hopper_kernel(Dtype::Bf16, d as u32, None).is_some();
             let cfg = config!(
                 "sequences": n, "min_len": 128, "max_len": max_len, "total": total,
                 "heads": HEADS, "d": d, "causal": causal, "dtype": "bf16"
             );
-            b.push(
-                Row::ours("attention_varlen_fwd", cfg.clone(), &t)
+            // Packed sequences, on each path.
+            let packed_paths: &[(Path, &str)] = if hopper {
+                &[(Path::Auto, "ours"), (Path::MmaSync, "ours-mma")]
+            } else {
+                &[(Path::Auto, "ours")]
+            };
+            let mut flops = 0.0;
+            for &(path, name) in packed_paths {
+                let mut p = AttentionVarlenProblem::new(&seqlens, HEADS, HEADS, d, Dtype::Bf16);
+                p.causal = causal;
+                p.path = path;
+                let shape = [total, HEADS, d];
+                let out = poisoned::<bf16>(total * HEADS * d)?;
+                let mut lse = poisoned::<f32>(p.lse_len())?;
+                let mut ov = View::packed_contiguous(&out, shape);
+                let (qv, kv, vv) = (
+                    View::packed_contiguous(&dq, shape),
+                    View::packed_contiguous(&dk, shape),
+                    View::packed_contiguous(&dv, shape),
+                );
+                let t = b.time(|| {
+                    attention::forward_varlen(
+                        &b.gpu,
+                        &b.stream,
+                        &p,
+                        &dev_seqlens,
+                        &qv,
+                        &kv,
+                        &vv,
+                        &mut ov,
+                        &mut lse,
+                    )
+                })?;
+                let o = download(&out)?;
+                flops = lens.iter().map(|&l| p.sequence(l, l).flops()).sum();
+                let err = check_rows(&p, &seqlens, &lens, (&q, &k, &v), &o);
+                if err > 2e-2 {
+                    return Err(kernels::Error::invalid(
+                        "attention varlen result",
+                        format!("{name} D {d} causal {causal}: max error {err:.3e} exceeds 2e-2"),
+                    ));
+                }
+                let mut row = Row::ours("attention_varlen_fwd", cfg.clone(), &t)
                     .flops(flops)
-                    .err(err),
-            );
+                    .err(err);
+                row.implementation = name.to_string();
+                b.push(row);
+            }
             b.case(
                 "attention_varlen_fwd",
                 &cfg,
@@ -107,8 +119,6 @@ pub fn run(b: &mut Bench) -> Result<()> {
             // The equal-length forward of about the same work, on each path.
             let mut dense = AttentionProblem::new(n, eq_len, eq_len, HEADS, HEADS, d, Dtype::Bf16);
             dense.causal = causal;
-            let hopper = b.gpu.arch().has_hopper_kernels()
-                && kernel_abi::attention::hopper_kernel(Dtype::Bf16, d as u32, None).is_some();
             let paths: &[(Path, &str)] = if hopper {
                 &[
                     (Path::Auto, "ours-equal-length"),

@@ -53,12 +53,12 @@ optional tensors:
 q is then [1, Tq, Hq, D], k and v [1, Tk, Hkv, D] (B = 1, the sequences packed along the \
 sequence axis); each sequence is attended on its own, the mask applied per sequence (causal \
 aligned to each sequence's bottom-right corner); empty sequences are allowed. Outputs: o \
-[1, Tq, Hq, D] and lse [Hq, Tq] (FlashAttention's varlen layout). Always the mma.sync path.";
+[1, Tq, Hq, D] and lse [Hq, Tq] (FlashAttention's varlen layout). --path as for dense batches.";
 
 /// Which kernel to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PathArg {
-    /// The Hopper path on sm_90a GPUs for D >= 128, else mma.sync.
+    /// The Hopper path on sm_90a GPUs where it takes the problem, else mma.sync.
     Auto,
     /// The mma.sync path (any GPU of compute capability >= 8.0).
     MmaSync,

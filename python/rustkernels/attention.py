@@ -450,8 +450,8 @@ def flash_attn_varlen_forward(
     sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """O ``[total_q, nheads, headdim]`` (q's dtype) and LSE ``[nheads, total_q]`` (f32, natural
-    log) over packed sequences (the ``mma.sync`` kernels on every GPU); ``softcap`` and
-    ``sinks`` as in ``flash_attn_forward``."""
+    log) over packed sequences (the Hopper kernels on sm_90a, the ``mma.sync`` kernels on
+    other GPUs); ``softcap`` and ``sinks`` as in ``flash_attn_forward``."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     _check_sinks(sinks, q)
     total_q, nheads, headdim = q.shape

@@ -7,7 +7,8 @@
 //!
 //! Names: `attention_capsink/emulated/*` (the `mma.sync` kernels' own code in the CPU
 //! emulator), `attention_capsink/{hopper,mma}/*` (a GPU), `attention_capsink/varlen_*` (packed
-//! sequences), `attention_capsink/rejects_*` (typed errors).
+//! sequences: `varlen_emulated`, `varlen_{hopper,mma}` on a GPU), `attention_capsink/rejects_*`
+//! (typed errors).
 
 use super::varlen::{VarlenCase, check_outputs, seqlens, vcase};
 use super::{Case, case, name};
@@ -142,10 +143,19 @@ pub(super) fn register(s: &mut Suite) {
             "attention_capsink/varlen_emulated/{}",
             super::varlen::name(&vc)
         );
-        let (vc2, sinks2) = (vc.clone(), sinks.clone());
+        for (path, needs, tag) in [
+            (Path::Hopper, Needs::Hopper, "hopper"),
+            (Path::MmaSync, Needs::Gpu, "mma"),
+        ] {
+            let (mut vc, sinks) = (vc.clone(), sinks.clone());
+            vc.p.path = path;
+            let n = format!(
+                "attention_capsink/varlen_{tag}/{}",
+                super::varlen::name(&vc)
+            );
+            s.gpu(&n, needs, move |g| run_varlen(&vc, &sinks, Some(g)));
+        }
         s.cpu(&n, move || run_varlen(&vc, &sinks, None));
-        let n = format!("attention_capsink/varlen_gpu/{}", super::varlen::name(&vc2));
-        s.gpu(&n, Needs::Gpu, move |g| run_varlen(&vc2, &sinks2, Some(g)));
     }
     s.cpu("attention_capsink/rejects_bad_options", rejects_bad_options);
 }
@@ -276,7 +286,13 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
                 cu_seqlens_k: ck.view(),
                 sinks: Some(ds.view()),
             };
-            let plan = p.plan(&tensors).map_err(|e| format!("{what}: {e}"))?;
+            let target = Target {
+                arch: Arch::Sm80,
+                multiprocessors: 1,
+            };
+            let plan = p
+                .plan(target, &tensors)
+                .map_err(|e| format!("{what}: {e}"))?;
             // SAFETY: as in `run_emulated`.
             unsafe { plan.run(&Emulator) }.map_err(|e| format!("{what}: {e}"))?;
             ensure(o.guards_intact() && lse.guards_intact(), || {
@@ -285,7 +301,7 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
             (o.to_vec(), lse.to_vec())
         }
         Some(g) => {
-            let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>)> {
+            let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>, String)> {
                 let stream = g.stream()?;
                 let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
                 let (cq, ck, ds) = (upload(s.q())?, upload(s.k())?, upload(sinks)?);
@@ -301,7 +317,8 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
                     cu_seqlens_k: (&ck).into(),
                     sinks: Some((&ds).into()),
                 };
-                let plan = p.plan(&tensors)?;
+                let plan = p.plan(Target::of(g), &tensors)?;
+                let kernel = plan.kernel().name.to_string();
                 // SAFETY: the buffers live until the synchronization below.
                 unsafe {
                     plan.run(&OnStream {
@@ -310,9 +327,15 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
                     })
                 }?;
                 g.sync(&stream, "attention varlen capsink forward")?;
-                Ok((download(&dout)?, download(&dlse)?))
+                Ok((download(&dout)?, download(&dlse)?, kernel))
             })();
-            gpu_ok(out)?
+            let (o, lse, kernel) = gpu_ok(out)?;
+            let hopper = p.path == Path::Hopper;
+            ensure(
+                kernel.contains("capsink") && kernel.contains("hopper") == hopper,
+                || format!("{what}: planned {kernel} for {:?}", p.path),
+            )?;
+            (o, lse)
         }
     };
     let want = attention::reference_varlen_with_sinks(p, &s, &q, &k, &v, sinks);

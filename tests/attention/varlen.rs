@@ -6,15 +6,16 @@
 //! allowed key, sequences without keys); outputs poisoned with NaN before the run, so every
 //! element must be written.
 //!
-//! Names: `attention_varlen/emulated/*` (the kernels' own code in the CPU emulator),
-//! `attention_varlen/gpu/*` (a GPU).
+//! Names: `attention_varlen/emulated/*` (the `mma.sync` kernels' own code in the CPU emulator),
+//! `attention_varlen/{hopper,mma}/*` (a GPU, each path named), `attention_varlen/gpu/*` (a GPU,
+//! the automatic choice).
 
 use super::{Case, case};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::attention::{
     self, AttentionElem, AttentionTensors, AttentionVarlenProblem, AttentionVarlenTensors,
-    CuSeqlens, Dtype, Target, View,
+    CuSeqlens, Dtype, Path, Target, View,
 };
 use kernels::data::rng;
 use kernels::memory::{download, download_range, poisoned, upload};
@@ -268,7 +269,11 @@ fn emulate<T: AttentionElem>(
         cu_seqlens_k: ck.view(),
         sinks: None,
     };
-    let plan = p.plan(&tensors).map_err(|e| e.to_string())?;
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 1,
+    };
+    let plan = p.plan(target, &tensors).map_err(|e| e.to_string())?;
     // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
     // (synchronous) emulated launch; O and LSE overlap nothing.
     unsafe { plan.run(&Emulator) }.map_err(|e| e.to_string())?;
@@ -370,6 +375,64 @@ fn emulated_clamps_bad_boundaries() -> TestResult {
         })?;
     }
     println!("3 sets of contradictory boundaries: every buffer's guards intact");
+    Ok(())
+}
+
+/// The boundary sets of [`emulated_clamps_bad_boundaries`] on the Hopper kernel: O and LSE
+/// views followed by 4096 poisoned guard elements each, which must stay untouched (run under
+/// compute-sanitizer memcheck, nothing outside the tensors is read either).
+fn hopper_clamps_bad_boundaries(g: &Gpu) -> TestResult {
+    use kernels::exec::{DevView, OnStream};
+    let mut c = vcase(&[(20, 30), (40, 10), (5, 5)], 2, 1, 128, Dtype::Bf16);
+    c.p.path = Path::Hopper;
+    let (q, k, v) = inputs::<bf16>(&c);
+    let p = &c.p;
+    const GUARD: usize = 4096;
+    let bad: [(&[i32], &[i32]); 3] = [
+        (&[0, 500, -7, 65], &[0, 45, 30, 45]),
+        (&[-100, 20, 60, 1000], &[50, 10, i32::MAX, i32::MIN]),
+        (&[65, 65, 65, 65], &[0, 0, 0, 0]),
+    ];
+    for (cu_q, cu_k) in bad {
+        let what = format!("cu_seqlens {cu_q:?} / {cu_k:?}");
+        let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>)> {
+            let stream = g.stream()?;
+            let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
+            let (cq, ck) = (upload(cu_q)?, upload(cu_k)?);
+            let dout = poisoned::<bf16>(q.len() + GUARD)?;
+            let dlse = poisoned::<f32>(p.lse_len() + GUARD)?;
+            // SAFETY: a prefix of `dlse`, which outlives the run.
+            let lse = unsafe { DevView::<f32>::from_raw(DevView::from(&dlse).addr(), p.lse_len()) };
+            let [rows, h, d] = p.q_shape();
+            let tensors = AttentionVarlenTensors {
+                q: View::packed_contiguous(&dq, p.q_shape()),
+                k: View::packed_contiguous(&dk, p.kv_shape()),
+                v: View::packed_contiguous(&dv, p.kv_shape()),
+                o: View::packed(&dout, 0, &[rows, h, d], &[h * d, d, 1])?,
+                lse,
+                cu_seqlens_q: (&cq).into(),
+                cu_seqlens_k: (&ck).into(),
+                sinks: None,
+            };
+            let plan = p.plan(Target::of(g), &tensors)?;
+            // SAFETY: the buffers live until the synchronization below; O and LSE are fresh.
+            unsafe {
+                plan.run(&OnStream {
+                    gpu: g,
+                    stream: &stream,
+                })
+            }?;
+            g.sync(&stream, "attention varlen forward (bad boundaries)")?;
+            Ok((download(&dout)?, download(&dlse)?))
+        })();
+        let (o, lse) = gpu_ok(out)?;
+        let o_guard = o[q.len()..].iter().all(|x| x.to_bits() == 0xffff);
+        let lse_guard = lse[p.lse_len()..].iter().all(|x| x.to_bits() == u32::MAX);
+        ensure(o_guard && lse_guard, || {
+            format!("{what}: a write past O ({o_guard}) or LSE ({lse_guard})")
+        })?;
+    }
+    println!("3 sets of contradictory boundaries on the Hopper kernel: guards of O and LSE intact");
     Ok(())
 }
 
@@ -685,11 +748,23 @@ pub fn register(s: &mut Suite) {
         emulated_clamps_bad_boundaries,
     );
     s.gpu("attention_varlen/gpu/raw_api", Needs::Gpu, raw_api);
+    s.gpu(
+        "attention_varlen/hopper/clamps_bad_boundaries",
+        Needs::Hopper,
+        hopper_clamps_bad_boundaries,
+    );
     for c in gpu_cases() {
-        let n = format!("attention_varlen/gpu/{}", name(&c));
-        s.gpu(&n, Needs::Gpu, move |g| match c.p.dtype {
-            Dtype::Bf16 => run_gpu::<bf16>(g, &c),
-            Dtype::F16 => run_gpu::<f16>(g, &c),
-        });
+        for (path, needs, tag) in [
+            (Path::Hopper, Needs::Hopper, "hopper"),
+            (Path::MmaSync, Needs::Gpu, "mma"),
+        ] {
+            let mut c = c.clone();
+            c.p.path = path;
+            let n = format!("attention_varlen/{tag}/{}", name(&c));
+            s.gpu(&n, needs, move |g| match c.p.dtype {
+                Dtype::Bf16 => run_gpu::<bf16>(g, &c),
+                Dtype::F16 => run_gpu::<f16>(g, &c),
+            });
+        }
     }
 }

@@ -36,6 +36,9 @@ pub struct HopperKernel {
     /// Whether it applies the softcap and sinks of [`LogitOptions`] (the `capsink` kernels;
     /// default configuration only).
     pub capsink: bool,
+    /// Whether it takes packed sequences (the `varlen` kernels, [`HopperParams::cu_seqlens_q`];
+    /// default configuration only, [`HOPPER_VARLEN_KERNELS`]).
+    pub varlen: bool,
 }
 
 pub(crate) fn mma_smem(tiles: TileConfig) -> usize {
@@ -89,7 +92,7 @@ const fn mma_capsink(name: &'static str, dtype: Dtype, d: u32) -> MmaKernel {
     }
 }
 
-const fn hopper(
+pub(crate) const fn hopper(
     name: &'static str,
     dtype: Dtype,
     cfg: HopperConfig,
@@ -102,11 +105,12 @@ const fn hopper(
         cfg,
         variant,
         capsink: false,
+        varlen: false,
     }
 }
 
 /// The `capsink` kernel of the default configuration of head dimension `d`.
-const fn hopper_capsink(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {
+pub(crate) const fn hopper_capsink(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {
     HopperKernel {
         capsink: true,
         ..hopper(name, dtype, hopper_config_of(d), None)
@@ -375,6 +379,7 @@ const FAMILY_KERNELS: usize = MMA_KERNELS.len()
     + HOPPER_KERNELS.len()
     + backward::BWD_KERNEL_COUNT
     + MMA_VARLEN_KERNELS.len()
+    + HOPPER_VARLEN_KERNELS.len()
     + hopper_bwd::HOPPER_BWD_KERNEL_COUNT
     + decode::DECODE_KERNEL_COUNT;
 
@@ -399,6 +404,12 @@ const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     let mut l = 0;
     while l < MMA_VARLEN_KERNELS.len() {
         out[i + j + k + l] = MMA_VARLEN_KERNELS[l].kernel.info();
+        l += 1;
+    }
+    while l < MMA_VARLEN_KERNELS.len() + HOPPER_VARLEN_KERNELS.len() {
+        out[i + j + k + l] = HOPPER_VARLEN_KERNELS[l - MMA_VARLEN_KERNELS.len()]
+            .kernel
+            .info();
         l += 1;
     }
     let hb = hopper_bwd::hopper_bwd_kernel_decls();

@@ -16,7 +16,10 @@ pub use kernels::{
     HOPPER_KERNELS, HopperKernel, KERNELS, MMA_KERNELS, MmaKernel, hopper_capsink_kernel,
     hopper_kernel, mma_capsink_kernel, mma_kernel,
 };
-pub use varlen::{AttentionVarlenParams, MMA_VARLEN_KERNELS, MmaVarlenKernel, mma_varlen_kernel};
+pub use varlen::{
+    AttentionVarlenParams, HOPPER_VARLEN_KERNELS, MMA_VARLEN_KERNELS, MmaVarlenKernel,
+    hopper_varlen_kernel, mma_varlen_kernel,
+};
 
 /// Head dimensions with a kernel.
 pub const HEAD_DIMS: [u32; 5] = [64, 96, 128, 192, 256];
@@ -653,6 +656,20 @@ pub struct HopperParams {
     pub num_tiles: u32,
     /// Softcap and sinks (read by the `capsink` kernels only).
     pub logits: LogitOptions,
+    /// Packed sequences (the `varlen` kernels only; null for the others): `[batch + 1]` i32, the
+    /// first query row of each sequence, then `total_q`. The `varlen` kernels read the maps as
+    /// packed tensors `[D, heads, total, 1]`, O as `[total_q, heads_q, D]` (its batch stride
+    /// unused), LSE as `[heads_q, total_q]`, `seq_q`, `seq_k` as the longest lengths and `batch`
+    /// as the number of sequences; the mask applies per sequence, as in
+    /// [`AttentionVarlenParams`]. They clamp every offset read into `0 ..= total_*` (each end at
+    /// least its start).
+    pub cu_seqlens_q: *const i32,
+    /// `[batch + 1]` i32: the first key row of each sequence, then `total_k` (`varlen` only).
+    pub cu_seqlens_k: *const i32,
+    /// Query rows of Q and O (the row stride of LSE; `varlen` only).
+    pub total_q: u32,
+    /// Key rows of K and V (`varlen` only).
+    pub total_k: u32,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 //! The forward over packed sequences of different lengths (`cu_seqlens`, FlashAttention's
-//! `flash_attn_varlen_func`): its parameters and `mma.sync` kernel handles.
+//! `flash_attn_varlen_func`): its parameters and the kernel handles of both paths.
 
-use super::{AttentionParams, Dtype, TileConfig, mma_smem, tile_config_of};
+use super::kernels::{hopper, hopper_capsink};
+use super::{
+    AttentionParams, Dtype, HopperKernel, TileConfig, hopper_config_of, mma_smem, tile_config_of,
+};
 use crate::Kernel;
 
 /// Parameters of `attention_fwd_varlen_{bf16,f16}_d{64,96,128,192,256}`: attention over a batch of
@@ -100,4 +103,97 @@ pub fn mma_varlen_kernel(
     const ALL: &[MmaVarlenKernel] = &MMA_VARLEN_KERNELS;
     ALL.iter()
         .find(|k| k.dtype == dtype && k.tiles.head_dim == head_dim && k.capsink == capsink)
+}
+
+/// A Hopper kernel over packed sequences (the default configuration of its head dimension).
+const fn hopper_varlen(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {
+    HopperKernel {
+        varlen: true,
+        ..hopper(name, dtype, hopper_config_of(d), None)
+    }
+}
+
+/// A Hopper `capsink` kernel over packed sequences.
+const fn hopper_varlen_capsink(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {
+    HopperKernel {
+        varlen: true,
+        ..hopper_capsink(name, dtype, d)
+    }
+}
+
+/// The Hopper kernels over packed sequences ([`super::HopperParams`] with `cu_seqlens_*`): the
+/// default configuration for each dtype and head dimension, then the `capsink` kernels.
+pub const HOPPER_VARLEN_KERNELS: [HopperKernel; 20] = [
+    hopper_varlen("attention_fwd_hopper_varlen_bf16_d64", Dtype::Bf16, 64),
+    hopper_varlen("attention_fwd_hopper_varlen_bf16_d96", Dtype::Bf16, 96),
+    hopper_varlen("attention_fwd_hopper_varlen_bf16_d128", Dtype::Bf16, 128),
+    hopper_varlen("attention_fwd_hopper_varlen_bf16_d192", Dtype::Bf16, 192),
+    hopper_varlen("attention_fwd_hopper_varlen_bf16_d256", Dtype::Bf16, 256),
+    hopper_varlen("attention_fwd_hopper_varlen_f16_d64", Dtype::F16, 64),
+    hopper_varlen("attention_fwd_hopper_varlen_f16_d96", Dtype::F16, 96),
+    hopper_varlen("attention_fwd_hopper_varlen_f16_d128", Dtype::F16, 128),
+    hopper_varlen("attention_fwd_hopper_varlen_f16_d192", Dtype::F16, 192),
+    hopper_varlen("attention_fwd_hopper_varlen_f16_d256", Dtype::F16, 256),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_bf16_d64",
+        Dtype::Bf16,
+        64,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_bf16_d96",
+        Dtype::Bf16,
+        96,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_bf16_d128",
+        Dtype::Bf16,
+        128,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_bf16_d192",
+        Dtype::Bf16,
+        192,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_bf16_d256",
+        Dtype::Bf16,
+        256,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_f16_d64",
+        Dtype::F16,
+        64,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_f16_d96",
+        Dtype::F16,
+        96,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_f16_d128",
+        Dtype::F16,
+        128,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_f16_d192",
+        Dtype::F16,
+        192,
+    ),
+    hopper_varlen_capsink(
+        "attention_fwd_hopper_varlen_capsink_f16_d256",
+        Dtype::F16,
+        256,
+    ),
+];
+
+/// The Hopper kernel over packed sequences for `dtype` and head dimension `head_dim`, the
+/// `capsink` one (softcap and sinks) if `capsink`.
+pub fn hopper_varlen_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    capsink: bool,
+) -> Option<&'static HopperKernel> {
+    const ALL: &[HopperKernel] = &HOPPER_VARLEN_KERNELS;
+    ALL.iter()
+        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim && k.capsink == capsink)
 }

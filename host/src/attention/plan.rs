@@ -322,6 +322,10 @@ impl AttentionProblem {
             batch: self.batch as u32,
             num_tiles: u32::try_from(tiles).expect("checked above"),
             logits,
+            cu_seqlens_q: std::ptr::null(),
+            cu_seqlens_k: std::ptr::null(),
+            total_q: 0,
+            total_k: 0,
         };
         Ok(AttentionPlan::Hopper {
             kernel,
@@ -384,17 +388,44 @@ pub(in crate::attention) fn tile_map<T>(
     view: &View<'_, T>,
     rows: u32,
 ) -> Result<MapSpec> {
+    let [b, s, h, d] = view.shape();
+    let st = view.strides();
+    let dims = [d, h, s, b].map(|x| x as u64);
+    hopper_map(dtype, view.ptr(), dims, [st[2], st[1], st[0]], rows)
+}
+
+/// [`tile_map`] of a packed `[1, total, heads, D]` view ([`View::packed`]): dims `[D, heads,
+/// total, 1]`, the unused batch dimension given the row stride (a packed view's batch stride
+/// is 0, which a tensor map does not take).
+pub(in crate::attention) fn packed_tile_map<T>(
+    dtype: Dtype,
+    view: &View<'_, T>,
+    rows: u32,
+) -> Result<MapSpec> {
+    let [_, s, h, d] = view.shape();
+    let st = view.strides();
+    let dims = [d as u64, h as u64, s as u64, 1];
+    hopper_map(dtype, view.ptr(), dims, [st[2], st[1], st[1]], rows)
+}
+
+/// A Hopper tile map: `dims` innermost first, the element strides of dimensions 1 to 3, box
+/// `[64, 1, rows, 1]`, 128-byte swizzle.
+fn hopper_map(
+    dtype: Dtype,
+    address: u64,
+    dims: [u64; 4],
+    strides: [usize; 3],
+    rows: u32,
+) -> Result<MapSpec> {
     let dtype = match dtype {
         Dtype::Bf16 => MapDtype::Bf16,
         Dtype::F16 => MapDtype::F16,
     };
-    let [b, s, h, d] = view.shape();
-    let st = view.strides();
     TiledMap {
-        address: view.ptr(),
+        address,
         dtype,
-        dims: &[d as u64, h as u64, s as u64, b as u64],
-        strides_bytes: &[2 * st[2] as u64, 2 * st[1] as u64, 2 * st[0] as u64],
+        dims: &dims,
+        strides_bytes: &strides.map(|x| 2 * x as u64),
         box_dims: &[HOPPER_ATOM, 1, rows, 1],
         swizzle: MapSwizzle::B128,
     }
@@ -486,4 +517,4 @@ fn hopper_tiles(problem: &AttentionProblem) -> u64 {
 
 /// Most tiles one launch of the Hopper kernels takes (tile indices stay below 2^31, so that
 /// `index + grid` cannot wrap); larger problems take the `mma.sync` path.
-const HOPPER_MAX_TILES: u32 = 1 << 30;
+pub(in crate::attention) const HOPPER_MAX_TILES: u32 = 1 << 30;

@@ -489,13 +489,14 @@ pub fn backward_varlen_workspace_lens(
     Ok(problem.backward_workspace_lens(backward))
 }
 
-/// Plan the forward pass over packed sequences on raw tensors (pure: no driver call, no memory
+/// Plan the forward pass over packed sequences on raw tensors for `target` (pure: no driver call, no memory
 /// read): the problem from the shapes (totals from Q and K, the batch from `cu_seqlens_q`),
 /// `max_seqlen_q` and `max_seqlen_k` (FlashAttention's arguments; checked possible for the
 /// totals and the batch) and `options`; the tensors' element types, ranks, strides, every view
 /// inside its storage, the outputs apart from the inputs and each other, then the typed plan's
 /// checks. The boundaries' contents are device data: the kernel clamps them to the totals.
 pub fn plan_varlen_raw(
+    target: Target,
     options: &AttentionOptions,
     tensors: &RawAttentionVarlenTensors<'_>,
     max_seqlen_q: usize,
@@ -524,30 +525,34 @@ pub fn plan_varlen_raw(
     inputs.extend(tensors.sinks.map(|s| ("sinks", s)));
     check_disjoint(&inputs, &[("O", tensors.o), ("LSE", tensors.lse)])?;
     let plan = match dtype {
-        Dtype::Bf16 => plan_varlen_typed::<bf16>(&problem, tensors),
-        Dtype::F16 => plan_varlen_typed::<f16>(&problem, tensors),
+        Dtype::Bf16 => plan_varlen_typed::<bf16>(&problem, target, tensors),
+        Dtype::F16 => plan_varlen_typed::<f16>(&problem, target, tensors),
     }?;
     Ok((problem, plan))
 }
 
 fn plan_varlen_typed<T: AttentionElem + RawElem>(
     problem: &AttentionVarlenProblem,
+    target: Target,
     t: &RawAttentionVarlenTensors<'_>,
 ) -> Result<AttentionVarlenPlan> {
     let cu_len = problem.batch + 1;
-    problem.plan::<T>(&AttentionVarlenTensors {
-        q: packed_view("Q", t.q)?,
-        k: packed_view("K", t.k)?,
-        v: packed_view("V", t.v)?,
-        o: packed_view("O", t.o)?,
-        lse: flat_view("LSE", t.lse, &[problem.heads_q, problem.total_q])?,
-        cu_seqlens_q: flat_view("cu_seqlens_q", t.cu_seqlens_q, &[cu_len])?,
-        cu_seqlens_k: flat_view("cu_seqlens_k", t.cu_seqlens_k, &[cu_len])?,
-        sinks: t
-            .sinks
-            .map(|s| sinks_view(problem.heads_q, s))
-            .transpose()?,
-    })
+    problem.plan::<T>(
+        target,
+        &AttentionVarlenTensors {
+            q: packed_view("Q", t.q)?,
+            k: packed_view("K", t.k)?,
+            v: packed_view("V", t.v)?,
+            o: packed_view("O", t.o)?,
+            lse: flat_view("LSE", t.lse, &[problem.heads_q, problem.total_q])?,
+            cu_seqlens_q: flat_view("cu_seqlens_q", t.cu_seqlens_q, &[cu_len])?,
+            cu_seqlens_k: flat_view("cu_seqlens_k", t.cu_seqlens_k, &[cu_len])?,
+            sinks: t
+                .sinks
+                .map(|s| sinks_view(problem.heads_q, s))
+                .transpose()?,
+        },
+    )
 }
 
 /// A rank-3 packed tensor of element type `T` as a [`View::packed`] into its storage.
@@ -579,7 +584,13 @@ pub unsafe fn forward_varlen_raw(
     max_seqlen_k: usize,
 ) -> Result<()> {
     let gpu = stream.gpu();
-    let (_, plan) = plan_varlen_raw(options, tensors, max_seqlen_q, max_seqlen_k)?;
+    let (_, plan) = plan_varlen_raw(
+        Target::of(gpu),
+        options,
+        tensors,
+        max_seqlen_q,
+        max_seqlen_k,
+    )?;
     for (what, t) in [
         ("Q", tensors.q),
         ("K", tensors.k),

@@ -6,18 +6,31 @@ use crate::error::{Error, Result};
 use crate::exec::DevView;
 use crate::gpu::check_kernel_launch;
 use crate::ptx::Arch;
+use crate::tensor_map::MapSpec;
 use half::{bf16, f16};
 use kernel_abi::attention::backward::BWD_KERNEL_COUNT;
 use kernel_abi::attention::{
-    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VARIANTS, HopperGrid, KERNELS, MMA_KERNELS,
-    MMA_VARLEN_KERNELS, TUNING_VARIANTS, UNBOUNDED, hopper_bwd::HOPPER_BWD_KERNEL_COUNT,
-    hopper_config, tile_config,
+    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VARIANTS, HOPPER_VARLEN_KERNELS, HopperGrid, KERNELS,
+    MMA_KERNELS, MMA_VARLEN_KERNELS, TUNING_VARIANTS, UNBOUNDED,
+    hopper_bwd::HOPPER_BWD_KERNEL_COUNT, hopper_config, hopper_varlen_kernel, tile_config,
 };
 
 /// The most dynamic shared memory a block may have on the GPUs the tests assume (H100, H200).
 const MAX_SMEM: usize = 227 * 1024;
 /// Multiprocessors of the target in these tests.
 const SMS: u32 = 132;
+
+/// An sm_80 target (the `mma.sync` path only).
+const SM80: Target = Target {
+    arch: Arch::Sm80,
+    multiprocessors: SMS,
+};
+
+/// An H100 (both paths).
+const SM90: Target = Target {
+    arch: Arch::Sm90a,
+    multiprocessors: SMS,
+};
 
 fn target(arch: Arch) -> Target {
     Target {
@@ -99,6 +112,7 @@ fn every_entry_of_the_ptx_has_its_handle() {
             + HOPPER_VARIANTS.len()
             + BWD_KERNEL_COUNT
             + MMA_VARLEN_KERNELS.len()
+            + HOPPER_VARLEN_KERNELS.len()
             + HOPPER_BWD_KERNEL_COUNT
             + kernel_abi::attention::decode::DECODE_KERNEL_COUNT
     );
@@ -510,11 +524,17 @@ fn varlen_plan_grid_parameters_and_launch() {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             let p = AttentionVarlenProblem::new(&seqlens, 4, 2, d, dtype).causal();
             let plan = match dtype {
-                Dtype::Bf16 => p.plan(&varlen_tensors::<bf16>(&p)),
-                Dtype::F16 => p.plan(&varlen_tensors::<f16>(&p)),
+                Dtype::Bf16 => p.plan(SM80, &varlen_tensors::<bf16>(&p)),
+                Dtype::F16 => p.plan(SM80, &varlen_tensors::<f16>(&p)),
             }
             .unwrap();
-            let launch = plan.launch.as_ref().unwrap();
+            let AttentionVarlenPlan::MmaSync {
+                launch: Some(launch),
+                ..
+            } = &plan
+            else {
+                panic!("an mma.sync launch on sm_80")
+            };
             let cfg = launch.config();
             assert_eq!(cfg.grid, (3, 4, 4), "300 rows in blocks of 128");
             let params = launch.params();
@@ -540,8 +560,113 @@ fn varlen_plan_grid_parameters_and_launch() {
 fn varlen_without_query_rows_has_no_launch() {
     let seqlens = CuSeqlens::from_lens(&[(0, 5), (0, 0)]).unwrap();
     let p = AttentionVarlenProblem::new(&seqlens, 2, 2, 128, Dtype::Bf16);
-    let plan = p.plan(&varlen_tensors::<bf16>(&p)).unwrap();
-    assert!(plan.launch.is_none());
+    for target in [SM80, SM90] {
+        let plan = p.plan(target, &varlen_tensors::<bf16>(&p)).unwrap();
+        assert!(plan.config().is_none(), "{}", plan.kernel().name);
+    }
+}
+
+#[test]
+fn varlen_hopper_plan_grid_parameters_and_maps() {
+    let seqlens = CuSeqlens::from_lens(&[(17, 9), (0, 5), (300, 1), (40, 0)]).unwrap();
+    for d in [64, 96, 128, 192, 256] {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            let p = AttentionVarlenProblem::new(&seqlens, 4, 2, d, dtype).causal();
+            let plan = match dtype {
+                Dtype::Bf16 => p.plan(SM90, &varlen_tensors::<bf16>(&p)),
+                Dtype::F16 => p.plan(SM90, &varlen_tensors::<f16>(&p)),
+            }
+            .unwrap();
+            let AttentionVarlenPlan::Hopper(AttentionPlan::Hopper {
+                kernel,
+                grid,
+                maps,
+                params,
+            }) = &plan
+            else {
+                panic!("a Hopper plan on sm_90a")
+            };
+            assert!(kernel.varlen && !kernel.capsink && kernel.dtype == dtype);
+            assert_eq!(kernel.cfg.head_dim, d as u32);
+            assert_eq!(*grid, (3 * 4 * 4, 1, 1), "one block per tile");
+            assert_eq!((params.num_m_blocks, params.num_tiles), (3, 48));
+            assert_eq!((params.total_q, params.total_k), (357, 15));
+            assert_eq!((params.seq_q, params.seq_k, params.batch), (300, 9, 4));
+            assert_eq!(
+                (params.cu_seqlens_q as u64, params.cu_seqlens_k as u64),
+                (6 << 40, 7 << 40)
+            );
+            assert_eq!(params.o_strides, [0, 4 * d as u64, d as u64]);
+            assert_eq!((params.window_right, params.reverse_m), (0, 1));
+            let dims = |m: &MapSpec| m.dims[..4].to_vec();
+            assert_eq!(dims(&maps[0]), [d as u64, 4, 357, 1]);
+            assert_eq!(dims(&maps[1]), [d as u64, 2, 15, 1]);
+            check_kernel_launch(
+                Arch::Sm90a,
+                &plan.kernel(),
+                &plan.config().unwrap(),
+                MAX_SMEM,
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", plan.kernel().name));
+        }
+    }
+    // Softcap and sinks: the varlen capsink kernel.
+    let p = AttentionVarlenProblem::new(&seqlens, 4, 2, 128, Dtype::Bf16).softcap(5.0);
+    let plan = p.plan(SM90, &varlen_tensors::<bf16>(&p)).unwrap();
+    assert_eq!(
+        plan.kernel().name,
+        "attention_fwd_hopper_varlen_capsink_bf16_d128"
+    );
+}
+
+#[test]
+fn varlen_hopper_path_needs_keys_and_sm90() {
+    // No key row at all: Auto takes mma.sync, an explicit Hopper path is refused.
+    let seqlens = CuSeqlens::from_lens(&[(17, 0), (3, 0)]).unwrap();
+    let p = AttentionVarlenProblem::new(&seqlens, 2, 2, 128, Dtype::Bf16);
+    let plan = p.plan(SM90, &varlen_tensors::<bf16>(&p)).unwrap();
+    assert!(!plan.is_hopper(), "{}", plan.kernel().name);
+    let e = p
+        .clone()
+        .path(Path::Hopper)
+        .plan(SM90, &varlen_tensors::<bf16>(&p))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.to_string().contains("no key row"), "{e}");
+    // An explicit Hopper path on sm_80 is refused; MmaSync on sm_90a is honoured.
+    let seqlens = CuSeqlens::from_lens(&[(17, 9)]).unwrap();
+    let p = AttentionVarlenProblem::new(&seqlens, 2, 2, 128, Dtype::Bf16);
+    let e = p
+        .clone()
+        .path(Path::Hopper)
+        .plan(SM80, &varlen_tensors::<bf16>(&p))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.to_string().contains("sm_90a"), "{e}");
+    let plan = p
+        .clone()
+        .path(Path::MmaSync)
+        .plan(SM90, &varlen_tensors::<bf16>(&p))
+        .unwrap();
+    assert_eq!(plan.kernel().name, "attention_fwd_varlen_bf16_d128");
+}
+
+#[test]
+fn varlen_hopper_handles_are_named_by_dtype_and_head_dim() {
+    assert_eq!(HOPPER_VARLEN_KERNELS.len(), 2 * 2 * 5);
+    for k in &HOPPER_VARLEN_KERNELS {
+        let want = format!(
+            "attention_fwd_hopper_varlen_{}{}_d{}",
+            if k.capsink { "capsink_" } else { "" },
+            dtype_name(k.dtype),
+            k.cfg.head_dim
+        );
+        assert_eq!(k.kernel.name, want);
+        assert!(k.varlen && k.variant.is_none());
+        assert_eq!(Some(k.cfg), hopper_config(k.cfg.head_dim));
+        let found = hopper_varlen_kernel(k.dtype, k.cfg.head_dim, k.capsink).unwrap();
+        assert_eq!(found.kernel.name, k.kernel.name);
+    }
 }
 
 #[test]
@@ -562,7 +687,7 @@ fn varlen_rejects_bad_boundaries_and_problems() {
     let p = AttentionVarlenProblem::new(&seqlens, 4, 2, 128, Dtype::Bf16);
     let rejects = |p: &AttentionVarlenProblem, what: &str| {
         let e = p
-            .plan(&varlen_tensors::<bf16>(p))
+            .plan(SM80, &varlen_tensors::<bf16>(p))
             .map(|_| ())
             .expect_err(what);
         assert!(e.to_string().contains(what), "{what}: {e}");
@@ -598,13 +723,13 @@ fn varlen_rejects_bad_boundaries_and_problems() {
     rejects(&p.clone().path(Path::Hopper), "Hopper");
     let mut t = varlen_tensors::<bf16>(&p);
     t.lse = dev(5 << 40, p.lse_len() - 1);
-    assert!(matches!(p.plan(&t), Err(Error::ShapeMismatch { .. })));
+    assert!(matches!(p.plan(SM80, &t), Err(Error::ShapeMismatch { .. })));
     let mut t = varlen_tensors::<bf16>(&p);
     t.cu_seqlens_k = dev(7 << 40, 2);
-    assert!(p.plan(&t).is_err());
+    assert!(p.plan(SM80, &t).is_err());
     let mut t = varlen_tensors::<bf16>(&p);
     t.o = View::packed(dev(4 << 40, 12 * 4 * 128), 0, &[12, 4, 128], &[0, 128, 1]).unwrap();
-    assert!(p.plan(&t).is_err(), "O rows sharing memory");
+    assert!(p.plan(SM80, &t).is_err(), "O rows sharing memory");
     let other = CuSeqlens::from_lens(&[(6, 5), (6, 3)]).unwrap();
     assert!(p.check_seqlens(&other).is_err());
     assert!(p.check_seqlens(&seqlens).is_ok());
@@ -634,6 +759,7 @@ mod raw_varlen {
     ) -> Result<(AttentionVarlenProblem, AttentionVarlenPlan)> {
         let [q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k] = t;
         plan_varlen_raw(
+            SM80,
             options,
             &RawAttentionVarlenTensors {
                 q,
@@ -664,8 +790,14 @@ mod raw_varlen {
         };
         let (rp, plan) = plan_of(&raw_tensors(&p), &options, (300, 9)).unwrap();
         assert_eq!(rp, p);
-        let typed = p.plan(&varlen_tensors::<bf16>(&p)).unwrap();
-        let (a, b) = (plan.launch.unwrap(), typed.launch.unwrap());
+        let typed = p.plan(SM80, &varlen_tensors::<bf16>(&p)).unwrap();
+        let launch = |plan: AttentionVarlenPlan| match plan {
+            AttentionVarlenPlan::MmaSync {
+                launch: Some(l), ..
+            } => l,
+            _ => panic!("an mma.sync launch on sm_80"),
+        };
+        let (a, b) = (launch(plan), launch(typed));
         assert_eq!(a.config(), b.config());
         let bytes = |x: &kernel_abi::attention::AttentionVarlenParams| format!("{x:?}");
         assert_eq!(bytes(a.params()), bytes(b.params()));

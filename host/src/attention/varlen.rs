@@ -13,11 +13,14 @@
 //! executor. [`forward_varlen`] does it on `cust` buffers with boundaries uploaded once
 //! ([`DeviceCuSeqlens`]).
 //!
-//! Path: the `mma.sync` kernels (`attention_fwd_varlen_*`, the dense kernels' body on the packed
-//! layout) on every GPU; [`Path::Auto`] and [`Path::MmaSync`] take it, [`Path::Hopper`] is
-//! `Unsupported` (the Hopper kernels take dense batches only).
+//! Paths, as the dense forward's: the Hopper kernels (`attention_fwd_hopper_varlen_*`, the dense
+//! Hopper kernels' body on packed tensor maps, one block per query tile) where the target has
+//! them ([`Path::Auto`] on sm_90a, or [`Path::Hopper`]), the `mma.sync` kernels
+//! (`attention_fwd_varlen_*`, the dense kernels' body on the packed layout) on every GPU
+//! ([`Path::MmaSync`], and [`Path::Auto`] where the Hopper path cannot take the problem: no key
+//! row at all, or a view a tensor map cannot describe).
 
-use super::plan::check_sinks;
+use super::plan::{AttentionPlan, HOPPER_MAX_TILES, Target, check_sinks, packed_tile_map};
 use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
 use crate::error::{Error, Result};
 use crate::exec::{DevView, Exec, OnStream};
@@ -27,8 +30,10 @@ use crate::memory::upload;
 use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 use kernel_abi::KernelDecl;
+use kernel_abi::TensorMap;
 use kernel_abi::attention::{
-    AttentionParams, AttentionVarlenParams, MmaVarlenKernel, UNBOUNDED, mma_varlen_kernel,
+    AttentionParams, AttentionVarlenParams, HOPPER_BLOCK_M, HopperKernel, HopperParams,
+    MmaVarlenKernel, UNBOUNDED, hopper_varlen_kernel, mma_varlen_kernel,
 };
 
 /// The boundaries of a batch of packed sequences, as FlashAttention takes them: `[batch + 1]`
@@ -206,7 +211,7 @@ pub struct AttentionVarlenProblem {
     pub causal: bool,
     /// Sliding window `(left, right)` per sequence; `None` on a side is unbounded.
     pub window: (Option<usize>, Option<usize>),
-    /// Which kernel to use ([`Path::Hopper`] is unsupported).
+    /// Which kernel to use.
     pub path: Path,
     /// Softcap, as [`AttentionProblem::softcap`].
     pub softcap: Option<f32>,
@@ -388,11 +393,12 @@ impl AttentionVarlenProblem {
         Ok(())
     }
 
-    /// Plan the forward pass on `tensors` (the same launch on every GPU): validates the problem and the tensors
+    /// Plan the forward pass on `tensors` for `target`: validates the problem and the tensors
     /// against it (views as in [`AttentionProblem::plan`], the boundaries' lengths; their
-    /// contents are device data, clamped by the kernel).
+    /// contents are device data, clamped by the kernels) and picks the path (module docs).
     pub fn plan<T: AttentionElem>(
         &self,
+        target: Target,
         tensors: &AttentionVarlenTensors<'_, T>,
     ) -> Result<AttentionVarlenPlan> {
         self.validate()?;
@@ -404,12 +410,6 @@ impl AttentionVarlenProblem {
                     self.dtype,
                     T::DTYPE
                 ),
-            ));
-        }
-        if self.path == Path::Hopper {
-            return Err(Error::unsupported(
-                "attention path Hopper for packed sequences",
-                "the Hopper kernels take dense batches; use Path::Auto or Path::MmaSync",
             ));
         }
         let packed = |[n, h, d]: [usize; 3]| [1, n, h, d];
@@ -441,6 +441,25 @@ impl AttentionVarlenProblem {
         }
         check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
         let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
+        let hopper = match self.path {
+            Path::Hopper if !target.arch.has_hopper_kernels() => {
+                return Err(Error::unsupported(
+                    "attention path Hopper",
+                    format!("needs sm_90a, the target is {}", target.arch),
+                ));
+            }
+            Path::Hopper => true,
+            Path::Auto => target.arch.has_hopper_kernels(),
+            Path::MmaSync => false,
+        };
+        // No query row: nothing to write, no launch (on any path).
+        if hopper && self.max_seqlen_q > 0 {
+            match self.hopper_plan(&dense, tensors) {
+                Ok(plan) => return Ok(plan),
+                Err(e) if self.path == Path::Hopper => return Err(e),
+                Err(_) => {}
+            }
+        }
         let kernel = mma_varlen_kernel(self.dtype, self.head_dim as u32, dense.has_logit_options())
             .expect("validated head dimension");
         let tiles = &kernel.tiles;
@@ -479,11 +498,79 @@ impl AttentionVarlenProblem {
             total_q: self.total_q as u32,
             total_k: self.total_k as u32,
         };
-        Ok(AttentionVarlenPlan {
+        Ok(AttentionVarlenPlan::MmaSync {
             kernel,
             // No query row: nothing to write, no launch.
             launch: (grid.0 > 0).then(|| Launch::new(&kernel.kernel, grid, *tiles, params)),
         })
+    }
+
+    /// The Hopper launch on the checked `tensors` (`dense`: the problem of the longest
+    /// sequence): one block per query tile, `ceil(max_seqlen_q / 128) heads_q batch` of them; an
+    /// error if there is no key row (a tensor map needs one), too many tiles for one launch, or
+    /// a view a tensor map cannot describe.
+    fn hopper_plan<T>(
+        &self,
+        dense: &AttentionProblem,
+        tensors: &AttentionVarlenTensors<'_, T>,
+    ) -> Result<AttentionVarlenPlan> {
+        let kernel: &'static HopperKernel =
+            hopper_varlen_kernel(self.dtype, self.head_dim as u32, dense.has_logit_options())
+                .expect("validated head dimension");
+        if self.total_k == 0 {
+            return Err(Error::unsupported(
+                "attention path Hopper",
+                "no key row in the batch (a tensor map needs one); Path::Auto takes mma.sync",
+            ));
+        }
+        let num_m_blocks = (self.max_seqlen_q as u32).div_ceil(HOPPER_BLOCK_M);
+        let tiles = u64::from(num_m_blocks) * self.heads_q as u64 * self.batch as u64;
+        if tiles > u64::from(HOPPER_MAX_TILES) {
+            return Err(Error::unsupported(
+                "attention path Hopper",
+                format!("{tiles} query tiles; one launch takes at most {HOPPER_MAX_TILES}"),
+            ));
+        }
+        let maps = [
+            packed_tile_map(self.dtype, &tensors.q, HOPPER_BLOCK_M)?,
+            packed_tile_map(self.dtype, &tensors.k, kernel.cfg.block_n)?,
+            packed_tile_map(self.dtype, &tensors.v, kernel.cfg.block_n)?,
+        ];
+        let (left, right) = dense.effective_window();
+        let (scale_log2, logits) = dense.logit_params(tensors.sinks.as_ref());
+        let tiles = u32::try_from(tiles).expect("checked above");
+        let params = HopperParams {
+            tmap_q: TensorMap::ZEROED,
+            tmap_k: TensorMap::ZEROED,
+            tmap_v: TensorMap::ZEROED,
+            o: tensors.o.ptr() as *mut u16,
+            lse: tensors.lse.addr() as *mut f32,
+            o_strides: tensors.o.strides3(),
+            seq_q: self.max_seqlen_q as u32,
+            seq_k: self.max_seqlen_k as u32,
+            heads_q: self.heads_q as u32,
+            heads_kv: self.heads_kv as u32,
+            scale_log2,
+            window_left: left.map_or(UNBOUNDED, |l| l as i32),
+            window_right: right.map_or(UNBOUNDED, |r| r as i32),
+            num_m_blocks,
+            reverse_m: u32::from(self.causal),
+            batch: self.batch as u32,
+            num_tiles: tiles,
+            logits,
+            cu_seqlens_q: tensors.cu_seqlens_q.addr() as *const i32,
+            cu_seqlens_k: tensors.cu_seqlens_k.addr() as *const i32,
+            total_q: self.total_q as u32,
+            total_k: self.total_k as u32,
+        };
+        // One block per tile (the lengths differ, so the hardware's block scheduler balances
+        // the work; blocks of tiles past their sequence's end leave at once).
+        Ok(AttentionVarlenPlan::Hopper(AttentionPlan::Hopper {
+            kernel,
+            grid: (tiles, 1, 1),
+            maps,
+            params,
+        }))
     }
 }
 
@@ -564,24 +651,43 @@ impl<'a, T> View<'a, T> {
     }
 }
 
-/// A planned forward pass over packed sequences: one launch of the `mma.sync` kernel, or none
+/// A planned forward pass over packed sequences: one launch on one of the two paths, or none
 /// when there is no query row.
-pub struct AttentionVarlenPlan {
-    /// The kernel.
-    pub kernel: &'static MmaVarlenKernel,
-    /// Its launch: grid `(ceil(max_seqlen_q / block_m), heads_q, batch)`.
-    pub launch: Option<Launch<AttentionVarlenParams>>,
+#[allow(clippy::large_enum_variant)]
+pub enum AttentionVarlenPlan {
+    /// The `mma.sync` path.
+    MmaSync {
+        /// The kernel.
+        kernel: &'static MmaVarlenKernel,
+        /// Its launch: grid `(ceil(max_seqlen_q / block_m), heads_q, batch)`; `None` without
+        /// query rows.
+        launch: Option<Launch<AttentionVarlenParams>>,
+    },
+    /// The Hopper path: the dense forward's plan of the `varlen` kernel (same parameters, the
+    /// boundaries in `cu_seqlens_*`; one block per query tile).
+    Hopper(AttentionPlan),
 }
 
 impl AttentionVarlenPlan {
     /// What the kernel's handle declares.
     pub fn kernel(&self) -> KernelDecl {
-        self.kernel.kernel.info()
+        match self {
+            AttentionVarlenPlan::MmaSync { kernel, .. } => kernel.kernel.info(),
+            AttentionVarlenPlan::Hopper(plan) => plan.kernel(),
+        }
+    }
+
+    /// Whether the plan takes the Hopper path.
+    pub fn is_hopper(&self) -> bool {
+        matches!(self, AttentionVarlenPlan::Hopper(_))
     }
 
     /// Grid, block and shared memory of the launch, if any.
     pub fn config(&self) -> Option<LaunchConfig> {
-        self.launch.as_ref().map(|l| *l.config())
+        match self {
+            AttentionVarlenPlan::MmaSync { launch, .. } => launch.as_ref().map(|l| *l.config()),
+            AttentionVarlenPlan::Hopper(plan) => Some(plan.config()),
+        }
     }
 
     /// Run the plan (asynchronous on a stream: synchronize before reading O and LSE).
@@ -590,15 +696,22 @@ impl AttentionVarlenPlan {
     /// The tensors the plan was made for are live memory of `exec` for the whole run, and O and
     /// LSE overlap neither each other nor the inputs.
     pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
-        let Some(launch) = &self.launch else {
-            return Ok(());
-        };
-        // SAFETY: the plan checked every view against its memory, LSE's length
-        // (heads_q * total_q) and the boundaries' lengths (batch + 1), validated the sizes and
-        // window; the kernel clamps the boundaries' contents to the totals, so every row it
-        // touches is inside the checked views; the grid is (num_m_blocks, heads_q, batch); the
-        // memory is live and the outputs alias nothing (the caller's contract).
-        unsafe { exec.launch(launch) }
+        match self {
+            AttentionVarlenPlan::MmaSync { launch: None, .. } => Ok(()),
+            // SAFETY: the plan checked every view against its memory, LSE's length
+            // (heads_q * total_q) and the boundaries' lengths (batch + 1), validated the sizes
+            // and window; the kernel clamps the boundaries' contents to the totals, so every row
+            // it touches is inside the checked views; the grid is (num_m_blocks, heads_q,
+            // batch); the memory is live and the outputs alias nothing (the caller's contract).
+            AttentionVarlenPlan::MmaSync {
+                launch: Some(launch),
+                ..
+            } => unsafe { exec.launch(launch) },
+            // SAFETY: as above, the tensor maps describing the checked packed views (TMA reads
+            // past a map's rows are filled with zeros, never performed), the grid one block per
+            // tile of the `num_tiles` the kernel walks.
+            AttentionVarlenPlan::Hopper(plan) => unsafe { plan.run(exec) },
+        }
     }
 }
 
@@ -671,7 +784,7 @@ fn launch_varlen<T: AttentionElem>(
         cu_seqlens_k: (&seqlens.k).into(),
         sinks: sinks.map(Into::into),
     };
-    let plan = problem.plan(&tensors)?;
+    let plan = problem.plan(Target::of(gpu), &tensors)?;
     // SAFETY: the views, `lse` and `seqlens` are borrowed for the whole call, which enqueues the
     // launch; `o` and `lse` are borrowed mutably (the caller keeps O apart from the inputs, as
     // documented).

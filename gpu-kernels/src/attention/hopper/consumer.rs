@@ -144,8 +144,8 @@ pub(super) use pv_step;
 /// its `&HopperConfig`; then per operand its shared memory and its `full` and `empty`
 /// mbarriers (the Q tile `$q_s` with `$q_full`, `$q_empty`; the closures of ring slot `s` for
 /// K and V); then the `wgmma` shapes and operand fences of S and O. `E`, `BN`, `STAGES`, `SR`,
-/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE` and `CAPSINK` are the kernel's parameters (see
-/// [`super::forward`]).
+/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE`, `CAPSINK` and `VARLEN` are the kernel's
+/// parameters (see [`super::forward`]).
 macro_rules! consume_tiles {
     (
         $p:ident, $cfg:ident, $wg:ident,
@@ -202,6 +202,7 @@ macro_rules! consume_tiles {
         let (mut kv, mut q_iter) = (0u32, 0u32);
         let mut tile_idx = $crate::arch::index::block_idx_x();
         while tile_idx < $p.num_tiles {
+            // SAFETY: the kernel's parameters, as documented on `HopperParams`.
             let $crate::attention::hopper::scheduler::Tile {
                 m0,
                 head,
@@ -209,17 +210,22 @@ macro_rules! consume_tiles {
                 rows_valid,
                 nb_lo,
                 steps,
+                seq_q,
+                seq_k,
+                q0,
                 ..
-            } = $crate::attention::hopper::scheduler::tile::<BN>($p, tile_idx);
+            } = unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx) };
             tile_idx += $crate::arch::index::grid_dim_x();
-            let offset = $p.seq_k as i64 - $p.seq_q as i64;
+            // The dense kernels read the lengths from the parameters where they use them.
+            let (seq_q, seq_k) = if VARLEN { (seq_q, seq_k) } else { ($p.seq_q, $p.seq_k) };
+            let offset = seq_k as i64 - seq_q as i64;
             let range = |h: u32| {
                 let row = m0 + warp_row + g + 8 * h;
                 $crate::attention::hopper::mask::Rows::key_range(
                     row,
                     $p.window_left,
                     $p.window_right,
-                    $p.seq_k as i32,
+                    seq_k as i32,
                     offset as i32,
                 )
             };
@@ -229,7 +235,7 @@ macro_rules! consume_tiles {
                 t,
                 window_left: $p.window_left,
                 window_right: $p.window_right,
-                seq_k: $p.seq_k as i32,
+                seq_k: seq_k as i32,
                 offset: offset as i32,
                 key_lo: [range0.0, range1.0],
                 key_hi: [range0.1, range1.1],
@@ -375,7 +381,7 @@ macro_rules! consume_tiles {
 
             // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
             $crate::attention::hopper::epilogue::store_tile!(
-                E, OR, $p, o, row_max, row_sum, m0, head, batch, rows_valid, warp_row, g, t
+                E, OR, $p, o, row_max, row_sum, m0, q0, head, batch, rows_valid, warp_row, g, t
             );
             if steps > 0 {
                 kv += steps;

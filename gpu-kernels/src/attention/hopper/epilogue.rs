@@ -7,7 +7,8 @@
 //! already swapped two independent instructions of the PTX).
 
 /// Store the thread's two rows of O, normalized by the finished row sums, and their LSE, for
-/// the tile at query row `$m0` of (`$batch`, `$head`): rows `$warp_row + $g` and
+/// the tile at query row `$m0` of (`$batch`, `$head`) (of the sequence from packed row `$q0`
+/// with `VARLEN`, 0 otherwise): rows `$warp_row + $g` and
 /// `$warp_row + $g + 8` of the tile, at or past `$rows_valid` not stored; `$t = lane % 4`
 /// picks the column pair of each n8 tile of the accumulators `$o` (`[f32; $or]`); `$row_max`
 /// and `$row_sum` are the thread's partial softmax statistics of the two rows. The whole warp
@@ -17,11 +18,18 @@
 macro_rules! store_tile {
     (
         $e:ty, $or:expr, $p:ident, $o:ident, $row_max:ident, $row_sum:ident,
-        $m0:ident, $head:ident, $batch:ident, $rows_valid:ident, $warp_row:ident, $g:ident, $t:ident
+        $m0:ident, $q0:ident, $head:ident, $batch:ident, $rows_valid:ident, $warp_row:ident,
+        $g:ident, $t:ident
     ) => {
-        let o_base = $p.o.wrapping_add(
-            ($batch as u64 * $p.o_strides[0] + $head as u64 * $p.o_strides[2]) as usize,
-        );
+        // Packed sequences (`VARLEN`): O `[total_q, heads_q, D]` from the sequence's first row
+        // `$q0`, LSE `[heads_q, total_q]`.
+        let o_base = if VARLEN {
+            $p.o.wrapping_add(($head as u64 * $p.o_strides[2]) as usize)
+        } else {
+            $p.o.wrapping_add(
+                ($batch as u64 * $p.o_strides[0] + $head as u64 * $p.o_strides[2]) as usize,
+            )
+        };
         let sink2 = if CAPSINK {
             // SAFETY: `sinks` is null or has `heads_q` values (`HopperParams`' contract).
             unsafe { $crate::attention::logits::sink_log2(&$p.logits, $head) }
@@ -48,18 +56,24 @@ macro_rules! store_tile {
             let row = $warp_row + $g + 8 * h as u32;
             if row < $rows_valid {
                 let i = $m0 + row;
-                let dst = o_base.wrapping_add((i as u64 * $p.o_strides[1]) as usize);
+                let row_o = if VARLEN { i + $q0 } else { i };
+                let dst = o_base.wrapping_add((row_o as u64 * $p.o_strides[1]) as usize);
                 for j in 0..$or / 4 {
                     let v = <$e>::pack($o[4 * j + 2 * h] * inv, $o[4 * j + 2 * h + 1] * inv);
-                    // SAFETY: row i < seq_q, column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
+                    // SAFETY: row i < seq_q (packed: q0 + i below the sequence's clamped end,
+                    // at most total_q), column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
                     // (16-byte aligned rows, even column).
                     unsafe { *(dst.wrapping_add(8 * j + 2 * $t as usize) as *mut u32) = v };
                 }
                 if $t == 0 {
-                    let idx = ($batch as u64 * $p.heads_q as u64 + $head as u64)
-                        * $p.seq_q as u64
-                        + i as u64;
-                    // SAFETY: idx < batch * heads_q * seq_q: inside LSE.
+                    let idx = if VARLEN {
+                        $head as u64 * $p.total_q as u64 + ($q0 + i) as u64
+                    } else {
+                        ($batch as u64 * $p.heads_q as u64 + $head as u64) * $p.seq_q as u64
+                            + i as u64
+                    };
+                    // SAFETY: idx < batch * heads_q * seq_q (dense) or heads_q * total_q
+                    // (packed: q0 + i is below the clamped end of the sequence): inside LSE.
                     unsafe { *$p.lse.add(idx as usize) = lse };
                 }
             }

@@ -1,12 +1,17 @@
 //! `attention_fwd_hopper_{bf16,f16}_d{64,96,128,192,256}`: the attention forward pass on Hopper
 //! (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
 //! `mma.sync` path ([`AttentionParams`](kernel_abi::attention::AttentionParams) documents the
-//! masking and the outputs); chosen automatically on Hopper GPUs.
+//! masking and the outputs); chosen automatically on Hopper GPUs. The `varlen` entries take
+//! packed sequences of different lengths, as the `mma.sync` path's `attention_fwd_varlen_*`.
 //!
 //! # Parameters
 //! [`HopperParams`]: 4-D tensor maps of Q, K, V (dims `[D, heads, seq, batch]`, box
 //! `[64, 1, rows, 1]`, 128-byte swizzle; any strides with D contiguous), O with its strides,
-//! LSE, sizes, scale, window.
+//! LSE, sizes, scale, window. Packed sequences: the maps describe `[D, heads, total, 1]`, a
+//! tile's sequence comes from `cu_seqlens_*` ([`scheduler::tile`]), its boxes start at the
+//! sequence's first row and may reach into the next sequence's rows (masked keys; query rows
+//! not stored), and one block per tile lets a block whose tile lies past its sequence's end
+//! leave at once.
 //!
 //! # Tiling
 //! A tile is 128 query rows of one (batch, head); its block walks the keys the rows may attend
@@ -116,7 +121,8 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 /// accumulator registers of S and O; `NT = block_n / 8`, `NK = block_n / 16`, `DK = D / 16`;
 /// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
 /// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`), `CAPSINK`
-/// the softcap and sinks of `HopperParams::logits` (`super::logits`). The
+/// the softcap and sinks of `HopperParams::logits` (`super::logits`), `VARLEN` packed sequences
+/// (`HopperParams::cu_seqlens_q`). The
 /// `wgmma` shapes come in as functions so one body serves every head dimension and type.
 ///
 /// # Safety
@@ -137,6 +143,7 @@ unsafe fn forward<
     const PINGPONG: bool,
     const MODE: u32,
     const CAPSINK: bool,
+    const VARLEN: bool,
 >(
     p: &HopperParams,
     cfg: &HopperConfig,
@@ -171,6 +178,17 @@ unsafe fn forward<
     let k_s = |s: u32| base + cfg.k_offset(s) as u32;
     let v_s = |s: u32| base + cfg.v_offset(s) as u32;
     let cblocks = cfg.column_blocks();
+
+    // Packed sequences with one block per tile: a tile past its sequence's query rows has
+    // nothing to compute or store, and its block leaves before any barrier (uniformly).
+    let block = index::block_idx_x();
+    if VARLEN && index::grid_dim_x() >= p.num_tiles && block < p.num_tiles {
+        // SAFETY: the kernel's parameters (the caller's contract); `block < num_tiles`.
+        let tl = unsafe { scheduler::tile::<BN, true>(p, block) };
+        if tl.rows_valid == 0 {
+            return;
+        }
+    }
 
     if tid == 0 {
         for t in tmaps {
@@ -221,9 +239,12 @@ unsafe fn forward<
 
 macro_rules! hopper_kernel {
     ($name:ident, $elem:ty, $cfg:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
-        hopper_kernel!($name, $elem, $cfg, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence);
+        hopper_kernel!($name, $elem, $cfg, false, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence);
     };
     ($name:ident, $elem:ty, $cfg:expr, $capsink:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
+        hopper_kernel!($name, $elem, $cfg, $capsink, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence);
+    };
+    ($name:ident, $elem:ty, $cfg:expr, $capsink:expr, $varlen:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
         /// See the module documentation (the configuration
         #[doc = stringify!($cfg)]
         /// ).
@@ -258,6 +279,7 @@ macro_rules! hopper_kernel {
                     { CFG.pingpong },
                     { CFG.softmax.code() },
                     $capsink,
+                    $varlen,
                 >(
                     &p,
                     &CFG,
@@ -586,4 +608,246 @@ hopper_kernel!(
     fence_operands_32,
     m64n192k16_f16_rs,
     fence_operands_96
+);
+
+// Packed sequences (`HopperParams::cu_seqlens_q`), then with softcap and sinks.
+hopper_kernel!(
+    attention_fwd_hopper_varlen_bf16_d64,
+    Bf16,
+    hopper_config_of(64),
+    false,
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_bf16_d96,
+    Bf16,
+    hopper_config_of(96),
+    false,
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n96k16_bf16_rs,
+    fence_operands_48
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_bf16_d128,
+    Bf16,
+    hopper_config_of(128),
+    false,
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_bf16_d192,
+    Bf16,
+    hopper_config_of(192),
+    false,
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n192k16_bf16_rs,
+    fence_operands_96
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_bf16_d256,
+    Bf16,
+    hopper_config_of(256),
+    false,
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_f16_d64,
+    F16,
+    hopper_config_of(64),
+    false,
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_f16_d96,
+    F16,
+    hopper_config_of(96),
+    false,
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n96k16_f16_rs,
+    fence_operands_48
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_f16_d128,
+    F16,
+    hopper_config_of(128),
+    false,
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_f16_d192,
+    F16,
+    hopper_config_of(192),
+    false,
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n192k16_f16_rs,
+    fence_operands_96
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_f16_d256,
+    F16,
+    hopper_config_of(256),
+    false,
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n256k16_f16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_bf16_d64,
+    Bf16,
+    hopper_config_of(64),
+    true,
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_bf16_d96,
+    Bf16,
+    hopper_config_of(96),
+    true,
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n96k16_bf16_rs,
+    fence_operands_48
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_bf16_d128,
+    Bf16,
+    hopper_config_of(128),
+    true,
+    true,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_bf16_d192,
+    Bf16,
+    hopper_config_of(192),
+    true,
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n192k16_bf16_rs,
+    fence_operands_96
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_bf16_d256,
+    Bf16,
+    hopper_config_of(256),
+    true,
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n256k16_bf16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_f16_d64,
+    F16,
+    hopper_config_of(64),
+    true,
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_f16_d96,
+    F16,
+    hopper_config_of(96),
+    true,
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n96k16_f16_rs,
+    fence_operands_48
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_f16_d128,
+    F16,
+    hopper_config_of(128),
+    true,
+    true,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_f16_d192,
+    F16,
+    hopper_config_of(192),
+    true,
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n192k16_f16_rs,
+    fence_operands_96
+);
+hopper_kernel!(
+    attention_fwd_hopper_varlen_capsink_f16_d256,
+    F16,
+    hopper_config_of(256),
+    true,
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32,
+    m64n256k16_f16_rs,
+    fence_operands_128
 );

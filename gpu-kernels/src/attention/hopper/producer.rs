@@ -11,8 +11,10 @@
 /// `&HopperConfig`; `$cblocks`: the column blocks of a tile; the tensor maps of Q, K and V;
 /// then per operand its shared memory and its `full` and `empty` mbarriers: the Q tile
 /// `$q_s` with `$q_full`, `$q_empty`, and the closures of ring slot `s`: `$k_s(s)`,
-/// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES` and `OVERLAP` are the
-/// kernel's const parameters.
+/// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES`, `OVERLAP` and `VARLEN` are
+/// the kernel's const parameters. Packed sequences (`VARLEN`): a box reaching past a sequence's
+/// rows loads the next sequence's (or, past the tensor, zeros): its key rows are masked, its
+/// query rows computed and not stored.
 macro_rules! load_tiles {
     (
         $p:ident, $cfg:ident, $cblocks:ident, [$tmap_q:ident, $tmap_k:ident, $tmap_v:ident],
@@ -25,7 +27,8 @@ macro_rules! load_tiles {
         let (mut kv, mut q_iter) = (0u32, 0u32);
         let mut t = $crate::arch::index::block_idx_x();
         while t < $p.num_tiles {
-            let tl = $crate::attention::hopper::scheduler::tile::<BN>($p, t);
+            // SAFETY: the kernel's parameters, as documented on `HopperParams`.
+            let tl = unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t) };
             t += $crate::arch::index::grid_dim_x();
             if tl.steps == 0 {
                 continue;
@@ -42,8 +45,10 @@ macro_rules! load_tiles {
                 for cb in 0..$cblocks {
                     let dst = $q_s + cb * $cfg.block_bytes(::kernel_abi::attention::HOPPER_BLOCK_M);
                     let x = (cb * ::kernel_abi::attention::HOPPER_ATOM) as i32;
-                    let (h, b) = (tl.head as i32, tl.batch as i32);
-                    $tmap_q.load_4d(dst, x, h, tl.m0 as i32, b, $q_full);
+                    // Packed sequences: rows of one `[D, heads, total, 1]` map from the
+                    // sequence's first row (below 2^30 each: the sums fit i32).
+                    let (h, b) = (tl.head as i32, if VARLEN { 0 } else { tl.batch as i32 });
+                    $tmap_q.load_4d(dst, x, h, (tl.q0 + tl.m0) as i32, b, $q_full);
                 }
             }
             // Tiles in the order the consumers read them: with the overlap K of step i + 1
@@ -66,7 +71,7 @@ macro_rules! load_tiles {
                         $v_s(pos.stage),
                     )
                 };
-                let n0 = ((tl.nb_lo + j) * BN) as i32;
+                let n0 = (tl.k0 + (tl.nb_lo + j) * BN) as i32;
                 // SAFETY: ring protocol (module docs): the slot is free once `empty`
                 // completed its previous phase; `full` expects exactly the tile's bytes;
                 // the destination is untouched until that phase completes.
@@ -76,7 +81,7 @@ macro_rules! load_tiles {
                     for cb in 0..$cblocks {
                         let x = (cb * ::kernel_abi::attention::HOPPER_ATOM) as i32;
                         let d = dst + cb * $cfg.block_bytes(BN);
-                        let (h, b) = (tl.head_kv as i32, tl.batch as i32);
+                        let (h, b) = (tl.head_kv as i32, if VARLEN { 0 } else { tl.batch as i32 });
                         map.load_4d(d, x, h, n0, b, full);
                     }
                 }
