@@ -25,11 +25,11 @@
 #       sinks on the Hopper kernels, packed sequences).
 #   hvar packed sequences on the Hopper path: the packed forward's GPU tests (both paths, the
 #       bad-boundary guards), the capsink packed tests, the dense Hopper forward and packed
-#       backward tests beside them, the four sanitizers on Hopper packed cases (memcheck on
-#       contradictory boundaries), the Python packed and attention tests, then kbench
-#       attention-varlen with its peers (FlashAttention-4 when installed under /tmp/fa4pkgs).
+#       backward tests beside them, the Python packed and attention tests, then kbench
+#       attention-varlen with its peers (FlashAttention-4 when installed under /tmp/fa4pkgs);
+#   hvarsan the four sanitizers on Hopper packed cases (memcheck on contradictory boundaries).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -304,20 +304,11 @@ if [ "$part" = dec ]; then
   echo "bench attention D96/192 rc=$? $(( $(date +%s)-s ))s" >> $S
   sed -n '/^== table/,$p' $L/bench-attention.log | grep -E "attention_fwd " | tail -40 >> $S
 fi
-tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
-cat $S
 if [ "$part" = hvar ]; then
   TT=300 t varlen $B/bin/test-attention attention_varlen/ --skip emulated
   t capvar $B/bin/test-attention attention_capsink/varlen
   t fwd_h128 $B/bin/test-attention attention/hopper/bf16_d128
   t varbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
-  for tool in memcheck racecheck synccheck initcheck; do
-    for f in attention_varlen/hopper/clamps_bad_boundaries \
-             attention_varlen/hopper/bf16_d64_h4x4_lens500x700_700x500_33x1_win \
-             attention_capsink/varlen_hopper/bf16_d128; do
-      san $tool attention $f
-    done
-  done
   P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
   for f in attention_varlen attention_capsink attention; do
     s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py --quick > $L/py_$f.log 2>&1
@@ -326,8 +317,20 @@ if [ "$part" = hvar ]; then
   done
   FP=/tmp/fa4pkgs
   [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP
+  export KERNELS_PEERS_DIR=$B/peers
   s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-varlen --out $OUT > $L/bench-varlen.log 2>&1
   echo "kbench attention-varlen rc=$? $(( $(date +%s)-s ))s" >> $S
   tail -30 $L/bench-varlen.log >> $S
   cp $L/varlen.log $L/bench-varlen.log $OUT/ 2>/dev/null
 fi
+if [ "$part" = hvarsan ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in attention_varlen/hopper/clamps_bad_boundaries \
+             attention_varlen/hopper/bf16_d64_h4x4_lens500x700_700x500_33x1_win \
+             attention_capsink/varlen_hopper/bf16_d128; do
+      san $tool attention $f
+    done
+  done
+fi
+tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
+cat $S
