@@ -18,7 +18,7 @@ pub use kernels::{
 };
 pub use varlen::{
     AttentionVarlenParams, HOPPER_VARLEN_KERNELS, MMA_VARLEN_KERNELS, MmaVarlenKernel,
-    hopper_varlen_kernel, mma_varlen_kernel,
+    hopper_varlen_kernel, hopper_varlen_slots, mma_varlen_kernel,
 };
 
 /// Head dimensions with a kernel.
@@ -659,10 +659,12 @@ pub struct HopperParams {
     /// Packed sequences (the `varlen` kernels only; null for the others): `[batch + 1]` i32, the
     /// first query row of each sequence, then `total_q`. The `varlen` kernels read the maps as
     /// packed tensors `[D, heads, total, 1]`, O as `[total_q, heads_q, D]` (its batch stride
-    /// unused), LSE as `[heads_q, total_q]`, `seq_q`, `seq_k` as the longest lengths and `batch`
-    /// as the number of sequences; the mask applies per sequence, as in
-    /// [`AttentionVarlenParams`]. They clamp every offset read into `0 ..= total_*` (each end at
-    /// least its start).
+    /// unused), LSE as `[heads_q, total_q]`, `batch` as the number of sequences,
+    /// `num_m_blocks` as the query slots per head ([`hopper_varlen_slots`]; `num_tiles` is
+    /// `heads_q` times it) and take one block per tile (grid `num_tiles`); the mask applies per
+    /// sequence, as in [`AttentionVarlenParams`]. They clamp every offset read into
+    /// `0 ..= total_*` (each end at least its start), so contents that contradict the sizes
+    /// cannot make them access memory outside the tensors.
     pub cu_seqlens_q: *const i32,
     /// `[batch + 1]` i32: the first key row of each sequence, then `total_k` (`varlen` only).
     pub cu_seqlens_k: *const i32,

@@ -197,3 +197,11 @@ pub fn hopper_varlen_kernel(
     ALL.iter()
         .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim && k.capsink == capsink)
 }
+
+/// Query slots per head of the Hopper kernels over packed sequences
+/// ([`super::HopperParams::num_m_blocks`]): `floor(total_q / block_m) + batch`, enough for
+/// every sequence's query blocks (`ceil(len / block_m)` each) wherever it starts, with at most
+/// one empty slot per sequence.
+pub const fn hopper_varlen_slots(total_q: u32, batch: u32) -> u32 {
+    total_q / super::HOPPER_BLOCK_M + batch
+}

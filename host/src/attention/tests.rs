@@ -588,8 +588,10 @@ fn varlen_hopper_plan_grid_parameters_and_maps() {
             };
             assert!(kernel.varlen && !kernel.capsink && kernel.dtype == dtype);
             assert_eq!(kernel.cfg.head_dim, d as u32);
-            assert_eq!(*grid, (3 * 4 * 4, 1, 1), "one block per tile");
-            assert_eq!((params.num_m_blocks, params.num_tiles), (3, 48));
+            // Slots per head: floor(357 / 128) + 4 sequences = 6 (1 + 0 + 3 + 1 query blocks
+            // and the empty sequence's slot).
+            assert_eq!(*grid, (6 * 4, 1, 1), "one block per tile");
+            assert_eq!((params.num_m_blocks, params.num_tiles), (6, 24));
             assert_eq!((params.total_q, params.total_k), (357, 15));
             assert_eq!((params.seq_q, params.seq_k, params.batch), (300, 9, 4));
             assert_eq!(

@@ -141,14 +141,14 @@ pub(super) use pv_step;
 /// The consumer's loop over the block's tiles, with the epilogue of each: every thread of
 /// consumer warpgroup `$wg` (1 or 2) expands it once, after the mbarriers were initialized
 /// and published and its registers were raised. `$p`: the kernel's `&HopperParams`; `$cfg`:
-/// its `&HopperConfig`; then per operand its shared memory and its `full` and `empty`
-/// mbarriers (the Q tile `$q_s` with `$q_full`, `$q_empty`; the closures of ring slot `s` for
-/// K and V); then the `wgmma` shapes and operand fences of S and O. `E`, `BN`, `STAGES`, `SR`,
+/// its `&HopperConfig`; `$seq`: the block's packed sequence (`VARLEN`); then per operand its
+/// shared memory and its `full` and `empty` mbarriers (the Q tile `$q_s` with `$q_full`,
+/// `$q_empty`; the closures of ring slot `s` for K and V); then the `wgmma` shapes and operand fences of S and O. `E`, `BN`, `STAGES`, `SR`,
 /// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE`, `CAPSINK` and `VARLEN` are the kernel's
 /// parameters (see [`super::forward`]).
 macro_rules! consume_tiles {
     (
-        $p:ident, $cfg:ident, $wg:ident,
+        $p:ident, $cfg:ident, $wg:ident, $seq:ident,
         q: ($q_s:ident, $q_full:ident, $q_empty:ident),
         k: ($k_s:ident, $full_k:ident, $empty_k:ident),
         v: ($v_s:ident, $full_v:ident, $empty_v:ident),
@@ -212,9 +212,10 @@ macro_rules! consume_tiles {
                 steps,
                 seq_q,
                 seq_k,
-                q0,
                 ..
-            } = unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx) };
+            } = unsafe {
+                $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx, $seq)
+            };
             tile_idx += $crate::arch::index::grid_dim_x();
             // The dense kernels read the lengths from the parameters where they use them.
             let (seq_q, seq_k) = if VARLEN { (seq_q, seq_k) } else { ($p.seq_q, $p.seq_k) };
@@ -379,7 +380,16 @@ macro_rules! consume_tiles {
                 );
             }
 
-            // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
+            // Epilogue: finish the row sums across the quad, normalize, store O and LSE. The
+            // packed sequence's first row is read again here rather than kept in a register
+            // through the main loop (kept, it made the D 128 kernels spill).
+            let q0 = if VARLEN {
+                // SAFETY: `seq < batch` (`HopperParams`' contract): entry `seq` exists.
+                let start = unsafe { *$p.cu_seqlens_q.add($seq as usize) };
+                (start.max(0) as u32).min($p.total_q)
+            } else {
+                0
+            };
             $crate::attention::hopper::epilogue::store_tile!(
                 E, OR, $p, o, row_max, row_sum, m0, q0, head, batch, rows_valid, warp_row, g, t
             );

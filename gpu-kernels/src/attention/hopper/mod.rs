@@ -7,11 +7,10 @@
 //! # Parameters
 //! [`HopperParams`]: 4-D tensor maps of Q, K, V (dims `[D, heads, seq, batch]`, box
 //! `[64, 1, rows, 1]`, 128-byte swizzle; any strides with D contiguous), O with its strides,
-//! LSE, sizes, scale, window. Packed sequences: the maps describe `[D, heads, total, 1]`, a
-//! tile's sequence comes from `cu_seqlens_*` ([`scheduler::tile`]), its boxes start at the
-//! sequence's first row and may reach into the next sequence's rows (masked keys; query rows
-//! not stored), and one block per tile lets a block whose tile lies past its sequence's end
-//! leave at once.
+//! LSE, sizes, scale, window. Packed sequences: the maps describe `[D, heads, total, 1]`, one
+//! block per tile finds its sequence in `cu_seqlens_q` (the slots of [`scheduler`]), its boxes
+//! start at the sequence's first row and may reach into the next sequence's rows (masked keys;
+//! query rows not stored), and a block whose slot is empty leaves at once.
 //!
 //! # Tiling
 //! A tile is 128 query rows of one (batch, head); its block walks the keys the rows may attend
@@ -179,12 +178,18 @@ unsafe fn forward<
     let v_s = |s: u32| base + cfg.v_offset(s) as u32;
     let cblocks = cfg.column_blocks();
 
-    // Packed sequences with one block per tile: a tile past its sequence's query rows has
-    // nothing to compute or store, and its block leaves before any barrier (uniformly).
+    // Packed sequences, one block per tile: every warp finds the block's sequence (the same
+    // in all), and a block whose slot holds no query row leaves before any barrier (uniformly).
     let block = index::block_idx_x();
-    if VARLEN && index::grid_dim_x() >= p.num_tiles && block < p.num_tiles {
-        // SAFETY: the kernel's parameters (the caller's contract); `block < num_tiles`.
-        let tl = unsafe { scheduler::tile::<BN, true>(p, block) };
+    let seq = if VARLEN {
+        // SAFETY: every lane of every warp, uniformly; the kernel's parameters.
+        unsafe { scheduler::packed_sequence(p, block) }
+    } else {
+        0
+    };
+    if VARLEN {
+        // SAFETY: the kernel's parameters; `seq < batch`.
+        let tl = unsafe { scheduler::tile::<BN, true>(p, block, seq) };
         if tl.rows_valid == 0 {
             return;
         }
@@ -215,7 +220,7 @@ unsafe fn forward<
         unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
         if tid == 0 {
             producer::load_tiles!(
-                p, cfg, cblocks, [tmap_q, tmap_k, tmap_v],
+                p, cfg, cblocks, seq, [tmap_q, tmap_k, tmap_v],
                 q: (q_s, q_full, q_empty),
                 k: (k_s, full_k, empty_k),
                 v: (v_s, full_v, empty_v)
@@ -228,7 +233,7 @@ unsafe fn forward<
     // SAFETY: the whole consumer warpgroup executes this, uniformly.
     unsafe { regs::increase::<HOPPER_CONSUMER_REGS>() };
     consumer::consume_tiles!(
-        p, cfg, wg,
+        p, cfg, wg, seq,
         q: (q_s, q_full, q_empty),
         k: (k_s, full_k, empty_k),
         v: (v_s, full_v, empty_v),

@@ -8,7 +8,8 @@
 
 /// The producer's loop over the block's tiles (thread 0 only, once, after the mbarriers were
 /// initialized and published). `$p`: the kernel's `&HopperParams`; `$cfg`: its
-/// `&HopperConfig`; `$cblocks`: the column blocks of a tile; the tensor maps of Q, K and V;
+/// `&HopperConfig`; `$cblocks`: the column blocks of a tile; `$seq`: the block's packed
+/// sequence (`VARLEN`; `scheduler::packed_sequence`); the tensor maps of Q, K and V;
 /// then per operand its shared memory and its `full` and `empty` mbarriers: the Q tile
 /// `$q_s` with `$q_full`, `$q_empty`, and the closures of ring slot `s`: `$k_s(s)`,
 /// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES`, `OVERLAP` and `VARLEN` are
@@ -17,7 +18,8 @@
 /// query rows computed and not stored.
 macro_rules! load_tiles {
     (
-        $p:ident, $cfg:ident, $cblocks:ident, [$tmap_q:ident, $tmap_k:ident, $tmap_v:ident],
+        $p:ident, $cfg:ident, $cblocks:ident, $seq:ident,
+        [$tmap_q:ident, $tmap_k:ident, $tmap_v:ident],
         q: ($q_s:ident, $q_full:ident, $q_empty:ident),
         k: ($k_s:ident, $full_k:ident, $empty_k:ident),
         v: ($v_s:ident, $full_v:ident, $empty_v:ident)
@@ -28,7 +30,8 @@ macro_rules! load_tiles {
         let mut t = $crate::arch::index::block_idx_x();
         while t < $p.num_tiles {
             // SAFETY: the kernel's parameters, as documented on `HopperParams`.
-            let tl = unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t) };
+            let tl =
+                unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t, $seq) };
             t += $crate::arch::index::grid_dim_x();
             if tl.steps == 0 {
                 continue;

@@ -1,7 +1,15 @@
-//! The tile scheduler of the persistent Hopper kernel: block `b` computes tiles `b`,
-//! `b + grid`, ... in the order of [`tile`]; both the producer and the consumers walk the same
-//! sequence.
+//! The tile scheduler of the Hopper kernel: block `b` computes tiles `b`, `b + grid`, ... in
+//! the order of [`tile`]; both the producer and the consumers walk the same sequence.
+//!
+//! Packed sequences (`VARLEN`, one block per tile): the tiles of one query head are slots
+//! `0 .. num_m_blocks` (`floor(total_q / 128) + batch` of them), sequence `b` owning the slots
+//! from `first(b) = floor(cu_seqlens_q[b] / 128) + b` on. `first` is non-decreasing and leaves
+//! each sequence `floor((cu_seqlens_q[b] % 128 + len) / 128) + 1 >= ceil(len / 128)` slots: its
+//! query blocks, and at most one empty slot more. So no grid position is spent on a query block
+//! past a short sequence's end (as a `max_seqlen_q` grid would), and a block finds its sequence
+//! with a 32-way search of `cu_seqlens_q` by each warp ([`packed_sequence`]).
 
+use crate::arch::{index, warp};
 use crate::attention::seq::clamp_range;
 use kernel_abi::attention::{HOPPER_BLOCK_M, HopperParams};
 
@@ -14,7 +22,7 @@ pub(super) struct Tile {
     pub(super) head: u32,
     pub(super) batch: u32,
     pub(super) head_kv: u32,
-    /// Query rows of the tile inside its sequence (0 for a tile past a packed sequence's end).
+    /// Query rows of the tile inside its sequence (0 for an empty slot of packed sequences).
     pub(super) rows_valid: u32,
     /// First key step (keys `nb_lo * BN ..`).
     pub(super) nb_lo: u32,
@@ -28,31 +36,73 @@ pub(super) struct Tile {
     pub(super) k0: u32,
 }
 
+/// `first(b)` of the module documentation, from the clamped start of sequence `b`.
+///
+/// # Safety
+/// `b <= p.batch` and `cu_seqlens_q` has `batch + 1` entries.
+#[inline(always)]
+unsafe fn first_slot(p: &HopperParams, b: u32) -> u32 {
+    // SAFETY: forwarded to the caller.
+    let start = unsafe { *p.cu_seqlens_q.add(b as usize) };
+    (start.max(0) as u32).min(p.total_q) / HOPPER_BLOCK_M + b
+}
+
+/// The packed sequence of tile `t` (the last `b < batch` with `first(b) <= t % num_m_blocks`;
+/// 0 if none): a 32-way search by the whole warp, each lane reading one `cu_seqlens_q` entry
+/// per round (at most 4 rounds for 65535 sequences). Boundaries that contradict the sizes give
+/// some `b < batch`, whose tile [`tile`] clamps as it does every sequence.
+///
+/// # Safety
+/// Every lane of the warp calls it with the same `t < num_tiles` (uniform control flow);
+/// `cu_seqlens_q` has `batch + 1` entries.
+#[inline(always)]
+pub(super) unsafe fn packed_sequence(p: &HopperParams, t: u32) -> u32 {
+    let slot = t % p.num_m_blocks;
+    let lane = index::lane_id();
+    // Candidates `lo .. lo + n`; `first` is non-decreasing on well-formed boundaries, so the
+    // lanes that pass form a prefix and the last of them brackets the answer.
+    let (mut lo, mut n) = (0u32, p.batch);
+    while n > 1 {
+        let stride = n.div_ceil(32);
+        let i = lane * stride;
+        // SAFETY: `lo + i < lo + n <= batch` when read.
+        let pass = i < n && unsafe { first_slot(p, lo + i) } <= slot;
+        // SAFETY: the whole warp runs this loop uniformly (`n` is the same in every lane).
+        let mask = unsafe { warp::ballot(warp::FULL_MASK, pass) };
+        let k = if mask == 0 {
+            0
+        } else {
+            31 - mask.leading_zeros()
+        };
+        lo += k * stride;
+        n = stride.min(n - k * stride);
+    }
+    lo
+}
+
 /// Tile `t` (`< num_tiles`). The query blocks of one (batch, head) are consecutive, so that the
 /// blocks running at one time share K and V in L2 (walking all heads of one query block first,
 /// longest first, was slower under causal masking: bench/NOTES.md); under causal masking
-/// (`reverse_m`) each (batch, head) starts from its last, longest query block. `VARLEN`: `batch`
-/// is a packed sequence, its rows read from `cu_seqlens_*` and clamped into the totals (as the
-/// `mma.sync` kernels' `seq::Packed`); a tile past its sequence's query rows has no row and no
-/// step.
+/// (`reverse_m`) each (batch, head) starts from its last, longest query block. `VARLEN`: `t`
+/// is slot `t % num_m_blocks` of head `t / num_m_blocks` (module docs) and `seq` its sequence
+/// ([`packed_sequence`]), whose rows are read from `cu_seqlens_*` and clamped into the totals
+/// (as the `mma.sync` kernels' `seq::Packed`); an empty slot has no row and no step.
 ///
 /// # Safety
-/// `p` is the kernel's parameters (with `VARLEN`, `cu_seqlens_*` hold `batch + 1` entries).
+/// `p` is the kernel's parameters; with `VARLEN`, `cu_seqlens_*` hold `batch + 1` entries and
+/// `seq < batch`.
 #[inline(always)]
-pub(super) unsafe fn tile<const BN: u32, const VARLEN: bool>(p: &HopperParams, t: u32) -> Tile {
+pub(super) unsafe fn tile<const BN: u32, const VARLEN: bool>(
+    p: &HopperParams,
+    t: u32,
+    seq: u32,
+) -> Tile {
     let (m_idx, hb) = (t % p.num_m_blocks, t / p.num_m_blocks);
-    let m_block = if p.reverse_m != 0 {
-        p.num_m_blocks - 1 - m_idx
-    } else {
-        m_idx
-    };
-    let (head, batch) = (hb % p.heads_q, hb / p.heads_q);
-    let m0 = m_block * HOPPER_BLOCK_M;
-    let (seq_q, seq_k, q0, k0) = if VARLEN {
-        // SAFETY: `batch < p.batch` (t < num_tiles) and both arrays have `batch + 1` entries
-        // (the caller's contract).
+    let (m_block, head, batch, seq_q, seq_k, q0, k0) = if VARLEN {
+        // SAFETY: `seq < batch` and both arrays have `batch + 1` entries (the caller's
+        // contract).
         let (q0, q1, k0, k1) = unsafe {
-            let b = batch as usize;
+            let b = seq as usize;
             (
                 *p.cu_seqlens_q.add(b),
                 *p.cu_seqlens_q.add(b + 1),
@@ -62,25 +112,40 @@ pub(super) unsafe fn tile<const BN: u32, const VARLEN: bool>(p: &HopperParams, t
         };
         let (q0, q1) = clamp_range(q0, q1, p.total_q);
         let (k0, k1) = clamp_range(k0, k1, p.total_k);
-        (q1 - q0, k1 - k0, q0, k0)
-    } else {
-        (p.seq_q, p.seq_k, 0, 0)
-    };
-    if VARLEN && m0 >= seq_q {
-        return Tile {
-            m0,
-            head,
-            batch,
-            head_kv: head / (p.heads_q / p.heads_kv),
-            rows_valid: 0,
-            nb_lo: 0,
-            steps: 0,
-            seq_q,
-            seq_k,
-            q0,
-            k0,
+        let (seq_q, first) = (q1 - q0, q0 / HOPPER_BLOCK_M + seq);
+        let blocks = seq_q.div_ceil(HOPPER_BLOCK_M);
+        if m_idx < first || m_idx - first >= blocks {
+            return Tile {
+                m0: 0,
+                head: hb,
+                batch: seq,
+                head_kv: hb / (p.heads_q / p.heads_kv),
+                rows_valid: 0,
+                nb_lo: 0,
+                steps: 0,
+                seq_q,
+                seq_k: k1 - k0,
+                q0,
+                k0,
+            };
+        }
+        let idx = m_idx - first;
+        let m_block = if p.reverse_m != 0 {
+            blocks - 1 - idx
+        } else {
+            idx
         };
-    }
+        (m_block, hb, seq, seq_q, k1 - k0, q0, k0)
+    } else {
+        let m_block = if p.reverse_m != 0 {
+            p.num_m_blocks - 1 - m_idx
+        } else {
+            m_idx
+        };
+        let (head, batch) = (hb % p.heads_q, hb / p.heads_q);
+        (m_block, head, batch, p.seq_q, p.seq_k, 0, 0)
+    };
+    let m0 = m_block * HOPPER_BLOCK_M;
     let rows_valid = (seq_q - m0).min(HOPPER_BLOCK_M);
     let offset = seq_k as i64 - seq_q as i64;
     let n_lo = if p.window_left >= 0 {
