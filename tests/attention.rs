@@ -25,6 +25,8 @@ use kernels::{Error, Gpu, bf16, f16};
 use kernels_testing::attention as testing;
 use rand::Rng;
 
+#[path = "attention/append.rs"]
+mod append;
 #[path = "attention/backward.rs"]
 mod backward;
 #[path = "attention/capsink.rs"]
@@ -305,6 +307,7 @@ fn main() {
     varlen::register(&mut s);
     varlen_bwd::register(&mut s);
     decode::register(&mut s);
+    append::register(&mut s);
     capsink::register(&mut s);
     capsink_bwd::register(&mut s);
     s.run()

@@ -27,9 +27,11 @@
 #       bad-boundary guards), the capsink packed tests, the dense Hopper forward and packed
 #       backward tests beside them, the Python packed and attention tests, then kbench
 #       attention-varlen with its peers (FlashAttention-4 when installed under /tmp/fa4pkgs);
-#   hvarsan the four sanitizers on Hopper packed cases (memcheck on contradictory boundaries).
+#   hvarsan the four sanitizers on Hopper packed cases (memcheck on contradictory boundaries);
+#   app new keys and values appended to a paged cache: their GPU tests and the decode tests, the
+#       four sanitizers on an append case, the Python decode tests (k, v in the call).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -331,6 +333,17 @@ if [ "$part" = hvarsan ]; then
       san $tool attention $f
     done
   done
+fi
+if [ "$part" = app ]; then
+  t append $B/bin/test-attention attention_append/
+  TT=300 t decode $B/bin/test-attention attention_decode/gpu
+  for tool in memcheck racecheck synccheck initcheck; do
+    san $tool attention attention_append/gpu/bf16_d128
+  done
+  P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_attention_decode.py --quick > $L/py_decode.log 2>&1
+  echo "py attention_decode rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_decode.log | tail -1)" >> $S
+  grep -E "^(SKIP|FAIL|ok   decode: k)" -A4 $L/py_decode.log | head -12 >> $S
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

@@ -147,6 +147,47 @@ def _flash_attn_decode_fake(
     )
 
 
+@torch.library.custom_op("rustkernels::kv_append", mutates_args=("k_cache", "v_cache"))
+def kv_append(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+) -> None:
+    """Write ``k``, ``v`` ``[batch, seqlen_new, nheads_k, headdim]`` into the paged caches:
+    token ``t`` of sequence ``b`` at position ``cache_seqlens[b] + t`` (through
+    ``block_table``; ``cache_seqlens`` is not changed). The tables are not read on the host:
+    positions past ``max_num_blocks_per_seq * page_block_size`` or pages outside the cache are
+    skipped, never written outside it."""
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != k_cache.device:
+            raise ValueError(f"{name} is on {t.device}, k_cache on {k_cache.device}")
+        if t.dtype != k_cache.dtype:
+            raise TypeError(f"{name} must have k_cache's dtype {k_cache.dtype}, got {t.dtype}")
+    native = _native()
+    with torch.cuda.device(k_cache.device):
+        stream = torch.cuda.current_stream(k_cache.device).cuda_stream
+        native.attention_kv_append(
+            k_cache.device.index,
+            stream,
+            _describe(k),
+            _describe(v),
+            _describe(k_cache),
+            _describe(v_cache),
+            _describe(block_table),
+            _describe(cache_seqlens),
+        )
+
+
+@kv_append.register_fake
+def _kv_append_fake(k, v, k_cache, v_cache, block_table, cache_seqlens):
+    return None
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -195,17 +236,20 @@ def flash_attn_with_kvcache(
     ``softcap * tanh(l / softcap)``; ``sinks`` (float32 ``[nheads]``) joins one logit per query
     head to every row's softmax (gpt-oss; a query with no key gets LSE = its sink).
 
+    ``k``, ``v`` (``[batch, seqlen_new, nheads_k, headdim]``, the caches' dtype, both or
+    neither): new keys and values written into the caches first, token ``t`` of sequence ``b``
+    at position ``cache_seqlens[b] + t`` (pages for them must be in the block table), and the
+    step attends ``cache_seqlens[b] + seqlen_new`` keys; ``cache_seqlens`` itself is not
+    changed (the caller advances it), as in flash-attn.
+
     Returns ``out`` (q's shape and dtype), or ``(out, softmax_lse)`` with
     ``return_softmax_lse`` (LSE ``[batch, nheads, seqlen_q]`` f32). Not supported
-    (``NotImplementedError``): appending new keys and values (``k``, ``v``), rotary embedding
-    (``rotary_cos``, ``rotary_sin``), ``cache_batch_idx``, ``cache_leftpad``, a sliding
-    ``window_size``, ``alibi_slopes``, and the contiguous cache layout without a ``block_table``.
+    (``NotImplementedError``): rotary embedding (``rotary_cos``, ``rotary_sin``),
+    ``cache_batch_idx``, ``cache_leftpad``, a sliding ``window_size``, ``alibi_slopes``, and the
+    contiguous cache layout without a ``block_table``.
     """
-    if k is not None or v is not None:
-        raise NotImplementedError(
-            "k, v: appending new keys and values to the cache is not supported "
-            "(write them into its pages first)"
-        )
+    if (k is None) != (v is None):
+        raise ValueError("k and v: give both new keys and new values, or neither")
     if rotary_cos is not None or rotary_sin is not None:
         raise NotImplementedError("rotary_cos, rotary_sin: rotary embedding is not supported")
     if cache_batch_idx is not None:
@@ -241,6 +285,21 @@ def flash_attn_with_kvcache(
                 f"page_block_size = {most} keys"
             )
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[0] != q.shape[0] or t.shape[2:] != k_cache.shape[2:]:
+                raise ValueError(
+                    f"{name} must be [batch, seqlen_new, nheads_k, headdim] = [{q.shape[0]}, "
+                    f"seqlen_new, {k_cache.shape[2]}, {k_cache.shape[3]}], got shape "
+                    f"{tuple(t.shape)}"
+                )
+        if k.shape != v.shape:
+            raise ValueError(f"k and v shapes differ: {tuple(k.shape)} and {tuple(v.shape)}")
+        kv_append(k, v, k_cache, v_cache, block_table, cache_seqlens)
+        # The step attends the new tokens too; the caller's cache_seqlens is not changed.
+        cache_seqlens = cache_seqlens + k.shape[1]
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     out, lse = flash_attn_decode(

@@ -2,8 +2,9 @@
 //! descriptions (address, dtype name, shape, strides, storage), validates and launches through
 //! the `kernels` crate's raw API (`kernels::raw`; per family `kernels::attention::forward_raw`
 //! and `backward_raw` (packed sequences: `forward_varlen_raw`, `backward_varlen_raw`; the decode
-//! step over a paged KV cache: `decode_raw`), `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw,
-//! backward_raw, viterbi_raw}`, `kernels::mhc::{forward_pre_raw, forward_post_raw,
+//! step over a paged KV cache: `decode_raw`, and `append_kv_raw` before it),
+//! `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw, backward_raw,
+//! viterbi_raw}`, `kernels::mhc::{forward_pre_raw, forward_post_raw,
 //! backward_raw}`) on the caller's stream, and returns nothing: the Python side allocates the
 //! outputs and workspaces with torch (their sizes from the `*_workspace`/`*_layout` functions
 //! here) and wires autograd and `torch.compile` (`rustkernels/attention.py`, `gla.py`,
@@ -24,9 +25,9 @@ use kernels::Error;
 use kernels::attention::{
     AttentionDecodeOptions, AttentionOptions, BackwardOptions, Path, RawAttentionBackwardTensors,
     RawAttentionDecodeTensors, RawAttentionTensors, RawAttentionVarlenBackwardTensors,
-    RawAttentionVarlenTensors, RawBackwardWorkspace, backward_raw, backward_varlen_raw,
-    backward_varlen_workspace_lens, backward_workspace_lens, decode_raw, decode_workspace_len,
-    forward_raw, forward_varlen_raw,
+    RawAttentionVarlenTensors, RawBackwardWorkspace, RawKvAppendTensors, append_kv_raw,
+    backward_raw, backward_varlen_raw, backward_varlen_workspace_lens, backward_workspace_lens,
+    decode_raw, decode_workspace_len, forward_raw, forward_varlen_raw,
 };
 use kernels::raw::{ElemType, RawStream, RawTensor};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -557,6 +558,55 @@ fn attention_decode(
     .map_err(to_py)
 }
 
+/// New keys and values appended to a paged KV cache (the `k`, `v` of FlashAttention's
+/// `flash_attn_with_kvcache`) on device `device`'s stream `stream`: `k_new`, `v_new` `[batch,
+/// seqlen_new, nheads_k, headdim]` written at positions `cache_seqlens[b] + t` of the caches
+/// `[num_blocks, page_block_size, nheads_k, headdim]` through `block_table` (the tables int32
+/// on the device, not read on the host; `cache_seqlens` not changed). See
+/// `kernels::attention::append_kv_raw`. Asynchronous.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn attention_kv_append(
+    py: Python<'_>,
+    device: u32,
+    stream: u64,
+    k_new: TensorArgs,
+    v_new: TensorArgs,
+    k_cache: TensorArgs,
+    v_cache: TensorArgs,
+    block_table: TensorArgs,
+    cache_seqlens: TensorArgs,
+) -> PyResult<()> {
+    let (k_new, v_new, k_cache, v_cache) = (
+        tensor("k", k_new)?,
+        tensor("v", v_new)?,
+        tensor("k_cache", k_cache)?,
+        tensor("v_cache", v_cache)?,
+    );
+    let (block_table, cache_seqlens) = (
+        tensor("block_table", block_table)?,
+        tensor("cache_seqlens", cache_seqlens)?,
+    );
+    py.detach(|| {
+        // SAFETY: as in `attention_forward`: the handle of torch's current stream of `device`.
+        let stream = unsafe { RawStream::new(device, stream) }?;
+        let tensors = RawKvAppendTensors {
+            k_new: &k_new,
+            v_new: &v_new,
+            k_cache: &k_cache,
+            v_cache: &v_cache,
+            block_table: &block_table,
+            cache_seqlens: &cache_seqlens,
+        };
+        // SAFETY: live torch tensors the Python side holds across this call, whose memory stays
+        // valid for work enqueued on `stream`; the caches are written only by this launch on
+        // that stream (the custom op declares them mutated). The tables' contents cannot make
+        // the kernel write outside the caches (it clamps them).
+        unsafe { append_kv_raw(&stream, &tensors) }
+    })
+    .map_err(to_py)
+}
+
 /// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -569,6 +619,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_varlen_backward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_decode_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(attention_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_kv_append, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_backward_workspace, m)?)?;

@@ -9,7 +9,7 @@ input precision) as dense batch-1 problems on the keys and values gathered from 
 of 0 and not a multiple of the page size; causal with seqlen_q > 1; grouped-query attention;
 explicit and heuristic split counts): O within FlashAttention's rule (2 x naive + 1e-3), LSE
 within 1e-3 max(1, |ref|) and -inf exactly where a query has no key, outputs poisoned first.
-Then cache_seqlens as an int and None; bad input (exceptions with the library's message);
+Then cache_seqlens as an int and None; k, v appended in the call; bad input (exceptions with the library's message);
 torch.library's opcheck; torch.compile.
 
 Prints one line per check and 'N passed, N failed' last; exits 1 on any failure, 0 with a SKIP
@@ -194,6 +194,54 @@ def decode_seqlens_forms():
     return f"int and None equal the tensors; scale 0.3: max |O - ref| {err:.1e} (tol {tol:.1e})"
 
 
+def decode_append():
+    """k, v appended in the call (flash-attn's semantics): the caches afterwards equal the
+    caches with the new rows written by torch indexing (bitwise), cache_seqlens is unchanged,
+    and the output equals a call without k, v over the torch-written caches with contexts
+    cache_seqlens + seqlen_new (bitwise); then against the f64 reference."""
+    from rustkernels import flash_attn_with_kvcache
+
+    lens, sq, new, page, hkv, d = [40, 61, 0, 17], 3, 3, 16, 2, 128
+    room = [n + new for n in lens]
+    # Pages for the contexts after the append (the table has them; the step writes there).
+    q, k_cache, v_cache, block_table, _, _ = paged_case(room, sq, 8, hkv, d, page, torch.bfloat16, SEED + 7)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(SEED + 8)
+    k = torch.randn(len(lens), new, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(len(lens), new, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    table = block_table.tolist()
+    for b, n in enumerate(lens):
+        for t in range(new):
+            pos = n + t
+            want_k[table[b][pos // page], pos % page] = k[b, t]
+            want_v[table[b][pos // page], pos % page] = v[b, t]
+    before = cache_seqlens.clone()
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table,
+        causal=True, return_softmax_lse=True,
+    )
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "caches after the append"
+    assert torch.equal(cache_seqlens, before), "cache_seqlens changed"
+    after = torch.tensor(room, dtype=torch.int32, device="cuda")
+    want, want_lse = flash_attn_with_kvcache(
+        q, want_k, want_v, cache_seqlens=after, block_table=block_table, causal=True,
+        return_softmax_lse=True,
+    )
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(lse, want_lse), "output differs from decode after a torch append"
+    keys = []
+    for b, n in enumerate(room):
+        pages = torch.tensor(table[b][: -(-n // page)], dtype=torch.long, device="cuda")
+        keys.append(tuple(c[pages].reshape(-1, hkv, d)[:n] for c in (want_k, want_v)))
+    ref_o, _, naive_o = decode_references(q, keys, 1 / math.sqrt(d), True)
+    err = (out.double() - ref_o).abs().max().item()
+    tol = 2 * (naive_o - ref_o).abs().max().item() + 1e-3
+    assert err <= tol, f"{err} > {tol}"
+    return f"caches and output bitwise as decode after a torch append; max |O - ref| {err:.1e} (tol {tol:.1e})"
+
+
 def decode_bad_inputs():
     from rustkernels import flash_attn_with_kvcache
 
@@ -236,7 +284,10 @@ def decode_bad_inputs():
         ("num_splits a float", TypeError, lambda: call(num_splits=1.5), "num_splits"),
         ("scale nan", ValueError, lambda: call(softmax_scale=float("nan")), "scale"),
         ("no block_table", NotImplementedError, lambda: call(block_table=None), "block_table"),
-        ("k, v", NotImplementedError, lambda: call(k=q[:, :, :2], v=q[:, :, :2]), "k, v"),
+        ("k without v", ValueError, lambda: call(k=cache((2, 1, 2, 64))), "k and v"),
+        ("k of another head count", ValueError, lambda: call(k=cache((2, 1, 4, 64)), v=cache((2, 1, 4, 64))), "seqlen_new"),
+        ("k float16", TypeError, lambda: call(k=cache((2, 1, 2, 64), torch.float16), v=cache((2, 1, 2, 64), torch.float16)), "dtype"),
+        ("k and v shapes differ", ValueError, lambda: call(k=cache((2, 1, 2, 64)), v=cache((2, 2, 2, 64))), "shapes differ"),
         ("rotary", NotImplementedError, lambda: call(rotary_cos=q, rotary_sin=q), "rotary_cos"),
         ("cache_batch_idx", NotImplementedError, lambda: call(cache_batch_idx=lens), "cache_batch_idx"),
         ("cache_leftpad", NotImplementedError, lambda: call(cache_leftpad=lens), "cache_leftpad"),
@@ -306,6 +357,7 @@ def main():
     for c in DECODE_CASES:
         check(decode_case_name(c), lambda c=c: run_decode_case(*c))
     check("decode: cache_seqlens as an int and None", decode_seqlens_forms)
+    check("decode: k, v appended in the call", decode_append)
     check("decode: bad inputs", decode_bad_inputs)
     check("decode: torch.library.opcheck", decode_opcheck)
     check("decode: torch.compile", decode_compiled)

@@ -25,17 +25,17 @@ use rand::seq::SliceRandom;
 
 /// A decode step: the problem, each sequence's context, the splits (`None`: the heuristic).
 #[derive(Clone, Debug)]
-struct DecodeCase {
-    p: AttentionDecodeProblem,
-    lens: Vec<i32>,
+pub(super) struct DecodeCase {
+    pub(super) p: AttentionDecodeProblem,
+    pub(super) lens: Vec<i32>,
     splits: Option<usize>,
-    seed: u64,
+    pub(super) seed: u64,
     /// The sink logits of a problem with sinks.
     sinks: Option<Vec<f32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
-fn dcase(
+pub(super) fn dcase(
     lens: &[i32],
     seq_q: usize,
     hq: usize,
@@ -86,7 +86,7 @@ fn capsink(mut c: DecodeCase, softcap: Option<f32>, sinks: Option<(f32, f32)>) -
     c
 }
 
-fn name(c: &DecodeCase) -> String {
+pub(super) fn name(c: &DecodeCase) -> String {
     let p = &c.p;
     let lens: Vec<String> = c.lens.iter().map(|l| l.to_string()).collect();
     let mut s = format!(
@@ -119,7 +119,7 @@ fn name(c: &DecodeCase) -> String {
 /// Q, the caches (uniform in `[-1, 1)`) and the block table: the pages of all sequences a
 /// random permutation of the cache's, sequence 1's first page sequence 0's first (shared),
 /// entries past a context -1 (never read).
-fn inputs<T: AttentionElem>(c: &DecodeCase) -> (Vec<T>, Vec<T>, Vec<T>, Vec<i32>) {
+pub(super) fn inputs<T: AttentionElem>(c: &DecodeCase) -> (Vec<T>, Vec<T>, Vec<T>, Vec<i32>) {
     let p = &c.p;
     let mut r = rng(c.seed);
     let mut draw = |n: usize| -> Vec<T> {
@@ -147,7 +147,7 @@ fn inputs<T: AttentionElem>(c: &DecodeCase) -> (Vec<T>, Vec<T>, Vec<T>, Vec<i32>
 
 /// Compare O `[batch, seq_q, heads_q, D]` and LSE `[batch, heads_q, seq_q]` with the
 /// reference.
-fn compare<T: AttentionElem>(
+pub(super) fn compare<T: AttentionElem>(
     what: &str,
     c: &DecodeCase,
     (q, k, v, table): (&[T], &[T], &[T], &[i32]),

@@ -28,6 +28,7 @@ impl Exec for Emulator {
             .chain(kernel_emulator::attention::backward::VARLEN_EMU_KERNELS)
             .chain(kernel_emulator::attention::backward::NEGATIVE_EMU_KERNELS)
             .chain(kernel_emulator::attention::decode::EMU_KERNELS)
+            .chain(kernel_emulator::attention::decode::APPEND_EMU_KERNELS)
             .chain(kernel_emulator::smoke_reduce::EMU_KERNELS)
             .find(|k| k.name == name)
             .ok_or_else(|| invalid("no such kernel in the emulator's table".into()))?;

@@ -193,6 +193,72 @@ pub struct AttentionDecodeCombineParams {
     pub logits: LogitOptions,
 }
 
+/// Parameters of `attention_kv_append`: new keys and values written into a paged KV cache
+/// (FlashInfer's `append_paged_kv_cache`, the `k`, `v` of FlashAttention's
+/// `flash_attn_with_kvcache`), any 16-bit element type.
+///
+/// - `k_new`, `v_new` `[batch, seq_new, heads_kv, head_dim]` (strides `k_new_strides`,
+///   `v_new_strides` for batch, token, head; head dimension contiguous): token `t` of sequence
+///   `b` goes to position `L_b + t`, `L_b = cache_seqlens[b]` (not updated: the caller's next
+///   step passes `L_b + seq_new`).
+/// - Position `j` of sequence `b` is slot `j % page_size` of page
+///   `block_table[b * max_pages + j / page_size]` of the caches (strides `k_strides`,
+///   `v_strides` for page, slot, head), as for [`AttentionDecodeParams`].
+/// - One thread copies [`APPEND_CHUNK`] elements (16 bytes) of one row of K and of V: rows,
+///   row starts and strides are multiples of 8 elements (16-byte aligned).
+///
+/// The kernel clamps every `cache_seqlens` entry into `0 ..= max_pages * page_size` and skips
+/// a position past that or a page number outside `0 .. num_pages`, so no table contents make
+/// it write outside the caches (the host checks tables it holds).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KvAppendParams {
+    /// New keys `[batch, seq_new, heads_kv, head_dim]` (16-bit elements).
+    pub k_new: *const u16,
+    /// New values, as the new keys.
+    pub v_new: *const u16,
+    /// The key cache `[num_pages, page_size, heads_kv, head_dim]` (written).
+    pub k_cache: *mut u16,
+    /// The value cache, as the key cache (written).
+    pub v_cache: *mut u16,
+    /// The block table `[batch, max_pages]` i32, contiguous.
+    pub block_table: *const i32,
+    /// `[batch]` i32: the context length of each sequence before the new tokens.
+    pub cache_seqlens: *const i32,
+    /// Element strides of the new keys for batch, token, head.
+    pub k_new_strides: [u64; 3],
+    /// Element strides of the new values for batch, token, head.
+    pub v_new_strides: [u64; 3],
+    /// Element strides of the key cache for page, slot, head.
+    pub k_strides: [u64; 3],
+    /// Element strides of the value cache for page, slot, head.
+    pub v_strides: [u64; 3],
+    /// Sequences.
+    pub batch: u32,
+    /// New tokens per sequence.
+    pub seq_new: u32,
+    /// Key/value heads.
+    pub heads_kv: u32,
+    /// Elements of a row (a multiple of [`APPEND_CHUNK`]).
+    pub head_dim: u32,
+    /// Tokens per page.
+    pub page_size: u32,
+    /// Pages in the caches.
+    pub num_pages: u32,
+    /// Columns of the block table.
+    pub max_pages: u32,
+}
+
+/// Elements one thread of `attention_kv_append` copies (16 bytes of 16-bit elements).
+pub const APPEND_CHUNK: u32 = 8;
+/// Threads of an `attention_kv_append` block.
+pub const APPEND_THREADS: u32 = 128;
+
+/// `attention_kv_append`: launch `ceil(batch seq_new heads_kv head_dim / (APPEND_CHUNK
+/// APPEND_THREADS))` blocks of [`APPEND_THREADS`].
+pub const KV_APPEND_KERNEL: Kernel<KvAppendParams> =
+    Kernel::new("attention_kv_append", APPEND_THREADS, 1, no_smem);
+
 /// A decode kernel and its combine kernel for one element type and head dimension.
 pub struct DecodeKernel {
     /// The split-KV decode kernel; launch it with shape [`DecodeKernel::cfg`].
@@ -362,10 +428,10 @@ pub const DECODE_KERNELS: [DecodeKernel; 20] = [
     ),
 ];
 
-/// Handles in [`DECODE_KERNELS`] (two per entry).
-pub const DECODE_KERNEL_COUNT: usize = 2 * DECODE_KERNELS.len();
+/// Handles in [`DECODE_KERNELS`] (two per entry) and [`KV_APPEND_KERNEL`].
+pub const DECODE_KERNEL_COUNT: usize = 2 * DECODE_KERNELS.len() + 1;
 
-/// The handles of [`DECODE_KERNELS`], for the family's table.
+/// The handles of [`DECODE_KERNELS`] and [`KV_APPEND_KERNEL`], for the family's table.
 pub const fn decode_kernel_decls() -> [KernelDecl; DECODE_KERNEL_COUNT] {
     let mut out = [DECODE_KERNELS[0].kernel.info(); DECODE_KERNEL_COUNT];
     let mut i = 0;
@@ -374,6 +440,7 @@ pub const fn decode_kernel_decls() -> [KernelDecl; DECODE_KERNEL_COUNT] {
         out[2 * i + 1] = DECODE_KERNELS[i].combine.info();
         i += 1;
     }
+    out[2 * i] = KV_APPEND_KERNEL.info();
     out
 }
 

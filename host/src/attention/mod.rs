@@ -31,7 +31,9 @@
 //! Decoding over a paged KV cache (FlashAttention's `flash_attn_with_kvcache` with a block
 //! table; split-KV): [`AttentionDecodeProblem`], [`DecodeTables`], [`decode()`] (the module
 //! `decode` documents the layouts); on a framework's tensors [`decode_raw`] (its splits and
-//! workspace: [`decode_workspace_len`]).
+//! workspace: [`decode_workspace_len`]). New keys and values are written into the cache first
+//! by [`append_kv`] ([`KvAppendProblem`]; [`append_kv_raw`]), as `flash_attn_with_kvcache`'s
+//! `k`, `v` do.
 //!
 //! [`reference`] is the f64 specification; [`naive_same_precision`] computes the same function
 //! the way a straightforward implementation in the input precision would (for the tolerance
@@ -39,6 +41,7 @@
 //! dK and dV, computed on the GPU by [`backward()`] ([`backward`] module: the plan and its
 //! launches).
 
+mod append;
 pub mod backward;
 pub mod decode;
 mod plan;
@@ -48,6 +51,7 @@ pub mod reference;
 mod run;
 mod varlen;
 
+pub use append::{KvAppendPlan, KvAppendProblem, KvAppendTensors, append_kv, reference_append};
 pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
     AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
@@ -67,10 +71,10 @@ pub use problem::{
 pub use raw::{
     AttentionDecodeOptions, AttentionOptions, RawAttentionBackwardTensors,
     RawAttentionDecodeTensors, RawAttentionTensors, RawAttentionVarlenBackwardTensors,
-    RawAttentionVarlenTensors, RawBackwardWorkspace, backward_raw, backward_varlen_raw,
-    backward_varlen_workspace_lens, backward_workspace_lens, decode_raw, decode_workspace_len,
-    forward_raw, forward_varlen_raw, plan_backward_raw, plan_backward_varlen_raw, plan_decode_raw,
-    plan_raw, plan_varlen_raw,
+    RawAttentionVarlenTensors, RawBackwardWorkspace, RawKvAppendTensors, append_kv_raw,
+    backward_raw, backward_varlen_raw, backward_varlen_workspace_lens, backward_workspace_lens,
+    decode_raw, decode_workspace_len, forward_raw, forward_varlen_raw, plan_append_raw,
+    plan_backward_raw, plan_backward_varlen_raw, plan_decode_raw, plan_raw, plan_varlen_raw,
 };
 pub use reference::{
     naive_backward_same_precision, naive_backward_same_precision_sinks,

@@ -20,8 +20,8 @@ use half::{bf16, f16};
 
 mod decode;
 pub use decode::{
-    AttentionDecodeOptions, RawAttentionDecodeTensors, decode_raw, decode_workspace_len,
-    plan_decode_raw,
+    AttentionDecodeOptions, RawAttentionDecodeTensors, RawKvAppendTensors, append_kv_raw,
+    decode_raw, decode_workspace_len, plan_append_raw, plan_decode_raw,
 };
 
 /// The options of a forward pass (the sizes come from the tensors).

@@ -2,6 +2,8 @@
 //! split over blocks (flash-decoding), on `mma.sync` tensor cores (any GPU of compute
 //! capability >= 8.0); `attention_decode_combine_{bf16,f16}_d{D}` merges the splits
 //! ([`combine`]). [`AttentionDecodeParams`] documents the layout, the masking and the outputs.
+//! `attention_kv_append` ([`append`]) writes new keys and values into the pages first, when a
+//! step brings them.
 //!
 //! # Work split
 //! Grid `(num_splits, heads_kv * row_blocks, batch)`. A block takes one key/value head of one
@@ -47,11 +49,13 @@
 //! - this file: the kernel body (prologue, main loop, masks) and the entry points;
 //! - [`pages`]: the Q rows and the paged K/V tile loads, the block-table reads;
 //! - [`epilogue`]: the warps' states merged, O and LSE (or the split's partials) written;
-//! - [`combine`]: the splits merged.
+//! - [`combine`]: the splits merged;
+//! - [`append`]: new keys and values written into the cache.
 //!
 //! The tensor-core steps (S = Q K^T, O += P V) are the forward's
 //! ([`super::mma::mainloop`]), on one m16 tile and one 16-key slice per warp.
 
+mod append;
 mod combine;
 mod epilogue;
 mod pages;
@@ -66,6 +70,9 @@ use kernel_abi::attention::decode::{
     DECODE_THREADS, DecodeConfig, decode_config,
 };
 use pages::{Place, load_kv, load_q, tile_pages};
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub use append::APPEND_EMU_KERNELS;
 
 /// The decode step; see the module documentation. `DT = D / 8`, `DK = D / 16`, `WAIT = STAGES -
 /// 2`.

@@ -16,7 +16,7 @@
 //! super::AttentionVarlenProblem) and [`backward_varlen`], the same kernels' bodies on the
 //! packed layout (module `varlen`).
 
-mod plan;
+pub(in crate::attention) mod plan;
 mod run;
 mod varlen;
 

@@ -193,7 +193,7 @@ fn spans_meet(a: Span, b: Span) -> bool {
 /// smallest covers a row of D elements: e.g. Q, K, V or dQ, dK, dV as views into one packed
 /// `[b, s, 3, h, d]` tensor) are compared exactly, row by row; other pairs by the bytes they
 /// span (conservative).
-fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
+pub(in crate::attention) fn views_overlap<T>(a: &View<'_, T>, b: &View<'_, T>) -> bool {
     let (sa, sb) = (span(a), span(b));
     if !spans_meet(sa, sb) {
         return false;

@@ -1,7 +1,9 @@
 //! The decode step over a paged KV cache on tensors this library does not own: the options, the
 //! raw tensors, the splits and workspace ([`decode_workspace_len`]), the plan
-//! ([`plan_decode_raw`]) and the launch ([`decode_raw`]), checked as the rest of [`super`].
+//! ([`plan_decode_raw`]) and the launch ([`decode_raw`]), checked as the rest of [`super`]; the
+//! append of new keys and values to the cache ([`plan_append_raw`], [`append_kv_raw`]).
 
+use super::super::append::{KvAppendPlan, KvAppendProblem, KvAppendTensors};
 use super::super::decode::{
     AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, MAX_SPLITS,
 };
@@ -261,5 +263,110 @@ pub unsafe fn decode_raw(
     // is never accessed: one split has no partial results), live and not accessed by others
     // until the launches complete (the caller's contract); the kernel clamps the tables'
     // contents into the caches and the block table.
+    unsafe { plan.run(stream) }
+}
+
+/// The tensors of a raw append of new keys and values to a paged KV cache (the layouts of
+/// [`KvAppendTensors`]).
+#[derive(Clone, Copy)]
+pub struct RawKvAppendTensors<'t> {
+    /// New keys `[batch, seq_new, heads_kv, D]`, bf16 or f16.
+    pub k_new: &'t RawTensor,
+    /// New values, as the new keys.
+    pub v_new: &'t RawTensor,
+    /// The key cache `[num_pages, page_size, heads_kv, D]`, the new keys' type (written).
+    pub k_cache: &'t RawTensor,
+    /// The value cache, as the key cache (written).
+    pub v_cache: &'t RawTensor,
+    /// The block table `[batch, max_pages]` i32, contiguous.
+    pub block_table: &'t RawTensor,
+    /// The context lengths before the new tokens `[batch]` i32, contiguous.
+    pub cache_seqlens: &'t RawTensor,
+}
+
+impl RawKvAppendTensors<'_> {
+    /// The inputs and the outputs (the caches), named.
+    fn inputs_outputs(&self) -> [Vec<(&'static str, &RawTensor)>; 2] {
+        [
+            vec![
+                ("new K", self.k_new),
+                ("new V", self.v_new),
+                ("block table", self.block_table),
+                ("cache_seqlens", self.cache_seqlens),
+            ],
+            vec![("K cache", self.k_cache), ("V cache", self.v_cache)],
+        ]
+    }
+}
+
+/// Plan an append of new keys and values to a paged KV cache on raw tensors (pure: no driver
+/// call, no memory read): the problem from the shapes of the new keys (`[batch, seq_new,
+/// heads_kv, D]`), the key cache and the block table; the tensors' element types, ranks and
+/// strides, every view inside its storage, the caches apart from the other tensors and each
+/// other, then the typed plan's checks ([`KvAppendProblem::plan`]). The tables' contents are
+/// device data: the kernel clamps them.
+pub fn plan_append_raw(
+    tensors: &RawKvAppendTensors<'_>,
+) -> Result<(KvAppendProblem, KvAppendPlan)> {
+    let dtype = dtype_of(tensors.k_new.dtype)?;
+    let [batch, seq_new, heads_kv, head_dim] = <[usize; 4]>::try_from(&tensors.k_new.shape[..])
+        .map_err(|_| Error::shape("new K rank", 4, tensors.k_new.shape.len()))?;
+    // The decode problem of one query token per key/value head: only its cache's sizes matter.
+    let decode = AttentionDecodeProblem::from_shapes(
+        &[batch, 1, heads_kv, head_dim],
+        &tensors.k_cache.shape,
+        &tensors.block_table.shape,
+        dtype,
+        &Default::default(),
+    )?;
+    let problem = KvAppendProblem::new(&decode, seq_new);
+    problem.validate()?;
+    let [inputs, outputs] = tensors.inputs_outputs();
+    check_disjoint(&inputs, &outputs)?;
+    let plan = match dtype {
+        Dtype::Bf16 => plan_append_typed::<bf16>(&problem, tensors),
+        Dtype::F16 => plan_append_typed::<f16>(&problem, tensors),
+    }?;
+    Ok((problem, plan))
+}
+
+fn plan_append_typed<T: AttentionElem + RawElem>(
+    problem: &KvAppendProblem,
+    t: &RawKvAppendTensors<'_>,
+) -> Result<KvAppendPlan> {
+    let d = &problem.decode;
+    problem.plan::<T>(&KvAppendTensors {
+        k_new: view("new K", t.k_new)?,
+        v_new: view("new V", t.v_new)?,
+        k_cache: view("K cache", t.k_cache)?,
+        v_cache: view("V cache", t.v_cache)?,
+        block_table: flat_view("block table", t.block_table, &[d.batch, d.max_pages])?,
+        cache_seqlens: flat_view("cache_seqlens", t.cache_seqlens, &[d.batch])?,
+    })
+}
+
+/// Append new keys and values to a paged KV cache on `stream` (asynchronous), the `k`, `v` of
+/// FlashAttention's `flash_attn_with_kvcache`: token `t` of sequence `b` written at position
+/// `cache_seqlens[b] + t` (the lengths are not changed; the decode step that follows passes
+/// `cache_seqlens + seq_new`). Checks as [`plan_append_raw`], and that every tensor's storage
+/// is device memory of the stream's device inside one allocation. The host reads neither table.
+///
+/// # Safety
+/// Each tensor's storage is memory the caller owns, live until the launch has completed on
+/// `stream`; nothing else accesses the caches or writes the other tensors until then. The
+/// tables should give every sequence room for the new tokens in pages of the cache: other
+/// contents cannot make the kernel write outside the caches (it clamps them and skips what
+/// does not fit), but leave those tokens unwritten.
+pub unsafe fn append_kv_raw(stream: &RawStream, tensors: &RawKvAppendTensors<'_>) -> Result<()> {
+    let gpu = stream.gpu();
+    let (_, plan) = plan_append_raw(tensors)?;
+    let [inputs, outputs] = tensors.inputs_outputs();
+    for (what, t) in inputs.iter().chain(&outputs) {
+        t.check_memory(what, gpu)?;
+    }
+    // SAFETY: the plan checked every view against its storage, the tables' lengths, the caches
+    // apart from the other tensors and each other; the storage is device memory of the stream's
+    // device inside one allocation (checked above), live and not accessed by others until the
+    // launch completes (the caller's contract); the kernel clamps the tables' contents.
     unsafe { plan.run(stream) }
 }
