@@ -198,7 +198,9 @@ fn gpu<T: AttentionElem>(g: &Gpu, a: &AppendCase) -> TestResult {
     let p = problem(a);
     let dp = &a.c.p;
     let new_lens: Vec<i32> = a.c.lens.iter().map(|&l| l + a.seq_new as i32).collect();
-    let out = (|| -> kernels::Result<(Vec<T>, Vec<T>, Vec<T>, Vec<f32>)> {
+    // The caches after the append, then O and LSE of the decode step.
+    type Outputs<T> = (Vec<T>, Vec<T>, Vec<T>, Vec<f32>);
+    let out = (|| -> kernels::Result<Outputs<T>> {
         let stream = g.stream()?;
         let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
         let (dkn, dvn) = (upload(&kn)?, upload(&vn)?);

@@ -100,8 +100,12 @@ impl KvAppendProblem {
         for (b, &len) in cache_seqlens.iter().enumerate() {
             let (start, end) = (len as usize, len as usize + self.seq_new);
             let row = &block_table[b * d.max_pages..][..d.max_pages];
-            for t in start / d.page_size..end.div_ceil(d.page_size) {
-                let page = row[t];
+            let first = start / d.page_size;
+            for (t, &page) in row[..end.div_ceil(d.page_size)]
+                .iter()
+                .enumerate()
+                .skip(first)
+            {
                 if page < 0 || page as usize >= d.num_pages {
                     return Err(Error::invalid(
                         "block table",

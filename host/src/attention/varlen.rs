@@ -710,7 +710,10 @@ impl AttentionVarlenPlan {
             AttentionVarlenPlan::MmaSync {
                 launch: Some(launch),
                 ..
-            } => unsafe { exec.launch(launch) },
+            } => {
+                // SAFETY: as stated above.
+                unsafe { exec.launch(launch) }
+            }
             // SAFETY: as above, the tensor maps describing the checked packed views (TMA reads
             // past a map's rows are filled with zeros, never performed), the grid one block per
             // tile of the `num_tiles` the kernel walks.

@@ -202,7 +202,12 @@ macro_rules! consume_tiles {
         let (mut kv, mut q_iter) = (0u32, 0u32);
         let mut tile_idx = $crate::arch::index::block_idx_x();
         while tile_idx < $p.num_tiles {
-            // SAFETY: the kernel's parameters, as documented on `HopperParams`.
+            let tile = {
+                // SAFETY: the kernel's parameters, as documented on `HopperParams`.
+                unsafe {
+                    $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx, $seq)
+                }
+            };
             let $crate::attention::hopper::scheduler::Tile {
                 m0,
                 head,
@@ -212,10 +217,9 @@ macro_rules! consume_tiles {
                 steps,
                 seq_q,
                 seq_k,
+                q0,
                 ..
-            } = unsafe {
-                $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx, $seq)
-            };
+            } = tile;
             tile_idx += $crate::arch::index::grid_dim_x();
             // The dense kernels read the lengths from the parameters where they use them.
             let (seq_q, seq_k) = if VARLEN { (seq_q, seq_k) } else { ($p.seq_q, $p.seq_k) };
@@ -380,16 +384,7 @@ macro_rules! consume_tiles {
                 );
             }
 
-            // Epilogue: finish the row sums across the quad, normalize, store O and LSE. The
-            // packed sequence's first row is read again here rather than kept in a register
-            // through the main loop (kept, it made the D 128 kernels spill).
-            let q0 = if VARLEN {
-                // SAFETY: `seq < batch` (`HopperParams`' contract): entry `seq` exists.
-                let start = unsafe { *$p.cu_seqlens_q.add($seq as usize) };
-                (start.max(0) as u32).min($p.total_q)
-            } else {
-                0
-            };
+            // Epilogue: finish the row sums across the quad, normalize, store O and LSE.
             $crate::attention::hopper::epilogue::store_tile!(
                 E, OR, $p, o, row_max, row_sum, m0, q0, head, batch, rows_valid, warp_row, g, t
             );

@@ -7,11 +7,11 @@
 //! already swapped two independent instructions of the PTX).
 
 /// Store the thread's two rows of O, normalized by the finished row sums, and their LSE, for
-/// the tile at query row `$m0` of (`$batch`, `$head`) (of the sequence from packed row `$q0`
-/// with `VARLEN`, 0 otherwise): rows `$warp_row + $g` and
-/// `$warp_row + $g + 8` of the tile, at or past `$rows_valid` not stored; `$t = lane % 4`
-/// picks the column pair of each n8 tile of the accumulators `$o` (`[f32; $or]`); `$row_max`
-/// and `$row_sum` are the thread's partial softmax statistics of the two rows. The whole warp
+/// the tile at query row `$m0` of (`$batch`, `$head`) (with `VARLEN`, of the sequence from
+/// packed row `$q0`): rows `$warp_row + $g` and `$warp_row + $g + 8` of the tile, at or past
+/// `$rows_valid` not stored; `$t = lane % 4` picks the column pair of each n8 tile of the
+/// accumulators `$o` (`[f32; $or]`); `$row_max` and `$row_sum` are the thread's partial softmax
+/// statistics of the two rows. The whole warp
 /// expands it in uniform control flow (the row sums are finished by shuffles); `$p` is the
 /// kernel's `&HopperParams` and `$e` the element type. The kernel's `CAPSINK` adds the sink of
 /// `$head` to every row's softmax (`super::super::logits::finish_row`).

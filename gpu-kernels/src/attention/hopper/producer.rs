@@ -29,9 +29,10 @@ macro_rules! load_tiles {
         let (mut kv, mut q_iter) = (0u32, 0u32);
         let mut t = $crate::arch::index::block_idx_x();
         while t < $p.num_tiles {
-            // SAFETY: the kernel's parameters, as documented on `HopperParams`.
-            let tl =
-                unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t, $seq) };
+            let tl = {
+                // SAFETY: the kernel's parameters, as documented on `HopperParams`.
+                unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t, $seq) }
+            };
             t += $crate::arch::index::grid_dim_x();
             if tl.steps == 0 {
                 continue;
