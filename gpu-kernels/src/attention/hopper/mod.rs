@@ -246,9 +246,6 @@ macro_rules! hopper_kernel {
     ($name:ident, $elem:ty, $cfg:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
         hopper_kernel!($name, $elem, $cfg, false, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence);
     };
-    ($name:ident, $elem:ty, $cfg:expr, $capsink:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
-        hopper_kernel!($name, $elem, $cfg, $capsink, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence);
-    };
     ($name:ident, $elem:ty, $cfg:expr, $capsink:expr, $varlen:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
         /// See the module documentation (the configuration
         #[doc = stringify!($cfg)]
@@ -300,106 +297,162 @@ macro_rules! hopper_kernel {
     };
 }
 
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d64,
-    Bf16,
-    hopper_config_of(64),
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d128,
-    Bf16,
-    hopper_config_of(128),
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n128k16_bf16_rs,
-    fence_operands_64
-);
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d256,
-    Bf16,
-    hopper_config_of(256),
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n256k16_bf16_rs,
-    fence_operands_128
-);
-hopper_kernel!(
-    attention_fwd_hopper_f16_d64,
-    F16,
-    hopper_config_of(64),
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n64k16_f16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    attention_fwd_hopper_f16_d128,
-    F16,
-    hopper_config_of(128),
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n128k16_f16_rs,
-    fence_operands_64
-);
-hopper_kernel!(
-    attention_fwd_hopper_f16_d256,
-    F16,
-    hopper_config_of(256),
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n256k16_f16_rs,
-    fence_operands_128
-);
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d96,
-    Bf16,
-    hopper_config_of(96),
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n96k16_bf16_rs,
-    fence_operands_48
-);
-hopper_kernel!(
-    attention_fwd_hopper_f16_d96,
-    F16,
-    hopper_config_of(96),
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n96k16_f16_rs,
-    fence_operands_48
-);
-hopper_kernel!(
-    attention_fwd_hopper_bf16_d192,
-    Bf16,
-    hopper_config_of(192),
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n192k16_bf16_rs,
-    fence_operands_96
-);
-hopper_kernel!(
-    attention_fwd_hopper_f16_d192,
-    F16,
-    hopper_config_of(192),
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n192k16_f16_rs,
-    fence_operands_96
-);
+/// An entry of the default configuration of head dimension `D` for element type `E`
+/// (`hopper_config_of(D)` and its `wgmma` shapes): `hopper_default!(name, E, D, capsink,
+/// varlen)`.
+macro_rules! hopper_default {
+    ($name:ident, Bf16, 64, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            Bf16,
+            hopper_config_of(64),
+            $capsink,
+            $varlen,
+            m64n128k16_bf16_ss_zero,
+            m64n128k16_bf16_ss,
+            fence_operands_64,
+            m64n64k16_bf16_rs,
+            fence_operands_32
+        );
+    };
+    ($name:ident, Bf16, 96, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            Bf16,
+            hopper_config_of(96),
+            $capsink,
+            $varlen,
+            m64n128k16_bf16_ss_zero,
+            m64n128k16_bf16_ss,
+            fence_operands_64,
+            m64n96k16_bf16_rs,
+            fence_operands_48
+        );
+    };
+    ($name:ident, Bf16, 128, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            Bf16,
+            hopper_config_of(128),
+            $capsink,
+            $varlen,
+            m64n128k16_bf16_ss_zero,
+            m64n128k16_bf16_ss,
+            fence_operands_64,
+            m64n128k16_bf16_rs,
+            fence_operands_64
+        );
+    };
+    ($name:ident, Bf16, 192, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            Bf16,
+            hopper_config_of(192),
+            $capsink,
+            $varlen,
+            m64n64k16_bf16_ss_zero,
+            m64n64k16_bf16_ss,
+            fence_operands_32,
+            m64n192k16_bf16_rs,
+            fence_operands_96
+        );
+    };
+    ($name:ident, Bf16, 256, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            Bf16,
+            hopper_config_of(256),
+            $capsink,
+            $varlen,
+            m64n64k16_bf16_ss_zero,
+            m64n64k16_bf16_ss,
+            fence_operands_32,
+            m64n256k16_bf16_rs,
+            fence_operands_128
+        );
+    };
+    ($name:ident, F16, 64, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            F16,
+            hopper_config_of(64),
+            $capsink,
+            $varlen,
+            m64n128k16_f16_ss_zero,
+            m64n128k16_f16_ss,
+            fence_operands_64,
+            m64n64k16_f16_rs,
+            fence_operands_32
+        );
+    };
+    ($name:ident, F16, 96, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            F16,
+            hopper_config_of(96),
+            $capsink,
+            $varlen,
+            m64n128k16_f16_ss_zero,
+            m64n128k16_f16_ss,
+            fence_operands_64,
+            m64n96k16_f16_rs,
+            fence_operands_48
+        );
+    };
+    ($name:ident, F16, 128, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            F16,
+            hopper_config_of(128),
+            $capsink,
+            $varlen,
+            m64n128k16_f16_ss_zero,
+            m64n128k16_f16_ss,
+            fence_operands_64,
+            m64n128k16_f16_rs,
+            fence_operands_64
+        );
+    };
+    ($name:ident, F16, 192, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            F16,
+            hopper_config_of(192),
+            $capsink,
+            $varlen,
+            m64n64k16_f16_ss_zero,
+            m64n64k16_f16_ss,
+            fence_operands_32,
+            m64n192k16_f16_rs,
+            fence_operands_96
+        );
+    };
+    ($name:ident, F16, 256, $capsink:expr, $varlen:expr) => {
+        hopper_kernel!(
+            $name,
+            F16,
+            hopper_config_of(256),
+            $capsink,
+            $varlen,
+            m64n64k16_f16_ss_zero,
+            m64n64k16_f16_ss,
+            fence_operands_32,
+            m64n256k16_f16_rs,
+            fence_operands_128
+        );
+    };
+}
+
+hopper_default!(attention_fwd_hopper_bf16_d64, Bf16, 64, false, false);
+hopper_default!(attention_fwd_hopper_bf16_d128, Bf16, 128, false, false);
+hopper_default!(attention_fwd_hopper_bf16_d256, Bf16, 256, false, false);
+hopper_default!(attention_fwd_hopper_f16_d64, F16, 64, false, false);
+hopper_default!(attention_fwd_hopper_f16_d128, F16, 128, false, false);
+hopper_default!(attention_fwd_hopper_f16_d256, F16, 256, false, false);
+hopper_default!(attention_fwd_hopper_bf16_d96, Bf16, 96, false, false);
+hopper_default!(attention_fwd_hopper_f16_d96, F16, 96, false, false);
+hopper_default!(attention_fwd_hopper_bf16_d192, Bf16, 192, false, false);
+hopper_default!(attention_fwd_hopper_f16_d192, F16, 192, false, false);
 
 // Tuning variants (`kernel_abi::attention::HOPPER_VARIANTS`, in order), bf16.
 hopper_kernel!(
@@ -504,355 +557,131 @@ hopper_kernel!(
 );
 
 // Softcap and sinks (`kernel_abi::attention::LogitOptions`).
-hopper_kernel!(
-    attention_fwd_hopper_capsink_bf16_d64,
-    Bf16,
-    hopper_config_of(64),
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
+hopper_default!(attention_fwd_hopper_capsink_bf16_d64, Bf16, 64, true, false);
+hopper_default!(
     attention_fwd_hopper_capsink_bf16_d128,
     Bf16,
-    hopper_config_of(128),
+    128,
     true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n128k16_bf16_rs,
-    fence_operands_64
+    false
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_capsink_bf16_d256,
     Bf16,
-    hopper_config_of(256),
+    256,
     true,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n256k16_bf16_rs,
-    fence_operands_128
+    false
 );
-hopper_kernel!(
-    attention_fwd_hopper_capsink_f16_d64,
-    F16,
-    hopper_config_of(64),
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n64k16_f16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    attention_fwd_hopper_capsink_f16_d128,
-    F16,
-    hopper_config_of(128),
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n128k16_f16_rs,
-    fence_operands_64
-);
-hopper_kernel!(
-    attention_fwd_hopper_capsink_f16_d256,
-    F16,
-    hopper_config_of(256),
-    true,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n256k16_f16_rs,
-    fence_operands_128
-);
-hopper_kernel!(
-    attention_fwd_hopper_capsink_bf16_d96,
-    Bf16,
-    hopper_config_of(96),
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n96k16_bf16_rs,
-    fence_operands_48
-);
-hopper_kernel!(
-    attention_fwd_hopper_capsink_f16_d96,
-    F16,
-    hopper_config_of(96),
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n96k16_f16_rs,
-    fence_operands_48
-);
-hopper_kernel!(
+hopper_default!(attention_fwd_hopper_capsink_f16_d64, F16, 64, true, false);
+hopper_default!(attention_fwd_hopper_capsink_f16_d128, F16, 128, true, false);
+hopper_default!(attention_fwd_hopper_capsink_f16_d256, F16, 256, true, false);
+hopper_default!(attention_fwd_hopper_capsink_bf16_d96, Bf16, 96, true, false);
+hopper_default!(attention_fwd_hopper_capsink_f16_d96, F16, 96, true, false);
+hopper_default!(
     attention_fwd_hopper_capsink_bf16_d192,
     Bf16,
-    hopper_config_of(192),
+    192,
     true,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n192k16_bf16_rs,
-    fence_operands_96
+    false
 );
-hopper_kernel!(
-    attention_fwd_hopper_capsink_f16_d192,
-    F16,
-    hopper_config_of(192),
-    true,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n192k16_f16_rs,
-    fence_operands_96
-);
+hopper_default!(attention_fwd_hopper_capsink_f16_d192, F16, 192, true, false);
 
 // Packed sequences (`HopperParams::cu_seqlens_q`), then with softcap and sinks.
-hopper_kernel!(
-    attention_fwd_hopper_varlen_bf16_d64,
-    Bf16,
-    hopper_config_of(64),
-    false,
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    attention_fwd_hopper_varlen_bf16_d96,
-    Bf16,
-    hopper_config_of(96),
-    false,
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n96k16_bf16_rs,
-    fence_operands_48
-);
-hopper_kernel!(
+hopper_default!(attention_fwd_hopper_varlen_bf16_d64, Bf16, 64, false, true);
+hopper_default!(attention_fwd_hopper_varlen_bf16_d96, Bf16, 96, false, true);
+hopper_default!(
     attention_fwd_hopper_varlen_bf16_d128,
     Bf16,
-    hopper_config_of(128),
+    128,
     false,
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n128k16_bf16_rs,
-    fence_operands_64
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_bf16_d192,
     Bf16,
-    hopper_config_of(192),
+    192,
     false,
-    true,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n192k16_bf16_rs,
-    fence_operands_96
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_bf16_d256,
     Bf16,
-    hopper_config_of(256),
+    256,
     false,
-    true,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n256k16_bf16_rs,
-    fence_operands_128
+    true
 );
-hopper_kernel!(
-    attention_fwd_hopper_varlen_f16_d64,
-    F16,
-    hopper_config_of(64),
-    false,
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n64k16_f16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    attention_fwd_hopper_varlen_f16_d96,
-    F16,
-    hopper_config_of(96),
-    false,
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n96k16_f16_rs,
-    fence_operands_48
-);
-hopper_kernel!(
-    attention_fwd_hopper_varlen_f16_d128,
-    F16,
-    hopper_config_of(128),
-    false,
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n128k16_f16_rs,
-    fence_operands_64
-);
-hopper_kernel!(
-    attention_fwd_hopper_varlen_f16_d192,
-    F16,
-    hopper_config_of(192),
-    false,
-    true,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n192k16_f16_rs,
-    fence_operands_96
-);
-hopper_kernel!(
-    attention_fwd_hopper_varlen_f16_d256,
-    F16,
-    hopper_config_of(256),
-    false,
-    true,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n256k16_f16_rs,
-    fence_operands_128
-);
-hopper_kernel!(
+hopper_default!(attention_fwd_hopper_varlen_f16_d64, F16, 64, false, true);
+hopper_default!(attention_fwd_hopper_varlen_f16_d96, F16, 96, false, true);
+hopper_default!(attention_fwd_hopper_varlen_f16_d128, F16, 128, false, true);
+hopper_default!(attention_fwd_hopper_varlen_f16_d192, F16, 192, false, true);
+hopper_default!(attention_fwd_hopper_varlen_f16_d256, F16, 256, false, true);
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_bf16_d64,
     Bf16,
-    hopper_config_of(64),
+    64,
     true,
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_bf16_d96,
     Bf16,
-    hopper_config_of(96),
+    96,
     true,
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n96k16_bf16_rs,
-    fence_operands_48
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_bf16_d128,
     Bf16,
-    hopper_config_of(128),
+    128,
     true,
-    true,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n128k16_bf16_rs,
-    fence_operands_64
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_bf16_d192,
     Bf16,
-    hopper_config_of(192),
+    192,
     true,
-    true,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n192k16_bf16_rs,
-    fence_operands_96
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_bf16_d256,
     Bf16,
-    hopper_config_of(256),
+    256,
     true,
-    true,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32,
-    m64n256k16_bf16_rs,
-    fence_operands_128
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_f16_d64,
     F16,
-    hopper_config_of(64),
+    64,
     true,
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n64k16_f16_rs,
-    fence_operands_32
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_f16_d96,
     F16,
-    hopper_config_of(96),
+    96,
     true,
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n96k16_f16_rs,
-    fence_operands_48
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_f16_d128,
     F16,
-    hopper_config_of(128),
+    128,
     true,
-    true,
-    m64n128k16_f16_ss_zero,
-    m64n128k16_f16_ss,
-    fence_operands_64,
-    m64n128k16_f16_rs,
-    fence_operands_64
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_f16_d192,
     F16,
-    hopper_config_of(192),
+    192,
     true,
-    true,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n192k16_f16_rs,
-    fence_operands_96
+    true
 );
-hopper_kernel!(
+hopper_default!(
     attention_fwd_hopper_varlen_capsink_f16_d256,
     F16,
-    hopper_config_of(256),
+    256,
     true,
-    true,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32,
-    m64n256k16_f16_rs,
-    fence_operands_128
+    true
 );
