@@ -301,15 +301,38 @@ impl AttentionProblem {
             tile_map(self.dtype, &tensors.k, kernel.cfg.block_n)?,
             tile_map(self.dtype, &tensors.v, kernel.cfg.block_n)?,
         ];
-        let (left, right) = self.effective_window();
-        let (scale_log2, logits) = self.logit_params(tensors.sinks.as_ref());
         let params = HopperParams {
+            num_tiles: u32::try_from(tiles).expect("checked above"),
+            ..self.hopper_params(&tensors.o, &tensors.lse, tensors.sinks.as_ref())
+        };
+        Ok(AttentionPlan::Hopper {
+            kernel,
+            grid: hopper_grid(self, &kernel.cfg, target.multiprocessors),
+            maps,
+            params,
+        })
+    }
+}
+
+impl AttentionProblem {
+    /// The Hopper kernels' parameters of this problem with O in `o`, LSE in `lse` and the sinks
+    /// `sinks`: the tensor maps zero (encoded when the plan runs), `num_tiles` 0 (the caller's),
+    /// no packed sequences.
+    pub(in crate::attention) fn hopper_params<T>(
+        &self,
+        o: &View<'_, T>,
+        lse: &DevView<'_, f32>,
+        sinks: Option<&DevView<'_, f32>>,
+    ) -> HopperParams {
+        let (left, right) = self.effective_window();
+        let (scale_log2, logits) = self.logit_params(sinks);
+        HopperParams {
             tmap_q: TensorMap::ZEROED,
             tmap_k: TensorMap::ZEROED,
             tmap_v: TensorMap::ZEROED,
-            o: tensors.o.ptr() as *mut u16,
-            lse: tensors.lse.addr() as *mut f32,
-            o_strides: tensors.o.strides3(),
+            o: o.ptr() as *mut u16,
+            lse: lse.addr() as *mut f32,
+            o_strides: o.strides3(),
             seq_q: self.seq_q as u32,
             seq_k: self.seq_k as u32,
             heads_q: self.heads_q as u32,
@@ -320,19 +343,13 @@ impl AttentionProblem {
             num_m_blocks: (self.seq_q as u32).div_ceil(HOPPER_BLOCK_M),
             reverse_m: u32::from(self.causal),
             batch: self.batch as u32,
-            num_tiles: u32::try_from(tiles).expect("checked above"),
+            num_tiles: 0,
             logits,
             cu_seqlens_q: std::ptr::null(),
             cu_seqlens_k: std::ptr::null(),
             total_q: 0,
             total_k: 0,
-        };
-        Ok(AttentionPlan::Hopper {
-            kernel,
-            grid: hopper_grid(self, &kernel.cfg, target.multiprocessors),
-            maps,
-            params,
-        })
+        }
     }
 }
 

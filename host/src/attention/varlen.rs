@@ -30,7 +30,6 @@ use crate::memory::upload;
 use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 use kernel_abi::KernelDecl;
-use kernel_abi::TensorMap;
 use kernel_abi::attention::{
     AttentionParams, AttentionVarlenParams, HOPPER_BLOCK_M, HopperKernel, HopperParams,
     MmaVarlenKernel, UNBOUNDED, hopper_varlen_kernel, hopper_varlen_slots, mma_varlen_kernel,
@@ -539,32 +538,20 @@ impl AttentionVarlenProblem {
             packed_tile_map(self.dtype, &tensors.k, kernel.cfg.block_n)?,
             packed_tile_map(self.dtype, &tensors.v, kernel.cfg.block_n)?,
         ];
-        let (left, right) = dense.effective_window();
-        let (scale_log2, logits) = dense.logit_params(tensors.sinks.as_ref());
         let tiles = u32::try_from(tiles).expect("checked above");
+        // The longest sequence's problem with `batch` sequences: the sizes the kernels read.
         let params = HopperParams {
-            tmap_q: TensorMap::ZEROED,
-            tmap_k: TensorMap::ZEROED,
-            tmap_v: TensorMap::ZEROED,
-            o: tensors.o.ptr() as *mut u16,
-            lse: tensors.lse.addr() as *mut f32,
-            o_strides: tensors.o.strides3(),
-            seq_q: self.max_seqlen_q as u32,
-            seq_k: self.max_seqlen_k as u32,
-            heads_q: self.heads_q as u32,
-            heads_kv: self.heads_kv as u32,
-            scale_log2,
-            window_left: left.map_or(UNBOUNDED, |l| l as i32),
-            window_right: right.map_or(UNBOUNDED, |r| r as i32),
             num_m_blocks,
-            reverse_m: u32::from(self.causal),
-            batch: self.batch as u32,
             num_tiles: tiles,
-            logits,
             cu_seqlens_q: tensors.cu_seqlens_q.addr() as *const i32,
             cu_seqlens_k: tensors.cu_seqlens_k.addr() as *const i32,
             total_q: self.total_q as u32,
             total_k: self.total_k as u32,
+            ..AttentionProblem {
+                batch: self.batch,
+                ..dense.clone()
+            }
+            .hopper_params(&tensors.o, &tensors.lse, tensors.sinks.as_ref())
         };
         // One block per tile (the lengths differ, so the hardware's block scheduler balances
         // the work: a persistent grid of one block per multiprocessor, walking the tiles in a
