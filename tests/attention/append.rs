@@ -10,7 +10,7 @@
 //! Names: `attention_append/emulated/*` (the kernel's own code in the CPU emulator),
 //! `attention_append/gpu/*` (a GPU), `attention_append/rejects_*` (typed errors).
 
-use super::decode::{DecodeCase, compare, dcase, inputs, name};
+use super::decode::{DecodeCase, bad_pages, compare, dcase, inputs, name};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::attention::{
@@ -111,6 +111,35 @@ fn bitwise<T: AttentionElem>(what: &str, got: &[T], want: &[T]) -> TestResult {
     })
 }
 
+/// The append of `p` in the emulator on the caches `(k, v)` with the new tokens `(kn, vn)` and
+/// the tables `(table, lens)` as the kernel reads them: the caches afterwards, and whether
+/// their guards stayed intact (no write outside them).
+#[allow(clippy::type_complexity)]
+fn emulate<T: AttentionElem>(
+    p: &KvAppendProblem,
+    (k, v): (&[T], &[T]),
+    (kn, vn): (&[T], &[T]),
+    (table, lens): (&[i32], &[i32]),
+) -> kernels::Result<(Vec<T>, Vec<T>, bool)> {
+    let (mut dk, mut dv) = (HostBuf::from_slice(k), HostBuf::from_slice(v));
+    let (mut dkn, mut dvn) = (HostBuf::from_slice(kn), HostBuf::from_slice(vn));
+    let (mut dt, mut dl) = (HostBuf::from_slice(table), HostBuf::from_slice(lens));
+    let cache = p.decode.cache_shape();
+    let plan = p.plan(&KvAppendTensors {
+        k_new: View::contiguous(dkn.view(), p.new_shape()),
+        v_new: View::contiguous(dvn.view(), p.new_shape()),
+        k_cache: View::contiguous(dk.view(), cache),
+        v_cache: View::contiguous(dv.view(), cache),
+        block_table: dt.view(),
+        cache_seqlens: dl.view(),
+    })?;
+    // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
+    // (synchronous) emulated launch; the caches overlap nothing.
+    unsafe { plan.run(&Emulator) }?;
+    let intact = dk.guards_intact() && dv.guards_intact();
+    Ok((dk.to_vec(), dv.to_vec(), intact))
+}
+
 fn emulated<T: AttentionElem>(a: &AppendCase) -> TestResult {
     let ((_, k, v, table), (kn, vn)) = append_inputs::<T>(a);
     let p = problem(a);
@@ -118,28 +147,11 @@ fn emulated<T: AttentionElem>(a: &AppendCase) -> TestResult {
     p.check_tables(&table, &a.c.lens)
         .map_err(|e| format!("{what}: {e}"))?;
     let (want_k, want_v) = expected(a, (&k, &v, &table), (&kn, &vn));
-    let (mut dk, mut dv) = (HostBuf::from_slice(&k), HostBuf::from_slice(&v));
-    let (mut dkn, mut dvn) = (HostBuf::from_slice(&kn), HostBuf::from_slice(&vn));
-    let (mut dt, mut dl) = (HostBuf::from_slice(&table), HostBuf::from_slice(&a.c.lens));
-    let cache = a.c.p.cache_shape();
-    let plan = p
-        .plan(&KvAppendTensors {
-            k_new: View::contiguous(dkn.view(), p.new_shape()),
-            v_new: View::contiguous(dvn.view(), p.new_shape()),
-            k_cache: View::contiguous(dk.view(), cache),
-            v_cache: View::contiguous(dv.view(), cache),
-            block_table: dt.view(),
-            cache_seqlens: dl.view(),
-        })
+    let (gk, gv, intact) = emulate(&p, (&k, &v), (&kn, &vn), (&table, &a.c.lens))
         .map_err(|e| format!("{what}: {e}"))?;
-    // SAFETY: the views cover the host buffers (checked by the plan), which outlive the
-    // (synchronous) emulated launch; the caches overlap nothing.
-    unsafe { plan.run(&Emulator) }.map_err(|e| format!("{what}: {e}"))?;
-    ensure(dk.guards_intact() && dv.guards_intact(), || {
-        format!("{what}: a write outside a cache")
-    })?;
-    bitwise(&format!("{what}: K cache"), &dk.to_vec(), &want_k)?;
-    bitwise(&format!("{what}: V cache"), &dv.to_vec(), &want_v)?;
+    ensure(intact, || format!("{what}: a write outside a cache"))?;
+    bitwise(&format!("{what}: K cache"), &gk, &want_k)?;
+    bitwise(&format!("{what}: V cache"), &gv, &want_v)?;
     println!("{what}: caches bitwise equal to the host's append");
     Ok(())
 }
@@ -152,15 +164,7 @@ fn emulated_clamps_bad_tables() -> TestResult {
     let ((_, k, v, good), (kn, vn)) = append_inputs::<bf16>(&a);
     let p = problem(&a);
     let most = (a.c.p.max_pages * a.c.p.page_size) as i32;
-    let bad_pages: Vec<i32> = good
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| match i % 3 {
-            0 => -5,
-            1 => i32::MAX,
-            _ => x,
-        })
-        .collect();
+    let bad_pages = bad_pages(&good);
     let cases = [
         (bad_pages.clone(), [40, 61]),
         (good.clone(), [-7, i32::MIN]),
@@ -168,21 +172,8 @@ fn emulated_clamps_bad_tables() -> TestResult {
         (bad_pages, [i32::MAX, most]),
     ];
     for (table, lens) in &cases {
-        let (mut dk, mut dv) = (HostBuf::from_slice(&k), HostBuf::from_slice(&v));
-        let (mut dkn, mut dvn) = (HostBuf::from_slice(&kn), HostBuf::from_slice(&vn));
-        let (mut dt, mut dl) = (HostBuf::from_slice(table), HostBuf::from_slice(lens));
-        let cache = a.c.p.cache_shape();
-        let plan = p.plan(&KvAppendTensors {
-            k_new: View::contiguous(dkn.view(), p.new_shape()),
-            v_new: View::contiguous(dvn.view(), p.new_shape()),
-            k_cache: View::contiguous(dk.view(), cache),
-            v_cache: View::contiguous(dv.view(), cache),
-            block_table: dt.view(),
-            cache_seqlens: dl.view(),
-        })?;
-        // SAFETY: as in `emulated`.
-        unsafe { plan.run(&Emulator) }?;
-        ensure(dk.guards_intact() && dv.guards_intact(), || {
+        let (_, _, intact) = emulate(&p, (&k, &v), (&kn, &vn), (table, lens))?;
+        ensure(intact, || {
             format!("contexts {lens:?}: a write outside a cache")
         })?;
     }

@@ -275,6 +275,19 @@ fn run_emulated<T: AttentionElem>(c: &DecodeCase) -> TestResult {
     compare(&what, c, (&q, &k, &v, &table), &o, &lse)
 }
 
+/// `table` with every third entry -5 and the next one `i32::MAX` (pages outside any cache).
+pub(super) fn bad_pages(table: &[i32]) -> Vec<i32> {
+    table
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| match i % 3 {
+            0 => -5,
+            1 => i32::MAX,
+            _ => x,
+        })
+        .collect()
+}
+
 /// A causal case (2 sequences, GQA 4:2, D 64, pages of 16) with its inputs and four pairs of
 /// (block table, contexts) whose contents the host cannot check when they are on the device:
 /// pages negative or past the cache, contexts negative or past `max_pages x page_size`.
@@ -286,15 +299,7 @@ fn adversarial_tables() -> (
 ) {
     let c = dcase(&[40, 61], 2, 4, 2, 64, 16, Dtype::Bf16, true, Some(2));
     let (q, k, v, good) = inputs::<bf16>(&c);
-    let bad_pages: Vec<i32> = good
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| match i % 3 {
-            0 => -5,
-            1 => i32::MAX,
-            _ => x,
-        })
-        .collect();
+    let bad_pages = bad_pages(&good);
     let most = (c.p.max_pages * c.p.page_size) as i32;
     let cases = [
         (bad_pages.clone(), [40, 61]),

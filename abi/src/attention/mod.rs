@@ -18,7 +18,7 @@ pub use kernels::{
 };
 pub use varlen::{
     AttentionVarlenParams, HOPPER_VARLEN_KERNELS, MMA_VARLEN_KERNELS, MmaVarlenKernel,
-    hopper_varlen_kernel, hopper_varlen_slots, mma_varlen_kernel,
+    hopper_varlen_first_slot, hopper_varlen_kernel, hopper_varlen_slots, mma_varlen_kernel,
 };
 
 /// Head dimensions with a kernel.

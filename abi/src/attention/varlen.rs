@@ -198,10 +198,17 @@ pub fn hopper_varlen_kernel(
         .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim && k.capsink == capsink)
 }
 
+/// The first query slot of packed sequence `b` starting at query row `start` in the Hopper
+/// kernels over packed sequences: `floor(start / block_m) + b`. Non-decreasing in `b` for
+/// non-decreasing starts, it leaves each sequence enough slots for its query blocks
+/// (`ceil(len / block_m)`) wherever it starts, and at most one more.
+pub const fn hopper_varlen_first_slot(start: u32, b: u32) -> u32 {
+    start / super::HOPPER_BLOCK_M + b
+}
+
 /// Query slots per head of the Hopper kernels over packed sequences
-/// ([`super::HopperParams::num_m_blocks`]): `floor(total_q / block_m) + batch`, enough for
-/// every sequence's query blocks (`ceil(len / block_m)` each) wherever it starts, with at most
-/// one empty slot per sequence.
+/// ([`super::HopperParams::num_m_blocks`]): the first slot past the last sequence,
+/// `floor(total_q / block_m) + batch` ([`hopper_varlen_first_slot`]).
 pub const fn hopper_varlen_slots(total_q: u32, batch: u32) -> u32 {
-    total_q / super::HOPPER_BLOCK_M + batch
+    hopper_varlen_first_slot(total_q, batch)
 }

@@ -11,7 +11,7 @@
 
 use crate::arch::{index, warp};
 use crate::attention::seq::clamp_range;
-use kernel_abi::attention::{HOPPER_BLOCK_M, HopperParams};
+use kernel_abi::attention::{HOPPER_BLOCK_M, HopperParams, hopper_varlen_first_slot};
 
 /// One tile of the persistent grid: 128 query rows of one (batch, head) and the key steps
 /// they may attend.
@@ -44,7 +44,7 @@ pub(super) struct Tile {
 unsafe fn first_slot(p: &HopperParams, b: u32) -> u32 {
     // SAFETY: forwarded to the caller.
     let start = unsafe { *p.cu_seqlens_q.add(b as usize) };
-    (start.max(0) as u32).min(p.total_q) / HOPPER_BLOCK_M + b
+    hopper_varlen_first_slot((start.max(0) as u32).min(p.total_q), b)
 }
 
 /// The packed sequence of tile `t` (the last `b < batch` with `first(b) <= t % num_m_blocks`;
@@ -112,7 +112,7 @@ pub(super) unsafe fn tile<const BN: u32, const VARLEN: bool>(
         };
         let (q0, q1) = clamp_range(q0, q1, p.total_q);
         let (k0, k1) = clamp_range(k0, k1, p.total_k);
-        let (seq_q, first) = (q1 - q0, q0 / HOPPER_BLOCK_M + seq);
+        let (seq_q, first) = (q1 - q0, hopper_varlen_first_slot(q0, seq));
         let blocks = seq_q.div_ceil(HOPPER_BLOCK_M);
         if m_idx < first || m_idx - first >= blocks {
             return Tile {
