@@ -1,5 +1,5 @@
-//! The GPU handle: context, device facts, the loaded module of the matching PTX target, and
-//! validated kernel launches.
+//! The GPU handle: context, device facts, the kernels of the matching PTX target (each loaded
+//! on its first launch), and validated kernel launches.
 
 use crate::error::{CudaContext, Error, Result};
 use crate::launch::Launch;
@@ -37,22 +37,27 @@ pub struct DeviceInfo {
     pub driver: String,
 }
 
-/// The device's state of one function: its handle and the dynamic shared memory limit set.
+/// The device's state of one function: its module, its handle and the dynamic shared memory
+/// limit set.
 struct FunctionEntry {
+    /// The kernel's own module ([`Arch::entry_module`]), owned so that `raw` stays valid.
+    _module: Module,
     raw: cu::CUfunction,
     smem_limit: usize,
 }
 
-/// A CUDA device with the kernels of one PTX target loaded.
+/// A CUDA device and the kernels of one PTX target.
+///
+/// A kernel is loaded (its own PTX module, JIT-compiled by the driver) on its first launch and
+/// kept until the `Gpu` drops, so a process compiles only the kernels it uses.
 ///
 /// Every method makes the context current on the calling thread first, so a `Gpu` can be shared
 /// between threads (the CUDA driver API is thread-safe).
 ///
-/// Fields drop in declaration order: the module (and the function table) before the context
+/// Fields drop in declaration order: the modules (in the function table) before the context
 /// they live in.
 pub struct Gpu {
     functions: Mutex<HashMap<String, FunctionEntry>>,
-    module: Module,
     info: DeviceInfo,
     arch: Arch,
     ordinal: u32,
@@ -60,7 +65,8 @@ pub struct Gpu {
 }
 
 // SAFETY: the raw CUfunction handles in `functions` are driver handles, valid from any thread
-// for the lifetime of `module`, which `Gpu` owns; all access to the map goes through the Mutex.
+// for the lifetime of their modules, which the map owns; all access to the map goes through the
+// Mutex.
 unsafe impl Send for Gpu {}
 // SAFETY: as above; the driver API may be called concurrently from several threads.
 unsafe impl Sync for Gpu {}
@@ -113,11 +119,8 @@ impl Gpu {
                 available: Arch::ALL.map(|a| a.name()).join(", "),
             })?,
         };
-        let module = Module::from_ptx(arch.ptx(), &[])
-            .ctx(&format!("loading the {arch} PTX module (JIT compilation)"))?;
         Ok(Gpu {
             functions: Mutex::new(HashMap::new()),
-            module,
             info,
             arch,
             ordinal,
@@ -284,14 +287,26 @@ impl Gpu {
     fn function(&self, name: &str, smem: usize) -> Result<cu::CUfunction> {
         let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
         if !map.contains_key(name) {
-            let f = self
-                .module
+            let ptx = self
+                .arch
+                .entry_module(name)
+                .ok_or_else(|| Error::InvalidLaunch {
+                    kernel: name.to_string(),
+                    reason: format!("not in the {} PTX", self.arch),
+                })?;
+            let module = Module::from_ptx(&ptx, &[]).ctx(&format!(
+                "loading kernel {name} of the {} PTX (JIT compilation)",
+                self.arch
+            ))?;
+            let raw = module
                 .get_function(name)
-                .ctx(&format!("looking up kernel {name}"))?;
+                .ctx(&format!("looking up kernel {name}"))?
+                .to_raw();
             map.insert(
                 name.to_string(),
                 FunctionEntry {
-                    raw: f.to_raw(),
+                    _module: module,
+                    raw,
                     smem_limit: 48 * 1024,
                 },
             );

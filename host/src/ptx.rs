@@ -1,7 +1,8 @@
-//! The PTX embedded at build time (by `build.rs`, through `ptx-builder`), and the choice of
-//! target for a device.
+//! The PTX embedded at build time (by `build.rs`, through `ptx-builder`), the choice of
+//! target for a device, and the module of one kernel ([`Arch::entry_module`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::OnceLock;
 
 pub use ptx_builder::KernelInfo;
@@ -70,10 +71,118 @@ impl Arch {
         };
         cell.get_or_init(|| ptx_builder::kernel_signatures(self.ptx()))
     }
+
+    /// A PTX module holding kernel `name` alone: the module's shared declarations (header,
+    /// external shared memory, device functions, globals) and the kernel's entry. The driver
+    /// JIT-compiles a module whole when it is loaded, so loading each kernel's own module on
+    /// its first launch compiles only the kernels a process uses (the whole `sm_90a` module
+    /// takes tens of seconds).
+    pub fn entry_module(self, name: &str) -> Option<String> {
+        static SM90A: OnceLock<PtxIndex> = OnceLock::new();
+        static SM80: OnceLock<PtxIndex> = OnceLock::new();
+        let cell = match self {
+            Arch::Sm90a => &SM90A,
+            Arch::Sm80 => &SM80,
+        };
+        let ptx = self.ptx();
+        let index = cell.get_or_init(|| PtxIndex::new(ptx));
+        let range = index.entries.get(name)?;
+        Some(format!("{}\n{}", index.shared, &ptx[range.clone()]))
+    }
+}
+
+/// A PTX module split into what every kernel needs and each entry's text.
+#[derive(Debug)]
+struct PtxIndex {
+    /// Everything outside the entries: the header and every top-level declaration that is not
+    /// a kernel (device functions, globals, external shared memory).
+    shared: String,
+    /// Each entry's text (from its `.entry` line to the next top-level directive).
+    entries: HashMap<String, Range<usize>>,
+}
+
+impl PtxIndex {
+    /// Split `ptx` at its top-level directives (lines starting at column 0 with one of the
+    /// PTX module directives that open a declaration); inline assembly inside a body never
+    /// starts a line with one of them.
+    fn new(ptx: &str) -> PtxIndex {
+        const OPENERS: [&str; 7] = [
+            ".visible", ".entry", ".func", ".global", ".const", ".extern", ".weak",
+        ];
+        let mut starts = Vec::new();
+        let mut pos = 0;
+        for line in ptx.split_inclusive('\n') {
+            if OPENERS.iter().any(|o| line.starts_with(o)) {
+                starts.push(pos);
+            }
+            pos += line.len();
+        }
+        let first = starts.first().copied().unwrap_or(ptx.len());
+        let mut shared = ptx[..first].to_string();
+        let mut entries = HashMap::new();
+        for (i, &start) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).copied().unwrap_or(ptx.len());
+            let chunk = &ptx[start..end];
+            let head = chunk.strip_prefix(".visible ").unwrap_or(chunk);
+            match head.strip_prefix(".entry ") {
+                Some(rest) => {
+                    let name = rest.split(['(', '\n']).next().unwrap_or("").trim();
+                    entries.insert(name.to_string(), start..end);
+                }
+                None => shared.push_str(chunk),
+            }
+        }
+        PtxIndex { shared, entries }
+    }
 }
 
 impl std::fmt::Display for Arch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PTX: &str = "//\n.version 8.0\n.target sm_90a\n.address_size 64\n\
+.extern .shared .align 1024 .b8 DYN_SMEM[];\n\
+\t// .globl\tf\n.visible .func f(\n\t.param .b64 f_param_0\n)\n{\n\ttrap;\n}\n\
+\t// .globl\tk1\n.visible .entry k1(\n\t.param .b64 k1_param_0\n)\n{\n\t{\n.reg .pred p;\n}\n\tret;\n}\n\
+.global .align 4 .u32 g;\n\
+.visible .entry k2(\n\t.param .b64 k2_param_0\n)\n{\n\tret;\n}\n";
+
+    #[test]
+    fn an_entry_module_holds_the_shared_declarations_and_one_entry() {
+        let index = PtxIndex::new(PTX);
+        assert_eq!(index.entries.len(), 2);
+        for name in ["k1", "k2"] {
+            let text = &PTX[index.entries[name].clone()];
+            assert!(text.contains(&format!(".entry {name}(")));
+            assert_eq!(text.matches(".entry").count(), 1);
+        }
+        for decl in [
+            ".version 8.0",
+            "DYN_SMEM",
+            ".visible .func f(",
+            ".global .align 4 .u32 g;",
+        ] {
+            assert!(index.shared.contains(decl), "{decl} missing");
+        }
+        assert!(!index.shared.contains(".entry"));
+    }
+
+    #[test]
+    fn every_embedded_kernel_has_a_module_of_its_own() {
+        for arch in Arch::ALL {
+            for name in arch.kernels().keys() {
+                let module = arch.entry_module(name).expect("indexed");
+                assert_eq!(module.matches(".entry ").count(), 1, "{arch} {name}");
+                assert!(module.contains(&format!(".entry {name}(")), "{arch} {name}");
+                assert!(module.contains(&format!(".target {arch}")), "{arch} {name}");
+            }
+            assert!(arch.entry_module("no_such_kernel").is_none());
+        }
     }
 }

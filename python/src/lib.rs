@@ -143,7 +143,7 @@ fn attention_forward(
         tensor("softmax_lse", lse)?,
     );
     let sinks = sinks.map(|s| tensor("sinks", s)).transpose()?;
-    // The first call on a device loads (JIT-compiles) the kernels: no need to hold the GIL.
+    // A kernel's first launch loads (JIT-compiles) it: no need to hold the GIL.
     py.detach(|| {
         // SAFETY: the Python side passes the handle of torch's current stream of `device`,
         // which torch keeps alive.
