@@ -85,10 +85,27 @@ fn name(c: &Case) -> String {
     s
 }
 
+/// The head dimensions with the full GPU case lists (the backward's, and the dimensions each
+/// tile configuration was measured at); the other multiples of 16 of
+/// [`kernels::attention::HEAD_DIMS`] take shorter lists.
+pub(crate) const FULL_CASE_DIMS: [usize; 5] = [64, 96, 128, 192, 256];
+
+/// `HEAD_DIMS` as sizes.
+pub(crate) fn head_dims() -> impl Iterator<Item = usize> {
+    kernels::attention::HEAD_DIMS
+        .into_iter()
+        .map(|d| d as usize)
+}
+
 fn cases() -> Vec<Case> {
     let mut v = Vec::new();
-    for d in [64, 96, 128, 192, 256] {
-        for (sq, sk) in [(1, 1), (113, 203), (239, 1), (799, 3), (1023, 1024)] {
+    for d in head_dims() {
+        let shapes: &[(usize, usize)] = if FULL_CASE_DIMS.contains(&d) {
+            &[(1, 1), (113, 203), (239, 1), (799, 3), (1023, 1024)]
+        } else {
+            &[(1, 1), (113, 203), (1023, 1024)]
+        };
+        for &(sq, sk) in shapes {
             for causal in [false, true] {
                 let b = if sq * sk < 100_000 { 2 } else { 1 };
                 let mut c = case(b, sq, sk, 4, 2, d, Dtype::Bf16);
@@ -284,9 +301,11 @@ fn main() {
             s.cpu(&n, move || run_emulated(&c, variant));
         }
     }
-    // The head dimensions with `mma.sync` kernels only (96, 192): the default tiles in the
-    // emulator, causal and windowed, odd lengths (f16 in the backward cases).
-    for d in [96, 192] {
+    // Head dimensions other than 64, 128 and 256 (each takes the tiles of the next of those):
+    // the default tiles in the emulator, causal and windowed, odd lengths (f16 in the backward
+    // cases). One of each kind of tile load: chunks per row dividing the threads (32), not
+    // dividing them (48, 96, 192), and a last round of copies only partly full (80, 144, 240).
+    for d in [32, 48, 80, 96, 144, 192, 240] {
         for c in head_dim_cases(d) {
             let n = format!("attention/emulated_d{d}/{}", name(&c));
             s.cpu(&n, move || run_emulated(&c, "default"));
@@ -750,7 +769,7 @@ fn rejects_bad_problems() -> TestResult {
         f(&mut p);
         p.validate()
     };
-    expect_err("head dim 80", bad(|p| p.head_dim = 80), |e| {
+    expect_err("head dim 72", bad(|p| p.head_dim = 72), |e| {
         matches!(e, Error::Unsupported { .. })
     })?;
     expect_err("heads 4 vs 3", bad(|p| p.heads_kv = 3), |e| {

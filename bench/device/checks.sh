@@ -30,8 +30,12 @@
 #   hvarsan the four sanitizers on Hopper packed cases (memcheck on contradictory boundaries);
 #   app new keys and values appended to a paged cache: their GPU tests and the decode tests, the
 #       four sanitizers on an append case, the Python decode tests (k, v in the call).
+#   hdall every multiple of 16 from 32 to 256 as head dimension: the dense, packed, decode and
+#       capsink GPU tests (both paths), the Python attention, packed and decode tests;
+#   hdsan the four sanitizers on D 80/144/240 cases of each path and of decoding;
+#   hdbench kbench attention at every head dimension (peers cuDNN and FA2 through SDPA).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdbench
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -344,6 +348,35 @@ if [ "$part" = app ]; then
   s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_attention_decode.py --quick > $L/py_decode.log 2>&1
   echo "py attention_decode rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_decode.log | tail -1)" >> $S
   grep -E "^(SKIP|FAIL|ok   decode: k)" -A4 $L/py_decode.log | head -12 >> $S
+fi
+if [ "$part" = hdall ]; then
+  TT=400 t fwd $B/bin/test-attention attention/ --skip emulated
+  TT=300 t varlen $B/bin/test-attention attention_varlen/ --skip emulated
+  TT=300 t decode $B/bin/test-attention attention_decode/gpu
+  TT=300 t capsink $B/bin/test-attention attention_capsink/ --skip emulated
+  P=/tmp/pyd9e; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in test_attention test_attention_varlen test_attention_decode; do
+    s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/$f.py --quick > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+fi
+if [ "$part" = hdsan ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    san $tool attention attention/hopper/bf16_d80_b2_sq113_sk203_h4x2_causal
+    san $tool attention attention/mma/bf16_d144_b2_sq113_sk203_h4x2_causal
+    san $tool attention attention/hopper/bf16_d240_b2_sq113_sk203_h4x2
+    san $tool attention attention_decode/gpu/bf16_d80_sq3_h8x2_page64
+  done
+fi
+if [ "$part" = hdbench ]; then
+  P=/tmp/pyd9e; python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_SEQS=${SEQS:-4096,16384}
+  export KBENCH_ATTENTION_DIMS=${DIMS:-32,48,64,80,96,112,128,144,160,176,192,208,224,240,256}
+  s=$(date +%s); timeout -k 5 ${T:-500} $B/bin/kbench attention --out $OUT > $L/bench-attention.log 2>&1
+  echo "bench attention rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench-attention.log | grep -E "attention_fwd " | tail -130 >> $S
+  grep -i "note\|error\|MISMATCH" $L/bench-attention.log | tail -5 >> $S
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

@@ -24,7 +24,7 @@ Attention forward: O = softmax(scale Q K^T + mask) V and the row log-sum-exp (na
 softmax and accumulation in f32.
 
 Inputs (FlashAttention's layout: sequence before heads, head dimension last):
-  q    bf16 or f16  [B, Sq, Hq, D]    D in {64, 96, 128, 192, 256}
+  q    bf16 or f16  [B, Sq, Hq, D]    D in {32, 48, .., 256}
   k    same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv (GQA; Hkv = 1 is MQA)
   v    same as q    [B, Sk, Hkv, D]
 

@@ -8,7 +8,7 @@ use crate::arch::{cp_async, index};
 /// `valid` are zero-filled (nothing is read for them). When `D / 8` divides `THREADS`, thread `t`
 /// copies chunk `t % (D / 8)` of rows `t / (D / 8) + k (THREADS / (D / 8))`: a compile-time trip
 /// count and one address add per copy; else chunks `t + k THREADS` of the tile in row-major
-/// order.
+/// order (the last round partial when `THREADS` does not divide the tile's chunks).
 ///
 /// The caller guarantees: rows `< valid` are readable over `D` elements from a 16-byte aligned
 /// address (aligned base and strides), and `place(r, c)` stays inside the tile for `r < ROWS`,
@@ -22,14 +22,18 @@ pub fn load_rows<const D: u32, const ROWS: u32, const THREADS: u32>(
     stride: u64,
     valid: u32,
 ) {
-    const { assert!((ROWS * (D / 8)).is_multiple_of(THREADS)) };
+    const { assert!(!THREADS.is_multiple_of(D / 8) || ROWS.is_multiple_of(THREADS / (D / 8))) };
     let chunks = D / 8;
     let tid = index::thread_idx_x();
     if !THREADS.is_multiple_of(chunks) {
         // A thread's chunk changes from copy to copy: copy `k` is chunk `tid + k THREADS` of
         // the tile in row-major order.
-        for k in 0..ROWS * chunks / THREADS {
+        let total = ROWS * chunks;
+        for k in 0..total.div_ceil(THREADS) {
             let i = tid + k * THREADS;
+            if !total.is_multiple_of(THREADS) && i >= total {
+                break;
+            }
             let (r, chunk) = (i / chunks, i % chunks);
             copy_chunk(
                 dst + place(r, chunk),

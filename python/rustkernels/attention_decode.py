@@ -223,7 +223,7 @@ def flash_attn_with_kvcache(
     whole row of the block table, ``max_num_blocks_per_seq * page_block_size`` keys): the keys
     ``0 .. cache_seqlens[b]`` of sequence ``b`` are at slot ``j % page_block_size`` of page
     ``block_table[b, j // page_block_size]`` (entries past a context are not read; pages may come
-    in any order and be shared). seqlen_q 1 to 16; headdim 64, 96, 128, 192 or 256; ``nheads`` a
+    in any order and be shared). seqlen_q 1 to 16; headdim a multiple of 16 from 32 to 256; ``nheads`` a
     multiple of ``nheads_k``; page_block_size a multiple of 16 from 16 to 256. Query ``i`` of
     sequence ``b`` is the token at position ``cache_seqlens[b] - seqlen_q + i``: it attends every
     key of the context, or with ``causal`` the keys up to its own position (bottom-right

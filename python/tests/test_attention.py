@@ -170,8 +170,17 @@ CASES = [
     (2, 113, 203, 4, 2, 96, torch.bfloat16, True, (-1, -1), None),
     (1, 300, 300, 4, 4, 192, torch.float16, False, (64, -1), None),
 ]
+# Head dimensions that take the tiles of the next of 64, 128, 256 (every multiple of 16 from 32
+# to 256 has kernels).
+OTHER_DIM_CASES = [
+    (2, 113, 203, 4, 2, 80, torch.bfloat16, True, (-1, -1), None),
+    (1, 300, 257, 4, 1, 32, torch.float16, False, (-1, -1), None),
+    (1, 129, 300, 2, 2, 240, torch.bfloat16, False, (40, 8), None),
+]
 if QUICK:
-    CASES = CASES[:5]
+    CASES = CASES[:5] + OTHER_DIM_CASES[:1]
+else:
+    CASES = CASES + OTHER_DIM_CASES
 
 
 def dtype_name(dt):
@@ -263,14 +272,14 @@ def bad_inputs():
         ("rank 3", ValueError, lambda: flash_attn_func(q[0], kv[0], kv[0]), "4 dimensions"),
         ("not a tensor", TypeError, lambda: flash_attn_func(q, kv, 3.0), "torch.Tensor"),
         (
-            "head dim 80",
+            "head dim 72",
             ValueError,
             lambda: flash_attn_func(
-                torch.randn(2, 64, 4, 80, device=dev, dtype=bf),
-                torch.randn(2, 64, 2, 80, device=dev, dtype=bf),
-                torch.randn(2, 64, 2, 80, device=dev, dtype=bf),
+                torch.randn(2, 64, 4, 72, device=dev, dtype=bf),
+                torch.randn(2, 64, 2, 72, device=dev, dtype=bf),
+                torch.randn(2, 64, 2, 72, device=dev, dtype=bf),
             ),
-            "head dimension 80",
+            "head dimension 72",
         ),
         ("heads 4 vs 3", ValueError, lambda: flash_attn_func(q, kv3, kv3), "multiple"),
         ("batch mismatch", ValueError, lambda: flash_attn_func(q, kv[:1], kv[:1]), "K shape"),
@@ -486,6 +495,18 @@ def packed_qkv_backward():
     return None
 
 
+def backward_without_kernels():
+    """A head dimension the forward takes and the backward has no kernels for (80): the forward
+    runs, and the backward raises ValueError with the library's message."""
+    q, k, v = (
+        torch.randn(1, 64, 2, 80, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    out = flash_attn_func(q, k, v)
+    msg = raises(ValueError, lambda: out.sum().backward(), "attention backward at head dimension 80")
+    return f"forward ran; backward: {msg}"
+
+
 def bad_backward_inputs():
     dev = "cuda"
     bf = torch.bfloat16
@@ -630,6 +651,7 @@ def main():
     check("backward: deterministic runs bitwise equal", deterministic_repeats)
     check("backward: packed qkv views", packed_qkv_backward)
     check("backward: bad inputs", bad_backward_inputs)
+    check("backward: a head dimension without kernels", backward_without_kernels)
     check("torch.library.opcheck", opcheck)
     check("torch.compile", compiled)
     check("torch.compile: training step", compiled_training_step)

@@ -275,7 +275,7 @@ def decode_bad_inputs():
         ("page size 8", ValueError, lambda: call(kc=cache((20, 8, 2, 64)), vc=cache((20, 8, 2, 64))), "page size 8"),
         ("page size 24", ValueError, lambda: call(kc=cache((20, 24, 2, 64)), vc=cache((20, 24, 2, 64))), "page size 24"),
         ("seqlen_q 17", ValueError, lambda: call(q=cache((2, 17, 8, 64))), "seq_q 17"),
-        ("head dim 80", ValueError, lambda: call(q=cache((2, 1, 8, 80)), kc=cache((9, 16, 2, 80)), vc=cache((9, 16, 2, 80))), "head dimension 80"),
+        ("head dim 72", ValueError, lambda: call(q=cache((2, 1, 8, 72)), kc=cache((9, 16, 2, 72)), vc=cache((9, 16, 2, 72))), "head dimension 72"),
         ("heads 8 vs 3", ValueError, lambda: call(kc=cache((9, 16, 3, 64)), vc=cache((9, 16, 3, 64))), "multiple"),
         ("v_cache of another shape", ValueError, lambda: call(vc=vc[:, :, :1]), "V cache shape"),
         ("q head dim strided", ValueError, lambda: call(q=cache((2, 1, 64, 8)).transpose(2, 3)), "head dimension must be contiguous"),

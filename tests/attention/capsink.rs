@@ -108,11 +108,12 @@ fn gpu_cases(d: usize) -> Vec<CapCase> {
 }
 
 pub(super) fn register(s: &mut Suite) {
-    for d in [64, 96, 128, 192, 256] {
-        // The emulator runs one OS thread per GPU thread: the smaller cases only.
+    for d in super::head_dims() {
+        // The emulator runs one OS thread per GPU thread: the smaller cases only, at the
+        // dimensions of the full lists.
         for cc in cases(d)
             .into_iter()
-            .filter(|cc| d <= 128 || cc.c.p.seq_q < 100)
+            .filter(|cc| super::FULL_CASE_DIMS.contains(&d) && (d <= 128 || cc.c.p.seq_q < 100))
         {
             let n = format!("attention_capsink/emulated/{}", cap_name(&cc));
             s.cpu(&n, move || run_emulated(&cc));

@@ -381,7 +381,7 @@ fn gpu_clamps_bad_tables(g: &Gpu) -> TestResult {
 fn gpu_cases() -> Vec<DecodeCase> {
     let mut v = Vec::new();
     let lens = [1, 777, 0, 4099, 64, 1500];
-    for d in [64, 96, 128, 192, 256] {
+    for d in super::head_dims() {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for causal in [false, true] {
                 v.push(dcase(&lens, 3, 8, 2, d, 64, dtype, causal, None));
@@ -407,7 +407,7 @@ fn gpu_cases() -> Vec<DecodeCase> {
         ));
     }
     // Softcap and sinks at every head dimension, one split and several (the heuristic).
-    for d in [64, 96, 128, 192, 256] {
+    for d in super::head_dims() {
         for splits in [Some(1), None] {
             v.push(capsink(
                 dcase(&lens, 3, 8, 2, d, 64, Dtype::Bf16, true, splits),

@@ -139,8 +139,13 @@ fn gpu_cases() -> Vec<VarlenCase> {
         (64, 0),
         (799, 3),
     ];
-    for d in [64, 96, 128, 192, 256] {
-        for dtype in [Dtype::Bf16, Dtype::F16] {
+    for d in super::head_dims() {
+        let dtypes: &[Dtype] = if super::FULL_CASE_DIMS.contains(&d) {
+            &[Dtype::Bf16, Dtype::F16]
+        } else {
+            &[Dtype::Bf16]
+        };
+        for &dtype in dtypes {
             for causal in [false, true] {
                 let mut c = vcase(&lens, 4, 2, d, dtype);
                 c.p.causal = causal;

@@ -314,19 +314,19 @@ pub(super) const ERROR_CASES: &[ErrorCase] = &[
     ErrorCase {
         test: "errors/unsupported_problem",
         files: |d| {
-            let shape = vec![1, 4, 2, 32];
+            let shape = vec![1, 4, 2, 40];
             write_inputs(
                 &d.path("in.safetensors"),
                 &[
-                    ("q", shape.clone(), bf16s(256)),
-                    ("k", shape.clone(), bf16s(256)),
-                    ("v", shape, bf16s(256)),
+                    ("q", shape.clone(), bf16s(320)),
+                    ("k", shape.clone(), bf16s(320)),
+                    ("v", shape, bf16s(320)),
                 ],
             )
         },
         command: "attention @in.safetensors -o @out.safetensors --reference",
         is: |e| matches!(e, CliError::Kernel(kernels::Error::Unsupported { .. })),
-        says: &["head dimension 32", "64, 96, 128, 192, 256"],
+        says: &["head dimension 40", "32, 48, 64, 80"],
     },
     // attention-decode: the tables are checked on the host before anything runs (a page of a
     // context outside the cache, a negative one, a context past max_pages x page_size), typed

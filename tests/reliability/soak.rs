@@ -246,8 +246,8 @@ fn refused(
     let mut q_len = p.q_shape().iter().product::<usize>();
     let what = match r.random_range(0..5u32) {
         0 => {
-            p.head_dim = 80;
-            "head dimension 80"
+            p.head_dim = 72;
+            "head dimension 72"
         }
         1 => {
             p.heads_q = p.heads_kv * 2 + 1;

@@ -19,7 +19,7 @@
 //! The `attention_bwd_softcap_*`, `attention_bwd_dkdv_softcap_*` and `attention_bwd_dq_softcap_*`
 //! kernels are steps 2 and 3 under a softcap ([`AttentionBwdParams::logits`]).
 
-use super::{Dtype, LogitOptions, tile_config_of};
+use super::{BWD_HEAD_DIMS, Dtype, LogitOptions, tile_config_of};
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 /// Parameters of every backward kernel (each reads the fields its role needs; the others may
@@ -466,7 +466,7 @@ macro_rules! bwd_entry {
 }
 
 /// The backward kernels for each element type and head dimension.
-pub const BWD_KERNELS: [BwdKernels; 10] = [
+pub const BWD_KERNELS: [BwdKernels; 2 * BWD_HEAD_DIMS.len()] = [
     bwd_entry!(Bf16, "bf16", 64, ""),
     bwd_entry!(Bf16, "bf16", 128, ""),
     bwd_entry!(Bf16, "bf16", 256, ""),
@@ -481,7 +481,7 @@ pub const BWD_KERNELS: [BwdKernels; 10] = [
 
 /// The backward kernels over packed sequences for each element type and head dimension (the
 /// tiles of [`BWD_KERNELS`]).
-pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 10] = [
+pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 2 * BWD_HEAD_DIMS.len()] = [
     bwd_entry!(Bf16, "bf16", 64, "_varlen"),
     bwd_entry!(Bf16, "bf16", 128, "_varlen"),
     bwd_entry!(Bf16, "bf16", 256, "_varlen"),

@@ -303,130 +303,42 @@ const fn decode_capsink(
     }
 }
 
+/// [`DECODE_KERNELS`] from the head dimensions' tokens.
+macro_rules! decode_table {
+    ($($d:literal),*) => {
+        [
+            $(decode(
+                concat!("attention_decode_bf16_d", $d),
+                concat!("attention_decode_combine_bf16_d", $d),
+                Dtype::Bf16,
+                $d,
+            ),)*
+            $(decode(
+                concat!("attention_decode_f16_d", $d),
+                concat!("attention_decode_combine_f16_d", $d),
+                Dtype::F16,
+                $d,
+            ),)*
+            $(decode_capsink(
+                concat!("attention_decode_capsink_bf16_d", $d),
+                concat!("attention_decode_combine_capsink_bf16_d", $d),
+                Dtype::Bf16,
+                $d,
+            ),)*
+            $(decode_capsink(
+                concat!("attention_decode_capsink_f16_d", $d),
+                concat!("attention_decode_combine_capsink_f16_d", $d),
+                Dtype::F16,
+                $d,
+            ),)*
+        ]
+    };
+}
+
 /// The decode kernels, for each dtype and head dimension of [`super::HEAD_DIMS`], then their
 /// `capsink` kernels.
-pub const DECODE_KERNELS: [DecodeKernel; 20] = [
-    decode(
-        "attention_decode_bf16_d64",
-        "attention_decode_combine_bf16_d64",
-        Dtype::Bf16,
-        64,
-    ),
-    decode(
-        "attention_decode_bf16_d96",
-        "attention_decode_combine_bf16_d96",
-        Dtype::Bf16,
-        96,
-    ),
-    decode(
-        "attention_decode_bf16_d128",
-        "attention_decode_combine_bf16_d128",
-        Dtype::Bf16,
-        128,
-    ),
-    decode(
-        "attention_decode_bf16_d192",
-        "attention_decode_combine_bf16_d192",
-        Dtype::Bf16,
-        192,
-    ),
-    decode(
-        "attention_decode_bf16_d256",
-        "attention_decode_combine_bf16_d256",
-        Dtype::Bf16,
-        256,
-    ),
-    decode(
-        "attention_decode_f16_d64",
-        "attention_decode_combine_f16_d64",
-        Dtype::F16,
-        64,
-    ),
-    decode(
-        "attention_decode_f16_d96",
-        "attention_decode_combine_f16_d96",
-        Dtype::F16,
-        96,
-    ),
-    decode(
-        "attention_decode_f16_d128",
-        "attention_decode_combine_f16_d128",
-        Dtype::F16,
-        128,
-    ),
-    decode(
-        "attention_decode_f16_d192",
-        "attention_decode_combine_f16_d192",
-        Dtype::F16,
-        192,
-    ),
-    decode(
-        "attention_decode_f16_d256",
-        "attention_decode_combine_f16_d256",
-        Dtype::F16,
-        256,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_bf16_d64",
-        "attention_decode_combine_capsink_bf16_d64",
-        Dtype::Bf16,
-        64,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_bf16_d96",
-        "attention_decode_combine_capsink_bf16_d96",
-        Dtype::Bf16,
-        96,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_bf16_d128",
-        "attention_decode_combine_capsink_bf16_d128",
-        Dtype::Bf16,
-        128,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_bf16_d192",
-        "attention_decode_combine_capsink_bf16_d192",
-        Dtype::Bf16,
-        192,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_bf16_d256",
-        "attention_decode_combine_capsink_bf16_d256",
-        Dtype::Bf16,
-        256,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_f16_d64",
-        "attention_decode_combine_capsink_f16_d64",
-        Dtype::F16,
-        64,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_f16_d96",
-        "attention_decode_combine_capsink_f16_d96",
-        Dtype::F16,
-        96,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_f16_d128",
-        "attention_decode_combine_capsink_f16_d128",
-        Dtype::F16,
-        128,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_f16_d192",
-        "attention_decode_combine_capsink_f16_d192",
-        Dtype::F16,
-        192,
-    ),
-    decode_capsink(
-        "attention_decode_capsink_f16_d256",
-        "attention_decode_combine_capsink_f16_d256",
-        Dtype::F16,
-        256,
-    ),
-];
+pub const DECODE_KERNELS: [DecodeKernel; 4 * super::HEAD_DIMS.len()] =
+    crate::with_attention_head_dims!(decode_table!());
 
 /// Handles in [`DECODE_KERNELS`] (two per entry) and [`KV_APPEND_KERNEL`].
 pub const DECODE_KERNEL_COUNT: usize = 2 * DECODE_KERNELS.len() + 1;
@@ -455,8 +367,6 @@ pub fn decode_kernel(dtype: Dtype, head_dim: u32, capsink: bool) -> Option<&'sta
 const _: () = {
     // One m16 tile of rows; a 16-key slice per warp.
     assert!(DECODE_BLOCK_M == 16 && DECODE_BLOCK_N == 16 * DECODE_WARPS);
-    // Every configuration fits the 163 KiB a block may have on sm_80.
+    // Every configuration fits the 163 KiB a block may have on sm_80 (the largest D's does).
     assert!(decode_config(256).smem_bytes() <= 163 * 1024);
-    assert!(decode_config(192).smem_bytes() <= 163 * 1024);
-    assert!(decode_config(128).smem_bytes() <= 163 * 1024);
 };

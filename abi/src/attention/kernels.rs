@@ -117,258 +117,152 @@ pub(crate) const fn hopper_capsink(name: &'static str, dtype: Dtype, d: u32) -> 
     }
 }
 
+/// [`MMA_KERNELS`] from the head dimensions' tokens.
+macro_rules! mma_table {
+    ($($d:literal),*) => {
+        [
+            $(mma(concat!("attention_fwd_bf16_d", $d), Dtype::Bf16, tile_config_of($d), None),)*
+            $(mma(concat!("attention_fwd_f16_d", $d), Dtype::F16, tile_config_of($d), None),)*
+            mma(
+                "attention_fwd_bf16_d128_mt1",
+                Dtype::Bf16,
+                TUNING_VARIANTS[0].1,
+                Some(TUNING_VARIANTS[0].0),
+            ),
+            mma(
+                "attention_fwd_bf16_d128_n64",
+                Dtype::Bf16,
+                TUNING_VARIANTS[1].1,
+                Some(TUNING_VARIANTS[1].0),
+            ),
+            mma(
+                "attention_fwd_bf16_d128_n64pf",
+                Dtype::Bf16,
+                TUNING_VARIANTS[2].1,
+                Some(TUNING_VARIANTS[2].0),
+            ),
+            mma(
+                "attention_fwd_bf16_d256_n32",
+                Dtype::Bf16,
+                TUNING_VARIANTS[3].1,
+                Some(TUNING_VARIANTS[3].0),
+            ),
+            mma(
+                "attention_fwd_bf16_d128_ffma",
+                Dtype::Bf16,
+                TUNING_VARIANTS[4].1,
+                Some(TUNING_VARIANTS[4].0),
+            ),
+            mma(
+                "attention_fwd_bf16_d128_scaled",
+                Dtype::Bf16,
+                TUNING_VARIANTS[5].1,
+                Some(TUNING_VARIANTS[5].0),
+            ),
+            mma(
+                "attention_fwd_bf16_d128_n64lazy",
+                Dtype::Bf16,
+                TUNING_VARIANTS[6].1,
+                Some(TUNING_VARIANTS[6].0),
+            ),
+            $(mma_capsink(concat!("attention_fwd_capsink_bf16_d", $d), Dtype::Bf16, $d),)*
+            $(mma_capsink(concat!("attention_fwd_capsink_f16_d", $d), Dtype::F16, $d),)*
+        ]
+    };
+}
+
 /// The `mma.sync` kernels: the default tiles for each dtype and head dimension, then the
 /// tuning variants (bf16) in the order of [`TUNING_VARIANTS`], then the `capsink` kernels.
-pub const MMA_KERNELS: [MmaKernel; 20 + TUNING_VARIANTS.len()] = [
-    mma(
-        "attention_fwd_bf16_d64",
-        Dtype::Bf16,
-        tile_config_of(64),
-        None,
-    ),
-    mma(
-        "attention_fwd_bf16_d128",
-        Dtype::Bf16,
-        tile_config_of(128),
-        None,
-    ),
-    mma(
-        "attention_fwd_bf16_d256",
-        Dtype::Bf16,
-        tile_config_of(256),
-        None,
-    ),
-    mma(
-        "attention_fwd_bf16_d96",
-        Dtype::Bf16,
-        tile_config_of(96),
-        None,
-    ),
-    mma(
-        "attention_fwd_bf16_d192",
-        Dtype::Bf16,
-        tile_config_of(192),
-        None,
-    ),
-    mma(
-        "attention_fwd_f16_d64",
-        Dtype::F16,
-        tile_config_of(64),
-        None,
-    ),
-    mma(
-        "attention_fwd_f16_d128",
-        Dtype::F16,
-        tile_config_of(128),
-        None,
-    ),
-    mma(
-        "attention_fwd_f16_d256",
-        Dtype::F16,
-        tile_config_of(256),
-        None,
-    ),
-    mma(
-        "attention_fwd_f16_d96",
-        Dtype::F16,
-        tile_config_of(96),
-        None,
-    ),
-    mma(
-        "attention_fwd_f16_d192",
-        Dtype::F16,
-        tile_config_of(192),
-        None,
-    ),
-    mma(
-        "attention_fwd_bf16_d128_mt1",
-        Dtype::Bf16,
-        TUNING_VARIANTS[0].1,
-        Some(TUNING_VARIANTS[0].0),
-    ),
-    mma(
-        "attention_fwd_bf16_d128_n64",
-        Dtype::Bf16,
-        TUNING_VARIANTS[1].1,
-        Some(TUNING_VARIANTS[1].0),
-    ),
-    mma(
-        "attention_fwd_bf16_d128_n64pf",
-        Dtype::Bf16,
-        TUNING_VARIANTS[2].1,
-        Some(TUNING_VARIANTS[2].0),
-    ),
-    mma(
-        "attention_fwd_bf16_d256_n32",
-        Dtype::Bf16,
-        TUNING_VARIANTS[3].1,
-        Some(TUNING_VARIANTS[3].0),
-    ),
-    mma(
-        "attention_fwd_bf16_d128_ffma",
-        Dtype::Bf16,
-        TUNING_VARIANTS[4].1,
-        Some(TUNING_VARIANTS[4].0),
-    ),
-    mma(
-        "attention_fwd_bf16_d128_scaled",
-        Dtype::Bf16,
-        TUNING_VARIANTS[5].1,
-        Some(TUNING_VARIANTS[5].0),
-    ),
-    mma(
-        "attention_fwd_bf16_d128_n64lazy",
-        Dtype::Bf16,
-        TUNING_VARIANTS[6].1,
-        Some(TUNING_VARIANTS[6].0),
-    ),
-    mma_capsink("attention_fwd_capsink_bf16_d64", Dtype::Bf16, 64),
-    mma_capsink("attention_fwd_capsink_bf16_d96", Dtype::Bf16, 96),
-    mma_capsink("attention_fwd_capsink_bf16_d128", Dtype::Bf16, 128),
-    mma_capsink("attention_fwd_capsink_bf16_d192", Dtype::Bf16, 192),
-    mma_capsink("attention_fwd_capsink_bf16_d256", Dtype::Bf16, 256),
-    mma_capsink("attention_fwd_capsink_f16_d64", Dtype::F16, 64),
-    mma_capsink("attention_fwd_capsink_f16_d96", Dtype::F16, 96),
-    mma_capsink("attention_fwd_capsink_f16_d128", Dtype::F16, 128),
-    mma_capsink("attention_fwd_capsink_f16_d192", Dtype::F16, 192),
-    mma_capsink("attention_fwd_capsink_f16_d256", Dtype::F16, 256),
-];
+pub const MMA_KERNELS: [MmaKernel; 4 * HEAD_DIMS.len() + TUNING_VARIANTS.len()] =
+    crate::with_attention_head_dims!(mma_table!());
+
+/// [`HOPPER_KERNELS`] from the head dimensions' tokens.
+macro_rules! hopper_table {
+    ($($d:literal),*) => {
+        [
+            $(hopper(
+                concat!("attention_fwd_hopper_bf16_d", $d),
+                Dtype::Bf16,
+                hopper_config_of($d),
+                None,
+            ),)*
+            $(hopper(
+                concat!("attention_fwd_hopper_f16_d", $d),
+                Dtype::F16,
+                hopper_config_of($d),
+                None,
+            ),)*
+            hopper(
+                "attention_fwd_hopper_bf16_d128_hscaled",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[0].1,
+                Some(HOPPER_VARIANTS[0].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d128_hpp",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[1].1,
+                Some(HOPPER_VARIANTS[1].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d128_h176",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[2].1,
+                Some(HOPPER_VARIANTS[2].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d128_h3",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[3].1,
+                Some(HOPPER_VARIANTS[3].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d128_hnp",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[4].1,
+                Some(HOPPER_VARIANTS[4].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d128_hstatic",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[5].1,
+                Some(HOPPER_VARIANTS[5].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d128_hgrid3",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[6].1,
+                Some(HOPPER_VARIANTS[6].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d64_hpp64",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[7].1,
+                Some(HOPPER_VARIANTS[7].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d256_hpp256",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[8].1,
+                Some(HOPPER_VARIANTS[8].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d256_hscaled256",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[9].1,
+                Some(HOPPER_VARIANTS[9].0),
+            ),
+            $(hopper_capsink(concat!("attention_fwd_hopper_capsink_bf16_d", $d), Dtype::Bf16, $d),)*
+            $(hopper_capsink(concat!("attention_fwd_hopper_capsink_f16_d", $d), Dtype::F16, $d),)*
+        ]
+    };
+}
 
 /// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
 /// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`], then the
 /// `capsink` kernels.
-pub const HOPPER_KERNELS: [HopperKernel; 20 + HOPPER_VARIANTS.len()] = [
-    hopper(
-        "attention_fwd_hopper_bf16_d64",
-        Dtype::Bf16,
-        hopper_config_of(64),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128",
-        Dtype::Bf16,
-        hopper_config_of(128),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d256",
-        Dtype::Bf16,
-        hopper_config_of(256),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_f16_d64",
-        Dtype::F16,
-        hopper_config_of(64),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_f16_d128",
-        Dtype::F16,
-        hopper_config_of(128),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_f16_d256",
-        Dtype::F16,
-        hopper_config_of(256),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d96",
-        Dtype::Bf16,
-        hopper_config_of(96),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_f16_d96",
-        Dtype::F16,
-        hopper_config_of(96),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d192",
-        Dtype::Bf16,
-        hopper_config_of(192),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_f16_d192",
-        Dtype::F16,
-        hopper_config_of(192),
-        None,
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128_hscaled",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[0].1,
-        Some(HOPPER_VARIANTS[0].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128_hpp",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[1].1,
-        Some(HOPPER_VARIANTS[1].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128_h176",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[2].1,
-        Some(HOPPER_VARIANTS[2].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128_h3",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[3].1,
-        Some(HOPPER_VARIANTS[3].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128_hnp",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[4].1,
-        Some(HOPPER_VARIANTS[4].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128_hstatic",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[5].1,
-        Some(HOPPER_VARIANTS[5].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d128_hgrid3",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[6].1,
-        Some(HOPPER_VARIANTS[6].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d64_hpp64",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[7].1,
-        Some(HOPPER_VARIANTS[7].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d256_hpp256",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[8].1,
-        Some(HOPPER_VARIANTS[8].0),
-    ),
-    hopper(
-        "attention_fwd_hopper_bf16_d256_hscaled256",
-        Dtype::Bf16,
-        HOPPER_VARIANTS[9].1,
-        Some(HOPPER_VARIANTS[9].0),
-    ),
-    hopper_capsink("attention_fwd_hopper_capsink_bf16_d64", Dtype::Bf16, 64),
-    hopper_capsink("attention_fwd_hopper_capsink_bf16_d96", Dtype::Bf16, 96),
-    hopper_capsink("attention_fwd_hopper_capsink_bf16_d128", Dtype::Bf16, 128),
-    hopper_capsink("attention_fwd_hopper_capsink_bf16_d192", Dtype::Bf16, 192),
-    hopper_capsink("attention_fwd_hopper_capsink_bf16_d256", Dtype::Bf16, 256),
-    hopper_capsink("attention_fwd_hopper_capsink_f16_d64", Dtype::F16, 64),
-    hopper_capsink("attention_fwd_hopper_capsink_f16_d96", Dtype::F16, 96),
-    hopper_capsink("attention_fwd_hopper_capsink_f16_d128", Dtype::F16, 128),
-    hopper_capsink("attention_fwd_hopper_capsink_f16_d192", Dtype::F16, 192),
-    hopper_capsink("attention_fwd_hopper_capsink_f16_d256", Dtype::F16, 256),
-];
+pub const HOPPER_KERNELS: [HopperKernel; 4 * HEAD_DIMS.len() + HOPPER_VARIANTS.len()] =
+    crate::with_attention_head_dims!(hopper_table!());
 
 /// The family's kernels (both forward paths, the backward's on dense batches and on packed
 /// sequences, the forward over packed sequences, the Hopper backward's dK/dV kernels, then the

@@ -21,8 +21,28 @@ pub use varlen::{
     hopper_varlen_first_slot, hopper_varlen_kernel, hopper_varlen_slots, mma_varlen_kernel,
 };
 
-/// Head dimensions with a kernel.
-pub const HEAD_DIMS: [u32; 5] = [64, 96, 128, 192, 256];
+/// `$callback!($($args)* 32, 48, .., 256)`: the head dimensions with forward and decode kernels
+/// (every multiple of 16 from 32 to 256) as literal tokens, for the macros that declare each
+/// dimension's kernels and their handles (the tables here and the kernel crate's entry points),
+/// so that the list is written once.
+#[macro_export]
+macro_rules! with_attention_head_dims {
+    ($callback:ident ! ($($args:tt)*)) => {
+        $callback! { $($args)* 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256 }
+    };
+}
+
+macro_rules! dims_array {
+    ($($d:literal),*) => {
+        [$($d),*]
+    };
+}
+
+/// Head dimensions with forward and decode kernels ([`with_attention_head_dims!`]).
+pub const HEAD_DIMS: [u32; 15] = with_attention_head_dims!(dims_array!());
+
+/// Head dimensions with backward kernels.
+pub const BWD_HEAD_DIMS: [u32; 5] = [64, 96, 128, 192, 256];
 
 /// Query rows of one `mma.sync` m16 tile; a warp owns `warp_m_tiles` of them.
 pub const M_TILE: u32 = 16;
@@ -144,11 +164,16 @@ impl TileConfig {
     }
 }
 
-/// The tile configuration for head dimension `d`, if supported.
+/// The tile configuration for head dimension `d`, if supported: each of [`HEAD_DIMS`] takes the
+/// tiles of the next of 64, 128 and 256 (measured there).
+#[inline(always)]
 pub const fn tile_config(d: u32) -> Option<TileConfig> {
+    if !d.is_multiple_of(16) {
+        return None;
+    }
     match d {
-        64 => Some(TileConfig {
-            head_dim: 64,
+        32..=64 => Some(TileConfig {
+            head_dim: d,
             block_m: 128,
             block_n: 64,
             stages: 3,
@@ -160,9 +185,8 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
         }),
         // Keys in steps of 32: faster than steps of 64 (variant "n64"), which leave ptxas no
         // registers to spare; the folded softmax with lazy rescaling, faster than the scaled
-        // softmax (variant "scaled"). Measurements in bench/NOTES.md. D = 96 takes the
-        // D = 128 tiles (not yet measured).
-        96 | 128 => Some(TileConfig {
+        // softmax (variant "scaled"). Measurements in bench/NOTES.md.
+        80..=128 => Some(TileConfig {
             head_dim: d,
             block_m: 128,
             block_n: 32,
@@ -173,8 +197,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
             prefetch: false,
             softmax: Softmax::FoldedLazy,
         }),
-        // D = 192 takes the D = 256 tiles (not yet measured).
-        192 | 256 => Some(TileConfig {
+        144..=256 => Some(TileConfig {
             head_dim: d,
             block_m: 128,
             block_n: 64,
@@ -273,6 +296,7 @@ pub fn tuning_variant(d: u32, name: &str) -> Option<TileConfig> {
 }
 
 /// [`tile_config`] for a head dimension known to be supported (compile-time use in kernels).
+#[inline(always)]
 pub const fn tile_config_of(d: u32) -> TileConfig {
     match tile_config(d) {
         Some(c) => c,
@@ -312,7 +336,7 @@ impl LogitOptions {
     };
 }
 
-/// Parameters of `attention_fwd_{bf16,f16}_d{64,96,128,192,256}`.
+/// Parameters of `attention_fwd_{bf16,f16}_d{D}` (D of [`HEAD_DIMS`]).
 ///
 /// Masking (FlashAttention >= 2.1 convention, aligned to the bottom-right when
 /// `seq_q != seq_k`): query `i` may attend key `j` iff `j < seq_k`,
@@ -484,7 +508,10 @@ impl HopperConfig {
 /// measurements (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head
 /// dimension; no pingpong turns (slower at D = 64 and 128, no faster at D = 256); the
 /// intra-warpgroup overlap at D = 64 and 128 (at D = 256 the O accumulator of 128 registers
-/// leaves no room for a second S); the grid of [`HopperGrid::Auto`].
+/// leaves no room for a second S); the grid of [`HopperGrid::Auto`]. A head dimension that is
+/// not a multiple of 64 fills its last column block with zeros (TMA's boxes reach past D):
+/// S = Q K^T runs over the `D / 16` k-slices of D, O += P V with N = D.
+#[inline(always)]
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     let base = HopperConfig {
         head_dim: d,
@@ -495,13 +522,14 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
         softmax: Softmax::FoldedLazy,
         grid: HopperGrid::Auto,
     };
+    if !d.is_multiple_of(16) {
+        return None;
+    }
     match d {
-        // D = 96: two column blocks, the second half filled with zeros by TMA (the boxes reach
-        // past D); S = Q K^T over the 6 k-slices of D, O += P V with N = 96.
-        64 | 96 | 128 => Some(base),
-        // D = 192 takes the D = 256 configuration (keys in steps of 64, no overlap: the O
+        32..=128 => Some(base),
+        // Above 128 the D = 256 configuration (keys in steps of 64, no overlap: the O
         // accumulator leaves no registers for a second S).
-        192 | 256 => Some(HopperConfig {
+        144..=256 => Some(HopperConfig {
             block_n: 64,
             overlap: false,
             ..base
@@ -605,6 +633,7 @@ pub fn hopper_variant(d: u32, name: &str) -> Option<HopperConfig> {
 }
 
 /// [`hopper_config`] for a supported head dimension (compile-time use in kernels).
+#[inline(always)]
 pub const fn hopper_config_of(d: u32) -> HopperConfig {
     match hopper_config(d) {
         Some(c) => c,
@@ -612,7 +641,7 @@ pub const fn hopper_config_of(d: u32) -> HopperConfig {
     }
 }
 
-/// Parameters of `attention_fwd_hopper_{bf16,f16}_d{64,96,128,192,256}`: the tensor maps of Q, K, V
+/// Parameters of `attention_fwd_hopper_{bf16,f16}_d{D}` (D of [`HEAD_DIMS`]): the tensor maps of Q, K, V
 /// (4-D, dims `[D, heads, seq, batch]` innermost first, box `[64, 1, rows, 1]`, 128-byte
 /// swizzle) and everything of [`AttentionParams`] the kernel still needs. Masking and outputs
 /// are as documented there.

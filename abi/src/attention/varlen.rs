@@ -3,11 +3,12 @@
 
 use super::kernels::{hopper, hopper_capsink};
 use super::{
-    AttentionParams, Dtype, HopperKernel, TileConfig, hopper_config_of, mma_smem, tile_config_of,
+    AttentionParams, Dtype, HEAD_DIMS, HopperKernel, TileConfig, hopper_config_of, mma_smem,
+    tile_config_of,
 };
 use crate::Kernel;
 
-/// Parameters of `attention_fwd_varlen_{bf16,f16}_d{64,96,128,192,256}`: attention over a batch of
+/// Parameters of `attention_fwd_varlen_{bf16,f16}_d{D}` (D of [`super::HEAD_DIMS`]): attention over a batch of
 /// packed sequences of different lengths (FlashAttention's `flash_attn_varlen_func`). Sequence
 /// `b` owns query rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of Q and O and key rows
 /// `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]` of K and V; the mask of [`AttentionParams`] applies
@@ -68,30 +69,30 @@ const fn mma_varlen_capsink(name: &'static str, dtype: Dtype, head_dim: u32) -> 
     }
 }
 
+/// [`MMA_VARLEN_KERNELS`] from the head dimensions' tokens.
+macro_rules! mma_varlen_table {
+    ($($d:literal),*) => {
+        [
+            $(mma_varlen(concat!("attention_fwd_varlen_bf16_d", $d), Dtype::Bf16, $d),)*
+            $(mma_varlen(concat!("attention_fwd_varlen_f16_d", $d), Dtype::F16, $d),)*
+            $(mma_varlen_capsink(
+                concat!("attention_fwd_varlen_capsink_bf16_d", $d),
+                Dtype::Bf16,
+                $d,
+            ),)*
+            $(mma_varlen_capsink(
+                concat!("attention_fwd_varlen_capsink_f16_d", $d),
+                Dtype::F16,
+                $d,
+            ),)*
+        ]
+    };
+}
+
 /// The `mma.sync` kernels over packed sequences: the default tiles for each dtype and head
 /// dimension, then the `capsink` kernels.
-pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 20] = [
-    mma_varlen("attention_fwd_varlen_bf16_d64", Dtype::Bf16, 64),
-    mma_varlen("attention_fwd_varlen_bf16_d128", Dtype::Bf16, 128),
-    mma_varlen("attention_fwd_varlen_bf16_d256", Dtype::Bf16, 256),
-    mma_varlen("attention_fwd_varlen_bf16_d96", Dtype::Bf16, 96),
-    mma_varlen("attention_fwd_varlen_bf16_d192", Dtype::Bf16, 192),
-    mma_varlen("attention_fwd_varlen_f16_d64", Dtype::F16, 64),
-    mma_varlen("attention_fwd_varlen_f16_d128", Dtype::F16, 128),
-    mma_varlen("attention_fwd_varlen_f16_d256", Dtype::F16, 256),
-    mma_varlen("attention_fwd_varlen_f16_d96", Dtype::F16, 96),
-    mma_varlen("attention_fwd_varlen_f16_d192", Dtype::F16, 192),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d64", Dtype::Bf16, 64),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d96", Dtype::Bf16, 96),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d128", Dtype::Bf16, 128),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d192", Dtype::Bf16, 192),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_bf16_d256", Dtype::Bf16, 256),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d64", Dtype::F16, 64),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d96", Dtype::F16, 96),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d128", Dtype::F16, 128),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d192", Dtype::F16, 192),
-    mma_varlen_capsink("attention_fwd_varlen_capsink_f16_d256", Dtype::F16, 256),
-];
+pub const MMA_VARLEN_KERNELS: [MmaVarlenKernel; 4 * HEAD_DIMS.len()] =
+    crate::with_attention_head_dims!(mma_varlen_table!());
 
 /// The `mma.sync` kernel over packed sequences for `dtype` and head dimension `head_dim`, the
 /// `capsink` one (softcap and sinks) if `capsink`.
@@ -121,70 +122,30 @@ const fn hopper_varlen_capsink(name: &'static str, dtype: Dtype, d: u32) -> Hopp
     }
 }
 
+/// [`HOPPER_VARLEN_KERNELS`] from the head dimensions' tokens.
+macro_rules! hopper_varlen_table {
+    ($($d:literal),*) => {
+        [
+            $(hopper_varlen(concat!("attention_fwd_hopper_varlen_bf16_d", $d), Dtype::Bf16, $d),)*
+            $(hopper_varlen(concat!("attention_fwd_hopper_varlen_f16_d", $d), Dtype::F16, $d),)*
+            $(hopper_varlen_capsink(
+                concat!("attention_fwd_hopper_varlen_capsink_bf16_d", $d),
+                Dtype::Bf16,
+                $d,
+            ),)*
+            $(hopper_varlen_capsink(
+                concat!("attention_fwd_hopper_varlen_capsink_f16_d", $d),
+                Dtype::F16,
+                $d,
+            ),)*
+        ]
+    };
+}
+
 /// The Hopper kernels over packed sequences ([`super::HopperParams`] with `cu_seqlens_*`): the
 /// default configuration for each dtype and head dimension, then the `capsink` kernels.
-pub const HOPPER_VARLEN_KERNELS: [HopperKernel; 20] = [
-    hopper_varlen("attention_fwd_hopper_varlen_bf16_d64", Dtype::Bf16, 64),
-    hopper_varlen("attention_fwd_hopper_varlen_bf16_d96", Dtype::Bf16, 96),
-    hopper_varlen("attention_fwd_hopper_varlen_bf16_d128", Dtype::Bf16, 128),
-    hopper_varlen("attention_fwd_hopper_varlen_bf16_d192", Dtype::Bf16, 192),
-    hopper_varlen("attention_fwd_hopper_varlen_bf16_d256", Dtype::Bf16, 256),
-    hopper_varlen("attention_fwd_hopper_varlen_f16_d64", Dtype::F16, 64),
-    hopper_varlen("attention_fwd_hopper_varlen_f16_d96", Dtype::F16, 96),
-    hopper_varlen("attention_fwd_hopper_varlen_f16_d128", Dtype::F16, 128),
-    hopper_varlen("attention_fwd_hopper_varlen_f16_d192", Dtype::F16, 192),
-    hopper_varlen("attention_fwd_hopper_varlen_f16_d256", Dtype::F16, 256),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_bf16_d64",
-        Dtype::Bf16,
-        64,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_bf16_d96",
-        Dtype::Bf16,
-        96,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_bf16_d128",
-        Dtype::Bf16,
-        128,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_bf16_d192",
-        Dtype::Bf16,
-        192,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_bf16_d256",
-        Dtype::Bf16,
-        256,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_f16_d64",
-        Dtype::F16,
-        64,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_f16_d96",
-        Dtype::F16,
-        96,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_f16_d128",
-        Dtype::F16,
-        128,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_f16_d192",
-        Dtype::F16,
-        192,
-    ),
-    hopper_varlen_capsink(
-        "attention_fwd_hopper_varlen_capsink_f16_d256",
-        Dtype::F16,
-        256,
-    ),
-];
+pub const HOPPER_VARLEN_KERNELS: [HopperKernel; 4 * HEAD_DIMS.len()] =
+    crate::with_attention_head_dims!(hopper_varlen_table!());
 
 /// The Hopper kernel over packed sequences for `dtype` and head dimension `head_dim`, the
 /// `capsink` one (softcap and sinks) if `capsink`.

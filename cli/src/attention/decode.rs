@@ -22,7 +22,7 @@ table; split-KV): O = softmax(scale Q K^T + mask) V over each sequence's cached 
 row log-sum-exp (natural log); softmax and accumulation in f32.
 
 Inputs (FlashAttention's layout, the head dimension last):
-  q              bf16 or f16  [B, Sq, Hq, D]              Sq in 1..=16; D in {64, 96, 128, 192, 256}
+  q              bf16 or f16  [B, Sq, Hq, D]              Sq in 1..=16; D in {32, 48, .., 256}
   k_cache        same as q    [pages, page_size, Hkv, D]  page_size in 16..=256, a multiple of 16
   v_cache        same as q    [pages, page_size, Hkv, D]  Hq a multiple of Hkv (GQA)
   block_table    i32/i64      [B, max_pages]              page t of sequence b: block_table[b, t]

@@ -53,19 +53,22 @@ pub fn trap() -> ! {
 /// the entry's `.maxntid`/`.minnctapersm` directives (CUDA's `__launch_bounds__`), which cap the
 /// registers at entry (needed by `setmaxnreg`), and checks that the marker names an entry of the
 /// module; the host reads them back and refuses launches that disagree. `name` must be the
-/// entry's own name. Expand it once, in the kernel function itself.
+/// entry's own name (`launch_bounds!(name = "entry", table)` for an entry named by a string
+/// expression, `#[unsafe(export_name = ..)]`). Expand it once, in the kernel function itself.
 #[macro_export]
 macro_rules! launch_bounds {
-    ($kernel:ident in $table:expr) => {{
-        const DECL: kernel_abi::KernelDecl =
-            kernel_abi::kernel::find($table, stringify!($kernel));
+    ($kernel:ident in $table:expr) => {
+        $crate::launch_bounds!(name = stringify!($kernel), $table)
+    };
+    (name = $kernel:expr, $table:expr) => {{
+        const DECL: kernel_abi::KernelDecl = kernel_abi::kernel::find($table, $kernel);
         $crate::launch_bounds!(@marker $kernel, DECL.threads, DECL.min_blocks);
     }};
-    (@marker $kernel:ident, $max_threads:expr, $min_blocks:expr) => {{
+    (@marker $kernel:expr, $max_threads:expr, $min_blocks:expr) => {{
         // SAFETY: an assembler comment; no instruction is emitted.
         unsafe {
             core::arch::asm!(
-                concat!("// @launch-bounds ", stringify!($kernel), " {0} {1}"),
+                concat!("// @launch-bounds ", $kernel, " {0} {1}"),
                 const $max_threads,
                 const $min_blocks,
                 options(nomem, nostack)

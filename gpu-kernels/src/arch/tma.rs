@@ -14,7 +14,8 @@ use super::mbarrier::Mbarrier;
 use core::arch::asm;
 
 /// The generic address of the tensor map `$field` of the parameter struct `$ty` that kernel
-/// `$kernel` takes as parameter number `$index`: `mov` of the `.param` symbol, `cvta.param`,
+/// `$kernel` (an identifier, or `name = "entry"` for a string expression) takes as parameter
+/// number `$index`: `mov` of the `.param` symbol, `cvta.param`,
 /// plus the field offset. Also writes the marker that makes the PTX builder declare that
 /// parameter `.align 64` (the TMA requirement rustc's kernel ABI cannot express).
 ///
@@ -23,15 +24,18 @@ use core::arch::asm;
 /// which TMA cannot read); read other fields by value.
 #[macro_export]
 macro_rules! tensor_map_ptr {
-    ($kernel:ident, $index:literal, $ty:ty, $field:ident) => {{
+    ($kernel:ident, $index:literal, $ty:ty, $field:ident) => {
+        $crate::tensor_map_ptr!(name = stringify!($kernel), $index, $ty, $field)
+    };
+    (name = $kernel:expr, $index:literal, $ty:ty, $field:ident) => {{
         const OFFSET: usize = core::mem::offset_of!($ty, $field);
         const _: () = assert!(OFFSET % 64 == 0, "tensor maps must sit at 64-byte offsets");
         let base: u64;
         // SAFETY: takes the address of this kernel's own parameter; no memory is accessed.
         unsafe {
             core::arch::asm!(
-                concat!("// @tensormap-param ", stringify!($kernel), "_param_", stringify!($index)),
-                concat!("mov.b64 {0}, ", stringify!($kernel), "_param_", stringify!($index), ";"),
+                concat!("// @tensormap-param ", $kernel, "_param_", stringify!($index)),
+                concat!("mov.b64 {0}, ", $kernel, "_param_", stringify!($index), ";"),
                 "cvta.param.u64 {0}, {0};",
                 out(reg64) base,
                 options(pure, nomem, nostack)

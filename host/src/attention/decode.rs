@@ -762,7 +762,7 @@ mod tests {
             (&|p| p.page_size = 24, "page size 24"),
             (&|p| p.page_size = 512, "page size 512"),
             (&|p| p.heads_q = 3, "heads_q 3"),
-            (&|p| p.head_dim = 80, "head dimension 80"),
+            (&|p| p.head_dim = 72, "head dimension 72"),
             (&|p| p.scale = Some(f32::NAN), "scale"),
         ];
         for (edit, want) in cases {

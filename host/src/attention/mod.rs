@@ -4,8 +4,8 @@
 //!   strides with the head dimension contiguous (so views into a packed QKV tensor work); O
 //!   `[batch, seq_q, heads_q, D]` in the input type, LSE `[batch, heads_q, seq_q]` f32
 //!   (natural log).
-//! - D in {64, 96, 128, 192, 256}; grouped-query attention with `heads_q` a multiple of
-//!   `heads_kv`.
+//! - D any multiple of 16 from 32 to 256 ([`HEAD_DIMS`]; the backward: [`BWD_HEAD_DIMS`]);
+//!   grouped-query attention with `heads_q` a multiple of `heads_kv`.
 //! - `scale` defaults to `1 / sqrt(D)`.
 //! - Masking follows FlashAttention >= 2.1: with `seq_q != seq_k` the causal diagonal is
 //!   aligned to the **bottom-right** corner, i.e. query `i` may attend key `j` iff
@@ -62,8 +62,8 @@ pub use decode::{
     AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, DecodeTables, decode,
     decode_with_sinks, reference_decode, reference_decode_sinks,
 };
-/// The head dimensions the forward and the backward accept.
-pub use kernel_abi::attention::HEAD_DIMS;
+/// The head dimensions the forward (and decoding) accept, and those the backward accepts.
+pub use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS};
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,

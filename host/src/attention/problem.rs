@@ -65,7 +65,7 @@ pub struct AttentionProblem {
     pub heads_q: usize,
     /// Key/value heads (divides `heads_q`; 1 is multi-query attention).
     pub heads_kv: usize,
-    /// Head dimension (64, 96, 128, 192 or 256).
+    /// Head dimension ([`HEAD_DIMS`]: a multiple of 16 from 32 to 256).
     pub head_dim: usize,
     /// Element type.
     pub dtype: Dtype,

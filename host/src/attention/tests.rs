@@ -92,10 +92,10 @@ fn every_entry_of_the_ptx_has_its_handle() {
     }
     assert_eq!(
         KERNELS.len(),
-        // Defaults and capsink kernels: mma.sync and Hopper at 5 head dimensions, two element
-        // types each.
-        2 * (2 * 5)
-            + 2 * (2 * 5)
+        // Defaults and capsink kernels: mma.sync and Hopper at every head dimension, two
+        // element types each.
+        2 * (2 * HEAD_DIMS.len())
+            + 2 * (2 * HEAD_DIMS.len())
             + TUNING_VARIANTS.len()
             + HOPPER_VARIANTS.len()
             + BWD_KERNEL_COUNT
@@ -184,8 +184,8 @@ fn the_path_follows_the_arch_and_the_option() {
     }
 }
 
-/// Every head dimension has a Hopper kernel (D = 96 over two column blocks, the second half
-/// zero-filled): Auto takes it on sm_90a and the `mma.sync` kernel on sm_80.
+/// Every head dimension has a Hopper kernel (one that is not a multiple of 64 with its last
+/// column block partly zero-filled): Auto takes it on sm_90a and the `mma.sync` kernel on sm_80.
 #[test]
 fn every_head_dim_has_a_hopper_kernel() {
     for d in HEAD_DIMS {

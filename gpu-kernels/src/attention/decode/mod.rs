@@ -246,33 +246,34 @@ macro_rules! decode_body {
 /// Declare the decode and combine kernels (PTX entry points with their launch bounds) and, in
 /// host builds, the emulator's table `EMU_KERNELS` of the same bodies.
 macro_rules! decode_kernels {
-    ($( $name:ident, $combine:ident, $elem:ty, $d:expr, $capsink:expr; )*) => {
+    ($( $name:expr, $combine:expr, $elem:ty, $d:expr, $capsink:expr; )*) => {
         $(
-            /// See the module documentation.
-            ///
-            /// # Safety
-            /// Launched with grid `(num_splits, heads_kv * row_blocks, batch)`,
-            /// `DECODE_THREADS` threads and the configuration's shared memory, on parameters
-            /// satisfying their type's contract (validated by the host).
             #[cfg(target_arch = "nvptx64")]
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $name(p: AttentionDecodeParams) {
-                crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
-                // SAFETY: forwarded to the caller.
-                unsafe { decode_body!(p, $elem, $d, $capsink) }
-            }
+            const _: () = {
+                /// See the module documentation.
+                ///
+                /// # Safety
+                /// Launched with grid `(num_splits, heads_kv * row_blocks, batch)`,
+                /// `DECODE_THREADS` threads and the configuration's shared memory, on parameters
+                /// satisfying their type's contract (validated by the host).
+                #[unsafe(export_name = $name)]
+                pub unsafe extern "ptx-kernel" fn kernel(p: AttentionDecodeParams) {
+                    crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                    // SAFETY: forwarded to the caller.
+                    unsafe { decode_body!(p, $elem, $d, $capsink) }
+                }
 
-            /// See [`combine`].
-            ///
-            /// # Safety
-            /// As [`combine::combine`].
-            #[cfg(target_arch = "nvptx64")]
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $combine(p: AttentionDecodeCombineParams) {
-                crate::launch_bounds!($combine in kernel_abi::attention::KERNELS);
-                // SAFETY: forwarded to the caller.
-                unsafe { combine::combine::<$elem, $d, $capsink>(&p) }
-            }
+                /// See [`combine`].
+                ///
+                /// # Safety
+                /// As [`combine::combine`].
+                #[unsafe(export_name = $combine)]
+                pub unsafe extern "ptx-kernel" fn combine_kernel(p: AttentionDecodeCombineParams) {
+                    crate::launch_bounds!(name = $combine, kernel_abi::attention::KERNELS);
+                    // SAFETY: forwarded to the caller.
+                    unsafe { combine::combine::<$elem, $d, $capsink>(&p) }
+                }
+            };
         )*
 
         /// Kernels of this module, for the CPU emulator (`crate::emu`).
@@ -280,7 +281,7 @@ macro_rules! decode_kernels {
         pub const EMU_KERNELS: &[crate::emu::EmuKernel] = &[
             $(
                 crate::emu::EmuKernel {
-                    name: stringify!($name),
+                    name: $name,
                     params: core::mem::size_of::<AttentionDecodeParams>(),
                     threads: DECODE_THREADS,
                     run: {
@@ -297,7 +298,7 @@ macro_rules! decode_kernels {
                     },
                 },
                 crate::emu::EmuKernel {
-                    name: stringify!($combine),
+                    name: $combine,
                     params: core::mem::size_of::<AttentionDecodeCombineParams>(),
                     threads: kernel_abi::attention::decode::COMBINE_THREADS,
                     run: {
@@ -318,26 +319,33 @@ macro_rules! decode_kernels {
     };
 }
 
-decode_kernels! {
-    attention_decode_bf16_d64, attention_decode_combine_bf16_d64, Bf16, 64, false;
-    attention_decode_bf16_d96, attention_decode_combine_bf16_d96, Bf16, 96, false;
-    attention_decode_bf16_d128, attention_decode_combine_bf16_d128, Bf16, 128, false;
-    attention_decode_bf16_d192, attention_decode_combine_bf16_d192, Bf16, 192, false;
-    attention_decode_bf16_d256, attention_decode_combine_bf16_d256, Bf16, 256, false;
-    attention_decode_f16_d64, attention_decode_combine_f16_d64, F16, 64, false;
-    attention_decode_f16_d96, attention_decode_combine_f16_d96, F16, 96, false;
-    attention_decode_f16_d128, attention_decode_combine_f16_d128, F16, 128, false;
-    attention_decode_f16_d192, attention_decode_combine_f16_d192, F16, 192, false;
-    attention_decode_f16_d256, attention_decode_combine_f16_d256, F16, 256, false;
-    // Softcap and sinks (`kernel_abi::attention::LogitOptions`).
-    attention_decode_capsink_bf16_d64, attention_decode_combine_capsink_bf16_d64, Bf16, 64, true;
-    attention_decode_capsink_bf16_d96, attention_decode_combine_capsink_bf16_d96, Bf16, 96, true;
-    attention_decode_capsink_bf16_d128, attention_decode_combine_capsink_bf16_d128, Bf16, 128, true;
-    attention_decode_capsink_bf16_d192, attention_decode_combine_capsink_bf16_d192, Bf16, 192, true;
-    attention_decode_capsink_bf16_d256, attention_decode_combine_capsink_bf16_d256, Bf16, 256, true;
-    attention_decode_capsink_f16_d64, attention_decode_combine_capsink_f16_d64, F16, 64, true;
-    attention_decode_capsink_f16_d96, attention_decode_combine_capsink_f16_d96, F16, 96, true;
-    attention_decode_capsink_f16_d128, attention_decode_combine_capsink_f16_d128, F16, 128, true;
-    attention_decode_capsink_f16_d192, attention_decode_combine_capsink_f16_d192, F16, 192, true;
-    attention_decode_capsink_f16_d256, attention_decode_combine_capsink_f16_d256, F16, 256, true;
+/// The entries for the head dimensions' tokens ([`kernel_abi::with_attention_head_dims!`]), then
+/// with softcap and sinks (`kernel_abi::attention::LogitOptions`).
+macro_rules! decode_entries {
+    ($($d:tt),*) => {
+        decode_kernels! {
+            $(
+                concat!("attention_decode_bf16_d", $d),
+                concat!("attention_decode_combine_bf16_d", $d),
+                Bf16, $d, false;
+            )*
+            $(
+                concat!("attention_decode_f16_d", $d),
+                concat!("attention_decode_combine_f16_d", $d),
+                F16, $d, false;
+            )*
+            $(
+                concat!("attention_decode_capsink_bf16_d", $d),
+                concat!("attention_decode_combine_capsink_bf16_d", $d),
+                Bf16, $d, true;
+            )*
+            $(
+                concat!("attention_decode_capsink_f16_d", $d),
+                concat!("attention_decode_combine_capsink_f16_d", $d),
+                F16, $d, true;
+            )*
+        }
+    };
 }
+
+kernel_abi::with_attention_head_dims!(decode_entries!());

@@ -1,5 +1,5 @@
-//! `attention_fwd_hopper_{bf16,f16}_d{64,96,128,192,256}`: the attention forward pass on Hopper
-//! (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
+//! `attention_fwd_hopper_{bf16,f16}_d{D}` (D every multiple of 16 from 32 to 256): the attention
+//! forward pass on Hopper (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
 //! `mma.sync` path ([`AttentionParams`](kernel_abi::attention::AttentionParams) documents the
 //! masking and the outputs); chosen automatically on Hopper GPUs. The `varlen` entries take
 //! packed sequences of different lengths, as the `mma.sync` path's `attention_fwd_varlen_*`.
@@ -243,220 +243,196 @@ unsafe fn forward<
 }
 
 macro_rules! hopper_kernel {
-    ($name:ident, $elem:ty, $cfg:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
-        hopper_kernel!($name, $elem, $cfg, false, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence);
+    ($name:expr, $elem:ty, $cfg:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
+        hopper_kernel!(
+            $name, $elem, $cfg, false, false, $s_zero, $s_mma, $s_fence, $o_mma, $o_fence
+        );
     };
-    ($name:ident, $elem:ty, $cfg:expr, $capsink:expr, $varlen:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
-        /// See the module documentation (the configuration
-        #[doc = stringify!($cfg)]
-        /// ).
-        ///
-        /// # Safety
-        /// Grid `(blocks, 1, 1)` with any `blocks >= 1` (persistent: each block walks the
-        /// tiles `blockIdx.x + k gridDim.x`), `HOPPER_THREADS` threads, the configuration's
-        /// shared memory, parameters as documented on [`HopperParams`] (validated by the host).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: HopperParams) {
-            const CFG: HopperConfig = $cfg;
-            crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
-            let tmaps = [
-                tensor_map_ptr!($name, 0, HopperParams, tmap_q),
-                tensor_map_ptr!($name, 0, HopperParams, tmap_k),
-                tensor_map_ptr!($name, 0, HopperParams, tmap_v),
-            ];
-            // SAFETY: forwarded to the caller; the closures are the wgmma shapes of this
-            // configuration, called by whole warpgroups in uniform control flow.
-            unsafe {
-                forward::<
-                    $elem,
-                    { CFG.head_dim },
-                    { CFG.block_n },
-                    { CFG.stages },
-                    { (CFG.block_n / 2) as usize },
-                    { (CFG.head_dim / 2) as usize },
-                    { (CFG.block_n / 8) as usize },
-                    { (CFG.block_n / 16) as usize },
-                    { (CFG.head_dim / 16) as usize },
-                    { CFG.overlap },
-                    { CFG.pingpong },
-                    { CFG.softmax.code() },
-                    $capsink,
-                    $varlen,
-                >(
-                    &p,
-                    &CFG,
-                    tmaps,
-                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
-                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
-                    |acc, a, b| wgmma::$o_mma::<1, true>(acc, a, b),
-                    wgmma::$s_fence,
-                    wgmma::$o_fence,
-                )
+    ($name:expr, $elem:ty, $cfg:expr, $capsink:expr, $varlen:expr, $s_zero:ident, $s_mma:ident, $s_fence:ident, $o_mma:ident, $o_fence:ident) => {
+        const _: () = {
+            /// See the module documentation (the configuration
+            #[doc = stringify!($cfg)]
+            /// ).
+            ///
+            /// # Safety
+            /// Grid `(blocks, 1, 1)` with any `blocks >= 1` (persistent: each block walks the
+            /// tiles `blockIdx.x + k gridDim.x`), `HOPPER_THREADS` threads, the configuration's
+            /// shared memory, parameters as documented on [`HopperParams`] (validated by the
+            /// host).
+            #[unsafe(export_name = $name)]
+            pub unsafe extern "ptx-kernel" fn kernel(p: HopperParams) {
+                const CFG: HopperConfig = $cfg;
+                crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                let tmaps = [
+                    tensor_map_ptr!(name = $name, 0, HopperParams, tmap_q),
+                    tensor_map_ptr!(name = $name, 0, HopperParams, tmap_k),
+                    tensor_map_ptr!(name = $name, 0, HopperParams, tmap_v),
+                ];
+                // SAFETY: forwarded to the caller; the closures are the wgmma shapes of this
+                // configuration, called by whole warpgroups in uniform control flow.
+                unsafe {
+                    forward::<
+                        $elem,
+                        { CFG.head_dim },
+                        { CFG.block_n },
+                        { CFG.stages },
+                        { (CFG.block_n / 2) as usize },
+                        { (CFG.head_dim / 2) as usize },
+                        { (CFG.block_n / 8) as usize },
+                        { (CFG.block_n / 16) as usize },
+                        { (CFG.head_dim / 16) as usize },
+                        { CFG.overlap },
+                        { CFG.pingpong },
+                        { CFG.softmax.code() },
+                        $capsink,
+                        $varlen,
+                    >(
+                        &p,
+                        &CFG,
+                        tmaps,
+                        |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                        |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                        |acc, a, b| wgmma::$o_mma::<1, true>(acc, a, b),
+                        wgmma::$s_fence,
+                        wgmma::$o_fence,
+                    )
+                }
             }
-        }
+        };
     };
 }
 
 /// An entry of the default configuration of head dimension `D` for element type `E`
 /// (`hopper_config_of(D)` and its `wgmma` shapes): `hopper_default!(name, E, D, capsink,
-/// varlen)`.
+/// varlen)`. S = Q K^T takes `m64n{block_n}` (128 up to D = 128, 64 above), O += P V `m64n{D}`.
 macro_rules! hopper_default {
-    ($name:ident, Bf16, 64, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            Bf16,
-            hopper_config_of(64),
-            $capsink,
-            $varlen,
-            m64n128k16_bf16_ss_zero,
-            m64n128k16_bf16_ss,
-            fence_operands_64,
-            m64n64k16_bf16_rs,
-            fence_operands_32
-        );
-    };
-    ($name:ident, Bf16, 96, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            Bf16,
-            hopper_config_of(96),
-            $capsink,
-            $varlen,
-            m64n128k16_bf16_ss_zero,
-            m64n128k16_bf16_ss,
-            fence_operands_64,
-            m64n96k16_bf16_rs,
-            fence_operands_48
-        );
-    };
-    ($name:ident, Bf16, 128, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            Bf16,
-            hopper_config_of(128),
-            $capsink,
-            $varlen,
-            m64n128k16_bf16_ss_zero,
-            m64n128k16_bf16_ss,
-            fence_operands_64,
-            m64n128k16_bf16_rs,
-            fence_operands_64
-        );
-    };
-    ($name:ident, Bf16, 192, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            Bf16,
-            hopper_config_of(192),
-            $capsink,
-            $varlen,
-            m64n64k16_bf16_ss_zero,
-            m64n64k16_bf16_ss,
-            fence_operands_32,
-            m64n192k16_bf16_rs,
-            fence_operands_96
-        );
-    };
-    ($name:ident, Bf16, 256, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            Bf16,
-            hopper_config_of(256),
-            $capsink,
-            $varlen,
-            m64n64k16_bf16_ss_zero,
-            m64n64k16_bf16_ss,
-            fence_operands_32,
-            m64n256k16_bf16_rs,
-            fence_operands_128
-        );
-    };
-    ($name:ident, F16, 64, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            F16,
-            hopper_config_of(64),
-            $capsink,
-            $varlen,
-            m64n128k16_f16_ss_zero,
-            m64n128k16_f16_ss,
-            fence_operands_64,
-            m64n64k16_f16_rs,
-            fence_operands_32
-        );
-    };
-    ($name:ident, F16, 96, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            F16,
-            hopper_config_of(96),
-            $capsink,
-            $varlen,
-            m64n128k16_f16_ss_zero,
-            m64n128k16_f16_ss,
-            fence_operands_64,
-            m64n96k16_f16_rs,
-            fence_operands_48
-        );
-    };
-    ($name:ident, F16, 128, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            F16,
-            hopper_config_of(128),
-            $capsink,
-            $varlen,
-            m64n128k16_f16_ss_zero,
-            m64n128k16_f16_ss,
-            fence_operands_64,
-            m64n128k16_f16_rs,
-            fence_operands_64
-        );
-    };
-    ($name:ident, F16, 192, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            F16,
-            hopper_config_of(192),
-            $capsink,
-            $varlen,
-            m64n64k16_f16_ss_zero,
-            m64n64k16_f16_ss,
-            fence_operands_32,
-            m64n192k16_f16_rs,
-            fence_operands_96
-        );
-    };
-    ($name:ident, F16, 256, $capsink:expr, $varlen:expr) => {
-        hopper_kernel!(
-            $name,
-            F16,
-            hopper_config_of(256),
-            $capsink,
-            $varlen,
-            m64n64k16_f16_ss_zero,
-            m64n64k16_f16_ss,
-            fence_operands_32,
-            m64n256k16_f16_rs,
-            fence_operands_128
-        );
+    ($name:expr, $elem:ident, $d:tt, $capsink:expr, $varlen:expr) => {
+        hopper_shapes!(@$elem $d => $name, $elem, hopper_config_of($d), $capsink, $varlen);
     };
 }
 
-hopper_default!(attention_fwd_hopper_bf16_d64, Bf16, 64, false, false);
-hopper_default!(attention_fwd_hopper_bf16_d128, Bf16, 128, false, false);
-hopper_default!(attention_fwd_hopper_bf16_d256, Bf16, 256, false, false);
-hopper_default!(attention_fwd_hopper_f16_d64, F16, 64, false, false);
-hopper_default!(attention_fwd_hopper_f16_d128, F16, 128, false, false);
-hopper_default!(attention_fwd_hopper_f16_d256, F16, 256, false, false);
-hopper_default!(attention_fwd_hopper_bf16_d96, Bf16, 96, false, false);
-hopper_default!(attention_fwd_hopper_f16_d96, F16, 96, false, false);
-hopper_default!(attention_fwd_hopper_bf16_d192, Bf16, 192, false, false);
-hopper_default!(attention_fwd_hopper_f16_d192, F16, 192, false, false);
+/// `hopper_kernel!` with the `wgmma` shapes of `(E, D)` appended to the arguments after `=>`.
+macro_rules! hopper_shapes {
+    (@Bf16 32 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n32k16_bf16_rs, fence_operands_16);
+    };
+    (@Bf16 48 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n48k16_bf16_rs, fence_operands_24);
+    };
+    (@Bf16 64 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n64k16_bf16_rs, fence_operands_32);
+    };
+    (@Bf16 80 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n80k16_bf16_rs, fence_operands_40);
+    };
+    (@Bf16 96 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n96k16_bf16_rs, fence_operands_48);
+    };
+    (@Bf16 112 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n112k16_bf16_rs, fence_operands_56);
+    };
+    (@Bf16 128 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n128k16_bf16_rs, fence_operands_64);
+    };
+    (@Bf16 144 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n144k16_bf16_rs, fence_operands_72);
+    };
+    (@Bf16 160 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n160k16_bf16_rs, fence_operands_80);
+    };
+    (@Bf16 176 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n176k16_bf16_rs, fence_operands_88);
+    };
+    (@Bf16 192 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n192k16_bf16_rs, fence_operands_96);
+    };
+    (@Bf16 208 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n208k16_bf16_rs, fence_operands_104);
+    };
+    (@Bf16 224 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n224k16_bf16_rs, fence_operands_112);
+    };
+    (@Bf16 240 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n240k16_bf16_rs, fence_operands_120);
+    };
+    (@Bf16 256 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n256k16_bf16_rs, fence_operands_128);
+    };
+    (@F16 32 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n32k16_f16_rs, fence_operands_16);
+    };
+    (@F16 48 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n48k16_f16_rs, fence_operands_24);
+    };
+    (@F16 64 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n64k16_f16_rs, fence_operands_32);
+    };
+    (@F16 80 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n80k16_f16_rs, fence_operands_40);
+    };
+    (@F16 96 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n96k16_f16_rs, fence_operands_48);
+    };
+    (@F16 112 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n112k16_f16_rs, fence_operands_56);
+    };
+    (@F16 128 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n128k16_f16_rs, fence_operands_64);
+    };
+    (@F16 144 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n144k16_f16_rs, fence_operands_72);
+    };
+    (@F16 160 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n160k16_f16_rs, fence_operands_80);
+    };
+    (@F16 176 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n176k16_f16_rs, fence_operands_88);
+    };
+    (@F16 192 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n192k16_f16_rs, fence_operands_96);
+    };
+    (@F16 208 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n208k16_f16_rs, fence_operands_104);
+    };
+    (@F16 224 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n224k16_f16_rs, fence_operands_112);
+    };
+    (@F16 240 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n240k16_f16_rs, fence_operands_120);
+    };
+    (@F16 256 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n256k16_f16_rs, fence_operands_128);
+    };
+}
+
+/// The default entries for the head dimensions' tokens
+/// ([`kernel_abi::with_attention_head_dims!`]): dense batches, softcap and sinks
+/// (`kernel_abi::attention::LogitOptions`), packed sequences (`HopperParams::cu_seqlens_q`),
+/// packed sequences with softcap and sinks.
+macro_rules! default_kernels {
+    ($($d:tt),*) => {
+        $(
+            hopper_default!(concat!("attention_fwd_hopper_bf16_d", $d), Bf16, $d, false, false);
+            hopper_default!(concat!("attention_fwd_hopper_f16_d", $d), F16, $d, false, false);
+            hopper_default!(concat!("attention_fwd_hopper_capsink_bf16_d", $d), Bf16, $d, true, false);
+            hopper_default!(concat!("attention_fwd_hopper_capsink_f16_d", $d), F16, $d, true, false);
+            hopper_default!(concat!("attention_fwd_hopper_varlen_bf16_d", $d), Bf16, $d, false, true);
+            hopper_default!(concat!("attention_fwd_hopper_varlen_f16_d", $d), F16, $d, false, true);
+            hopper_default!(
+                concat!("attention_fwd_hopper_varlen_capsink_bf16_d", $d), Bf16, $d, true, true
+            );
+            hopper_default!(
+                concat!("attention_fwd_hopper_varlen_capsink_f16_d", $d), F16, $d, true, true
+            );
+        )*
+    };
+}
+
+kernel_abi::with_attention_head_dims!(default_kernels!());
 
 // Tuning variants (`kernel_abi::attention::HOPPER_VARIANTS`, in order), bf16.
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hscaled,
+    "attention_fwd_hopper_bf16_d128_hscaled",
     Bf16,
     HOPPER_VARIANTS[0].1,
     m64n128k16_bf16_ss_zero,
@@ -466,7 +442,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hpp,
+    "attention_fwd_hopper_bf16_d128_hpp",
     Bf16,
     HOPPER_VARIANTS[1].1,
     m64n128k16_bf16_ss_zero,
@@ -476,7 +452,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_h176,
+    "attention_fwd_hopper_bf16_d128_h176",
     Bf16,
     HOPPER_VARIANTS[2].1,
     m64n176k16_bf16_ss_zero,
@@ -486,7 +462,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_h3,
+    "attention_fwd_hopper_bf16_d128_h3",
     Bf16,
     HOPPER_VARIANTS[3].1,
     m64n128k16_bf16_ss_zero,
@@ -496,7 +472,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hnp,
+    "attention_fwd_hopper_bf16_d128_hnp",
     Bf16,
     HOPPER_VARIANTS[4].1,
     m64n128k16_bf16_ss_zero,
@@ -506,7 +482,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hstatic,
+    "attention_fwd_hopper_bf16_d128_hstatic",
     Bf16,
     HOPPER_VARIANTS[5].1,
     m64n128k16_bf16_ss_zero,
@@ -516,7 +492,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d128_hgrid3,
+    "attention_fwd_hopper_bf16_d128_hgrid3",
     Bf16,
     HOPPER_VARIANTS[6].1,
     m64n128k16_bf16_ss_zero,
@@ -526,7 +502,7 @@ hopper_kernel!(
     fence_operands_64
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d64_hpp64,
+    "attention_fwd_hopper_bf16_d64_hpp64",
     Bf16,
     HOPPER_VARIANTS[7].1,
     m64n128k16_bf16_ss_zero,
@@ -536,7 +512,7 @@ hopper_kernel!(
     fence_operands_32
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d256_hpp256,
+    "attention_fwd_hopper_bf16_d256_hpp256",
     Bf16,
     HOPPER_VARIANTS[8].1,
     m64n64k16_bf16_ss_zero,
@@ -546,7 +522,7 @@ hopper_kernel!(
     fence_operands_128
 );
 hopper_kernel!(
-    attention_fwd_hopper_bf16_d256_hscaled256,
+    "attention_fwd_hopper_bf16_d256_hscaled256",
     Bf16,
     HOPPER_VARIANTS[9].1,
     m64n64k16_bf16_ss_zero,
@@ -554,134 +530,4 @@ hopper_kernel!(
     fence_operands_32,
     m64n256k16_bf16_rs,
     fence_operands_128
-);
-
-// Softcap and sinks (`kernel_abi::attention::LogitOptions`).
-hopper_default!(attention_fwd_hopper_capsink_bf16_d64, Bf16, 64, true, false);
-hopper_default!(
-    attention_fwd_hopper_capsink_bf16_d128,
-    Bf16,
-    128,
-    true,
-    false
-);
-hopper_default!(
-    attention_fwd_hopper_capsink_bf16_d256,
-    Bf16,
-    256,
-    true,
-    false
-);
-hopper_default!(attention_fwd_hopper_capsink_f16_d64, F16, 64, true, false);
-hopper_default!(attention_fwd_hopper_capsink_f16_d128, F16, 128, true, false);
-hopper_default!(attention_fwd_hopper_capsink_f16_d256, F16, 256, true, false);
-hopper_default!(attention_fwd_hopper_capsink_bf16_d96, Bf16, 96, true, false);
-hopper_default!(attention_fwd_hopper_capsink_f16_d96, F16, 96, true, false);
-hopper_default!(
-    attention_fwd_hopper_capsink_bf16_d192,
-    Bf16,
-    192,
-    true,
-    false
-);
-hopper_default!(attention_fwd_hopper_capsink_f16_d192, F16, 192, true, false);
-
-// Packed sequences (`HopperParams::cu_seqlens_q`), then with softcap and sinks.
-hopper_default!(attention_fwd_hopper_varlen_bf16_d64, Bf16, 64, false, true);
-hopper_default!(attention_fwd_hopper_varlen_bf16_d96, Bf16, 96, false, true);
-hopper_default!(
-    attention_fwd_hopper_varlen_bf16_d128,
-    Bf16,
-    128,
-    false,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_bf16_d192,
-    Bf16,
-    192,
-    false,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_bf16_d256,
-    Bf16,
-    256,
-    false,
-    true
-);
-hopper_default!(attention_fwd_hopper_varlen_f16_d64, F16, 64, false, true);
-hopper_default!(attention_fwd_hopper_varlen_f16_d96, F16, 96, false, true);
-hopper_default!(attention_fwd_hopper_varlen_f16_d128, F16, 128, false, true);
-hopper_default!(attention_fwd_hopper_varlen_f16_d192, F16, 192, false, true);
-hopper_default!(attention_fwd_hopper_varlen_f16_d256, F16, 256, false, true);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_bf16_d64,
-    Bf16,
-    64,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_bf16_d96,
-    Bf16,
-    96,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_bf16_d128,
-    Bf16,
-    128,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_bf16_d192,
-    Bf16,
-    192,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_bf16_d256,
-    Bf16,
-    256,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_f16_d64,
-    F16,
-    64,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_f16_d96,
-    F16,
-    96,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_f16_d128,
-    F16,
-    128,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_f16_d192,
-    F16,
-    192,
-    true,
-    true
-);
-hopper_default!(
-    attention_fwd_hopper_varlen_capsink_f16_d256,
-    F16,
-    256,
-    true,
-    true
 );

@@ -1,6 +1,7 @@
-//! `attention_fwd_{bf16,f16}_d{64,96,128,192,256}`: fused attention forward, FlashAttention-2 style,
+//! `attention_fwd_{bf16,f16}_d{D}`: fused attention forward, FlashAttention-2 style,
 //! on `mma.sync` tensor cores (runs on any GPU of compute capability >= 8.0), and
-//! `attention_fwd_varlen_{bf16,f16}_d{64,96,128,192,256}`, the same body over packed sequences.
+//! `attention_fwd_varlen_{bf16,f16}_d{D}`, the same body over packed sequences (D every multiple
+//! of 16 from 32 to 256, `kernel_abi::attention::HEAD_DIMS`).
 //!
 //! # Parameters
 //! [`AttentionParams`]: Q, K, V, O with arbitrary batch/sequence/head strides (head dimension
@@ -280,21 +281,24 @@ macro_rules! attention_body {
 /// the emulator's table `$table` of the same bodies: [`forward`] on parameters `$params` in the
 /// layout `$layout` ([`Dense`] or [`Packed`]).
 macro_rules! attention_kernels {
-    ($table:ident, $params:ty, $layout:ty; $( $name:ident, $elem:ty, $cfg:expr, $capsink:expr; )*) => {
+    ($table:ident, $params:ty, $layout:ty; $( $name:expr, $elem:ty, $cfg:expr, $capsink:expr; )*) => {
         $(
-            /// See the module documentation (the tile configuration named in the macro call).
-            ///
-            /// # Safety
-            /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's threads
-            /// and shared memory, and parameters satisfying their type's contract (validated by
-            /// the host).
             #[cfg(target_arch = "nvptx64")]
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $name(p: $params) {
-                crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
-                // SAFETY: forwarded to the caller.
-                unsafe { attention_body!($layout, p, $elem, $cfg, $capsink) }
-            }
+            const _: () = {
+                /// See the module documentation (the tile configuration named in the macro
+                /// call).
+                ///
+                /// # Safety
+                /// Launched with grid `(num_m_blocks, heads_q, batch)`, the configuration's
+                /// threads and shared memory, and parameters satisfying their type's contract
+                /// (validated by the host).
+                #[unsafe(export_name = $name)]
+                pub unsafe extern "ptx-kernel" fn kernel(p: $params) {
+                    crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                    // SAFETY: forwarded to the caller.
+                    unsafe { attention_body!($layout, p, $elem, $cfg, $capsink) }
+                }
+            };
         )*
 
         /// Kernels of this family, for the CPU emulator (`crate::emu`).
@@ -302,7 +306,7 @@ macro_rules! attention_kernels {
         pub const $table: &[crate::emu::EmuKernel] = &[
             $(
                 crate::emu::EmuKernel {
-                    name: stringify!($name),
+                    name: $name,
                     params: core::mem::size_of::<$params>(),
                     threads: $cfg.threads(),
                     run: {
@@ -322,60 +326,36 @@ macro_rules! attention_kernels {
     };
 }
 
-attention_kernels! {
-    EMU_KERNELS, AttentionParams, Dense;
-    attention_fwd_bf16_d64, Bf16, tile_config_of(64), false;
-    attention_fwd_bf16_d128, Bf16, tile_config_of(128), false;
-    attention_fwd_bf16_d256, Bf16, tile_config_of(256), false;
-    attention_fwd_bf16_d96, Bf16, tile_config_of(96), false;
-    attention_fwd_bf16_d192, Bf16, tile_config_of(192), false;
-    attention_fwd_f16_d64, F16, tile_config_of(64), false;
-    attention_fwd_f16_d128, F16, tile_config_of(128), false;
-    attention_fwd_f16_d256, F16, tile_config_of(256), false;
-    attention_fwd_f16_d96, F16, tile_config_of(96), false;
-    attention_fwd_f16_d192, F16, tile_config_of(192), false;
-    // Tuning variants (`kernel_abi::attention::TUNING_VARIANTS`, in order).
-    attention_fwd_bf16_d128_mt1, Bf16, TUNING_VARIANTS[0].1, false;
-    attention_fwd_bf16_d128_n64, Bf16, TUNING_VARIANTS[1].1, false;
-    attention_fwd_bf16_d128_n64pf, Bf16, TUNING_VARIANTS[2].1, false;
-    attention_fwd_bf16_d256_n32, Bf16, TUNING_VARIANTS[3].1, false;
-    attention_fwd_bf16_d128_ffma, Bf16, TUNING_VARIANTS[4].1, false;
-    attention_fwd_bf16_d128_scaled, Bf16, TUNING_VARIANTS[5].1, false;
-    attention_fwd_bf16_d128_n64lazy, Bf16, TUNING_VARIANTS[6].1, false;
-    // Softcap and sinks (`kernel_abi::attention::LogitOptions`).
-    attention_fwd_capsink_bf16_d64, Bf16, tile_config_of(64), true;
-    attention_fwd_capsink_bf16_d96, Bf16, tile_config_of(96), true;
-    attention_fwd_capsink_bf16_d128, Bf16, tile_config_of(128), true;
-    attention_fwd_capsink_bf16_d192, Bf16, tile_config_of(192), true;
-    attention_fwd_capsink_bf16_d256, Bf16, tile_config_of(256), true;
-    attention_fwd_capsink_f16_d64, F16, tile_config_of(64), true;
-    attention_fwd_capsink_f16_d96, F16, tile_config_of(96), true;
-    attention_fwd_capsink_f16_d128, F16, tile_config_of(128), true;
-    attention_fwd_capsink_f16_d192, F16, tile_config_of(192), true;
-    attention_fwd_capsink_f16_d256, F16, tile_config_of(256), true;
+/// The forward's entries for the head dimensions' tokens
+/// ([`kernel_abi::with_attention_head_dims!`]): the default tiles of each, the tuning variants
+/// (`kernel_abi::attention::TUNING_VARIANTS`, in order), the softcap and sinks
+/// (`kernel_abi::attention::LogitOptions`); then over packed sequences
+/// (`kernel_abi::attention::MMA_VARLEN_KERNELS`).
+macro_rules! forward_kernels {
+    ($($d:tt),*) => {
+        attention_kernels! {
+            EMU_KERNELS, AttentionParams, Dense;
+            $(concat!("attention_fwd_bf16_d", $d), Bf16, tile_config_of($d), false;)*
+            $(concat!("attention_fwd_f16_d", $d), F16, tile_config_of($d), false;)*
+            "attention_fwd_bf16_d128_mt1", Bf16, TUNING_VARIANTS[0].1, false;
+            "attention_fwd_bf16_d128_n64", Bf16, TUNING_VARIANTS[1].1, false;
+            "attention_fwd_bf16_d128_n64pf", Bf16, TUNING_VARIANTS[2].1, false;
+            "attention_fwd_bf16_d256_n32", Bf16, TUNING_VARIANTS[3].1, false;
+            "attention_fwd_bf16_d128_ffma", Bf16, TUNING_VARIANTS[4].1, false;
+            "attention_fwd_bf16_d128_scaled", Bf16, TUNING_VARIANTS[5].1, false;
+            "attention_fwd_bf16_d128_n64lazy", Bf16, TUNING_VARIANTS[6].1, false;
+            $(concat!("attention_fwd_capsink_bf16_d", $d), Bf16, tile_config_of($d), true;)*
+            $(concat!("attention_fwd_capsink_f16_d", $d), F16, tile_config_of($d), true;)*
+        }
+
+        attention_kernels! {
+            VARLEN_EMU_KERNELS, AttentionVarlenParams, Packed;
+            $(concat!("attention_fwd_varlen_bf16_d", $d), Bf16, tile_config_of($d), false;)*
+            $(concat!("attention_fwd_varlen_f16_d", $d), F16, tile_config_of($d), false;)*
+            $(concat!("attention_fwd_varlen_capsink_bf16_d", $d), Bf16, tile_config_of($d), true;)*
+            $(concat!("attention_fwd_varlen_capsink_f16_d", $d), F16, tile_config_of($d), true;)*
+        }
+    };
 }
 
-// Packed sequences (`kernel_abi::attention::MMA_VARLEN_KERNELS`): the default tiles.
-attention_kernels! {
-    VARLEN_EMU_KERNELS, AttentionVarlenParams, Packed;
-    attention_fwd_varlen_bf16_d64, Bf16, tile_config_of(64), false;
-    attention_fwd_varlen_bf16_d128, Bf16, tile_config_of(128), false;
-    attention_fwd_varlen_bf16_d256, Bf16, tile_config_of(256), false;
-    attention_fwd_varlen_bf16_d96, Bf16, tile_config_of(96), false;
-    attention_fwd_varlen_bf16_d192, Bf16, tile_config_of(192), false;
-    attention_fwd_varlen_f16_d64, F16, tile_config_of(64), false;
-    attention_fwd_varlen_f16_d128, F16, tile_config_of(128), false;
-    attention_fwd_varlen_f16_d256, F16, tile_config_of(256), false;
-    attention_fwd_varlen_f16_d96, F16, tile_config_of(96), false;
-    attention_fwd_varlen_f16_d192, F16, tile_config_of(192), false;
-    attention_fwd_varlen_capsink_bf16_d64, Bf16, tile_config_of(64), true;
-    attention_fwd_varlen_capsink_bf16_d96, Bf16, tile_config_of(96), true;
-    attention_fwd_varlen_capsink_bf16_d128, Bf16, tile_config_of(128), true;
-    attention_fwd_varlen_capsink_bf16_d192, Bf16, tile_config_of(192), true;
-    attention_fwd_varlen_capsink_bf16_d256, Bf16, tile_config_of(256), true;
-    attention_fwd_varlen_capsink_f16_d64, F16, tile_config_of(64), true;
-    attention_fwd_varlen_capsink_f16_d96, F16, tile_config_of(96), true;
-    attention_fwd_varlen_capsink_f16_d128, F16, tile_config_of(128), true;
-    attention_fwd_varlen_capsink_f16_d192, F16, tile_config_of(192), true;
-    attention_fwd_varlen_capsink_f16_d256, F16, tile_config_of(256), true;
-}
+kernel_abi::with_attention_head_dims!(forward_kernels!());

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use kernel_abi::attention::backward::{
     BWD_KERNELS, ROW_BLOCK, ROW_THREADS, bwd_tile_config, dq_tile_config,
 };
-use kernel_abi::attention::{HEAD_DIMS, UNBOUNDED};
+use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS, UNBOUNDED};
 
 /// The most dynamic shared memory a block may have on the GPUs the tests assume (H100, H200).
 const MAX_SMEM: usize = 227 * 1024;
@@ -82,7 +82,7 @@ fn dtype_name(d: Dtype) -> &'static str {
 
 #[test]
 fn handles_are_named_by_role_dtype_and_head_dim() {
-    assert_eq!(BWD_KERNELS.len(), 2 * HEAD_DIMS.len());
+    assert_eq!(BWD_KERNELS.len(), 2 * BWD_HEAD_DIMS.len());
     for k in &BWD_KERNELS {
         let (dt, d) = (dtype_name(k.dtype), k.head_dim);
         assert_eq!(k.pre.name, format!("attention_bwd_pre_{dt}_d{d}"));
@@ -210,7 +210,7 @@ fn the_hopper_path_where_it_exists() {
 fn every_launch_passes_the_ptx_checks() {
     for arch in [Arch::Sm90a, Arch::Sm80] {
         for dtype in [Dtype::Bf16, Dtype::F16] {
-            for d in HEAD_DIMS {
+            for d in BWD_HEAD_DIMS {
                 for deterministic in [false, true] {
                     let p = AttentionProblem::new(2, 239, 17, 4, 2, d as usize, dtype).causal();
                     let plan = plan_on(arch, &p, deterministic).unwrap();
@@ -493,7 +493,7 @@ fn varlen_launches_with_empty_grids_are_left_out() {
 fn every_varlen_launch_passes_the_ptx_checks() {
     for arch in [Arch::Sm90a, Arch::Sm80] {
         for dtype in [Dtype::Bf16, Dtype::F16] {
-            for d in HEAD_DIMS {
+            for d in BWD_HEAD_DIMS {
                 for deterministic in [false, true] {
                     let mut p = varlen_problem(&[(239, 17), (3, 80)], 4, 2, d as usize).causal();
                     p.dtype = dtype;
@@ -548,4 +548,20 @@ fn bad_varlen_tensors_are_rejected() {
     let mut ws = varlen_workspace(&plan);
     ws.delta = dev(20 << 40, plan.delta_len() + 1);
     assert!(plan.launches(&ws).is_err());
+}
+
+/// A head dimension the forward takes and the backward has no kernels for is a typed error on
+/// both layouts.
+#[test]
+fn head_dims_without_backward_kernels_are_refused() {
+    for d in HEAD_DIMS.into_iter().filter(|d| !BWD_HEAD_DIMS.contains(d)) {
+        let want = format!("attention backward at head dimension {d}");
+        let p = AttentionProblem::new(1, 64, 64, 2, 1, d as usize, Dtype::Bf16);
+        let e = plan_on(Arch::Sm90a, &p, false).map(|_| ()).unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+        assert!(e.to_string().contains(&want), "{e}");
+        let p = varlen_problem(&[(5, 7), (9, 3)], 2, 1, d as usize);
+        let e = varlen_plan(&p, true).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains(&want), "{e}");
+    }
 }

@@ -144,7 +144,7 @@ fn the_raw_plan_refuses_bad_tensors() {
     );
     refuse(&|t| t[4].ptr = t[3].ptr, "O: the output overlaps LSE");
     refuse(&|t| t[3].strides[0] = 0, "must not share memory");
-    refuse(&|t| t[0].shape[3] = 80, "head dimension 80");
+    refuse(&|t| t[0].shape[3] = 72, "head dimension 72");
     refuse(&|t| t[1].shape[2] = 3, "not a multiple of heads_kv");
     let e = plan_of(
         &good,
@@ -334,7 +334,7 @@ fn the_raw_backward_refuses_bad_tensors_and_workspaces() {
     refuse(&|t| t[7].ptr = t[0].ptr, "dQ");
     refuse(&|t| t[9].shape[2] = 4, "dV shape");
     refuse(&|t| t[8].strides[3] = 2, "dK head-dimension stride");
-    refuse(&|t| t[0].shape[3] = 80, "head dimension 80");
+    refuse(&|t| t[0].shape[3] = 72, "head dimension 72");
     refuse(&|t| t[7].strides[0] = 0, "must not share memory");
     refuse(&|t| t[8].strides[1] = 8, "must not share memory");
     // An input may be an expanded view (elements sharing memory), as torch's gradients are.

@@ -87,7 +87,7 @@ fn varlen_without_query_rows_has_no_launch() {
 #[test]
 fn varlen_hopper_plan_grid_parameters_and_maps() {
     let seqlens = CuSeqlens::from_lens(&[(17, 9), (0, 5), (300, 1), (40, 0)]).unwrap();
-    for d in [64, 96, 128, 192, 256] {
+    for d in HEAD_DIMS.map(|d| d as usize) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             let p = AttentionVarlenProblem::new(&seqlens, 4, 2, d, dtype).causal();
             let plan = match dtype {
@@ -177,7 +177,7 @@ fn varlen_hopper_path_needs_keys_and_sm90() {
 
 #[test]
 fn varlen_hopper_handles_are_named_by_dtype_and_head_dim() {
-    assert_eq!(HOPPER_VARLEN_KERNELS.len(), 2 * 2 * 5);
+    assert_eq!(HOPPER_VARLEN_KERNELS.len(), 2 * 2 * HEAD_DIMS.len());
     for k in &HOPPER_VARLEN_KERNELS {
         let want = format!(
             "attention_fwd_hopper_varlen_{}{}_d{}",
@@ -232,10 +232,10 @@ fn varlen_rejects_bad_boundaries_and_problems() {
     );
     rejects(
         &AttentionVarlenProblem {
-            head_dim: 80,
+            head_dim: 72,
             ..p.clone()
         },
-        "head dimension 80",
+        "head dimension 72",
     );
     rejects(
         &AttentionVarlenProblem {
