@@ -32,10 +32,14 @@
 #       four sanitizers on an append case, the Python decode tests (k, v in the call).
 #   hdall every multiple of 16 from 32 to 256 as head dimension: the dense, packed, decode and
 #       capsink GPU tests (both paths), the Python attention, packed and decode tests;
-#   hdsan the four sanitizers on D 80/144/240 cases of each path and of decoding;
-#   hdbench kbench attention at every head dimension (peers cuDNN and FA2 through SDPA).
+#   hdsan the four sanitizers on D 80/144/192/240/256 cases of each path (dense, packed, capsink)
+#       and of decoding;
+#   hdbench kbench attention at every head dimension (peers cuDNN and FA2 through SDPA);
+#   grid  kbench attention on its default grid (D 64/128/256, S 512 to 16k, the tuning
+#       variants) with cuDNN, FA2 and FlashAttention-4 (when installed under /tmp/fa4pkgs).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
-#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdbench
+#   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
+#   hdbench|grid
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -366,6 +370,9 @@ if [ "$part" = hdsan ]; then
     san $tool attention attention/hopper/bf16_d80_b2_sq113_sk203_h4x2_causal
     san $tool attention attention/mma/bf16_d144_b2_sq113_sk203_h4x2_causal
     san $tool attention attention/hopper/bf16_d240_b2_sq113_sk203_h4x2
+    san $tool attention attention/hopper/bf16_d192_b2_sq113_sk203_h4x2_causal
+    san $tool attention attention_varlen/hopper/bf16_d256_
+    san $tool attention attention_capsink/hopper/bf16_d144_b2_sq113_sk203_h4x2
     san $tool attention attention_decode/gpu/bf16_d80_sq3_h8x2_page64
   done
 fi
@@ -377,6 +384,16 @@ if [ "$part" = hdbench ]; then
   echo "bench attention rc=$? $(( $(date +%s)-s ))s" >> $S
   sed -n '/^== table/,$p' $L/bench-attention.log | grep -E "attention_fwd " | tail -130 >> $S
   grep -i "note\|error\|MISMATCH" $L/bench-attention.log | tail -5 >> $S
+fi
+if [ "$part" = grid ]; then
+  P=/tmp/pyd9e; python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  FP=/tmp/fa4pkgs; export PYTHONPATH=$P
+  [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP:$P
+  export KERNELS_PEERS_DIR=$B/peers
+  s=$(date +%s); timeout -k 5 ${T:-540} $B/bin/kbench attention --out $OUT > $L/bench-attention.log 2>&1
+  echo "bench attention rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench-attention.log | grep -E "attention_fwd " | tail -200 >> $S
+  grep -i "note\|error\|MISMATCH\|peer fa4" $L/bench-attention.log | tail -5 >> $S
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

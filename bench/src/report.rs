@@ -80,7 +80,7 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
 /// The attention family in brief: per head dimension, sequence length and mask, the automatic
 /// choice (`ours`) in TFLOP/s, as a fraction of the measured bf16 GEMM peak (the fastest
 /// `gemm_bf16` row of any results file from the same kind of GPU, usually cuBLAS in
-/// `smoke.json`), and against the SDPA peers of the same run.
+/// `smoke.json`), and against the peers of the same run (FlashAttention-4 where it ran).
 fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
     let peak = files
         .iter()
@@ -108,7 +108,7 @@ fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
     }
     md.push_str(
         "):\n\n| d | seq | batch x heads | causal | ours TFLOP/s | of GEMM peak | vs SDPA-FLASH | \
-         vs SDPA-cuDNN |\n|---:|---:|---:|---|---:|---:|---:|---:|\n",
+         vs SDPA-cuDNN | vs FA4 | vs best peer |\n|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n",
     );
     let get = |r: &Row, k: &str| r.config.get(k).map(|v| v.to_string()).unwrap_or_default();
     let fwd = |r: &&Row| r.kernel == "attention_fwd";
@@ -119,27 +119,35 @@ fn attention_summary(f: &ResultsFile, files: &[ResultsFile]) -> String {
         .filter(|r| r.implementation == "ours")
     {
         let key = config_text(o);
+        let ratio = |r: &Row| r.median_ms / o.median_ms;
         let peer = |name: &str| {
             f.rows
                 .iter()
                 .filter(fwd)
                 .find(|r| r.implementation.starts_with(name) && config_text(r) == key)
-                .map_or(String::new(), |r| {
-                    format!("{:.2}x", r.median_ms / o.median_ms)
-                })
+                .map_or(String::new(), |r| format!("{:.2}x", ratio(r)))
         };
+        let best = f
+            .rows
+            .iter()
+            .filter(fwd)
+            .filter(|r| !r.implementation.starts_with("ours") && config_text(r) == key)
+            .map(ratio)
+            .min_by(f64::total_cmp)
+            .map_or(String::new(), |x| format!("{x:.2}x"));
         let tf = o.tflops.unwrap_or(0.0);
         let frac = peak.map_or(String::new(), |(p, _, _)| format!("{:.0}%", 100.0 * tf / p));
         writeln!(
             md,
-            "| {} | {} | {} x {} | {} | {tf:.0} | {frac} | {} | {} |",
+            "| {} | {} | {} x {} | {} | {tf:.0} | {frac} | {} | {} | {} | {best} |",
             get(o, "d"),
             get(o, "seq"),
             get(o, "batch"),
             get(o, "heads"),
             get(o, "causal"),
             peer("sdpa-flash"),
-            peer("sdpa-cudnn")
+            peer("sdpa-cudnn"),
+            peer("fa4")
         )
         .unwrap();
     }

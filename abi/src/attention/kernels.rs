@@ -252,6 +252,18 @@ macro_rules! hopper_table {
                 HOPPER_VARIANTS[9].1,
                 Some(HOPPER_VARIANTS[9].0),
             ),
+            hopper(
+                "attention_fwd_hopper_bf16_d192_h64",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[10].1,
+                Some(HOPPER_VARIANTS[10].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d256_h64",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[11].1,
+                Some(HOPPER_VARIANTS[11].0),
+            ),
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_bf16_d", $d), Dtype::Bf16, $d),)*
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_f16_d", $d), Dtype::F16, $d),)*
         ]

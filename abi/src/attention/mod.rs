@@ -420,8 +420,8 @@ pub struct HopperConfig {
     /// Stages of the K/V ring.
     pub stages: u32,
     /// Intra-warpgroup overlap (FlashAttention-3): issue S of step `i` with P V of step `i - 1`
-    /// and run the softmax while P V is in flight. Faster at D = 128, much slower at D = 256,
-    /// where it is off (bench/NOTES.md).
+    /// and run the softmax while P V is in flight. Faster at every head dimension once the key
+    /// steps leave the registers for it (at D = 256 steps of 80, not 64: bench/NOTES.md).
     pub overlap: bool,
     /// Pingpong between the consumer warpgroups (FlashAttention-3): named barriers
     /// `HOPPER_SCHED_BARRIER + c` make the two issue their `wgmma` batches in turns, so that
@@ -505,12 +505,14 @@ impl HopperConfig {
 }
 
 /// The Hopper tile configuration for head dimension `d`, if supported. Chosen from
-/// measurements (bench/NOTES.md, "Hopper path"): the folded lazy softmax at every head
-/// dimension; no pingpong turns (slower at D = 64 and 128, no faster at D = 256); the
-/// intra-warpgroup overlap at D = 64 and 128 (at D = 256 the O accumulator of 128 registers
-/// leaves no room for a second S); the grid of [`HopperGrid::Auto`]. A head dimension that is
-/// not a multiple of 64 fills its last column block with zeros (TMA's boxes reach past D):
-/// S = Q K^T runs over the `D / 16` k-slices of D, O += P V with N = D.
+/// measurements (bench/NOTES.md, "Hopper path" and "Every multiple of 16"): the folded lazy
+/// softmax at every head dimension; no pingpong turns (slower at D = 64 and 128, no faster at
+/// D = 256); the intra-warpgroup overlap everywhere, with keys in steps of 128 up to D = 128, of
+/// 112 up to 192 and of 80 above (FlashAttention-3's tiles: the most the shared memory of three
+/// and four column blocks allows with two stages; 1.10-1.31x steps of 64 without the overlap);
+/// the grid of [`HopperGrid::Auto`]. A head dimension that is not a multiple of 64 fills its
+/// last column block with zeros (TMA's boxes reach past D): S = Q K^T runs over the `D / 16`
+/// k-slices of D, O += P V with N = D.
 #[inline(always)]
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     let base = HopperConfig {
@@ -527,11 +529,12 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     }
     match d {
         32..=128 => Some(base),
-        // Above 128 the D = 256 configuration (keys in steps of 64, no overlap: the O
-        // accumulator leaves no registers for a second S).
-        144..=256 => Some(HopperConfig {
-            block_n: 64,
-            overlap: false,
+        144..=192 => Some(HopperConfig {
+            block_n: 112,
+            ..base
+        }),
+        208..=256 => Some(HopperConfig {
+            block_n: 80,
             ..base
         }),
         _ => None,
@@ -542,7 +545,7 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements; "hgrid3"
 /// exists for the tests (many tiles per block).
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 10] = [
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 12] = [
     // The scaled softmax (scale first, maximum, exponentials; O rescaled every step).
     (
         "hscaled",
@@ -607,11 +610,12 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 10] = [
             ..hopper_config_of(64)
         },
     ),
+    // (on the configuration without the overlap: with it the turns spill)
     (
         "hpp256",
         HopperConfig {
             pingpong: true,
-            ..hopper_config_of(256)
+            ..without_overlap(256)
         },
     ),
     // D = 256 with the scaled softmax.
@@ -622,7 +626,42 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 10] = [
             ..hopper_config_of(256)
         },
     ),
+    // The configuration above D = 128 before the overlap: keys in steps of 64, one step after
+    // the other.
+    ("h64", without_overlap(192)),
+    ("h64", without_overlap(256)),
 ];
+
+/// The default configuration of head dimension `d` with keys in steps of 64 and no overlap.
+const fn without_overlap(d: u32) -> HopperConfig {
+    HopperConfig {
+        block_n: 64,
+        overlap: false,
+        ..hopper_config_of(d)
+    }
+}
+
+/// The Hopper tile configuration of the packed-sequence kernels for head dimension `d`: the
+/// default ([`hopper_config`]) up to D = 128; above, keys in steps of 64 without the overlap.
+/// With the overlap the packed tile's extra live values (its sequence's rows and offsets) made
+/// ptxas spill from D = 144 to 208 (up to a 72-byte stack frame) and serialize the `wgmma`s from
+/// 224 to 256 (`./x check-ptx`).
+#[inline(always)]
+pub const fn hopper_varlen_config(d: u32) -> Option<HopperConfig> {
+    match hopper_config(d) {
+        Some(_) if d > 128 => Some(without_overlap(d)),
+        c => c,
+    }
+}
+
+/// [`hopper_varlen_config`] for a supported head dimension (compile-time use in kernels).
+#[inline(always)]
+pub const fn hopper_varlen_config_of(d: u32) -> HopperConfig {
+    match hopper_varlen_config(d) {
+        Some(c) => c,
+        None => panic!("unsupported head dimension"),
+    }
+}
 
 /// The Hopper variant `name` for head dimension `d`.
 pub fn hopper_variant(d: u32, name: &str) -> Option<HopperConfig> {
@@ -631,6 +670,25 @@ pub fn hopper_variant(d: u32, name: &str) -> Option<HopperConfig> {
         .find(|(n, c)| *n == name && c.head_dim == d)
         .map(|(_, c)| *c)
 }
+
+const _: () = {
+    // Every Hopper configuration fits the 227 KiB a block may have.
+    let mut i = 0;
+    while i < HEAD_DIMS.len() {
+        assert!(hopper_config_of(HEAD_DIMS[i]).smem_bytes() <= 227 * 1024);
+        i += 1;
+    }
+    let mut k = 0;
+    while k < HEAD_DIMS.len() {
+        assert!(hopper_varlen_config_of(HEAD_DIMS[k]).smem_bytes() <= 227 * 1024);
+        k += 1;
+    }
+    let mut v = 0;
+    while v < HOPPER_VARIANTS.len() {
+        assert!(HOPPER_VARIANTS[v].1.smem_bytes() <= 227 * 1024);
+        v += 1;
+    }
+};
 
 /// [`hopper_config`] for a supported head dimension (compile-time use in kernels).
 #[inline(always)]

@@ -1,9 +1,9 @@
 //! The forward over packed sequences of different lengths (`cu_seqlens`, FlashAttention's
 //! `flash_attn_varlen_func`): its parameters and the kernel handles of both paths.
 
-use super::kernels::{hopper, hopper_capsink};
+use super::kernels::hopper;
 use super::{
-    AttentionParams, Dtype, HEAD_DIMS, HopperKernel, TileConfig, hopper_config_of, mma_smem,
+    AttentionParams, Dtype, HEAD_DIMS, HopperKernel, TileConfig, hopper_varlen_config_of, mma_smem,
     tile_config_of,
 };
 use crate::Kernel;
@@ -106,19 +106,20 @@ pub fn mma_varlen_kernel(
         .find(|k| k.dtype == dtype && k.tiles.head_dim == head_dim && k.capsink == capsink)
 }
 
-/// A Hopper kernel over packed sequences (the default configuration of its head dimension).
+/// A Hopper kernel over packed sequences (the packed configuration of its head dimension,
+/// [`hopper_varlen_config`](super::hopper_varlen_config)).
 const fn hopper_varlen(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {
     HopperKernel {
         varlen: true,
-        ..hopper(name, dtype, hopper_config_of(d), None)
+        ..hopper(name, dtype, hopper_varlen_config_of(d), None)
     }
 }
 
 /// A Hopper `capsink` kernel over packed sequences.
 const fn hopper_varlen_capsink(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {
     HopperKernel {
-        varlen: true,
-        ..hopper_capsink(name, dtype, d)
+        capsink: true,
+        ..hopper_varlen(name, dtype, d)
     }
 }
 

@@ -110,7 +110,7 @@ use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::{
     HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS, HOPPER_VARIANTS, HopperConfig,
-    HopperParams, hopper_config_of,
+    HopperParams, hopper_config_of, hopper_varlen_config_of,
 };
 
 /// Consumer warps arriving on an `empty` barrier per phase.
@@ -303,15 +303,22 @@ macro_rules! hopper_kernel {
 }
 
 /// An entry of the default configuration of head dimension `D` for element type `E`
-/// (`hopper_config_of(D)` and its `wgmma` shapes): `hopper_default!(name, E, D, capsink,
-/// varlen)`. S = Q K^T takes `m64n{block_n}` (128 up to D = 128, 64 above), O += P V `m64n{D}`.
+/// (`hopper_config_of(D)`, or `hopper_varlen_config_of(D)` for packed sequences, and its `wgmma`
+/// shapes): `hopper_default!(name, E, D, capsink, varlen)`. S = Q K^T takes `m64n{block_n}` (128 up to D = 128, 112 up to 192, 80 above), O += P V
+/// `m64n{D}`.
 macro_rules! hopper_default {
-    ($name:expr, $elem:ident, $d:tt, $capsink:expr, $varlen:expr) => {
-        hopper_shapes!(@$elem $d => $name, $elem, hopper_config_of($d), $capsink, $varlen);
+    ($name:expr, $elem:ident, $d:tt, $capsink:expr, false) => {
+        hopper_shapes!(@$elem $d => $name, $elem, hopper_config_of($d), $capsink, false);
+    };
+    ($name:expr, $elem:ident, $d:tt, $capsink:expr, true) => {
+        hopper_shapes!(
+            @$elem $d varlen => $name, $elem, hopper_varlen_config_of($d), $capsink, true
+        );
     };
 }
 
-/// `hopper_kernel!` with the `wgmma` shapes of `(E, D)` appended to the arguments after `=>`.
+/// `hopper_kernel!` with the `wgmma` shapes of `(E, D)` (`varlen`: of the packed configuration)
+/// appended to the arguments after `=>`.
 macro_rules! hopper_shapes {
     (@Bf16 32 => $($args:tt)*) => {
         hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n32k16_bf16_rs, fence_operands_16);
@@ -335,28 +342,28 @@ macro_rules! hopper_shapes {
         hopper_kernel!($($args)*, m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, fence_operands_64, m64n128k16_bf16_rs, fence_operands_64);
     };
     (@Bf16 144 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n144k16_bf16_rs, fence_operands_72);
+        hopper_kernel!($($args)*, m64n112k16_bf16_ss_zero, m64n112k16_bf16_ss, fence_operands_56, m64n144k16_bf16_rs, fence_operands_72);
     };
     (@Bf16 160 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n160k16_bf16_rs, fence_operands_80);
+        hopper_kernel!($($args)*, m64n112k16_bf16_ss_zero, m64n112k16_bf16_ss, fence_operands_56, m64n160k16_bf16_rs, fence_operands_80);
     };
     (@Bf16 176 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n176k16_bf16_rs, fence_operands_88);
+        hopper_kernel!($($args)*, m64n112k16_bf16_ss_zero, m64n112k16_bf16_ss, fence_operands_56, m64n176k16_bf16_rs, fence_operands_88);
     };
     (@Bf16 192 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n192k16_bf16_rs, fence_operands_96);
+        hopper_kernel!($($args)*, m64n112k16_bf16_ss_zero, m64n112k16_bf16_ss, fence_operands_56, m64n192k16_bf16_rs, fence_operands_96);
     };
     (@Bf16 208 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n208k16_bf16_rs, fence_operands_104);
+        hopper_kernel!($($args)*, m64n80k16_bf16_ss_zero, m64n80k16_bf16_ss, fence_operands_40, m64n208k16_bf16_rs, fence_operands_104);
     };
     (@Bf16 224 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n224k16_bf16_rs, fence_operands_112);
+        hopper_kernel!($($args)*, m64n80k16_bf16_ss_zero, m64n80k16_bf16_ss, fence_operands_40, m64n224k16_bf16_rs, fence_operands_112);
     };
     (@Bf16 240 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n240k16_bf16_rs, fence_operands_120);
+        hopper_kernel!($($args)*, m64n80k16_bf16_ss_zero, m64n80k16_bf16_ss, fence_operands_40, m64n240k16_bf16_rs, fence_operands_120);
     };
     (@Bf16 256 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n256k16_bf16_rs, fence_operands_128);
+        hopper_kernel!($($args)*, m64n80k16_bf16_ss_zero, m64n80k16_bf16_ss, fence_operands_40, m64n256k16_bf16_rs, fence_operands_128);
     };
     (@F16 32 => $($args:tt)*) => {
         hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n32k16_f16_rs, fence_operands_16);
@@ -380,28 +387,80 @@ macro_rules! hopper_shapes {
         hopper_kernel!($($args)*, m64n128k16_f16_ss_zero, m64n128k16_f16_ss, fence_operands_64, m64n128k16_f16_rs, fence_operands_64);
     };
     (@F16 144 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n144k16_f16_rs, fence_operands_72);
+        hopper_kernel!($($args)*, m64n112k16_f16_ss_zero, m64n112k16_f16_ss, fence_operands_56, m64n144k16_f16_rs, fence_operands_72);
     };
     (@F16 160 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n160k16_f16_rs, fence_operands_80);
+        hopper_kernel!($($args)*, m64n112k16_f16_ss_zero, m64n112k16_f16_ss, fence_operands_56, m64n160k16_f16_rs, fence_operands_80);
     };
     (@F16 176 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n176k16_f16_rs, fence_operands_88);
+        hopper_kernel!($($args)*, m64n112k16_f16_ss_zero, m64n112k16_f16_ss, fence_operands_56, m64n176k16_f16_rs, fence_operands_88);
     };
     (@F16 192 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n192k16_f16_rs, fence_operands_96);
+        hopper_kernel!($($args)*, m64n112k16_f16_ss_zero, m64n112k16_f16_ss, fence_operands_56, m64n192k16_f16_rs, fence_operands_96);
     };
     (@F16 208 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n208k16_f16_rs, fence_operands_104);
+        hopper_kernel!($($args)*, m64n80k16_f16_ss_zero, m64n80k16_f16_ss, fence_operands_40, m64n208k16_f16_rs, fence_operands_104);
     };
     (@F16 224 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n224k16_f16_rs, fence_operands_112);
+        hopper_kernel!($($args)*, m64n80k16_f16_ss_zero, m64n80k16_f16_ss, fence_operands_40, m64n224k16_f16_rs, fence_operands_112);
     };
     (@F16 240 => $($args:tt)*) => {
-        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n240k16_f16_rs, fence_operands_120);
+        hopper_kernel!($($args)*, m64n80k16_f16_ss_zero, m64n80k16_f16_ss, fence_operands_40, m64n240k16_f16_rs, fence_operands_120);
     };
     (@F16 256 => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n80k16_f16_ss_zero, m64n80k16_f16_ss, fence_operands_40, m64n256k16_f16_rs, fence_operands_128);
+    };
+    (@Bf16 144 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n144k16_bf16_rs, fence_operands_72);
+    };
+    (@Bf16 160 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n160k16_bf16_rs, fence_operands_80);
+    };
+    (@Bf16 176 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n176k16_bf16_rs, fence_operands_88);
+    };
+    (@Bf16 192 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n192k16_bf16_rs, fence_operands_96);
+    };
+    (@Bf16 208 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n208k16_bf16_rs, fence_operands_104);
+    };
+    (@Bf16 224 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n224k16_bf16_rs, fence_operands_112);
+    };
+    (@Bf16 240 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n240k16_bf16_rs, fence_operands_120);
+    };
+    (@Bf16 256 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_bf16_ss_zero, m64n64k16_bf16_ss, fence_operands_32, m64n256k16_bf16_rs, fence_operands_128);
+    };
+    (@F16 144 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n144k16_f16_rs, fence_operands_72);
+    };
+    (@F16 160 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n160k16_f16_rs, fence_operands_80);
+    };
+    (@F16 176 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n176k16_f16_rs, fence_operands_88);
+    };
+    (@F16 192 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n192k16_f16_rs, fence_operands_96);
+    };
+    (@F16 208 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n208k16_f16_rs, fence_operands_104);
+    };
+    (@F16 224 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n224k16_f16_rs, fence_operands_112);
+    };
+    (@F16 240 varlen => $($args:tt)*) => {
+        hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n240k16_f16_rs, fence_operands_120);
+    };
+    (@F16 256 varlen => $($args:tt)*) => {
         hopper_kernel!($($args)*, m64n64k16_f16_ss_zero, m64n64k16_f16_ss, fence_operands_32, m64n256k16_f16_rs, fence_operands_128);
+    };
+    // Packed sequences up to D = 128: the dense kernels' shapes.
+    (@$elem:ident $d:tt varlen => $($args:tt)*) => {
+        hopper_shapes!(@$elem $d => $($args)*);
     };
 }
 
@@ -525,6 +584,26 @@ hopper_kernel!(
     "attention_fwd_hopper_bf16_d256_hscaled256",
     Bf16,
     HOPPER_VARIANTS[9].1,
+    m64n80k16_bf16_ss_zero,
+    m64n80k16_bf16_ss,
+    fence_operands_40,
+    m64n256k16_bf16_rs,
+    fence_operands_128
+);
+hopper_kernel!(
+    "attention_fwd_hopper_bf16_d192_h64",
+    Bf16,
+    HOPPER_VARIANTS[10].1,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32,
+    m64n192k16_bf16_rs,
+    fence_operands_96
+);
+hopper_kernel!(
+    "attention_fwd_hopper_bf16_d256_h64",
+    Bf16,
+    HOPPER_VARIANTS[11].1,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     fence_operands_32,

@@ -187,7 +187,10 @@ fn varlen_hopper_handles_are_named_by_dtype_and_head_dim() {
         );
         assert_eq!(k.kernel.name, want);
         assert!(k.varlen && k.variant.is_none());
-        assert_eq!(Some(k.cfg), hopper_config(k.cfg.head_dim));
+        assert_eq!(
+            Some(k.cfg),
+            kernel_abi::attention::hopper_varlen_config(k.cfg.head_dim)
+        );
         let found = hopper_varlen_kernel(k.dtype, k.cfg.head_dim, k.capsink).unwrap();
         assert_eq!(found.kernel.name, k.kernel.name);
     }
