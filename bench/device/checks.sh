@@ -35,11 +35,13 @@
 #   hdsan the four sanitizers on D 80/144/192/240/256 cases of each path (dense, packed, capsink)
 #       and of decoding;
 #   hdbench kbench attention at every head dimension (peers cuDNN and FA2 through SDPA);
+#   ncu64 ncu (full set) on the Hopper forward at D 64 and D 128, B 2 S 8k H 32 / 16 bf16
+#       non-causal (through the CLI), details pages kept;
 #   grid  kbench attention on its default grid (D 64/128/256, S 512 to 16k, the tuning
 #       variants) with cuDNN, FA2 and FlashAttention-4 (when installed under /tmp/fa4pkgs).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|grid
+#   hdbench|ncu64|grid
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -384,6 +386,22 @@ if [ "$part" = hdbench ]; then
   echo "bench attention rc=$? $(( $(date +%s)-s ))s" >> $S
   sed -n '/^== table/,$p' $L/bench-attention.log | grep -E "attention_fwd " | tail -130 >> $S
   grep -i "note\|error\|MISMATCH" $L/bench-attention.log | tail -5 >> $S
+fi
+if [ "$part" = ncu64 ]; then
+  for d in 64 128; do
+    python3 - $d <<'PY'
+import sys, torch
+from safetensors.torch import save_file
+d = int(sys.argv[1]); h = 2048 // d
+g = torch.Generator().manual_seed(7)
+t = lambda: (torch.rand(2, 8192, h, d, generator=g) * 2 - 1).bfloat16()
+save_file({"q": t(), "k": t(), "v": t()}, f"/tmp/ncu_in_{d}.st")
+PY
+    timeout 200 ncu --set full -k regex:attention_fwd_hopper -c 1 -o $OUT/fwd_d$d $CLI attention /tmp/ncu_in_$d.st -o /tmp/ncu_out.st > $L/ncu_$d.log 2>&1
+    echo "ncu D$d rc=$?" >> $S
+    ncu -i $OUT/fwd_d$d.ncu-rep --page details > $OUT/fwd_d$d.txt 2>&1; rm -f $OUT/fwd_d$d.ncu-rep
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|No Eligible" $OUT/fwd_d$d.txt | sed "s/^/D$d /" >> $S
+  done
 fi
 if [ "$part" = grid ]; then
   P=/tmp/pyd9e; python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
