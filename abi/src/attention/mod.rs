@@ -509,8 +509,8 @@ impl HopperConfig {
 /// softmax at every head dimension; no pingpong turns (slower at D = 64 and 128, no faster at
 /// D = 256); the intra-warpgroup overlap everywhere, with keys in steps of 128 up to D = 128, of
 /// 112 up to 192 and of 80 above (FlashAttention-3's tiles: the most the shared memory of three
-/// and four column blocks allows with two stages; 1.10-1.31x steps of 64 without the overlap);
-/// the grid of [`HopperGrid::Auto`]. A head dimension that is not a multiple of 64 fills its
+/// and four column blocks allows with two stages; faster than steps of 64 without the overlap,
+/// variant "h64"); the grid of [`HopperGrid::Auto`]. A head dimension that is not a multiple of 64 fills its
 /// last column block with zeros (TMA's boxes reach past D): S = Q K^T runs over the `D / 16`
 /// k-slices of D, O += P V with N = D.
 #[inline(always)]
