@@ -39,9 +39,14 @@
 #       non-causal (through the CLI), details pages kept;
 #   grid  kbench attention on its default grid (D 64/128/256, S 512 to 16k, the tuning
 #       variants) with cuDNN, FA2 and FlashAttention-4 (when installed under /tmp/fa4pkgs).
+#   fq  the Hopper dK/dV/dQ kernel (dQ by bulk reduce-adds): the attention backward's GPU tests
+#       (dense, softcap and sinks, packed), reliability props and negative controls, CLI tests,
+#       CLI timings with ncu per kernel (default and deterministic), the Python attention tests;
+#   fqsan the four sanitizers on its Hopper D 64/128 cases (a softcap included);
+#   fqb kbench attention-backward (D 64/128/256, S 4k-16k) with cuDNN and FA2 through SDPA.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid
+#   hdbench|ncu64|grid|fq|fqsan|fqb
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -415,3 +420,58 @@ if [ "$part" = grid ]; then
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S
+
+if [ "$part" = fq ]; then
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
+  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+  t props $B/bin/test-reliability props
+  t neg $B/bin/test-reliability negative
+  t cli $B/bin/test-cli gpu/
+  python3 - <<'PY'
+import torch
+from safetensors.torch import save_file
+torch.manual_seed(0)
+r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+for d,b,s_,h in [(128,2,4096,16),(64,2,8192,16)]:
+    save_file({'q':r(b,s_,h,d),'k':r(b,s_,h,d),'v':r(b,s_,h,d)}, f'/tmp/attn_in_{d}.st')
+PY
+  for d in 128 64; do
+    $CLI attention /tmp/attn_in_$d.st -o /tmp/attn_out_$d.st > $L/fwd_$d.log 2>&1
+    python3 - $d <<'PY'
+import sys, torch
+from safetensors.torch import load_file, save_file
+d=sys.argv[1]
+a=load_file(f'/tmp/attn_in_{d}.st'); o=load_file(f'/tmp/attn_out_{d}.st')
+a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
+save_file(a,f'/tmp/attn_bwd_{d}.st')
+PY
+    for mode in "" "--deterministic"; do
+      $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median" | sed "s/^/D$d $mode /" >> $S
+      ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab2.st $mode > $L/ncu_$d$mode.csv 2>&1
+      ktimes $L/ncu_$d$mode.csv "D$d$mode"
+    done
+  done
+  P=/tmp/pyd9fq; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention attention_capsink_bwd; do
+    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+fi
+if [ "$part" = fqb ]; then
+  P=/tmp/pyd9b
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=${DIMS:-64,128,256} KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
+  s=$(date +%s); timeout -k 5 ${T:-500} $B/bin/kbench attention-backward --out $OUT > $L/bench.log 2>&1
+  echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench.log | grep "attention_fwd_bwd" | tail -80 >> $S
+  grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
+fi
+if [ "$part" = fqsan ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in ${FQSAN:-attention_bwd/gpu/bf16_d128_b2_sq113_sk203_h4x2_atomic attention_bwd/gpu/f16_d64_b2_sq113_sk203_h4x2_causal_atomic attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_softcap20_atomic}; do
+      san $tool attention $f
+    done
+  done
+fi

@@ -221,9 +221,15 @@ pub fn attention_backward_plan_or_typed_error() -> TestResult {
                         prop_assert!(p.validate().is_ok());
                         prop_assert_eq!(plan.deterministic(), deterministic);
                         prop_assert_eq!(plan.delta_len(), p.lse_len());
-                        // No accumulator in deterministic mode or on the Hopper path.
-                        let hopper_path = plan.path() == kernels::attention::BackwardPath::Hopper;
-                        prop_assert_eq!(plan.dq_accum_len() == 0, deterministic || hopper_path);
+                        // No accumulator in deterministic mode; otherwise one of whole
+                        // 64-row tiles per (sequence, head).
+                        let rows = p.seq_q.div_ceil(64) * 64;
+                        let expect = if deterministic {
+                            0
+                        } else {
+                            p.batch * p.heads_q * rows * p.head_dim
+                        };
+                        prop_assert_eq!(plan.dq_accum_len(), expect);
                         // The workspace of the sizes the plan asks for: three launches, each
                         // passing `Gpu::launch`'s checks.
                         let ws = BackwardWorkspace {
@@ -233,14 +239,13 @@ pub fn attention_backward_plan_or_typed_error() -> TestResult {
                         let l = plan
                             .launches(&ws)
                             .map_err(|e| TestCaseError::fail(format!("launches: {e}")))?;
-                        // The Hopper kernels exist in the sm_90a PTX only.
-                        let hopper = |l: &kernels::attention::BwdLaunch| {
-                            matches!(l, kernels::attention::BwdLaunch::Hopper(_))
-                        };
+                        // The Hopper path's kernels (the conversion of its accumulator
+                        // included) exist in the sm_90a PTX only.
+                        let hopper = plan.path() == kernels::attention::BackwardPath::Hopper;
                         for (kernel, cfg, hopper_only) in [
                             (l.pre.kernel(), l.pre.config(), false),
-                            (l.dkdv.kernel(), l.dkdv.config(), hopper(&l.dkdv)),
-                            (l.dq.kernel(), l.dq.config(), hopper(&l.dq)),
+                            (l.dkdv.kernel(), l.dkdv.config(), hopper),
+                            (l.dq.kernel(), l.dq.config(), hopper),
                         ] {
                             launch_ok(kernel, cfg, hopper_only)?;
                         }

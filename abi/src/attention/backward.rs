@@ -51,8 +51,9 @@ pub struct AttentionBwdParams {
     pub d_lse: *const f32,
     /// `delta'` `[batch, heads_q, seq_q]` f32, contiguous (workspace, written by the preprocess).
     pub delta: *mut f32,
-    /// dQ accumulator `[batch, heads_q, seq_q, D]` f32, contiguous (workspace; null in
-    /// deterministic mode).
+    /// dQ accumulator f32, contiguous (workspace; null in deterministic mode): `[batch,
+    /// heads_q, seq_q, D]`, or with `dq_accum_tiled` the Hopper layout of
+    /// [`super::hopper_bwd::dq_accum_index`].
     pub dq_accum: *mut f32,
     /// Element strides of Q for batch, sequence, head (the head dimension is contiguous).
     pub q_strides: [u64; 3],
@@ -88,6 +89,10 @@ pub struct AttentionBwdParams {
     pub window_left: i32,
     /// Right window size (0 for causal), or [`super::UNBOUNDED`].
     pub window_right: i32,
+    /// 1 when the dQ accumulator has the tiled layout of the Hopper dK/dV/dQ kernel
+    /// ([`super::hopper_bwd::dq_accum_index`]: the preprocess zeroes its padded rows too), 0
+    /// for `[batch, heads_q, seq_q, D]` (and the packed layouts).
+    pub dq_accum_tiled: u32,
     /// The forward's softcap and sinks ([`LogitOptions`]). Under a softcap the `softcap`
     /// kernels recompute `t = tanh(q.k softcap_scale)` as the logit (times `scale_log2 =
     /// softcap log2 e`) and scale `dS` by `1 - t^2`, the softcap's derivative; the other

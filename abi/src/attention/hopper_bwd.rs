@@ -11,12 +11,18 @@
 //!   consumer `c` owning rows `64 c .. 64 c + 64` with their dQ in registers, over the
 //!   [`HOPPER_DQ_BLOCK_N`]-key blocks the rows may see. No atomics: bitwise reproducible.
 //!
+//! - dK/dV/dQ (the default, non-deterministic mode): the dK/dV kernel that also computes each
+//!   step's `dQ = dS K` and adds it into an f32 accumulator with bulk reduce-adds (the tiled
+//!   layout of [`dq_accum_tile_base`]), then a conversion to the element type: one kernel
+//!   instead of the dQ kernel's recomputation of `S` and `dP`, at the cost of an accumulation
+//!   order that varies from run to run.
+//!
 //! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
 //! products and the barrier protocols.
 
 use super::backward::AttentionBwdParams;
-use super::{Dtype, HOPPER_ATOM, HOPPER_THREADS};
-use crate::{Kernel, KernelDecl, SMEM_ALIGN, TensorMap};
+use super::{Dtype, HOPPER_ATOM, HOPPER_CONSUMERS, HOPPER_THREADS};
+use crate::{Kernel, KernelDecl, SMEM_ALIGN, TensorMap, WARPGROUP_SIZE};
 
 /// Keys per block (64 per consumer warpgroup: the M of its `wgmma`s).
 pub const HOPPER_BWD_BLOCK_N: u32 = 128;
@@ -24,6 +30,9 @@ pub const HOPPER_BWD_BLOCK_N: u32 = 128;
 pub const HOPPER_BWD_BLOCK_M: u32 = 64;
 /// Stages of the Q/dO ring (dK/dV) and of the K/V ring (dQ).
 pub const HOPPER_BWD_STAGES: u32 = 2;
+/// Rows of a tile of the tiled dQ accumulator: the query rows of one step of the dK/dV/dQ
+/// kernel.
+pub const HOPPER_DQ_TILE_ROWS: u32 = HOPPER_BWD_BLOCK_M;
 /// Query rows per block of the dQ kernel (64 per consumer warpgroup).
 pub const HOPPER_DQ_BLOCK_M: u32 = 128;
 /// Keys per step of the dQ kernel (the K and V tiles of one ring stage).
@@ -49,12 +58,56 @@ pub struct HopperBwdParams {
     pub base: AttentionBwdParams,
 }
 
+/// Rows per (sequence, head) of the tiled dQ accumulator: `seq_q` rounded up to whole tiles.
+pub const fn dq_accum_rows(seq_q: u32) -> u32 {
+    seq_q.div_ceil(HOPPER_DQ_TILE_ROWS) * HOPPER_DQ_TILE_ROWS
+}
+
+/// f32 elements of the tiled dQ accumulator.
+pub const fn dq_accum_len(batch: usize, heads_q: usize, seq_q: usize, d: usize) -> usize {
+    batch * heads_q * dq_accum_rows(seq_q as u32) as usize * d
+}
+
+/// Element offset of the tile of query rows `m0 .. m0 + HOPPER_DQ_TILE_ROWS` (`m0` a multiple
+/// of the tile rows) of query head `h` of sequence `b` in the tiled dQ accumulator: each
+/// (sequence, head) owns [`dq_accum_rows`] rows, each tile `HOPPER_DQ_TILE_ROWS D` contiguous
+/// elements whose order is [`dq_tile_vector`]'s (the consumers' registers, so that their
+/// shared-memory copy of a tile is written without bank conflicts and added with one bulk
+/// reduce per consumer).
+pub const fn dq_accum_tile_base(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u32, d: u32) -> u64 {
+    ((b as u64 * heads_q as u64 + h as u64) * dq_accum_rows(seq_q) as u64 + m0 as u64) * d as u64
+}
+
+/// Element offset within a dQ tile of the 4-element vector `v` (`0 .. D / 16`) of thread `tid`
+/// (`0 .. 128`) of consumer `c`: its accumulator registers `4 v .. 4 v + 4` of the `m64n{D/2}`
+/// product over the tile's columns `c D / 2 ..` (rows and columns as in
+/// [`dq_tile_position`]). Consumer `c`'s half is `HOPPER_DQ_TILE_ROWS D / 2` contiguous
+/// elements.
+pub const fn dq_tile_vector(d: u32, c: u32, v: u32, tid: u32) -> u32 {
+    c * HOPPER_DQ_TILE_ROWS * d / 2 + (v * WARPGROUP_SIZE + tid) * 4
+}
+
+/// The tile row and column of the first element of the vector at element offset `4 f` of a dQ
+/// tile (the inverse of [`dq_tile_vector`]): its four elements are (row, col), (row, col + 1),
+/// (row + 8, col), (row + 8, col + 1) (the `wgmma` accumulator layout of thread `tid`, warp `w
+/// = tid / 32`, lane `l`: row `16 w + l / 4`, column `c D / 2 + 8 v + 2 (l % 4)`).
+pub const fn dq_tile_position(d: u32, f: u32) -> (u32, u32) {
+    let per_consumer = HOPPER_DQ_TILE_ROWS * d / 2 / 4;
+    let (c, within) = (f / per_consumer, f % per_consumer);
+    let (v, tid) = (within / WARPGROUP_SIZE, within % WARPGROUP_SIZE);
+    let (w, lane) = (tid / 32, tid % 32);
+    (16 * w + lane / 4, c * d / 2 + 8 * v + 2 * (lane % 4))
+}
+
 /// The shared-memory layout of the Hopper dK/dV kernel for one head dimension. Tiles are stored
 /// as `D / 64` column blocks of 128-byte swizzled rows (one TMA box each), as in the forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperBwdConfig {
     /// Head dimension D.
     pub head_dim: u32,
+    /// Whether the kernel also computes dQ (the dK/dV/dQ kernel): two `dS^T` buffers and the
+    /// consumers' dQ tiles follow the mbarriers.
+    pub fused_dq: bool,
 }
 
 impl HopperBwdConfig {
@@ -120,12 +173,36 @@ impl HopperBwdConfig {
         1 + 2 * HOPPER_BWD_STAGES
     }
 
+    /// Offset of `dS^T` buffer `s` (of 2; dK/dV/dQ kernel): `[HOPPER_BWD_BLOCK_N,
+    /// HOPPER_BWD_BLOCK_M]` 16-bit, keys as rows of 128 bytes, 128-byte swizzled (the layout
+    /// TMA gives a Q tile), the M-major A operand of `dQ = dS K`.
+    pub const fn ds_offset(&self, s: u32) -> u32 {
+        let end = self.barriers_offset() + 8 * self.barriers();
+        crate::align_up(end as usize, 1024) as u32 + s * HOPPER_BWD_BLOCK_N * HOPPER_BWD_BLOCK_M * 2
+    }
+
+    /// Offset of consumer `c`'s dQ half tile (dK/dV/dQ kernel): `HOPPER_DQ_TILE_ROWS D / 2`
+    /// f32 in the order of [`dq_tile_vector`], the source of its bulk reduce.
+    pub const fn dq_offset(&self, c: u32) -> u32 {
+        self.ds_offset(2) + c * HOPPER_DQ_TILE_ROWS * self.head_dim / 2 * 4
+    }
+
     /// Dynamic shared memory of the kernel.
     pub const fn smem_bytes(&self) -> usize {
-        crate::align_up(
-            self.barriers_offset() as usize + 8 * self.barriers() as usize,
-            16,
-        ) + SMEM_ALIGN
+        let end = if self.fused_dq {
+            self.dq_offset(HOPPER_CONSUMERS)
+        } else {
+            self.barriers_offset() + 8 * self.barriers()
+        };
+        crate::align_up(end as usize, 16) + SMEM_ALIGN
+    }
+
+    /// The configuration of the dK/dV/dQ kernel.
+    pub const fn with_fused_dq(self) -> Self {
+        HopperBwdConfig {
+            fused_dq: true,
+            ..self
+        }
     }
 }
 
@@ -142,6 +219,7 @@ impl HopperDqConfig {
     const fn tiles(&self) -> HopperBwdConfig {
         HopperBwdConfig {
             head_dim: self.head_dim,
+            fused_dq: false,
         }
     }
 
@@ -210,7 +288,10 @@ impl HopperDqConfig {
 /// kernels).
 pub const fn hopper_bwd_config(d: u32) -> Option<HopperBwdConfig> {
     match d {
-        64 | 128 => Some(HopperBwdConfig { head_dim: d }),
+        64 | 128 => Some(HopperBwdConfig {
+            head_dim: d,
+            fused_dq: false,
+        }),
         _ => None,
     }
 }
@@ -230,12 +311,21 @@ pub struct HopperBwdKernel {
     pub kernel: Kernel<HopperBwdParams, HopperBwdConfig>,
     /// The dQ kernel; launch it with shape [`HopperBwdKernel::dq_cfg`].
     pub dq: Kernel<HopperBwdParams, HopperDqConfig>,
+    /// The dK/dV/dQ kernel; launch it with shape [`HopperBwdKernel::fused_cfg`] (grid as the
+    /// dK/dV kernel's), then [`HopperBwdKernel::convert`].
+    pub fused: Kernel<HopperBwdParams, HopperBwdConfig>,
+    /// The conversion of the tiled accumulator to dQ (times the scale); grid `(ceil(seq_q /
+    /// HOPPER_DQ_TILE_ROWS), heads_q, batch)`, [`HOPPER_DQ_CONVERT_THREADS`] threads. The same
+    /// kernel with and without softcap.
+    pub convert: Kernel<AttentionBwdParams>,
     /// Element type.
     pub dtype: Dtype,
     /// The dK/dV configuration (its head dimension is the kernels').
     pub cfg: HopperBwdConfig,
     /// The dQ configuration.
     pub dq_cfg: HopperDqConfig,
+    /// The dK/dV/dQ configuration.
+    pub fused_cfg: HopperBwdConfig,
     /// Whether the kernels apply the softcap of
     /// [`AttentionBwdParams::logits`](super::backward::AttentionBwdParams::logits).
     pub softcap: bool,
@@ -249,92 +339,113 @@ fn smem_dq(cfg: HopperDqConfig) -> usize {
     cfg.smem_bytes()
 }
 
-const fn hopper_bwd(name: &'static str, dq: &'static str, dtype: Dtype, d: u32) -> HopperBwdKernel {
+fn no_smem(_: ()) -> usize {
+    0
+}
+
+/// Threads per block of the dQ conversion.
+pub const HOPPER_DQ_CONVERT_THREADS: u32 = 128;
+
+/// The kernels of one entry, named `[dkdv, dq, fused, convert]`.
+const fn hopper_bwd(names: [&'static str; 4], dtype: Dtype, d: u32) -> HopperBwdKernel {
+    let [name, dq, fused, convert] = names;
     HopperBwdKernel {
         kernel: Kernel::new(name, HOPPER_THREADS, 1, smem),
         dq: Kernel::new(dq, HOPPER_THREADS, 1, smem_dq),
+        fused: Kernel::new(fused, HOPPER_THREADS, 1, smem),
+        convert: Kernel::new(convert, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
         dtype,
         cfg: hopper_bwd_config_of(d),
         dq_cfg: HopperDqConfig { head_dim: d },
+        fused_cfg: hopper_bwd_config_of(d).with_fused_dq(),
         softcap: false,
     }
 }
 
-/// [`hopper_bwd`] of the softcap kernels.
-const fn hopper_bwd_softcap(
-    name: &'static str,
-    dq: &'static str,
-    dtype: Dtype,
-    d: u32,
-) -> HopperBwdKernel {
+/// [`hopper_bwd`] of the softcap kernels (the conversion is the plain entry's).
+const fn hopper_bwd_softcap(names: [&'static str; 4], dtype: Dtype, d: u32) -> HopperBwdKernel {
     HopperBwdKernel {
         softcap: true,
-        ..hopper_bwd(name, dq, dtype, d)
+        ..hopper_bwd(names, dtype, d)
     }
 }
 
-/// The Hopper backward kernels (sm_90a only), then their softcap forms.
+/// The names of one entry's kernels: `[dkdv, dq, dkdvq, dq_convert]`.
+macro_rules! names {
+    ($elem:ident, $d:literal) => {
+        [
+            concat!("attention_bwd_hopper_dkdv_", stringify!($elem), "_d", $d),
+            concat!("attention_bwd_hopper_dq_", stringify!($elem), "_d", $d),
+            concat!("attention_bwd_hopper_dkdvq_", stringify!($elem), "_d", $d),
+            concat!(
+                "attention_bwd_hopper_dq_convert_",
+                stringify!($elem),
+                "_d",
+                $d
+            ),
+        ]
+    };
+    (softcap, $elem:ident, $d:literal) => {
+        [
+            concat!(
+                "attention_bwd_hopper_dkdv_softcap_",
+                stringify!($elem),
+                "_d",
+                $d
+            ),
+            concat!(
+                "attention_bwd_hopper_dq_softcap_",
+                stringify!($elem),
+                "_d",
+                $d
+            ),
+            concat!(
+                "attention_bwd_hopper_dkdvq_softcap_",
+                stringify!($elem),
+                "_d",
+                $d
+            ),
+            concat!(
+                "attention_bwd_hopper_dq_convert_",
+                stringify!($elem),
+                "_d",
+                $d
+            ),
+        ]
+    };
+}
+
+/// The Hopper backward kernels (sm_90a only): the [`HOPPER_BWD_PLAIN`] plain entries, then
+/// their softcap forms in the same order.
 pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 8] = [
-    hopper_bwd(
-        "attention_bwd_hopper_dkdv_bf16_d64",
-        "attention_bwd_hopper_dq_bf16_d64",
-        Dtype::Bf16,
-        64,
-    ),
-    hopper_bwd(
-        "attention_bwd_hopper_dkdv_bf16_d128",
-        "attention_bwd_hopper_dq_bf16_d128",
-        Dtype::Bf16,
-        128,
-    ),
-    hopper_bwd(
-        "attention_bwd_hopper_dkdv_f16_d64",
-        "attention_bwd_hopper_dq_f16_d64",
-        Dtype::F16,
-        64,
-    ),
-    hopper_bwd(
-        "attention_bwd_hopper_dkdv_f16_d128",
-        "attention_bwd_hopper_dq_f16_d128",
-        Dtype::F16,
-        128,
-    ),
-    hopper_bwd_softcap(
-        "attention_bwd_hopper_dkdv_softcap_bf16_d64",
-        "attention_bwd_hopper_dq_softcap_bf16_d64",
-        Dtype::Bf16,
-        64,
-    ),
-    hopper_bwd_softcap(
-        "attention_bwd_hopper_dkdv_softcap_bf16_d128",
-        "attention_bwd_hopper_dq_softcap_bf16_d128",
-        Dtype::Bf16,
-        128,
-    ),
-    hopper_bwd_softcap(
-        "attention_bwd_hopper_dkdv_softcap_f16_d64",
-        "attention_bwd_hopper_dq_softcap_f16_d64",
-        Dtype::F16,
-        64,
-    ),
-    hopper_bwd_softcap(
-        "attention_bwd_hopper_dkdv_softcap_f16_d128",
-        "attention_bwd_hopper_dq_softcap_f16_d128",
-        Dtype::F16,
-        128,
-    ),
+    hopper_bwd(names!(bf16, 64), Dtype::Bf16, 64),
+    hopper_bwd(names!(bf16, 128), Dtype::Bf16, 128),
+    hopper_bwd(names!(f16, 64), Dtype::F16, 64),
+    hopper_bwd(names!(f16, 128), Dtype::F16, 128),
+    hopper_bwd_softcap(names!(softcap, bf16, 64), Dtype::Bf16, 64),
+    hopper_bwd_softcap(names!(softcap, bf16, 128), Dtype::Bf16, 128),
+    hopper_bwd_softcap(names!(softcap, f16, 64), Dtype::F16, 64),
+    hopper_bwd_softcap(names!(softcap, f16, 128), Dtype::F16, 128),
 ];
 
-/// Handles in [`HOPPER_BWD_KERNELS`] (two per entry).
-pub const HOPPER_BWD_KERNEL_COUNT: usize = 2 * HOPPER_BWD_KERNELS.len();
+/// Entries of [`HOPPER_BWD_KERNELS`] without softcap (the first ones).
+pub const HOPPER_BWD_PLAIN: usize = HOPPER_BWD_KERNELS.len() / 2;
+
+/// Handles in [`HOPPER_BWD_KERNELS`]: three per entry, and the conversion of each plain entry.
+pub const HOPPER_BWD_KERNEL_COUNT: usize = 3 * HOPPER_BWD_KERNELS.len() + HOPPER_BWD_PLAIN;
 
 /// The handles of [`HOPPER_BWD_KERNELS`], for the family's table.
 pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNEL_COUNT] {
     let mut out = [HOPPER_BWD_KERNELS[0].kernel.info(); HOPPER_BWD_KERNEL_COUNT];
     let mut i = 0;
     while i < HOPPER_BWD_KERNELS.len() {
-        out[2 * i] = HOPPER_BWD_KERNELS[i].kernel.info();
-        out[2 * i + 1] = HOPPER_BWD_KERNELS[i].dq.info();
+        let k = &HOPPER_BWD_KERNELS[i];
+        out[3 * i] = k.kernel.info();
+        out[3 * i + 1] = k.dq.info();
+        out[3 * i + 2] = k.fused.info();
+        if i < HOPPER_BWD_PLAIN {
+            out[3 * HOPPER_BWD_KERNELS.len() + i] = k.convert.info();
+        }
         i += 1;
     }
     out
@@ -361,6 +472,24 @@ const _: () = {
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_v) % 64 == 0);
     // The largest configurations fit the 227 KiB a block may have.
     assert!(hopper_bwd_config_of(128).smem_bytes() <= 227 * 1024);
+    assert!(hopper_bwd_config_of(128).with_fused_dq().smem_bytes() <= 227 * 1024);
+    // The preprocess zeroes the tiled accumulator's padding rows by its blocks of rows.
+    assert!(super::backward::ROW_BLOCK == HOPPER_DQ_TILE_ROWS);
+    // The plain entries first, their softcap forms after in the same order (the conversion
+    // of entry `i + HOPPER_BWD_PLAIN` is entry `i`'s).
+    let mut i = 0;
+    while i < HOPPER_BWD_PLAIN {
+        let (a, b) = (
+            &HOPPER_BWD_KERNELS[i],
+            &HOPPER_BWD_KERNELS[i + HOPPER_BWD_PLAIN],
+        );
+        assert!(!a.softcap && b.softcap && a.cfg.head_dim == b.cfg.head_dim);
+        assert!(matches!(
+            (a.dtype, b.dtype),
+            (Dtype::Bf16, Dtype::Bf16) | (Dtype::F16, Dtype::F16)
+        ));
+        i += 1;
+    }
     assert!(HopperDqConfig { head_dim: 128 }.smem_bytes() <= 227 * 1024);
     assert!(HOPPER_DQ_BLOCK_M == 2 * 64 && HOPPER_DQ_BLOCK_N == 64);
 };

@@ -28,3 +28,15 @@ pub unsafe fn decrease<const N: u32>() {
     // SAFETY: forwarded to the caller (whole warpgroup, valid count).
     unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
 }
+
+/// `x`, through an instruction the compiler cannot see through: values derived from the result
+/// are computed where they are used instead of being hoisted out of a loop and kept in
+/// registers across it (e.g. the `wgmma` descriptors of a loop-invariant tile, when registers
+/// are short).
+#[inline(always)]
+pub fn opaque(x: u32) -> u32 {
+    let mut x = x;
+    // SAFETY: a register move; no memory, no other effect.
+    unsafe { asm!("mov.b32 {0}, {0};", inout(reg32) x, options(pure, nomem, nostack)) };
+    x
+}

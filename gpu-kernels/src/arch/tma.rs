@@ -136,6 +136,29 @@ impl TensorMapPtr {
     }
 }
 
+/// `cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`: add `bytes` of f32 values
+/// from shared memory at `src` element-wise into global memory at `dst` (each element's
+/// addition atomic; no order between this and other blocks' additions). Complete with
+/// [`bulk_commit_group`] and [`bulk_wait_group_read`] (the source may be reused) or
+/// [`bulk_wait_group`] (the additions performed).
+///
+/// # Safety
+/// `dst .. dst + bytes` is global memory of f32 values that nothing but such reductions
+/// accesses until the kernel ends; `src` holds `bytes` of f32 values, written by this block's
+/// threads and published to the async proxy (`fence_proxy_async_shared` by each writer, then a
+/// barrier) before this call, and not overwritten until the wait; both 16-byte aligned,
+/// `bytes` a multiple of 16.
+#[inline(always)]
+pub unsafe fn bulk_reduce_add_f32(dst: *mut f32, src: u32, bytes: u32) {
+    // SAFETY: forwarded to the caller (ranges valid, aligned, source published).
+    unsafe {
+        asm!(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{0}], [{1}], {2};",
+            in(reg64) dst, in(reg32) src, in(reg32) bytes, options(nostack)
+        )
+    };
+}
+
 /// `cp.async.bulk.commit_group`: close this thread's group of bulk stores.
 #[inline(always)]
 pub fn bulk_commit_group() {

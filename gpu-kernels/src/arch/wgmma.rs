@@ -408,6 +408,23 @@ wgmma_ss_zero!(
     m64n176k16_bf16_ss_zero, 176, "bf16", 88, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87]
 );
 
+// dQ = dS K of the D = 64 dK/dV/dQ kernel (each consumer computes 32 columns).
+wgmma_ss!(
+    /// `D (+)= A B`, m64n32k16, bf16, both operands in shared memory.
+    m64n32k16_bf16_ss, 32, "bf16", 16, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+);
+wgmma_ss!(
+    /// `D (+)= A B`, m64n32k16, f16, both operands in shared memory.
+    m64n32k16_f16_ss, 32, "f16", 16, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+);
+wgmma_ss_zero!(
+    /// `D = A B`, m64n32k16, bf16, both operands in shared memory, accumulators overwritten.
+    m64n32k16_bf16_ss_zero, 32, "bf16", 16, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+);
+wgmma_ss_zero!(
+    /// `D = A B`, m64n32k16, f16, both operands in shared memory, accumulators overwritten.
+    m64n32k16_f16_ss_zero, 32, "f16", 16, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+);
 // The O += P V shapes of the remaining head dimensions (every multiple of 16 from 32 to 256)
 // and their accumulators' fences.
 

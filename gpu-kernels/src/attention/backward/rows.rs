@@ -15,6 +15,7 @@ use super::layout::BwdLayout;
 use crate::arch::{global, index, math, smem, sync, warp};
 use kernel_abi::WARP_SIZE;
 use kernel_abi::attention::backward::{DSINKS_THREADS, ROW_BLOCK, ROW_THREADS};
+use kernel_abi::attention::hopper_bwd::dq_accum_rows;
 
 /// Lanes per row of the row kernels: `D / 8` 16-byte chunks, rounded up to a power of two.
 const fn row_lanes(d: u32) -> u32 {
@@ -23,7 +24,8 @@ const fn row_lanes(d: u32) -> u32 {
 
 /// `delta'[b, h, i] = sum_d dO O - dLSE` (0 where LSE is -inf: such a row has no allowed key,
 /// its P is 0, and a non-finite dLSE must not reach its `dS = P (dP - delta')`); the dQ
-/// accumulator's rows zeroed when it is not null.
+/// accumulator's rows zeroed when it is not null (in the tiled layout with the padding rows
+/// of the last tile: `ROW_BLOCK` is the tiles' height, so the grid covers them).
 ///
 /// # Safety
 /// Launched with grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)` (`seq_q` the longest
@@ -71,34 +73,48 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
             acc += unsafe { warp::shfl_xor_f32(warp::FULL_MASK, acc, step) };
             step *= 2;
         }
-        if i < seq_q {
-            let idx = (seq.lse_base(pp, h) + i as u64) as usize;
-            if c == 0 {
-                // SAFETY: row i < seq_q of this (sequence, head): inside LSE, dLSE (when not null),
-                // delta.
-                unsafe {
-                    let lse = global::load_nc_f32(p.lse.wrapping_add(idx));
-                    let d_lse = if p.d_lse.is_null() {
-                        0.0
-                    } else {
-                        global::load_nc_f32(p.d_lse.wrapping_add(idx))
-                    };
-                    let delta = if lse == f32::NEG_INFINITY {
-                        0.0
-                    } else {
-                        acc - d_lse
-                    };
-                    *p.delta.wrapping_add(idx) = delta;
-                }
+        let idx = (seq.lse_base(pp, h) + i as u64) as usize;
+        if i < seq_q && c == 0 {
+            // SAFETY: row i < seq_q of this (sequence, head): inside LSE, dLSE (when not null),
+            // delta.
+            unsafe {
+                let lse = global::load_nc_f32(p.lse.wrapping_add(idx));
+                let d_lse = if p.d_lse.is_null() {
+                    0.0
+                } else {
+                    global::load_nc_f32(p.d_lse.wrapping_add(idx))
+                };
+                let delta = if lse == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    acc - d_lse
+                };
+                *p.delta.wrapping_add(idx) = delta;
             }
-            if !p.dq_accum.is_null() && c < chunks {
-                let dst = p.dq_accum.wrapping_add(idx * D as usize + 8 * c as usize);
-                // SAFETY: row idx of the `[.., D]` f32 accumulator, elements 8 c .. 8 c + 8:
-                // inside it, 16-byte aligned (host-allocated, D a multiple of 8).
-                unsafe {
-                    global::store_v4(dst as *mut u32, [0; 4]);
-                    global::store_v4(dst.wrapping_add(4) as *mut u32, [0; 4]);
-                }
+        }
+        // The accumulator's row of query row i: as LSE's, or in the tiled layout (dense
+        // batches only) one of `dq_accum_rows(seq_q)` rows per (sequence, head), padding
+        // rows included (they receive the padded tiles' zero rows).
+        let (acc_row, acc_rows) = if p.dq_accum_tiled != 0 {
+            let rows = dq_accum_rows(p.seq_q);
+            let b = index::block_idx_z() as u64;
+            (
+                (b * p.heads_q as u64 + h as u64) * rows as u64 + i as u64,
+                rows,
+            )
+        } else {
+            (idx as u64, seq_q)
+        };
+        if !p.dq_accum.is_null() && i < acc_rows && c < chunks {
+            let dst = p
+                .dq_accum
+                .wrapping_add(acc_row as usize * D as usize + 8 * c as usize);
+            // SAFETY: row `acc_row` of the `[.., D]` f32 accumulator, elements 8 c .. 8 c + 8:
+            // inside it (the tiled layout's rows per head cover the grid's rows), 16-byte
+            // aligned (host-allocated, D a multiple of 8).
+            unsafe {
+                global::store_v4(dst as *mut u32, [0; 4]);
+                global::store_v4(dst.wrapping_add(4) as *mut u32, [0; 4]);
             }
         }
     }

@@ -2,6 +2,8 @@
 //! on Hopper (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same results
 //! as the `mma.sync` dK/dV kernel of the deterministic mode; the semantics are
 //! [`AttentionBwdParams`](kernel_abi::attention::backward::AttentionBwdParams)'.
+//! `attention_bwd_hopper_dkdvq_*` is the same body with `FUSED`: each step also computes its
+//! share of dQ and adds it into the tiled f32 accumulator (below).
 //!
 //! # Parameters
 //! [`HopperBwdParams`]: tensor maps of Q, dO (box rows `HOPPER_BWD_BLOCK_M`), K and V (box rows
@@ -24,6 +26,14 @@
 //!   at `2048 kk` bytes, column blocks one swizzle atom apart).
 //!
 //! The epilogue stores `dK scale` and `dV` (element type) from the accumulators.
+//!
+//! With `FUSED`, per step after `dS^T`: each consumer stores its `dS^T` fragments into the
+//! step's `dS^T` buffer (of two, alternating; keys as 128-byte swizzled rows of the 64
+//! queries, the layout TMA gives a Q tile), and `dQ_step = dS K` (`m64n{D/2}k16` over the 128
+//! keys, A = the buffer M-major, B = the K tile N-major) gives the consumer's `D / 2` columns
+//! of the step's 64 query rows. The consumer writes them into its half tile in shared memory
+//! and one thread adds it into the accumulator's tile with a bulk reduce-add
+//! (`dq_accum_tile_base`, `dq_tile_vector`); the conversion kernel scales it into dQ.
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, its
@@ -55,7 +65,19 @@
 //!   lanes' reads: racecheck reports that as a write-after-read hazard).
 //! - Within a step, four `wgmma` groups: S^T, dP^T, then dV once P^T is packed (S^T waited
 //!   for with `wait_group 1`, dP^T still running), then dK once dS^T is (`wait_group 1`: dV
-//!   may still run); `wait_group 0` ends the step.
+//!   may still run), with `FUSED` a fifth, dQ, issued while dK runs (after a `wait_group 1`
+//!   that retires dV, so that P^T's registers are free for dQ's; under a softcap after a
+//!   `wait_group 0` that also retires dK); `wait_group 0` ends the step.
+//! - `FUSED`, the `dS^T` buffers: step `i` writes buffer `i % 2`. Each consumer thread
+//!   stores its fragments, fences the async proxy and syncs on named barrier `DS_BARRIER`
+//!   (both consumers, 256 threads); then both issue their dQ products reading the whole
+//!   buffer, and wait for them (`wait_group 0`) before their next step. A consumer writes
+//!   buffer `i % 2` again at step `i + 2`, after passing step `i + 1`'s barrier, which the
+//!   other consumer reached only after its own step-`i` wait: no product still reads it.
+//! - `FUSED`, the dQ half tiles: per consumer, named barrier `DQ_BARRIER + c` (its 128
+//!   threads), as documented on `add_dq`: its leader waits for the previous bulk reduce to have
+//!   read the half tile before the first sync, the stores are published by the second; at the
+//!   end the leader waits for its last reduce (`bulk_wait_group 0`) before the block exits.
 //! - Registers: the P^T and dS^T fragments of the in-flight products are pinned until their
 //!   wait; every `wgmma` batch starts with `wgmma.fence` (the accumulators of dK and dV and the
 //!   fragments were written by ordinary instructions before it); accumulators are pinned
@@ -71,10 +93,11 @@ use super::{CONSUMER_THREADS, SR, softcap_grad_of_p};
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{fence, global, index, math, regs, smem, sync};
+use crate::arch::{fence, global, index, math, regs, smem, sync, tma};
+use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES,
-    HopperBwdConfig, HopperBwdParams,
+    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_tile_vector,
 };
 use kernel_abi::attention::{
     HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
@@ -88,6 +111,10 @@ const ROW_WRITERS: u32 = 32;
 const NTQ: usize = (BM / 8) as usize;
 /// 16-row K slices of a query tile (the A fragments of `P^T` and `dS^T`).
 const KQ: usize = (BM / 16) as usize;
+/// Named barrier of the two consumers' `dS^T` stores (dK/dV/dQ kernel).
+const DS_BARRIER: u32 = 1;
+/// First of the consumers' own named barriers around their dQ tiles (`DQ_BARRIER + c`).
+const DQ_BARRIER: u32 = 2;
 
 /// The kernel body; see the module documentation. `DR = D / 2` accumulator registers of dK and
 /// dV, `DK = D / 16` K slices of `S^T` and `dP^T`; the `wgmma` shapes come in as functions so
@@ -105,6 +132,8 @@ pub(super) unsafe fn dkdv<
     const DR: usize,
     const DK: usize,
     const SOFTCAP: bool,
+    const FUSED: bool,
+    const QR: usize,
 >(
     p: &HopperBwdParams,
     cfg: &HopperBwdConfig,
@@ -114,11 +143,18 @@ pub(super) unsafe fn dkdv<
     s_fence: impl Fn(&mut [f32; SR]),
     g_mma: impl Fn(&mut [f32; DR], [u32; 4], Descriptor),
     g_fence: impl Fn(&mut [f32; DR]),
+    q_mma: DqProducts<
+        impl Fn(&mut [f32; QR], Descriptor, Descriptor),
+        impl Fn(&mut [f32; QR], Descriptor, Descriptor),
+        impl Fn(&mut [f32; QR]),
+    >,
 ) {
     const {
         assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64 && SR as u32 * 2 == BM);
         assert!(2 * ROW_WRITERS == BM);
+        assert!(QR as u32 * 4 == D && BM == HOPPER_DQ_TILE_ROWS);
     };
+    debug_assert!(cfg.fused_dq == FUSED);
     let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
     let tid = index::thread_idx_x();
     let wg = index::warpgroup_id();
@@ -290,6 +326,14 @@ pub(super) unsafe fn dkdv<
             // SAFETY: the producer issues every step's Q and dO, so this phase completes.
             unsafe { full(pos.stage).wait_parity(pos.phase) };
             let (qt, dot) = (q_s(pos.stage), do_s(pos.stage));
+            // With `FUSED`, the tiles' descriptors are recomputed each step rather than held in
+            // registers across the loop (the dQ product needs the registers).
+            let (kt, vt, qt, dot) = if FUSED {
+                let o = regs::opaque;
+                (o(k_s), o(v_s), o(qt), o(dot))
+            } else {
+                (k_s, v_s, qt, dot)
+            };
 
             // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys (two groups).
             let mut s = [0.0f32; SR];
@@ -302,7 +346,7 @@ pub(super) unsafe fn dkdv<
                 for kk in 0..DK as u32 {
                     let (cb, within) = (kk / 4, 32 * (kk % 4));
                     let rows = c * WG_KEYS * 128 + within;
-                    let a = Descriptor::k_major_sw128(k_s + cb * cfg.block_bytes(BN) + rows);
+                    let a = Descriptor::k_major_sw128(kt + cb * cfg.block_bytes(BN) + rows);
                     let b = Descriptor::k_major_sw128(qt + cb * cfg.block_bytes(BM) + within);
                     if kk == 0 {
                         s_zero(&mut s, a, b);
@@ -314,7 +358,7 @@ pub(super) unsafe fn dkdv<
                 for kk in 0..DK as u32 {
                     let (cb, within) = (kk / 4, 32 * (kk % 4));
                     let rows = c * WG_KEYS * 128 + within;
-                    let a = Descriptor::k_major_sw128(v_s + cb * cfg.block_bytes(BN) + rows);
+                    let a = Descriptor::k_major_sw128(vt + cb * cfg.block_bytes(BN) + rows);
                     let b = Descriptor::k_major_sw128(dot + cb * cfg.block_bytes(BM) + within);
                     if kk == 0 {
                         s_zero(&mut dp, a, b);
@@ -413,20 +457,90 @@ pub(super) unsafe fn dkdv<
                     g_mma(&mut dk, da[kk], b);
                 }
                 wgmma::commit_group();
-                wgmma::wait_group::<0>();
             }
+            // dQ = dS K over the block's keys, columns `c D / 2 ..` of the consumer, while dK
+            // runs: both consumers' dS^T through this step's buffer.
+            let mut dq = [0.0f32; QR];
+            let ds_buf = regs::opaque(base + cfg.ds_offset(step % 2));
+            if FUSED {
+                // SAFETY: the buffer's previous readers (step - 2's dQ products of both
+                // consumers) completed before their arrivals on the previous step's barrier.
+                unsafe { store_ds_t(ds_buf, &da, c, g, t) };
+                fence::fence_proxy_async_shared();
+                // SAFETY: both consumer warpgroups, every thread, once per step (the same
+                // number of steps in both).
+                unsafe { sync::named_sync(DS_BARRIER, CONSUMER_THREADS) };
+                // dV is done (dK may still run): P^T's registers are free for dQ's. Under a
+                // softcap (more registers in use) dK too, freeing dS^T's.
+                // SAFETY: whole warpgroup, uniform control flow.
+                unsafe {
+                    if SOFTCAP {
+                        wgmma::wait_group::<0>();
+                    } else {
+                        wgmma::wait_group::<1>();
+                    }
+                }
+                for kk in 0..KQ {
+                    wgmma::pin_fragment(&mut pa[kk]);
+                    if SOFTCAP {
+                        wgmma::pin_fragment(&mut da[kk]);
+                    }
+                }
+                let n0 = c * D / 2;
+                // Opaque: the 8 descriptors of this loop-invariant operand would otherwise be
+                // hoisted out of the step loop and held in registers throughout (they spill).
+                let k_cols = regs::opaque(
+                    k_s + (n0 / HOPPER_ATOM) * cfg.block_bytes(BN) + (n0 % HOPPER_ATOM) * 2,
+                );
+                // SAFETY: as above; the buffer was published by the barrier after each
+                // writer's proxy fence.
+                unsafe {
+                    wgmma::fence();
+                    for kk in 0..BN / 16 {
+                        let a = Descriptor::mn_major_sw128(ds_buf + 2048 * kk, cfg.block_bytes(BN));
+                        let b = Descriptor::mn_major_sw128(k_cols + 2048 * kk, cfg.block_bytes(BN));
+                        if kk == 0 {
+                            (q_mma.first)(&mut dq, a, b);
+                        } else {
+                            (q_mma.rest)(&mut dq, a, b);
+                        }
+                    }
+                    wgmma::commit_group();
+                }
+            }
+            // SAFETY: whole warpgroup, uniform control flow.
+            unsafe { wgmma::wait_group::<0>() };
             g_fence(&mut dv);
             g_fence(&mut dk);
+            if FUSED {
+                (q_mma.fence)(&mut dq);
+            }
             for kk in 0..KQ {
-                // The products read the fragments until the wait above.
-                wgmma::pin_fragment(&mut pa[kk]);
-                wgmma::pin_fragment(&mut da[kk]);
+                // The products read the fragments until the wait above (P^T's, with `FUSED`,
+                // until the earlier one).
+                if !FUSED {
+                    wgmma::pin_fragment(&mut pa[kk]);
+                }
+                if !(FUSED && SOFTCAP) {
+                    wgmma::pin_fragment(&mut da[kk]);
+                }
             }
             // SAFETY: every product reading this stage is complete (the wait above) and this
             // thread's reads of its row values were before; one arrival per consumer thread
             // and phase.
             unsafe { empty(pos.stage).arrive() };
+            if FUSED {
+                let tile = dq_accum_tile_base(batch, head_of(step), heads_q, seq_q, m0, D)
+                    + dq_tile_vector(D, c, 0, 0) as u64;
+                // SAFETY: every thread of the consumer warpgroup, once per step; the tile is
+                // inside the accumulator (the host sized it for every (sequence, head, tile)).
+                unsafe { add_dq::<QR>(p.base.dq_accum.wrapping_add(tile as usize), cfg, c, &dq) };
+            }
         }
+    }
+    if FUSED && index::thread_idx_x().is_multiple_of(WARPGROUP_SIZE) {
+        // The consumer's last reduce has read its source and performed its additions.
+        tma::bulk_wait_group::<0>();
     }
 
     // dK (times the scale) and dV of the thread's keys.
@@ -459,4 +573,90 @@ pub(super) unsafe fn dkdv<
             }
         }
     }
+}
+
+/// The dQ products of the dK/dV/dQ kernel, `m64n{D/2}k16` with both operands M/N-major in
+/// shared memory: `first` overwrites the accumulator, `rest` adds; `fence` pins it.
+pub(super) struct DqProducts<M0, M1, F> {
+    pub first: M0,
+    pub rest: M1,
+    pub fence: F,
+}
+
+/// Store this thread's `dS^T` fragments `da` (consumer `c`, lane `g = lane / 4`, `t = lane %
+/// 4`) into the `dS^T` buffer at `buf`: key `r` (of the block) is row `r`, 128 bytes of 64
+/// queries, its 16-byte chunk `j` at chunk `j ^ (r % 8)` (128-byte swizzle, `r % 8 = g`).
+/// Fragment `da[kk]` holds, as the `m16n8k16` A fragment, rows `g` and `g + 8` of its warp's
+/// 16 keys and query columns `16 kk + 2 t` and `16 kk + 8 + 2 t` (two values each). For a
+/// warp instruction the 32 lanes write 32 distinct banks.
+///
+/// # Safety
+/// `buf` is a `dS^T` buffer of the configuration that no product reads until the barrier
+/// after these stores.
+#[inline(always)]
+unsafe fn store_ds_t<const KQ: usize>(buf: u32, da: &[[u32; 4]; KQ], c: u32, g: u32, t: u32) {
+    let w = index::warp_id() % 4;
+    for kk in 0..KQ as u32 {
+        for q in 0..4u32 {
+            let r = c * WG_KEYS + 16 * w + g + 8 * (q % 2);
+            let chunk = 2 * kk + q / 2;
+            // SAFETY: r < BN and chunk < BM / 8: inside the buffer (the caller's); each word
+            // has one writer.
+            unsafe {
+                smem::SmemValue::store(
+                    buf + 128 * r + ((chunk ^ g) << 4) + 4 * t,
+                    da[kk as usize][q as usize],
+                )
+            };
+        }
+    }
+}
+
+/// Add consumer `c`'s dQ accumulator `dq` into the accumulator tile half at `dst` (global): its
+/// threads store their registers into the consumer's shared half tile in the order of
+/// [`dq_tile_vector`] (16 bytes per thread and instruction, consecutive across the warp: no
+/// bank conflict), then thread 0 of the warpgroup issues one bulk reduce-add of the half tile.
+///
+/// Barrier protocol (per consumer, named barrier `DQ_BARRIER + c` of its 128 threads): the
+/// leader waits until its previous bulk reduce has read the half tile, then the warpgroup
+/// syncs (nobody overwrites it before); the threads store, each fences the async proxy, the
+/// warpgroup syncs again (the stores are published); the leader issues the reduce and
+/// commits it.
+///
+/// # Safety
+/// Every thread of consumer warpgroup `c` calls it, in uniform control flow; `dst` is the
+/// tile's half `c` inside the accumulator, 16-byte aligned.
+#[inline(always)]
+unsafe fn add_dq<const QR: usize>(dst: *mut f32, cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR]) {
+    let tid = index::thread_idx_x() % WARPGROUP_SIZE;
+    // Opaque: the stores' addresses are not kept in registers across the step loop.
+    let half = regs::opaque(base_of(cfg.dq_offset(c)));
+    let d = cfg.head_dim;
+    if tid == 0 {
+        tma::bulk_wait_group_read::<0>();
+    }
+    // SAFETY: the consumer's 128 threads, once per step (the caller's contract).
+    unsafe { sync::named_sync(DQ_BARRIER + c, WARPGROUP_SIZE) };
+    for v in 0..QR / 4 {
+        let at = half + 4 * dq_tile_vector(d, 0, v as u32, tid);
+        let x = [dq[4 * v], dq[4 * v + 1], dq[4 * v + 2], dq[4 * v + 3]].map(f32::to_bits);
+        // SAFETY: inside the consumer's half tile (the configuration's), 16-byte aligned; free
+        // since the barrier above.
+        unsafe { smem::SmemValue::store(at, x) };
+    }
+    fence::fence_proxy_async_shared();
+    // SAFETY: as above.
+    unsafe { sync::named_sync(DQ_BARRIER + c, WARPGROUP_SIZE) };
+    if tid == 0 {
+        // SAFETY: the half tile was published by the barrier after each writer's proxy fence;
+        // it is not overwritten before the next call's wait; `dst` is the caller's.
+        unsafe { tma::bulk_reduce_add_f32(dst, half, HOPPER_DQ_TILE_ROWS * d / 2 * 4) };
+        tma::bulk_commit_group();
+    }
+}
+
+/// The shared-window address of `offset` past the aligned base.
+#[inline(always)]
+fn base_of(offset: u32) -> u32 {
+    smem::aligned_base() + offset
 }

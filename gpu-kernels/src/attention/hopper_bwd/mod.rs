@@ -1,14 +1,17 @@
 //! The attention backward on Hopper (sm_90a): TMA, mbarrier rings, `wgmma` and warp
-//! specialization, two kernels per element type and head dimension (64, 128), launched after
-//! the `mma.sync` path's preprocess (`delta'`):
+//! specialization, kernels per element type and head dimension (64, 128), launched after the
+//! `mma.sync` path's preprocess (`delta'`, and the zeroed accumulator):
 //!
 //! - [`dkdv`]: `attention_bwd_hopper_dkdv_*`, one block per 128 keys, dK and dV in registers
 //!   over the query blocks that see the keys;
 //! - [`dq`]: `attention_bwd_hopper_dq_*`, one block per 128 query rows, dQ in registers over
-//!   the key blocks the rows see (no atomics: the whole pass is bitwise reproducible).
+//!   the key blocks the rows see (no atomics: with the dK/dV kernel, the deterministic mode);
+//! - `attention_bwd_hopper_dkdvq_*` ([`dkdv`] with `FUSED`): dK, dV and each step's dQ, added
+//!   into the tiled f32 accumulator by bulk reduce-adds, then [`convert`]
+//!   (`attention_bwd_hopper_dq_convert_*`) scales it into dQ (the default mode).
 //!
-//! The `attention_bwd_hopper_{dkdv,dq}_softcap_*` kernels are the same bodies with the
-//! softcap's logit and derivative (`super::logits::backward_logit`).
+//! The `*_softcap_*` kernels are the same bodies with the softcap's logit and derivative
+//! (`super::logits::backward_logit`).
 //!
 //! Both have one producer warpgroup (thread 0 issues the TMA loads) and two consumer
 //! warpgroups of 64 rows each (keys for dK/dV, queries for dQ); each file documents its
@@ -16,6 +19,7 @@
 //! [`HopperBwdParams`](kernel_abi::attention::hopper_bwd::HopperBwdParams) (tensor maps of Q,
 //! dO, K, V with the box rows of the kernel's tiles, then the `mma.sync` backward's parameters).
 
+mod convert;
 mod dkdv;
 mod dq;
 
@@ -24,6 +28,7 @@ use crate::arch::{math, wgmma};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::HOPPER_CONSUMERS;
+use kernel_abi::attention::backward::AttentionBwdParams;
 use kernel_abi::attention::hopper_bwd::{
     HopperBwdConfig, HopperBwdParams, HopperDqConfig, hopper_bwd_config_of,
 };
@@ -53,161 +58,284 @@ fn softcap_grad_of_p(p: f32, lse2: f32, inv_scale_log2: f32) -> f32 {
 
 /// The tensor maps of Q, dO, K and V in kernel `$kernel`'s parameters.
 macro_rules! bwd_tmaps {
-    ($kernel:ident) => {
+    (name = $kernel:expr) => {
         [
-            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_q),
-            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_do),
-            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_k),
-            tensor_map_ptr!($kernel, 0, HopperBwdParams, tmap_v),
+            tensor_map_ptr!(name = $kernel, 0, HopperBwdParams, tmap_q),
+            tensor_map_ptr!(name = $kernel, 0, HopperBwdParams, tmap_do),
+            tensor_map_ptr!(name = $kernel, 0, HopperBwdParams, tmap_k),
+            tensor_map_ptr!(name = $kernel, 0, HopperBwdParams, tmap_v),
         ]
     };
 }
 
 macro_rules! hopper_bwd_kernels {
     (
-        $dkdv:ident, $dq:ident, $elem:ty, $d:literal, $softcap:literal,
-        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
+        $elem:ident, $d:literal, [$dkdv:literal, $dq:literal, $fused:literal], $softcap:literal,
+        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident, $q_zero:ident, $q_mma:ident,
+        $q_fence:ident
     ) => {
-        /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name).
-        ///
-        /// # Safety
-        /// Grid `(ceil(seq_k / 128), heads_kv, batch)`, `HOPPER_THREADS` threads, the
-        /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
-        /// (validated by the host), after the backward's preprocess.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $dkdv(p: HopperBwdParams) {
-            const CFG: HopperBwdConfig = hopper_bwd_config_of($d);
-            crate::launch_bounds!($dkdv in kernel_abi::attention::KERNELS);
-            let tmaps = bwd_tmaps!($dkdv);
-            // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
-            // configuration, called by whole warpgroups in uniform control flow.
-            unsafe {
-                dkdv::dkdv::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }, $softcap>(
-                    &p,
-                    &CFG,
-                    tmaps,
-                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
-                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
-                    wgmma::fence_operands_32,
-                    |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
-                    wgmma::$g_fence,
-                )
+        const _: () = {
+            /// The dQ products of the dK/dV/dQ kernel (the dK/dV kernel never calls them).
+            fn dq_products() -> dkdv::DqProducts<
+                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
+                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
+                impl Fn(&mut [f32; $d / 4]),
+            > {
+                dkdv::DqProducts {
+                    first: |acc: &mut [f32; $d / 4], a, b| {
+                        // SAFETY: called by the kernel body under the `wgmma` contract (whole
+                        // warpgroup, uniform control flow, operands published).
+                        unsafe { wgmma::$q_zero::<1, 1>(acc, a, b) }
+                    },
+                    rest: |acc: &mut [f32; $d / 4], a, b| {
+                        // SAFETY: as for `first`.
+                        unsafe { wgmma::$q_mma::<1, 1, true>(acc, a, b) }
+                    },
+                    fence: wgmma::$q_fence,
+                }
             }
-        }
 
-        /// The dQ kernel ([`dq`]; element type and head dimension in the name).
-        ///
-        /// # Safety
-        /// Grid `(ceil(seq_q / 128), heads_q, batch)`, `HOPPER_THREADS` threads, the
-        /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
-        /// (validated by the host), after the backward's preprocess.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $dq(p: HopperBwdParams) {
-            const CFG: HopperDqConfig = HopperDqConfig { head_dim: $d };
-            crate::launch_bounds!($dq in kernel_abi::attention::KERNELS);
-            let tmaps = bwd_tmaps!($dq);
-            // SAFETY: as for the dK/dV kernel.
-            unsafe {
-                dq::dq::<$elem, $d, { ($d / 2) as usize }, { ($d / 16) as usize }, $softcap>(
-                    &p,
-                    &CFG,
-                    tmaps,
-                    |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
-                    |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
-                    wgmma::fence_operands_32,
-                    |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
-                    wgmma::$g_fence,
-                )
+            /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name).
+            ///
+            /// # Safety
+            /// Grid `(ceil(seq_k / 128), heads_kv, batch)`, `HOPPER_THREADS` threads, the
+            /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
+            /// (validated by the host), after the backward's preprocess.
+            #[unsafe(export_name = $dkdv)]
+            pub unsafe extern "ptx-kernel" fn dkdv_kernel(p: HopperBwdParams) {
+                const CFG: HopperBwdConfig = hopper_bwd_config_of($d);
+                crate::launch_bounds!(name = $dkdv, kernel_abi::attention::KERNELS);
+                let tmaps = bwd_tmaps!(name = $dkdv);
+                // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
+                // configuration, called by whole warpgroups in uniform control flow.
+                unsafe {
+                    dkdv::dkdv::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap, false, { $d / 4 }>(
+                        &p,
+                        &CFG,
+                        tmaps,
+                        |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                        |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                        wgmma::fence_operands_32,
+                        |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
+                        wgmma::$g_fence,
+                        dq_products(),
+                    )
+                }
             }
-        }
+
+            /// The dK/dV/dQ kernel ([`dkdv`] with dQ by bulk reduce-adds).
+            ///
+            /// # Safety
+            /// As for the dK/dV kernel, with the dQ/dK/dV configuration's shared memory and
+            /// the tiled dQ accumulator (`dq_accum_len` elements, zeroed by the preprocess).
+            #[unsafe(export_name = $fused)]
+            pub unsafe extern "ptx-kernel" fn fused_kernel(p: HopperBwdParams) {
+                const CFG: HopperBwdConfig = hopper_bwd_config_of($d).with_fused_dq();
+                crate::launch_bounds!(name = $fused, kernel_abi::attention::KERNELS);
+                let tmaps = bwd_tmaps!(name = $fused);
+                // SAFETY: as for the dK/dV kernel.
+                unsafe {
+                    dkdv::dkdv::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap, true, { $d / 4 }>(
+                        &p,
+                        &CFG,
+                        tmaps,
+                        |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                        |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                        wgmma::fence_operands_32,
+                        |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
+                        wgmma::$g_fence,
+                        dq_products(),
+                    )
+                }
+            }
+
+            /// The dQ kernel ([`dq`]; element type and head dimension in the name).
+            ///
+            /// # Safety
+            /// Grid `(ceil(seq_q / 128), heads_q, batch)`, `HOPPER_THREADS` threads, the
+            /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
+            /// (validated by the host), after the backward's preprocess.
+            #[unsafe(export_name = $dq)]
+            pub unsafe extern "ptx-kernel" fn dq_kernel(p: HopperBwdParams) {
+                const CFG: HopperDqConfig = HopperDqConfig { head_dim: $d };
+                crate::launch_bounds!(name = $dq, kernel_abi::attention::KERNELS);
+                let tmaps = bwd_tmaps!(name = $dq);
+                // SAFETY: as for the dK/dV kernel.
+                unsafe {
+                    dq::dq::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap>(
+                        &p,
+                        &CFG,
+                        tmaps,
+                        |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                        |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                        wgmma::fence_operands_32,
+                        |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
+                        wgmma::$g_fence,
+                    )
+                }
+            }
+        };
+    };
+}
+
+/// The conversion of the tiled dQ accumulator ([`convert::convert`]) of one element type and
+/// head dimension.
+macro_rules! hopper_dq_convert {
+    ($name:literal, $elem:ident, $d:literal) => {
+        const _: () = {
+            /// `dQ = scale accumulator` from the tiled layout.
+            ///
+            /// # Safety
+            /// Grid `(ceil(seq_q / HOPPER_DQ_TILE_ROWS), heads_q, batch)`,
+            /// `HOPPER_DQ_CONVERT_THREADS` threads, after the dK/dV/dQ kernel, on parameters
+            /// validated by the host (the tiled accumulator and dQ).
+            #[unsafe(export_name = $name)]
+            pub unsafe extern "ptx-kernel" fn convert_kernel(p: AttentionBwdParams) {
+                crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                // SAFETY: forwarded to the caller.
+                unsafe { convert::convert::<$elem, $d>(&p) }
+            }
+        };
     };
 }
 
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_bf16_d64,
-    attention_bwd_hopper_dq_bf16_d64,
     Bf16,
     64,
+    [
+        "attention_bwd_hopper_dkdv_bf16_d64",
+        "attention_bwd_hopper_dq_bf16_d64",
+        "attention_bwd_hopper_dkdvq_bf16_d64"
+    ],
     false,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n64k16_bf16_rs,
-    fence_operands_32
+    fence_operands_32,
+    m64n32k16_bf16_ss_zero,
+    m64n32k16_bf16_ss,
+    fence_operands_16
 );
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_bf16_d128,
-    attention_bwd_hopper_dq_bf16_d128,
     Bf16,
     128,
+    [
+        "attention_bwd_hopper_dkdv_bf16_d128",
+        "attention_bwd_hopper_dq_bf16_d128",
+        "attention_bwd_hopper_dkdvq_bf16_d128"
+    ],
     false,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n128k16_bf16_rs,
-    fence_operands_64
+    fence_operands_64,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32
 );
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_f16_d64,
-    attention_bwd_hopper_dq_f16_d64,
     F16,
     64,
+    [
+        "attention_bwd_hopper_dkdv_f16_d64",
+        "attention_bwd_hopper_dq_f16_d64",
+        "attention_bwd_hopper_dkdvq_f16_d64"
+    ],
     false,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n64k16_f16_rs,
-    fence_operands_32
+    fence_operands_32,
+    m64n32k16_f16_ss_zero,
+    m64n32k16_f16_ss,
+    fence_operands_16
 );
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_f16_d128,
-    attention_bwd_hopper_dq_f16_d128,
     F16,
     128,
+    [
+        "attention_bwd_hopper_dkdv_f16_d128",
+        "attention_bwd_hopper_dq_f16_d128",
+        "attention_bwd_hopper_dkdvq_f16_d128"
+    ],
     false,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n128k16_f16_rs,
-    fence_operands_64
+    fence_operands_64,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32
 );
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_softcap_bf16_d64,
-    attention_bwd_hopper_dq_softcap_bf16_d64,
     Bf16,
     64,
+    [
+        "attention_bwd_hopper_dkdv_softcap_bf16_d64",
+        "attention_bwd_hopper_dq_softcap_bf16_d64",
+        "attention_bwd_hopper_dkdvq_softcap_bf16_d64"
+    ],
     true,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n64k16_bf16_rs,
-    fence_operands_32
+    fence_operands_32,
+    m64n32k16_bf16_ss_zero,
+    m64n32k16_bf16_ss,
+    fence_operands_16
 );
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_softcap_bf16_d128,
-    attention_bwd_hopper_dq_softcap_bf16_d128,
     Bf16,
     128,
+    [
+        "attention_bwd_hopper_dkdv_softcap_bf16_d128",
+        "attention_bwd_hopper_dq_softcap_bf16_d128",
+        "attention_bwd_hopper_dkdvq_softcap_bf16_d128"
+    ],
     true,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n128k16_bf16_rs,
-    fence_operands_64
+    fence_operands_64,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    fence_operands_32
 );
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_softcap_f16_d64,
-    attention_bwd_hopper_dq_softcap_f16_d64,
     F16,
     64,
+    [
+        "attention_bwd_hopper_dkdv_softcap_f16_d64",
+        "attention_bwd_hopper_dq_softcap_f16_d64",
+        "attention_bwd_hopper_dkdvq_softcap_f16_d64"
+    ],
     true,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n64k16_f16_rs,
-    fence_operands_32
+    fence_operands_32,
+    m64n32k16_f16_ss_zero,
+    m64n32k16_f16_ss,
+    fence_operands_16
 );
 hopper_bwd_kernels!(
-    attention_bwd_hopper_dkdv_softcap_f16_d128,
-    attention_bwd_hopper_dq_softcap_f16_d128,
     F16,
     128,
+    [
+        "attention_bwd_hopper_dkdv_softcap_f16_d128",
+        "attention_bwd_hopper_dq_softcap_f16_d128",
+        "attention_bwd_hopper_dkdvq_softcap_f16_d128"
+    ],
     true,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n128k16_f16_rs,
-    fence_operands_64
+    fence_operands_64,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    fence_operands_32
 );
+hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d64", Bf16, 64);
+hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d128", Bf16, 128);
+hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d64", F16, 64);
+hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d128", F16, 128);

@@ -13,7 +13,7 @@ use kernel_abi::attention::backward::{
 };
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M, HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdKernel,
-    HopperBwdParams, hopper_bwd_kernel,
+    HopperBwdParams, dq_accum_len, hopper_bwd_kernel,
 };
 use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS, UNBOUNDED};
 use kernel_abi::{KernelDecl, TensorMap};
@@ -22,7 +22,9 @@ use kernel_abi::{KernelDecl, TensorMap};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
     /// Bitwise reproducible gradients: dQ from its own kernel over query blocks (no atomics,
-    /// no dQ accumulator), at the cost of recomputing P and dS once more.
+    /// no dQ accumulator), at the cost of recomputing P and dS once more. Otherwise each key
+    /// block adds its share of dQ into an f32 accumulator (atomically: the order of the
+    /// additions, so the last bits, vary between runs).
     pub deterministic: bool,
 }
 
@@ -33,7 +35,8 @@ pub enum BackwardPath {
     /// The `mma.sync` kernels (every GPU of compute capability >= 8.0, Hopper included).
     MmaSync,
     /// dK, dV and dQ from the Hopper kernels (sm_90a: TMA, `wgmma`, warp specialization) after
-    /// the `mma.sync` path's preprocess: bitwise reproducible in either mode (no atomics).
+    /// the `mma.sync` path's preprocess: the dK/dV/dQ kernel and the accumulator's conversion,
+    /// or in deterministic mode the dK/dV kernel and the dQ kernel.
     Hopper,
 }
 
@@ -81,8 +84,9 @@ impl<T> Copy for AttentionBackwardTensors<'_, T> {}
 pub struct BackwardWorkspace<'a> {
     /// `delta'` `[batch, heads_q, seq_q]` f32.
     pub delta: DevView<'a, f32>,
-    /// The dQ accumulator `[batch, heads_q, seq_q, D]` f32, 16-byte aligned (`None` in
-    /// deterministic mode, which has none).
+    /// The dQ accumulator f32, 16-byte aligned, of
+    /// [`AttentionBackwardPlan::dq_accum_len`] elements (`None` in deterministic mode, which
+    /// has none).
     pub dq_accum: Option<DevView<'a, f32>>,
 }
 
@@ -90,7 +94,7 @@ pub struct BackwardWorkspace<'a> {
 pub struct BackwardLaunches {
     /// `delta'` and the zeroed accumulator.
     pub pre: Launch<AttentionBwdParams>,
-    /// dK, dV (and dQ by atomics unless deterministic, on the `mma.sync` path).
+    /// dK, dV (and dQ by atomics unless deterministic).
     pub dkdv: BwdLaunch,
     /// dQ: the conversion of the accumulator, or a deterministic dQ kernel.
     pub dq: BwdLaunch,
@@ -103,7 +107,8 @@ pub struct BackwardLaunches {
 // Launches are built once per plan and passed by reference: the size gap costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum BwdLaunch {
-    /// The `mma.sync` kernel.
+    /// A kernel on the plain parameters: the `mma.sync` kernels, the conversions of the
+    /// accumulator.
     MmaSync(Launch<AttentionBwdParams>),
     /// The Hopper kernel.
     Hopper(Launch<HopperBwdParams>),
@@ -147,6 +152,8 @@ struct HopperDkdv {
     kernel: &'static HopperBwdKernel,
     maps: [MapSpec; 4],
     dq_maps: [MapSpec; 4],
+    /// Whether dQ comes from the dK/dV/dQ kernel (not deterministic).
+    fused: bool,
 }
 
 /// A planned backward pass: three launches on the `mma.sync` path, the workspace sizes.
@@ -423,7 +430,7 @@ impl AttentionProblem {
         check_outputs_apart(t)?;
         let d = self.head_dim as u32;
         let kernels = bwd_kernels(self.dtype, d).expect("validated head dimension");
-        let hopper = self.backward_hopper_kernel(target, t)?;
+        let hopper = self.backward_hopper_kernel(target, t, options)?;
         let (left, right) = self.effective_window();
         let scale = self.softmax_scale();
         let (scale_log2, logits) = self.logit_params(t.sinks.as_ref());
@@ -457,6 +464,7 @@ impl AttentionProblem {
             scale_log2,
             window_left: left.map_or(UNBOUNDED, |l| l as i32),
             window_right: right.map_or(UNBOUNDED, |r| r as i32),
+            dq_accum_tiled: hopper.as_ref().is_some_and(|h| h.fused) as u32,
             logits,
             d_sinks: t
                 .d_sinks
@@ -465,12 +473,6 @@ impl AttentionProblem {
         let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
         let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
         let workspace = self.backward_workspace_lens(options);
-        // The Hopper path accumulates dQ in registers: no accumulator.
-        let dq_accum_len = if hopper.is_some() {
-            0
-        } else {
-            workspace.dq_accum
-        };
         let (block_n, dq_block_m) = if hopper.is_some() {
             (HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M)
         } else {
@@ -492,7 +494,7 @@ impl AttentionProblem {
             dkdv_grid: (sk.div_ceil(block_n), hkv, b),
             dq_grid: (sq.div_ceil(dq_block_m), hq, b),
             delta_len: workspace.delta,
-            dq_accum_len,
+            dq_accum_len: workspace.dq_accum,
         })
     }
 
@@ -507,6 +509,7 @@ impl AttentionProblem {
         &self,
         target: Target,
         t: &AttentionBackwardTensors<'_, T>,
+        options: BackwardOptions,
     ) -> Result<Option<HopperDkdv>> {
         let has = target.arch.has_hopper_kernels();
         match self.path {
@@ -541,6 +544,7 @@ impl AttentionProblem {
                 kernel,
                 maps: [a, b, c, d],
                 dq_maps: [e, f, g, h],
+                fused: !options.deterministic,
             })),
             Err(e) if self.path == Path::Hopper => Err(e),
             // Strides a tensor map cannot describe: the mma.sync kernels handle any.
@@ -550,14 +554,16 @@ impl AttentionProblem {
 
     /// The f32 elements of the backward's workspace with `options` (what the plan reports as
     /// [`AttentionBackwardPlan::delta_len`] and [`AttentionBackwardPlan::dq_accum_len`]), for
-    /// a caller that allocates it before planning.
+    /// a caller that allocates it before planning. The accumulator has the size of the Hopper
+    /// path's tiled layout (`seq_q` rounded up to whole tiles of 64 rows); the `mma.sync` path
+    /// uses its first `batch heads_q seq_q D` elements.
     pub fn backward_workspace_lens(&self, options: BackwardOptions) -> BackwardWorkspaceLens {
         BackwardWorkspaceLens {
             delta: self.lse_len(),
             dq_accum: if options.deterministic {
                 0
             } else {
-                self.lse_len() * self.head_dim
+                dq_accum_len(self.batch, self.heads_q, self.seq_q, self.head_dim)
             },
         }
     }
@@ -581,7 +587,8 @@ impl AttentionProblem {
 pub struct BackwardWorkspaceLens {
     /// `delta'`: `batch heads_q seq_q`.
     pub delta: usize,
-    /// The dQ accumulator: `batch heads_q seq_q D`, 0 in deterministic mode.
+    /// The dQ accumulator: `batch heads_q seq_q' D` with `seq_q'` rounded up to a multiple of
+    /// 64, 0 in deterministic mode.
     pub dq_accum: usize,
 }
 
@@ -592,7 +599,6 @@ impl AttentionBackwardPlan {
     }
 
     /// Whether the plan was made in deterministic mode (no dQ accumulator in its workspace).
-    /// The Hopper path computes dQ with the deterministic kernel in either mode.
     pub fn deterministic(&self) -> bool {
         self.deterministic
     }
@@ -607,26 +613,20 @@ impl AttentionBackwardPlan {
         self.delta_len
     }
 
-    /// f32 elements of the workspace's dQ accumulator: `batch heads_q seq_q D`, 0 in
-    /// deterministic mode and on the Hopper path (a workspace may still provide one: unused).
+    /// f32 elements of the workspace's dQ accumulator (as
+    /// [`AttentionProblem::backward_workspace_lens`]), 0 in deterministic mode.
     pub fn dq_accum_len(&self) -> usize {
         self.dq_accum_len
     }
 
     /// The three launches with the workspace `ws`, after checking its sizes and alignment (on
     /// the Hopper path with the tensor maps zero: [`AttentionBackwardPlan::run`] encodes them).
-    /// The Hopper path uses no dQ accumulator (a workspace sized by
-    /// [`AttentionProblem::backward_workspace_lens`] may still provide one).
     pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<BackwardLaunches> {
         let (delta, dq_accum) =
             workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;
         let params = AttentionBwdParams {
             delta,
-            dq_accum: if self.hopper.is_some() {
-                std::ptr::null_mut()
-            } else {
-                dq_accum
-            },
+            dq_accum,
             ..self.params
         };
         let k = self.kernels;
@@ -638,15 +638,28 @@ impl AttentionBackwardPlan {
                 tmap_v: TensorMap::ZEROED,
                 base: params,
             };
-            (
-                BwdLaunch::Hopper(Launch::new(
-                    &h.kernel.kernel,
-                    self.dkdv_grid,
-                    h.kernel.cfg,
-                    hp,
-                )),
-                BwdLaunch::Hopper(Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, hp)),
-            )
+            if h.fused {
+                // The conversion's blocks are the accumulator's tiles: the preprocess's grid.
+                (
+                    BwdLaunch::Hopper(Launch::new(
+                        &h.kernel.fused,
+                        self.dkdv_grid,
+                        h.kernel.fused_cfg,
+                        hp,
+                    )),
+                    BwdLaunch::MmaSync(Launch::new(&h.kernel.convert, self.row_grid, (), params)),
+                )
+            } else {
+                (
+                    BwdLaunch::Hopper(Launch::new(
+                        &h.kernel.kernel,
+                        self.dkdv_grid,
+                        h.kernel.cfg,
+                        hp,
+                    )),
+                    BwdLaunch::Hopper(Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, hp)),
+                )
+            }
         } else if self.deterministic {
             let (dkdv, dq) = if self.softcap {
                 (&k.dkdv_softcap, &k.dq_softcap)
@@ -700,6 +713,8 @@ impl AttentionBackwardPlan {
         };
         Ok(if dq {
             Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, params)
+        } else if h.fused {
+            Launch::new(&h.kernel.fused, self.dkdv_grid, h.kernel.fused_cfg, params)
         } else {
             Launch::new(&h.kernel.kernel, self.dkdv_grid, h.kernel.cfg, params)
         })

@@ -118,7 +118,9 @@ fn grids_parameters_and_workspace_sizes() {
         assert_eq!(plan.path(), BackwardPath::MmaSync);
         assert_eq!(plan.deterministic(), deterministic);
         assert_eq!(plan.delta_len(), 3 * 8 * 113);
-        let accum = if deterministic { 0 } else { 3 * 8 * 113 * 128 };
+        // Rows rounded up to whole 64-row tiles (the Hopper path's layout; this path uses
+        // the first 3 8 113 rows).
+        let accum = if deterministic { 0 } else { 3 * 8 * 128 * 128 };
         assert_eq!(plan.dq_accum_len(), accum);
         let ws = workspace(&plan);
         let l = plan.launches(&ws).unwrap();
@@ -169,22 +171,36 @@ fn grids_parameters_and_workspace_sizes() {
 fn the_hopper_path_where_it_exists() {
     let mut p = AttentionProblem::new(3, 113, 203, 8, 2, 128, Dtype::Bf16).causal();
     for deterministic in [false, true] {
-        // Auto on sm_90a: the Hopper dK/dV kernel (128 keys per block) and dQ kernel (128 rows
-        // per block), no accumulator in the parameters (the workspace may still hold one).
+        // Auto on sm_90a, deterministic: the Hopper dK/dV kernel (128 keys per block) and dQ
+        // kernel (128 rows per block), no accumulator; otherwise the dK/dV/dQ kernel and the
+        // conversion of its tiled accumulator (one block per 64-row tile).
         let plan = plan(&p, deterministic).unwrap();
         assert_eq!(plan.path(), BackwardPath::Hopper);
         assert_eq!(plan.deterministic(), deterministic);
         let l = plan.launches(&workspace(&plan)).unwrap();
         let k = plan.kernels();
-        assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdv_bf16_d128");
         assert!(matches!(l.dkdv, BwdLaunch::Hopper(_)));
         assert_eq!(l.dkdv.config().grid, (203u32.div_ceil(128), 2, 3));
-        assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_bf16_d128");
-        assert!(matches!(l.dq, BwdLaunch::Hopper(_)));
-        assert_eq!(l.dq.config().grid, (113u32.div_ceil(128), 8, 3));
+        if deterministic {
+            assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdv_bf16_d128");
+            assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_bf16_d128");
+            assert!(matches!(l.dq, BwdLaunch::Hopper(_)));
+            assert_eq!(l.dq.config().grid, (113u32.div_ceil(128), 8, 3));
+            assert!(l.pre.params().dq_accum.is_null());
+            assert!(l.dkdv.params().dq_accum.is_null());
+            assert_eq!(l.pre.params().dq_accum_tiled, 0);
+        } else {
+            assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_bf16_d128");
+            assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_bf16_d128");
+            assert!(matches!(l.dq, BwdLaunch::MmaSync(_)));
+            assert_eq!(l.dq.config().grid, (113u32.div_ceil(64), 8, 3));
+            assert_eq!(l.dq.config().block, (128, 1, 1));
+            assert_eq!(l.pre.params().dq_accum as u64, 21 << 40);
+            assert_eq!(l.dkdv.params().dq_accum as u64, 21 << 40);
+            assert_eq!(l.pre.params().dq_accum_tiled, 1);
+            assert_eq!(plan.dq_accum_len(), 3 * 8 * 128 * 128);
+        }
         assert_eq!(l.pre.name(), k.pre.name);
-        assert!(l.pre.params().dq_accum.is_null());
-        assert!(l.dkdv.params().dq_accum.is_null());
         assert_eq!(l.dkdv.params().delta as u64, 20 << 40);
         // sm_80 has no Hopper kernels.
         let plan = plan_on(Arch::Sm80, &p, deterministic).unwrap();
@@ -564,4 +580,43 @@ fn head_dims_without_backward_kernels_are_refused() {
         let e = varlen_plan(&p, true).map(|_| ()).unwrap_err();
         assert!(e.to_string().contains(&want), "{e}");
     }
+}
+
+#[test]
+fn the_tiled_accumulator_is_a_permutation_of_each_tile() {
+    use kernel_abi::attention::hopper_bwd::{
+        HOPPER_DQ_TILE_ROWS, dq_accum_tile_base, dq_tile_position, dq_tile_vector,
+    };
+    for d in [64u32, 128] {
+        let rows = HOPPER_DQ_TILE_ROWS;
+        let mut seen = vec![0u8; (rows * d) as usize];
+        for c in 0..2 {
+            for v in 0..d / 16 {
+                for tid in 0..128 {
+                    let at = dq_tile_vector(d, c, v, tid);
+                    assert_eq!(at % 4, 0);
+                    let (row, col) = dq_tile_position(d, at / 4);
+                    // The wgmma accumulator layout of thread `tid`'s registers 4 v .. 4 v + 4.
+                    let (w, lane) = (tid / 32, tid % 32);
+                    assert_eq!(row, 16 * w + lane / 4);
+                    assert_eq!(col, c * d / 2 + 8 * v + 2 * (lane % 4));
+                    for (r, k) in [
+                        (row, col),
+                        (row, col + 1),
+                        (row + 8, col),
+                        (row + 8, col + 1),
+                    ] {
+                        seen[(r * d + k) as usize] += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "D = {d}: not a permutation");
+    }
+    // Tiles of whole 64-row blocks per (sequence, head): 113 rows take 128.
+    assert_eq!(dq_accum_tile_base(0, 1, 8, 113, 0, 128), 128 * 128);
+    assert_eq!(
+        dq_accum_tile_base(2, 0, 8, 113, 64, 128),
+        (16 * 128 + 64) * 128
+    );
 }

@@ -233,6 +233,7 @@ impl AttentionVarlenProblem {
                 scale_log2,
                 window_left: left.map_or(UNBOUNDED, |l| l as i32),
                 window_right: right.map_or(UNBOUNDED, |r| r as i32),
+                dq_accum_tiled: 0,
                 logits,
                 d_sinks: t
                     .d_sinks

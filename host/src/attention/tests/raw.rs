@@ -261,14 +261,11 @@ fn the_raw_backward_plan_is_the_typed_plan() {
             let lens =
                 backward_workspace_lens(&p.q_shape(), &p.kv_shape(), t[0].dtype, opts).unwrap();
             assert_eq!(lens, p.backward_workspace_lens(opts));
-            // The lens callers allocate before planning cover the plan's needs (the Hopper
-            // path needs no accumulator).
-            let accum = if raw.path() == BackwardPath::Hopper {
-                0
-            } else {
-                lens.dq_accum
-            };
-            assert_eq!((raw.delta_len(), raw.dq_accum_len()), (lens.delta, accum));
+            // The lens callers allocate before planning are the plan's, on either path.
+            assert_eq!(
+                (raw.delta_len(), raw.dq_accum_len()),
+                (lens.delta, lens.dq_accum)
+            );
             let w = raw_workspace(lens);
             let ws = RawBackwardWorkspace {
                 delta: &w[0],
