@@ -43,10 +43,12 @@
 #       (dense, softcap and sinks, packed), reliability props and negative controls, CLI tests,
 #       CLI timings with ncu per kernel (default and deterministic), the Python attention tests;
 #   fqsan the four sanitizers on its Hopper D 64/128 cases (a softcap included);
-#   fqb kbench attention-backward (D 64/128/256, S 4k-16k) with cuDNN and FA2 through SDPA.
+#   ncufq ncu (full set) on the dK/dV/dQ kernel, B2 H16 S4k D128 bf16 (through the CLI);
+#   fqb kbench attention-backward (D 64/128/256, S 4k-16k) with cuDNN and FA2 through SDPA, and
+#       FlashAttention-4 when installed under /tmp/fa4pkgs.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -462,11 +464,13 @@ fi
 if [ "$part" = fqb ]; then
   P=/tmp/pyd9b
   python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
-  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=${DIMS:-64,128,256} KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
+  FP=/tmp/fa4pkgs; export PYTHONPATH=$P
+  [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP:$P
+  export KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=${DIMS:-64,128,256} KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
   s=$(date +%s); timeout -k 5 ${T:-500} $B/bin/kbench attention-backward --out $OUT > $L/bench.log 2>&1
   echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
   sed -n '/^== table/,$p' $L/bench.log | grep "attention_fwd_bwd" | tail -80 >> $S
-  grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
+  grep -i "note\|error\|MISMATCH\|peer fa4" $L/bench.log | tail -5 >> $S
 fi
 if [ "$part" = fqsan ]; then
   for tool in memcheck racecheck synccheck initcheck; do
@@ -474,4 +478,24 @@ if [ "$part" = fqsan ]; then
       san $tool attention $f
     done
   done
+fi
+if [ "$part" = ncufq ]; then
+  python3 - <<'PY'
+import torch
+from safetensors.torch import save_file
+torch.manual_seed(0)
+r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+save_file({'q':r(2,4096,16,128),'k':r(2,4096,16,128),'v':r(2,4096,16,128)}, '/tmp/attn_in_128.st')
+PY
+  $CLI attention /tmp/attn_in_128.st -o /tmp/attn_out_128.st > $L/fwd.log 2>&1
+  python3 - <<'PY'
+import torch
+from safetensors.torch import load_file, save_file
+a=load_file('/tmp/attn_in_128.st'); o=load_file('/tmp/attn_out_128.st')
+a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
+save_file(a,'/tmp/attn_bwd_128.st')
+PY
+  ncu --set full -k regex:dkdvq -c 1 -o $OUT/dkdvq $CLI attention-backward /tmp/attn_bwd_128.st -o /tmp/x.st > $L/ncu.log 2>&1
+  ncu -i $OUT/dkdvq.ncu-rep --page details > $OUT/dkdvq.txt 2>&1; rm -f $OUT/dkdvq.ncu-rep
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|No Eligible|Tensor|Stall|lts__" $OUT/dkdvq.txt | head -40 >> $S
 fi
