@@ -43,12 +43,15 @@
 #       (dense, softcap and sinks, packed), reliability props and negative controls, CLI tests,
 #       CLI timings with ncu per kernel (default and deterministic), the Python attention tests;
 #   fqsan the four sanitizers on its Hopper D 64/128 cases (a softcap included);
+#   bwd96 the Hopper backward at D 96: the backward GPU tests at D 96 (dense, softcap and sinks),
+#       the four sanitizers on a D 96 case of each mode, CLI timings with ncu per kernel, then
+#       kbench attention-backward at D 96 with its peers (FA4 when installed under /tmp/fa4pkgs);
 #   ncufq ncu (full set) on the dK/dV/dQ kernel, B2 H16 S4k D128 bf16 (through the CLI);
 #   fqb kbench attention-backward (D 64/128/256, S 4k-16k) with cuDNN and FA2 through SDPA, and
 #       FlashAttention-4 when installed under /tmp/fa4pkgs.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -498,4 +501,41 @@ PY
   ncu --set full -k regex:dkdvq -c 1 -o $OUT/dkdvq $CLI attention-backward /tmp/attn_bwd_128.st -o /tmp/x.st > $L/ncu.log 2>&1
   ncu -i $OUT/dkdvq.ncu-rep --page details > $OUT/dkdvq.txt 2>&1; rm -f $OUT/dkdvq.ncu-rep
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|No Eligible|Tensor|Stall|lts__" $OUT/dkdvq.txt | head -40 >> $S
+fi
+if [ "$part" = bwd96 ]; then
+  t bwd96 $B/bin/test-attention _d96_ --skip emulated --skip attention_fwd --skip attention_varlen/ --skip attention_capsink/ --skip attention_decode
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in ${B96SAN:-attention_bwd/gpu/bf16_d96_b2_sq113_sk203_h4x2_causal_atomic attention_bwd/gpu/f16_d96_b2_sq113_sk203_h4x2_det}; do
+      san $tool attention $f
+    done
+  done
+  python3 - <<'PY'
+import torch
+from safetensors.torch import save_file
+torch.manual_seed(0)
+r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+save_file({'q':r(4,4096,16,96),'k':r(4,4096,16,96),'v':r(4,4096,16,96)}, '/tmp/attn_in_96.st')
+PY
+  $CLI attention /tmp/attn_in_96.st -o /tmp/attn_out_96.st > $L/fwd_96.log 2>&1
+  python3 - <<'PY'
+import torch
+from safetensors.torch import load_file, save_file
+a=load_file('/tmp/attn_in_96.st'); o=load_file('/tmp/attn_out_96.st')
+a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
+save_file(a,'/tmp/attn_bwd_96.st')
+PY
+  for mode in "" "--deterministic"; do
+    $CLI attention-backward /tmp/attn_bwd_96.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median\|error" | sed "s/^/D96 $mode /" >> $S
+    ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_96.st -o /tmp/ab2.st $mode > $L/ncu_96$mode.csv 2>&1
+    ktimes $L/ncu_96$mode.csv "D96$mode"
+  done
+  P=/tmp/pyd9b
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  FP=/tmp/fa4pkgs; export PYTHONPATH=$P
+  [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP:$P
+  export KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=96 KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
+  s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-backward --out $OUT > $L/bench.log 2>&1
+  echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench.log | grep "attention_fwd_bwd" | tail -40 >> $S
+  grep -i "note\|error\|MISMATCH\|peer fa4" $L/bench.log | tail -5 >> $S
 fi

@@ -59,11 +59,13 @@ pub struct HopperBwdParams {
 }
 
 /// Rows per (sequence, head) of the tiled dQ accumulator: `seq_q` rounded up to whole tiles.
+#[inline]
 pub const fn dq_accum_rows(seq_q: u32) -> u32 {
     seq_q.div_ceil(HOPPER_DQ_TILE_ROWS) * HOPPER_DQ_TILE_ROWS
 }
 
 /// f32 elements of the tiled dQ accumulator.
+#[inline]
 pub const fn dq_accum_len(batch: usize, heads_q: usize, seq_q: usize, d: usize) -> usize {
     batch * heads_q * dq_accum_rows(seq_q as u32) as usize * d
 }
@@ -74,6 +76,7 @@ pub const fn dq_accum_len(batch: usize, heads_q: usize, seq_q: usize, d: usize) 
 /// elements whose order is [`dq_tile_vector`]'s (the consumers' registers, so that their
 /// shared-memory copy of a tile is written without bank conflicts and added with one bulk
 /// reduce per consumer).
+#[inline]
 pub const fn dq_accum_tile_base(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u32, d: u32) -> u64 {
     ((b as u64 * heads_q as u64 + h as u64) * dq_accum_rows(seq_q) as u64 + m0 as u64) * d as u64
 }
@@ -83,6 +86,7 @@ pub const fn dq_accum_tile_base(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u3
 /// product over the tile's columns `c D / 2 ..` (rows and columns as in
 /// [`dq_tile_position`]). Consumer `c`'s half is `HOPPER_DQ_TILE_ROWS D / 2` contiguous
 /// elements.
+#[inline]
 pub const fn dq_tile_vector(d: u32, c: u32, v: u32, tid: u32) -> u32 {
     c * HOPPER_DQ_TILE_ROWS * d / 2 + (v * WARPGROUP_SIZE + tid) * 4
 }
@@ -91,6 +95,7 @@ pub const fn dq_tile_vector(d: u32, c: u32, v: u32, tid: u32) -> u32 {
 /// tile (the inverse of [`dq_tile_vector`]): its four elements are (row, col), (row, col + 1),
 /// (row + 8, col), (row + 8, col + 1) (the `wgmma` accumulator layout of thread `tid`, warp `w
 /// = tid / 32`, lane `l`: row `16 w + l / 4`, column `c D / 2 + 8 v + 2 (l % 4)`).
+#[inline]
 pub const fn dq_tile_position(d: u32, f: u32) -> (u32, u32) {
     let per_consumer = HOPPER_DQ_TILE_ROWS * d / 2 / 4;
     let (c, within) = (f / per_consumer, f % per_consumer);
@@ -111,47 +116,56 @@ pub struct HopperBwdConfig {
 }
 
 impl HopperBwdConfig {
-    /// 128-byte column blocks along D.
+    /// 128-byte column blocks along D (D = 96: the second half filled with zeros by TMA).
+    #[inline]
     pub const fn column_blocks(&self) -> u32 {
-        self.head_dim / HOPPER_ATOM
+        self.head_dim.div_ceil(HOPPER_ATOM)
     }
 
     /// Bytes of one column block of `rows` rows.
+    #[inline]
     pub const fn block_bytes(&self, rows: u32) -> u32 {
         rows * 128
     }
 
     /// Bytes of a `[rows, D]` tile.
+    #[inline]
     pub const fn tile_bytes(&self, rows: u32) -> u32 {
         self.column_blocks() * self.block_bytes(rows)
     }
 
     /// Offset of the K tile (`[HOPPER_BWD_BLOCK_N, D]`).
+    #[inline]
     pub const fn k_offset(&self) -> u32 {
         0
     }
 
     /// Offset of the V tile.
+    #[inline]
     pub const fn v_offset(&self) -> u32 {
         self.tile_bytes(HOPPER_BWD_BLOCK_N)
     }
 
     /// Offset of stage `s`'s Q tile (`[HOPPER_BWD_BLOCK_M, D]`).
+    #[inline]
     pub const fn q_offset(&self, s: u32) -> u32 {
         2 * self.tile_bytes(HOPPER_BWD_BLOCK_N) + 2 * s * self.tile_bytes(HOPPER_BWD_BLOCK_M)
     }
 
     /// Offset of stage `s`'s dO tile.
+    #[inline]
     pub const fn do_offset(&self, s: u32) -> u32 {
         self.q_offset(s) + self.tile_bytes(HOPPER_BWD_BLOCK_M)
     }
 
     /// Bytes the K and V loads deliver together.
+    #[inline]
     pub const fn kv_bytes(&self) -> u32 {
         2 * self.tile_bytes(HOPPER_BWD_BLOCK_N)
     }
 
     /// Bytes one step's Q and dO loads deliver together.
+    #[inline]
     pub const fn step_bytes(&self) -> u32 {
         2 * self.tile_bytes(HOPPER_BWD_BLOCK_M)
     }
@@ -159,16 +173,19 @@ impl HopperBwdConfig {
     /// Offset of stage `s`'s row values: `HOPPER_BWD_BLOCK_M` f32 LSE values in base 2 (+inf
     /// where P must be 0), then as many `delta'` values (0 past the sequence), written by the
     /// producer for the step's query rows.
+    #[inline]
     pub const fn rows_offset(&self, s: u32) -> u32 {
         self.q_offset(HOPPER_BWD_STAGES) + s * 2 * HOPPER_BWD_BLOCK_M * 4
     }
 
     /// Offset of the mbarriers: `kv_full`, then `full[s]` and `empty[s]` of the ring.
+    #[inline]
     pub const fn barriers_offset(&self) -> u32 {
         self.rows_offset(HOPPER_BWD_STAGES)
     }
 
     /// Number of mbarriers.
+    #[inline]
     pub const fn barriers(&self) -> u32 {
         1 + 2 * HOPPER_BWD_STAGES
     }
@@ -176,6 +193,7 @@ impl HopperBwdConfig {
     /// Offset of `dS^T` buffer `s` (of 2; dK/dV/dQ kernel): `[HOPPER_BWD_BLOCK_N,
     /// HOPPER_BWD_BLOCK_M]` 16-bit, keys as rows of 128 bytes, 128-byte swizzled (the layout
     /// TMA gives a Q tile), the M-major A operand of `dQ = dS K`.
+    #[inline]
     pub const fn ds_offset(&self, s: u32) -> u32 {
         let end = self.barriers_offset() + 8 * self.barriers();
         crate::align_up(end as usize, 1024) as u32 + s * HOPPER_BWD_BLOCK_N * HOPPER_BWD_BLOCK_M * 2
@@ -183,11 +201,13 @@ impl HopperBwdConfig {
 
     /// Offset of consumer `c`'s dQ half tile (dK/dV/dQ kernel): `HOPPER_DQ_TILE_ROWS D / 2`
     /// f32 in the order of [`dq_tile_vector`], the source of its bulk reduce.
+    #[inline]
     pub const fn dq_offset(&self, c: u32) -> u32 {
         self.ds_offset(2) + c * HOPPER_DQ_TILE_ROWS * self.head_dim / 2 * 4
     }
 
     /// Dynamic shared memory of the kernel.
+    #[inline]
     pub const fn smem_bytes(&self) -> usize {
         let end = if self.fused_dq {
             self.dq_offset(HOPPER_CONSUMERS)
@@ -198,6 +218,7 @@ impl HopperBwdConfig {
     }
 
     /// The configuration of the dK/dV/dQ kernel.
+    #[inline]
     pub const fn with_fused_dq(self) -> Self {
         HopperBwdConfig {
             fused_dq: true,
@@ -224,57 +245,68 @@ impl HopperDqConfig {
     }
 
     /// 128-byte column blocks along D.
+    #[inline]
     pub const fn column_blocks(&self) -> u32 {
         self.tiles().column_blocks()
     }
 
     /// Bytes of one column block of `rows` rows.
+    #[inline]
     pub const fn block_bytes(&self, rows: u32) -> u32 {
         self.tiles().block_bytes(rows)
     }
 
     /// Offset of the Q tile.
+    #[inline]
     pub const fn q_offset(&self) -> u32 {
         0
     }
 
     /// Offset of the dO tile.
+    #[inline]
     pub const fn do_offset(&self) -> u32 {
         self.tiles().tile_bytes(HOPPER_DQ_BLOCK_M)
     }
 
     /// Offset of stage `s`'s K tile.
+    #[inline]
     pub const fn k_offset(&self, s: u32) -> u32 {
         2 * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_M)
             + 2 * s * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_N)
     }
 
     /// Offset of stage `s`'s V tile.
+    #[inline]
     pub const fn v_offset(&self, s: u32) -> u32 {
         self.k_offset(s) + self.tiles().tile_bytes(HOPPER_DQ_BLOCK_N)
     }
 
     /// Bytes the Q and dO loads deliver together.
+    #[inline]
     pub const fn qdo_bytes(&self) -> u32 {
         2 * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_M)
     }
 
     /// Bytes one step's K and V loads deliver together.
+    #[inline]
     pub const fn step_bytes(&self) -> u32 {
         2 * self.tiles().tile_bytes(HOPPER_DQ_BLOCK_N)
     }
 
     /// Offset of the mbarriers: `qdo_full`, then `full[s]` and `empty[s]` of the ring.
+    #[inline]
     pub const fn barriers_offset(&self) -> u32 {
         self.k_offset(HOPPER_BWD_STAGES)
     }
 
     /// Number of mbarriers.
+    #[inline]
     pub const fn barriers(&self) -> u32 {
         1 + 2 * HOPPER_BWD_STAGES
     }
 
     /// Dynamic shared memory of the kernel.
+    #[inline]
     pub const fn smem_bytes(&self) -> usize {
         crate::align_up(
             self.barriers_offset() as usize + 8 * self.barriers() as usize,
@@ -283,12 +315,13 @@ impl HopperDqConfig {
     }
 }
 
-/// The Hopper dK/dV configuration for head dimension `d`, if the kernel exists for it (D = 256
-/// would need 256 accumulator registers per thread for dK and dV: it keeps the `mma.sync`
-/// kernels).
+/// The Hopper dK/dV configuration for head dimension `d`, if the kernel exists for it (D 192
+/// and 256 would need 192 and 256 accumulator registers per thread for dK and dV: they keep
+/// the `mma.sync` kernels).
+#[inline]
 pub const fn hopper_bwd_config(d: u32) -> Option<HopperBwdConfig> {
     match d {
-        64 | 128 => Some(HopperBwdConfig {
+        64 | 96 | 128 => Some(HopperBwdConfig {
             head_dim: d,
             fused_dq: false,
         }),
@@ -297,6 +330,7 @@ pub const fn hopper_bwd_config(d: u32) -> Option<HopperBwdConfig> {
 }
 
 /// [`hopper_bwd_config`] for a supported head dimension (compile-time use in kernels).
+#[inline]
 pub const fn hopper_bwd_config_of(d: u32) -> HopperBwdConfig {
     match hopper_bwd_config(d) {
         Some(c) => c,
@@ -311,21 +345,15 @@ pub struct HopperBwdKernel {
     pub kernel: Kernel<HopperBwdParams, HopperBwdConfig>,
     /// The dQ kernel; launch it with shape [`HopperBwdKernel::dq_cfg`].
     pub dq: Kernel<HopperBwdParams, HopperDqConfig>,
-    /// The dK/dV/dQ kernel; launch it with shape [`HopperBwdKernel::fused_cfg`] (grid as the
-    /// dK/dV kernel's), then [`HopperBwdKernel::convert`].
-    pub fused: Kernel<HopperBwdParams, HopperBwdConfig>,
-    /// The conversion of the tiled accumulator to dQ (times the scale); grid `(ceil(seq_q /
-    /// HOPPER_DQ_TILE_ROWS), heads_q, batch)`, [`HOPPER_DQ_CONVERT_THREADS`] threads. The same
-    /// kernel with and without softcap.
-    pub convert: Kernel<AttentionBwdParams>,
+    /// The dK/dV/dQ kernel and its conversion, where the head dimension splits into two
+    /// halves of a multiple of 32 columns (D 64 and 128).
+    pub fused: Option<HopperDkdvq>,
     /// Element type.
     pub dtype: Dtype,
     /// The dK/dV configuration (its head dimension is the kernels').
     pub cfg: HopperBwdConfig,
     /// The dQ configuration.
     pub dq_cfg: HopperDqConfig,
-    /// The dK/dV/dQ configuration.
-    pub fused_cfg: HopperBwdConfig,
     /// Whether the kernels apply the softcap of
     /// [`AttentionBwdParams::logits`](super::backward::AttentionBwdParams::logits).
     pub softcap: bool,
@@ -346,108 +374,145 @@ fn no_smem(_: ()) -> usize {
 /// Threads per block of the dQ conversion.
 pub const HOPPER_DQ_CONVERT_THREADS: u32 = 128;
 
-/// The kernels of one entry, named `[dkdv, dq, fused, convert]`.
-const fn hopper_bwd(names: [&'static str; 4], dtype: Dtype, d: u32) -> HopperBwdKernel {
-    let [name, dq, fused, convert] = names;
+/// The dK/dV/dQ kernel of a [`HopperBwdKernel`] and the conversion of its accumulator.
+pub struct HopperDkdvq {
+    /// The dK/dV/dQ kernel; launch it with shape [`HopperDkdvq::cfg`] (grid as the dK/dV
+    /// kernel's), then [`HopperDkdvq::convert`].
+    pub kernel: Kernel<HopperBwdParams, HopperBwdConfig>,
+    /// The conversion of the tiled accumulator to dQ (times the scale); grid `(ceil(seq_q /
+    /// HOPPER_DQ_TILE_ROWS), heads_q, batch)`, [`HOPPER_DQ_CONVERT_THREADS`] threads. The same
+    /// kernel with and without softcap.
+    pub convert: Kernel<AttentionBwdParams>,
+    /// The dK/dV/dQ configuration.
+    pub cfg: HopperBwdConfig,
+}
+
+/// The kernels of one entry, named `[dkdv, dq]` and, where dQ fits the dK/dV kernel, `[dkdvq,
+/// dq_convert]`.
+const fn hopper_bwd(
+    names: [&'static str; 2],
+    fused: Option<[&'static str; 2]>,
+    dtype: Dtype,
+    d: u32,
+) -> HopperBwdKernel {
+    let [name, dq] = names;
     HopperBwdKernel {
         kernel: Kernel::new(name, HOPPER_THREADS, 1, smem),
         dq: Kernel::new(dq, HOPPER_THREADS, 1, smem_dq),
-        fused: Kernel::new(fused, HOPPER_THREADS, 1, smem),
-        convert: Kernel::new(convert, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
+        fused: match fused {
+            Some([fused, convert]) => Some(HopperDkdvq {
+                kernel: Kernel::new(fused, HOPPER_THREADS, 1, smem),
+                convert: Kernel::new(convert, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
+                cfg: hopper_bwd_config_of(d).with_fused_dq(),
+            }),
+            None => None,
+        },
         dtype,
         cfg: hopper_bwd_config_of(d),
         dq_cfg: HopperDqConfig { head_dim: d },
-        fused_cfg: hopper_bwd_config_of(d).with_fused_dq(),
         softcap: false,
     }
 }
 
 /// [`hopper_bwd`] of the softcap kernels (the conversion is the plain entry's).
-const fn hopper_bwd_softcap(names: [&'static str; 4], dtype: Dtype, d: u32) -> HopperBwdKernel {
+const fn hopper_bwd_softcap(
+    names: [&'static str; 2],
+    fused: Option<[&'static str; 2]>,
+    dtype: Dtype,
+    d: u32,
+) -> HopperBwdKernel {
     HopperBwdKernel {
         softcap: true,
-        ..hopper_bwd(names, dtype, d)
+        ..hopper_bwd(names, fused, dtype, d)
     }
 }
 
-/// The names of one entry's kernels: `[dkdv, dq, dkdvq, dq_convert]`.
-macro_rules! names {
-    ($elem:ident, $d:literal) => {
-        [
-            concat!("attention_bwd_hopper_dkdv_", stringify!($elem), "_d", $d),
-            concat!("attention_bwd_hopper_dq_", stringify!($elem), "_d", $d),
-            concat!("attention_bwd_hopper_dkdvq_", stringify!($elem), "_d", $d),
-            concat!(
-                "attention_bwd_hopper_dq_convert_",
-                stringify!($elem),
-                "_d",
-                $d
-            ),
-        ]
+/// One entry of [`HOPPER_BWD_KERNELS`]: its constructor, names and whether it has the
+/// dK/dV/dQ kernel (`fused`).
+macro_rules! entry {
+    ($ctor:ident, $sc:literal, $elem:ident, $dtype:ident, $d:literal, fused) => {
+        $ctor(
+            entry!(@pair $sc, $elem, $d),
+            Some([
+                concat!("attention_bwd_hopper_dkdvq_", $sc, stringify!($elem), "_d", $d),
+                concat!("attention_bwd_hopper_dq_convert_", stringify!($elem), "_d", $d),
+            ]),
+            Dtype::$dtype,
+            $d,
+        )
     };
-    (softcap, $elem:ident, $d:literal) => {
+    ($ctor:ident, $sc:literal, $elem:ident, $dtype:ident, $d:literal) => {
+        $ctor(entry!(@pair $sc, $elem, $d), None, Dtype::$dtype, $d)
+    };
+    (@pair $sc:literal, $elem:ident, $d:literal) => {
         [
-            concat!(
-                "attention_bwd_hopper_dkdv_softcap_",
-                stringify!($elem),
-                "_d",
-                $d
-            ),
-            concat!(
-                "attention_bwd_hopper_dq_softcap_",
-                stringify!($elem),
-                "_d",
-                $d
-            ),
-            concat!(
-                "attention_bwd_hopper_dkdvq_softcap_",
-                stringify!($elem),
-                "_d",
-                $d
-            ),
-            concat!(
-                "attention_bwd_hopper_dq_convert_",
-                stringify!($elem),
-                "_d",
-                $d
-            ),
+            concat!("attention_bwd_hopper_dkdv_", $sc, stringify!($elem), "_d", $d),
+            concat!("attention_bwd_hopper_dq_", $sc, stringify!($elem), "_d", $d),
         ]
     };
 }
 
 /// The Hopper backward kernels (sm_90a only): the [`HOPPER_BWD_PLAIN`] plain entries, then
 /// their softcap forms in the same order.
-pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 8] = [
-    hopper_bwd(names!(bf16, 64), Dtype::Bf16, 64),
-    hopper_bwd(names!(bf16, 128), Dtype::Bf16, 128),
-    hopper_bwd(names!(f16, 64), Dtype::F16, 64),
-    hopper_bwd(names!(f16, 128), Dtype::F16, 128),
-    hopper_bwd_softcap(names!(softcap, bf16, 64), Dtype::Bf16, 64),
-    hopper_bwd_softcap(names!(softcap, bf16, 128), Dtype::Bf16, 128),
-    hopper_bwd_softcap(names!(softcap, f16, 64), Dtype::F16, 64),
-    hopper_bwd_softcap(names!(softcap, f16, 128), Dtype::F16, 128),
+pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 12] = [
+    entry!(hopper_bwd, "", bf16, Bf16, 64, fused),
+    entry!(hopper_bwd, "", bf16, Bf16, 96),
+    entry!(hopper_bwd, "", bf16, Bf16, 128, fused),
+    entry!(hopper_bwd, "", f16, F16, 64, fused),
+    entry!(hopper_bwd, "", f16, F16, 96),
+    entry!(hopper_bwd, "", f16, F16, 128, fused),
+    entry!(hopper_bwd_softcap, "softcap_", bf16, Bf16, 64, fused),
+    entry!(hopper_bwd_softcap, "softcap_", bf16, Bf16, 96),
+    entry!(hopper_bwd_softcap, "softcap_", bf16, Bf16, 128, fused),
+    entry!(hopper_bwd_softcap, "softcap_", f16, F16, 64, fused),
+    entry!(hopper_bwd_softcap, "softcap_", f16, F16, 96),
+    entry!(hopper_bwd_softcap, "softcap_", f16, F16, 128, fused),
 ];
 
 /// Entries of [`HOPPER_BWD_KERNELS`] without softcap (the first ones).
 pub const HOPPER_BWD_PLAIN: usize = HOPPER_BWD_KERNELS.len() / 2;
 
-/// Handles in [`HOPPER_BWD_KERNELS`]: three per entry, and the conversion of each plain entry.
-pub const HOPPER_BWD_KERNEL_COUNT: usize = 3 * HOPPER_BWD_KERNELS.len() + HOPPER_BWD_PLAIN;
-
-/// The handles of [`HOPPER_BWD_KERNELS`], for the family's table.
-pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNEL_COUNT] {
-    let mut out = [HOPPER_BWD_KERNELS[0].kernel.info(); HOPPER_BWD_KERNEL_COUNT];
+/// Entries of [`HOPPER_BWD_KERNELS`] with the dK/dV/dQ kernel.
+const HOPPER_BWD_FUSED: usize = {
+    let mut n = 0;
     let mut i = 0;
     while i < HOPPER_BWD_KERNELS.len() {
-        let k = &HOPPER_BWD_KERNELS[i];
-        out[3 * i] = k.kernel.info();
-        out[3 * i + 1] = k.dq.info();
-        out[3 * i + 2] = k.fused.info();
-        if i < HOPPER_BWD_PLAIN {
-            out[3 * HOPPER_BWD_KERNELS.len() + i] = k.convert.info();
+        if HOPPER_BWD_KERNELS[i].fused.is_some() {
+            n += 1;
         }
         i += 1;
     }
+    n
+};
+
+/// Handles in [`HOPPER_BWD_KERNELS`]: the dK/dV and dQ kernels of each entry, the dK/dV/dQ
+/// kernel of each entry that has one, and the conversion of each such plain entry (the
+/// softcap entries share it).
+pub const HOPPER_BWD_KERNEL_COUNT: usize =
+    2 * HOPPER_BWD_KERNELS.len() + HOPPER_BWD_FUSED + HOPPER_BWD_FUSED / 2;
+
+/// The handles of [`HOPPER_BWD_KERNELS`], for the family's table.
+#[inline]
+pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNEL_COUNT] {
+    let mut out = [HOPPER_BWD_KERNELS[0].kernel.info(); HOPPER_BWD_KERNEL_COUNT];
+    let mut n = 0;
+    let mut i = 0;
+    while i < HOPPER_BWD_KERNELS.len() {
+        let k = &HOPPER_BWD_KERNELS[i];
+        out[n] = k.kernel.info();
+        out[n + 1] = k.dq.info();
+        n += 2;
+        if let Some(f) = &k.fused {
+            out[n] = f.kernel.info();
+            n += 1;
+            if i < HOPPER_BWD_PLAIN {
+                out[n] = f.convert.info();
+                n += 1;
+            }
+        }
+        i += 1;
+    }
+    assert!(n == HOPPER_BWD_KERNEL_COUNT);
     out
 }
 
@@ -484,6 +549,7 @@ const _: () = {
             &HOPPER_BWD_KERNELS[i + HOPPER_BWD_PLAIN],
         );
         assert!(!a.softcap && b.softcap && a.cfg.head_dim == b.cfg.head_dim);
+        assert!(a.fused.is_some() == b.fused.is_some());
         assert!(matches!(
             (a.dtype, b.dtype),
             (Dtype::Bf16, Dtype::Bf16) | (Dtype::F16, Dtype::F16)

@@ -1,6 +1,8 @@
 //! The attention backward on Hopper (sm_90a): TMA, mbarrier rings, `wgmma` and warp
-//! specialization, kernels per element type and head dimension (64, 128), launched after the
-//! `mma.sync` path's preprocess (`delta'`, and the zeroed accumulator):
+//! specialization, kernels per element type and head dimension (64, 96, 128; the dK/dV/dQ
+//! kernel at 64 and 128), launched after the `mma.sync` path's preprocess (`delta'`, and the
+//! zeroed accumulator). D = 96 is one and a half column blocks, the second half zero-filled by
+//! TMA as in the forward:
 //!
 //! - [`dkdv`]: `attention_bwd_hopper_dkdv_*`, one block per 128 keys, dK and dV in registers
 //!   over the query blocks that see the keys;
@@ -69,10 +71,11 @@ macro_rules! bwd_tmaps {
 }
 
 macro_rules! hopper_bwd_kernels {
+    // dK/dV, dQ and dK/dV/dQ kernels.
     (
-        $elem:ident, $d:literal, [$dkdv:literal, $dq:literal, $fused:literal], $softcap:literal,
-        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident, $q_zero:ident, $q_mma:ident,
-        $q_fence:ident
+        $elem:ident, $d:literal, [$dkdv:literal, $dq:literal], $softcap:literal,
+        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident,
+        fused: [$fused:literal, $q_zero:ident, $q_mma:ident, $q_fence:ident]
     ) => {
         const _: () = {
             /// The dQ products of the dK/dV/dQ kernel (the dK/dV kernel never calls them).
@@ -95,21 +98,58 @@ macro_rules! hopper_bwd_kernels {
                 }
             }
 
-            /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name).
+            hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
+            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
+            hopper_bwd_kernels!(@dq $dq, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
+        };
+    };
+    // dK/dV and dQ kernels only.
+    (
+        $elem:ident, $d:literal, [$dkdv:literal, $dq:literal], $softcap:literal,
+        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
+    ) => {
+        const _: () = {
+            /// No dQ products: the dK/dV kernel never calls them.
+            fn dq_products() -> dkdv::DqProducts<
+                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
+                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
+                impl Fn(&mut [f32; $d / 4]),
+            > {
+                dkdv::DqProducts {
+                    first: |_: &mut [f32; $d / 4], _, _| {},
+                    rest: |_: &mut [f32; $d / 4], _, _| {},
+                    fence: |_: &mut [f32; $d / 4]| {},
+                }
+            }
+
+            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
+            hopper_bwd_kernels!(@dq $dq, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
+        };
+    };
+    (@dkdv $name:literal, $fused:literal, $elem:ident, $d:literal, $softcap:literal,
+        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident) => {
+        const _: () = {
+            /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name), or
+            /// with `FUSED` the dK/dV/dQ kernel (dQ by bulk reduce-adds).
             ///
             /// # Safety
             /// Grid `(ceil(seq_k / 128), heads_kv, batch)`, `HOPPER_THREADS` threads, the
             /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
-            /// (validated by the host), after the backward's preprocess.
-            #[unsafe(export_name = $dkdv)]
-            pub unsafe extern "ptx-kernel" fn dkdv_kernel(p: HopperBwdParams) {
-                const CFG: HopperBwdConfig = hopper_bwd_config_of($d);
-                crate::launch_bounds!(name = $dkdv, kernel_abi::attention::KERNELS);
-                let tmaps = bwd_tmaps!(name = $dkdv);
+            /// (validated by the host), after the backward's preprocess; with `FUSED`, the
+            /// tiled dQ accumulator (`dq_accum_len` elements, zeroed by the preprocess).
+            #[unsafe(export_name = $name)]
+            pub unsafe extern "ptx-kernel" fn kernel(p: HopperBwdParams) {
+                const CFG: HopperBwdConfig = if $fused {
+                    hopper_bwd_config_of($d).with_fused_dq()
+                } else {
+                    hopper_bwd_config_of($d)
+                };
+                crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                let tmaps = bwd_tmaps!(name = $name);
                 // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
                 // configuration, called by whole warpgroups in uniform control flow.
                 unsafe {
-                    dkdv::dkdv::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap, false, { $d / 4 }>(
+                    dkdv::dkdv::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap, $fused, { $d / 4 }>(
                         &p,
                         &CFG,
                         tmaps,
@@ -122,44 +162,22 @@ macro_rules! hopper_bwd_kernels {
                     )
                 }
             }
-
-            /// The dK/dV/dQ kernel ([`dkdv`] with dQ by bulk reduce-adds).
-            ///
-            /// # Safety
-            /// As for the dK/dV kernel, with the dQ/dK/dV configuration's shared memory and
-            /// the tiled dQ accumulator (`dq_accum_len` elements, zeroed by the preprocess).
-            #[unsafe(export_name = $fused)]
-            pub unsafe extern "ptx-kernel" fn fused_kernel(p: HopperBwdParams) {
-                const CFG: HopperBwdConfig = hopper_bwd_config_of($d).with_fused_dq();
-                crate::launch_bounds!(name = $fused, kernel_abi::attention::KERNELS);
-                let tmaps = bwd_tmaps!(name = $fused);
-                // SAFETY: as for the dK/dV kernel.
-                unsafe {
-                    dkdv::dkdv::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap, true, { $d / 4 }>(
-                        &p,
-                        &CFG,
-                        tmaps,
-                        |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
-                        |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
-                        wgmma::fence_operands_32,
-                        |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
-                        wgmma::$g_fence,
-                        dq_products(),
-                    )
-                }
-            }
-
+        };
+    };
+    (@dq $name:literal, $elem:ident, $d:literal, $softcap:literal,
+        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident) => {
+        const _: () = {
             /// The dQ kernel ([`dq`]; element type and head dimension in the name).
             ///
             /// # Safety
             /// Grid `(ceil(seq_q / 128), heads_q, batch)`, `HOPPER_THREADS` threads, the
             /// configuration's shared memory, parameters as documented on [`HopperBwdParams`]
             /// (validated by the host), after the backward's preprocess.
-            #[unsafe(export_name = $dq)]
-            pub unsafe extern "ptx-kernel" fn dq_kernel(p: HopperBwdParams) {
+            #[unsafe(export_name = $name)]
+            pub unsafe extern "ptx-kernel" fn kernel(p: HopperBwdParams) {
                 const CFG: HopperDqConfig = HopperDqConfig { head_dim: $d };
-                crate::launch_bounds!(name = $dq, kernel_abi::attention::KERNELS);
-                let tmaps = bwd_tmaps!(name = $dq);
+                crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                let tmaps = bwd_tmaps!(name = $name);
                 // SAFETY: as for the dK/dV kernel.
                 unsafe {
                     dq::dq::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap>(
@@ -204,136 +222,204 @@ hopper_bwd_kernels!(
     64,
     [
         "attention_bwd_hopper_dkdv_bf16_d64",
-        "attention_bwd_hopper_dq_bf16_d64",
-        "attention_bwd_hopper_dkdvq_bf16_d64"
+        "attention_bwd_hopper_dq_bf16_d64"
     ],
     false,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n64k16_bf16_rs,
     fence_operands_32,
-    m64n32k16_bf16_ss_zero,
-    m64n32k16_bf16_ss,
-    fence_operands_16
+    fused: [
+        "attention_bwd_hopper_dkdvq_bf16_d64",
+        m64n32k16_bf16_ss_zero,
+        m64n32k16_bf16_ss,
+        fence_operands_16
+    ]
+);
+hopper_bwd_kernels!(
+    Bf16,
+    96,
+    [
+        "attention_bwd_hopper_dkdv_bf16_d96",
+        "attention_bwd_hopper_dq_bf16_d96"
+    ],
+    false,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n96k16_bf16_rs,
+    fence_operands_48
 );
 hopper_bwd_kernels!(
     Bf16,
     128,
     [
         "attention_bwd_hopper_dkdv_bf16_d128",
-        "attention_bwd_hopper_dq_bf16_d128",
-        "attention_bwd_hopper_dkdvq_bf16_d128"
+        "attention_bwd_hopper_dq_bf16_d128"
     ],
     false,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n128k16_bf16_rs,
     fence_operands_64,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32
+    fused: [
+        "attention_bwd_hopper_dkdvq_bf16_d128",
+        m64n64k16_bf16_ss_zero,
+        m64n64k16_bf16_ss,
+        fence_operands_32
+    ]
 );
 hopper_bwd_kernels!(
     F16,
     64,
     [
         "attention_bwd_hopper_dkdv_f16_d64",
-        "attention_bwd_hopper_dq_f16_d64",
-        "attention_bwd_hopper_dkdvq_f16_d64"
+        "attention_bwd_hopper_dq_f16_d64"
     ],
     false,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n64k16_f16_rs,
     fence_operands_32,
-    m64n32k16_f16_ss_zero,
-    m64n32k16_f16_ss,
-    fence_operands_16
+    fused: [
+        "attention_bwd_hopper_dkdvq_f16_d64",
+        m64n32k16_f16_ss_zero,
+        m64n32k16_f16_ss,
+        fence_operands_16
+    ]
+);
+hopper_bwd_kernels!(
+    F16,
+    96,
+    [
+        "attention_bwd_hopper_dkdv_f16_d96",
+        "attention_bwd_hopper_dq_f16_d96"
+    ],
+    false,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n96k16_f16_rs,
+    fence_operands_48
 );
 hopper_bwd_kernels!(
     F16,
     128,
     [
         "attention_bwd_hopper_dkdv_f16_d128",
-        "attention_bwd_hopper_dq_f16_d128",
-        "attention_bwd_hopper_dkdvq_f16_d128"
+        "attention_bwd_hopper_dq_f16_d128"
     ],
     false,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n128k16_f16_rs,
     fence_operands_64,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32
+    fused: [
+        "attention_bwd_hopper_dkdvq_f16_d128",
+        m64n64k16_f16_ss_zero,
+        m64n64k16_f16_ss,
+        fence_operands_32
+    ]
 );
 hopper_bwd_kernels!(
     Bf16,
     64,
     [
         "attention_bwd_hopper_dkdv_softcap_bf16_d64",
-        "attention_bwd_hopper_dq_softcap_bf16_d64",
-        "attention_bwd_hopper_dkdvq_softcap_bf16_d64"
+        "attention_bwd_hopper_dq_softcap_bf16_d64"
     ],
     true,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n64k16_bf16_rs,
     fence_operands_32,
-    m64n32k16_bf16_ss_zero,
-    m64n32k16_bf16_ss,
-    fence_operands_16
+    fused: [
+        "attention_bwd_hopper_dkdvq_softcap_bf16_d64",
+        m64n32k16_bf16_ss_zero,
+        m64n32k16_bf16_ss,
+        fence_operands_16
+    ]
+);
+hopper_bwd_kernels!(
+    Bf16,
+    96,
+    [
+        "attention_bwd_hopper_dkdv_softcap_bf16_d96",
+        "attention_bwd_hopper_dq_softcap_bf16_d96"
+    ],
+    true,
+    m64n64k16_bf16_ss_zero,
+    m64n64k16_bf16_ss,
+    m64n96k16_bf16_rs,
+    fence_operands_48
 );
 hopper_bwd_kernels!(
     Bf16,
     128,
     [
         "attention_bwd_hopper_dkdv_softcap_bf16_d128",
-        "attention_bwd_hopper_dq_softcap_bf16_d128",
-        "attention_bwd_hopper_dkdvq_softcap_bf16_d128"
+        "attention_bwd_hopper_dq_softcap_bf16_d128"
     ],
     true,
     m64n64k16_bf16_ss_zero,
     m64n64k16_bf16_ss,
     m64n128k16_bf16_rs,
     fence_operands_64,
-    m64n64k16_bf16_ss_zero,
-    m64n64k16_bf16_ss,
-    fence_operands_32
+    fused: [
+        "attention_bwd_hopper_dkdvq_softcap_bf16_d128",
+        m64n64k16_bf16_ss_zero,
+        m64n64k16_bf16_ss,
+        fence_operands_32
+    ]
 );
 hopper_bwd_kernels!(
     F16,
     64,
     [
         "attention_bwd_hopper_dkdv_softcap_f16_d64",
-        "attention_bwd_hopper_dq_softcap_f16_d64",
-        "attention_bwd_hopper_dkdvq_softcap_f16_d64"
+        "attention_bwd_hopper_dq_softcap_f16_d64"
     ],
     true,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n64k16_f16_rs,
     fence_operands_32,
-    m64n32k16_f16_ss_zero,
-    m64n32k16_f16_ss,
-    fence_operands_16
+    fused: [
+        "attention_bwd_hopper_dkdvq_softcap_f16_d64",
+        m64n32k16_f16_ss_zero,
+        m64n32k16_f16_ss,
+        fence_operands_16
+    ]
+);
+hopper_bwd_kernels!(
+    F16,
+    96,
+    [
+        "attention_bwd_hopper_dkdv_softcap_f16_d96",
+        "attention_bwd_hopper_dq_softcap_f16_d96"
+    ],
+    true,
+    m64n64k16_f16_ss_zero,
+    m64n64k16_f16_ss,
+    m64n96k16_f16_rs,
+    fence_operands_48
 );
 hopper_bwd_kernels!(
     F16,
     128,
     [
         "attention_bwd_hopper_dkdv_softcap_f16_d128",
-        "attention_bwd_hopper_dq_softcap_f16_d128",
-        "attention_bwd_hopper_dkdvq_softcap_f16_d128"
+        "attention_bwd_hopper_dq_softcap_f16_d128"
     ],
     true,
     m64n64k16_f16_ss_zero,
     m64n64k16_f16_ss,
     m64n128k16_f16_rs,
     fence_operands_64,
-    m64n64k16_f16_ss_zero,
-    m64n64k16_f16_ss,
-    fence_operands_32
+    fused: [
+        "attention_bwd_hopper_dkdvq_softcap_f16_d128",
+        m64n64k16_f16_ss_zero,
+        m64n64k16_f16_ss,
+        fence_operands_32
+    ]
 );
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d64", Bf16, 64);
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d128", Bf16, 128);

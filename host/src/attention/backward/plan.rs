@@ -500,9 +500,9 @@ impl AttentionProblem {
 
     /// The Hopper dK/dV kernel for the checked tensors `t` on `target`, if the backward takes
     /// it: with [`Path::Auto`] where the target has the Hopper kernels, one exists for the
-    /// element type and head dimension (64 and 128) and tensor maps describe Q, dO, K and V;
+    /// element type and head dimension (64, 96, 128) and tensor maps describe Q, dO, K and V;
     /// with [`Path::Hopper`] likewise, but an error on a GPU without the Hopper kernels or for
-    /// views a tensor map cannot describe (D = 256 takes the `mma.sync` kernels);
+    /// views a tensor map cannot describe (D 192 and 256 take the `mma.sync` kernels);
     /// [`Path::MmaSync`] never. A softcap takes the kernels' softcap forms; sinks change
     /// neither kernel (the forward's LSE holds them).
     fn backward_hopper_kernel<T>(
@@ -544,7 +544,9 @@ impl AttentionProblem {
                 kernel,
                 maps: [a, b, c, d],
                 dq_maps: [e, f, g, h],
-                fused: !options.deterministic,
+                // D 96 has no dK/dV/dQ kernel: its default mode takes the deterministic
+                // kernels (the workspace keeps the accumulator's size, unused).
+                fused: !options.deterministic && kernel.fused.is_some(),
             })),
             Err(e) if self.path == Path::Hopper => Err(e),
             // Strides a tensor map cannot describe: the mma.sync kernels handle any.
@@ -638,16 +640,11 @@ impl AttentionBackwardPlan {
                 tmap_v: TensorMap::ZEROED,
                 base: params,
             };
-            if h.fused {
+            if let Some(f) = h.kernel.fused.as_ref().filter(|_| h.fused) {
                 // The conversion's blocks are the accumulator's tiles: the preprocess's grid.
                 (
-                    BwdLaunch::Hopper(Launch::new(
-                        &h.kernel.fused,
-                        self.dkdv_grid,
-                        h.kernel.fused_cfg,
-                        hp,
-                    )),
-                    BwdLaunch::MmaSync(Launch::new(&h.kernel.convert, self.row_grid, (), params)),
+                    BwdLaunch::Hopper(Launch::new(&f.kernel, self.dkdv_grid, f.cfg, hp)),
+                    BwdLaunch::MmaSync(Launch::new(&f.convert, self.row_grid, (), params)),
                 )
             } else {
                 (
@@ -713,8 +710,8 @@ impl AttentionBackwardPlan {
         };
         Ok(if dq {
             Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, params)
-        } else if h.fused {
-            Launch::new(&h.kernel.fused, self.dkdv_grid, h.kernel.fused_cfg, params)
+        } else if let Some(f) = h.kernel.fused.as_ref().filter(|_| h.fused) {
+            Launch::new(&f.kernel, self.dkdv_grid, f.cfg, params)
         } else {
             Launch::new(&h.kernel.kernel, self.dkdv_grid, h.kernel.cfg, params)
         })

@@ -206,6 +206,16 @@ fn the_hopper_path_where_it_exists() {
         let plan = plan_on(Arch::Sm80, &p, deterministic).unwrap();
         assert_eq!(plan.path(), BackwardPath::MmaSync);
     }
+    // D = 96: the Hopper dK/dV and dQ kernels in either mode (no dK/dV/dQ kernel).
+    let q = AttentionProblem::new(2, 100, 300, 4, 2, 96, Dtype::F16);
+    for deterministic in [false, true] {
+        let plan = plan(&q, deterministic).unwrap();
+        assert_eq!(plan.path(), BackwardPath::Hopper);
+        let l = plan.launches(&workspace(&plan)).unwrap();
+        assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdv_f16_d96");
+        assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_f16_d96");
+        assert_eq!(l.pre.params().dq_accum_tiled, 0);
+    }
     // D = 256 has no Hopper dK/dV kernel: the mma.sync path, even when Hopper is asked for.
     for path in [Path::Auto, Path::Hopper] {
         let mut q = AttentionProblem::new(1, 64, 64, 2, 2, 256, Dtype::F16);
