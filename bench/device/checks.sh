@@ -74,6 +74,27 @@ for r in csv.reader(open('$1')):
         n=r[4].split('(')[0]+' '+r[8]; t[n]=t.get(n,0)+float(r[-1].replace(',',''))
 for n,v in t.items(): print(f'  $2 {n:60s} {v:10.1f}')
 " >> $S 2>&1; }
+# Backward inputs /tmp/attn_bwd_$4.st: random q, k, v [$1, $2, $3, $4] bf16, the CLI forward's
+# o and lse, random do.
+bwd_inputs() {
+  python3 - "$@" <<'PY'
+import sys, torch
+from safetensors.torch import save_file
+b, s, h, d = map(int, sys.argv[1:5])
+torch.manual_seed(0)
+r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
+save_file({'q':r(b,s,h,d),'k':r(b,s,h,d),'v':r(b,s,h,d)}, f'/tmp/attn_in_{d}.st')
+PY
+  $CLI attention /tmp/attn_in_$4.st -o /tmp/attn_out_$4.st > $L/fwd_$4.log 2>&1
+  python3 - $4 <<'PY'
+import sys, torch
+from safetensors.torch import load_file, save_file
+d=sys.argv[1]
+a=load_file(f'/tmp/attn_in_{d}.st'); o=load_file(f'/tmp/attn_out_{d}.st')
+a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
+save_file(a,f'/tmp/attn_bwd_{d}.st')
+PY
+}
 if [ "$part" = t ]; then
   t bwd $B/bin/test-attention attention_bwd/ --skip emulated
   t gla_bwd $B/bin/test-gla gla/backward/gpu
@@ -433,24 +454,8 @@ if [ "$part" = fq ]; then
   t props $B/bin/test-reliability props
   t neg $B/bin/test-reliability negative
   t cli $B/bin/test-cli gpu/
-  python3 - <<'PY'
-import torch
-from safetensors.torch import save_file
-torch.manual_seed(0)
-r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
-for d,b,s_,h in [(128,2,4096,16),(64,2,8192,16)]:
-    save_file({'q':r(b,s_,h,d),'k':r(b,s_,h,d),'v':r(b,s_,h,d)}, f'/tmp/attn_in_{d}.st')
-PY
   for d in 128 64; do
-    $CLI attention /tmp/attn_in_$d.st -o /tmp/attn_out_$d.st > $L/fwd_$d.log 2>&1
-    python3 - $d <<'PY'
-import sys, torch
-from safetensors.torch import load_file, save_file
-d=sys.argv[1]
-a=load_file(f'/tmp/attn_in_{d}.st'); o=load_file(f'/tmp/attn_out_{d}.st')
-a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
-save_file(a,f'/tmp/attn_bwd_{d}.st')
-PY
+    [ $d = 128 ] && bwd_inputs 2 4096 16 128 || bwd_inputs 2 8192 16 64
     for mode in "" "--deterministic"; do
       $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median" | sed "s/^/D$d $mode /" >> $S
       ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab2.st $mode > $L/ncu_$d$mode.csv 2>&1
@@ -464,16 +469,20 @@ PY
     grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
   done
 fi
-if [ "$part" = fqb ]; then
-  P=/tmp/pyd9b
+# kbench attention-backward at head dimensions $1 with its peers (FA4 when under /tmp/fa4pkgs).
+bwd_bench() {
+  local P=/tmp/pyd9b FP=/tmp/fa4pkgs
   python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
-  FP=/tmp/fa4pkgs; export PYTHONPATH=$P
+  export PYTHONPATH=$P
   [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP:$P
-  export KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=${DIMS:-64,128,256} KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
-  s=$(date +%s); timeout -k 5 ${T:-500} $B/bin/kbench attention-backward --out $OUT > $L/bench.log 2>&1
+  export KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=$1 KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
+  local s=$(date +%s); timeout -k 5 ${T:-500} $B/bin/kbench attention-backward --out $OUT > $L/bench.log 2>&1
   echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
   sed -n '/^== table/,$p' $L/bench.log | grep "attention_fwd_bwd" | tail -80 >> $S
   grep -i "note\|error\|MISMATCH\|peer fa4" $L/bench.log | tail -5 >> $S
+}
+if [ "$part" = fqb ]; then
+  bwd_bench ${DIMS:-64,128,256}
 fi
 if [ "$part" = fqsan ]; then
   for tool in memcheck racecheck synccheck initcheck; do
@@ -483,21 +492,7 @@ if [ "$part" = fqsan ]; then
   done
 fi
 if [ "$part" = ncufq ]; then
-  python3 - <<'PY'
-import torch
-from safetensors.torch import save_file
-torch.manual_seed(0)
-r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
-save_file({'q':r(2,4096,16,128),'k':r(2,4096,16,128),'v':r(2,4096,16,128)}, '/tmp/attn_in_128.st')
-PY
-  $CLI attention /tmp/attn_in_128.st -o /tmp/attn_out_128.st > $L/fwd.log 2>&1
-  python3 - <<'PY'
-import torch
-from safetensors.torch import load_file, save_file
-a=load_file('/tmp/attn_in_128.st'); o=load_file('/tmp/attn_out_128.st')
-a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
-save_file(a,'/tmp/attn_bwd_128.st')
-PY
+  bwd_inputs 2 4096 16 128
   ncu --set full -k regex:dkdvq -c 1 -o $OUT/dkdvq $CLI attention-backward /tmp/attn_bwd_128.st -o /tmp/x.st > $L/ncu.log 2>&1
   ncu -i $OUT/dkdvq.ncu-rep --page details > $OUT/dkdvq.txt 2>&1; rm -f $OUT/dkdvq.ncu-rep
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|Warp Cycles Per Issued|No Eligible|Tensor|Stall|lts__" $OUT/dkdvq.txt | head -40 >> $S
@@ -509,33 +504,11 @@ if [ "$part" = bwd96 ]; then
       san $tool attention $f
     done
   done
-  python3 - <<'PY'
-import torch
-from safetensors.torch import save_file
-torch.manual_seed(0)
-r=lambda *s: torch.randn(*s,device='cuda').bfloat16()
-save_file({'q':r(4,4096,16,96),'k':r(4,4096,16,96),'v':r(4,4096,16,96)}, '/tmp/attn_in_96.st')
-PY
-  $CLI attention /tmp/attn_in_96.st -o /tmp/attn_out_96.st > $L/fwd_96.log 2>&1
-  python3 - <<'PY'
-import torch
-from safetensors.torch import load_file, save_file
-a=load_file('/tmp/attn_in_96.st'); o=load_file('/tmp/attn_out_96.st')
-a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloat16()
-save_file(a,'/tmp/attn_bwd_96.st')
-PY
+  bwd_inputs 4 4096 16 96
   for mode in "" "--deterministic"; do
     $CLI attention-backward /tmp/attn_bwd_96.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median\|error" | sed "s/^/D96 $mode /" >> $S
     ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_96.st -o /tmp/ab2.st $mode > $L/ncu_96$mode.csv 2>&1
     ktimes $L/ncu_96$mode.csv "D96$mode"
   done
-  P=/tmp/pyd9b
-  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
-  FP=/tmp/fa4pkgs; export PYTHONPATH=$P
-  [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP:$P
-  export KERNELS_PEERS_DIR=$B/peers KBENCH_ATTENTION_DIMS=96 KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
-  s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-backward --out $OUT > $L/bench.log 2>&1
-  echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
-  sed -n '/^== table/,$p' $L/bench.log | grep "attention_fwd_bwd" | tail -40 >> $S
-  grep -i "note\|error\|MISMATCH\|peer fa4" $L/bench.log | tail -5 >> $S
+  bwd_bench 96
 fi

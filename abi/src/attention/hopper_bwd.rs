@@ -388,12 +388,13 @@ pub struct HopperDkdvq {
 }
 
 /// The kernels of one entry, named `[dkdv, dq]` and, where dQ fits the dK/dV kernel, `[dkdvq,
-/// dq_convert]`.
+/// dq_convert]` (a softcap entry's conversion is the plain entry's).
 const fn hopper_bwd(
     names: [&'static str; 2],
     fused: Option<[&'static str; 2]>,
     dtype: Dtype,
     d: u32,
+    softcap: bool,
 ) -> HopperBwdKernel {
     let [name, dq] = names;
     HopperBwdKernel {
@@ -410,28 +411,15 @@ const fn hopper_bwd(
         dtype,
         cfg: hopper_bwd_config_of(d),
         dq_cfg: HopperDqConfig { head_dim: d },
-        softcap: false,
+        softcap,
     }
 }
 
-/// [`hopper_bwd`] of the softcap kernels (the conversion is the plain entry's).
-const fn hopper_bwd_softcap(
-    names: [&'static str; 2],
-    fused: Option<[&'static str; 2]>,
-    dtype: Dtype,
-    d: u32,
-) -> HopperBwdKernel {
-    HopperBwdKernel {
-        softcap: true,
-        ..hopper_bwd(names, fused, dtype, d)
-    }
-}
-
-/// One entry of [`HOPPER_BWD_KERNELS`]: its constructor, names and whether it has the
+/// One entry of [`HOPPER_BWD_KERNELS`]: softcap or not, names and whether it has the
 /// dK/dV/dQ kernel (`fused`).
 macro_rules! entry {
-    ($ctor:ident, $sc:literal, $elem:ident, $dtype:ident, $d:literal, fused) => {
-        $ctor(
+    ($softcap:literal, $sc:literal, $elem:ident, $dtype:ident, $d:literal, fused) => {
+        hopper_bwd(
             entry!(@pair $sc, $elem, $d),
             Some([
                 concat!("attention_bwd_hopper_dkdvq_", $sc, stringify!($elem), "_d", $d),
@@ -439,10 +427,11 @@ macro_rules! entry {
             ]),
             Dtype::$dtype,
             $d,
+            $softcap,
         )
     };
-    ($ctor:ident, $sc:literal, $elem:ident, $dtype:ident, $d:literal) => {
-        $ctor(entry!(@pair $sc, $elem, $d), None, Dtype::$dtype, $d)
+    ($softcap:literal, $sc:literal, $elem:ident, $dtype:ident, $d:literal) => {
+        hopper_bwd(entry!(@pair $sc, $elem, $d), None, Dtype::$dtype, $d, $softcap)
     };
     (@pair $sc:literal, $elem:ident, $d:literal) => {
         [
@@ -455,18 +444,18 @@ macro_rules! entry {
 /// The Hopper backward kernels (sm_90a only): the [`HOPPER_BWD_PLAIN`] plain entries, then
 /// their softcap forms in the same order.
 pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 12] = [
-    entry!(hopper_bwd, "", bf16, Bf16, 64, fused),
-    entry!(hopper_bwd, "", bf16, Bf16, 96),
-    entry!(hopper_bwd, "", bf16, Bf16, 128, fused),
-    entry!(hopper_bwd, "", f16, F16, 64, fused),
-    entry!(hopper_bwd, "", f16, F16, 96),
-    entry!(hopper_bwd, "", f16, F16, 128, fused),
-    entry!(hopper_bwd_softcap, "softcap_", bf16, Bf16, 64, fused),
-    entry!(hopper_bwd_softcap, "softcap_", bf16, Bf16, 96),
-    entry!(hopper_bwd_softcap, "softcap_", bf16, Bf16, 128, fused),
-    entry!(hopper_bwd_softcap, "softcap_", f16, F16, 64, fused),
-    entry!(hopper_bwd_softcap, "softcap_", f16, F16, 96),
-    entry!(hopper_bwd_softcap, "softcap_", f16, F16, 128, fused),
+    entry!(false, "", bf16, Bf16, 64, fused),
+    entry!(false, "", bf16, Bf16, 96),
+    entry!(false, "", bf16, Bf16, 128, fused),
+    entry!(false, "", f16, F16, 64, fused),
+    entry!(false, "", f16, F16, 96),
+    entry!(false, "", f16, F16, 128, fused),
+    entry!(true, "softcap_", bf16, Bf16, 64, fused),
+    entry!(true, "softcap_", bf16, Bf16, 96),
+    entry!(true, "softcap_", bf16, Bf16, 128, fused),
+    entry!(true, "softcap_", f16, F16, 64, fused),
+    entry!(true, "softcap_", f16, F16, 96),
+    entry!(true, "softcap_", f16, F16, 128, fused),
 ];
 
 /// Entries of [`HOPPER_BWD_KERNELS`] without softcap (the first ones).

@@ -71,60 +71,54 @@ macro_rules! bwd_tmaps {
 }
 
 macro_rules! hopper_bwd_kernels {
-    // dK/dV, dQ and dK/dV/dQ kernels.
+    // The dK/dV and dQ kernels, and with `fused: [..]` the dK/dV/dQ kernel.
     (
         $elem:ident, $d:literal, [$dkdv:literal, $dq:literal], $softcap:literal,
-        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident,
-        fused: [$fused:literal, $q_zero:ident, $q_mma:ident, $q_fence:ident]
+        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
+        $(, fused: [$fused:literal, $q_zero:ident, $q_mma:ident, $q_fence:ident])?
     ) => {
         const _: () = {
-            /// The dQ products of the dK/dV/dQ kernel (the dK/dV kernel never calls them).
-            fn dq_products() -> dkdv::DqProducts<
-                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
-                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
-                impl Fn(&mut [f32; $d / 4]),
-            > {
-                dkdv::DqProducts {
-                    first: |acc: &mut [f32; $d / 4], a, b| {
-                        // SAFETY: called by the kernel body under the `wgmma` contract (whole
-                        // warpgroup, uniform control flow, operands published).
-                        unsafe { wgmma::$q_zero::<1, 1>(acc, a, b) }
-                    },
-                    rest: |acc: &mut [f32; $d / 4], a, b| {
-                        // SAFETY: as for `first`.
-                        unsafe { wgmma::$q_mma::<1, 1, true>(acc, a, b) }
-                    },
-                    fence: wgmma::$q_fence,
-                }
-            }
-
-            hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
+            hopper_bwd_kernels!(@products $d $(, $q_zero, $q_mma, $q_fence)?);
+            $(hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);)?
             hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
             hopper_bwd_kernels!(@dq $dq, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
         };
     };
-    // dK/dV and dQ kernels only.
-    (
-        $elem:ident, $d:literal, [$dkdv:literal, $dq:literal], $softcap:literal,
-        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
-    ) => {
-        const _: () = {
-            /// No dQ products: the dK/dV kernel never calls them.
-            fn dq_products() -> dkdv::DqProducts<
-                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
-                impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
-                impl Fn(&mut [f32; $d / 4]),
-            > {
-                dkdv::DqProducts {
-                    first: |_: &mut [f32; $d / 4], _, _| {},
-                    rest: |_: &mut [f32; $d / 4], _, _| {},
-                    fence: |_: &mut [f32; $d / 4]| {},
-                }
+    (@products $d:literal, $q_zero:ident, $q_mma:ident, $q_fence:ident) => {
+        hopper_bwd_kernels!(@products_fn $d,
+            |acc: &mut [f32; $d / 4], a, b| {
+                // SAFETY: called by the kernel body under the `wgmma` contract (whole
+                // warpgroup, uniform control flow, operands published).
+                unsafe { wgmma::$q_zero::<1, 1>(acc, a, b) }
+            },
+            |acc: &mut [f32; $d / 4], a, b| {
+                // SAFETY: as for the first product.
+                unsafe { wgmma::$q_mma::<1, 1, true>(acc, a, b) }
+            },
+            wgmma::$q_fence
+        );
+    };
+    // No dK/dV/dQ kernel: the dK/dV kernel never calls the products.
+    (@products $d:literal) => {
+        hopper_bwd_kernels!(@products_fn $d,
+            |_: &mut [f32; $d / 4], _, _| {},
+            |_: &mut [f32; $d / 4], _, _| {},
+            |_: &mut [f32; $d / 4]| {}
+        );
+    };
+    (@products_fn $d:literal, $first:expr, $rest:expr, $fence:expr) => {
+        /// The dQ products of the dK/dV/dQ kernel (the dK/dV kernel never calls them).
+        fn dq_products() -> dkdv::DqProducts<
+            impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
+            impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
+            impl Fn(&mut [f32; $d / 4]),
+        > {
+            dkdv::DqProducts {
+                first: $first,
+                rest: $rest,
+                fence: $fence,
             }
-
-            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
-            hopper_bwd_kernels!(@dq $dq, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
-        };
+        }
     };
     (@dkdv $name:literal, $fused:literal, $elem:ident, $d:literal, $softcap:literal,
         $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident) => {
