@@ -447,7 +447,10 @@ fn rejects_bad_options() -> TestResult {
         println!("{what}: {}", r.unwrap_err());
     }
     for (p, want) in [
-        (capped.clone(), "attention_bwd_hopper_dkdv_softcap_bf16_d64"),
+        (
+            capped.clone(),
+            "attention_bwd_hopper_dkdvq_softcap_bf16_d64",
+        ),
         (
             capped.clone().path(Path::MmaSync),
             "attention_bwd_softcap_bf16_d64",
@@ -461,7 +464,7 @@ fn rejects_bad_options() -> TestResult {
     let launches = plan.launches(&ws_of(&plan))?;
     ensure(
         launches.dsinks.as_ref().map(|l| l.name()) == Some("attention_bwd_dsinks")
-            && launches.dkdv.name() == "attention_bwd_hopper_dkdv_bf16_d64",
+            && launches.dkdv.name() == "attention_bwd_hopper_dkdvq_bf16_d64",
         || format!("sinks backward planned {}", launches.dkdv.name()),
     )?;
     Ok(())

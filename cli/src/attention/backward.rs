@@ -39,9 +39,10 @@ gradients go through it.
 
 The kernels trust o and lse to be the forward's on these q, k, v (the f64 reference of \
 --reference and --check recomputes them from q, k, v). A row with no allowed key has a dq row \
-of 0 whatever its do and dlse. By default dq is accumulated with f32 atomics (the order of \
-the additions varies between runs); --deterministic computes it in its own kernel, bitwise \
-reproducible.
+of 0 whatever its do and dlse. By default dq is accumulated with f32 atomics where the \
+kernels do so (the order of the additions varies between runs; on the Hopper path at D 96 the \
+deterministic kernels run in either mode); --deterministic computes it in its own kernel, \
+bitwise reproducible.
 
 --check compares each gradient with the f64 reference under the tests' tolerance rule \
 (FlashAttention's): max |G - ref| <= 2 max |G_naive - ref| + 1e-3 max |ref| + 1e-6, where \
