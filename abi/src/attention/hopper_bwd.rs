@@ -203,7 +203,14 @@ impl HopperBwdConfig {
     /// f32 in the order of [`dq_tile_vector`], the source of its bulk reduce.
     #[inline]
     pub const fn dq_offset(&self, c: u32) -> u32 {
-        self.ds_offset(2) + c * HOPPER_DQ_TILE_ROWS * self.head_dim / 2 * 4
+        self.ds_offset(2) + c * self.dq_half_bytes()
+    }
+
+    /// Bytes of one consumer's dQ half tile (`HOPPER_DQ_TILE_ROWS D / 2` f32), the size of
+    /// its bulk reduce.
+    #[inline]
+    pub const fn dq_half_bytes(&self) -> u32 {
+        HOPPER_DQ_TILE_ROWS * self.head_dim / 2 * 4
     }
 
     /// Dynamic shared memory of the kernel.

@@ -630,7 +630,7 @@ unsafe fn store_ds_t<const KQ: usize>(buf: u32, da: &[[u32; 4]; KQ], c: u32, g: 
 unsafe fn add_dq<const QR: usize>(dst: *mut f32, cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR]) {
     let tid = index::thread_idx_x() % WARPGROUP_SIZE;
     // Opaque: the stores' addresses are not kept in registers across the step loop.
-    let half = regs::opaque(base_of(cfg.dq_offset(c)));
+    let half = regs::opaque(smem::aligned_base() + cfg.dq_offset(c));
     let d = cfg.head_dim;
     if tid == 0 {
         tma::bulk_wait_group_read::<0>();
@@ -650,13 +650,7 @@ unsafe fn add_dq<const QR: usize>(dst: *mut f32, cfg: &HopperBwdConfig, c: u32, 
     if tid == 0 {
         // SAFETY: the half tile was published by the barrier after each writer's proxy fence;
         // it is not overwritten before the next call's wait; `dst` is the caller's.
-        unsafe { tma::bulk_reduce_add_f32(dst, half, HOPPER_DQ_TILE_ROWS * d / 2 * 4) };
+        unsafe { tma::bulk_reduce_add_f32(dst, half, cfg.dq_half_bytes()) };
         tma::bulk_commit_group();
     }
-}
-
-/// The shared-window address of `offset` past the aligned base.
-#[inline(always)]
-fn base_of(offset: u32) -> u32 {
-    smem::aligned_base() + offset
 }
