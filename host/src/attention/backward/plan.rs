@@ -626,9 +626,16 @@ impl AttentionBackwardPlan {
     pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<BackwardLaunches> {
         let (delta, dq_accum) =
             workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;
+        // The Hopper dK/dV and dQ kernels (deterministic, or D 96) use no accumulator: null,
+        // so that the preprocess does not zero one.
+        let unused = self.hopper.as_ref().is_some_and(|h| !h.fused);
         let params = AttentionBwdParams {
             delta,
-            dq_accum,
+            dq_accum: if unused {
+                std::ptr::null_mut()
+            } else {
+                dq_accum
+            },
             ..self.params
         };
         let k = self.kernels;

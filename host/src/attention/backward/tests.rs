@@ -215,6 +215,8 @@ fn the_hopper_path_where_it_exists() {
         assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdv_f16_d96");
         assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_f16_d96");
         assert_eq!(l.pre.params().dq_accum_tiled, 0);
+        // No accumulator for the preprocess to zero, even where the workspace has one.
+        assert!(l.pre.params().dq_accum.is_null());
     }
     // D = 256 has no Hopper dK/dV kernel: the mma.sync path, even when Hopper is asked for.
     for path in [Path::Auto, Path::Hopper] {
