@@ -286,29 +286,32 @@ impl AttentionProblem {
         [self.batch, self.seq_k, self.heads_kv, self.head_dim]
     }
 
-    /// Elements of LSE: `batch * heads_q * seq_q`.
+    /// Elements of LSE: `batch * heads_q * seq_q` (saturating at `usize::MAX` for sizes that
+    /// [`AttentionProblem::validate`] refuses).
     pub fn lse_len(&self) -> usize {
-        self.batch * self.heads_q * self.seq_q
+        self.batch
+            .saturating_mul(self.heads_q)
+            .saturating_mul(self.seq_q)
     }
 }
 
-/// Element strides of a contiguous `[b, s, h, d]` tensor.
+/// Element strides of a contiguous `[b, s, h, d]` tensor. Products past `usize::MAX` saturate
+/// (a shape with a zero dimension may still have others whose product overflows): such a view
+/// fails its checks with a typed error, never a panic.
 pub fn contiguous_strides(shape: [usize; 4]) -> [usize; 4] {
-    [
-        shape[1] * shape[2] * shape[3],
-        shape[2] * shape[3],
-        shape[3],
-        1,
-    ]
+    let hd = shape[2].saturating_mul(shape[3]);
+    [shape[1].saturating_mul(hd), hd, shape[3], 1]
 }
 
 /// The index of the last element a view reaches, `offset + sum (shape[i] - 1) strides[i]`,
-/// computed without overflow (`None` for an empty shape). [`View`]s are checked with it, so
-/// no stride, however large, can make a view wrap around to an in-bounds index.
+/// computed without overflow (`None` for an empty shape; saturating at `u128::MAX`, past any
+/// memory). [`View`]s are checked with it, so no stride, however large, can make a view wrap
+/// around to an in-bounds index.
 pub fn last_element(offset: usize, shape: [usize; 4], strides: [usize; 4]) -> Option<u128> {
     let mut last = offset as u128;
     for i in 0..4 {
-        last += (shape[i].checked_sub(1)? as u128) * strides[i] as u128;
+        // At most (2^64 - 1)^2: no overflow of the product.
+        last = last.saturating_add((shape[i].checked_sub(1)? as u128) * strides[i] as u128);
     }
     Some(last)
 }
