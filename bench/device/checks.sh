@@ -49,9 +49,15 @@
 #   ncufq ncu (full set) on the dK/dV/dQ kernel, B2 H16 S4k D128 bf16 (through the CLI);
 #   fqb kbench attention-backward (D 64/128/256, S 4k-16k) with cuDNN and FA2 through SDPA, and
 #       FlashAttention-4 when installed under /tmp/fa4pkgs.
+#   wide the Hopper dK/dV/dQ kernel of a wide head (D 256): the attention backward's GPU tests
+#       (dense, softcap and sinks, packed), reliability props and negative controls, CLI tests,
+#       the four sanitizers on D 256 cases (GQA causal, a window, a softcap), the Python
+#       attention tests;
+#   wideb CLI timings with ncu per kernel at D 256 (B2 H8 S8k, both modes), then kbench
+#       attention-backward at D 256 with its peers (FA4 when installed under /tmp/fa4pkgs).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -444,9 +450,6 @@ if [ "$part" = grid ]; then
   sed -n '/^== table/,$p' $L/bench-attention.log | grep -E "attention_fwd " | tail -200 >> $S
   grep -i "note\|error\|MISMATCH\|peer fa4" $L/bench-attention.log | tail -5 >> $S
 fi
-tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
-cat $S
-
 if [ "$part" = fq ]; then
   t bwd $B/bin/test-attention attention_bwd/ --skip emulated
   t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
@@ -512,3 +515,38 @@ if [ "$part" = bwd96 ]; then
   done
   bwd_bench 96
 fi
+if [ "$part" = wide ]; then
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
+  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+  t props $B/bin/test-reliability props
+  t neg $B/bin/test-reliability negative
+  t cli $B/bin/test-cli gpu/
+  list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
+  cases="$(echo "$list" | grep -E '^attention_bwd/gpu/f16_d256_b2_sq113_sk203_h4x2_causal(_dlse)?_atomic$')
+    $(echo "$list" | grep -E '^attention_bwd/gpu/bf16_d256_b1_sq300_sk300_h4x2_.*atomic$' | head -1)
+    $(echo "$list" | grep -E '^attention_capsink_bwd/auto/bf16_d256_b1_sq239_sk130_h4x2_causal_softcap20.*atomic$' | head -1)"
+  echo "sanitized:" $cases >> $S
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in $cases; do
+      san $tool attention $f
+    done
+  done
+  P=/tmp/pyd9w; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention attention_capsink_bwd; do
+    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+fi
+if [ "$part" = wideb ]; then
+  bwd_inputs 2 8192 8 256
+  for mode in "" "--deterministic"; do
+    $CLI attention-backward /tmp/attn_bwd_256.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median\|error" | sed "s/^/D256 $mode /" >> $S
+    ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_256.st -o /tmp/ab2.st $mode > $L/ncu_256$mode.csv 2>&1
+    ktimes $L/ncu_256$mode.csv "D256$mode"
+  done
+  bwd_bench 256
+fi
+tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
+cat $S

@@ -25,6 +25,9 @@ use std::process::Command;
 pub struct Target {
     /// `-C target-cpu` (and the `.target` line of the PTX).
     pub cpu: &'static str,
+    /// The PTX ISA version's target feature (`-C target-feature`), where the target needs one
+    /// above the lowest its CPU allows.
+    pub ptx: Option<&'static str>,
     /// What the target is for, for humans.
     pub role: &'static str,
 }
@@ -33,6 +36,7 @@ pub struct Target {
 /// devices of compute capability exactly 9.0.
 pub const SM_90A: Target = Target {
     cpu: "sm_90a",
+    ptx: Some("+ptx81"),
     role: "Hopper (compute capability 9.0): TMA, wgmma, warp specialization",
 };
 
@@ -40,6 +44,7 @@ pub const SM_90A: Target = Target {
 /// capability 8.0 or newer.
 pub const SM_80: Target = Target {
     cpu: "sm_80",
+    ptx: None,
     role: "Ampere or newer (compute capability >= 8.0): cp.async, ldmatrix, mma.sync",
 };
 
@@ -272,8 +277,9 @@ impl Builder {
 }
 
 /// The `RUSTFLAGS` of a kernel build (applied to `core` as well as the kernel crate):
-/// - `-C target-cpu`: the target; LLVM emits the lowest PTX ISA version that supports it (8.0
-///   for `sm_90a`, which wgmma, setmaxnreg and TMA need);
+/// - `-C target-cpu`: the target; LLVM emits the lowest PTX ISA version that supports it (7.0
+///   for `sm_80`), or the target's `ptx` feature's: 8.1 for `sm_90a` (8.0 has wgmma,
+///   setmaxnreg and TMA; 8.1 adds the vector reductions `red.global.add.v4.f32`);
 /// - `-C panic=immediate-abort`: a panic (a failed bounds check) becomes an inline `trap`
 ///   instead of a call into `core`'s panic machinery, which is not part of the emitted PTX;
 /// - `-C llvm-args=-unroll-threshold=2000`: fully unroll loops with constant trip counts (what
@@ -281,8 +287,11 @@ impl Builder {
 ///   in registers. `cargo xtask check-ptx` fails on any kernel with a stack frame, which is how
 ///   a loop that did not unroll shows up.
 pub fn kernel_rustflags(target: &Target) -> String {
+    let ptx = target
+        .ptx
+        .map_or(String::new(), |f| format!(" -C target-feature={f}"));
     format!(
-        "-C target-cpu={} -Zunstable-options -C panic=immediate-abort \
+        "-C target-cpu={}{ptx} -Zunstable-options -C panic=immediate-abort \
          -C llvm-args=-unroll-threshold=2000",
         target.cpu
     )

@@ -798,11 +798,11 @@ pub fn register(s: &mut Suite) {
         s.cpu(&n, move || strided_emulated(deterministic));
     }
     for (i, c) in gpu_cases().into_iter().enumerate() {
-        // The automatic path (the Hopper dK/dV kernel on sm_90a at D 64 and 128) and, for the
-        // bf16 cases it would take, the mma.sync kernels forced (`_mma`): both paths are tested
-        // on a Hopper GPU.
+        // The automatic path (the Hopper kernels on sm_90a at D 64, 96, 128 and, by default,
+        // 256) and, for the bf16 cases it would take, the mma.sync kernels forced (`_mma`):
+        // both paths are tested on a Hopper GPU.
         let mut paths = vec![attention::Path::Auto];
-        if c.p.dtype == Dtype::Bf16 && c.p.head_dim != 256 {
+        if c.p.dtype == Dtype::Bf16 && c.p.head_dim != 192 {
             paths.push(attention::Path::MmaSync);
         }
         for path in paths {

@@ -16,6 +16,10 @@
 //!   layout of [`dq_accum_tile_base`]), then a conversion to the element type: one kernel
 //!   instead of the dQ kernel's recomputation of `S` and `dP`, at the cost of an accumulation
 //!   order that varies from run to run.
+//! - dK/dV/dQ of a wide head (D 256, the default mode only): one block per
+//!   [`HOPPER_BWD_WIDE_BLOCK_N`] keys whose two consumers split the columns of dK, dV and dQ,
+//!   `P^T` and `dS^T` through shared memory, dQ added into the same tiled accumulator with
+//!   vector reductions from registers.
 //!
 //! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
 //! products and the barrier protocols.
@@ -26,6 +30,9 @@ use crate::{Kernel, KernelDecl, SMEM_ALIGN, TensorMap, WARPGROUP_SIZE};
 
 /// Keys per block (64 per consumer warpgroup: the M of its `wgmma`s).
 pub const HOPPER_BWD_BLOCK_N: u32 = 128;
+/// Keys per block of the wide dK/dV/dQ kernel (D > 128): the M of every consumer's `wgmma`s
+/// but dQ's.
+pub const HOPPER_BWD_WIDE_BLOCK_N: u32 = 64;
 /// Query rows per step (the Q and dO tiles of one ring stage).
 pub const HOPPER_BWD_BLOCK_M: u32 = 64;
 /// Stages of the Q/dO ring (dK/dV) and of the K/V ring (dQ).
@@ -134,7 +141,26 @@ impl HopperBwdConfig {
         self.column_blocks() * self.block_bytes(rows)
     }
 
-    /// Offset of the K tile (`[HOPPER_BWD_BLOCK_N, D]`).
+    /// Keys per block: [`HOPPER_BWD_BLOCK_N`], or [`HOPPER_BWD_WIDE_BLOCK_N`] for a wide head
+    /// ([`HopperBwdConfig::wide`]).
+    #[inline]
+    pub const fn block_n(&self) -> u32 {
+        if self.wide() {
+            HOPPER_BWD_WIDE_BLOCK_N
+        } else {
+            HOPPER_BWD_BLOCK_N
+        }
+    }
+
+    /// Whether the head is wide (D > 128): the dK/dV/dQ kernel whose consumers split the
+    /// columns of dK, dV and dQ, with 64 keys per block (dK and dV of 128 keys in registers
+    /// would need D f32 registers per thread each).
+    #[inline]
+    pub const fn wide(&self) -> bool {
+        self.head_dim > 128
+    }
+
+    /// Offset of the K tile (`[block_n, D]`).
     #[inline]
     pub const fn k_offset(&self) -> u32 {
         0
@@ -143,13 +169,13 @@ impl HopperBwdConfig {
     /// Offset of the V tile.
     #[inline]
     pub const fn v_offset(&self) -> u32 {
-        self.tile_bytes(HOPPER_BWD_BLOCK_N)
+        self.tile_bytes(self.block_n())
     }
 
     /// Offset of stage `s`'s Q tile (`[HOPPER_BWD_BLOCK_M, D]`).
     #[inline]
     pub const fn q_offset(&self, s: u32) -> u32 {
-        2 * self.tile_bytes(HOPPER_BWD_BLOCK_N) + 2 * s * self.tile_bytes(HOPPER_BWD_BLOCK_M)
+        2 * self.tile_bytes(self.block_n()) + 2 * s * self.tile_bytes(HOPPER_BWD_BLOCK_M)
     }
 
     /// Offset of stage `s`'s dO tile.
@@ -161,7 +187,7 @@ impl HopperBwdConfig {
     /// Bytes the K and V loads deliver together.
     #[inline]
     pub const fn kv_bytes(&self) -> u32 {
-        2 * self.tile_bytes(HOPPER_BWD_BLOCK_N)
+        2 * self.tile_bytes(self.block_n())
     }
 
     /// Bytes one step's Q and dO loads deliver together.
@@ -170,12 +196,61 @@ impl HopperBwdConfig {
         2 * self.tile_bytes(HOPPER_BWD_BLOCK_M)
     }
 
+    /// Bytes of one `dS^T` (or `P^T`) buffer: `[block_n, HOPPER_BWD_BLOCK_M]` 16-bit.
+    #[inline]
+    pub const fn ds_bytes(&self) -> u32 {
+        self.block_n() * HOPPER_BWD_BLOCK_M * 2
+    }
+
+    /// Offset of `dS^T` buffer `s` (of 2; dK/dV/dQ kernel), after the tiles: keys as rows of
+    /// 128 bytes of `HOPPER_BWD_BLOCK_M` queries, 128-byte swizzled (the layout TMA gives a Q
+    /// tile): the K-major A operand of `dK += dS^T Q` (wide heads) and the M-major A operand
+    /// of `dQ = dS K`.
+    #[inline]
+    pub const fn ds_offset(&self, s: u32) -> u32 {
+        self.q_offset(HOPPER_BWD_STAGES) + s * self.ds_bytes()
+    }
+
+    /// Offset of `P^T` buffer `s` (of 2; wide heads), laid out as the `dS^T` buffers: the A
+    /// operand of `dV += P^T dO`.
+    #[inline]
+    pub const fn pt_offset(&self, s: u32) -> u32 {
+        self.ds_offset(2) + s * self.ds_bytes()
+    }
+
+    /// Offset of consumer `c`'s dQ half tile (dK/dV/dQ kernel of D <= 128):
+    /// `HOPPER_DQ_TILE_ROWS D / 2` f32 in the order of [`dq_tile_vector`], the source of its
+    /// bulk reduce.
+    #[inline]
+    pub const fn dq_offset(&self, c: u32) -> u32 {
+        self.ds_offset(2) + c * self.dq_half_bytes()
+    }
+
+    /// Bytes of one consumer's dQ half tile (`HOPPER_DQ_TILE_ROWS D / 2` f32), the size of
+    /// its bulk reduce.
+    #[inline]
+    pub const fn dq_half_bytes(&self) -> u32 {
+        HOPPER_DQ_TILE_ROWS * self.head_dim / 2 * 4
+    }
+
+    /// End of the tiles and buffers.
+    #[inline]
+    const fn buffers_end(&self) -> u32 {
+        if !self.fused_dq {
+            self.q_offset(HOPPER_BWD_STAGES)
+        } else if self.wide() {
+            self.pt_offset(2)
+        } else {
+            self.dq_offset(HOPPER_CONSUMERS)
+        }
+    }
+
     /// Offset of stage `s`'s row values: `HOPPER_BWD_BLOCK_M` f32 LSE values in base 2 (+inf
     /// where P must be 0), then as many `delta'` values (0 past the sequence), written by the
     /// producer for the step's query rows.
     #[inline]
     pub const fn rows_offset(&self, s: u32) -> u32 {
-        self.q_offset(HOPPER_BWD_STAGES) + s * 2 * HOPPER_BWD_BLOCK_M * 4
+        self.buffers_end() + s * 2 * HOPPER_BWD_BLOCK_M * 4
     }
 
     /// Offset of the mbarriers: `kv_full`, then `full[s]` and `empty[s]` of the ring.
@@ -190,38 +265,10 @@ impl HopperBwdConfig {
         1 + 2 * HOPPER_BWD_STAGES
     }
 
-    /// Offset of `dS^T` buffer `s` (of 2; dK/dV/dQ kernel): `[HOPPER_BWD_BLOCK_N,
-    /// HOPPER_BWD_BLOCK_M]` 16-bit, keys as rows of 128 bytes, 128-byte swizzled (the layout
-    /// TMA gives a Q tile), the M-major A operand of `dQ = dS K`.
-    #[inline]
-    pub const fn ds_offset(&self, s: u32) -> u32 {
-        let end = self.barriers_offset() + 8 * self.barriers();
-        crate::align_up(end as usize, 1024) as u32 + s * HOPPER_BWD_BLOCK_N * HOPPER_BWD_BLOCK_M * 2
-    }
-
-    /// Offset of consumer `c`'s dQ half tile (dK/dV/dQ kernel): `HOPPER_DQ_TILE_ROWS D / 2`
-    /// f32 in the order of [`dq_tile_vector`], the source of its bulk reduce.
-    #[inline]
-    pub const fn dq_offset(&self, c: u32) -> u32 {
-        self.ds_offset(2) + c * self.dq_half_bytes()
-    }
-
-    /// Bytes of one consumer's dQ half tile (`HOPPER_DQ_TILE_ROWS D / 2` f32), the size of
-    /// its bulk reduce.
-    #[inline]
-    pub const fn dq_half_bytes(&self) -> u32 {
-        HOPPER_DQ_TILE_ROWS * self.head_dim / 2 * 4
-    }
-
     /// Dynamic shared memory of the kernel.
     #[inline]
     pub const fn smem_bytes(&self) -> usize {
-        let end = if self.fused_dq {
-            self.dq_offset(HOPPER_CONSUMERS)
-        } else {
-            self.barriers_offset() + 8 * self.barriers()
-        };
-        crate::align_up(end as usize, 16) + SMEM_ALIGN
+        crate::align_up((self.barriers_offset() + 8 * self.barriers()) as usize, 16) + SMEM_ALIGN
     }
 
     /// The configuration of the dK/dV/dQ kernel.
@@ -322,13 +369,13 @@ impl HopperDqConfig {
     }
 }
 
-/// The Hopper dK/dV configuration for head dimension `d`, if the kernel exists for it (D 192
-/// and 256 would need 192 and 256 accumulator registers per thread for dK and dV: they keep
-/// the `mma.sync` kernels).
+/// The Hopper backward configuration for head dimension `d` (the dK/dV and dQ kernels at D 64,
+/// 96 and 128, the dK/dV/dQ kernel at 64, 128 and 256; D 192 keeps the `mma.sync` kernels), if
+/// a kernel exists for it.
 #[inline]
 pub const fn hopper_bwd_config(d: u32) -> Option<HopperBwdConfig> {
     match d {
-        64 | 96 | 128 => Some(HopperBwdConfig {
+        64 | 96 | 128 | 256 => Some(HopperBwdConfig {
             head_dim: d,
             fused_dq: false,
         }),
@@ -348,22 +395,31 @@ pub const fn hopper_bwd_config_of(d: u32) -> HopperBwdConfig {
 /// The Hopper backward kernels of one element type and head dimension: their handles and what
 /// they were compiled for.
 pub struct HopperBwdKernel {
-    /// The dK/dV kernel; launch it with shape [`HopperBwdKernel::cfg`].
-    pub kernel: Kernel<HopperBwdParams, HopperBwdConfig>,
-    /// The dQ kernel; launch it with shape [`HopperBwdKernel::dq_cfg`].
-    pub dq: Kernel<HopperBwdParams, HopperDqConfig>,
-    /// The dK/dV/dQ kernel and its conversion, where the head dimension splits into two
-    /// halves of a multiple of 32 columns (D 64 and 128).
+    /// The dK/dV and dQ kernels (no atomics: the deterministic mode, and the default where
+    /// there is no dK/dV/dQ kernel), where the head fits them (D 64, 96, 128).
+    pub split: Option<HopperBwdSplit>,
+    /// The dK/dV/dQ kernel and its conversion (the default mode), where the head dimension
+    /// splits into two halves of whole 32-column groups (D 64, 128) or is wide (D 256).
     pub fused: Option<HopperDkdvq>,
     /// Element type.
     pub dtype: Dtype,
-    /// The dK/dV configuration (its head dimension is the kernels').
-    pub cfg: HopperBwdConfig,
-    /// The dQ configuration.
-    pub dq_cfg: HopperDqConfig,
+    /// Head dimension.
+    pub head_dim: u32,
     /// Whether the kernels apply the softcap of
     /// [`AttentionBwdParams::logits`](super::backward::AttentionBwdParams::logits).
     pub softcap: bool,
+}
+
+/// The dK/dV and dQ kernels of a [`HopperBwdKernel`].
+pub struct HopperBwdSplit {
+    /// The dK/dV kernel; launch it with shape [`HopperBwdSplit::cfg`].
+    pub dkdv: Kernel<HopperBwdParams, HopperBwdConfig>,
+    /// The dQ kernel; launch it with shape [`HopperBwdSplit::dq_cfg`].
+    pub dq: Kernel<HopperBwdParams, HopperDqConfig>,
+    /// The dK/dV configuration.
+    pub cfg: HopperBwdConfig,
+    /// The dQ configuration.
+    pub dq_cfg: HopperDqConfig,
 }
 
 fn smem(cfg: HopperBwdConfig) -> usize {
@@ -383,8 +439,8 @@ pub const HOPPER_DQ_CONVERT_THREADS: u32 = 128;
 
 /// The dK/dV/dQ kernel of a [`HopperBwdKernel`] and the conversion of its accumulator.
 pub struct HopperDkdvq {
-    /// The dK/dV/dQ kernel; launch it with shape [`HopperDkdvq::cfg`] (grid as the dK/dV
-    /// kernel's), then [`HopperDkdvq::convert`].
+    /// The dK/dV/dQ kernel; launch it with shape [`HopperDkdvq::cfg`] (grid `(ceil(seq_k /
+    /// cfg.block_n()), heads_kv, batch)`), then [`HopperDkdvq::convert`].
     pub kernel: Kernel<HopperBwdParams, HopperBwdConfig>,
     /// The conversion of the tiled accumulator to dQ (times the scale); grid `(ceil(seq_q /
     /// HOPPER_DQ_TILE_ROWS), heads_q, batch)`, [`HOPPER_DQ_CONVERT_THREADS`] threads. The same
@@ -394,19 +450,25 @@ pub struct HopperDkdvq {
     pub cfg: HopperBwdConfig,
 }
 
-/// The kernels of one entry, named `[dkdv, dq]` and, where dQ fits the dK/dV kernel, `[dkdvq,
-/// dq_convert]` (a softcap entry's conversion is the plain entry's).
+/// The kernels of one entry: `split` names `[dkdv, dq]`, `fused` names `[dkdvq, dq_convert]`
+/// (a softcap entry's conversion is the plain entry's).
 const fn hopper_bwd(
-    names: [&'static str; 2],
+    split: Option<[&'static str; 2]>,
     fused: Option<[&'static str; 2]>,
     dtype: Dtype,
     d: u32,
     softcap: bool,
 ) -> HopperBwdKernel {
-    let [name, dq] = names;
     HopperBwdKernel {
-        kernel: Kernel::new(name, HOPPER_THREADS, 1, smem),
-        dq: Kernel::new(dq, HOPPER_THREADS, 1, smem_dq),
+        split: match split {
+            Some([dkdv, dq]) => Some(HopperBwdSplit {
+                dkdv: Kernel::new(dkdv, HOPPER_THREADS, 1, smem),
+                dq: Kernel::new(dq, HOPPER_THREADS, 1, smem_dq),
+                cfg: hopper_bwd_config_of(d),
+                dq_cfg: HopperDqConfig { head_dim: d },
+            }),
+            None => None,
+        },
         fused: match fused {
             Some([fused, convert]) => Some(HopperDkdvq {
                 kernel: Kernel::new(fused, HOPPER_THREADS, 1, smem),
@@ -416,88 +478,106 @@ const fn hopper_bwd(
             None => None,
         },
         dtype,
-        cfg: hopper_bwd_config_of(d),
-        dq_cfg: HopperDqConfig { head_dim: d },
+        head_dim: d,
         softcap,
     }
 }
 
-/// One entry of [`HOPPER_BWD_KERNELS`]: softcap or not, names and whether it has the
-/// dK/dV/dQ kernel (`fused`).
+/// One entry of [`HOPPER_BWD_KERNELS`]: softcap or not, names, and which of the dK/dV and dQ
+/// kernels (`split`) and the dK/dV/dQ kernel (`fused`) it has.
 macro_rules! entry {
-    ($softcap:literal, $sc:literal, $elem:ident, $dtype:ident, $d:literal, fused) => {
+    ($softcap:literal, $sc:literal, $elem:ident, $dtype:ident, $d:literal, $($has:ident)+) => {
         hopper_bwd(
-            entry!(@pair $sc, $elem, $d),
-            Some([
-                concat!("attention_bwd_hopper_dkdvq_", $sc, stringify!($elem), "_d", $d),
-                concat!("attention_bwd_hopper_dq_convert_", stringify!($elem), "_d", $d),
-            ]),
+            entry!(@split [$($has)+] $sc, $elem, $d),
+            entry!(@fused [$($has)+] $sc, $elem, $d),
             Dtype::$dtype,
             $d,
             $softcap,
         )
     };
-    ($softcap:literal, $sc:literal, $elem:ident, $dtype:ident, $d:literal) => {
-        hopper_bwd(entry!(@pair $sc, $elem, $d), None, Dtype::$dtype, $d, $softcap)
-    };
-    (@pair $sc:literal, $elem:ident, $d:literal) => {
-        [
+    (@split [split $($rest:ident)*] $sc:literal, $elem:ident, $d:literal) => {
+        Some([
             concat!("attention_bwd_hopper_dkdv_", $sc, stringify!($elem), "_d", $d),
             concat!("attention_bwd_hopper_dq_", $sc, stringify!($elem), "_d", $d),
-        ]
+        ])
+    };
+    (@split [fused] $sc:literal, $elem:ident, $d:literal) => {
+        None
+    };
+    (@fused [split fused] $sc:literal, $elem:ident, $d:literal) => {
+        entry!(@fused [fused] $sc, $elem, $d)
+    };
+    (@fused [fused] $sc:literal, $elem:ident, $d:literal) => {
+        Some([
+            concat!("attention_bwd_hopper_dkdvq_", $sc, stringify!($elem), "_d", $d),
+            concat!("attention_bwd_hopper_dq_convert_", stringify!($elem), "_d", $d),
+        ])
+    };
+    (@fused [split] $sc:literal, $elem:ident, $d:literal) => {
+        None
     };
 }
 
 /// The Hopper backward kernels (sm_90a only): the [`HOPPER_BWD_PLAIN`] plain entries, then
 /// their softcap forms in the same order.
-pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 12] = [
-    entry!(false, "", bf16, Bf16, 64, fused),
-    entry!(false, "", bf16, Bf16, 96),
-    entry!(false, "", bf16, Bf16, 128, fused),
-    entry!(false, "", f16, F16, 64, fused),
-    entry!(false, "", f16, F16, 96),
-    entry!(false, "", f16, F16, 128, fused),
-    entry!(true, "softcap_", bf16, Bf16, 64, fused),
-    entry!(true, "softcap_", bf16, Bf16, 96),
-    entry!(true, "softcap_", bf16, Bf16, 128, fused),
-    entry!(true, "softcap_", f16, F16, 64, fused),
-    entry!(true, "softcap_", f16, F16, 96),
-    entry!(true, "softcap_", f16, F16, 128, fused),
+pub const HOPPER_BWD_KERNELS: [HopperBwdKernel; 16] = [
+    entry!(false, "", bf16, Bf16, 64, split fused),
+    entry!(false, "", bf16, Bf16, 96, split),
+    entry!(false, "", bf16, Bf16, 128, split fused),
+    entry!(false, "", bf16, Bf16, 256, fused),
+    entry!(false, "", f16, F16, 64, split fused),
+    entry!(false, "", f16, F16, 96, split),
+    entry!(false, "", f16, F16, 128, split fused),
+    entry!(false, "", f16, F16, 256, fused),
+    entry!(true, "softcap_", bf16, Bf16, 64, split fused),
+    entry!(true, "softcap_", bf16, Bf16, 96, split),
+    entry!(true, "softcap_", bf16, Bf16, 128, split fused),
+    entry!(true, "softcap_", bf16, Bf16, 256, fused),
+    entry!(true, "softcap_", f16, F16, 64, split fused),
+    entry!(true, "softcap_", f16, F16, 96, split),
+    entry!(true, "softcap_", f16, F16, 128, split fused),
+    entry!(true, "softcap_", f16, F16, 256, fused),
 ];
 
 /// Entries of [`HOPPER_BWD_KERNELS`] without softcap (the first ones).
 pub const HOPPER_BWD_PLAIN: usize = HOPPER_BWD_KERNELS.len() / 2;
 
-/// Entries of [`HOPPER_BWD_KERNELS`] with the dK/dV/dQ kernel.
-const HOPPER_BWD_FUSED: usize = {
-    let mut n = 0;
+/// Entries of [`HOPPER_BWD_KERNELS`] with the dK/dV and dQ kernels, and with the dK/dV/dQ
+/// kernel.
+const HOPPER_BWD_COUNTS: (usize, usize) = {
+    let (mut split, mut fused) = (0, 0);
     let mut i = 0;
     while i < HOPPER_BWD_KERNELS.len() {
-        if HOPPER_BWD_KERNELS[i].fused.is_some() {
-            n += 1;
-        }
+        split += HOPPER_BWD_KERNELS[i].split.is_some() as usize;
+        fused += HOPPER_BWD_KERNELS[i].fused.is_some() as usize;
         i += 1;
     }
-    n
+    (split, fused)
 };
 
-/// Handles in [`HOPPER_BWD_KERNELS`]: the dK/dV and dQ kernels of each entry, the dK/dV/dQ
-/// kernel of each entry that has one, and the conversion of each such plain entry (the
-/// softcap entries share it).
+/// Handles in [`HOPPER_BWD_KERNELS`]: the dK/dV and dQ kernels of each entry that has them,
+/// the dK/dV/dQ kernel of each entry that has one, and the conversion of each such plain
+/// entry (the softcap entries share it).
 pub const HOPPER_BWD_KERNEL_COUNT: usize =
-    2 * HOPPER_BWD_KERNELS.len() + HOPPER_BWD_FUSED + HOPPER_BWD_FUSED / 2;
+    2 * HOPPER_BWD_COUNTS.0 + HOPPER_BWD_COUNTS.1 + HOPPER_BWD_COUNTS.1 / 2;
 
 /// The handles of [`HOPPER_BWD_KERNELS`], for the family's table.
 #[inline]
 pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNEL_COUNT] {
-    let mut out = [HOPPER_BWD_KERNELS[0].kernel.info(); HOPPER_BWD_KERNEL_COUNT];
+    let first = match &HOPPER_BWD_KERNELS[0].split {
+        Some(s) => s.dkdv.info(),
+        None => panic!("the first entry has the dK/dV kernel"),
+    };
+    let mut out = [first; HOPPER_BWD_KERNEL_COUNT];
     let mut n = 0;
     let mut i = 0;
     while i < HOPPER_BWD_KERNELS.len() {
         let k = &HOPPER_BWD_KERNELS[i];
-        out[n] = k.kernel.info();
-        out[n + 1] = k.dq.info();
-        n += 2;
+        if let Some(s) = &k.split {
+            out[n] = s.dkdv.info();
+            out[n + 1] = s.dq.info();
+            n += 2;
+        }
         if let Some(f) = &k.fused {
             out[n] = f.kernel.info();
             n += 1;
@@ -521,12 +601,15 @@ pub fn hopper_bwd_kernel(
 ) -> Option<&'static HopperBwdKernel> {
     const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
     ALL.iter()
-        .find(|k| k.dtype == dtype && k.cfg.head_dim == head_dim && k.softcap == softcap)
+        .find(|k| k.dtype == dtype && k.head_dim == head_dim && k.softcap == softcap)
 }
 
 const _: () = {
     // Two consumer warpgroups of 64 keys each; Q/dO tiles of one swizzle atom's K slices.
     assert!(HOPPER_BWD_BLOCK_N == 2 * 64 && HOPPER_BWD_BLOCK_M.is_multiple_of(16));
+    // Wide heads: both consumers over the block's 64 keys, each with half of the queries of a
+    // step in `S^T` and `dP^T` and half of the columns of dK, dV and dQ.
+    assert!(HOPPER_BWD_WIDE_BLOCK_N == 64 && HOPPER_BWD_BLOCK_M == 64);
     // Tensor maps at 64-byte offsets (TMA).
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_do) % 64 == 0);
     assert!(core::mem::offset_of!(HopperBwdParams, tmap_k) % 64 == 0);
@@ -534,18 +617,41 @@ const _: () = {
     // The largest configurations fit the 227 KiB a block may have.
     assert!(hopper_bwd_config_of(128).smem_bytes() <= 227 * 1024);
     assert!(hopper_bwd_config_of(128).with_fused_dq().smem_bytes() <= 227 * 1024);
+    assert!(hopper_bwd_config_of(256).with_fused_dq().smem_bytes() <= 227 * 1024);
+    // Swizzled buffers start on 1024-byte boundaries.
+    assert!(
+        hopper_bwd_config_of(256)
+            .with_fused_dq()
+            .ds_offset(0)
+            .is_multiple_of(1024)
+    );
+    assert!(
+        hopper_bwd_config_of(128)
+            .with_fused_dq()
+            .ds_offset(0)
+            .is_multiple_of(1024)
+    );
+    assert!(
+        hopper_bwd_config_of(64)
+            .with_fused_dq()
+            .ds_offset(0)
+            .is_multiple_of(1024)
+    );
     // The preprocess zeroes the tiled accumulator's padding rows by its blocks of rows.
     assert!(super::backward::ROW_BLOCK == HOPPER_DQ_TILE_ROWS);
     // The plain entries first, their softcap forms after in the same order (the conversion
-    // of entry `i + HOPPER_BWD_PLAIN` is entry `i`'s).
+    // of entry `i + HOPPER_BWD_PLAIN` is entry `i`'s); a wide head only in a dK/dV/dQ kernel.
     let mut i = 0;
     while i < HOPPER_BWD_PLAIN {
         let (a, b) = (
             &HOPPER_BWD_KERNELS[i],
             &HOPPER_BWD_KERNELS[i + HOPPER_BWD_PLAIN],
         );
-        assert!(!a.softcap && b.softcap && a.cfg.head_dim == b.cfg.head_dim);
+        assert!(!a.softcap && b.softcap && a.head_dim == b.head_dim);
         assert!(a.fused.is_some() == b.fused.is_some());
+        assert!(a.split.is_some() == b.split.is_some());
+        assert!(a.split.is_some() || a.fused.is_some());
+        assert!(!(hopper_bwd_config_of(a.head_dim).wide() && a.split.is_some()));
         assert!(matches!(
             (a.dtype, b.dtype),
             (Dtype::Bf16, Dtype::Bf16) | (Dtype::F16, Dtype::F16)

@@ -28,3 +28,24 @@ pub unsafe fn red_add_f32(ptr: *mut f32, v: f32) {
     // SAFETY: the caller guarantees `ptr` is a valid global address.
     unsafe { asm!("red.global.add.f32 [{0}], {1};", in(reg64) ptr, in(reg32) v, options(nostack)) };
 }
+
+/// `red.global.add.v4.f32` (sm_90): add the four values `v` to `ptr[0..4]` atomically (each
+/// element on its own), without returning the old values. Unordered as [`red_add_f32`].
+///
+/// # Safety
+/// `ptr` is a valid, 16-byte aligned pointer to four f32 in global memory.
+#[inline(always)]
+pub unsafe fn red_add_v4_f32(ptr: *mut f32, v: [f32; 4]) {
+    // SAFETY: the caller guarantees `ptr` is a valid, aligned global address.
+    unsafe {
+        asm!(
+            "red.global.add.v4.f32 [{0}], {{{1}, {2}, {3}, {4}}};",
+            in(reg64) ptr,
+            in(reg32) v[0],
+            in(reg32) v[1],
+            in(reg32) v[2],
+            in(reg32) v[3],
+            options(nostack)
+        )
+    };
+}

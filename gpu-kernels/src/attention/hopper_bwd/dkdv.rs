@@ -89,30 +89,25 @@
 use super::super::elem::Elem;
 use super::super::hopper::softmax::pack_p;
 use super::super::{logits, mask};
-use super::{CONSUMER_THREADS, SR, softcap_grad_of_p};
-use crate::arch::mbarrier::{Mbarrier, RingPos};
+use super::producer::{Ring, Walk, produce, store_dk_dv};
+use super::{CONSUMER_THREADS, DS_BARRIER, SR, softcap_grad_of_p};
+use crate::arch::mbarrier::RingPos;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{fence, global, index, math, regs, smem, sync, tma};
+use crate::arch::{fence, index, math, regs, smem, sync, tma};
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES,
     HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_tile_vector,
 };
-use kernel_abi::attention::{
-    HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS, HOPPER_PRODUCER_REGS,
-};
+use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
 
 /// Keys of one consumer warpgroup (the M of its products).
 const WG_KEYS: u32 = BN / HOPPER_CONSUMERS;
-/// Lanes of producer warp 1 that write the row values of each step (two rows each).
-const ROW_WRITERS: u32 = 32;
 /// 8-column blocks of a query tile.
 const NTQ: usize = (BM / 8) as usize;
 /// 16-row K slices of a query tile (the A fragments of `P^T` and `dS^T`).
 const KQ: usize = (BM / 16) as usize;
-/// Named barrier of the two consumers' `dS^T` stores (dK/dV/dQ kernel).
-const DS_BARRIER: u32 = 1;
 /// First of the consumers' own named barriers around their dQ tiles (`DQ_BARRIER + c`).
 const DQ_BARRIER: u32 = 2;
 
@@ -151,161 +146,30 @@ pub(super) unsafe fn dkdv<
 ) {
     const {
         assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64 && SR as u32 * 2 == BM);
-        assert!(2 * ROW_WRITERS == BM);
         assert!(QR as u32 * 4 == D && BM == HOPPER_DQ_TILE_ROWS);
     };
     debug_assert!(cfg.fused_dq == FUSED);
-    let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
-    let tid = index::thread_idx_x();
-    let wg = index::warpgroup_id();
-    let base = smem::aligned_base();
-    let bars = base + cfg.barriers_offset();
-    let kv_full = Mbarrier::at(bars);
-    let full = |s: u32| Mbarrier::at(bars + 8 * (1 + s));
-    let empty = |s: u32| Mbarrier::at(bars + 8 * (1 + STAGES + s));
-    let k_s = base + cfg.k_offset();
-    let v_s = base + cfg.v_offset();
-    let q_s = |s: u32| base + cfg.q_offset(s);
-    let do_s = |s: u32| base + cfg.do_offset(s);
-    let cblocks = cfg.column_blocks();
-
-    // The block's walk, the same in every thread.
-    let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
-    let (heads_q, heads_kv) = (p.base.heads_q, p.base.heads_kv);
+    let ring = Ring::new(cfg);
+    let base = ring.base;
+    let (kv_full, k_s, v_s) = (ring.kv_full(), ring.k(), ring.v());
+    let walk = Walk::of(p, BN);
+    let (steps, n0, batch) = (walk.steps, walk.n0, walk.batch);
+    let (seq_q, seq_k, heads_q) = (p.base.seq_q, p.base.seq_k, p.base.heads_q);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
-    let (n_block, head_kv, batch) = (
-        index::block_idx_x(),
-        index::block_idx_y(),
-        index::block_idx_z(),
-    );
-    let n0 = n_block * BN;
-    let keys_valid = (seq_k - n0).min(BN);
-    let group = heads_q / heads_kv;
-    // Query rows that may see a key of the block: [i_lo, i_hi).
     let off = seq_k as i64 - seq_q as i64;
-    let i_lo = if wr >= 0 {
-        (n0 as i64 - off - wr as i64).max(0)
-    } else {
-        0
-    };
-    let i_hi = if wl >= 0 {
-        ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
-    } else {
-        seq_q as i64
-    };
-    let (mb_lo, m_steps) = if i_hi > i_lo {
-        let lo = i_lo as u32 / BM;
-        (lo, (i_hi as u32).div_ceil(BM) - lo)
-    } else {
-        (0, 0)
-    };
-    let steps = group * m_steps;
-    // Step `s`: query head and first query row.
-    let head_of = |s: u32| head_kv * group + s / m_steps;
-    let m0_of = |s: u32| (mb_lo + s % m_steps) * BM;
 
-    if tid == 0 {
-        for t in tmaps {
-            t.prefetch();
-        }
-        // SAFETY: single initializer before any use; published by the barrier below.
-        unsafe {
-            kv_full.init(1);
-            for s in 0..STAGES {
-                full(s).init(1 + ROW_WRITERS);
-                empty(s).init(CONSUMER_THREADS);
-            }
-        }
-        fence::fence_mbarrier_init();
-    }
-    // SAFETY: all threads reach this barrier once, before the role split.
-    unsafe { sync::sync_threads() };
-
-    if wg == 0 {
-        // SAFETY: the whole producer warpgroup executes this, uniformly.
-        unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
-        if tid == 0 && steps > 0 {
-            // SAFETY: `kv_full` expects exactly K's and V's bytes; the destinations are
-            // 1024-aligned column blocks sized by the ABI, read only after the phase
-            // completes; the D coordinates are multiples of 64 elements.
-            unsafe {
-                kv_full.arrive_expect_tx(cfg.kv_bytes());
-                for cb in 0..cblocks {
-                    let x = (cb * HOPPER_ATOM) as i32;
-                    let at = cb * cfg.block_bytes(BN);
-                    let (h, n, b) = (head_kv as i32, n0 as i32, batch as i32);
-                    tmap_k.load_4d(k_s + at, x, h, n, b, kv_full);
-                    tmap_v.load_4d(v_s + at, x, h, n, b, kv_full);
-                }
-            }
-            for step in 0..steps {
-                let pos = RingPos::<STAGES>::of(step);
-                let (h, m0) = (head_of(step) as i32, m0_of(step) as i32);
-                // SAFETY: ring protocol (module docs): the stage is free once `empty` completed
-                // its previous phase; `full` expects exactly the step's bytes; the destinations
-                // are untouched until that phase completes.
-                unsafe {
-                    empty(pos.stage).wait_parity(pos.phase ^ 1);
-                    full(pos.stage).arrive_expect_tx(cfg.step_bytes());
-                    for cb in 0..cblocks {
-                        let x = (cb * HOPPER_ATOM) as i32;
-                        let at = cb * cfg.block_bytes(BM);
-                        let bar = full(pos.stage);
-                        tmap_q.load_4d(q_s(pos.stage) + at, x, h, m0, batch as i32, bar);
-                        tmap_do.load_4d(do_s(pos.stage) + at, x, h, m0, batch as i32, bar);
-                    }
-                }
-            }
-        }
-        if index::warp_id() == 1 && steps > 0 {
-            // The row values of each step: LSE in base 2 (+inf where P must be 0) and delta'.
-            let lane = index::lane_id();
-            let lse_rows = (batch as u64 * heads_q as u64) * seq_q as u64;
-            for step in 0..steps {
-                let pos = RingPos::<STAGES>::of(step);
-                let (h, m0) = (head_of(step), m0_of(step));
-                let row_base = lse_rows + h as u64 * seq_q as u64;
-                let at = base + cfg.rows_offset(pos.stage);
-                // SAFETY: ring protocol (module docs): the stage's row values are free once
-                // `empty` completed the stage's previous phase.
-                unsafe { empty(pos.stage).wait_parity(pos.phase ^ 1) };
-                for half in 0..2 {
-                    let r = lane + half * ROW_WRITERS;
-                    let i = m0 + r;
-                    let (mut lse2, mut delta) = (f32::INFINITY, 0.0f32);
-                    if i < seq_q {
-                        let idx = (row_base + i as u64) as usize;
-                        // SAFETY: row i < seq_q of this (batch, head): inside LSE and delta'.
-                        let (l, d) = unsafe {
-                            (
-                                global::load_nc_f32(p.base.lse.wrapping_add(idx)),
-                                global::load_nc_f32(p.base.delta.wrapping_add(idx)),
-                            )
-                        };
-                        if l != f32::NEG_INFINITY {
-                            lse2 = l * math::LOG2_E;
-                        }
-                        delta = d;
-                    }
-                    // SAFETY: inside the stage's row values (r < BM), this lane's own words,
-                    // free since the wait above; read only after `full` completes.
-                    unsafe {
-                        smem::SmemValue::store(at + 4 * r, lse2);
-                        smem::SmemValue::store(at + 4 * (BM + r), delta);
-                    }
-                }
-                // SAFETY: one arrival per lane and phase (`full` counts the 32 lanes); release
-                // semantics publish the stores above.
-                unsafe { full(pos.stage).arrive() };
-            }
-        }
+    // SAFETY: every thread, once, before the role split.
+    unsafe { ring.init(&tmaps) };
+    if index::warpgroup_id() == 0 {
+        // SAFETY: the whole producer warpgroup, after `init`.
+        unsafe { produce(p, cfg, &ring, &walk, tmaps) };
         return;
     }
 
     // Consumers.
     // SAFETY: the whole consumer warpgroup executes this, uniformly.
     unsafe { regs::increase::<HOPPER_CONSUMER_REGS>() };
-    let c = wg - 1;
+    let c = index::warpgroup_id() - 1;
     let lane = index::lane_id();
     let (g, t) = (lane / 4, lane % 4);
     let wk0 = n0 + c * WG_KEYS;
@@ -322,18 +186,14 @@ pub(super) unsafe fn dkdv<
         unsafe { kv_full.wait_parity(0) };
         for step in 0..steps {
             let pos = RingPos::<STAGES>::of(step);
-            let m0 = m0_of(step);
+            let m0 = walk.m0(step);
             // SAFETY: the producer issues every step's Q and dO, so this phase completes.
-            unsafe { full(pos.stage).wait_parity(pos.phase) };
-            let (qt, dot) = (q_s(pos.stage), do_s(pos.stage));
-            // With `FUSED`, the tiles' descriptors are recomputed each step rather than held in
-            // registers across the loop (the dQ product needs the registers).
-            let (kt, vt, qt, dot) = if FUSED {
-                let o = regs::opaque;
-                (o(k_s), o(v_s), o(qt), o(dot))
-            } else {
-                (k_s, v_s, qt, dot)
-            };
+            unsafe { ring.full(pos.stage).wait_parity(pos.phase) };
+            let (qt, dot) = (ring.q(pos.stage), ring.d_o(pos.stage));
+            // The tiles' descriptors are recomputed each step rather than held in registers
+            // across the loop (the products need the registers).
+            let o = regs::opaque;
+            let (kt, vt, qt, dot) = (o(k_s), o(v_s), o(qt), o(dot));
 
             // S^T = K Q^T and dP^T = V dO^T for the consumer's 64 keys (two groups).
             let mut s = [0.0f32; SR];
@@ -373,7 +233,7 @@ pub(super) unsafe fn dkdv<
             s_fence(&mut s);
 
             // P^T (f32 in `s`, then A fragments): the thread's query columns m0 + 8 j + 2 t + e.
-            let rows_s = base + cfg.rows_offset(pos.stage);
+            let rows_s = ring.rows(pos.stage);
             let needs_mask = m0 + BM > seq_q
                 || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32);
             for j in 0..NTQ {
@@ -528,9 +388,9 @@ pub(super) unsafe fn dkdv<
             // SAFETY: every product reading this stage is complete (the wait above) and this
             // thread's reads of its row values were before; one arrival per consumer thread
             // and phase.
-            unsafe { empty(pos.stage).arrive() };
+            unsafe { ring.empty(pos.stage).arrive() };
             if FUSED {
-                let tile = dq_accum_tile_base(batch, head_of(step), heads_q, seq_q, m0, D)
+                let tile = dq_accum_tile_base(batch, walk.head(step), heads_q, seq_q, m0, D)
                     + dq_tile_vector(D, c, 0, 0) as u64;
                 // SAFETY: every thread of the consumer warpgroup, once per step; the tile is
                 // inside the accumulator (the host sized it for every (sequence, head, tile)).
@@ -543,36 +403,9 @@ pub(super) unsafe fn dkdv<
         tma::bulk_wait_group::<0>();
     }
 
-    // dK (times the scale) and dV of the thread's keys.
-    let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-    let dk_base = p
-        .base
-        .dk
-        .wrapping_add((batch as u64 * dk_st[0] + head_kv as u64 * dk_st[2]) as usize);
-    let dv_base = p
-        .base
-        .dv
-        .wrapping_add((batch as u64 * dv_st[0] + head_kv as u64 * dv_st[2]) as usize);
-    let scale = p.base.scale;
-    for hh in 0..2 {
-        let key = key0 + 8 * hh as u32;
-        if key < seq_k {
-            let dk_row = dk_base.wrapping_add((key as u64 * dk_st[1]) as usize);
-            let dv_row = dv_base.wrapping_add((key as u64 * dv_st[1]) as usize);
-            for j in 0..DR / 4 {
-                let col = 8 * j + 2 * t as usize;
-                let x = 4 * j + 2 * hh;
-                let k2 = E::pack(dk[x] * scale, dk[x + 1] * scale);
-                let v2 = E::pack(dv[x], dv[x + 1]);
-                // SAFETY: key < seq_k, column + 1 < D: inside dK and dV; 4-byte aligned
-                // (16-byte aligned rows, even column); each element has one writer.
-                unsafe {
-                    *(dk_row.wrapping_add(col) as *mut u32) = k2;
-                    *(dv_row.wrapping_add(col) as *mut u32) = v2;
-                }
-            }
-        }
-    }
+    // SAFETY: the thread's keys and columns of dK and dV (validated by the host), one writer
+    // per element.
+    unsafe { store_dk_dv::<E, DR>(p, key0, 0, &dk, &dv) };
 }
 
 /// The dQ products of the dK/dV/dQ kernel, `m64n{D/2}k16` with both operands M/N-major in

@@ -1,6 +1,6 @@
 //! The attention backward on Hopper (sm_90a): TMA, mbarrier rings, `wgmma` and warp
 //! specialization, kernels per element type and head dimension (64, 96, 128; the dK/dV/dQ
-//! kernel at 64 and 128), launched after the `mma.sync` path's preprocess (`delta'`, and the
+//! kernel at 64, 128 and 256), launched after the `mma.sync` path's preprocess (`delta'`, and the
 //! zeroed accumulator). D = 96 is one and a half column blocks, the second half zero-filled by
 //! TMA as in the forward:
 //!
@@ -24,6 +24,8 @@
 mod convert;
 mod dkdv;
 mod dq;
+mod producer;
+mod wide;
 
 use super::elem::{Bf16, F16};
 use crate::arch::{math, wgmma};
@@ -40,6 +42,8 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 /// Consumer threads arriving on an `empty` barrier per phase (dK/dV: every lane, each one
 /// releasing its own reads of the stage's row values).
 const CONSUMER_THREADS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE;
+/// Named barrier of the two consumers' `dS^T` (and `P^T`) stores (dK/dV/dQ kernels).
+const DS_BARRIER: u32 = 1;
 /// Accumulator registers of the 64 x 64 products (`S^T`, `dP^T` in dK/dV; `S`, `dP` in dQ).
 const SR: usize = 32;
 
@@ -183,6 +187,47 @@ macro_rules! hopper_bwd_kernels {
                         wgmma::fence_operands_32,
                         |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
                         wgmma::$g_fence,
+                    )
+                }
+            }
+        };
+    };
+}
+
+/// The dK/dV/dQ kernel of a wide head ([`wide`]).
+macro_rules! hopper_bwd_wide {
+    (
+        $name:literal, $elem:ident, $d:literal, $softcap:literal,
+        $s_zero:ident, $s_mma:ident, $h_mma:ident, $h_zero:ident
+    ) => {
+        const _: () = {
+            /// The dK/dV/dQ kernel of a wide head ([`wide`]; element type and head dimension
+            /// in the name).
+            ///
+            /// # Safety
+            /// Grid `(ceil(seq_k / HOPPER_BWD_WIDE_BLOCK_N), heads_kv, batch)`,
+            /// `HOPPER_THREADS` threads, the configuration's shared memory, parameters as
+            /// documented on [`HopperBwdParams`] (validated by the host), after the backward's
+            /// preprocess (which zeroes the tiled dQ accumulator).
+            #[unsafe(export_name = $name)]
+            pub unsafe extern "ptx-kernel" fn kernel(p: HopperBwdParams) {
+                const CFG: HopperBwdConfig = hopper_bwd_config_of($d).with_fused_dq();
+                crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                let tmaps = bwd_tmaps!(name = $name);
+                // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
+                // configuration, called by whole warpgroups in uniform control flow.
+                unsafe {
+                    wide::wide::<$elem, $d, { $d / 4 }, { $d / 16 }, $softcap>(
+                        &p,
+                        &CFG,
+                        tmaps,
+                        |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
+                        |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
+                        wgmma::fence_operands_16,
+                        |acc, a, b| wgmma::$h_mma::<0, 1, true>(acc, a, b),
+                        |acc, a, b| wgmma::$h_zero::<1, 1>(acc, a, b),
+                        |acc, a, b| wgmma::$h_mma::<1, 1, true>(acc, a, b),
+                        wgmma::fence_operands_64,
                     )
                 }
             }
@@ -415,7 +460,49 @@ hopper_bwd_kernels!(
         fence_operands_32
     ]
 );
+hopper_bwd_wide!(
+    "attention_bwd_hopper_dkdvq_bf16_d256",
+    Bf16,
+    256,
+    false,
+    m64n32k16_bf16_ss_zero,
+    m64n32k16_bf16_ss,
+    m64n128k16_bf16_ss,
+    m64n128k16_bf16_ss_zero
+);
+hopper_bwd_wide!(
+    "attention_bwd_hopper_dkdvq_f16_d256",
+    F16,
+    256,
+    false,
+    m64n32k16_f16_ss_zero,
+    m64n32k16_f16_ss,
+    m64n128k16_f16_ss,
+    m64n128k16_f16_ss_zero
+);
+hopper_bwd_wide!(
+    "attention_bwd_hopper_dkdvq_softcap_bf16_d256",
+    Bf16,
+    256,
+    true,
+    m64n32k16_bf16_ss_zero,
+    m64n32k16_bf16_ss,
+    m64n128k16_bf16_ss,
+    m64n128k16_bf16_ss_zero
+);
+hopper_bwd_wide!(
+    "attention_bwd_hopper_dkdvq_softcap_f16_d256",
+    F16,
+    256,
+    true,
+    m64n32k16_f16_ss_zero,
+    m64n32k16_f16_ss,
+    m64n128k16_f16_ss,
+    m64n128k16_f16_ss_zero
+);
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d64", Bf16, 64);
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d128", Bf16, 128);
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d64", F16, 64);
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d128", F16, 128);
+hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d256", Bf16, 256);
+hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d256", F16, 256);

@@ -12,11 +12,11 @@ use kernel_abi::attention::backward::{
     ATTENTION_BWD_DSINKS, AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels,
 };
 use kernel_abi::attention::hopper_bwd::{
-    HOPPER_BWD_BLOCK_M, HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdKernel,
-    HopperBwdParams, dq_accum_len, hopper_bwd_kernel,
+    HOPPER_BWD_BLOCK_M, HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdConfig, HopperBwdKernel,
+    HopperBwdParams, HopperBwdSplit, dq_accum_len, hopper_bwd_kernel,
 };
 use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS, UNBOUNDED};
-use kernel_abi::{KernelDecl, TensorMap};
+use kernel_abi::{Kernel, KernelDecl, TensorMap};
 
 /// Options of the backward.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -147,13 +147,34 @@ impl BwdLaunch {
 }
 
 /// The Hopper kernels of a plan and their tensor maps of Q, dO, K, V (encoded when they run):
-/// `maps` with the dK/dV kernel's box rows, `dq_maps` with the dQ kernel's.
+/// `maps` with the main kernel's box rows (dK/dV or dK/dV/dQ), `dq_maps` with the dQ kernel's.
 struct HopperDkdv {
     kernel: &'static HopperBwdKernel,
     maps: [MapSpec; 4],
     dq_maps: [MapSpec; 4],
-    /// Whether dQ comes from the dK/dV/dQ kernel (not deterministic).
+    /// Whether dQ comes from the dK/dV/dQ kernel (not deterministic, where there is one).
     fused: bool,
+}
+
+impl HopperDkdv {
+    /// The main kernel and its configuration: the dK/dV/dQ kernel, or the dK/dV kernel.
+    fn main(
+        &self,
+    ) -> (
+        &'static Kernel<HopperBwdParams, HopperBwdConfig>,
+        HopperBwdConfig,
+    ) {
+        match (&self.kernel.fused, &self.kernel.split) {
+            (Some(f), _) if self.fused => (&f.kernel, f.cfg),
+            (_, Some(s)) => (&s.dkdv, s.cfg),
+            _ => unreachable!("a plan's Hopper entry has the kernels of its mode"),
+        }
+    }
+
+    /// The dQ kernel (the split kernels).
+    fn dq(&self) -> Option<&'static HopperBwdSplit> {
+        self.kernel.split.as_ref().filter(|_| !self.fused)
+    }
 }
 
 /// A planned backward pass: three launches on the `mma.sync` path, the workspace sizes.
@@ -473,8 +494,8 @@ impl AttentionProblem {
         let (sq, sk) = (self.seq_q as u32, self.seq_k as u32);
         let (hq, hkv, b) = (self.heads_q as u32, self.heads_kv as u32, self.batch as u32);
         let workspace = self.backward_workspace_lens(options);
-        let (block_n, dq_block_m) = if hopper.is_some() {
-            (HOPPER_BWD_BLOCK_N, HOPPER_DQ_BLOCK_M)
+        let (block_n, dq_block_m) = if let Some(h) = &hopper {
+            (h.main().1.block_n(), HOPPER_DQ_BLOCK_M)
         } else {
             (kernels.tiles.block_n, kernels.dq_tiles.block_m)
         };
@@ -498,11 +519,12 @@ impl AttentionProblem {
         })
     }
 
-    /// The Hopper dK/dV kernel for the checked tensors `t` on `target`, if the backward takes
-    /// it: with [`Path::Auto`] where the target has the Hopper kernels, one exists for the
-    /// element type and head dimension (64, 96, 128) and tensor maps describe Q, dO, K and V;
-    /// with [`Path::Hopper`] likewise, but an error on a GPU without the Hopper kernels or for
-    /// views a tensor map cannot describe (D 192 and 256 take the `mma.sync` kernels);
+    /// The Hopper kernels for the checked tensors `t` on `target`, if the backward takes them:
+    /// with [`Path::Auto`] where the target has the Hopper kernels, one exists for the element
+    /// type, head dimension and mode (D 64, 96, 128; D 256 in the default mode: the dK/dV/dQ
+    /// kernel of a wide head) and tensor maps describe Q, dO, K and V; with [`Path::Hopper`]
+    /// likewise, but an error on a GPU without the Hopper kernels or for views a tensor map
+    /// cannot describe (D 192, and D 256 in deterministic mode, take the `mma.sync` kernels);
     /// [`Path::MmaSync`] never. A softcap takes the kernels' softcap forms; sinks change
     /// neither kernel (the forward's LSE holds them).
     fn backward_hopper_kernel<T>(
@@ -527,12 +549,21 @@ impl AttentionProblem {
         let Some(kernel) = hopper_bwd_kernel(self.dtype, self.head_dim as u32, softcap) else {
             return Ok(None);
         };
+        // The dK/dV/dQ kernel unless deterministic; D 96 has none (its default mode takes the
+        // dK/dV and dQ kernels: the workspace keeps the accumulator's size, unused), and D 256
+        // has no dK/dV and dQ kernels (its deterministic mode takes the mma.sync path).
+        let fused = !options.deterministic && kernel.fused.is_some();
+        let main_cfg = match (&kernel.fused, &kernel.split) {
+            (Some(f), _) if fused => f.cfg,
+            (_, Some(s)) => s.cfg,
+            _ => return Ok(None),
+        };
         let maps = (|| {
             Ok::<_, Error>([
                 tile_map(self.dtype, &t.q, HOPPER_BWD_BLOCK_M)?,
                 tile_map(self.dtype, &t.d_o, HOPPER_BWD_BLOCK_M)?,
-                tile_map(self.dtype, &t.k, HOPPER_BWD_BLOCK_N)?,
-                tile_map(self.dtype, &t.v, HOPPER_BWD_BLOCK_N)?,
+                tile_map(self.dtype, &t.k, main_cfg.block_n())?,
+                tile_map(self.dtype, &t.v, main_cfg.block_n())?,
                 tile_map(self.dtype, &t.q, HOPPER_DQ_BLOCK_M)?,
                 tile_map(self.dtype, &t.d_o, HOPPER_DQ_BLOCK_M)?,
                 tile_map(self.dtype, &t.k, HOPPER_DQ_BLOCK_N)?,
@@ -544,9 +575,7 @@ impl AttentionProblem {
                 kernel,
                 maps: [a, b, c, d],
                 dq_maps: [e, f, g, h],
-                // D 96 has no dK/dV/dQ kernel: its default mode takes the deterministic
-                // kernels (the workspace keeps the accumulator's size, unused).
-                fused: !options.deterministic && kernel.fused.is_some(),
+                fused,
             })),
             Err(e) if self.path == Path::Hopper => Err(e),
             // Strides a tensor map cannot describe: the mma.sync kernels handle any.
@@ -647,22 +676,19 @@ impl AttentionBackwardPlan {
                 tmap_v: TensorMap::ZEROED,
                 base: params,
             };
-            if let Some(f) = h.kernel.fused.as_ref().filter(|_| h.fused) {
+            let (main, cfg) = h.main();
+            let dkdv = BwdLaunch::Hopper(Launch::new(main, self.dkdv_grid, cfg, hp));
+            match (h.dq(), &h.kernel.fused) {
+                (Some(s), _) => (
+                    dkdv,
+                    BwdLaunch::Hopper(Launch::new(&s.dq, self.dq_grid, s.dq_cfg, hp)),
+                ),
                 // The conversion's blocks are the accumulator's tiles: the preprocess's grid.
-                (
-                    BwdLaunch::Hopper(Launch::new(&f.kernel, self.dkdv_grid, f.cfg, hp)),
+                (None, Some(f)) => (
+                    dkdv,
                     BwdLaunch::MmaSync(Launch::new(&f.convert, self.row_grid, (), params)),
-                )
-            } else {
-                (
-                    BwdLaunch::Hopper(Launch::new(
-                        &h.kernel.kernel,
-                        self.dkdv_grid,
-                        h.kernel.cfg,
-                        hp,
-                    )),
-                    BwdLaunch::Hopper(Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, hp)),
-                )
+                ),
+                (None, None) => unreachable!("a Hopper entry has dQ's kernels"),
             }
         } else if self.deterministic {
             let (dkdv, dq) = if self.softcap {
@@ -706,8 +732,8 @@ impl AttentionBackwardPlan {
         l: &Launch<HopperBwdParams>,
     ) -> Result<Launch<HopperBwdParams>> {
         let h = self.hopper.as_ref().expect("a Hopper plan");
-        let dq = l.name() == h.kernel.dq.name;
-        let maps = if dq { &h.dq_maps } else { &h.maps };
+        let dq = h.dq().filter(|s| l.name() == s.dq.name);
+        let maps = if dq.is_some() { &h.dq_maps } else { &h.maps };
         let params = HopperBwdParams {
             tmap_q: maps[0].encode()?,
             tmap_do: maps[1].encode()?,
@@ -715,12 +741,12 @@ impl AttentionBackwardPlan {
             tmap_v: maps[3].encode()?,
             ..*l.params()
         };
-        Ok(if dq {
-            Launch::new(&h.kernel.dq, self.dq_grid, h.kernel.dq_cfg, params)
-        } else if let Some(f) = h.kernel.fused.as_ref().filter(|_| h.fused) {
-            Launch::new(&f.kernel, self.dkdv_grid, f.cfg, params)
-        } else {
-            Launch::new(&h.kernel.kernel, self.dkdv_grid, h.kernel.cfg, params)
+        Ok(match dq {
+            Some(s) => Launch::new(&s.dq, self.dq_grid, s.dq_cfg, params),
+            None => {
+                let (main, cfg) = h.main();
+                Launch::new(main, self.dkdv_grid, cfg, params)
+            }
         })
     }
 }

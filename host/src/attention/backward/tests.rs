@@ -218,12 +218,31 @@ fn the_hopper_path_where_it_exists() {
         // No accumulator for the preprocess to zero, even where the workspace has one.
         assert!(l.pre.params().dq_accum.is_null());
     }
-    // D = 256 has no Hopper dK/dV kernel: the mma.sync path, even when Hopper is asked for.
+    // D = 256: the wide dK/dV/dQ kernel (64 keys per block) and the conversion by default;
+    // deterministic, the mma.sync path, even when Hopper is asked for.
     for path in [Path::Auto, Path::Hopper] {
-        let mut q = AttentionProblem::new(1, 64, 64, 2, 2, 256, Dtype::F16);
+        let mut q = AttentionProblem::new(2, 100, 130, 4, 2, 256, Dtype::F16).causal();
         q.path = path;
-        assert_eq!(plan(&q, false).unwrap().path(), BackwardPath::MmaSync);
+        let pl = plan(&q, false).unwrap();
+        assert_eq!(pl.path(), BackwardPath::Hopper);
+        let l = pl.launches(&workspace(&pl)).unwrap();
+        assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_f16_d256");
+        assert_eq!(l.dkdv.config().grid, (130u32.div_ceil(64), 2, 2));
+        assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_f16_d256");
+        assert_eq!(l.dq.config().grid, (100u32.div_ceil(64), 4, 2));
+        assert_eq!(l.pre.params().dq_accum_tiled, 1);
+        assert_eq!(pl.dq_accum_len(), 2 * 4 * 128 * 256);
+        let mut softcap = q.clone();
+        softcap.softcap = Some(30.0);
+        let pl = plan(&softcap, false).unwrap();
+        let l = pl.launches(&workspace(&pl)).unwrap();
+        assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_softcap_f16_d256");
+        assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_f16_d256");
+        assert_eq!(plan(&q, true).unwrap().path(), BackwardPath::MmaSync);
     }
+    // D = 192 has no Hopper backward kernel.
+    let q = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16);
+    assert_eq!(plan(&q, false).unwrap().path(), BackwardPath::MmaSync);
     p.path = Path::MmaSync;
     assert_eq!(plan(&p, false).unwrap().path(), BackwardPath::MmaSync);
     p.path = Path::Hopper;
@@ -599,7 +618,7 @@ fn the_tiled_accumulator_is_a_permutation_of_each_tile() {
     use kernel_abi::attention::hopper_bwd::{
         HOPPER_DQ_TILE_ROWS, dq_accum_tile_base, dq_tile_position, dq_tile_vector,
     };
-    for d in [64u32, 128] {
+    for d in [64u32, 128, 256] {
         let rows = HOPPER_DQ_TILE_ROWS;
         let mut seen = vec![0u8; (rows * d) as usize];
         for c in 0..2 {

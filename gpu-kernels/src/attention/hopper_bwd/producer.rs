@@ -1,0 +1,331 @@
+//! What the dK/dV kernels ([`super::dkdv`], [`super::wide`]) share: the block's walk over the
+//! query blocks that see its keys, the shared-memory ring, and the producer warpgroup that
+//! fills it (thread 0 issues the TMA loads of K, V and each step's Q and dO; warp 1 writes each
+//! step's row values). The ring's barrier protocol is documented on each kernel.
+
+use super::super::elem::Elem;
+use super::CONSUMER_THREADS;
+use crate::arch::mbarrier::{Mbarrier, RingPos};
+use crate::arch::tma::TensorMapPtr;
+use crate::arch::{fence, global, index, math, regs, smem, sync};
+use kernel_abi::attention::hopper_bwd::{
+    HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_STAGES as STAGES, HopperBwdConfig, HopperBwdParams,
+};
+use kernel_abi::attention::{HOPPER_ATOM, HOPPER_PRODUCER_REGS};
+
+/// Lanes of producer warp 1 that write the row values of each step (two rows each).
+pub(super) const ROW_WRITERS: u32 = 32;
+const _: () = assert!(2 * ROW_WRITERS == BM);
+
+/// The query blocks a block of keys visits, the same in every thread: for each query head of
+/// the key/value head's group in turn, the `BM`-row query blocks that may see a key of the
+/// block (causal and window bounds).
+#[derive(Clone, Copy)]
+pub(super) struct Walk {
+    /// First key of the block.
+    pub n0: u32,
+    /// Key/value head.
+    pub head_kv: u32,
+    /// Sequence.
+    pub batch: u32,
+    /// Query heads per key/value head.
+    group: u32,
+    /// First query block that may see a key of the block.
+    mb_lo: u32,
+    /// Query blocks per head.
+    m_steps: u32,
+    /// Steps of the walk (`group m_steps`).
+    pub steps: u32,
+}
+
+impl Walk {
+    /// The walk of this block (`block_idx = (key block, key/value head, sequence)`) of
+    /// `block_n` keys.
+    #[inline(always)]
+    pub fn of(p: &HopperBwdParams, block_n: u32) -> Walk {
+        let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
+        let (wl, wr) = (p.base.window_left, p.base.window_right);
+        let n0 = index::block_idx_x() * block_n;
+        let keys_valid = (seq_k - n0).min(block_n);
+        let group = p.base.heads_q / p.base.heads_kv;
+        // Query rows that may see a key of the block: [i_lo, i_hi).
+        let off = seq_k as i64 - seq_q as i64;
+        let i_lo = if wr >= 0 {
+            (n0 as i64 - off - wr as i64).max(0)
+        } else {
+            0
+        };
+        let i_hi = if wl >= 0 {
+            ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
+        } else {
+            seq_q as i64
+        };
+        let (mb_lo, m_steps) = if i_hi > i_lo {
+            let lo = i_lo as u32 / BM;
+            (lo, (i_hi as u32).div_ceil(BM) - lo)
+        } else {
+            (0, 0)
+        };
+        Walk {
+            n0,
+            head_kv: index::block_idx_y(),
+            batch: index::block_idx_z(),
+            group,
+            mb_lo,
+            m_steps,
+            steps: group * m_steps,
+        }
+    }
+
+    /// Step `s`'s query head.
+    #[inline(always)]
+    pub fn head(&self, s: u32) -> u32 {
+        self.head_kv * self.group + s / self.m_steps
+    }
+
+    /// Step `s`'s first query row.
+    #[inline(always)]
+    pub fn m0(&self, s: u32) -> u32 {
+        (self.mb_lo + s % self.m_steps) * BM
+    }
+}
+
+/// The shared memory of a dK/dV kernel's configuration: tiles, the row values and the
+/// mbarriers (`kv_full`, then `full[s]` and `empty[s]` of the Q/dO ring).
+#[derive(Clone, Copy)]
+pub(super) struct Ring {
+    /// The aligned base of dynamic shared memory.
+    pub base: u32,
+    cfg: HopperBwdConfig,
+}
+
+impl Ring {
+    #[inline(always)]
+    pub fn new(cfg: &HopperBwdConfig) -> Ring {
+        Ring {
+            base: smem::aligned_base(),
+            cfg: *cfg,
+        }
+    }
+
+    /// `kv_full`: K and V landed.
+    #[inline(always)]
+    pub fn kv_full(&self) -> Mbarrier {
+        Mbarrier::at(self.base + self.cfg.barriers_offset())
+    }
+
+    /// `full[s]`: stage `s`'s Q, dO and row values landed.
+    #[inline(always)]
+    pub fn full(&self, s: u32) -> Mbarrier {
+        Mbarrier::at(self.base + self.cfg.barriers_offset() + 8 * (1 + s))
+    }
+
+    /// `empty[s]`: every consumer thread is done with stage `s`.
+    #[inline(always)]
+    pub fn empty(&self, s: u32) -> Mbarrier {
+        Mbarrier::at(self.base + self.cfg.barriers_offset() + 8 * (1 + STAGES + s))
+    }
+
+    /// The K tile.
+    #[inline(always)]
+    pub fn k(&self) -> u32 {
+        self.base + self.cfg.k_offset()
+    }
+
+    /// The V tile.
+    #[inline(always)]
+    pub fn v(&self) -> u32 {
+        self.base + self.cfg.v_offset()
+    }
+
+    /// Stage `s`'s Q tile.
+    #[inline(always)]
+    pub fn q(&self, s: u32) -> u32 {
+        self.base + self.cfg.q_offset(s)
+    }
+
+    /// Stage `s`'s dO tile.
+    #[inline(always)]
+    pub fn d_o(&self, s: u32) -> u32 {
+        self.base + self.cfg.do_offset(s)
+    }
+
+    /// Stage `s`'s row values (LSE in base 2, then `delta'`).
+    #[inline(always)]
+    pub fn rows(&self, s: u32) -> u32 {
+        self.base + self.cfg.rows_offset(s)
+    }
+
+    /// Thread 0 initializes the mbarriers (`full[s]` counts thread 0's arrival and the row
+    /// writers', `empty[s]` every consumer thread's), then the whole block syncs.
+    ///
+    /// # Safety
+    /// Every thread of the block calls it once, before any other use of the mbarriers.
+    #[inline(always)]
+    pub unsafe fn init(&self, tmaps: &[TensorMapPtr; 4]) {
+        if index::thread_idx_x() == 0 {
+            for t in tmaps {
+                t.prefetch();
+            }
+            // SAFETY: single initializer before any use; published by the barrier below.
+            unsafe {
+                self.kv_full().init(1);
+                for s in 0..STAGES {
+                    self.full(s).init(1 + ROW_WRITERS);
+                    self.empty(s).init(CONSUMER_THREADS);
+                }
+            }
+            fence::fence_mbarrier_init();
+        }
+        // SAFETY: all threads reach this barrier once, before the role split (the caller's).
+        unsafe { sync::sync_threads() };
+    }
+}
+
+/// The producer warpgroup: it drops to `HOPPER_PRODUCER_REGS` registers; with steps, thread 0
+/// loads K and V (`kv_full`) and each step's Q and dO into the ring, and warp 1 writes each
+/// step's row values (LSE in base 2, +inf where P must be 0, and `delta'`; two rows per lane).
+///
+/// # Safety
+/// The whole warpgroup 0 of a dK/dV kernel calls it after [`Ring::init`], with the block's
+/// walk and the kernel's tensor maps (Q, dO, K, V), configuration and parameters.
+#[inline(always)]
+pub(super) unsafe fn produce(
+    p: &HopperBwdParams,
+    cfg: &HopperBwdConfig,
+    ring: &Ring,
+    walk: &Walk,
+    tmaps: [TensorMapPtr; 4],
+) {
+    let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
+    // SAFETY: the whole producer warpgroup executes this, uniformly (the caller's).
+    unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
+    let (steps, batch) = (walk.steps, walk.batch as i32);
+    let cblocks = cfg.column_blocks();
+    if index::thread_idx_x() == 0 && steps > 0 {
+        let kv_full = ring.kv_full();
+        // SAFETY: `kv_full` expects exactly K's and V's bytes; the destinations are 1024-aligned
+        // column blocks sized by the ABI, read only after the phase completes; the D
+        // coordinates are multiples of 64 elements.
+        unsafe {
+            kv_full.arrive_expect_tx(cfg.kv_bytes());
+            for cb in 0..cblocks {
+                let x = (cb * HOPPER_ATOM) as i32;
+                let at = cb * cfg.block_bytes(cfg.block_n());
+                let (h, n) = (walk.head_kv as i32, walk.n0 as i32);
+                tmap_k.load_4d(ring.k() + at, x, h, n, batch, kv_full);
+                tmap_v.load_4d(ring.v() + at, x, h, n, batch, kv_full);
+            }
+        }
+        for step in 0..steps {
+            let pos = RingPos::<STAGES>::of(step);
+            let (h, m0) = (walk.head(step) as i32, walk.m0(step) as i32);
+            // SAFETY: ring protocol (the kernels' docs): the stage is free once `empty`
+            // completed its previous phase; `full` expects exactly the step's bytes; the
+            // destinations are untouched until that phase completes.
+            unsafe {
+                ring.empty(pos.stage).wait_parity(pos.phase ^ 1);
+                let bar = ring.full(pos.stage);
+                bar.arrive_expect_tx(cfg.step_bytes());
+                for cb in 0..cblocks {
+                    let x = (cb * HOPPER_ATOM) as i32;
+                    let at = cb * cfg.block_bytes(BM);
+                    tmap_q.load_4d(ring.q(pos.stage) + at, x, h, m0, batch, bar);
+                    tmap_do.load_4d(ring.d_o(pos.stage) + at, x, h, m0, batch, bar);
+                }
+            }
+        }
+    }
+    if index::warp_id() == 1 && steps > 0 {
+        let lane = index::lane_id();
+        let seq_q = p.base.seq_q;
+        let lse_rows = (walk.batch as u64 * p.base.heads_q as u64) * seq_q as u64;
+        for step in 0..steps {
+            let pos = RingPos::<STAGES>::of(step);
+            let (h, m0) = (walk.head(step), walk.m0(step));
+            let row_base = lse_rows + h as u64 * seq_q as u64;
+            let at = ring.rows(pos.stage);
+            // SAFETY: ring protocol: the stage's row values are free once `empty` completed
+            // the stage's previous phase.
+            unsafe { ring.empty(pos.stage).wait_parity(pos.phase ^ 1) };
+            for half in 0..2 {
+                let r = lane + half * ROW_WRITERS;
+                let i = m0 + r;
+                let (mut lse2, mut delta) = (f32::INFINITY, 0.0f32);
+                if i < seq_q {
+                    let idx = (row_base + i as u64) as usize;
+                    // SAFETY: row i < seq_q of this (batch, head): inside LSE and delta'.
+                    let (l, d) = unsafe {
+                        (
+                            global::load_nc_f32(p.base.lse.wrapping_add(idx)),
+                            global::load_nc_f32(p.base.delta.wrapping_add(idx)),
+                        )
+                    };
+                    if l != f32::NEG_INFINITY {
+                        lse2 = l * math::LOG2_E;
+                    }
+                    delta = d;
+                }
+                // SAFETY: inside the stage's row values (r < BM), this lane's own words, free
+                // since the wait above; read only after `full` completes.
+                unsafe {
+                    smem::SmemValue::store(at + 4 * r, lse2);
+                    smem::SmemValue::store(at + 4 * (BM + r), delta);
+                }
+            }
+            // SAFETY: one arrival per lane and phase (`full` counts the 32 lanes); release
+            // semantics publish the stores above.
+            unsafe { ring.full(pos.stage).arrive() };
+        }
+    }
+}
+
+/// The epilogue of a dK/dV kernel: `dK scale` and `dV` (element type) from a thread's `m64nN`
+/// accumulators (`DR = N / 2` registers each) over keys `key0` and `key0 + 8` and columns
+/// `col0 + 8 j + 2 t, + 1` (`t = lane % 4`) of the block's key/value head and sequence; keys
+/// past `seq_k` are not stored.
+///
+/// # Safety
+/// `p`'s dK and dV as validated by the host, `key0` and the columns inside the block's keys
+/// and the head; no other thread stores these elements.
+#[inline(always)]
+pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize>(
+    p: &HopperBwdParams,
+    key0: u32,
+    col0: u32,
+    dk: &[f32; DR],
+    dv: &[f32; DR],
+) {
+    let t = index::lane_id() % 4;
+    let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
+    // From the block indices rather than the walk: nothing kept in registers across the steps.
+    let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
+    let dk_base = p
+        .base
+        .dk
+        .wrapping_add((batch * dk_st[0] + head_kv * dk_st[2]) as usize);
+    let dv_base = p
+        .base
+        .dv
+        .wrapping_add((batch * dv_st[0] + head_kv * dv_st[2]) as usize);
+    let scale = p.base.scale;
+    for hh in 0..2 {
+        let key = key0 + 8 * hh as u32;
+        if key < p.base.seq_k {
+            let dk_row = dk_base.wrapping_add((key as u64 * dk_st[1]) as usize);
+            let dv_row = dv_base.wrapping_add((key as u64 * dv_st[1]) as usize);
+            for j in 0..DR / 4 {
+                let col = (col0 + 8 * j as u32 + 2 * t) as usize;
+                let x = 4 * j + 2 * hh;
+                let k2 = E::pack(dk[x] * scale, dk[x + 1] * scale);
+                let v2 = E::pack(dv[x], dv[x + 1]);
+                // SAFETY: key < seq_k, column + 1 < D: inside dK and dV (the caller's); 4-byte
+                // aligned (16-byte aligned rows, even column); each element has one writer.
+                unsafe {
+                    *(dk_row.wrapping_add(col) as *mut u32) = k2;
+                    *(dv_row.wrapping_add(col) as *mut u32) = v2;
+                }
+            }
+        }
+    }
+}
