@@ -101,6 +101,16 @@ a['o']=o['o']; a['lse']=o['lse']; a['do']=torch.randn_like(o['o'].float()).bfloa
 save_file(a,f'/tmp/attn_bwd_{d}.st')
 PY
 }
+# CLI timings (median of 20 timed runs) and ncu per kernel of attention-backward on bwd_inputs'
+# file at D $1, default and deterministic modes.
+bwd_times() {
+  local d=$1 mode
+  for mode in "" "--deterministic"; do
+    $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median\|error" | sed "s/^/D$d $mode /" >> $S
+    ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab2.st $mode > $L/ncu_$d$mode.csv 2>&1
+    ktimes $L/ncu_$d$mode.csv "D$d$mode"
+  done
+}
 if [ "$part" = t ]; then
   t bwd $B/bin/test-attention attention_bwd/ --skip emulated
   t gla_bwd $B/bin/test-gla gla/backward/gpu
@@ -459,11 +469,7 @@ if [ "$part" = fq ]; then
   t cli $B/bin/test-cli gpu/
   for d in 128 64; do
     [ $d = 128 ] && bwd_inputs 2 4096 16 128 || bwd_inputs 2 8192 16 64
-    for mode in "" "--deterministic"; do
-      $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median" | sed "s/^/D$d $mode /" >> $S
-      ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab2.st $mode > $L/ncu_$d$mode.csv 2>&1
-      ktimes $L/ncu_$d$mode.csv "D$d$mode"
-    done
+    bwd_times $d
   done
   P=/tmp/pyd9fq; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
   for f in attention attention_capsink_bwd; do
@@ -508,11 +514,7 @@ if [ "$part" = bwd96 ]; then
     done
   done
   bwd_inputs 4 4096 16 96
-  for mode in "" "--deterministic"; do
-    $CLI attention-backward /tmp/attn_bwd_96.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median\|error" | sed "s/^/D96 $mode /" >> $S
-    ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_96.st -o /tmp/ab2.st $mode > $L/ncu_96$mode.csv 2>&1
-    ktimes $L/ncu_96$mode.csv "D96$mode"
-  done
+  bwd_times 96
   bwd_bench 96
 fi
 if [ "$part" = wide ]; then
@@ -541,11 +543,7 @@ if [ "$part" = wide ]; then
 fi
 if [ "$part" = wideb ]; then
   bwd_inputs 2 8192 8 256
-  for mode in "" "--deterministic"; do
-    $CLI attention-backward /tmp/attn_bwd_256.st -o /tmp/ab.st --repeat 20 $mode 2>&1 | grep -i "median\|error" | sed "s/^/D256 $mode /" >> $S
-    ncu --metrics gpu__time_duration.sum --csv $CLI attention-backward /tmp/attn_bwd_256.st -o /tmp/ab2.st $mode > $L/ncu_256$mode.csv 2>&1
-    ktimes $L/ncu_256$mode.csv "D256$mode"
-  done
+  bwd_times 256
   bwd_bench 256
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
