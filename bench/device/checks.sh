@@ -55,9 +55,13 @@
 #       attention tests;
 #   wideb CLI timings with ncu per kernel at D 256 (B2 H8 S8k, both modes), then kbench
 #       attention-backward at D 256 with its peers (FA4 when installed under /tmp/fa4pkgs).
+#   ord the deterministic mode's ordered dK/dV/dQ kernel (D 64/128): the attention backward's
+#       GPU tests (dense, softcap and sinks, packed), props, negative controls, CLI tests, the
+#       four sanitizers on deterministic D 64/128 cases (GQA, causal, a window, a softcap), the
+#       Python attention tests, CLI timings with ncu per kernel at D 128 and 64 (both modes).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -545,6 +549,36 @@ if [ "$part" = wideb ]; then
   bwd_inputs 2 8192 8 256
   bwd_times 256
   bwd_bench 256
+fi
+if [ "$part" = ord ]; then
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
+  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+  t props $B/bin/test-reliability props
+  t neg $B/bin/test-reliability negative
+  t cli $B/bin/test-cli gpu/
+  grep -h "deterministic backward.*runs" $L/bwd.log >> $S
+  list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
+  cases="$(echo "$list" | grep -E '^attention_bwd/gpu/bf16_d128_b2_sq113_sk203_h4x2(_dlse)?_det$')
+    $(echo "$list" | grep -E '^attention_bwd/gpu/f16_d64_b1_sq300_sk300_h4x2_causal(_dlse)?_det$')
+    $(echo "$list" | grep -E '^attention_bwd/gpu/bf16_d64_b1_sq300_sk300_h2x2_win.*_det$' | head -1)
+    $(echo "$list" | grep -E '^attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_softcap20.*_det$' | head -1)"
+  echo "sanitized:" $cases >> $S
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in $cases; do
+      san $tool attention $f
+    done
+  done
+  P=/tmp/pyd9o; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention attention_capsink_bwd; do
+    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+  bwd_inputs 2 4096 16 128
+  bwd_times 128
+  bwd_inputs 2 8192 16 64
+  bwd_times 64
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

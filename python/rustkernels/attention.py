@@ -190,8 +190,8 @@ def flash_attn_backward(
     gradients ``dout`` (out's shape; head dimension contiguous, other strides multiples of 8
     elements) and ``dsoftmax_lse`` (the LSE's shape, f32, contiguous; ``None`` when the loss
     does not use the LSE). With grouped-query attention dk and dv are summed over the query
-    heads of each group. ``deterministic``: bitwise reproducible dq (its own kernel, no
-    atomics; slower). ``softcap`` and ``sinks`` as the forward took them; dsinks is the sinks'
+    heads of each group. ``deterministic``: bitwise reproducible dq (its f32 additions in a
+    fixed order, or its own kernel; slower). ``softcap`` and ``sinks`` as the forward took them; dsinks is the sinks'
     gradient (float32 ``[nheads]``, summed over the batch and the rows; empty without sinks)."""
     _check_inputs(q, k, v)
     _check_sinks(sinks, q)
@@ -214,7 +214,8 @@ def flash_attn_backward(
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     dsinks = _dsinks_like(sinks, q)
-    # The workspace: delta' and (unless deterministic) the f32 dQ accumulator.
+    # The workspace: delta' and the f32 dQ accumulator (deterministic: with its order's
+    # counters after it).
     delta = torch.empty(delta_len, dtype=torch.float32, device=q.device)
     accum = torch.empty(accum_len, dtype=torch.float32, device=q.device) if accum_len else None
     with torch.cuda.device(q.device):

@@ -41,7 +41,8 @@ pub(super) fn vcase(
     let seed = lens
         .iter()
         .fold((hq * 17 + hkv * 5 + d) as u64, |s, &(a, b)| {
-            s * 31 + (a * 7919 + b) as u64
+            // Wrapping: the seed of long lists (the release build's value, also in debug).
+            s.wrapping_mul(31).wrapping_add((a * 7919 + b) as u64)
         });
     VarlenCase {
         lens: lens.to_vec(),

@@ -221,20 +221,20 @@ pub fn attention_backward_plan_or_typed_error() -> TestResult {
                         prop_assert!(p.validate().is_ok());
                         prop_assert_eq!(plan.deterministic(), deterministic);
                         prop_assert_eq!(plan.delta_len(), p.lse_len());
-                        // No accumulator in deterministic mode; otherwise one of whole
-                        // 64-row tiles per (sequence, head).
-                        let rows = p.seq_q.div_ceil(64) * 64;
+                        // An accumulator of whole 64-row tiles per (sequence, head), in
+                        // deterministic mode followed by a counter per tile (rounded up to 4).
+                        let tiles = p.batch * p.heads_q * p.seq_q.div_ceil(64);
                         let expect = if deterministic {
-                            0
+                            tiles * 64 * p.head_dim + tiles.next_multiple_of(4)
                         } else {
-                            p.batch * p.heads_q * rows * p.head_dim
+                            tiles * 64 * p.head_dim
                         };
                         prop_assert_eq!(plan.dq_accum_len(), expect);
                         // The workspace of the sizes the plan asks for: three launches, each
                         // passing `Gpu::launch`'s checks.
                         let ws = BackwardWorkspace {
                             delta: fake_at(9, plan.delta_len()),
-                            dq_accum: (!deterministic).then(|| fake_at(10, plan.dq_accum_len())),
+                            dq_accum: Some(fake_at(10, plan.dq_accum_len())),
                         };
                         let l = plan
                             .launches(&ws)

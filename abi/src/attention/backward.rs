@@ -53,8 +53,14 @@ pub struct AttentionBwdParams {
     pub delta: *mut f32,
     /// dQ accumulator f32, contiguous (workspace; null in deterministic mode): `[batch,
     /// heads_q, seq_q, D]`, or with `dq_accum_tiled` the Hopper layout of
-    /// [`super::hopper_bwd::dq_accum_index`].
+    /// [`super::hopper_bwd::dq_accum_tile_base`].
     pub dq_accum: *mut f32,
+    /// The order of the dQ additions in deterministic mode (the Hopper dK/dV/dQ kernel of D <=
+    /// 128): one u32 counter per tile of the tiled accumulator
+    /// ([`super::hopper_bwd::dq_order_index`]), zeroed by the preprocess; while it is not
+    /// null the kernel adds each tile's contributions in a fixed order of its key blocks
+    /// ([`super::hopper_bwd`]). Null otherwise.
+    pub dq_order: *mut u32,
     /// Element strides of Q for batch, sequence, head (the head dimension is contiguous).
     pub q_strides: [u64; 3],
     /// Element strides of K.
@@ -90,7 +96,7 @@ pub struct AttentionBwdParams {
     /// Right window size (0 for causal), or [`super::UNBOUNDED`].
     pub window_right: i32,
     /// 1 when the dQ accumulator has the tiled layout of the Hopper dK/dV/dQ kernel
-    /// ([`super::hopper_bwd::dq_accum_index`]: the preprocess zeroes its padded rows too), 0
+    /// ([`super::hopper_bwd::dq_accum_tile_base`]: the preprocess zeroes its padded rows too), 0
     /// for `[batch, heads_q, seq_q, D]` (and the packed layouts).
     pub dq_accum_tiled: u32,
     /// The forward's softcap and sinks ([`LogitOptions`]). Under a softcap the `softcap`

@@ -21,6 +21,13 @@
 //!   `P^T` and `dS^T` through shared memory, dQ added into the same tiled accumulator with
 //!   vector reductions from registers.
 //!
+//! - The deterministic mode at D <= 128 takes the dK/dV/dQ kernel too, with the order of the
+//!   additions fixed ([`AttentionBwdParams::dq_order`] not null): the blocks of a key/value
+//!   head take its key blocks in descending order (block `x` the key block `nb - 1 - x` of
+//!   `nb`), and each tile of the accumulator receives its key blocks' contributions in that
+//!   order, each one waiting for its predecessor's through the tile's counter
+//!   ([`dq_order_index`]). A block only waits for blocks launched before it.
+//!
 //! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
 //! products and the barrier protocols.
 
@@ -96,6 +103,23 @@ pub const fn dq_accum_tile_base(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u3
 #[inline]
 pub const fn dq_tile_vector(d: u32, c: u32, v: u32, tid: u32) -> u32 {
     c * HOPPER_DQ_TILE_ROWS * d / 2 + (v * WARPGROUP_SIZE + tid) * 4
+}
+
+/// u32 counters of the deterministic mode's order ([`dq_order_index`]): one per tile of the
+/// tiled dQ accumulator.
+#[inline]
+pub const fn dq_order_len(batch: usize, heads_q: usize, seq_q: usize) -> usize {
+    batch * heads_q * (dq_accum_rows(seq_q as u32) / HOPPER_DQ_TILE_ROWS) as usize
+}
+
+/// Index of the counter of the accumulator tile of query rows `m0 .. m0 +
+/// HOPPER_DQ_TILE_ROWS` of query head `h` of sequence `b` (tiles in the accumulator's order).
+/// In deterministic mode it holds `nb - n` once key block `n` (of `nb`, descending from `nb -
+/// 1`) has added its share of the tile and the additions are performed; the preprocess
+/// zeroes it.
+#[inline]
+pub const fn dq_order_index(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u32) -> u64 {
+    dq_accum_tile_base(b, h, heads_q, seq_q, m0, 1) / HOPPER_DQ_TILE_ROWS as u64
 }
 
 /// The tile row and column of the first element of the vector at element offset `4 f` of a dQ
@@ -448,6 +472,10 @@ pub struct HopperDkdvq {
     pub convert: Kernel<AttentionBwdParams>,
     /// The dK/dV/dQ configuration.
     pub cfg: HopperBwdConfig,
+    /// Whether the kernel orders its dQ additions when [`AttentionBwdParams::dq_order`] is
+    /// set (D <= 128: the deterministic mode takes it; the wide kernel's additions from
+    /// registers are unordered).
+    pub ordered: bool,
 }
 
 /// The kernels of one entry: `split` names `[dkdv, dq]`, `fused` names `[dkdvq, dq_convert]`
@@ -474,6 +502,7 @@ const fn hopper_bwd(
                 kernel: Kernel::new(fused, HOPPER_THREADS, 1, smem),
                 convert: Kernel::new(convert, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
                 cfg: hopper_bwd_config_of(d).with_fused_dq(),
+                ordered: !hopper_bwd_config_of(d).wide(),
             }),
             None => None,
         },

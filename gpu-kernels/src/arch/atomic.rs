@@ -49,3 +49,34 @@ pub unsafe fn red_add_v4_f32(ptr: *mut f32, v: [f32; 4]) {
         )
     };
 }
+
+/// `ld.acquire.gpu.global.u32`: read `*ptr`; the writes that a release by another thread of
+/// the device published with the value read are visible to this thread's later accesses.
+///
+/// # Safety
+/// `ptr` is a valid, 4-byte aligned pointer to global memory.
+#[inline(always)]
+pub unsafe fn load_acquire_u32(ptr: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees `ptr` is a valid global address.
+    unsafe {
+        asm!("ld.acquire.gpu.global.u32 {0}, [{1}];", out(reg32) v, in(reg64) ptr,
+             options(nostack))
+    };
+    v
+}
+
+/// `st.release.gpu.global.u32`: write `v` to `*ptr` after every earlier memory access of this
+/// thread (and those it observed) is visible device-wide, for a thread that reads `v` with
+/// [`load_acquire_u32`].
+///
+/// # Safety
+/// `ptr` is a valid, 4-byte aligned pointer to global memory.
+#[inline(always)]
+pub unsafe fn store_release_u32(ptr: *mut u32, v: u32) {
+    // SAFETY: the caller guarantees `ptr` is a valid global address.
+    unsafe {
+        asm!("st.release.gpu.global.u32 [{0}], {1};", in(reg64) ptr, in(reg32) v,
+             options(nostack))
+    };
+}

@@ -245,7 +245,8 @@ pub struct RawAttentionBackwardTensors<'t> {
 pub struct RawBackwardWorkspace<'t> {
     /// `delta'`, `delta` elements.
     pub delta: &'t RawTensor,
-    /// The dQ accumulator, `dq_accum` elements, 16-byte aligned; `None` in deterministic mode.
+    /// The dQ accumulator (in deterministic mode with its order's counters), `dq_accum`
+    /// elements, 16-byte aligned; `None` when that length is 0.
     pub dq_accum: Option<&'t RawTensor>,
 }
 
@@ -378,7 +379,7 @@ fn scratch<'t>(w: &RawBackwardWorkspace<'t>) -> Vec<(&'static str, &'t RawTensor
 
 /// The workspace of `plan` as flat views (pure): each tensor f32, contiguous, of the plan's
 /// length, inside its storage, overlapping no tensor of the pass nor the other. An accumulator
-/// given in deterministic mode or to a plan without one (the Hopper path) is not used.
+/// given to a plan whose length is 0 is not used.
 pub(super) fn workspace_views<'a>(
     plan: &AttentionBackwardPlan,
     tensors: &RawAttentionBackwardTensors<'_>,
@@ -391,7 +392,7 @@ pub(super) fn workspace_views<'a>(
             &[plan.delta_len()],
         )?,
         dq_accum: match workspace.dq_accum {
-            Some(a) if !plan.deterministic() && plan.dq_accum_len() > 0 => Some(flat_view(
+            Some(a) if plan.dq_accum_len() > 0 => Some(flat_view(
                 "backward workspace dQ accumulator",
                 a,
                 &[plan.dq_accum_len()],

@@ -15,7 +15,7 @@ use super::layout::BwdLayout;
 use crate::arch::{global, index, math, smem, sync, warp};
 use kernel_abi::WARP_SIZE;
 use kernel_abi::attention::backward::{DSINKS_THREADS, ROW_BLOCK, ROW_THREADS};
-use kernel_abi::attention::hopper_bwd::dq_accum_rows;
+use kernel_abi::attention::hopper_bwd::{HOPPER_DQ_TILE_ROWS, dq_accum_rows, dq_order_index};
 
 /// Lanes per row of the row kernels: `D / 8` 16-byte chunks, rounded up to a power of two.
 const fn row_lanes(d: u32) -> u32 {
@@ -25,7 +25,8 @@ const fn row_lanes(d: u32) -> u32 {
 /// `delta'[b, h, i] = sum_d dO O - dLSE` (0 where LSE is -inf: such a row has no allowed key,
 /// its P is 0, and a non-finite dLSE must not reach its `dS = P (dP - delta')`); the dQ
 /// accumulator's rows zeroed when it is not null (in the tiled layout with the padding rows
-/// of the last tile: `ROW_BLOCK` is the tiles' height, so the grid covers them).
+/// of the last tile: `ROW_BLOCK` is the tiles' height, so the grid covers them), and the
+/// tile's order counter when `dq_order` is not null.
 ///
 /// # Safety
 /// Launched with grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)` (`seq_q` the longest
@@ -117,6 +118,15 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
                 global::store_v4(dst.wrapping_add(4) as *mut u32, [0; 4]);
             }
         }
+    }
+    if !p.dq_order.is_null() && tid == 0 {
+        // The counter of the block's accumulator tile (deterministic mode, dense batches: the
+        // tiled layout, whose tiles are the blocks' rows).
+        const { assert!(ROW_BLOCK == HOPPER_DQ_TILE_ROWS) };
+        let at = dq_order_index(index::block_idx_z(), h, p.heads_q, p.seq_q, m0);
+        // SAFETY: the counters cover every tile of every (sequence, head) (host-sized), one
+        // writer each.
+        unsafe { *p.dq_order.wrapping_add(at as usize) = 0 };
     }
 }
 

@@ -12,7 +12,8 @@
 //!
 //! # Tiling
 //! One block per `BN = 128` keys of one key/value head of one sequence (grid `(ceil(seq_k /
-//! 128), heads_kv, batch)`); its K and V tiles are loaded once. The steps are, for each query
+//! 128), heads_kv, batch)`; in deterministic mode block `x` takes the key block `nb - 1 - x`
+//! of `nb`, see `Walk`); its K and V tiles are loaded once. The steps are, for each query
 //! head of the group in turn, the `BM = 64`-row query blocks that may see a key of the block
 //! (causal and window bounds; the others are skipped), their Q and dO tiles streamed through a
 //! 2-stage ring. Tiles are `D / 64` column blocks of 128-byte swizzled rows. Keys are the rows
@@ -32,13 +33,17 @@
 //! queries, the layout TMA gives a Q tile), and `dQ_step = dS K` (`m64n{D/2}k16` over the 128
 //! keys, A = the buffer M-major, B = the K tile N-major) gives the consumer's `D / 2` columns
 //! of the step's 64 query rows. The consumer writes them into its half tile in shared memory
-//! and one thread adds it into the accumulator's tile with a bulk reduce-add
-//! (`dq_accum_tile_base`, `dq_tile_vector`); the conversion kernel scales it into dQ.
+//! and the writer warp of the producer warpgroup adds it with a bulk reduce-add into the
+//! accumulator's tile (`dq_accum_tile_base`, `dq_tile_vector`); the conversion kernel scales
+//! it into dQ. In deterministic mode (`dq_order` set) the writer adds each tile after the
+//! key block before it in the order (`write_dq`), so the sums are the same bit for bit from
+//! run to run.
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, its
-//! thread 0 issues every TMA load and its warp 1 writes each step's row values (LSE in base 2,
-//! `delta'`; two rows per lane) into the stage. Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS`
+//! thread 0 issues every TMA load, its warp 1 writes each step's row values (LSE in base 2,
+//! `delta'`; two rows per lane) into the stage, and with `FUSED` its warp 2 adds the dQ half
+//! tiles into the accumulator. Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS`
 //! registers): consumer `c` owns keys `64 c .. 64 c + 64` of the block, with their dK and dV
 //! accumulators (`D / 2` f32 registers each) for the whole block's walk. A thread holds, per
 //! accumulator, rows `16 w + g` and `16 w + g + 8` (warp `w` of its warpgroup, `g = lane / 4`)
@@ -74,10 +79,13 @@
 //!   buffer, and wait for them (`wait_group 0`) before their next step. A consumer writes
 //!   buffer `i % 2` again at step `i + 2`, after passing step `i + 1`'s barrier, which the
 //!   other consumer reached only after its own step-`i` wait: no product still reads it.
-//! - `FUSED`, the dQ half tiles: per consumer, named barrier `DQ_BARRIER + c` (its 128
-//!   threads), as documented on `add_dq`: its leader waits for the previous bulk reduce to have
-//!   read the half tile before the first sync, the stores are published by the second; at the
-//!   end the leader waits for its last reduce (`bulk_wait_group 0`) before the block exits.
+//! - `FUSED`, the dQ half tiles: per consumer, named barriers `DQ_EMPTY + c` and `DQ_FULL +
+//!   c` between its 128 threads and the writer warp's 32, as documented on `stage_dq` and
+//!   `write_dq`: the consumer stores after `DQ_EMPTY` (the writer done reading), publishes
+//!   with `DQ_FULL`; the writer issues the reduce after `DQ_FULL` and arrives on `DQ_EMPTY`
+//!   once it has been read; before the block exits the writer waits for its last reduce
+//!   (`bulk_wait_group 0`). In deterministic mode the tile's counter orders the writers of
+//!   the blocks (acquire before the first reduce, release after the reduces are performed).
 //! - Registers: the P^T and dS^T fragments of the in-flight products are pinned until their
 //!   wait; every `wgmma` batch starts with `wgmma.fence` (the accumulators of dK and dV and the
 //!   fragments were written by ordinary instructions before it); accumulators are pinned
@@ -94,13 +102,14 @@ use super::{CONSUMER_THREADS, DS_BARRIER, SR, softcap_grad_of_p};
 use crate::arch::mbarrier::RingPos;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{fence, index, math, regs, smem, sync, tma};
-use kernel_abi::WARPGROUP_SIZE;
+use crate::arch::{atomic, fence, index, math, regs, smem, sync, tma, warp};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES,
-    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_tile_vector,
+    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_order_index,
+    dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
+use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
 
 /// Keys of one consumer warpgroup (the M of its products).
 const WG_KEYS: u32 = BN / HOPPER_CONSUMERS;
@@ -108,8 +117,14 @@ const WG_KEYS: u32 = BN / HOPPER_CONSUMERS;
 const NTQ: usize = (BM / 8) as usize;
 /// 16-row K slices of a query tile (the A fragments of `P^T` and `dS^T`).
 const KQ: usize = (BM / 16) as usize;
-/// First of the consumers' own named barriers around their dQ tiles (`DQ_BARRIER + c`).
-const DQ_BARRIER: u32 = 2;
+/// Named barriers `DQ_FULL + c`: consumer `c` stored its dQ half tile.
+const DQ_FULL: u32 = 2;
+/// Named barriers `DQ_EMPTY + c`: the writer warp is done reading consumer `c`'s half tile.
+const DQ_EMPTY: u32 = DQ_FULL + HOPPER_CONSUMERS;
+/// Threads at the dQ half tiles' barriers: a consumer warpgroup and the writer warp.
+const DQ_SYNC_THREADS: u32 = WARPGROUP_SIZE + WARP_SIZE;
+/// The producer warpgroup's warp that adds the dQ half tiles into the accumulator.
+const DQ_WRITER_WARP: u32 = 2;
 
 /// The kernel body; see the module documentation. `DR = D / 2` accumulator registers of dK and
 /// dV, `DK = D / 16` K slices of `S^T` and `dP^T`; the `wgmma` shapes come in as functions so
@@ -153,8 +168,8 @@ pub(super) unsafe fn dkdv<
     let base = ring.base;
     let (kv_full, k_s, v_s) = (ring.kv_full(), ring.k(), ring.v());
     let walk = Walk::of(p, BN);
-    let (steps, n0, batch) = (walk.steps, walk.n0, walk.batch);
-    let (seq_q, seq_k, heads_q) = (p.base.seq_q, p.base.seq_k, p.base.heads_q);
+    let (steps, n0) = (walk.steps, walk.n0);
+    let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
     let off = seq_k as i64 - seq_q as i64;
 
@@ -163,6 +178,10 @@ pub(super) unsafe fn dkdv<
     if index::warpgroup_id() == 0 {
         // SAFETY: the whole producer warpgroup, after `init`.
         unsafe { produce(p, cfg, &ring, &walk, tmaps) };
+        if FUSED && index::warp_id() == DQ_WRITER_WARP && steps > 0 {
+            // SAFETY: the writer warp, once, with the consumers' `stage_dq` every step.
+            unsafe { write_dq(p, cfg, &walk) };
+        }
         return;
     }
 
@@ -390,17 +409,11 @@ pub(super) unsafe fn dkdv<
             // and phase.
             unsafe { ring.empty(pos.stage).arrive() };
             if FUSED {
-                let tile = dq_accum_tile_base(batch, walk.head(step), heads_q, seq_q, m0, D)
-                    + dq_tile_vector(D, c, 0, 0) as u64;
-                // SAFETY: every thread of the consumer warpgroup, once per step; the tile is
-                // inside the accumulator (the host sized it for every (sequence, head, tile)).
-                unsafe { add_dq::<QR>(p.base.dq_accum.wrapping_add(tile as usize), cfg, c, &dq) };
+                // SAFETY: every thread of the consumer warpgroup, once per step, as the
+                // writer warp's steps.
+                unsafe { stage_dq::<QR>(cfg, c, &dq) };
             }
         }
-    }
-    if FUSED && index::thread_idx_x().is_multiple_of(WARPGROUP_SIZE) {
-        // The consumer's last reduce has read its source and performed its additions.
-        tma::bulk_wait_group::<0>();
     }
 
     // SAFETY: the thread's keys and columns of dK and dV (validated by the host), one writer
@@ -445,31 +458,27 @@ unsafe fn store_ds_t<const KQ: usize>(buf: u32, da: &[[u32; 4]; KQ], c: u32, g: 
     }
 }
 
-/// Add consumer `c`'s dQ accumulator `dq` into the accumulator tile half at `dst` (global): its
-/// threads store their registers into the consumer's shared half tile in the order of
-/// [`dq_tile_vector`] (16 bytes per thread and instruction, consecutive across the warp: no
-/// bank conflict), then thread 0 of the warpgroup issues one bulk reduce-add of the half tile.
+/// Store consumer `c`'s dQ accumulator `dq` into its half tile in shared memory in the order
+/// of [`dq_tile_vector`] (16 bytes per thread and instruction, consecutive across the warp: no
+/// bank conflict), for the writer warp ([`write_dq`]) to add.
 ///
-/// Barrier protocol (per consumer, named barrier `DQ_BARRIER + c` of its 128 threads): the
-/// leader waits until its previous bulk reduce has read the half tile, then the warpgroup
-/// syncs (nobody overwrites it before); the threads store, each fences the async proxy, the
-/// warpgroup syncs again (the stores are published); the leader issues the reduce and
-/// commits it.
+/// Barrier protocol (named barriers `DQ_EMPTY + c` and `DQ_FULL + c`, the consumer's 128
+/// threads and the writer's 32): the warpgroup syncs on `DQ_EMPTY + c` (the writer is done
+/// reading the half tile), stores, each thread fences the async proxy, and arrives on
+/// `DQ_FULL + c`.
 ///
 /// # Safety
-/// Every thread of consumer warpgroup `c` calls it, in uniform control flow; `dst` is the
-/// tile's half `c` inside the accumulator, 16-byte aligned.
+/// Every thread of consumer warpgroup `c` calls it, in uniform control flow, once per step of
+/// the walk (the writer warp's steps).
 #[inline(always)]
-unsafe fn add_dq<const QR: usize>(dst: *mut f32, cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR]) {
+unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR]) {
     let tid = index::thread_idx_x() % WARPGROUP_SIZE;
     // Opaque: the stores' addresses are not kept in registers across the step loop.
     let half = regs::opaque(smem::aligned_base() + cfg.dq_offset(c));
     let d = cfg.head_dim;
-    if tid == 0 {
-        tma::bulk_wait_group_read::<0>();
-    }
-    // SAFETY: the consumer's 128 threads, once per step (the caller's contract).
-    unsafe { sync::named_sync(DQ_BARRIER + c, WARPGROUP_SIZE) };
+    // SAFETY: the consumer's 128 threads and the writer warp, once per step (the caller's
+    // contract; the writer's first arrival is before its first step).
+    unsafe { sync::named_sync(DQ_EMPTY + c, DQ_SYNC_THREADS) };
     for v in 0..QR / 4 {
         let at = half + 4 * dq_tile_vector(d, 0, v as u32, tid);
         let x = [dq[4 * v], dq[4 * v + 1], dq[4 * v + 2], dq[4 * v + 3]].map(f32::to_bits);
@@ -479,11 +488,96 @@ unsafe fn add_dq<const QR: usize>(dst: *mut f32, cfg: &HopperBwdConfig, c: u32, 
     }
     fence::fence_proxy_async_shared();
     // SAFETY: as above.
-    unsafe { sync::named_sync(DQ_BARRIER + c, WARPGROUP_SIZE) };
-    if tid == 0 {
-        // SAFETY: the half tile was published by the barrier after each writer's proxy fence;
-        // it is not overwritten before the next call's wait; `dst` is the caller's.
-        unsafe { tma::bulk_reduce_add_f32(dst, half, cfg.dq_half_bytes()) };
-        tma::bulk_commit_group();
+    unsafe { sync::named_arrive(DQ_FULL + c, DQ_SYNC_THREADS) };
+}
+
+/// The writer warp of the dK/dV/dQ kernel: for each step of the walk, lane 0 adds both
+/// consumers' dQ half tiles into the accumulator's tile with bulk reduce-adds.
+///
+/// Barrier protocol: the warp arrives on `DQ_EMPTY + c` once before the first step (the half
+/// tiles start free); at each step it syncs on `DQ_FULL + c` before lane 0 issues half `c`'s
+/// reduce; once lane 0 has waited for both reduces to have read their sources (in order mode:
+/// to be performed), the warp arrives on `DQ_EMPTY + c`, except after the last step (the
+/// consumers sync once per step). Lane 0 waits for every reduce to be performed before the
+/// block exits.
+///
+/// Order (deterministic mode, `dq_order` not null): before its first reduce of a tile, lane 0
+/// waits (acquire) until the tile's counter holds `nb - n - 1`, the mark of key block `n + 1`,
+/// when that block adds into the tile (its query blocks contain the tile's); once its own
+/// additions are performed, it stores (release) `nb - n`. Key block `n + 1` is block `x - 1`
+/// of the grid (same head and sequence), launched before this one, and waits only for blocks
+/// launched before it: no cycle. Each tile's additions thus happen in descending key-block
+/// order, whatever the timing.
+///
+/// # Safety
+/// Warp [`DQ_WRITER_WARP`] of the producer warpgroup of a dK/dV/dQ kernel calls it once, when
+/// the walk has steps, with the kernel's parameters (the accumulator, and the counters when
+/// `dq_order` is set, sized by the host for every tile) and configuration.
+#[inline(always)]
+unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
+    let lane = index::lane_id();
+    let (seq_q, heads_q, d) = (p.base.seq_q, p.base.heads_q, cfg.head_dim);
+    let ordered = !p.base.dq_order.is_null();
+    let (next_lo, next_steps) = walk.next_query_blocks(p, BN);
+    let mark = walk.key_blocks - walk.key_block;
+    let base = smem::aligned_base();
+    for c in 0..HOPPER_CONSUMERS {
+        // SAFETY: the writer warp's arrival of the first phase (the protocol above).
+        unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
+    }
+    for step in 0..walk.steps {
+        let (h, m0) = (walk.head(step), walk.m0(step));
+        let tile = dq_accum_tile_base(walk.batch, h, heads_q, seq_q, m0, d);
+        let counter = p
+            .base
+            .dq_order
+            .wrapping_add(dq_order_index(walk.batch, h, heads_q, seq_q, m0) as usize);
+        if ordered && lane == 0 && (m0 / BM).wrapping_sub(next_lo) < next_steps {
+            // SAFETY: the tile's counter (host-sized), written only by the blocks of this
+            // head's order and zeroed by the preprocess before this kernel.
+            while unsafe { atomic::load_acquire_u32(counter) } != mark - 1 {}
+            // The predecessor's additions, acquired above, before this block's async ones.
+            fence::fence_proxy_async();
+        }
+        for c in 0..HOPPER_CONSUMERS {
+            // SAFETY: once per step (the consumers arrive once per step).
+            unsafe { sync::named_sync(DQ_FULL + c, DQ_SYNC_THREADS) };
+            if lane == 0 {
+                let dst = tile + dq_tile_vector(d, c, 0, 0) as u64;
+                // SAFETY: the half tile was published by the barrier above after each
+                // writer's proxy fence and is not overwritten before this warp's next
+                // arrival; the destination is inside the accumulator (host-sized for every
+                // (sequence, head, tile)), 16-byte aligned.
+                unsafe {
+                    tma::bulk_reduce_add_f32(
+                        p.base.dq_accum.wrapping_add(dst as usize),
+                        base + cfg.dq_offset(c),
+                        cfg.dq_half_bytes(),
+                    )
+                };
+                tma::bulk_commit_group();
+            }
+        }
+        if lane == 0 {
+            if ordered {
+                tma::bulk_wait_group::<0>();
+                fence::fence_proxy_async();
+                // SAFETY: as for the acquire above; this block's additions are performed.
+                unsafe { atomic::store_release_u32(counter, mark) };
+            } else {
+                tma::bulk_wait_group_read::<0>();
+            }
+        }
+        // SAFETY: every lane of the warp.
+        unsafe { sync::sync_warp(warp::FULL_MASK) };
+        if step + 1 < walk.steps {
+            for c in 0..HOPPER_CONSUMERS {
+                // SAFETY: lane 0's wait above: the half tiles are read; one arrival per step.
+                unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
+            }
+        }
+    }
+    if lane == 0 {
+        tma::bulk_wait_group::<0>();
     }
 }

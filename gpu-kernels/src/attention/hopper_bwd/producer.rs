@@ -19,7 +19,9 @@ const _: () = assert!(2 * ROW_WRITERS == BM);
 
 /// The query blocks a block of keys visits, the same in every thread: for each query head of
 /// the key/value head's group in turn, the `BM`-row query blocks that may see a key of the
-/// block (causal and window bounds).
+/// block (causal and window bounds). Block `x` of the grid takes key block `x`, or in
+/// deterministic mode (`dq_order` not null) key block `nb - 1 - x` of `nb`: the order in which
+/// the blocks of a head add into each dQ tile is then the order of their launch.
 #[derive(Clone, Copy)]
 pub(super) struct Walk {
     /// First key of the block.
@@ -28,6 +30,10 @@ pub(super) struct Walk {
     pub head_kv: u32,
     /// Sequence.
     pub batch: u32,
+    /// The block's key block.
+    pub key_block: u32,
+    /// Key blocks of the sequence.
+    pub key_blocks: u32,
     /// Query heads per key/value head.
     group: u32,
     /// First query block that may see a key of the block.
@@ -38,42 +44,69 @@ pub(super) struct Walk {
     pub steps: u32,
 }
 
+/// The query blocks `mb_lo .. mb_lo + m_steps` that may see a key of the `block_n` keys from
+/// `n0` (`n0 < seq_k`): `(mb_lo, m_steps)`, `(0, 0)` when none does.
+#[inline(always)]
+fn query_blocks(p: &HopperBwdParams, n0: u32, block_n: u32) -> (u32, u32) {
+    let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
+    let (wl, wr) = (p.base.window_left, p.base.window_right);
+    let keys_valid = (seq_k - n0).min(block_n);
+    // Query rows that may see a key of the block: [i_lo, i_hi).
+    let off = seq_k as i64 - seq_q as i64;
+    let i_lo = if wr >= 0 {
+        (n0 as i64 - off - wr as i64).max(0)
+    } else {
+        0
+    };
+    let i_hi = if wl >= 0 {
+        ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
+    } else {
+        seq_q as i64
+    };
+    if i_hi > i_lo {
+        let lo = i_lo as u32 / BM;
+        (lo, (i_hi as u32).div_ceil(BM) - lo)
+    } else {
+        (0, 0)
+    }
+}
+
 impl Walk {
-    /// The walk of this block (`block_idx = (key block, key/value head, sequence)`) of
-    /// `block_n` keys.
+    /// The walk of this block (`block_idx = (x, key/value head, sequence)`) of `block_n`
+    /// keys.
     #[inline(always)]
     pub fn of(p: &HopperBwdParams, block_n: u32) -> Walk {
-        let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
-        let (wl, wr) = (p.base.window_left, p.base.window_right);
-        let n0 = index::block_idx_x() * block_n;
-        let keys_valid = (seq_k - n0).min(block_n);
+        let key_blocks = p.base.seq_k.div_ceil(block_n);
+        let x = index::block_idx_x();
+        let key_block = if p.base.dq_order.is_null() {
+            x
+        } else {
+            key_blocks - 1 - x
+        };
+        let n0 = key_block * block_n;
+        let (mb_lo, m_steps) = query_blocks(p, n0, block_n);
         let group = p.base.heads_q / p.base.heads_kv;
-        // Query rows that may see a key of the block: [i_lo, i_hi).
-        let off = seq_k as i64 - seq_q as i64;
-        let i_lo = if wr >= 0 {
-            (n0 as i64 - off - wr as i64).max(0)
-        } else {
-            0
-        };
-        let i_hi = if wl >= 0 {
-            ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
-        } else {
-            seq_q as i64
-        };
-        let (mb_lo, m_steps) = if i_hi > i_lo {
-            let lo = i_lo as u32 / BM;
-            (lo, (i_hi as u32).div_ceil(BM) - lo)
-        } else {
-            (0, 0)
-        };
         Walk {
             n0,
             head_kv: index::block_idx_y(),
             batch: index::block_idx_z(),
+            key_block,
+            key_blocks,
             group,
             mb_lo,
             m_steps,
             steps: group * m_steps,
+        }
+    }
+
+    /// The query blocks `(mb_lo, m_steps)` of the key block after this one (`key_block + 1`,
+    /// the one before it in deterministic mode's order), `(0, 0)` for the last.
+    #[inline(always)]
+    pub fn next_query_blocks(&self, p: &HopperBwdParams, block_n: u32) -> (u32, u32) {
+        if self.key_block + 1 < self.key_blocks {
+            query_blocks(p, (self.key_block + 1) * block_n, block_n)
+        } else {
+            (0, 0)
         }
     }
 

@@ -13,7 +13,7 @@ use kernel_abi::attention::backward::{
 };
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M, HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdConfig, HopperBwdKernel,
-    HopperBwdParams, HopperBwdSplit, dq_accum_len, hopper_bwd_kernel,
+    HopperBwdParams, HopperBwdSplit, dq_accum_len, dq_order_len, hopper_bwd_kernel,
 };
 use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS, UNBOUNDED};
 use kernel_abi::{Kernel, KernelDecl, TensorMap};
@@ -21,10 +21,12 @@ use kernel_abi::{Kernel, KernelDecl, TensorMap};
 /// Options of the backward.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
-    /// Bitwise reproducible gradients: dQ from its own kernel over query blocks (no atomics,
-    /// no dQ accumulator), at the cost of recomputing P and dS once more. Otherwise each key
-    /// block adds its share of dQ into an f32 accumulator (atomically: the order of the
-    /// additions, so the last bits, vary between runs).
+    /// Bitwise reproducible gradients. On the Hopper path at D 64 and 128, each key block
+    /// adds its share of dQ into the f32 accumulator in a fixed order of the key blocks (each
+    /// waits for the one before it); elsewhere dQ comes from its own kernel over query blocks
+    /// (no atomics), at the cost of recomputing P and dS once more. Otherwise each key block
+    /// adds its share of dQ into the accumulator as soon as it has it (atomically: the order
+    /// of the additions, so the last bits, vary between runs).
     pub deterministic: bool,
 }
 
@@ -35,8 +37,9 @@ pub enum BackwardPath {
     /// The `mma.sync` kernels (every GPU of compute capability >= 8.0, Hopper included).
     MmaSync,
     /// dK, dV and dQ from the Hopper kernels (sm_90a: TMA, `wgmma`, warp specialization) after
-    /// the `mma.sync` path's preprocess: the dK/dV/dQ kernel and the accumulator's conversion,
-    /// or in deterministic mode the dK/dV kernel and the dQ kernel.
+    /// the `mma.sync` path's preprocess: the dK/dV/dQ kernel and the accumulator's conversion
+    /// (in deterministic mode with its additions ordered), or where there is none the dK/dV
+    /// kernel and the dQ kernel.
     Hopper,
 }
 
@@ -85,8 +88,8 @@ pub struct BackwardWorkspace<'a> {
     /// `delta'` `[batch, heads_q, seq_q]` f32.
     pub delta: DevView<'a, f32>,
     /// The dQ accumulator f32, 16-byte aligned, of
-    /// [`AttentionBackwardPlan::dq_accum_len`] elements (`None` in deterministic mode, which
-    /// has none).
+    /// [`AttentionBackwardPlan::dq_accum_len`] elements (in deterministic mode followed by
+    /// the counters that order its additions); `None` when that length is 0.
     pub dq_accum: Option<DevView<'a, f32>>,
 }
 
@@ -152,7 +155,8 @@ struct HopperDkdv {
     kernel: &'static HopperBwdKernel,
     maps: [MapSpec; 4],
     dq_maps: [MapSpec; 4],
-    /// Whether dQ comes from the dK/dV/dQ kernel (not deterministic, where there is one).
+    /// Whether dQ comes from the dK/dV/dQ kernel (where there is one, in deterministic mode
+    /// where it orders its additions).
     fused: bool,
 }
 
@@ -331,13 +335,12 @@ pub(in crate::attention) fn check_outputs_apart<T>(
 }
 
 /// Check the workspace `ws` against the lengths `delta_len` and `dq_accum_len` (the accumulator
-/// required unless `deterministic` or of no element (no query row: nothing adds into it),
-/// 16-byte aligned, apart from `delta'`); its pointers (`delta'`, the accumulator or null).
+/// required unless of no element, 16-byte aligned, apart from `delta'`); its pointers
+/// (`delta'`, the accumulator or null).
 pub(in crate::attention) fn workspace_pointers(
     ws: &BackwardWorkspace<'_>,
     delta_len: usize,
     dq_accum_len: usize,
-    deterministic: bool,
 ) -> Result<(*mut f32, *mut f32)> {
     if ws.delta.len() != delta_len {
         return Err(Error::shape(
@@ -353,13 +356,13 @@ pub(in crate::attention) fn workspace_pointers(
             actual: ws.delta.addr() % 4,
         });
     }
-    let accum = if deterministic || dq_accum_len == 0 {
+    let accum = if dq_accum_len == 0 {
         std::ptr::null_mut()
     } else {
         let acc = ws.dq_accum.ok_or_else(|| {
             Error::invalid(
                 "backward workspace",
-                "the dQ accumulator is required unless deterministic",
+                format!("the dQ accumulator is required ({dq_accum_len} f32)"),
             )
         })?;
         if acc.len() != dq_accum_len {
@@ -468,6 +471,7 @@ impl AttentionProblem {
             d_lse: t.d_lse.map_or(std::ptr::null(), |d| d.addr() as *const f32),
             delta: std::ptr::null_mut(),
             dq_accum: std::ptr::null_mut(),
+            dq_order: std::ptr::null_mut(),
             q_strides: t.q.strides3(),
             k_strides: t.k.strides3(),
             v_strides: t.v.strides3(),
@@ -549,10 +553,14 @@ impl AttentionProblem {
         let Some(kernel) = hopper_bwd_kernel(self.dtype, self.head_dim as u32, softcap) else {
             return Ok(None);
         };
-        // The dK/dV/dQ kernel unless deterministic; D 96 has none (its default mode takes the
-        // dK/dV and dQ kernels: the workspace keeps the accumulator's size, unused), and D 256
-        // has no dK/dV and dQ kernels (its deterministic mode takes the mma.sync path).
-        let fused = !options.deterministic && kernel.fused.is_some();
+        // The dK/dV/dQ kernel, in deterministic mode where it orders its additions; D 96 has
+        // none (both modes take the dK/dV and dQ kernels: the workspace keeps the
+        // accumulator's size, unused), and D 256 has no dK/dV and dQ kernels and an unordered
+        // dK/dV/dQ kernel (its deterministic mode takes the mma.sync path).
+        let fused = kernel
+            .fused
+            .as_ref()
+            .is_some_and(|f| !options.deterministic || f.ordered);
         let main_cfg = match (&kernel.fused, &kernel.split) {
             (Some(f), _) if fused => f.cfg,
             (_, Some(s)) => s.cfg,
@@ -586,15 +594,17 @@ impl AttentionProblem {
     /// The f32 elements of the backward's workspace with `options` (what the plan reports as
     /// [`AttentionBackwardPlan::delta_len`] and [`AttentionBackwardPlan::dq_accum_len`]), for
     /// a caller that allocates it before planning. The accumulator has the size of the Hopper
-    /// path's tiled layout (`seq_q` rounded up to whole tiles of 64 rows); the `mma.sync` path
-    /// uses its first `batch heads_q seq_q D` elements.
+    /// path's tiled layout (`seq_q` rounded up to whole tiles of 64 rows; the `mma.sync` path
+    /// uses its first `batch heads_q seq_q D` elements), in deterministic mode followed by one
+    /// u32 counter per tile (rounded up to 4: 16-byte multiples), whatever path the plan takes.
     pub fn backward_workspace_lens(&self, options: BackwardOptions) -> BackwardWorkspaceLens {
+        let accum = dq_accum_len(self.batch, self.heads_q, self.seq_q, self.head_dim);
         BackwardWorkspaceLens {
             delta: self.lse_len(),
             dq_accum: if options.deterministic {
-                0
+                accum + dq_order_len(self.batch, self.heads_q, self.seq_q).next_multiple_of(4)
             } else {
-                dq_accum_len(self.batch, self.heads_q, self.seq_q, self.head_dim)
+                accum
             },
         }
     }
@@ -619,7 +629,8 @@ pub struct BackwardWorkspaceLens {
     /// `delta'`: `batch heads_q seq_q`.
     pub delta: usize,
     /// The dQ accumulator: `batch heads_q seq_q' D` with `seq_q'` rounded up to a multiple of
-    /// 64, 0 in deterministic mode.
+    /// 64, in deterministic mode and the counters of its order (`batch heads_q seq_q' / 64`
+    /// rounded up to a multiple of 4) after it.
     pub dq_accum: usize,
 }
 
@@ -629,7 +640,7 @@ impl AttentionBackwardPlan {
         self.path
     }
 
-    /// Whether the plan was made in deterministic mode (no dQ accumulator in its workspace).
+    /// Whether the plan was made in deterministic mode.
     pub fn deterministic(&self) -> bool {
         self.deterministic
     }
@@ -645,7 +656,7 @@ impl AttentionBackwardPlan {
     }
 
     /// f32 elements of the workspace's dQ accumulator (as
-    /// [`AttentionProblem::backward_workspace_lens`]), 0 in deterministic mode.
+    /// [`AttentionProblem::backward_workspace_lens`]).
     pub fn dq_accum_len(&self) -> usize {
         self.dq_accum_len
     }
@@ -653,17 +664,33 @@ impl AttentionBackwardPlan {
     /// The three launches with the workspace `ws`, after checking its sizes and alignment (on
     /// the Hopper path with the tensor maps zero: [`AttentionBackwardPlan::run`] encodes them).
     pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<BackwardLaunches> {
-        let (delta, dq_accum) =
-            workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;
-        // The Hopper dK/dV and dQ kernels (deterministic, or D 96) use no accumulator: null,
-        // so that the preprocess does not zero one.
-        let unused = self.hopper.as_ref().is_some_and(|h| !h.fused);
+        let (delta, dq_accum) = workspace_pointers(ws, self.delta_len, self.dq_accum_len)?;
+        // Only the dK/dV/dQ kernels use the accumulator (the Hopper dK/dV and dQ kernels and
+        // the mma.sync path's deterministic kernels do not): null otherwise, so that the
+        // preprocess does not zero it. The counters follow the tiled accumulator.
+        let fused = match &self.hopper {
+            Some(h) => h.fused,
+            None => !self.deterministic,
+        };
+        let ordered = fused && self.deterministic;
+        let p = &self.params;
+        let tiled = dq_accum_len(
+            p.batch as usize,
+            p.heads_q as usize,
+            p.seq_q as usize,
+            self.kernels.tiles.head_dim as usize,
+        );
         let params = AttentionBwdParams {
             delta,
-            dq_accum: if unused {
-                std::ptr::null_mut()
-            } else {
+            dq_accum: if fused {
                 dq_accum
+            } else {
+                std::ptr::null_mut()
+            },
+            dq_order: if ordered {
+                dq_accum.wrapping_add(tiled) as *mut u32
+            } else {
+                std::ptr::null_mut()
             },
             ..self.params
         };

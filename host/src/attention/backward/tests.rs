@@ -119,8 +119,13 @@ fn grids_parameters_and_workspace_sizes() {
         assert_eq!(plan.deterministic(), deterministic);
         assert_eq!(plan.delta_len(), 3 * 8 * 113);
         // Rows rounded up to whole 64-row tiles (the Hopper path's layout; this path uses
-        // the first 3 8 113 rows).
-        let accum = if deterministic { 0 } else { 3 * 8 * 128 * 128 };
+        // the first 3 8 113 rows); in deterministic mode one counter per tile after them
+        // (unused here).
+        let accum = if deterministic {
+            3 * 8 * 128 * 128 + 48
+        } else {
+            3 * 8 * 128 * 128
+        };
         assert_eq!(plan.dq_accum_len(), accum);
         let ws = workspace(&plan);
         let l = plan.launches(&ws).unwrap();
@@ -139,6 +144,7 @@ fn grids_parameters_and_workspace_sizes() {
                 (113u32.div_ceil(k.dq_tiles.block_m), 8, 3)
             );
             assert!(l.pre.params().dq_accum.is_null());
+            assert!(l.pre.params().dq_order.is_null());
         } else {
             assert_eq!(l.dkdv.name(), k.dkdv_dq.name);
             assert_eq!(l.dq.name(), k.dq_convert.name);
@@ -171,9 +177,9 @@ fn grids_parameters_and_workspace_sizes() {
 fn the_hopper_path_where_it_exists() {
     let mut p = AttentionProblem::new(3, 113, 203, 8, 2, 128, Dtype::Bf16).causal();
     for deterministic in [false, true] {
-        // Auto on sm_90a, deterministic: the Hopper dK/dV kernel (128 keys per block) and dQ
-        // kernel (128 rows per block), no accumulator; otherwise the dK/dV/dQ kernel and the
-        // conversion of its tiled accumulator (one block per 64-row tile).
+        // Auto on sm_90a: the dK/dV/dQ kernel and the conversion of its tiled accumulator
+        // (one block per 64-row tile), in deterministic mode with the counters of its order
+        // after the accumulator (3 8 2 tiles, rounded up to a multiple of 4).
         let plan = plan(&p, deterministic).unwrap();
         assert_eq!(plan.path(), BackwardPath::Hopper);
         assert_eq!(plan.deterministic(), deterministic);
@@ -181,24 +187,24 @@ fn the_hopper_path_where_it_exists() {
         let k = plan.kernels();
         assert!(matches!(l.dkdv, BwdLaunch::Hopper(_)));
         assert_eq!(l.dkdv.config().grid, (203u32.div_ceil(128), 2, 3));
+        assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_bf16_d128");
+        assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_bf16_d128");
+        assert!(matches!(l.dq, BwdLaunch::MmaSync(_)));
+        assert_eq!(l.dq.config().grid, (113u32.div_ceil(64), 8, 3));
+        assert_eq!(l.dq.config().block, (128, 1, 1));
+        assert_eq!(l.pre.params().dq_accum as u64, 21 << 40);
+        assert_eq!(l.dkdv.params().dq_accum as u64, 21 << 40);
+        assert_eq!(l.pre.params().dq_accum_tiled, 1);
+        let accum = 3 * 8 * 128 * 128;
         if deterministic {
-            assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdv_bf16_d128");
-            assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_bf16_d128");
-            assert!(matches!(l.dq, BwdLaunch::Hopper(_)));
-            assert_eq!(l.dq.config().grid, (113u32.div_ceil(128), 8, 3));
-            assert!(l.pre.params().dq_accum.is_null());
-            assert!(l.dkdv.params().dq_accum.is_null());
-            assert_eq!(l.pre.params().dq_accum_tiled, 0);
+            assert_eq!(plan.dq_accum_len(), accum + 48);
+            let order = (21u64 << 40) + 4 * accum as u64;
+            assert_eq!(l.pre.params().dq_order as u64, order);
+            assert_eq!(l.dkdv.params().dq_order as u64, order);
         } else {
-            assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_bf16_d128");
-            assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_bf16_d128");
-            assert!(matches!(l.dq, BwdLaunch::MmaSync(_)));
-            assert_eq!(l.dq.config().grid, (113u32.div_ceil(64), 8, 3));
-            assert_eq!(l.dq.config().block, (128, 1, 1));
-            assert_eq!(l.pre.params().dq_accum as u64, 21 << 40);
-            assert_eq!(l.dkdv.params().dq_accum as u64, 21 << 40);
-            assert_eq!(l.pre.params().dq_accum_tiled, 1);
-            assert_eq!(plan.dq_accum_len(), 3 * 8 * 128 * 128);
+            assert_eq!(plan.dq_accum_len(), accum);
+            assert!(l.pre.params().dq_order.is_null());
+            assert!(l.dkdv.params().dq_order.is_null());
         }
         assert_eq!(l.pre.name(), k.pre.name);
         assert_eq!(l.dkdv.params().delta as u64, 20 << 40);
@@ -238,7 +244,16 @@ fn the_hopper_path_where_it_exists() {
         let l = pl.launches(&workspace(&pl)).unwrap();
         assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_softcap_f16_d256");
         assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_f16_d256");
-        assert_eq!(plan(&q, true).unwrap().path(), BackwardPath::MmaSync);
+        let det = plan(&q, true).unwrap();
+        assert_eq!(det.path(), BackwardPath::MmaSync);
+        assert!(
+            det.launches(&workspace(&det))
+                .unwrap()
+                .pre
+                .params()
+                .dq_order
+                .is_null()
+        );
     }
     // D = 192 has no Hopper backward kernel.
     let q = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16);
@@ -406,10 +421,17 @@ fn bad_workspaces_are_rejected() {
         atomic.launches(&overlap),
         Err(Error::InvalidArgument { .. })
     ));
-    // The deterministic plan takes no accumulator (and ignores one).
+    // The deterministic plan's workspace: the accumulator and the counters of its order (one
+    // tile: rounded up to 4), required as in the default mode whatever the path; the
+    // mma.sync path's kernels get neither.
     let det = plan(&p, true).unwrap();
-    assert_eq!(det.dq_accum_len(), 0);
-    assert!(det.launches(&no_accum).is_ok());
+    assert_eq!(det.dq_accum_len(), atomic.dq_accum_len() + 4);
+    assert!(matches!(
+        det.launches(&no_accum),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let l = det.launches(&workspace(&det)).unwrap();
+    assert!(l.dkdv.params().dq_accum.is_null() && l.dkdv.params().dq_order.is_null());
 }
 
 /// Contiguous packed tensors of `p` at made-up, well-aligned, disjoint addresses, with the

@@ -216,6 +216,7 @@ impl AttentionVarlenProblem {
                 d_lse: t.d_lse.map_or(std::ptr::null(), |d| d.addr() as *const f32),
                 delta: std::ptr::null_mut(),
                 dq_accum: std::ptr::null_mut(),
+                dq_order: std::ptr::null_mut(),
                 q_strides: t.q.strides3(),
                 k_strides: t.k.strides3(),
                 v_strides: t.v.strides3(),
@@ -299,8 +300,7 @@ impl AttentionVarlenBackwardPlan {
 
     /// The launches with the workspace `ws`, after checking its sizes and alignment.
     pub fn launches(&self, ws: &BackwardWorkspace<'_>) -> Result<VarlenBackwardLaunches> {
-        let (delta, dq_accum) =
-            workspace_pointers(ws, self.delta_len, self.dq_accum_len, self.deterministic)?;
+        let (delta, dq_accum) = workspace_pointers(ws, self.delta_len, self.dq_accum_len)?;
         let params = AttentionBwdVarlenParams {
             base: AttentionBwdParams {
                 delta,

@@ -269,7 +269,7 @@ fn the_raw_backward_plan_is_the_typed_plan() {
             let w = raw_workspace(lens);
             let ws = RawBackwardWorkspace {
                 delta: &w[0],
-                dq_accum: (!deterministic).then_some(&w[1]),
+                dq_accum: Some(&w[1]),
             };
             let views = workspace_views(&raw, &backward_tensors(&t, true), &ws).unwrap();
             let got = raw.launches(&views).unwrap();
