@@ -115,6 +115,36 @@ bwd_times() {
     ktimes $L/ncu_$d$mode.csv "D$d$mode"
   done
 }
+# The attention backward's GPU tests (dense, softcap and sinks, packed), props, negative
+# controls and CLI tests.
+bwd_tests() {
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
+  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+  t props $B/bin/test-reliability props
+  t neg $B/bin/test-reliability negative
+  t cli $B/bin/test-cli gpu/
+}
+# The four sanitizers on the attention test cases $1 (names, whitespace-separated).
+san_cases() {
+  local cases=$1 tool f
+  echo "sanitized:" $cases >> $S
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in $cases; do
+      san $tool attention $f
+    done
+  done
+}
+# The Python attention tests (dense and softcap/sinks backward), the wheel installed under $1.
+py_attention() {
+  local P=$1 f s
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+  for f in attention attention_capsink_bwd; do
+    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+  done
+}
 if [ "$part" = t ]; then
   t bwd $B/bin/test-attention attention_bwd/ --skip emulated
   t gla_bwd $B/bin/test-gla gla/backward/gpu
@@ -465,22 +495,12 @@ if [ "$part" = grid ]; then
   grep -i "note\|error\|MISMATCH\|peer fa4" $L/bench-attention.log | tail -5 >> $S
 fi
 if [ "$part" = fq ]; then
-  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
-  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
-  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
-  t props $B/bin/test-reliability props
-  t neg $B/bin/test-reliability negative
-  t cli $B/bin/test-cli gpu/
+  bwd_tests
   for d in 128 64; do
     [ $d = 128 ] && bwd_inputs 2 4096 16 128 || bwd_inputs 2 8192 16 64
     bwd_times $d
   done
-  P=/tmp/pyd9fq; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-  for f in attention attention_capsink_bwd; do
-    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
-    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
-    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
-  done
+  py_attention /tmp/pyd9fq
 fi
 # kbench attention-backward at head dimensions $1 with its peers (FA4 when under /tmp/fa4pkgs).
 bwd_bench() {
@@ -522,28 +542,13 @@ if [ "$part" = bwd96 ]; then
   bwd_bench 96
 fi
 if [ "$part" = wide ]; then
-  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
-  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
-  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
-  t props $B/bin/test-reliability props
-  t neg $B/bin/test-reliability negative
-  t cli $B/bin/test-cli gpu/
+  bwd_tests
   list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
   cases="$(echo "$list" | grep -E '^attention_bwd/gpu/f16_d256_b2_sq113_sk203_h4x2_causal(_dlse)?_atomic$')
     $(echo "$list" | grep -E '^attention_bwd/gpu/bf16_d256_b1_sq300_sk300_h4x2_.*atomic$' | head -1)
     $(echo "$list" | grep -E '^attention_capsink_bwd/auto/bf16_d256_b1_sq239_sk130_h4x2_causal_softcap20.*atomic$' | head -1)"
-  echo "sanitized:" $cases >> $S
-  for tool in memcheck racecheck synccheck initcheck; do
-    for f in $cases; do
-      san $tool attention $f
-    done
-  done
-  P=/tmp/pyd9w; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-  for f in attention attention_capsink_bwd; do
-    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
-    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
-    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
-  done
+  san_cases "$cases"
+  py_attention /tmp/pyd9w
 fi
 if [ "$part" = wideb ]; then
   bwd_inputs 2 8192 8 256
@@ -551,30 +556,15 @@ if [ "$part" = wideb ]; then
   bwd_bench 256
 fi
 if [ "$part" = ord ]; then
-  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
-  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
-  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
-  t props $B/bin/test-reliability props
-  t neg $B/bin/test-reliability negative
-  t cli $B/bin/test-cli gpu/
+  bwd_tests
   grep -h "deterministic backward.*runs" $L/bwd.log >> $S
   list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
   cases="$(echo "$list" | grep -E '^attention_bwd/gpu/bf16_d128_b2_sq113_sk203_h4x2(_dlse)?_det$')
     $(echo "$list" | grep -E '^attention_bwd/gpu/f16_d64_b1_sq300_sk300_h4x2_causal(_dlse)?_det$')
     $(echo "$list" | grep -E '^attention_bwd/gpu/bf16_d64_b1_sq300_sk300_h2x2_win.*_det$' | head -1)
-    $(echo "$list" | grep -E '^attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_softcap20.*_det$' | head -1)"
-  echo "sanitized:" $cases >> $S
-  for tool in memcheck racecheck synccheck initcheck; do
-    for f in $cases; do
-      san $tool attention $f
-    done
-  done
-  P=/tmp/pyd9o; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-  for f in attention attention_capsink_bwd; do
-    s=$(date +%s); PYTHONPATH=$P timeout 150 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
-    echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
-    grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
-  done
+    $(echo "$list" | grep -E '^attention_capsink_bwd/auto/bf16_d64_b1_sq300_sk300_h4x2_win40_7_softcap20.*_det$' | head -1)"
+  san_cases "$cases"
+  py_attention /tmp/pyd9o
   bwd_inputs 2 4096 16 128
   bwd_times 128
   bwd_inputs 2 8192 16 64
