@@ -59,9 +59,12 @@
 #       GPU tests (dense, softcap and sinks, packed), props, negative controls, CLI tests, the
 #       four sanitizers on deterministic D 64/128 cases (GQA, causal, a window, a softcap), the
 #       Python attention tests, CLI timings with ncu per kernel at D 128 and 64 (both modes).
+#   nar the 128-row steps of the D 64 dK/dV/dQ kernel: the backward tests as in ord, the four
+#       sanitizers on D 64 cases of both modes (1, 113, 239, 300 query rows), CLI timings with
+#       ncu per kernel at D 64 (B2 H16 S8k), kbench attention-backward at D 64, S 4k and 16k.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -569,6 +572,17 @@ if [ "$part" = ord ]; then
   bwd_times 128
   bwd_inputs 2 8192 16 64
   bwd_times 64
+fi
+if [ "$part" = nar ]; then
+  bwd_tests
+  grep -h "deterministic backward.*runs" $L/bwd.log >> $S
+  san_cases "attention_bwd/gpu/f16_d64_b2_sq113_sk203_h4x2_causal_atomic
+    attention_bwd/gpu/bf16_d64_b2_sq1_sk1_h4x2_atomic
+    attention_bwd/gpu/bf16_d64_b1_sq300_sk300_h2x2_win40_7_dlse_det
+    attention_bwd/gpu/f16_d64_b1_sq239_sk17_h4x2_det"
+  bwd_inputs 2 8192 16 64
+  bwd_times 64
+  SEQS=4096,16384 T=200 bwd_bench 64
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

@@ -6,7 +6,8 @@
 //! - dK/dV: one block per [`HOPPER_BWD_BLOCK_N`] keys of one key/value head of one sequence:
 //!   one producer warpgroup (TMA loads) and two consumer warpgroups, consumer `c` owning keys
 //!   `64 c .. 64 c + 64` of the block with their dK and dV in registers (f32) over every query
-//!   head of the group and every [`HOPPER_BWD_BLOCK_M`]-row query block that sees the keys.
+//!   head of the group and every [`HopperBwdConfig::block_m`]-row query block that sees the
+//!   keys.
 //! - dQ: one block per [`HOPPER_DQ_BLOCK_M`] query rows of one query head of one sequence,
 //!   consumer `c` owning rows `64 c .. 64 c + 64` with their dQ in registers, over the
 //!   [`HOPPER_DQ_BLOCK_N`]-key blocks the rows may see. No atomics: bitwise reproducible.
@@ -40,8 +41,14 @@ pub const HOPPER_BWD_BLOCK_N: u32 = 128;
 /// Keys per block of the wide dK/dV/dQ kernel (D > 128): the M of every consumer's `wgmma`s
 /// but dQ's.
 pub const HOPPER_BWD_WIDE_BLOCK_N: u32 = 64;
-/// Query rows per step (the Q and dO tiles of one ring stage).
+/// Query rows per step (the Q and dO tiles of one ring stage), but for the dK/dV/dQ kernel of
+/// a narrow head ([`HOPPER_BWD_NARROW_BLOCK_M`]).
 pub const HOPPER_BWD_BLOCK_M: u32 = 64;
+/// Query rows per step of the dK/dV/dQ kernel at D = 64: 64-row steps leave its products too
+/// short (`m64n64k16` over K = 64) for the tensor cores to stay busy between the step's waits.
+/// Each consumer's dQ is then one whole accumulator tile (its 64 of the step's rows, every
+/// column) instead of half of one.
+pub const HOPPER_BWD_NARROW_BLOCK_M: u32 = 128;
 /// Stages of the Q/dO ring (dK/dV) and of the K/V ring (dQ).
 pub const HOPPER_BWD_STAGES: u32 = 2;
 /// Rows of a tile of the tiled dQ accumulator: the query rows of one step of the dK/dV/dQ
@@ -53,8 +60,9 @@ pub const HOPPER_DQ_BLOCK_M: u32 = 128;
 pub const HOPPER_DQ_BLOCK_N: u32 = 64;
 
 /// Parameters of the Hopper dK/dV kernel: the tensor maps of Q, dO, K and V (4-D, dims `[D,
-/// heads, seq, batch]`, box `[64, 1, rows, 1]` with rows [`HOPPER_BWD_BLOCK_M`] for Q and dO and
-/// [`HOPPER_BWD_BLOCK_N`] for K and V, 128-byte swizzle; rows past the sequence read as zeros),
+/// heads, seq, batch]`, box `[64, 1, rows, 1]` with rows [`HopperBwdConfig::block_m`] for Q
+/// and dO and [`HopperBwdConfig::block_n`] for K and V, 128-byte swizzle; rows past the
+/// sequence read as zeros),
 /// then the `mma.sync` backward's parameters, of which the kernel reads LSE, `delta'`, dK, dV
 /// with their strides, the sizes, the scales and the window.
 #[repr(C)]
@@ -96,10 +104,11 @@ pub const fn dq_accum_tile_base(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u3
 }
 
 /// Element offset within a dQ tile of the 4-element vector `v` (`0 .. D / 16`) of thread `tid`
-/// (`0 .. 128`) of consumer `c`: its accumulator registers `4 v .. 4 v + 4` of the `m64n{D/2}`
+/// (`0 .. 128`) of half `c`: its accumulator registers `4 v .. 4 v + 4` of an `m64n{D/2}`
 /// product over the tile's columns `c D / 2 ..` (rows and columns as in
-/// [`dq_tile_position`]). Consumer `c`'s half is `HOPPER_DQ_TILE_ROWS D / 2` contiguous
-/// elements.
+/// [`dq_tile_position`]). Half `c` is `HOPPER_DQ_TILE_ROWS D / 2` contiguous elements. An
+/// `m64n{D}` product over the whole tile has the same order: its vector `v` is vector `v % (D /
+/// 16)` of half `v / (D / 16)`.
 #[inline]
 pub const fn dq_tile_vector(d: u32, c: u32, v: u32, tid: u32) -> u32 {
     c * HOPPER_DQ_TILE_ROWS * d / 2 + (v * WARPGROUP_SIZE + tid) * 4
@@ -142,8 +151,11 @@ pub struct HopperBwdConfig {
     /// Head dimension D.
     pub head_dim: u32,
     /// Whether the kernel also computes dQ (the dK/dV/dQ kernel): two `dS^T` buffers and the
-    /// consumers' dQ tiles follow the mbarriers.
+    /// consumers' dQ parts follow the tiles.
     pub fused_dq: bool,
+    /// Query rows per step: [`HOPPER_BWD_BLOCK_M`], or [`HOPPER_BWD_NARROW_BLOCK_M`] in the
+    /// dK/dV/dQ kernel at D = 64 ([`hopper_dkdvq_config`]).
+    pub block_m: u32,
 }
 
 impl HopperBwdConfig {
@@ -196,16 +208,16 @@ impl HopperBwdConfig {
         self.tile_bytes(self.block_n())
     }
 
-    /// Offset of stage `s`'s Q tile (`[HOPPER_BWD_BLOCK_M, D]`).
+    /// Offset of stage `s`'s Q tile (`[block_m, D]`).
     #[inline]
     pub const fn q_offset(&self, s: u32) -> u32 {
-        2 * self.tile_bytes(self.block_n()) + 2 * s * self.tile_bytes(HOPPER_BWD_BLOCK_M)
+        2 * self.tile_bytes(self.block_n()) + 2 * s * self.tile_bytes(self.block_m)
     }
 
     /// Offset of stage `s`'s dO tile.
     #[inline]
     pub const fn do_offset(&self, s: u32) -> u32 {
-        self.q_offset(s) + self.tile_bytes(HOPPER_BWD_BLOCK_M)
+        self.q_offset(s) + self.tile_bytes(self.block_m)
     }
 
     /// Bytes the K and V loads deliver together.
@@ -217,19 +229,19 @@ impl HopperBwdConfig {
     /// Bytes one step's Q and dO loads deliver together.
     #[inline]
     pub const fn step_bytes(&self) -> u32 {
-        2 * self.tile_bytes(HOPPER_BWD_BLOCK_M)
+        2 * self.tile_bytes(self.block_m)
     }
 
-    /// Bytes of one `dS^T` (or `P^T`) buffer: `[block_n, HOPPER_BWD_BLOCK_M]` 16-bit.
+    /// Bytes of one `dS^T` (or `P^T`) buffer: `[block_n, block_m]` 16-bit.
     #[inline]
     pub const fn ds_bytes(&self) -> u32 {
-        self.block_n() * HOPPER_BWD_BLOCK_M * 2
+        self.block_n() * self.block_m * 2
     }
 
     /// Offset of `dS^T` buffer `s` (of 2; dK/dV/dQ kernel), after the tiles: keys as rows of
-    /// 128 bytes of `HOPPER_BWD_BLOCK_M` queries, 128-byte swizzled (the layout TMA gives a Q
-    /// tile): the K-major A operand of `dK += dS^T Q` (wide heads) and the M-major A operand
-    /// of `dQ = dS K`.
+    /// 128 bytes of 64 queries, 128-byte swizzled (the layout TMA gives a Q tile), one such
+    /// column block per 64 queries of a step: the K-major A operand of `dK += dS^T Q` (wide
+    /// heads) and the M-major A operand of `dQ = dS K`.
     #[inline]
     pub const fn ds_offset(&self, s: u32) -> u32 {
         self.q_offset(HOPPER_BWD_STAGES) + s * self.ds_bytes()
@@ -242,19 +254,32 @@ impl HopperBwdConfig {
         self.ds_offset(2) + s * self.ds_bytes()
     }
 
-    /// Offset of consumer `c`'s dQ half tile (dK/dV/dQ kernel of D <= 128):
-    /// `HOPPER_DQ_TILE_ROWS D / 2` f32 in the order of [`dq_tile_vector`], the source of its
-    /// bulk reduce.
+    /// Offset of consumer `c`'s dQ part (dK/dV/dQ kernel of D <= 128): its share of the
+    /// step's dQ ([`HopperBwdConfig::dq_part`]) as f32 in the order of [`dq_tile_vector`], the
+    /// source of its bulk reduce.
     #[inline]
     pub const fn dq_offset(&self, c: u32) -> u32 {
-        self.ds_offset(2) + c * self.dq_half_bytes()
+        self.ds_offset(2) + c * self.dq_part_bytes()
     }
 
-    /// Bytes of one consumer's dQ half tile (`HOPPER_DQ_TILE_ROWS D / 2` f32), the size of
-    /// its bulk reduce.
+    /// Bytes of one consumer's dQ part (`block_m D / 2` f32), the size of its bulk reduce.
     #[inline]
-    pub const fn dq_half_bytes(&self) -> u32 {
-        HOPPER_DQ_TILE_ROWS * self.head_dim / 2 * 4
+    pub const fn dq_part_bytes(&self) -> u32 {
+        self.block_m * self.head_dim / 2 * 4
+    }
+
+    /// Where consumer `c`'s dQ part goes in the tiled accumulator (dK/dV/dQ kernel of D <=
+    /// 128), as (first row past the step's first, element offset in that row's tile): with
+    /// 64-row steps, half `c` of the step's tile (`m64n{D/2}` products over columns `c D / 2
+    /// ..`); with [`HOPPER_BWD_NARROW_BLOCK_M`], the whole tile of the step's rows `64 c ..`
+    /// (`m64n{D}` products).
+    #[inline]
+    pub const fn dq_part(&self, c: u32) -> (u32, u32) {
+        if self.block_m == HOPPER_DQ_TILE_ROWS {
+            (0, dq_tile_vector(self.head_dim, c, 0, 0))
+        } else {
+            (c * HOPPER_DQ_TILE_ROWS, 0)
+        }
     }
 
     /// End of the tiles and buffers.
@@ -269,12 +294,12 @@ impl HopperBwdConfig {
         }
     }
 
-    /// Offset of stage `s`'s row values: `HOPPER_BWD_BLOCK_M` f32 LSE values in base 2 (+inf
-    /// where P must be 0), then as many `delta'` values (0 past the sequence), written by the
-    /// producer for the step's query rows.
+    /// Offset of stage `s`'s row values: `block_m` f32 LSE values in base 2 (+inf where P
+    /// must be 0), then as many `delta'` values (0 past the sequence), written by the producer
+    /// for the step's query rows.
     #[inline]
     pub const fn rows_offset(&self, s: u32) -> u32 {
-        self.buffers_end() + s * 2 * HOPPER_BWD_BLOCK_M * 4
+        self.buffers_end() + s * 2 * self.block_m * 4
     }
 
     /// Offset of the mbarriers: `kv_full`, then `full[s]` and `empty[s]` of the ring.
@@ -319,6 +344,7 @@ impl HopperDqConfig {
         HopperBwdConfig {
             head_dim: self.head_dim,
             fused_dq: false,
+            block_m: HOPPER_BWD_BLOCK_M,
         }
     }
 
@@ -402,6 +428,7 @@ pub const fn hopper_bwd_config(d: u32) -> Option<HopperBwdConfig> {
         64 | 96 | 128 | 256 => Some(HopperBwdConfig {
             head_dim: d,
             fused_dq: false,
+            block_m: HOPPER_BWD_BLOCK_M,
         }),
         _ => None,
     }
@@ -413,6 +440,22 @@ pub const fn hopper_bwd_config_of(d: u32) -> HopperBwdConfig {
     match hopper_bwd_config(d) {
         Some(c) => c,
         None => panic!("no Hopper backward for this head dimension"),
+    }
+}
+
+/// The configuration of the dK/dV/dQ kernel for head dimension `d` (a supported one), with a
+/// softcap or not: [`HOPPER_BWD_NARROW_BLOCK_M`]-row steps at D = 64 without a softcap (with
+/// one, the registers of 128-row steps spill), else those of [`hopper_bwd_config_of`].
+#[inline]
+pub const fn hopper_dkdvq_config(d: u32, softcap: bool) -> HopperBwdConfig {
+    let cfg = hopper_bwd_config_of(d).with_fused_dq();
+    if d == 64 && !softcap {
+        HopperBwdConfig {
+            block_m: HOPPER_BWD_NARROW_BLOCK_M,
+            ..cfg
+        }
+    } else {
+        cfg
     }
 }
 
@@ -501,7 +544,7 @@ const fn hopper_bwd(
             Some([fused, convert]) => Some(HopperDkdvq {
                 kernel: Kernel::new(fused, HOPPER_THREADS, 1, smem),
                 convert: Kernel::new(convert, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
-                cfg: hopper_bwd_config_of(d).with_fused_dq(),
+                cfg: hopper_dkdvq_config(d, softcap),
                 ordered: !hopper_bwd_config_of(d).wide(),
             }),
             None => None,
@@ -646,6 +689,9 @@ const _: () = {
     // The largest configurations fit the 227 KiB a block may have.
     assert!(hopper_bwd_config_of(128).smem_bytes() <= 227 * 1024);
     assert!(hopper_bwd_config_of(128).with_fused_dq().smem_bytes() <= 227 * 1024);
+    assert!(hopper_dkdvq_config(64, false).smem_bytes() <= 227 * 1024);
+    // A narrow step is two accumulator tiles, one per consumer.
+    assert!(HOPPER_BWD_NARROW_BLOCK_M == HOPPER_CONSUMERS * HOPPER_DQ_TILE_ROWS);
     assert!(hopper_bwd_config_of(256).with_fused_dq().smem_bytes() <= 227 * 1024);
     // Swizzled buffers start on 1024-byte boundaries.
     assert!(
@@ -661,8 +707,12 @@ const _: () = {
             .is_multiple_of(1024)
     );
     assert!(
-        hopper_bwd_config_of(64)
-            .with_fused_dq()
+        hopper_dkdvq_config(64, false)
+            .ds_offset(0)
+            .is_multiple_of(1024)
+    );
+    assert!(
+        hopper_dkdvq_config(64, true)
             .ds_offset(0)
             .is_multiple_of(1024)
     );

@@ -6,44 +6,49 @@
 //! share of dQ and adds it into the tiled f32 accumulator (below).
 //!
 //! # Parameters
-//! [`HopperBwdParams`]: tensor maps of Q, dO (box rows `HOPPER_BWD_BLOCK_M`), K and V (box rows
-//! `HOPPER_BWD_BLOCK_N`), all `[D, heads, seq, batch]` with 128-byte swizzle, then the backward's
-//! parameters (LSE, `delta'`, dK, dV and their strides, sizes, scale, window).
+//! [`HopperBwdParams`]: tensor maps of Q, dO (box rows `BM`, the configuration's `block_m`), K
+//! and V (box rows `HOPPER_BWD_BLOCK_N`), all `[D, heads, seq, batch]` with 128-byte swizzle,
+//! then the backward's parameters (LSE, `delta'`, dK, dV and their strides, sizes, scale,
+//! window).
 //!
 //! # Tiling
 //! One block per `BN = 128` keys of one key/value head of one sequence (grid `(ceil(seq_k /
 //! 128), heads_kv, batch)`; in deterministic mode block `x` takes the key block `nb - 1 - x`
 //! of `nb`, see `Walk`); its K and V tiles are loaded once. The steps are, for each query
-//! head of the group in turn, the `BM = 64`-row query blocks that may see a key of the block
-//! (causal and window bounds; the others are skipped), their Q and dO tiles streamed through a
-//! 2-stage ring. Tiles are `D / 64` column blocks of 128-byte swizzled rows. Keys are the rows
-//! of every product (`wgmma` M):
-//! - `S^T = K Q^T` and `dP^T = V dO^T` (`m64n64k16`, both operands K-major in shared memory);
+//! head of the group in turn, the `BM`-row query blocks that may see a key of the block (causal
+//! and window bounds; the others are skipped), their Q and dO tiles streamed through a 2-stage
+//! ring. `BM` is 64, or 128 in the dK/dV/dQ kernel at D = 64 (`HopperBwdConfig::block_m`).
+//! Tiles are `D / 64` column blocks of 128-byte swizzled rows. Keys are the rows of every
+//! product (`wgmma` M):
+//! - `S^T = K Q^T` and `dP^T = V dO^T` (`m64n{BM}k16`, both operands K-major in shared memory);
 //! - `P^T = exp2(S^T scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf), `dS^T = P^T
 //!   (dP^T - delta')` (with `SOFTCAP`, `S^T` replaced by `t = tanh(S^T softcap_scale)` and
-//!   `dS^T` scaled by `1 - t^2`), both rounded to the element type as register A fragments (LSE in base 2
-//!   and `delta'` of the step's rows come from shared memory, written by the producer);
+//!   `dS^T` scaled by `1 - t^2`), both rounded to the element type as register A fragments
+//!   (LSE in base 2 and `delta'` of the step's rows come from shared memory, written by the
+//!   producer);
 //! - `dV += P^T dO` and `dK += dS^T Q` (`m64n{D}k16`, dO and Q MN-major: the 16-row K slice `kk`
 //!   at `2048 kk` bytes, column blocks one swizzle atom apart).
 //!
 //! The epilogue stores `dK scale` and `dV` (element type) from the accumulators.
 //!
 //! With `FUSED`, per step after `dS^T`: each consumer stores its `dS^T` fragments into the
-//! step's `dS^T` buffer (of two, alternating; keys as 128-byte swizzled rows of the 64
-//! queries, the layout TMA gives a Q tile), and `dQ_step = dS K` (`m64n{D/2}k16` over the 128
-//! keys, A = the buffer M-major, B = the K tile N-major) gives the consumer's `D / 2` columns
-//! of the step's 64 query rows. The consumer writes them into its half tile in shared memory
-//! and the writer warp of the producer warpgroup adds it with a bulk reduce-add into the
-//! accumulator's tile (`dq_accum_tile_base`, `dq_tile_vector`); the conversion kernel scales
-//! it into dQ. In deterministic mode (`dq_order` set) the writer adds each tile after the
+//! step's `dS^T` buffer (of two, alternating; keys as 128-byte swizzled rows of 64 queries, the
+//! layout TMA gives a Q tile, one such column block per 64 queries), and `dQ_step = dS K` over
+//! the 128 keys (A = the buffer M-major, B = the K tile N-major) gives the consumer's part of
+//! the step's dQ (`HopperBwdConfig::dq_part`): with 64-row steps its `D / 2` columns of the
+//! step's rows (`m64n{D/2}k16`), with 128-row steps every column of the step's rows `64 c ..`
+//! (`m64n{D}k16`, A = column block `c`): one whole accumulator tile. The consumer writes it
+//! into its part buffer in shared memory and the writer warp of the producer warpgroup adds it
+//! with a bulk reduce-add into the accumulator (`dq_accum_tile_base`, `dq_tile_vector`); the
+//! conversion kernel scales it into dQ. In deterministic mode (`dq_order` set) the writer adds each tile after the
 //! key block before it in the order (`write_dq`), so the sums are the same bit for bit from
 //! run to run.
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, its
 //! thread 0 issues every TMA load, its warp 1 writes each step's row values (LSE in base 2,
-//! `delta'`; two rows per lane) into the stage, and with `FUSED` its warp 2 adds the dQ half
-//! tiles into the accumulator. Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS`
+//! `delta'`; `BM / 32` rows per lane) into the stage, and with `FUSED` its warp 2 adds the dQ
+//! parts into the accumulator. Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS`
 //! registers): consumer `c` owns keys `64 c .. 64 c + 64` of the block, with their dK and dV
 //! accumulators (`D / 2` f32 registers each) for the whole block's walk. A thread holds, per
 //! accumulator, rows `16 w + g` and `16 w + g + 8` (warp `w` of its warpgroup, `g = lane / 4`)
@@ -60,8 +65,8 @@
 //! - The Q/dO ring: step `i` uses stage `s = i % 2` with parity `(i / 2) % 2`. The producer's
 //!   thread 0 and warp 1 each wait until `empty[s]` completed the stage's previous use (parity
 //!   `^ 1`: the first pass does not wait); thread 0 arrives on `full[s]` expecting the step's Q
-//!   and dO bytes and issues the loads; each lane of warp 1 stores its two rows' values into
-//!   the stage and arrives (release: the stores are visible to whoever completes the phase's
+//!   and dO bytes and issues the loads; each lane of warp 1 stores its rows' values into the
+//!   stage and arrives (release: the stores are visible to whoever completes the phase's
 //!   wait). Consumers wait on `full[s]` before the step's first product and their row reads.
 //! - `empty[s]`: every consumer thread arrives once the `wgmma.wait_group 0` that completes the
 //!   step's dV and dK products (the last to read Q and dO) has returned; its reads of the
@@ -75,17 +80,18 @@
 //!   `wait_group 0` that also retires dK); `wait_group 0` ends the step.
 //! - `FUSED`, the `dS^T` buffers: step `i` writes buffer `i % 2`. Each consumer thread
 //!   stores its fragments, fences the async proxy and syncs on named barrier `DS_BARRIER`
-//!   (both consumers, 256 threads); then both issue their dQ products reading the whole
-//!   buffer, and wait for them (`wait_group 0`) before their next step. A consumer writes
+//!   (both consumers, 256 threads); then both issue their dQ products reading the buffer (the
+//!   other consumer's keys too), and wait for them (`wait_group 0`) before their next step. A consumer writes
 //!   buffer `i % 2` again at step `i + 2`, after passing step `i + 1`'s barrier, which the
 //!   other consumer reached only after its own step-`i` wait: no product still reads it.
-//! - `FUSED`, the dQ half tiles: per consumer, named barriers `DQ_EMPTY + c` and `DQ_FULL +
+//! - `FUSED`, the dQ parts: per consumer, named barriers `DQ_EMPTY + c` and `DQ_FULL +
 //!   c` between its 128 threads and the writer warp's 32, as documented on `stage_dq` and
 //!   `write_dq`: the consumer stores after `DQ_EMPTY` (the writer done reading), publishes
 //!   with `DQ_FULL`; the writer issues the reduce after `DQ_FULL` and arrives on `DQ_EMPTY`
 //!   once it has been read; before the block exits the writer waits for its last reduce
-//!   (`bulk_wait_group 0`). In deterministic mode the tile's counter orders the writers of
-//!   the blocks (acquire before the first reduce, release after the reduces are performed).
+//!   (`bulk_wait_group 0`). In deterministic mode the tiles' counters order the writers of
+//!   the blocks (acquire before the step's first reduce, release after its reduces are
+//!   performed).
 //! - Registers: the P^T and dS^T fragments of the in-flight products are pinned until their
 //!   wait; every `wgmma` batch starts with `wgmma.fence` (the accumulators of dK and dV and the
 //!   fragments were written by ordinary instructions before it); accumulators are pinned
@@ -98,37 +104,35 @@ use super::super::elem::Elem;
 use super::super::hopper::softmax::pack_p;
 use super::super::{logits, mask};
 use super::producer::{Ring, Walk, produce, store_dk_dv};
-use super::{CONSUMER_THREADS, DS_BARRIER, SR, softcap_grad_of_p};
+use super::{CONSUMER_THREADS, DS_BARRIER, softcap_grad_of_p};
 use crate::arch::mbarrier::RingPos;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{atomic, fence, index, math, regs, smem, sync, tma, warp};
 use kernel_abi::attention::hopper_bwd::{
-    HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES,
-    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_order_index,
-    dq_tile_vector,
+    HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig,
+    HopperBwdParams, dq_accum_rows, dq_accum_tile_base, dq_order_index, dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
 use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
 
 /// Keys of one consumer warpgroup (the M of its products).
 const WG_KEYS: u32 = BN / HOPPER_CONSUMERS;
-/// 8-column blocks of a query tile.
-const NTQ: usize = (BM / 8) as usize;
-/// 16-row K slices of a query tile (the A fragments of `P^T` and `dS^T`).
-const KQ: usize = (BM / 16) as usize;
-/// Named barriers `DQ_FULL + c`: consumer `c` stored its dQ half tile.
+/// Named barriers `DQ_FULL + c`: consumer `c` stored its dQ part.
 const DQ_FULL: u32 = 2;
-/// Named barriers `DQ_EMPTY + c`: the writer warp is done reading consumer `c`'s half tile.
+/// Named barriers `DQ_EMPTY + c`: the writer warp is done reading consumer `c`'s part.
 const DQ_EMPTY: u32 = DQ_FULL + HOPPER_CONSUMERS;
-/// Threads at the dQ half tiles' barriers: a consumer warpgroup and the writer warp.
+/// Threads at the dQ parts' barriers: a consumer warpgroup and the writer warp.
 const DQ_SYNC_THREADS: u32 = WARPGROUP_SIZE + WARP_SIZE;
-/// The producer warpgroup's warp that adds the dQ half tiles into the accumulator.
+/// The producer warpgroup's warp that adds the dQ parts into the accumulator.
 const DQ_WRITER_WARP: u32 = 2;
 
 /// The kernel body; see the module documentation. `DR = D / 2` accumulator registers of dK and
-/// dV, `DK = D / 16` K slices of `S^T` and `dP^T`; the `wgmma` shapes come in as functions so
-/// one body serves both head dimensions and element types.
+/// dV, `DK = D / 16` K slices of `S^T` and `dP^T`, `BM` query rows per step (the
+/// configuration's), `SR = BM / 2` accumulator registers of `S^T` and `dP^T`, `KQ = BM / 16` K
+/// slices of `dV` and `dK` (the A fragments of `P^T` and `dS^T`), `QR = D BM / 256` of a
+/// consumer's dQ; the `wgmma` shapes come in as functions so one body serves every head
+/// dimension and element type.
 ///
 /// # Safety
 /// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)`, `HOPPER_THREADS` threads, the
@@ -143,6 +147,9 @@ pub(super) unsafe fn dkdv<
     const DK: usize,
     const SOFTCAP: bool,
     const FUSED: bool,
+    const BM: u32,
+    const SR: usize,
+    const KQ: usize,
     const QR: usize,
 >(
     p: &HopperBwdParams,
@@ -161,13 +168,15 @@ pub(super) unsafe fn dkdv<
 ) {
     const {
         assert!(DR as u32 * 2 == D && DK as u32 * 16 == D && WG_KEYS == 64 && SR as u32 * 2 == BM);
-        assert!(QR as u32 * 4 == D && BM == HOPPER_DQ_TILE_ROWS);
+        assert!(KQ as u32 * 16 == BM && (!FUSED || QR as u32 * 256 == D * BM));
+        // A step's dQ is half a tile per consumer, or a whole one each.
+        assert!(BM == HOPPER_DQ_TILE_ROWS || BM == HOPPER_CONSUMERS * HOPPER_DQ_TILE_ROWS);
     };
-    debug_assert!(cfg.fused_dq == FUSED);
+    debug_assert!(cfg.fused_dq == FUSED && cfg.block_m == BM && cfg.block_n() == BN);
     let ring = Ring::new(cfg);
     let base = ring.base;
     let (kv_full, k_s, v_s) = (ring.kv_full(), ring.k(), ring.v());
-    let walk = Walk::of(p, BN);
+    let walk = Walk::of(p, cfg);
     let (steps, n0) = (walk.steps, walk.n0);
     let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
@@ -255,7 +264,7 @@ pub(super) unsafe fn dkdv<
             let rows_s = ring.rows(pos.stage);
             let needs_mask = m0 + BM > seq_q
                 || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32);
-            for j in 0..NTQ {
+            for j in 0..2 * KQ {
                 let col = 8 * j as u32 + 2 * t;
                 // SAFETY: the stage's row values, published by `full` (waited for above).
                 let lse2: [f32; 2] = unsafe {
@@ -282,7 +291,7 @@ pub(super) unsafe fn dkdv<
             if SOFTCAP {
                 // P^T (1 - t^2) in `s`, the factor of dS^T, with `t` back from P^T (`P = 2^(t
                 // scale_log2 - LSE2)`): no register holds `t` across the products.
-                for j in 0..NTQ {
+                for j in 0..2 * KQ {
                     let col = 8 * j as u32 + 2 * t;
                     // SAFETY: as above.
                     let lse2: [f32; 2] = unsafe {
@@ -312,7 +321,7 @@ pub(super) unsafe fn dkdv<
             }
             s_fence(&mut dp);
             // dS^T = P^T (dP^T - delta').
-            for j in 0..NTQ {
+            for j in 0..2 * KQ {
                 let col = 8 * j as u32 + 2 * t;
                 // SAFETY: as for LSE.
                 let delta: [f32; 2] = unsafe {
@@ -337,14 +346,16 @@ pub(super) unsafe fn dkdv<
                 }
                 wgmma::commit_group();
             }
-            // dQ = dS K over the block's keys, columns `c D / 2 ..` of the consumer, while dK
-            // runs: both consumers' dS^T through this step's buffer.
+            // dQ = dS K over the block's keys, while dK runs: both consumers' dS^T through
+            // this step's buffer. The consumer's part (`cfg.dq_part`): with 64-row steps
+            // columns `c D / 2 ..` of the step's rows, else every column of rows `64 c ..`
+            // (column block `c` of the buffer).
             let mut dq = [0.0f32; QR];
             let ds_buf = regs::opaque(base + cfg.ds_offset(step % 2));
             if FUSED {
                 // SAFETY: the buffer's previous readers (step - 2's dQ products of both
                 // consumers) completed before their arrivals on the previous step's barrier.
-                unsafe { store_ds_t(ds_buf, &da, c, g, t) };
+                unsafe { store_ds_t(ds_buf, cfg.block_bytes(BN), &da, c, g, t) };
                 fence::fence_proxy_async_shared();
                 // SAFETY: both consumer warpgroups, every thread, once per step (the same
                 // number of steps in both).
@@ -365,7 +376,11 @@ pub(super) unsafe fn dkdv<
                         wgmma::pin_fragment(&mut da[kk]);
                     }
                 }
-                let n0 = c * D / 2;
+                let (ds_cols, n0) = if BM == HOPPER_DQ_TILE_ROWS {
+                    (ds_buf, c * D / 2)
+                } else {
+                    (ds_buf + c * cfg.block_bytes(BN), 0)
+                };
                 // Opaque: the 8 descriptors of this loop-invariant operand would otherwise be
                 // hoisted out of the step loop and held in registers throughout (they spill).
                 let k_cols = regs::opaque(
@@ -376,7 +391,8 @@ pub(super) unsafe fn dkdv<
                 unsafe {
                     wgmma::fence();
                     for kk in 0..BN / 16 {
-                        let a = Descriptor::mn_major_sw128(ds_buf + 2048 * kk, cfg.block_bytes(BN));
+                        let a =
+                            Descriptor::mn_major_sw128(ds_cols + 2048 * kk, cfg.block_bytes(BN));
                         let b = Descriptor::mn_major_sw128(k_cols + 2048 * kk, cfg.block_bytes(BN));
                         if kk == 0 {
                             (q_mma.first)(&mut dq, a, b);
@@ -421,8 +437,9 @@ pub(super) unsafe fn dkdv<
     unsafe { store_dk_dv::<E, DR>(p, key0, 0, &dk, &dv) };
 }
 
-/// The dQ products of the dK/dV/dQ kernel, `m64n{D/2}k16` with both operands M/N-major in
-/// shared memory: `first` overwrites the accumulator, `rest` adds; `fence` pins it.
+/// The dQ products of the dK/dV/dQ kernel, `m64n{D/2}k16` (64-row steps) or `m64n{D}k16` with
+/// both operands M/N-major in shared memory: `first` overwrites the accumulator, `rest` adds;
+/// `fence` pins it.
 pub(super) struct DqProducts<M0, M1, F> {
     pub first: M0,
     pub rest: M1,
@@ -430,27 +447,35 @@ pub(super) struct DqProducts<M0, M1, F> {
 }
 
 /// Store this thread's `dS^T` fragments `da` (consumer `c`, lane `g = lane / 4`, `t = lane %
-/// 4`) into the `dS^T` buffer at `buf`: key `r` (of the block) is row `r`, 128 bytes of 64
-/// queries, its 16-byte chunk `j` at chunk `j ^ (r % 8)` (128-byte swizzle, `r % 8 = g`).
-/// Fragment `da[kk]` holds, as the `m16n8k16` A fragment, rows `g` and `g + 8` of its warp's
-/// 16 keys and query columns `16 kk + 2 t` and `16 kk + 8 + 2 t` (two values each). For a
-/// warp instruction the 32 lanes write 32 distinct banks.
+/// 4`) into the `dS^T` buffer at `buf`, column blocks of 64 queries `block_bytes` apart: key
+/// `r` (of the block) is row `r` of each, 128 bytes of 64 queries, its 16-byte chunk `j` at
+/// chunk `j ^ (r % 8)` (128-byte swizzle, `r % 8 = g`). Fragment `da[kk]` holds, as the
+/// `m16n8k16` A fragment, rows `g` and `g + 8` of its warp's 16 keys and query columns
+/// `16 kk + 2 t` and `16 kk + 8 + 2 t` (two values each). For a warp instruction the 32 lanes
+/// write 32 distinct banks.
 ///
 /// # Safety
-/// `buf` is a `dS^T` buffer of the configuration that no product reads until the barrier
-/// after these stores.
+/// `buf` is a `dS^T` buffer of the configuration (`block_bytes` its column blocks' stride)
+/// that no product reads until the barrier after these stores.
 #[inline(always)]
-unsafe fn store_ds_t<const KQ: usize>(buf: u32, da: &[[u32; 4]; KQ], c: u32, g: u32, t: u32) {
+unsafe fn store_ds_t<const KQ: usize>(
+    buf: u32,
+    block_bytes: u32,
+    da: &[[u32; 4]; KQ],
+    c: u32,
+    g: u32,
+    t: u32,
+) {
     let w = index::warp_id() % 4;
     for kk in 0..KQ as u32 {
         for q in 0..4u32 {
             let r = c * WG_KEYS + 16 * w + g + 8 * (q % 2);
-            let chunk = 2 * kk + q / 2;
-            // SAFETY: r < BN and chunk < BM / 8: inside the buffer (the caller's); each word
-            // has one writer.
+            let (cb, chunk) = (kk / 4, 2 * (kk % 4) + q / 2);
+            // SAFETY: r < BN, chunk < 8 and cb < BM / 64: inside the buffer (the caller's);
+            // each word has one writer.
             unsafe {
                 smem::SmemValue::store(
-                    buf + 128 * r + ((chunk ^ g) << 4) + 4 * t,
+                    buf + cb * block_bytes + 128 * r + ((chunk ^ g) << 4) + 4 * t,
                     da[kk as usize][q as usize],
                 )
             };
@@ -458,14 +483,14 @@ unsafe fn store_ds_t<const KQ: usize>(buf: u32, da: &[[u32; 4]; KQ], c: u32, g: 
     }
 }
 
-/// Store consumer `c`'s dQ accumulator `dq` into its half tile in shared memory in the order
-/// of [`dq_tile_vector`] (16 bytes per thread and instruction, consecutive across the warp: no
+/// Store consumer `c`'s dQ accumulator `dq` into its part in shared memory in the order of
+/// [`dq_tile_vector`] (16 bytes per thread and instruction, consecutive across the warp: no
 /// bank conflict), for the writer warp ([`write_dq`]) to add.
 ///
 /// Barrier protocol (named barriers `DQ_EMPTY + c` and `DQ_FULL + c`, the consumer's 128
 /// threads and the writer's 32): the warpgroup syncs on `DQ_EMPTY + c` (the writer is done
-/// reading the half tile), stores, each thread fences the async proxy, and arrives on
-/// `DQ_FULL + c`.
+/// reading the part), stores, each thread fences the async proxy, and arrives on `DQ_FULL +
+/// c`.
 ///
 /// # Safety
 /// Every thread of consumer warpgroup `c` calls it, in uniform control flow, once per step of
@@ -474,16 +499,19 @@ unsafe fn store_ds_t<const KQ: usize>(buf: u32, da: &[[u32; 4]; KQ], c: u32, g: 
 unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR]) {
     let tid = index::thread_idx_x() % WARPGROUP_SIZE;
     // Opaque: the stores' addresses are not kept in registers across the step loop.
-    let half = regs::opaque(smem::aligned_base() + cfg.dq_offset(c));
+    let part = regs::opaque(smem::aligned_base() + cfg.dq_offset(c));
     let d = cfg.head_dim;
+    // Vectors per half tile: an `m64n{D}` accumulator covers both halves.
+    let per_half = d / 16;
     // SAFETY: the consumer's 128 threads and the writer warp, once per step (the caller's
     // contract; the writer's first arrival is before its first step).
     unsafe { sync::named_sync(DQ_EMPTY + c, DQ_SYNC_THREADS) };
-    for v in 0..QR / 4 {
-        let at = half + 4 * dq_tile_vector(d, 0, v as u32, tid);
+    for v in 0..QR as u32 / 4 {
+        let at = part + 4 * dq_tile_vector(d, v / per_half, v % per_half, tid);
+        let v = v as usize;
         let x = [dq[4 * v], dq[4 * v + 1], dq[4 * v + 2], dq[4 * v + 3]].map(f32::to_bits);
-        // SAFETY: inside the consumer's half tile (the configuration's), 16-byte aligned; free
-        // since the barrier above.
+        // SAFETY: inside the consumer's part (the configuration's), 16-byte aligned; free since
+        // the barrier above.
         unsafe { smem::SmemValue::store(at, x) };
     }
     fence::fence_proxy_async_shared();
@@ -492,19 +520,19 @@ unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR
 }
 
 /// The writer warp of the dK/dV/dQ kernel: for each step of the walk, lane 0 adds both
-/// consumers' dQ half tiles into the accumulator's tile with bulk reduce-adds.
+/// consumers' dQ parts into the accumulator's tiles with bulk reduce-adds (a part in a tile
+/// past the accumulator's rows, all of whose rows are past `seq_q`, is not added).
 ///
-/// Barrier protocol: the warp arrives on `DQ_EMPTY + c` once before the first step (the half
-/// tiles start free); at each step it syncs on `DQ_FULL + c` before lane 0 issues half `c`'s
-/// reduce; once lane 0 has waited for both reduces to have read their sources (in order mode:
-/// to be performed), the warp arrives on `DQ_EMPTY + c`, except after the last step (the
-/// consumers sync once per step). Lane 0 waits for every reduce to be performed before the
-/// block exits.
+/// Barrier protocol: the warp arrives on `DQ_EMPTY + c` once before the first step (the parts
+/// start free); at each step it syncs on `DQ_FULL + c` before lane 0 issues part `c`'s reduce;
+/// once lane 0 has waited for both reduces to have read their sources (in order mode: to be
+/// performed), the warp arrives on `DQ_EMPTY + c`, except after the last step (the consumers
+/// sync once per step). Lane 0 waits for every reduce to be performed before the block exits.
 ///
-/// Order (deterministic mode, `dq_order` not null): before its first reduce of a tile, lane 0
-/// waits (acquire) until the tile's counter holds `nb - n - 1`, the mark of key block `n + 1`,
-/// when that block adds into the tile (its query blocks contain the tile's); once its own
-/// additions are performed, it stores (release) `nb - n`. Key block `n + 1` is block `x - 1`
+/// Order (deterministic mode, `dq_order` not null): before its first reduce of a step, lane 0
+/// waits (acquire) until the counter of each of the step's tiles holds `nb - n - 1`, the mark
+/// of key block `n + 1`, when that block adds into the step's tiles (its query blocks contain
+/// the step's); once its own additions are performed, it stores (release) `nb - n` in each. Key block `n + 1` is block `x - 1`
 /// of the grid (same head and sequence), launched before this one, and waits only for blocks
 /// launched before it: no cycle. Each tile's additions thus happen in descending key-block
 /// order, whatever the timing.
@@ -518,41 +546,49 @@ unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
     let lane = index::lane_id();
     let (seq_q, heads_q, d) = (p.base.seq_q, p.base.heads_q, cfg.head_dim);
     let ordered = !p.base.dq_order.is_null();
-    let (next_lo, next_steps) = walk.next_query_blocks(p, BN);
+    let (next_lo, next_steps) = walk.next_query_blocks(p);
     let mark = walk.key_blocks - walk.key_block;
     let base = smem::aligned_base();
+    let (block_m, rows) = (walk.block_m, dq_accum_rows(seq_q));
+    let counter = |h: u32, m: u32| {
+        p.base
+            .dq_order
+            .wrapping_add(dq_order_index(walk.batch, h, heads_q, seq_q, m) as usize)
+    };
     for c in 0..HOPPER_CONSUMERS {
         // SAFETY: the writer warp's arrival of the first phase (the protocol above).
         unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
     }
     for step in 0..walk.steps {
         let (h, m0) = (walk.head(step), walk.m0(step));
-        let tile = dq_accum_tile_base(walk.batch, h, heads_q, seq_q, m0, d);
-        let counter = p
-            .base
-            .dq_order
-            .wrapping_add(dq_order_index(walk.batch, h, heads_q, seq_q, m0) as usize);
-        if ordered && lane == 0 && (m0 / BM).wrapping_sub(next_lo) < next_steps {
-            // SAFETY: the tile's counter (host-sized), written only by the blocks of this
-            // head's order and zeroed by the preprocess before this kernel.
-            while unsafe { atomic::load_acquire_u32(counter) } != mark - 1 {}
+        if ordered && lane == 0 && (m0 / block_m).wrapping_sub(next_lo) < next_steps {
+            for tile in 0..block_m / HOPPER_DQ_TILE_ROWS {
+                let m = m0 + tile * HOPPER_DQ_TILE_ROWS;
+                if m < rows {
+                    // SAFETY: the tile's counter (host-sized), written only by the blocks of
+                    // this head's order and zeroed by the preprocess before this kernel.
+                    while unsafe { atomic::load_acquire_u32(counter(h, m)) } != mark - 1 {}
+                }
+            }
             // The predecessor's additions, acquired above, before this block's async ones.
             fence::fence_proxy_async();
         }
         for c in 0..HOPPER_CONSUMERS {
             // SAFETY: once per step (the consumers arrive once per step).
             unsafe { sync::named_sync(DQ_FULL + c, DQ_SYNC_THREADS) };
-            if lane == 0 {
-                let dst = tile + dq_tile_vector(d, c, 0, 0) as u64;
-                // SAFETY: the half tile was published by the barrier above after each
-                // writer's proxy fence and is not overwritten before this warp's next
-                // arrival; the destination is inside the accumulator (host-sized for every
-                // (sequence, head, tile)), 16-byte aligned.
+            let (row, within) = cfg.dq_part(c);
+            if lane == 0 && m0 + row < rows {
+                let dst =
+                    dq_accum_tile_base(walk.batch, h, heads_q, seq_q, m0 + row, d) + within as u64;
+                // SAFETY: the part was published by the barrier above after each writer's
+                // proxy fence and is not overwritten before this warp's next arrival; the
+                // destination is inside the accumulator (host-sized for every (sequence,
+                // head, tile), and the tile is one of them), 16-byte aligned.
                 unsafe {
                     tma::bulk_reduce_add_f32(
                         p.base.dq_accum.wrapping_add(dst as usize),
                         base + cfg.dq_offset(c),
-                        cfg.dq_half_bytes(),
+                        cfg.dq_part_bytes(),
                     )
                 };
                 tma::bulk_commit_group();
@@ -562,8 +598,14 @@ unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
             if ordered {
                 tma::bulk_wait_group::<0>();
                 fence::fence_proxy_async();
-                // SAFETY: as for the acquire above; this block's additions are performed.
-                unsafe { atomic::store_release_u32(counter, mark) };
+                for tile in 0..block_m / HOPPER_DQ_TILE_ROWS {
+                    let m = m0 + tile * HOPPER_DQ_TILE_ROWS;
+                    if m < rows {
+                        // SAFETY: as for the acquire above; this block's additions are
+                        // performed.
+                        unsafe { atomic::store_release_u32(counter(h, m), mark) };
+                    }
+                }
             } else {
                 tma::bulk_wait_group_read::<0>();
             }
@@ -572,7 +614,7 @@ unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
         unsafe { sync::sync_warp(warp::FULL_MASK) };
         if step + 1 < walk.steps {
             for c in 0..HOPPER_CONSUMERS {
-                // SAFETY: lane 0's wait above: the half tiles are read; one arrival per step.
+                // SAFETY: lane 0's wait above: the parts are read; one arrival per step.
                 unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
             }
         }

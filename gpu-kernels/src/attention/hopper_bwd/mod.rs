@@ -34,7 +34,7 @@ use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::HOPPER_CONSUMERS;
 use kernel_abi::attention::backward::AttentionBwdParams;
 use kernel_abi::attention::hopper_bwd::{
-    HopperBwdConfig, HopperBwdParams, HopperDqConfig, hopper_bwd_config_of,
+    HopperBwdConfig, HopperBwdParams, HopperDqConfig, hopper_bwd_config_of, hopper_dkdvq_config,
 };
 
 /// Consumer warps arriving on an `empty` barrier per phase (dQ: lane 0 of each).
@@ -44,7 +44,7 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 const CONSUMER_THREADS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE;
 /// Named barrier of the two consumers' `dS^T` (and `P^T`) stores (dK/dV/dQ kernels).
 const DS_BARRIER: u32 = 1;
-/// Accumulator registers of the 64 x 64 products (`S^T`, `dP^T` in dK/dV; `S`, `dP` in dQ).
+/// Accumulator registers of the dQ kernel's 64 x 64 products (`S`, `dP`).
 const SR: usize = 32;
 
 /// The softcap's derivative `1 - t^2` at the logit `t` of the probability `p = 2^(t scale_log2
@@ -79,23 +79,29 @@ macro_rules! hopper_bwd_kernels {
     (
         $elem:ident, $d:literal, [$dkdv:literal, $dq:literal], $softcap:literal,
         $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
-        $(, fused: [$fused:literal, $q_zero:ident, $q_mma:ident, $q_fence:ident])?
+        $(, fused: [
+            $fused:literal, $fs_zero:ident, $fs_mma:ident, $fs_fence:ident,
+            $q_zero:ident, $q_mma:ident, $q_fence:ident
+        ])?
     ) => {
         const _: () = {
+            /// Accumulator registers of a consumer's dQ in the dK/dV/dQ kernel (`D BM / 256`).
+            const QR: usize =
+                ($d * hopper_dkdvq_config($d, $softcap).block_m / 256) as usize;
             hopper_bwd_kernels!(@products $d $(, $q_zero, $q_mma, $q_fence)?);
-            $(hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);)?
-            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
+            $(hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap, $fs_zero, $fs_mma, $fs_fence, $g_mma, $g_fence);)?
+            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap, $s_zero, $s_mma, fence_operands_32, $g_mma, $g_fence);
             hopper_bwd_kernels!(@dq $dq, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
         };
     };
     (@products $d:literal, $q_zero:ident, $q_mma:ident, $q_fence:ident) => {
         hopper_bwd_kernels!(@products_fn $d,
-            |acc: &mut [f32; $d / 4], a, b| {
+            |acc: &mut [f32; QR], a, b| {
                 // SAFETY: called by the kernel body under the `wgmma` contract (whole
                 // warpgroup, uniform control flow, operands published).
                 unsafe { wgmma::$q_zero::<1, 1>(acc, a, b) }
             },
-            |acc: &mut [f32; $d / 4], a, b| {
+            |acc: &mut [f32; QR], a, b| {
                 // SAFETY: as for the first product.
                 unsafe { wgmma::$q_mma::<1, 1, true>(acc, a, b) }
             },
@@ -105,17 +111,17 @@ macro_rules! hopper_bwd_kernels {
     // No dK/dV/dQ kernel: the dK/dV kernel never calls the products.
     (@products $d:literal) => {
         hopper_bwd_kernels!(@products_fn $d,
-            |_: &mut [f32; $d / 4], _, _| {},
-            |_: &mut [f32; $d / 4], _, _| {},
-            |_: &mut [f32; $d / 4]| {}
+            |_: &mut [f32; QR], _, _| {},
+            |_: &mut [f32; QR], _, _| {},
+            |_: &mut [f32; QR]| {}
         );
     };
     (@products_fn $d:literal, $first:expr, $rest:expr, $fence:expr) => {
         /// The dQ products of the dK/dV/dQ kernel (the dK/dV kernel never calls them).
         fn dq_products() -> dkdv::DqProducts<
-            impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
-            impl Fn(&mut [f32; $d / 4], wgmma::Descriptor, wgmma::Descriptor),
-            impl Fn(&mut [f32; $d / 4]),
+            impl Fn(&mut [f32; QR], wgmma::Descriptor, wgmma::Descriptor),
+            impl Fn(&mut [f32; QR], wgmma::Descriptor, wgmma::Descriptor),
+            impl Fn(&mut [f32; QR]),
         > {
             dkdv::DqProducts {
                 first: $first,
@@ -125,7 +131,7 @@ macro_rules! hopper_bwd_kernels {
         }
     };
     (@dkdv $name:literal, $fused:literal, $elem:ident, $d:literal, $softcap:literal,
-        $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident) => {
+        $s_zero:ident, $s_mma:ident, $s_fence:ident, $g_mma:ident, $g_fence:ident) => {
         const _: () = {
             /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name), or
             /// with `FUSED` the dK/dV/dQ kernel (dQ by bulk reduce-adds).
@@ -138,22 +144,34 @@ macro_rules! hopper_bwd_kernels {
             #[unsafe(export_name = $name)]
             pub unsafe extern "ptx-kernel" fn kernel(p: HopperBwdParams) {
                 const CFG: HopperBwdConfig = if $fused {
-                    hopper_bwd_config_of($d).with_fused_dq()
+                    hopper_dkdvq_config($d, $softcap)
                 } else {
                     hopper_bwd_config_of($d)
                 };
                 crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
                 let tmaps = bwd_tmaps!(name = $name);
+                const BM: u32 = CFG.block_m;
                 // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
                 // configuration, called by whole warpgroups in uniform control flow.
                 unsafe {
-                    dkdv::dkdv::<$elem, $d, { $d / 2 }, { $d / 16 }, $softcap, $fused, { $d / 4 }>(
+                    dkdv::dkdv::<
+                        $elem,
+                        $d,
+                        { $d / 2 },
+                        { $d / 16 },
+                        $softcap,
+                        $fused,
+                        BM,
+                        { BM as usize / 2 },
+                        { BM as usize / 16 },
+                        QR,
+                    >(
                         &p,
                         &CFG,
                         tmaps,
                         |acc, a, b| wgmma::$s_zero::<0, 0>(acc, a, b),
                         |acc, a, b| wgmma::$s_mma::<0, 0, true>(acc, a, b),
-                        wgmma::fence_operands_32,
+                        wgmma::$s_fence,
                         |acc, a, b| wgmma::$g_mma::<1, true>(acc, a, b),
                         wgmma::$g_fence,
                         dq_products(),
@@ -211,7 +229,7 @@ macro_rules! hopper_bwd_wide {
             /// preprocess (which zeroes the tiled dQ accumulator).
             #[unsafe(export_name = $name)]
             pub unsafe extern "ptx-kernel" fn kernel(p: HopperBwdParams) {
-                const CFG: HopperBwdConfig = hopper_bwd_config_of($d).with_fused_dq();
+                const CFG: HopperBwdConfig = hopper_dkdvq_config($d, $softcap);
                 crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
                 let tmaps = bwd_tmaps!(name = $name);
                 // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
@@ -270,9 +288,12 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_bf16_d64",
-        m64n32k16_bf16_ss_zero,
-        m64n32k16_bf16_ss,
-        fence_operands_16
+        m64n128k16_bf16_ss_zero,
+        m64n128k16_bf16_ss,
+        fence_operands_64,
+        m64n64k16_bf16_ss_zero,
+        m64n64k16_bf16_ss,
+        fence_operands_32
     ]
 );
 hopper_bwd_kernels!(
@@ -304,6 +325,9 @@ hopper_bwd_kernels!(
         "attention_bwd_hopper_dkdvq_bf16_d128",
         m64n64k16_bf16_ss_zero,
         m64n64k16_bf16_ss,
+        fence_operands_32,
+        m64n64k16_bf16_ss_zero,
+        m64n64k16_bf16_ss,
         fence_operands_32
     ]
 );
@@ -321,9 +345,12 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_f16_d64",
-        m64n32k16_f16_ss_zero,
-        m64n32k16_f16_ss,
-        fence_operands_16
+        m64n128k16_f16_ss_zero,
+        m64n128k16_f16_ss,
+        fence_operands_64,
+        m64n64k16_f16_ss_zero,
+        m64n64k16_f16_ss,
+        fence_operands_32
     ]
 );
 hopper_bwd_kernels!(
@@ -355,6 +382,9 @@ hopper_bwd_kernels!(
         "attention_bwd_hopper_dkdvq_f16_d128",
         m64n64k16_f16_ss_zero,
         m64n64k16_f16_ss,
+        fence_operands_32,
+        m64n64k16_f16_ss_zero,
+        m64n64k16_f16_ss,
         fence_operands_32
     ]
 );
@@ -372,6 +402,9 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_softcap_bf16_d64",
+        m64n64k16_bf16_ss_zero,
+        m64n64k16_bf16_ss,
+        fence_operands_32,
         m64n32k16_bf16_ss_zero,
         m64n32k16_bf16_ss,
         fence_operands_16
@@ -406,6 +439,9 @@ hopper_bwd_kernels!(
         "attention_bwd_hopper_dkdvq_softcap_bf16_d128",
         m64n64k16_bf16_ss_zero,
         m64n64k16_bf16_ss,
+        fence_operands_32,
+        m64n64k16_bf16_ss_zero,
+        m64n64k16_bf16_ss,
         fence_operands_32
     ]
 );
@@ -423,6 +459,9 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_softcap_f16_d64",
+        m64n64k16_f16_ss_zero,
+        m64n64k16_f16_ss,
+        fence_operands_32,
         m64n32k16_f16_ss_zero,
         m64n32k16_f16_ss,
         fence_operands_16
@@ -455,6 +494,9 @@ hopper_bwd_kernels!(
     fence_operands_64,
     fused: [
         "attention_bwd_hopper_dkdvq_softcap_f16_d128",
+        m64n64k16_f16_ss_zero,
+        m64n64k16_f16_ss,
+        fence_operands_32,
         m64n64k16_f16_ss_zero,
         m64n64k16_f16_ss,
         fence_operands_32

@@ -9,17 +9,17 @@ use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::{fence, global, index, math, regs, smem, sync};
 use kernel_abi::attention::hopper_bwd::{
-    HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_STAGES as STAGES, HopperBwdConfig, HopperBwdParams,
+    HOPPER_BWD_STAGES as STAGES, HopperBwdConfig, HopperBwdParams,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_PRODUCER_REGS};
 
-/// Lanes of producer warp 1 that write the row values of each step (two rows each).
+/// Lanes of producer warp 1 that write the row values of each step (`block_m / 32` rows
+/// each).
 pub(super) const ROW_WRITERS: u32 = 32;
-const _: () = assert!(2 * ROW_WRITERS == BM);
 
 /// The query blocks a block of keys visits, the same in every thread: for each query head of
-/// the key/value head's group in turn, the `BM`-row query blocks that may see a key of the
-/// block (causal and window bounds). Block `x` of the grid takes key block `x`, or in
+/// the key/value head's group in turn, the `block_m`-row query blocks that may see a key of
+/// the block (causal and window bounds). Block `x` of the grid takes key block `x`, or in
 /// deterministic mode (`dq_order` not null) key block `nb - 1 - x` of `nb`: the order in which
 /// the blocks of a head add into each dQ tile is then the order of their launch.
 #[derive(Clone, Copy)]
@@ -34,6 +34,10 @@ pub(super) struct Walk {
     pub key_block: u32,
     /// Key blocks of the sequence.
     pub key_blocks: u32,
+    /// Keys per block.
+    block_n: u32,
+    /// Query rows per step.
+    pub block_m: u32,
     /// Query heads per key/value head.
     group: u32,
     /// First query block that may see a key of the block.
@@ -44,10 +48,10 @@ pub(super) struct Walk {
     pub steps: u32,
 }
 
-/// The query blocks `mb_lo .. mb_lo + m_steps` that may see a key of the `block_n` keys from
-/// `n0` (`n0 < seq_k`): `(mb_lo, m_steps)`, `(0, 0)` when none does.
+/// The `block_m`-row query blocks `mb_lo .. mb_lo + m_steps` that may see a key of the
+/// `block_n` keys from `n0` (`n0 < seq_k`): `(mb_lo, m_steps)`, `(0, 0)` when none does.
 #[inline(always)]
-fn query_blocks(p: &HopperBwdParams, n0: u32, block_n: u32) -> (u32, u32) {
+fn query_blocks(p: &HopperBwdParams, n0: u32, block_n: u32, block_m: u32) -> (u32, u32) {
     let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
     let keys_valid = (seq_k - n0).min(block_n);
@@ -64,18 +68,19 @@ fn query_blocks(p: &HopperBwdParams, n0: u32, block_n: u32) -> (u32, u32) {
         seq_q as i64
     };
     if i_hi > i_lo {
-        let lo = i_lo as u32 / BM;
-        (lo, (i_hi as u32).div_ceil(BM) - lo)
+        let lo = i_lo as u32 / block_m;
+        (lo, (i_hi as u32).div_ceil(block_m) - lo)
     } else {
         (0, 0)
     }
 }
 
 impl Walk {
-    /// The walk of this block (`block_idx = (x, key/value head, sequence)`) of `block_n`
-    /// keys.
+    /// The walk of this block (`block_idx = (x, key/value head, sequence)`) in the kernel's
+    /// configuration (its keys per block and query rows per step).
     #[inline(always)]
-    pub fn of(p: &HopperBwdParams, block_n: u32) -> Walk {
+    pub fn of(p: &HopperBwdParams, cfg: &HopperBwdConfig) -> Walk {
+        let (block_n, block_m) = (cfg.block_n(), cfg.block_m);
         let key_blocks = p.base.seq_k.div_ceil(block_n);
         let x = index::block_idx_x();
         let key_block = if p.base.dq_order.is_null() {
@@ -84,7 +89,7 @@ impl Walk {
             key_blocks - 1 - x
         };
         let n0 = key_block * block_n;
-        let (mb_lo, m_steps) = query_blocks(p, n0, block_n);
+        let (mb_lo, m_steps) = query_blocks(p, n0, block_n, block_m);
         let group = p.base.heads_q / p.base.heads_kv;
         Walk {
             n0,
@@ -92,6 +97,8 @@ impl Walk {
             batch: index::block_idx_z(),
             key_block,
             key_blocks,
+            block_n,
+            block_m,
             group,
             mb_lo,
             m_steps,
@@ -102,9 +109,10 @@ impl Walk {
     /// The query blocks `(mb_lo, m_steps)` of the key block after this one (`key_block + 1`,
     /// the one before it in deterministic mode's order), `(0, 0)` for the last.
     #[inline(always)]
-    pub fn next_query_blocks(&self, p: &HopperBwdParams, block_n: u32) -> (u32, u32) {
+    pub fn next_query_blocks(&self, p: &HopperBwdParams) -> (u32, u32) {
         if self.key_block + 1 < self.key_blocks {
-            query_blocks(p, (self.key_block + 1) * block_n, block_n)
+            let n0 = (self.key_block + 1) * self.block_n;
+            query_blocks(p, n0, self.block_n, self.block_m)
         } else {
             (0, 0)
         }
@@ -119,7 +127,7 @@ impl Walk {
     /// Step `s`'s first query row.
     #[inline(always)]
     pub fn m0(&self, s: u32) -> u32 {
-        (self.mb_lo + s % self.m_steps) * BM
+        (self.mb_lo + s % self.m_steps) * self.block_m
     }
 }
 
@@ -217,7 +225,8 @@ impl Ring {
 
 /// The producer warpgroup: it drops to `HOPPER_PRODUCER_REGS` registers; with steps, thread 0
 /// loads K and V (`kv_full`) and each step's Q and dO into the ring, and warp 1 writes each
-/// step's row values (LSE in base 2, +inf where P must be 0, and `delta'`; two rows per lane).
+/// step's row values (LSE in base 2, +inf where P must be 0, and `delta'`; `block_m / 32` rows
+/// per lane).
 ///
 /// # Safety
 /// The whole warpgroup 0 of a dK/dV kernel calls it after [`Ring::init`], with the block's
@@ -262,7 +271,7 @@ pub(super) unsafe fn produce(
                 bar.arrive_expect_tx(cfg.step_bytes());
                 for cb in 0..cblocks {
                     let x = (cb * HOPPER_ATOM) as i32;
-                    let at = cb * cfg.block_bytes(BM);
+                    let at = cb * cfg.block_bytes(cfg.block_m);
                     tmap_q.load_4d(ring.q(pos.stage) + at, x, h, m0, batch, bar);
                     tmap_do.load_4d(ring.d_o(pos.stage) + at, x, h, m0, batch, bar);
                 }
@@ -281,8 +290,8 @@ pub(super) unsafe fn produce(
             // SAFETY: ring protocol: the stage's row values are free once `empty` completed
             // the stage's previous phase.
             unsafe { ring.empty(pos.stage).wait_parity(pos.phase ^ 1) };
-            for half in 0..2 {
-                let r = lane + half * ROW_WRITERS;
+            for part in 0..cfg.block_m / ROW_WRITERS {
+                let r = lane + part * ROW_WRITERS;
                 let i = m0 + r;
                 let (mut lse2, mut delta) = (f32::INFINITY, 0.0f32);
                 if i < seq_q {
@@ -299,11 +308,11 @@ pub(super) unsafe fn produce(
                     }
                     delta = d;
                 }
-                // SAFETY: inside the stage's row values (r < BM), this lane's own words, free
-                // since the wait above; read only after `full` completes.
+                // SAFETY: inside the stage's row values (r < block_m), this lane's own words,
+                // free since the wait above; read only after `full` completes.
                 unsafe {
                     smem::SmemValue::store(at + 4 * r, lse2);
-                    smem::SmemValue::store(at + 4 * (BM + r), delta);
+                    smem::SmemValue::store(at + 4 * (cfg.block_m + r), delta);
                 }
             }
             // SAFETY: one arrival per lane and phase (`full` counts the 32 lanes); release

@@ -133,10 +133,10 @@ pub(super) unsafe fn wide<
         assert!(HR as u32 * 4 == D && DK as u32 * 16 == D && (D / 2).is_multiple_of(HOPPER_ATOM));
         assert!(BN == 64 && BM == HOPPER_DQ_TILE_ROWS && QC.is_multiple_of(8));
     };
-    debug_assert!(cfg.fused_dq && cfg.wide() && cfg.block_n() == BN);
+    debug_assert!(cfg.fused_dq && cfg.wide() && cfg.block_n() == BN && cfg.block_m == BM);
     let ring = Ring::new(cfg);
     let base = ring.base;
-    let walk = Walk::of(p, BN);
+    let walk = Walk::of(p, cfg);
     let (steps, n0, batch) = (walk.steps, walk.n0, walk.batch);
     let (seq_q, seq_k, heads_q) = (p.base.seq_q, p.base.seq_k, p.base.heads_q);
     let (wl, wr) = (p.base.window_left, p.base.window_right);

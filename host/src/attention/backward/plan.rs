@@ -12,8 +12,8 @@ use kernel_abi::attention::backward::{
     ATTENTION_BWD_DSINKS, AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels,
 };
 use kernel_abi::attention::hopper_bwd::{
-    HOPPER_BWD_BLOCK_M, HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdConfig, HopperBwdKernel,
-    HopperBwdParams, HopperBwdSplit, dq_accum_len, dq_order_len, hopper_bwd_kernel,
+    HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdConfig, HopperBwdKernel, HopperBwdParams,
+    HopperBwdSplit, dq_accum_len, dq_order_len, hopper_bwd_kernel,
 };
 use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS, UNBOUNDED};
 use kernel_abi::{Kernel, KernelDecl, TensorMap};
@@ -568,8 +568,8 @@ impl AttentionProblem {
         };
         let maps = (|| {
             Ok::<_, Error>([
-                tile_map(self.dtype, &t.q, HOPPER_BWD_BLOCK_M)?,
-                tile_map(self.dtype, &t.d_o, HOPPER_BWD_BLOCK_M)?,
+                tile_map(self.dtype, &t.q, main_cfg.block_m)?,
+                tile_map(self.dtype, &t.d_o, main_cfg.block_m)?,
                 tile_map(self.dtype, &t.k, main_cfg.block_n())?,
                 tile_map(self.dtype, &t.v, main_cfg.block_n())?,
                 tile_map(self.dtype, &t.q, HOPPER_DQ_BLOCK_M)?,
