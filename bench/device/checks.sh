@@ -62,9 +62,13 @@
 #   nar the 128-row steps of the D 64 dK/dV/dQ kernel: the backward tests as in ord, the four
 #       sanitizers on D 64 cases of both modes (1, 113, 239, 300 query rows), CLI timings with
 #       ncu per kernel at D 64 (B2 H16 S8k), kbench attention-backward at D 64, S 4k and 16k.
+#   rows the row values (LSE, delta') read as 8-byte pairs in the Hopper dK/dV kernels: the
+#       backward tests, the four sanitizers on D 128 and 256 cases and a softcap case, CLI
+#       timings with ncu per kernel at D 64 and 128, kbench attention-backward at D 64 and 128,
+#       S 4k and 16k.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -583,6 +587,19 @@ if [ "$part" = nar ]; then
   bwd_inputs 2 8192 16 64
   bwd_times 64
   SEQS=4096,16384 T=200 bwd_bench 64
+fi
+if [ "$part" = rows ]; then
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
+  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+  san_cases "attention_bwd/gpu/bf16_d128_b2_sq113_sk203_h4x2_atomic
+    attention_bwd/gpu/bf16_d256_b2_sq113_sk203_h4x2_causal_atomic
+    attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_softcap20_atomic"
+  bwd_inputs 2 8192 16 64
+  bwd_times 64
+  bwd_inputs 2 4096 16 128
+  bwd_times 128
+  SEQS=4096,16384 T=250 bwd_bench 64,128
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

@@ -86,6 +86,27 @@ smem_scalar!(f32, reg32, "f32");
 smem_scalar!(u64, reg64, "b64");
 smem_scalar!(f64, reg64, "f64");
 
+impl SmemValue for [f32; 2] {
+    #[inline(always)]
+    unsafe fn load(addr: u32) -> Self {
+        let (a, b): (f32, f32);
+        // SAFETY: the caller guarantees `addr` is 8-byte aligned and holds 8 valid bytes.
+        unsafe {
+            asm!("ld.shared.v2.f32 {{{0}, {1}}}, [{2}];",
+                 out(reg32) a, out(reg32) b, in(reg32) addr, options(readonly, nostack))
+        };
+        [a, b]
+    }
+    #[inline(always)]
+    unsafe fn store(addr: u32, value: Self) {
+        // SAFETY: the caller guarantees `addr` is 8-byte aligned, valid and not raced.
+        unsafe {
+            asm!("st.shared.v2.f32 [{0}], {{{1}, {2}}};",
+                 in(reg32) addr, in(reg32) value[0], in(reg32) value[1], options(nostack))
+        };
+    }
+}
+
 impl SmemValue for [u32; 4] {
     #[inline(always)]
     unsafe fn load(addr: u32) -> Self {

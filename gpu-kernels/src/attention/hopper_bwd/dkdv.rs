@@ -266,13 +266,9 @@ pub(super) unsafe fn dkdv<
                 || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32);
             for j in 0..2 * KQ {
                 let col = 8 * j as u32 + 2 * t;
-                // SAFETY: the stage's row values, published by `full` (waited for above).
-                let lse2: [f32; 2] = unsafe {
-                    [
-                        smem::SmemValue::load(rows_s + 4 * col),
-                        smem::SmemValue::load(rows_s + 4 * (col + 1)),
-                    ]
-                };
+                // SAFETY: the stage's row values, published by `full` (waited for above); `col`
+                // even: 8-byte aligned.
+                let lse2: [f32; 2] = unsafe { smem::SmemValue::load(rows_s + 4 * col) };
                 for e in 0..4 {
                     let key = (key0 + 8 * (e as u32 / 2)) as i32;
                     let i = m0 + col + (e as u32 % 2);
@@ -294,12 +290,7 @@ pub(super) unsafe fn dkdv<
                 for j in 0..2 * KQ {
                     let col = 8 * j as u32 + 2 * t;
                     // SAFETY: as above.
-                    let lse2: [f32; 2] = unsafe {
-                        [
-                            smem::SmemValue::load(rows_s + 4 * col),
-                            smem::SmemValue::load(rows_s + 4 * (col + 1)),
-                        ]
-                    };
+                    let lse2: [f32; 2] = unsafe { smem::SmemValue::load(rows_s + 4 * col) };
                     for e in 0..4 {
                         let x = 4 * j + e;
                         s[x] *= softcap_grad_of_p(s[x], lse2[e % 2], inv_scale_log2);
@@ -324,12 +315,7 @@ pub(super) unsafe fn dkdv<
             for j in 0..2 * KQ {
                 let col = 8 * j as u32 + 2 * t;
                 // SAFETY: as for LSE.
-                let delta: [f32; 2] = unsafe {
-                    [
-                        smem::SmemValue::load(rows_s + 4 * (BM + col)),
-                        smem::SmemValue::load(rows_s + 4 * (BM + col + 1)),
-                    ]
-                };
+                let delta: [f32; 2] = unsafe { smem::SmemValue::load(rows_s + 4 * (BM + col)) };
                 for e in 0..4 {
                     let x = 4 * j + e;
                     dp[x] = s[x] * (dp[x] - delta[e % 2]);

@@ -225,13 +225,9 @@ pub(super) unsafe fn wide<
             let mut f = [1.0f32; WR];
             for j in 0..NTC {
                 let col = q0c + 8 * j as u32 + 2 * t;
-                // SAFETY: the stage's row values, published by `full` (waited for above).
-                let lse2: [f32; 2] = unsafe {
-                    [
-                        smem::SmemValue::load(rows_s + 4 * col),
-                        smem::SmemValue::load(rows_s + 4 * (col + 1)),
-                    ]
-                };
+                // SAFETY: the stage's row values, published by `full` (waited for above); `col`
+                // even: 8-byte aligned.
+                let lse2: [f32; 2] = unsafe { smem::SmemValue::load(rows_s + 4 * col) };
                 for e in 0..4 {
                     let key = (key0 + 8 * (e as u32 / 2)) as i32;
                     let i = m0 + col + (e as u32 % 2);
@@ -256,12 +252,7 @@ pub(super) unsafe fn wide<
             for j in 0..NTC {
                 let col = q0c + 8 * j as u32 + 2 * t;
                 // SAFETY: as for LSE.
-                let delta: [f32; 2] = unsafe {
-                    [
-                        smem::SmemValue::load(rows_s + 4 * (BM + col)),
-                        smem::SmemValue::load(rows_s + 4 * (BM + col + 1)),
-                    ]
-                };
+                let delta: [f32; 2] = unsafe { smem::SmemValue::load(rows_s + 4 * (BM + col)) };
                 for e in 0..4 {
                     let x = 4 * j + e;
                     dp[x] = s[x] * f[x] * (dp[x] - delta[e % 2]);
