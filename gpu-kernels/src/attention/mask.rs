@@ -43,3 +43,37 @@ pub(super) fn allowed(
     let (off, wl, wr, sk) = (offset, window_left, window_right, seq_k);
     key < sk && (wl < 0 || key >= row + off - wl) && (wr < 0 || key <= row + off + wr)
 }
+
+/// The `block_m`-row query blocks `mb_lo .. mb_lo + m_steps` whose rows may attend a key of
+/// `n0 .. n0 + keys` (`n0 + keys <= seq_k`): `(mb_lo, m_steps)`, `(0, 0)` when no row does.
+/// The walk of a backward block of keys over its query blocks.
+#[inline(always)]
+pub(super) fn query_blocks(
+    n0: u32,
+    keys: u32,
+    seq_q: u32,
+    seq_k: u32,
+    window_left: i32,
+    window_right: i32,
+    block_m: u32,
+) -> (u32, u32) {
+    let (wl, wr) = (window_left, window_right);
+    // Query rows that may see a key of the block: [i_lo, i_hi) (i64: the offset is any sign).
+    let off = seq_k as i64 - seq_q as i64;
+    let i_lo = if wr >= 0 {
+        (n0 as i64 - off - wr as i64).max(0)
+    } else {
+        0
+    };
+    let i_hi = if wl >= 0 {
+        ((n0 + keys) as i64 - off + wl as i64).min(seq_q as i64)
+    } else {
+        seq_q as i64
+    };
+    if i_hi > i_lo {
+        let lo = i_lo as u32 / block_m;
+        (lo, (i_hi as u32).div_ceil(block_m) - lo)
+    } else {
+        (0, 0)
+    }
+}

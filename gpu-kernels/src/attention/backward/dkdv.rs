@@ -133,25 +133,9 @@ pub(super) unsafe fn dkdv<
     let col_chunk = (warp / (BN / 16)) * (WT as u32);
     let group = p.heads_q / p.heads_kv;
 
-    // Query rows that may see a key of the block: [i_lo, i_hi).
     let off = seq_k as i64 - seq_q as i64;
     let (wl, wr) = (p.window_left, p.window_right);
-    let i_lo = if wr >= 0 {
-        (n0 as i64 - off - wr as i64).max(0)
-    } else {
-        0
-    };
-    let i_hi = if wl >= 0 {
-        ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
-    } else {
-        seq_q as i64
-    };
-    let (mb_lo, m_steps) = if i_hi > i_lo {
-        let lo = i_lo as u32 / BM;
-        (lo, (i_hi as u32).div_ceil(BM) - lo)
-    } else {
-        (0, 0)
-    };
+    let (mb_lo, m_steps) = mask::query_blocks(n0, keys_valid, seq_q, seq_k, wl, wr, BM);
     let steps = group * m_steps;
 
     let mut dk = [[0.0f32; 4]; WT];

@@ -4,6 +4,7 @@
 //! step's row values). The ring's barrier protocol is documented on each kernel.
 
 use super::super::elem::Elem;
+use super::super::mask;
 use super::CONSUMER_THREADS;
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
@@ -48,31 +49,14 @@ pub(super) struct Walk {
     pub steps: u32,
 }
 
-/// The `block_m`-row query blocks `mb_lo .. mb_lo + m_steps` that may see a key of the
-/// `block_n` keys from `n0` (`n0 < seq_k`): `(mb_lo, m_steps)`, `(0, 0)` when none does.
+/// The `block_m`-row query blocks `(mb_lo, m_steps)` that may see a key of the `block_n` keys
+/// from `n0` (`n0 < seq_k`), `(0, 0)` when none does ([`mask::query_blocks`]).
 #[inline(always)]
 fn query_blocks(p: &HopperBwdParams, n0: u32, block_n: u32, block_m: u32) -> (u32, u32) {
     let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
+    let keys = (seq_k - n0).min(block_n);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
-    let keys_valid = (seq_k - n0).min(block_n);
-    // Query rows that may see a key of the block: [i_lo, i_hi).
-    let off = seq_k as i64 - seq_q as i64;
-    let i_lo = if wr >= 0 {
-        (n0 as i64 - off - wr as i64).max(0)
-    } else {
-        0
-    };
-    let i_hi = if wl >= 0 {
-        ((n0 + keys_valid) as i64 - off + wl as i64).min(seq_q as i64)
-    } else {
-        seq_q as i64
-    };
-    if i_hi > i_lo {
-        let lo = i_lo as u32 / block_m;
-        (lo, (i_hi as u32).div_ceil(block_m) - lo)
-    } else {
-        (0, 0)
-    }
+    mask::query_blocks(n0, keys, seq_q, seq_k, wl, wr, block_m)
 }
 
 impl Walk {
