@@ -40,9 +40,9 @@
 //! (`m64n{D}k16`, A = column block `c`): one whole accumulator tile. The consumer writes it
 //! into its part buffer in shared memory and the writer warp of the producer warpgroup adds it
 //! with a bulk reduce-add into the accumulator (`dq_accum_tile_base`, `dq_tile_vector`); the
-//! conversion kernel scales it into dQ. In deterministic mode (`dq_order` set) the writer adds each tile after the
-//! key block before it in the order (`write_dq`), so the sums are the same bit for bit from
-//! run to run.
+//! conversion kernel scales it into dQ. In deterministic mode (`dq_order` set) the writer adds
+//! each tile after the key block before it in the order (`write_dq`), so the sums are the same
+//! bit for bit from run to run.
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, its
@@ -81,9 +81,10 @@
 //! - `FUSED`, the `dS^T` buffers: step `i` writes buffer `i % 2`. Each consumer thread
 //!   stores its fragments, fences the async proxy and syncs on named barrier `DS_BARRIER`
 //!   (both consumers, 256 threads); then both issue their dQ products reading the buffer (the
-//!   other consumer's keys too), and wait for them (`wait_group 0`) before their next step. A consumer writes
-//!   buffer `i % 2` again at step `i + 2`, after passing step `i + 1`'s barrier, which the
-//!   other consumer reached only after its own step-`i` wait: no product still reads it.
+//!   other consumer's keys too), and wait for them (`wait_group 0`) before their next step. A
+//!   consumer writes buffer `i % 2` again at step `i + 2`, after passing step `i + 1`'s
+//!   barrier, which the other consumer reached only after its own step-`i` wait: no product
+//!   still reads it.
 //! - `FUSED`, the dQ parts: per consumer, named barriers `DQ_EMPTY + c` and `DQ_FULL +
 //!   c` between its 128 threads and the writer warp's 32, as documented on `stage_dq` and
 //!   `write_dq`: the consumer stores after `DQ_EMPTY` (the writer done reading), publishes
@@ -518,10 +519,10 @@ unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR
 /// Order (deterministic mode, `dq_order` not null): before its first reduce of a step, lane 0
 /// waits (acquire) until the counter of each of the step's tiles holds `nb - n - 1`, the mark
 /// of key block `n + 1`, when that block adds into the step's tiles (its query blocks contain
-/// the step's); once its own additions are performed, it stores (release) `nb - n` in each. Key block `n + 1` is block `x - 1`
-/// of the grid (same head and sequence), launched before this one, and waits only for blocks
-/// launched before it: no cycle. Each tile's additions thus happen in descending key-block
-/// order, whatever the timing.
+/// the step's); once its own additions are performed, it stores (release) `nb - n` in each.
+/// Key block `n + 1` is block `x - 1` of the grid (same head and sequence), launched before
+/// this one, and waits only for blocks launched before it: no cycle. Each tile's additions thus
+/// happen in descending key-block order, whatever the timing.
 ///
 /// # Safety
 /// Warp [`DQ_WRITER_WARP`] of the producer warpgroup of a dK/dV/dQ kernel calls it once, when

@@ -89,8 +89,10 @@ macro_rules! hopper_bwd_kernels {
             const QR: usize =
                 ($d * hopper_dkdvq_config($d, $softcap).block_m / 256) as usize;
             hopper_bwd_kernels!(@products $d $(, $q_zero, $q_mma, $q_fence)?);
-            $(hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap, $fs_zero, $fs_mma, $fs_fence, $g_mma, $g_fence);)?
-            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap, $s_zero, $s_mma, fence_operands_32, $g_mma, $g_fence);
+            $(hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap,
+                $fs_zero, $fs_mma, $fs_fence, $g_mma, $g_fence);)?
+            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap,
+                $s_zero, $s_mma, fence_operands_32, $g_mma, $g_fence);
             hopper_bwd_kernels!(@dq $dq, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
         };
     };
