@@ -5,7 +5,9 @@
 x_in, x_next and every gradient (dx, dy, dphi, dgamma, dalpha, dbias of
 ``<d_xin, x_in> + <d_xnext, x_next>`` through autograd, the two halves' nodes) against the same
 equations in float64 through torch.autograd (bench/peers/mhc.py's formulation, the library's
-``kernels::mhc::reference``), on the same bf16 activations and f32 weights. Tolerance (FA3's
+``kernels::mhc::reference``), on the same bf16 activations and f32 weights as float64 leaves (so
+the reference gradients are not rounded to the inputs' dtypes). dx is the sum of the two nodes'
+bf16 gradients (autograd adds them), so it is rounded to bf16 twice. Tolerance (FA3's
 rule, as test_attention.py): per output G, ``max |G - ref| <= 2 max |G_naive - ref| +
 1e-3 max |ref| + 1e-6``, with G_naive the same autograd computation in float32 from the bf16
 inputs and bf16 outputs (what a PyTorch user writes). Shapes: n in {2, 4, 8}, C in {8, 64, 128},
@@ -80,9 +82,18 @@ def make(b, s, n, c, gamma, gen):
 NAMES = ["x", "y", "phi", "gamma", "alpha", "bias"]
 
 
-def grads_of(fn, tensors, seeds):
-    """Outputs and gradients of <d_xin, x_in> + <d_xnext, x_next> for fn(*leaves)."""
-    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+def leaves_of(tensors, dtype=None):
+    """Leaves for autograd: copies of `tensors`, converted to `dtype` when given. The float64
+    reference needs float64 leaves: autograd returns a leaf's gradient in the leaf's dtype, so a
+    bf16 leaf would round the reference's gradient to bf16."""
+    copy = (lambda t: t.detach().clone()) if dtype is None else (lambda t: t.detach().to(dtype))
+    return [None if t is None else copy(t).requires_grad_() for t in tensors]
+
+
+def grads_of(fn, tensors, seeds, dtype=None):
+    """Outputs and gradients of <d_xin, x_in> + <d_xnext, x_next> for fn(*leaves), the leaves
+    converted to `dtype` when given."""
+    leaves = leaves_of(tensors, dtype)
     x_in, x_next = fn(*leaves)
     loss = (x_in.double() * seeds[0].double()).sum() + (x_next.double() * seeds[1].double()).sum()
     used = [t for t in leaves if t is not None]
@@ -120,7 +131,7 @@ def run_case(b, s, n, c, gamma, iters=20, eps=1e-6):
         return x_in.to(torch.bfloat16), x_next.to(torch.bfloat16)
 
     out, grads = grads_of(ours, tensors, seeds)
-    ref_out, ref_grads = grads_of(ref, tensors, seeds)
+    ref_out, ref_grads = grads_of(ref, tensors, seeds, torch.float64)
     naive_out, naive_grads = grads_of(naive, tensors, seeds)
     torch.cuda.synchronize()
     assert out[0].dtype == torch.bfloat16 and out[1].shape == (b, s, n, c)
@@ -178,7 +189,7 @@ def module_step():
     lines = []
     refs = {}
     for dtype in (torch.float64, torch.float32):
-        leaves = [p.detach().clone().requires_grad_() for p in params]
+        leaves = leaves_of(params, torch.float64 if dtype == torch.float64 else None)
         refs[dtype] = torch.autograd.grad(ref_loss(*leaves, dtype), leaves)
     torch.cuda.synchronize()
     for name, g, r, nv in zip(("x", "phi", "gamma", "alpha", "bias", "layer.weight"), got,
