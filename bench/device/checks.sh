@@ -66,9 +66,22 @@
 #       backward tests, the four sanitizers on D 128 and 256 cases and a softcap case, CLI
 #       timings with ncu per kernel at D 64 and 128, kbench attention-backward at D 64 and 128,
 #       S 4k and 16k.
+#   e2e2 on a machine of two GPUs, steps chosen by E2E_STEPS (default "ddp tests py fla"):
+#       ddp: the transformers Llama under DDP over both GPUs against one GPU
+#       (python/e2e/ddp_llama.py); tests: the attention backward's tests (bwd_tests) on GPU 0;
+#       py: every Python check (python/tests/test_*.py) on GPU 0; fla: fla's own GLA layer and
+#       model with our chunk_gla (python/e2e/fla_gla.py). fla's Triton kernels autotune on their
+#       first call, minutes per shape: two processes warm the autotuning first, one per GPU over
+#       disjoint layer cases (WARM1 on GPU 1 from the start, beside the tests; WARM0 with the
+#       model runs on GPU 0 after them), sharing TRITON_CACHE_DIR; then the whole script runs
+#       on GPU 0 if time is left. Triton's autotuning results (*.autotune.json) are saved to
+#       $OUT/fla-autotune.tgz; carried back as .fla-autotune/fla-autotune.tgz they are restored
+#       first, so the tuning is made once. The scripts' rows go into a copy of
+#       bench/results/python.json (kept in /tmp while the machine stays), returned in $OUT. The
+#       part stops itself E2E_BUDGET seconds (default 520) after it starts.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -600,6 +613,54 @@ if [ "$part" = rows ]; then
   bwd_inputs 2 4096 16 128
   bwd_times 128
   SEQS=4096,16384 T=250 bwd_bench 64,128
+fi
+if [ "$part" = e2e2 ]; then
+  end=$(( $(date +%s) + ${E2E_BUDGET:-520} )); steps=${E2E_STEPS:-ddp tests py fla}
+  left() { echo $(( end - $(date +%s) )); }
+  has() { [[ " $steps " == *" $1 "* ]]; }
+  P=/tmp/pyd9e2; E=python/e2e; TC=/tmp/tcache9
+  python3 -m pip install --quiet --no-index --no-deps --upgrade --target $P $B/python/*.whl $B/wheels/*.whl > $L/pip.log 2>&1
+  export PYTHONPATH=$P TRITON_CACHE_DIR=$TC NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+  mkdir -p $TC; [ -f .fla-autotune/fla-autotune.tgz ] && tar -xzf .fla-autotune/fla-autotune.tgz -C $TC
+  echo "fla autotune results restored: $(find $TC -name '*.autotune.json' | wc -l)" >> $S
+  nvidia-smi --query-gpu=index,name --format=csv,noheader >> $S
+  [ -f /tmp/python9.json ] || cp bench/results/python.json /tmp/python9.json
+  commit=$(sed -n 's/^commit=//p' $B/MANIFEST)
+  harvest() { (cd $TC && find . -name '*.autotune.json' | tar -czf $OUT/fla-autotune.tgz -T -); cp /tmp/python9.json $OUT/python.json; echo "fla autotune results saved: $(find $TC -name '*.autotune.json' | wc -l)" >> $S; }
+  if has ddp; then
+    s=$(date +%s); timeout $(left) python3 $E/ddp_llama.py /tmp/python9.json --commit $commit > $L/ddp.log 2>&1
+    echo "e2e ddp_llama rc=$? $(( $(date +%s)-s ))s" >> $S
+    grep -E "^(llama_ddp_train_step|FAIL|SKIP|ddp_llama|Traceback)" $L/ddp.log >> $S
+  fi
+  # fla's autotuning warmed on GPU 1 while GPU 0 runs the tests.
+  if has fla; then
+    CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 30 )) python3 $E/fla_gla.py /tmp/warm1.json \
+      --layer-cases "${WARM1:-dk128 dv128,dk64 dv64}" --models none > $L/fla_warm1.log 2>&1 &
+    w1=$!
+  fi
+  export CUDA_VISIBLE_DEVICES=0
+  has tests && bwd_tests
+  if has py; then
+    for f in mhc gla semicrf attention attention_varlen attention_decode attention_capsink attention_capsink_bwd; do
+      s=$(date +%s); timeout 200 python3 python/tests/test_$f.py > $L/py_$f.log 2>&1
+      echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed' $L/py_$f.log)" >> $S
+      grep -E "^FAIL" -A6 $L/py_$f.log | head -14 >> $S
+    done
+  fi
+  if has fla; then
+    s=$(date +%s); timeout $(( $(left) - 30 )) python3 $E/fla_gla.py /tmp/warm0.json \
+      --layer-cases "${WARM0:-dk64 dv128,dk64 dv128 padded}" > $L/fla_warm0.log 2>&1
+    echo "fla warm0 rc=$? $(( $(date +%s)-s ))s" >> $S
+    wait $w1; echo "fla warm1 rc=$?" >> $S
+    grep -hE "^(fla_gla|FAIL)" $L/fla_warm0.log $L/fla_warm1.log | sed 's/^/warm: /' >> $S
+    harvest
+    if [ $(left) -gt 120 ]; then
+      s=$(date +%s); timeout $(( $(left) - 10 )) python3 $E/fla_gla.py /tmp/python9.json --commit $commit > $L/fla.log 2>&1
+      echo "e2e fla_gla rc=$? $(( $(date +%s)-s ))s" >> $S
+      grep -E "^(fla_gla|FAIL|SKIP)" $L/fla.log >> $S
+    fi
+  fi
+  harvest; unset CUDA_VISIBLE_DEVICES
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

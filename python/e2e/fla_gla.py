@@ -24,7 +24,7 @@ with fla's ``fused_recurrent`` kernels (a second opinion on bf16 noise): the lar
 loss difference of ours from fla's chunk must be at most ``max(2 noise, 1e-2)``, noise the
 one of fla's fused_recurrent from fla's chunk. Step times (median over steps 4..20).
 
-Usage: python3 fla_gla.py OUT.json [--steps N] [--commit C]
+Usage: python3 fla_gla.py OUT.json [--steps N] [--commit C] [--layer-cases A,B] [--models A,B]
 Adds its rows (kernels ``fla_gla_layer`` and ``fla_gla_train_step``) to the results file
 (``e2e_results.py``), prints a summary, exits 1 when a check fails (0 with a SKIP line without
 a CUDA device).
@@ -46,6 +46,12 @@ LAYER_CASES = [
     ("dk64 dv64", 1024, 16, 1.0, 1.0, None),
     ("dk64 dv128 padded", 1024, 8, 0.5, 1.0, [2048, 1500, 777, 65]),
 ]
+# The model runs: label -> (whose chunk_gla, fla's attention mode).
+MODEL_RUNS = {
+    "fla chunk": ("fla", "chunk"),
+    "ours": ("ours", "chunk"),
+    "fla fused_recurrent": ("fla", "fused_recurrent"),
+}
 calls = {"ours": 0}
 
 
@@ -266,6 +272,11 @@ def main():
         help="comma-separated layer case names to run (default: all); fla's Triton kernels "
         "autotune on every new shape, minutes each",
     )
+    ap.add_argument(
+        "--models", default=",".join(MODEL_RUNS),
+        help="comma-separated model runs (default: all of " + ", ".join(MODEL_RUNS) + "; "
+        "'none' for none); the loss check needs 'fla chunk' and 'ours'",
+    )
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (fla GLA end to end)")
@@ -300,8 +311,10 @@ def main():
             print(f"  FAIL {f}", flush=True)
 
     runs = {}
-    for impl, mode in (("fla", "chunk"), ("ours", "chunk"), ("fla", "fused_recurrent")):
-        label = "ours" if impl == "ours" else f"fla {mode}"
+    wanted = a.models.split(",")
+    for label, (impl, mode) in MODEL_RUNS.items():
+        if label not in wanted:
+            continue
         try:
             runs[label] = train(impl, mode, a.steps, a.batch, a.seq)
         except Exception as e:  # noqa: BLE001 - reported as a failure
