@@ -106,8 +106,8 @@ def worker(rank, port, steps, batch, seq, out_path):
             losses.append(mean.item() / WORLD)
             times.append(start.elapsed_time(end))
         # The ranks' parameters after the run, bitwise: every rank's flattened bytes against
-        # rank 0's (broadcast).
-        flat = torch.cat([p.detach().reshape(-1).view(torch.int16) for p in model.parameters()])
+        # rank 0's (broadcast; NCCL takes bytes, not 16-bit integers).
+        flat = torch.cat([p.detach().reshape(-1).view(torch.uint8) for p in model.parameters()])
         theirs = flat.clone()
         dist.broadcast(theirs, src=0)
         same = torch.tensor([int(torch.equal(flat, theirs))], device=dev)
