@@ -74,9 +74,10 @@
 #       first call, minutes per shape: two processes warm the autotuning first, one per GPU over
 #       disjoint layer cases (WARM1 on GPU 1 from the start, beside the tests; WARM0 with the
 #       model runs on GPU 0 after them), sharing TRITON_CACHE_DIR; then the whole script runs
-#       on GPU 0 if time is left. Triton's autotuning results (*.autotune.json) are saved to
-#       $OUT/fla-autotune.tgz; carried back as .fla-autotune/fla-autotune.tgz they are restored
-#       first, so the tuning is made once. The scripts' rows go into a copy of
+#       on GPU 0 if time is left. Triton's autotuning results (*.autotune.json: fla's timings of
+#       each configuration, keyed by the kernel's source, shapes and dtypes) are restored first
+#       from bench/results/sweeps/fla-autotune-h100.tgz and saved to $OUT/fla-autotune-h100.tgz
+#       (committed back there), so the tuning is made once. The scripts' rows go into a copy of
 #       bench/results/python.json (kept in /tmp while the machine stays), returned in $OUT. The
 #       part stops itself E2E_BUDGET seconds (default 520) after it starts.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
@@ -621,12 +622,12 @@ if [ "$part" = e2e2 ]; then
   P=/tmp/pyd9e2; E=python/e2e; TC=/tmp/tcache9
   python3 -m pip install --quiet --no-index --no-deps --upgrade --target $P $B/python/*.whl $B/wheels/*.whl > $L/pip.log 2>&1
   export PYTHONPATH=$P TRITON_CACHE_DIR=$TC NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-  mkdir -p $TC; [ -f .fla-autotune/fla-autotune.tgz ] && tar -xzf .fla-autotune/fla-autotune.tgz -C $TC
+  mkdir -p $TC; FT=bench/results/sweeps/fla-autotune-h100.tgz; [ -f $FT ] && tar -xzf $FT -C $TC
   echo "fla autotune results restored: $(find $TC -name '*.autotune.json' | wc -l)" >> $S
   nvidia-smi --query-gpu=index,name --format=csv,noheader >> $S
   [ -f /tmp/python9.json ] || cp bench/results/python.json /tmp/python9.json
   commit=$(sed -n 's/^commit=//p' $B/MANIFEST)
-  harvest() { (cd $TC && find . -name '*.autotune.json' | tar -czf $OUT/fla-autotune.tgz -T -); cp /tmp/python9.json $OUT/python.json; echo "fla autotune results saved: $(find $TC -name '*.autotune.json' | wc -l)" >> $S; }
+  harvest() { (cd $TC && find . -name '*.autotune.json' | tar -czf $OUT/fla-autotune-h100.tgz -T -); cp /tmp/python9.json $OUT/python.json; echo "fla autotune results saved: $(find $TC -name '*.autotune.json' | wc -l)" >> $S; }
   if has ddp; then
     s=$(date +%s); timeout $(left) python3 $E/ddp_llama.py /tmp/python9.json --commit $commit > $L/ddp.log 2>&1
     echo "e2e ddp_llama rc=$? $(( $(date +%s)-s ))s" >> $S

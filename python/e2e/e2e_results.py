@@ -24,7 +24,8 @@ def driver_version() -> str:
 def write_results(path: str, commit: str, rows: list, notes: list, note_prefix: str) -> None:
     """Merge ``rows`` and ``notes`` into the results file at ``path``: rows of the same
     ``kernel`` names and notes starting with ``note_prefix`` are replaced, everything else is
-    kept; the header (device, driver, commit, date) is this run's."""
+    kept; the header (device, driver, commit, date) is this run's, and every row carries the
+    commit and date of the run that measured it (kept rows without them take the old header's)."""
     old = {}
     if os.path.exists(path):
         try:
@@ -33,13 +34,18 @@ def write_results(path: str, commit: str, rows: list, notes: list, note_prefix: 
         except (OSError, ValueError):
             old = {}
     kernels = {r["kernel"] for r in rows}
-    kept_rows = [r for r in old.get("rows", []) if r.get("kernel") not in kernels]
+    kept_rows = [
+        {"commit": old.get("commit"), "date": old.get("date"), **r}
+        for r in old.get("rows", []) if r.get("kernel") not in kernels
+    ]
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = [{**r, "commit": commit, "date": date} for r in rows]
     kept_notes = [n for n in old.get("notes", []) if not n.startswith(note_prefix)]
     result = {
         "device": torch.cuda.get_device_name(),
         "driver": driver_version(),
         "commit": commit,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": date,
         "family": "python",
         "ptx_target": "",
         "notes": kept_notes + [note_prefix + n for n in notes],
