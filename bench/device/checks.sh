@@ -73,8 +73,9 @@
 #       model with our chunk_gla (python/e2e/fla_gla.py). fla's Triton kernels autotune on their
 #       first call, minutes per shape: two processes warm the autotuning first, one per GPU over
 #       disjoint layer cases (WARM1 on GPU 1 from the start, beside the tests; WARM0 with the
-#       model runs on GPU 0 after them), sharing TRITON_CACHE_DIR; then the whole script runs
-#       on GPU 0 if time is left. Triton's autotuning results (*.autotune.json: fla's timings of
+#       model runs on GPU 0 after them; on one GPU, all of them there), sharing
+#       TRITON_CACHE_DIR; then the whole script runs on GPU 0 if time is left (E2E_STEPS=flafull:
+#       the whole script only, no warm-up). Triton's autotuning results (*.autotune.json: fla's timings of
 #       each configuration, keyed by the kernel's source, shapes and dtypes) are restored first
 #       from bench/results/sweeps/fla-autotune-h100.tgz and saved to $OUT/fla-autotune-h100.tgz
 #       (committed back there), so the tuning is made once. The scripts' rows go into a copy of
@@ -633,11 +634,14 @@ if [ "$part" = e2e2 ]; then
     echo "e2e ddp_llama rc=$? $(( $(date +%s)-s ))s" >> $S
     grep -E "^(llama_ddp_train_step|FAIL|SKIP|ddp_llama|Traceback)" $L/ddp.log >> $S
   fi
-  # fla's autotuning warmed on GPU 1 while GPU 0 runs the tests.
-  if has fla; then
+  # fla's autotuning warmed on GPU 1 while GPU 0 runs the tests (on one GPU: after them).
+  warm0="${WARM0:-dk64 dv128,dk64 dv128 padded}" warm1="${WARM1:-dk128 dv128,dk64 dv64}" w1=
+  if has fla && [ $(nvidia-smi -L | wc -l) -ge 2 ]; then
     CUDA_VISIBLE_DEVICES=1 timeout $(( $(left) - 30 )) python3 $E/fla_gla.py /tmp/warm1.json \
-      --layer-cases "${WARM1:-dk128 dv128,dk64 dv64}" --models none > $L/fla_warm1.log 2>&1 &
+      --layer-cases "$warm1" --models none > $L/fla_warm1.log 2>&1 &
     w1=$!
+  else
+    warm0="$warm0,$warm1"
   fi
   export CUDA_VISIBLE_DEVICES=0
   has tests && bwd_tests
@@ -650,16 +654,21 @@ if [ "$part" = e2e2 ]; then
   fi
   if has fla; then
     s=$(date +%s); timeout $(( $(left) - 30 )) python3 $E/fla_gla.py /tmp/warm0.json \
-      --layer-cases "${WARM0:-dk64 dv128,dk64 dv128 padded}" > $L/fla_warm0.log 2>&1
+      --layer-cases "$warm0" > $L/fla_warm0.log 2>&1
     echo "fla warm0 rc=$? $(( $(date +%s)-s ))s" >> $S
-    wait $w1; echo "fla warm1 rc=$?" >> $S
-    grep -hE "^(fla_gla|FAIL)" $L/fla_warm0.log $L/fla_warm1.log | sed 's/^/warm: /' >> $S
+    [ -n "$w1" ] && { wait $w1; echo "fla warm1 rc=$?" >> $S; }
+    grep -hE "^(fla_gla|FAIL)" $L/fla_warm*.log | sed 's/^/warm: /' >> $S
     harvest
     if [ $(left) -gt 120 ]; then
       s=$(date +%s); timeout $(( $(left) - 10 )) python3 $E/fla_gla.py /tmp/python9.json --commit $commit > $L/fla.log 2>&1
       echo "e2e fla_gla rc=$? $(( $(date +%s)-s ))s" >> $S
       grep -E "^(fla_gla|FAIL|SKIP)" $L/fla.log >> $S
     fi
+  fi
+  if has flafull; then
+    s=$(date +%s); timeout $(( $(left) - 10 )) python3 $E/fla_gla.py /tmp/python9.json --commit $commit > $L/fla.log 2>&1
+    echo "e2e fla_gla rc=$? $(( $(date +%s)-s ))s" >> $S
+    grep -E "^(fla_gla|FAIL|SKIP)" $L/fla.log >> $S
   fi
   harvest; unset CUDA_VISIBLE_DEVICES
 fi
