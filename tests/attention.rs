@@ -85,9 +85,9 @@ fn name(c: &Case) -> String {
     s
 }
 
-/// The head dimensions with the full GPU case lists (the backward's, and the dimensions each
-/// tile configuration was measured at); the other multiples of 16 of
-/// [`kernels::attention::HEAD_DIMS`] take shorter lists.
+/// The head dimensions with the full GPU case lists (those each tile configuration was measured
+/// at); the other multiples of 16 of [`kernels::attention::HEAD_DIMS`] (and of
+/// [`kernels::attention::BWD_HEAD_DIMS`] in the backward's tests) take shorter lists.
 pub(crate) const FULL_CASE_DIMS: [usize; 5] = [64, 96, 128, 192, 256];
 
 /// `HEAD_DIMS` as sizes.

@@ -446,6 +446,8 @@ BWD_CASES = [
     (1, 200, 150, 4, 2, 256, torch.bfloat16, True, (-1, -1), None, False),
     (2, 113, 203, 4, 2, 96, torch.bfloat16, True, (-1, -1), None, True),
     (1, 200, 150, 4, 4, 192, torch.float16, False, (-1, -1), None, False),
+    (2, 113, 203, 4, 2, 80, torch.bfloat16, False, (-1, -1), None, False),
+    (1, 150, 200, 4, 4, 160, torch.float16, True, (-1, -1), None, True),
 ]
 if QUICK:
     BWD_CASES = BWD_CASES[:4]
@@ -496,14 +498,14 @@ def packed_qkv_backward():
 
 
 def backward_without_kernels():
-    """A head dimension the forward takes and the backward has no kernels for (80): the forward
+    """A head dimension the forward takes and the backward has no kernels for (144): the forward
     runs, and the backward raises ValueError with the library's message."""
     q, k, v = (
-        torch.randn(1, 64, 2, 80, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        torch.randn(1, 64, 2, 144, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
     out = flash_attn_func(q, k, v)
-    msg = raises(ValueError, lambda: out.sum().backward(), "attention backward at head dimension 80")
+    msg = raises(ValueError, lambda: out.sum().backward(), "attention backward at head dimension 144")
     return f"forward ran; backward: {msg}"
 
 

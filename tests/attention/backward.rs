@@ -14,6 +14,7 @@
 
 use super::name as case_name;
 use super::{Case, case};
+use kernel_abi::attention::hopper_bwd::hopper_bwd_kernel;
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::Arch;
@@ -21,8 +22,8 @@ use kernels::attention::reference::{
     AttentionGrads, backward as reference_backward, backward_tolerance, reference,
 };
 use kernels::attention::{
-    self, AttentionBackwardTensors, AttentionElem, AttentionProblem, BackwardOptions,
-    BackwardWorkspace, Dtype, Target, View, naive_backward_same_precision,
+    self, AttentionBackwardTensors, AttentionElem, AttentionProblem, BWD_HEAD_DIMS,
+    BackwardOptions, BackwardWorkspace, Dtype, Target, View, naive_backward_same_precision,
 };
 use kernels::data::rng;
 use kernels::exec::OnStream;
@@ -731,8 +732,9 @@ fn bc(c: Case, with_dlse: bool, deterministic: bool) -> BwdCase {
     }
 }
 
-/// Small problems for the emulator (one OS thread per GPU thread): D 64, 96, 128, 192, 256, bf16 and
-/// f16, causal, window, GQA 2:1, `seq_q != seq_k`, odd lengths, rows with no allowed key.
+/// Small problems for the emulator (one OS thread per GPU thread): every D with backward kernels,
+/// bf16 and f16, causal, window, GQA 2:1, `seq_q != seq_k`, odd lengths, rows with no allowed
+/// key.
 fn emulated_cases() -> Vec<(Case, bool)> {
     let mut v = Vec::new();
     v.push((case(1, 17, 33, 2, 1, 64, Dtype::Bf16), true));
@@ -760,6 +762,20 @@ fn emulated_cases() -> Vec<(Case, bool)> {
     let mut c = case(1, 100, 70, 4, 2, 64, Dtype::Bf16);
     c.p.window = (Some(50), None);
     v.push((c, false));
+    // The other dimensions: an odd number of k-slices (48, 80, 112), dK/dV warps of an odd
+    // number of column pairs and a dQ pass of one or three n8 tiles (48, 80, 112, 160, 224).
+    v.push((case(1, 19, 35, 2, 1, 32, Dtype::Bf16), true));
+    let mut c = case(1, 37, 21, 2, 2, 48, Dtype::F16);
+    c.p.causal = true;
+    v.push((c, false));
+    let mut c = case(1, 45, 70, 4, 2, 80, Dtype::Bf16);
+    c.p.window = (Some(20), Some(5));
+    v.push((c, true));
+    v.push((case(1, 33, 17, 2, 1, 112, Dtype::F16), true));
+    let mut c = case(1, 21, 40, 2, 1, 160, Dtype::Bf16);
+    c.p.causal = true;
+    v.push((c, false));
+    v.push((case(1, 17, 19, 2, 2, 224, Dtype::F16), true));
     v
 }
 
@@ -767,7 +783,7 @@ fn emulated_cases() -> Vec<(Case, bool)> {
 fn gpu_cases() -> Vec<Case> {
     let mut v = Vec::new();
     for dtype in [Dtype::Bf16, Dtype::F16] {
-        for d in [64, 96, 128, 192, 256] {
+        for d in super::FULL_CASE_DIMS {
             for (sq, sk) in [(1, 1), (113, 203), (239, 17), (300, 300)] {
                 for mask in 0..3 {
                     for (hq, hkv) in [(2, 2), (4, 2)] {
@@ -779,6 +795,25 @@ fn gpu_cases() -> Vec<Case> {
                         }
                         v.push(c);
                     }
+                }
+            }
+        }
+    }
+    // The other dimensions with backward kernels: both dtypes, two shapes, each mask.
+    for d in BWD_HEAD_DIMS.map(|d| d as usize) {
+        if super::FULL_CASE_DIMS.contains(&d) {
+            continue;
+        }
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for (sq, sk) in [(113, 203), (239, 17)] {
+                for mask in 0..3 {
+                    let mut c = case(1 + (sq < 200) as usize, sq, sk, 4, 2, d, dtype);
+                    match mask {
+                        1 => c.p.causal = true,
+                        2 => c.p.window = (Some(40), Some(7)),
+                        _ => {}
+                    }
+                    v.push(c);
                 }
             }
         }
@@ -816,7 +851,8 @@ pub fn register(s: &mut Suite) {
         // 256) and, for the bf16 cases it would take, the mma.sync kernels forced (`_mma`):
         // both paths are tested on a Hopper GPU.
         let mut paths = vec![attention::Path::Auto];
-        if c.p.dtype == Dtype::Bf16 && c.p.head_dim != 192 {
+        let hopper = hopper_bwd_kernel(c.p.dtype, c.p.head_dim as u32, false).is_some();
+        if c.p.dtype == Dtype::Bf16 && hopper {
             paths.push(attention::Path::MmaSync);
         }
         for path in paths {

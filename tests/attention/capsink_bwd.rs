@@ -27,8 +27,9 @@ use kernels::attention::reference::{
 };
 use kernels::attention::{
     self, AttentionBackwardTensors, AttentionElem, AttentionVarlenBackwardTensors,
-    AttentionVarlenProblem, BackwardOptions, BackwardWorkspace, CuSeqlens, Dtype, Path, Target,
-    View, naive_backward_same_precision_sinks, naive_backward_varlen_same_precision_sinks,
+    AttentionVarlenProblem, BWD_HEAD_DIMS, BackwardOptions, BackwardWorkspace, CuSeqlens, Dtype,
+    Path, Target, View, naive_backward_same_precision_sinks,
+    naive_backward_varlen_same_precision_sinks,
 };
 use kernels::data::rng;
 use kernels::exec::OnStream;
@@ -657,6 +658,10 @@ fn emulated_cases() -> Vec<CapBwdCase> {
         true,
         false,
     ));
+    // A dimension with odd k-slice and dQ tile counts (112).
+    let mut c = case(1, 29, 41, 2, 1, 112, Dtype::F16);
+    c.p.window = (Some(12), Some(3));
+    v.push(cb(c, Some(10.0), Some((-1.0, 2.0)), true, false));
     // Inputs in [-3, 3) (logits of several units), causal with rows without keys.
     for seed in 0..4 {
         let mut c = case(1, 90, 60, 4, 4, 128, Dtype::Bf16);
@@ -668,11 +673,27 @@ fn emulated_cases() -> Vec<CapBwdCase> {
     v
 }
 
-/// The GPU grid: dtype x D x options x mask x mode.
+/// The GPU grid: dtype x D x options x mask x mode (the dimensions past 64, 96, 128, 192 and
+/// 256 in bf16, with both options).
 fn gpu_cases() -> Vec<CapBwdCase> {
     let mut v = Vec::new();
+    for d in BWD_HEAD_DIMS.map(|d| d as usize) {
+        if super::FULL_CASE_DIMS.contains(&d) {
+            continue;
+        }
+        for mask in 0..3 {
+            let (sq, sk) = [(113, 203), (239, 130), (300, 300)][mask];
+            let mut c = case(1 + (sq < 200) as usize, sq, sk, 4, 2, d, Dtype::Bf16);
+            match mask {
+                1 => c.p.causal = true,
+                2 => c.p.window = (Some(40), Some(7)),
+                _ => {}
+            }
+            v.push(cb(c, Some(5.0), Some((-2.0, 2.0)), mask != 1, mask == 2));
+        }
+    }
     for dtype in [Dtype::Bf16, Dtype::F16] {
-        for d in [64, 96, 128, 192, 256] {
+        for d in super::FULL_CASE_DIMS {
             for (softcap, sinks) in [
                 (Some(20.0), None),
                 (None, Some((-1.0, 3.0))),

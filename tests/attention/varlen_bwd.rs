@@ -20,8 +20,8 @@ use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::attention::reference::{backward_tolerance, backward_varlen as reference_backward};
 use kernels::attention::{
-    self, AttentionElem, AttentionVarlenBackwardTensors, BackwardOptions, BackwardWorkspace, Dtype,
-    View, naive_backward_varlen_same_precision, reference_varlen,
+    self, AttentionElem, AttentionVarlenBackwardTensors, BWD_HEAD_DIMS, BackwardOptions,
+    BackwardWorkspace, Dtype, View, naive_backward_varlen_same_precision, reference_varlen,
 };
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
@@ -268,19 +268,53 @@ fn emulated_cases() -> Vec<BwdCase> {
         false,
         true,
     ));
+    // Dimensions with an odd number of k-slices or dQ tiles per warp (80, 160).
+    let mut c = vcase(&[(30, 45), (0, 3), (17, 9)], 2, 1, 80, Dtype::Bf16);
+    c.p.causal = true;
+    v.push(bc(c, true, false));
+    v.push(bc(
+        vcase(&[(9, 17), (21, 5)], 2, 2, 160, Dtype::F16),
+        false,
+        true,
+    ));
     v
 }
 
-/// The GPU grid: dtype x D x mask x GQA on batches with empty, short and long sequences.
+/// The GPU grid: dtype x D x mask x GQA on batches with empty, short and long sequences (the
+/// dimensions past 64, 96, 128, 192 and 256 on one batch, bf16).
 fn gpu_cases() -> Vec<BwdCase> {
     let mut v = Vec::new();
+    for d in BWD_HEAD_DIMS.map(|d| d as usize) {
+        if super::FULL_CASE_DIMS.contains(&d) {
+            continue;
+        }
+        for mask in 0..3 {
+            let mut c = vcase(
+                &[(113, 203), (0, 7), (1, 1), (239, 17)],
+                4,
+                2,
+                d,
+                Dtype::Bf16,
+            );
+            match mask {
+                1 => c.p.causal = true,
+                2 => c.p.window = (Some(40), Some(7)),
+                _ => {}
+            }
+            v.push(BwdCase {
+                c,
+                with_dlse: mask == 0,
+                deterministic: mask == 2,
+            });
+        }
+    }
     let batches: [&[(usize, usize)]; 3] = [
         &[(113, 203), (0, 7), (1, 1), (239, 17), (5, 0)],
         &[(300, 300), (64, 64), (129, 65)],
         &[(1, 1)],
     ];
     for dtype in [Dtype::Bf16, Dtype::F16] {
-        for d in [64, 96, 128, 192, 256] {
+        for d in super::FULL_CASE_DIMS {
             for (bi, lens) in batches.iter().enumerate() {
                 for mask in 0..3 {
                     let (hq, hkv) = if mask == 1 { (4, 2) } else { (2, 2) };

@@ -261,16 +261,20 @@ pub const BWD_STAGES: u32 = 2;
 
 /// The dK/dV tiles for head dimension `d`, if supported.
 pub const fn bwd_tile_config(d: u32) -> Option<BwdTileConfig> {
+    if !d.is_multiple_of(16) {
+        return None;
+    }
     match d {
-        // D = 96 takes the D = 128 tiles, D = 192 the D = 256 ones (not yet measured).
-        64 | 96 | 128 => Some(BwdTileConfig {
+        // Up to D = 128 the tiles of 64 and 128 (measured); above, those of 256, whose warps
+        // split D in halves, each a multiple of 16 columns.
+        32..=128 => Some(BwdTileConfig {
             head_dim: d,
             block_n: 64,
             block_m: 32,
             d_split: 1,
             blocks_per_sm: 2,
         }),
-        192 | 256 => Some(BwdTileConfig {
+        160..=256 if d.is_multiple_of(32) => Some(BwdTileConfig {
             head_dim: d,
             block_n: 64,
             block_m: 32,
@@ -358,8 +362,11 @@ impl DqTileConfig {
 
 /// The dQ tiles for head dimension `d`, if supported.
 pub const fn dq_tile_config(d: u32) -> Option<DqTileConfig> {
+    if bwd_tile_config(d).is_none() {
+        return None;
+    }
     match d {
-        64 | 96 | 128 => Some(DqTileConfig {
+        32..=128 => Some(DqTileConfig {
             head_dim: d,
             block_m: 64,
             block_n: 64,
@@ -367,7 +374,7 @@ pub const fn dq_tile_config(d: u32) -> Option<DqTileConfig> {
         }),
         // The dQ accumulator takes 128 registers per thread at D = 256 (96 at 192): keys in
         // steps of 32.
-        192 | 256 => Some(DqTileConfig {
+        160..=256 => Some(DqTileConfig {
             head_dim: d,
             block_m: 64,
             block_n: 32,
@@ -476,34 +483,27 @@ macro_rules! bwd_entry {
     };
 }
 
-/// The backward kernels for each element type and head dimension.
-pub const BWD_KERNELS: [BwdKernels; 2 * BWD_HEAD_DIMS.len()] = [
-    bwd_entry!(Bf16, "bf16", 64, ""),
-    bwd_entry!(Bf16, "bf16", 128, ""),
-    bwd_entry!(Bf16, "bf16", 256, ""),
-    bwd_entry!(Bf16, "bf16", 96, ""),
-    bwd_entry!(Bf16, "bf16", 192, ""),
-    bwd_entry!(F16, "f16", 64, ""),
-    bwd_entry!(F16, "f16", 128, ""),
-    bwd_entry!(F16, "f16", 256, ""),
-    bwd_entry!(F16, "f16", 96, ""),
-    bwd_entry!(F16, "f16", 192, ""),
-];
+/// The backward kernels for each element type and head dimension, and over packed sequences
+/// (with the same tiles), for the dimensions' tokens ([`crate::with_attention_bwd_head_dims!`]).
+macro_rules! bwd_tables {
+    ($($d:literal),*) => {
+        /// The backward kernels for each element type and head dimension.
+        pub const BWD_KERNELS: [BwdKernels; 2 * BWD_HEAD_DIMS.len()] = [
+            $(bwd_entry!(Bf16, "bf16", $d, ""),)*
+            $(bwd_entry!(F16, "f16", $d, ""),)*
+        ];
 
-/// The backward kernels over packed sequences for each element type and head dimension (the
-/// tiles of [`BWD_KERNELS`]).
-pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>; 2 * BWD_HEAD_DIMS.len()] = [
-    bwd_entry!(Bf16, "bf16", 64, "_varlen"),
-    bwd_entry!(Bf16, "bf16", 128, "_varlen"),
-    bwd_entry!(Bf16, "bf16", 256, "_varlen"),
-    bwd_entry!(Bf16, "bf16", 96, "_varlen"),
-    bwd_entry!(Bf16, "bf16", 192, "_varlen"),
-    bwd_entry!(F16, "f16", 64, "_varlen"),
-    bwd_entry!(F16, "f16", 128, "_varlen"),
-    bwd_entry!(F16, "f16", 256, "_varlen"),
-    bwd_entry!(F16, "f16", 96, "_varlen"),
-    bwd_entry!(F16, "f16", 192, "_varlen"),
-];
+        /// The backward kernels over packed sequences for each element type and head dimension
+        /// (the tiles of [`BWD_KERNELS`]).
+        pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>;
+            2 * BWD_HEAD_DIMS.len()] = [
+            $(bwd_entry!(Bf16, "bf16", $d, "_varlen"),)*
+            $(bwd_entry!(F16, "f16", $d, "_varlen"),)*
+        ];
+    };
+}
+
+crate::with_attention_bwd_head_dims!(bwd_tables!());
 
 /// Threads per block of the dsinks kernels.
 pub const DSINKS_THREADS: u32 = 256;
@@ -529,7 +529,7 @@ pub const ATTENTION_BWD_DSINKS_VARLEN: Kernel<AttentionBwdVarlenParams> = Kernel
 /// `negative_attention_bwd_no_ds_barrier`: `attention_bwd_bf16_d64` without the barrier between
 /// the warps' `dS^T` stores and their reads for the dQ product, a negative control for the test
 /// suites (`gpu-kernels/src/negative.rs`); the launch shape, parameters and shared memory of
-/// `attention_bwd_bf16_d64` (`BWD_KERNELS[0].dkdv_dq`).
+/// `attention_bwd_bf16_d64`.
 pub const NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER: Kernel<AttentionBwdParams, BwdTileConfig> =
     Kernel::new(
         "negative_attention_bwd_no_ds_barrier",

@@ -49,10 +49,9 @@ use crate::arch::{atomic, cp_async, global, index, math, smem, sync};
 use crate::tiles::load_rows;
 use kernel_abi::attention::backward::{BWD_STAGES, BwdTileConfig};
 
-/// n8 tiles of dQ columns per pass of the dQ product (16 accumulator registers).
+/// n8 tiles of dQ columns per pass of the dQ product (16 accumulator registers); a last pass
+/// takes the rest where it does not divide a warp's tiles.
 const DQ_PASS: usize = 4;
-/// n8 tiles of the last dQ pass where [`DQ_PASS`] does not divide a warp's tiles.
-const DQ_TAIL: usize = 2;
 
 /// Issue the copies of a `[ROWS, D]` tile (rows `>= valid` zero-filled).
 #[inline(always)]
@@ -113,7 +112,6 @@ pub(super) unsafe fn dkdv<
     let p = L::base(pp);
     const { assert!(KD as u32 * 16 == D && NTQ as u32 * 8 == BM && KQ as u32 * 16 == BM) };
     const { assert!(KN as u32 * 16 == BN && WT.is_multiple_of(2)) };
-    const { assert!(QT.is_multiple_of(DQ_PASS) || QT % DQ_PASS == DQ_TAIL) };
     // The protocol waits for every copy at the top of each step: a 2-stage ring.
     const { assert!(BWD_STAGES == 2) };
     let lane = index::lane_id();
@@ -284,8 +282,7 @@ pub(super) unsafe fn dkdv<
                 let mq = warp % (BM / 16);
                 let cg = warp / (BM / 16);
                 // The warp's dQ columns in passes of `DQ_PASS` n8 tiles (fewer live registers
-                // beside dK and dV), then a pass of `DQ_TAIL` where `DQ_PASS` does not divide
-                // them.
+                // beside dK and dV), then one of the rest where `DQ_PASS` does not divide them.
                 macro_rules! dq_pass {
                     ($n:expr, $chunk0:expr) => {{
                         let chunk0: u32 = $chunk0;
@@ -319,8 +316,12 @@ pub(super) unsafe fn dkdv<
                 for pass in 0..QT / DQ_PASS {
                     dq_pass!(DQ_PASS, cg * QT as u32 + (pass * DQ_PASS) as u32);
                 }
-                if !QT.is_multiple_of(DQ_PASS) {
-                    dq_pass!(DQ_TAIL, cg * QT as u32 + (QT / DQ_PASS * DQ_PASS) as u32);
+                let rest = cg * QT as u32 + (QT / DQ_PASS * DQ_PASS) as u32;
+                match QT % DQ_PASS {
+                    1 => dq_pass!(1, rest),
+                    2 => dq_pass!(2, rest),
+                    3 => dq_pass!(3, rest),
+                    _ => {}
                 }
             }
         }

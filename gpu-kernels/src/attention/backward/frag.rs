@@ -87,7 +87,8 @@ pub(super) unsafe fn mma_abt<E: Elem, const RB: u32, const KK: usize, const NT: 
 }
 
 /// `acc += A B`: A is 16 x `16 KK` (`a(kk)` gives k-slice `kk`), B the rows `0 .. 16 KK` of the
-/// row-major tile `b` (`[k][n]`), columns `8 chunk0 .. 8 (chunk0 + NT)`, as `O += P V`.
+/// row-major tile `b` (`[k][n]`), columns `8 chunk0 .. 8 (chunk0 + NT)`, as `O += P V`. The
+/// n8 tiles are loaded in pairs (`ldmatrix.x4.trans`); an odd last one alone (`.x2.trans`).
 ///
 /// # Safety
 /// See the module documentation.
@@ -111,6 +112,15 @@ pub(super) unsafe fn mma_ab<E: Elem, const RB: u32, const KK: usize, const NT: u
                 let bf = ldmatrix::x4_trans(addr);
                 E::mma(&mut acc[2 * jj], af, [bf[0], bf[1]]);
                 E::mma(&mut acc[2 * jj + 1], af, [bf[2], bf[3]]);
+            }
+        }
+        if NT % 2 == 1 {
+            // Lanes 0..16 give the rows of the two 8 x 8 matrices (k rows 0..8, 8..16).
+            let addr = b + at::<RB>(16 * kk as u32 + lane % 16, chunk0 + NT as u32 - 1);
+            // SAFETY: forwarded to the caller.
+            unsafe {
+                let bf = ldmatrix::x2_trans(addr);
+                E::mma(&mut acc[NT - 1], af, bf);
             }
         }
     }

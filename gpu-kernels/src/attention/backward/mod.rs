@@ -97,23 +97,25 @@ macro_rules! dq_body {
 /// and, in host builds, the emulator's table `$table` of the same bodies. Each line: entry
 /// name, threads, body on `$p`.
 macro_rules! backward_kernels {
-    ($table:ident, $params:ty; $( $name:ident, $threads:expr, |$p:ident| $body:expr; )*) => {
+    ($table:ident, $params:ty; $( $name:expr, $threads:expr, |$p:ident| $body:expr; )*) => {
         $(
-            /// See the module documentation (the role and configuration named in the macro
-            /// call).
-            ///
-            /// # Safety
-            /// Launched with the grid, threads and shared memory of its handle in
-            /// `kernel_abi::attention::backward::BWD_KERNELS` (or `BWD_VARLEN_KERNELS`), in the
-            /// order of the host's plan, on parameters satisfying their type's contract
-            /// (validated by the host).
             #[cfg(target_arch = "nvptx64")]
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $name($p: $params) {
-                crate::launch_bounds!($name in kernel_abi::attention::KERNELS);
-                // SAFETY: forwarded to the caller.
-                unsafe { $body }
-            }
+            const _: () = {
+                /// See the module documentation (the role and configuration named in the macro
+                /// call).
+                ///
+                /// # Safety
+                /// Launched with the grid, threads and shared memory of its handle in
+                /// `kernel_abi::attention::backward::BWD_KERNELS` (or `BWD_VARLEN_KERNELS`), in
+                /// the order of the host's plan, on parameters satisfying their type's contract
+                /// (validated by the host).
+                #[unsafe(export_name = $name)]
+                pub unsafe extern "ptx-kernel" fn kernel($p: $params) {
+                    crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                    // SAFETY: forwarded to the caller.
+                    unsafe { $body }
+                }
+            };
         )*
 
         /// Backward kernels, for the CPU emulator (`crate::emu`).
@@ -121,7 +123,7 @@ macro_rules! backward_kernels {
         pub const $table: &[crate::emu::EmuKernel] = &[
             $(
                 crate::emu::EmuKernel {
-                    name: stringify!($name),
+                    name: $name,
                     params: core::mem::size_of::<$params>(),
                     threads: $threads,
                     run: {
@@ -141,176 +143,87 @@ macro_rules! backward_kernels {
     };
 }
 
-backward_kernels! {
-    EMU_KERNELS, AttentionBwdParams;
-    attention_bwd_pre_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 64>(&p);
-    attention_bwd_pre_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 128>(&p);
-    attention_bwd_pre_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 256>(&p);
-    attention_bwd_pre_bf16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 96>(&p);
-    attention_bwd_pre_bf16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, Bf16, 192>(&p);
-    attention_bwd_pre_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 64>(&p);
-    attention_bwd_pre_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 128>(&p);
-    attention_bwd_pre_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 256>(&p);
-    attention_bwd_pre_f16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 96>(&p);
-    attention_bwd_pre_f16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Dense, F16, 192>(&p);
-    attention_bwd_dq_convert_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 64>(&p);
-    attention_bwd_dq_convert_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 128>(&p);
-    attention_bwd_dq_convert_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 256>(&p);
-    attention_bwd_dq_convert_bf16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 96>(&p);
-    attention_bwd_dq_convert_bf16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, Bf16, 192>(&p);
-    attention_bwd_dq_convert_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 64>(&p);
-    attention_bwd_dq_convert_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 128>(&p);
-    attention_bwd_dq_convert_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 256>(&p);
-    attention_bwd_dq_convert_f16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 96>(&p);
-    attention_bwd_dq_convert_f16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Dense, F16, 192>(&p);
-    attention_bwd_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, true, false);
-    attention_bwd_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, true, false);
-    attention_bwd_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, true, false);
-    attention_bwd_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, true, false);
-    attention_bwd_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, true, false);
-    attention_bwd_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, true, false);
-    attention_bwd_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, true, false);
-    attention_bwd_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, true, false);
-    attention_bwd_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, true, false);
-    attention_bwd_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, true, false);
-    attention_bwd_dkdv_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, false, false);
-    attention_bwd_dkdv_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, false, false);
-    attention_bwd_dkdv_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, false, false);
-    attention_bwd_dkdv_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, false, false);
-    attention_bwd_dkdv_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, false, false);
-    attention_bwd_dkdv_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, false, false);
-    attention_bwd_dkdv_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, false, false);
-    attention_bwd_dkdv_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, false, false);
-    attention_bwd_dkdv_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, false, false);
-    attention_bwd_dkdv_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, false, false);
-    attention_bwd_dq_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, Bf16, 64, false);
-    attention_bwd_dq_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, Bf16, 128, false);
-    attention_bwd_dq_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, Bf16, 256, false);
-    attention_bwd_dq_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, Bf16, 96, false);
-    attention_bwd_dq_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, Bf16, 192, false);
-    attention_bwd_dq_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, F16, 64, false);
-    attention_bwd_dq_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, F16, 128, false);
-    attention_bwd_dq_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, F16, 256, false);
-    attention_bwd_dq_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, F16, 96, false);
-    attention_bwd_dq_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, F16, 192, false);
-    attention_bwd_dsinks, kernel_abi::attention::backward::DSINKS_THREADS, |p| rows::dsinks::<Dense>(&p);
-    attention_bwd_softcap_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, true, true);
-    attention_bwd_softcap_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, true, true);
-    attention_bwd_softcap_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, true, true);
-    attention_bwd_softcap_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, true, true);
-    attention_bwd_softcap_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, true, true);
-    attention_bwd_softcap_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, true, true);
-    attention_bwd_softcap_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, true, true);
-    attention_bwd_softcap_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, true, true);
-    attention_bwd_softcap_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, true, true);
-    attention_bwd_softcap_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, true, true);
-    attention_bwd_dkdv_softcap_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, Bf16, 64, false, true);
-    attention_bwd_dkdv_softcap_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, Bf16, 128, false, true);
-    attention_bwd_dkdv_softcap_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, Bf16, 256, false, true);
-    attention_bwd_dkdv_softcap_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, Bf16, 96, false, true);
-    attention_bwd_dkdv_softcap_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, Bf16, 192, false, true);
-    attention_bwd_dkdv_softcap_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Dense, p, F16, 64, false, true);
-    attention_bwd_dkdv_softcap_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Dense, p, F16, 128, false, true);
-    attention_bwd_dkdv_softcap_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Dense, p, F16, 256, false, true);
-    attention_bwd_dkdv_softcap_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Dense, p, F16, 96, false, true);
-    attention_bwd_dkdv_softcap_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Dense, p, F16, 192, false, true);
-    attention_bwd_dq_softcap_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, Bf16, 64, true);
-    attention_bwd_dq_softcap_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, Bf16, 128, true);
-    attention_bwd_dq_softcap_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, Bf16, 256, true);
-    attention_bwd_dq_softcap_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, Bf16, 96, true);
-    attention_bwd_dq_softcap_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, Bf16, 192, true);
-    attention_bwd_dq_softcap_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Dense, p, F16, 64, true);
-    attention_bwd_dq_softcap_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Dense, p, F16, 128, true);
-    attention_bwd_dq_softcap_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Dense, p, F16, 256, true);
-    attention_bwd_dq_softcap_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Dense, p, F16, 96, true);
-    attention_bwd_dq_softcap_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Dense, p, F16, 192, true);
+/// Threads of the preprocess and conversion kernels, and of the sinks gradient's (used by the
+/// emulator's tables only).
+#[cfg(not(target_arch = "nvptx64"))]
+use kernel_abi::attention::backward::{DSINKS_THREADS, ROW_THREADS};
+
+/// The eight kernels of each element type and head dimension in layout `$layout` (entry names
+/// `attention_bwd_{role}{$infix}_{dtype}_d{D}`, the handles of
+/// `kernel_abi::attention::backward::BWD_KERNELS` or `BWD_VARLEN_KERNELS`): preprocess,
+/// conversion, dK/dV with dQ atomics, dK/dV, dQ, and the softcap forms of the last three; then
+/// the layout's sinks gradient (`attention_bwd_dsinks{$infix}`).
+macro_rules! backward_entries {
+    ($table:ident, $params:ty, $layout:ty, $infix:literal; $($d:literal),*) => {
+        backward_kernels! {
+            $table, $params;
+            $(
+                concat!("attention_bwd_pre", $infix, "_bf16_d", $d), ROW_THREADS,
+                    |p| rows::preprocess::<$layout, Bf16, $d>(&p);
+                concat!("attention_bwd_pre", $infix, "_f16_d", $d), ROW_THREADS,
+                    |p| rows::preprocess::<$layout, F16, $d>(&p);
+                concat!("attention_bwd_dq_convert", $infix, "_bf16_d", $d), ROW_THREADS,
+                    |p| rows::convert::<$layout, Bf16, $d>(&p);
+                concat!("attention_bwd_dq_convert", $infix, "_f16_d", $d), ROW_THREADS,
+                    |p| rows::convert::<$layout, F16, $d>(&p);
+                concat!("attention_bwd", $infix, "_bf16_d", $d), bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, Bf16, $d, true, false);
+                concat!("attention_bwd", $infix, "_f16_d", $d), bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, F16, $d, true, false);
+                concat!("attention_bwd_dkdv", $infix, "_bf16_d", $d),
+                    bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, Bf16, $d, false, false);
+                concat!("attention_bwd_dkdv", $infix, "_f16_d", $d),
+                    bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, F16, $d, false, false);
+                concat!("attention_bwd_dq", $infix, "_bf16_d", $d), dq_tile_config_of($d).threads(),
+                    |p| dq_body!($layout, p, Bf16, $d, false);
+                concat!("attention_bwd_dq", $infix, "_f16_d", $d), dq_tile_config_of($d).threads(),
+                    |p| dq_body!($layout, p, F16, $d, false);
+                concat!("attention_bwd_softcap", $infix, "_bf16_d", $d),
+                    bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, Bf16, $d, true, true);
+                concat!("attention_bwd_softcap", $infix, "_f16_d", $d),
+                    bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, F16, $d, true, true);
+                concat!("attention_bwd_dkdv_softcap", $infix, "_bf16_d", $d),
+                    bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, Bf16, $d, false, true);
+                concat!("attention_bwd_dkdv_softcap", $infix, "_f16_d", $d),
+                    bwd_tile_config_of($d).threads(),
+                    |p| dkdv_body!($layout, p, F16, $d, false, true);
+                concat!("attention_bwd_dq_softcap", $infix, "_bf16_d", $d),
+                    dq_tile_config_of($d).threads(),
+                    |p| dq_body!($layout, p, Bf16, $d, true);
+                concat!("attention_bwd_dq_softcap", $infix, "_f16_d", $d),
+                    dq_tile_config_of($d).threads(),
+                    |p| dq_body!($layout, p, F16, $d, true);
+            )*
+            concat!("attention_bwd_dsinks", $infix), DSINKS_THREADS,
+                |p| rows::dsinks::<$layout>(&p);
+        }
+    };
 }
 
-// Packed sequences (`kernel_abi::attention::backward::BWD_VARLEN_KERNELS`).
-backward_kernels! {
-    VARLEN_EMU_KERNELS, AttentionBwdVarlenParams;
-    attention_bwd_pre_varlen_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 64>(&p);
-    attention_bwd_pre_varlen_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 128>(&p);
-    attention_bwd_pre_varlen_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 256>(&p);
-    attention_bwd_pre_varlen_bf16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 96>(&p);
-    attention_bwd_pre_varlen_bf16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, Bf16, 192>(&p);
-    attention_bwd_pre_varlen_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 64>(&p);
-    attention_bwd_pre_varlen_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 128>(&p);
-    attention_bwd_pre_varlen_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 256>(&p);
-    attention_bwd_pre_varlen_f16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 96>(&p);
-    attention_bwd_pre_varlen_f16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::preprocess::<Packed, F16, 192>(&p);
-    attention_bwd_dq_convert_varlen_bf16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 64>(&p);
-    attention_bwd_dq_convert_varlen_bf16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 128>(&p);
-    attention_bwd_dq_convert_varlen_bf16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 256>(&p);
-    attention_bwd_dq_convert_varlen_bf16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 96>(&p);
-    attention_bwd_dq_convert_varlen_bf16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, Bf16, 192>(&p);
-    attention_bwd_dq_convert_varlen_f16_d64, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 64>(&p);
-    attention_bwd_dq_convert_varlen_f16_d128, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 128>(&p);
-    attention_bwd_dq_convert_varlen_f16_d256, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 256>(&p);
-    attention_bwd_dq_convert_varlen_f16_d96, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 96>(&p);
-    attention_bwd_dq_convert_varlen_f16_d192, kernel_abi::attention::backward::ROW_THREADS, |p| rows::convert::<Packed, F16, 192>(&p);
-    attention_bwd_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, true, false);
-    attention_bwd_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, true, false);
-    attention_bwd_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, true, false);
-    attention_bwd_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, true, false);
-    attention_bwd_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, true, false);
-    attention_bwd_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, true, false);
-    attention_bwd_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, true, false);
-    attention_bwd_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, true, false);
-    attention_bwd_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, true, false);
-    attention_bwd_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, true, false);
-    attention_bwd_dkdv_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, false, false);
-    attention_bwd_dkdv_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, false, false);
-    attention_bwd_dkdv_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, false, false);
-    attention_bwd_dkdv_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, false, false);
-    attention_bwd_dkdv_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, false, false);
-    attention_bwd_dkdv_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, false, false);
-    attention_bwd_dkdv_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, false, false);
-    attention_bwd_dkdv_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, false, false);
-    attention_bwd_dkdv_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, false, false);
-    attention_bwd_dkdv_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, false, false);
-    attention_bwd_dq_varlen_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, Bf16, 64, false);
-    attention_bwd_dq_varlen_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, Bf16, 128, false);
-    attention_bwd_dq_varlen_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, Bf16, 256, false);
-    attention_bwd_dq_varlen_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, Bf16, 96, false);
-    attention_bwd_dq_varlen_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, Bf16, 192, false);
-    attention_bwd_dq_varlen_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, F16, 64, false);
-    attention_bwd_dq_varlen_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, F16, 128, false);
-    attention_bwd_dq_varlen_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, F16, 256, false);
-    attention_bwd_dq_varlen_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, F16, 96, false);
-    attention_bwd_dq_varlen_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, F16, 192, false);
-    attention_bwd_dsinks_varlen, kernel_abi::attention::backward::DSINKS_THREADS, |p| rows::dsinks::<Packed>(&p);
-    attention_bwd_softcap_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, true, true);
-    attention_bwd_softcap_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, true, true);
-    attention_bwd_softcap_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, true, true);
-    attention_bwd_softcap_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, true, true);
-    attention_bwd_softcap_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, true, true);
-    attention_bwd_softcap_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, true, true);
-    attention_bwd_softcap_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, true, true);
-    attention_bwd_softcap_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, true, true);
-    attention_bwd_softcap_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, true, true);
-    attention_bwd_softcap_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, true, true);
-    attention_bwd_dkdv_softcap_varlen_bf16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, Bf16, 64, false, true);
-    attention_bwd_dkdv_softcap_varlen_bf16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, Bf16, 128, false, true);
-    attention_bwd_dkdv_softcap_varlen_bf16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, Bf16, 256, false, true);
-    attention_bwd_dkdv_softcap_varlen_bf16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, Bf16, 96, false, true);
-    attention_bwd_dkdv_softcap_varlen_bf16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, Bf16, 192, false, true);
-    attention_bwd_dkdv_softcap_varlen_f16_d64, bwd_tile_config_of(64).threads(), |p| dkdv_body!(Packed, p, F16, 64, false, true);
-    attention_bwd_dkdv_softcap_varlen_f16_d128, bwd_tile_config_of(128).threads(), |p| dkdv_body!(Packed, p, F16, 128, false, true);
-    attention_bwd_dkdv_softcap_varlen_f16_d256, bwd_tile_config_of(256).threads(), |p| dkdv_body!(Packed, p, F16, 256, false, true);
-    attention_bwd_dkdv_softcap_varlen_f16_d96, bwd_tile_config_of(96).threads(), |p| dkdv_body!(Packed, p, F16, 96, false, true);
-    attention_bwd_dkdv_softcap_varlen_f16_d192, bwd_tile_config_of(192).threads(), |p| dkdv_body!(Packed, p, F16, 192, false, true);
-    attention_bwd_dq_softcap_varlen_bf16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, Bf16, 64, true);
-    attention_bwd_dq_softcap_varlen_bf16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, Bf16, 128, true);
-    attention_bwd_dq_softcap_varlen_bf16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, Bf16, 256, true);
-    attention_bwd_dq_softcap_varlen_bf16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, Bf16, 96, true);
-    attention_bwd_dq_softcap_varlen_bf16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, Bf16, 192, true);
-    attention_bwd_dq_softcap_varlen_f16_d64, dq_tile_config_of(64).threads(), |p| dq_body!(Packed, p, F16, 64, true);
-    attention_bwd_dq_softcap_varlen_f16_d128, dq_tile_config_of(128).threads(), |p| dq_body!(Packed, p, F16, 128, true);
-    attention_bwd_dq_softcap_varlen_f16_d256, dq_tile_config_of(256).threads(), |p| dq_body!(Packed, p, F16, 256, true);
-    attention_bwd_dq_softcap_varlen_f16_d96, dq_tile_config_of(96).threads(), |p| dq_body!(Packed, p, F16, 96, true);
-    attention_bwd_dq_softcap_varlen_f16_d192, dq_tile_config_of(192).threads(), |p| dq_body!(Packed, p, F16, 192, true);
+/// The dense batches' kernels for every head dimension with backward kernels
+/// ([`kernel_abi::with_attention_bwd_head_dims!`]).
+macro_rules! dense_entries {
+    ($($d:literal),*) => {
+        backward_entries!(EMU_KERNELS, AttentionBwdParams, Dense, ""; $($d),*);
+    };
 }
+
+/// The same over packed sequences (`kernel_abi::attention::backward::BWD_VARLEN_KERNELS`).
+macro_rules! packed_entries {
+    ($($d:literal),*) => {
+        backward_entries!(
+            VARLEN_EMU_KERNELS, AttentionBwdVarlenParams, Packed, "_varlen"; $($d),*
+        );
+    };
+}
+
+kernel_abi::with_attention_bwd_head_dims!(dense_entries!());
+kernel_abi::with_attention_bwd_head_dims!(packed_entries!());
 
 /// The body of the negative control `negative_attention_bwd_no_ds_barrier`
 /// (`crate::negative`): `attention_bwd_bf16_d64` without barrier (B) of [`dkdv`]'s protocol.

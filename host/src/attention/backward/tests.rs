@@ -374,7 +374,7 @@ fn bad_tensors_are_rejected() {
     assert!(is_invalid(p.plan_backward(target(Arch::Sm80), &h16, opts)));
     // Problems.
     let mut bad = p.clone();
-    bad.head_dim = 80;
+    bad.head_dim = 144;
     assert!(matches!(
         bad.plan_backward(target(Arch::Sm80), &good, opts),
         Err(Error::Unsupported { .. })
