@@ -86,8 +86,7 @@ fn name(c: &Case) -> String {
 }
 
 /// The head dimensions with the full GPU case lists (those each tile configuration was measured
-/// at); the other multiples of 16 of [`kernels::attention::HEAD_DIMS`] (and of
-/// [`kernels::attention::BWD_HEAD_DIMS`] in the backward's tests) take shorter lists.
+/// at); the other multiples of 16 of [`kernels::attention::HEAD_DIMS`] take shorter lists.
 pub(crate) const FULL_CASE_DIMS: [usize; 5] = [64, 96, 128, 192, 256];
 
 /// `HEAD_DIMS` as sizes.

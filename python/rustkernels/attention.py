@@ -346,8 +346,7 @@ def flash_attn_func(
     q ``[batch, seqlen_q, nheads, headdim]``, k and v ``[batch, seqlen_k, nheads_k, headdim]``,
     bfloat16 or float16 CUDA tensors on one device, with the head dimension contiguous and the
     other strides multiples of 8 elements (16 bytes). headdim a multiple of 16 from 32 to 256
-    (the backward: a multiple of 16 up to 128, or 160, 192, 224, 256); ``nheads`` a multiple of
-    ``nheads_k`` (grouped-query attention). ``softmax_scale`` defaults to ``1 / sqrt(headdim)``. With ``seqlen_q != seqlen_k`` the causal mask is aligned to the
+    (the backward too); ``nheads`` a multiple of ``nheads_k`` (grouped-query attention). ``softmax_scale`` defaults to ``1 / sqrt(headdim)``. With ``seqlen_q != seqlen_k`` the causal mask is aligned to the
     bottom-right corner; ``window_size = (left, right)`` lets query i attend keys j with
     ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right`` (-1: unbounded);
     a query with no key to attend gets 0 (and LSE -inf).
@@ -681,8 +680,8 @@ def flash_attn_varlen_func(
     sequence may be empty); ``max_seqlen_q``, ``max_seqlen_k`` the longest lengths (at least
     the longest, at most the totals). Each sequence is the attention of ``flash_attn_func``
     (causal mask and window aligned to its own bottom-right corner; a query with no key gets 0
-    and LSE -inf). headdim a multiple of 16 from 32 to 256 (the backward: a multiple of 16 up
-    to 128, or 160, 192, 224, 256); ``nheads`` a multiple of ``nheads_k``. The boundaries are
+    and LSE -inf). headdim a multiple of 16 from 32 to 256 (the backward too); ``nheads`` a
+    multiple of ``nheads_k``. The boundaries are
     not read on the host (no synchronization): boundaries that break the rules above cannot make
     the kernels access memory outside the tensors, but give meaningless results.
 

@@ -22,8 +22,8 @@ use kernels::attention::reference::{
     AttentionGrads, backward as reference_backward, backward_tolerance, reference,
 };
 use kernels::attention::{
-    self, AttentionBackwardTensors, AttentionElem, AttentionProblem, BWD_HEAD_DIMS,
-    BackwardOptions, BackwardWorkspace, Dtype, Target, View, naive_backward_same_precision,
+    self, AttentionBackwardTensors, AttentionElem, AttentionProblem, BackwardOptions,
+    BackwardWorkspace, Dtype, HEAD_DIMS, Target, View, naive_backward_same_precision,
 };
 use kernels::data::rng;
 use kernels::exec::OnStream;
@@ -776,6 +776,16 @@ fn emulated_cases() -> Vec<(Case, bool)> {
     c.p.causal = true;
     v.push((c, false));
     v.push((case(1, 17, 19, 2, 2, 224, Dtype::F16), true));
+    // Halves of D of an odd number of n8 tiles, dQ column groups of unequal widths (144, 176,
+    // 208, 240; 240 with steps of 16 keys in the dQ kernel).
+    v.push((case(1, 23, 31, 2, 1, 144, Dtype::Bf16), true));
+    let mut c = case(1, 35, 19, 2, 2, 176, Dtype::F16);
+    c.p.window = (Some(9), Some(2));
+    v.push((c, false));
+    let mut c = case(1, 18, 33, 2, 1, 208, Dtype::Bf16);
+    c.p.causal = true;
+    v.push((c, true));
+    v.push((case(1, 29, 45, 2, 1, 240, Dtype::F16), false));
     v
 }
 
@@ -800,7 +810,7 @@ fn gpu_cases() -> Vec<Case> {
         }
     }
     // The other dimensions with backward kernels: both dtypes, two shapes, each mask.
-    for d in BWD_HEAD_DIMS.map(|d| d as usize) {
+    for d in HEAD_DIMS.map(|d| d as usize) {
         if super::FULL_CASE_DIMS.contains(&d) {
             continue;
         }

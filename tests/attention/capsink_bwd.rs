@@ -27,9 +27,8 @@ use kernels::attention::reference::{
 };
 use kernels::attention::{
     self, AttentionBackwardTensors, AttentionElem, AttentionVarlenBackwardTensors,
-    AttentionVarlenProblem, BWD_HEAD_DIMS, BackwardOptions, BackwardWorkspace, CuSeqlens, Dtype,
-    Path, Target, View, naive_backward_same_precision_sinks,
-    naive_backward_varlen_same_precision_sinks,
+    AttentionVarlenProblem, BackwardOptions, BackwardWorkspace, CuSeqlens, Dtype, HEAD_DIMS, Path,
+    Target, View, naive_backward_same_precision_sinks, naive_backward_varlen_same_precision_sinks,
 };
 use kernels::data::rng;
 use kernels::exec::OnStream;
@@ -677,7 +676,7 @@ fn emulated_cases() -> Vec<CapBwdCase> {
 /// 256 in bf16, with both options).
 fn gpu_cases() -> Vec<CapBwdCase> {
     let mut v = Vec::new();
-    for d in BWD_HEAD_DIMS.map(|d| d as usize) {
+    for d in HEAD_DIMS.map(|d| d as usize) {
         if super::FULL_CASE_DIMS.contains(&d) {
             continue;
         }

@@ -20,8 +20,8 @@ use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::attention::reference::{backward_tolerance, backward_varlen as reference_backward};
 use kernels::attention::{
-    self, AttentionElem, AttentionVarlenBackwardTensors, BWD_HEAD_DIMS, BackwardOptions,
-    BackwardWorkspace, Dtype, View, naive_backward_varlen_same_precision, reference_varlen,
+    self, AttentionElem, AttentionVarlenBackwardTensors, BackwardOptions, BackwardWorkspace, Dtype,
+    HEAD_DIMS, View, naive_backward_varlen_same_precision, reference_varlen,
 };
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
@@ -268,13 +268,18 @@ fn emulated_cases() -> Vec<BwdCase> {
         false,
         true,
     ));
-    // Dimensions with an odd number of k-slices or dQ tiles per warp (80, 160).
+    // Dimensions with an odd number of k-slices or dQ tiles per warp (80, 160, 240).
     let mut c = vcase(&[(30, 45), (0, 3), (17, 9)], 2, 1, 80, Dtype::Bf16);
     c.p.causal = true;
     v.push(bc(c, true, false));
     v.push(bc(
         vcase(&[(9, 17), (21, 5)], 2, 2, 160, Dtype::F16),
         false,
+        true,
+    ));
+    v.push(bc(
+        vcase(&[(13, 30), (1, 0), (25, 25)], 2, 1, 240, Dtype::Bf16),
+        true,
         true,
     ));
     v
@@ -284,7 +289,7 @@ fn emulated_cases() -> Vec<BwdCase> {
 /// dimensions past 64, 96, 128, 192 and 256 on one batch, bf16).
 fn gpu_cases() -> Vec<BwdCase> {
     let mut v = Vec::new();
-    for d in BWD_HEAD_DIMS.map(|d| d as usize) {
+    for d in HEAD_DIMS.map(|d| d as usize) {
         if super::FULL_CASE_DIMS.contains(&d) {
             continue;
         }

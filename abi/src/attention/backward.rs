@@ -19,7 +19,7 @@
 //! The `attention_bwd_softcap_*`, `attention_bwd_dkdv_softcap_*` and `attention_bwd_dq_softcap_*`
 //! kernels are steps 2 and 3 under a softcap ([`AttentionBwdParams::logits`]).
 
-use super::{BWD_HEAD_DIMS, Dtype, LogitOptions, tile_config_of};
+use super::{Dtype, HEAD_DIMS, LogitOptions, tile_config_of};
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 /// Parameters of every backward kernel (each reads the fields its role needs; the others may
@@ -189,10 +189,17 @@ impl BwdTileConfig {
         self.warps() / (self.block_m / 16)
     }
 
-    /// dQ columns of one warp.
+    /// dQ n8 tiles of one warp: the column groups split the `D / 8` tiles as evenly as whole
+    /// tiles allow, the first [`dq_tiles_rem`](Self::dq_tiles_rem) groups taking one more.
     #[inline]
-    pub const fn dq_cols(&self) -> u32 {
-        self.head_dim / self.dq_col_groups()
+    pub const fn dq_tiles(&self) -> u32 {
+        self.head_dim / 8 / self.dq_col_groups()
+    }
+
+    /// Column groups of the dQ product with one n8 tile more than [`dq_tiles`](Self::dq_tiles).
+    #[inline]
+    pub const fn dq_tiles_rem(&self) -> u32 {
+        self.head_dim / 8 % self.dq_col_groups()
     }
 
     /// Bytes of one padded row of a `[rows, D]` tile (as in the forward:
@@ -266,7 +273,7 @@ pub const fn bwd_tile_config(d: u32) -> Option<BwdTileConfig> {
     }
     match d {
         // Up to D = 128 the tiles of 64 and 128 (measured); above, those of 256, whose warps
-        // split D in halves, each a multiple of 16 columns.
+        // split D in halves.
         32..=128 => Some(BwdTileConfig {
             head_dim: d,
             block_n: 64,
@@ -275,6 +282,15 @@ pub const fn bwd_tile_config(d: u32) -> Option<BwdTileConfig> {
             blocks_per_sm: 2,
         }),
         160..=256 if d.is_multiple_of(32) => Some(BwdTileConfig {
+            head_dim: d,
+            block_n: 64,
+            block_m: 32,
+            d_split: 2,
+            blocks_per_sm: 1,
+        }),
+        // 144, 176, 208, 240 too: the warps' halves of D are an odd number of n8 tiles, and
+        // the dQ product's four column groups split the D / 8 tiles unevenly.
+        144..=240 => Some(BwdTileConfig {
             head_dim: d,
             block_n: 64,
             block_m: 32,
@@ -372,9 +388,17 @@ pub const fn dq_tile_config(d: u32) -> Option<DqTileConfig> {
             block_n: 64,
             blocks_per_sm: 2,
         }),
+        // At D = 240 (15 k-slices) steps of 32 keys spill 88 bytes on packed sequences
+        // (sm_90a): steps of 16.
+        240 => Some(DqTileConfig {
+            head_dim: d,
+            block_m: 64,
+            block_n: 16,
+            blocks_per_sm: 1,
+        }),
         // The dQ accumulator takes 128 registers per thread at D = 256 (96 at 192): keys in
         // steps of 32.
-        160..=256 => Some(DqTileConfig {
+        144..=256 => Some(DqTileConfig {
             head_dim: d,
             block_m: 64,
             block_n: 32,
@@ -484,11 +508,12 @@ macro_rules! bwd_entry {
 }
 
 /// The backward kernels for each element type and head dimension, and over packed sequences
-/// (with the same tiles), for the dimensions' tokens ([`crate::with_attention_bwd_head_dims!`]).
+/// (with the same tiles), for every head dimension of the forward
+/// ([`crate::with_attention_head_dims!`]).
 macro_rules! bwd_tables {
     ($($d:literal),*) => {
         /// The backward kernels for each element type and head dimension.
-        pub const BWD_KERNELS: [BwdKernels; 2 * BWD_HEAD_DIMS.len()] = [
+        pub const BWD_KERNELS: [BwdKernels; 2 * HEAD_DIMS.len()] = [
             $(bwd_entry!(Bf16, "bf16", $d, ""),)*
             $(bwd_entry!(F16, "f16", $d, ""),)*
         ];
@@ -496,14 +521,14 @@ macro_rules! bwd_tables {
         /// The backward kernels over packed sequences for each element type and head dimension
         /// (the tiles of [`BWD_KERNELS`]).
         pub const BWD_VARLEN_KERNELS: [BwdKernels<AttentionBwdVarlenParams>;
-            2 * BWD_HEAD_DIMS.len()] = [
+            2 * HEAD_DIMS.len()] = [
             $(bwd_entry!(Bf16, "bf16", $d, "_varlen"),)*
             $(bwd_entry!(F16, "f16", $d, "_varlen"),)*
         ];
     };
 }
 
-crate::with_attention_bwd_head_dims!(bwd_tables!());
+crate::with_attention_head_dims!(bwd_tables!());
 
 /// Threads per block of the dsinks kernels.
 pub const DSINKS_THREADS: u32 = 256;

@@ -41,20 +41,6 @@ macro_rules! dims_array {
 /// Head dimensions with forward and decode kernels ([`with_attention_head_dims!`]).
 pub const HEAD_DIMS: [u32; 15] = with_attention_head_dims!(dims_array!());
 
-/// `$callback!($($args)* 32, 48, ..)`: the head dimensions with backward kernels on the
-/// `mma.sync` path, as [`with_attention_head_dims!`] does for the forward. Every multiple of 16
-/// up to 128; above, the multiples of 32 (the dK/dV warps split D in two halves, each a whole
-/// number of 16-column pairs: 144, 176, 208 and 240 are not).
-#[macro_export]
-macro_rules! with_attention_bwd_head_dims {
-    ($callback:ident ! ($($args:tt)*)) => {
-        $callback! { $($args)* 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256 }
-    };
-}
-
-/// Head dimensions with backward kernels ([`with_attention_bwd_head_dims!`]).
-pub const BWD_HEAD_DIMS: [u32; 11] = with_attention_bwd_head_dims!(dims_array!());
-
 /// Query rows of one `mma.sync` m16 tile; a warp owns `warp_m_tiles` of them.
 pub const M_TILE: u32 = 16;
 

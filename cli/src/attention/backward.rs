@@ -19,7 +19,7 @@ Attention backward: the gradients dQ, dK, dV of a loss through O = softmax(scale
 softmax recomputed and accumulation in f32.
 
 Inputs (the forward's layout and masking; see `kernels-cli attention --help`):
-  q     bf16 or f16  [B, Sq, Hq, D]    D a multiple of 16 up to 128, or 160, 192, 224, 256
+  q     bf16 or f16  [B, Sq, Hq, D]    D a multiple of 16 from 32 to 256
   k     same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv
   v     same as q    [B, Sk, Hkv, D]
   o     same as q    [B, Sq, Hq, D]    the forward's output

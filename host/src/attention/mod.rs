@@ -4,7 +4,7 @@
 //!   strides with the head dimension contiguous (so views into a packed QKV tensor work); O
 //!   `[batch, seq_q, heads_q, D]` in the input type, LSE `[batch, heads_q, seq_q]` f32
 //!   (natural log).
-//! - D any multiple of 16 from 32 to 256 ([`HEAD_DIMS`]; the backward: [`BWD_HEAD_DIMS`]);
+//! - D any multiple of 16 from 32 to 256 ([`HEAD_DIMS`], the backward too);
 //!   grouped-query attention with `heads_q` a multiple of `heads_kv`.
 //! - `scale` defaults to `1 / sqrt(D)`.
 //! - Masking follows FlashAttention >= 2.1: with `seq_q != seq_k` the causal diagonal is
@@ -63,7 +63,7 @@ pub use decode::{
     decode_with_sinks, reference_decode, reference_decode_sinks,
 };
 /// The head dimensions the forward (and decoding) accept, and those the backward accepts.
-pub use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS};
+pub use kernel_abi::attention::HEAD_DIMS;
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,

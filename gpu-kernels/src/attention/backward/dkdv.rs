@@ -19,7 +19,8 @@
 //! and `dS^T` scaled by `1 - t^2`: [`logits::backward_logit`]), and `dV += P^T dO`, `dK += dS^T Q` on its columns (P and dS
 //! rounded to the element type as A fragments). With `DQ`, the warps of the first column
 //! group store `dS^T` (element type) in shared memory, and warp `w` computes the m16 tile
-//! `w % (BM / 16)` of `dQ_step = dS K` on its column group `w / (BM / 16)`, added into the
+//! `w % (BM / 16)` of `dQ_step = dS K` on its column group `w / (BM / 16)` (the groups split the
+//! `D / 8` n8 tiles as evenly as whole tiles allow), added into the
 //! accumulator with `red.global.add.f32` (the order of additions across blocks is not fixed:
 //! the deterministic mode builds this kernel without `DQ`).
 //!
@@ -74,7 +75,8 @@ fn load<const D: u32, const RB: u32, const ROWS: u32, const THREADS: u32>(
 
 /// The kernel body; see the module documentation. `RB` bytes per padded `[.., D]` row,
 /// `DSRB` per padded `dS^T` row, `KD = D / 16`, `NTQ = BM / 8`, `KQ = BM / 16`, `KN = BN / 16`,
-/// `WT = D / d_split / 8` (dK/dV n8 tiles of a warp), `QT` dQ n8 tiles of a warp.
+/// `WT = D / d_split / 8` (dK/dV n8 tiles of a warp), `QT` dQ n8 tiles of a warp (one more
+/// in the first `QR` column groups).
 /// `DS_BARRIER = false` (with `DQ`) is the negative control
 /// `negative_attention_bwd_no_ds_barrier` (`crate::negative`), never launched by the library:
 /// barrier (B) is left out, so warps read rows of the `dS^T` tile that other warps are still
@@ -101,6 +103,7 @@ pub(super) unsafe fn dkdv<
     const KN: usize,
     const WT: usize,
     const QT: usize,
+    const QR: usize,
     const THREADS: u32,
     const DQ: bool,
     const DS_BARRIER: bool,
@@ -111,7 +114,7 @@ pub(super) unsafe fn dkdv<
 ) {
     let p = L::base(pp);
     const { assert!(KD as u32 * 16 == D && NTQ as u32 * 8 == BM && KQ as u32 * 16 == BM) };
-    const { assert!(KN as u32 * 16 == BN && WT.is_multiple_of(2)) };
+    const { assert!(KN as u32 * 16 == BN) };
     // The protocol waits for every copy at the top of each step: a 2-stage ring.
     const { assert!(BWD_STAGES == 2) };
     let lane = index::lane_id();
@@ -313,15 +316,22 @@ pub(super) unsafe fn dkdv<
                         }
                     }};
                 }
+                // The group's first tile: `QT` per group, one more in each group before it
+                // below `QR`.
+                let first = cg * QT as u32 + if QR > 0 { cg.min(QR as u32) } else { 0 };
                 for pass in 0..QT / DQ_PASS {
-                    dq_pass!(DQ_PASS, cg * QT as u32 + (pass * DQ_PASS) as u32);
+                    dq_pass!(DQ_PASS, first + (pass * DQ_PASS) as u32);
                 }
-                let rest = cg * QT as u32 + (QT / DQ_PASS * DQ_PASS) as u32;
+                let rest = first + (QT / DQ_PASS * DQ_PASS) as u32;
                 match QT % DQ_PASS {
                     1 => dq_pass!(1, rest),
                     2 => dq_pass!(2, rest),
                     3 => dq_pass!(3, rest),
                     _ => {}
+                }
+                if QR > 0 && cg < QR as u32 {
+                    // Warp-uniform: the group's extra tile.
+                    dq_pass!(1, first + QT as u32);
                 }
             }
         }

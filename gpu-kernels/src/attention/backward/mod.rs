@@ -62,7 +62,8 @@ macro_rules! dkdv_body {
             { (CFG.block_m / 16) as usize },
             { (CFG.block_n / 16) as usize },
             { (CFG.warp_cols() / 8) as usize },
-            { (CFG.dq_cols() / 8) as usize },
+            { CFG.dq_tiles() as usize },
+            { CFG.dq_tiles_rem() as usize },
             { CFG.threads() },
             $with_dq,
             $ds_barrier,
@@ -205,8 +206,8 @@ macro_rules! backward_entries {
     };
 }
 
-/// The dense batches' kernels for every head dimension with backward kernels
-/// ([`kernel_abi::with_attention_bwd_head_dims!`]).
+/// The dense batches' kernels for every head dimension
+/// ([`kernel_abi::with_attention_head_dims!`]).
 macro_rules! dense_entries {
     ($($d:literal),*) => {
         backward_entries!(EMU_KERNELS, AttentionBwdParams, Dense, ""; $($d),*);
@@ -222,8 +223,8 @@ macro_rules! packed_entries {
     };
 }
 
-kernel_abi::with_attention_bwd_head_dims!(dense_entries!());
-kernel_abi::with_attention_bwd_head_dims!(packed_entries!());
+kernel_abi::with_attention_head_dims!(dense_entries!());
+kernel_abi::with_attention_head_dims!(packed_entries!());
 
 /// The body of the negative control `negative_attention_bwd_no_ds_barrier`
 /// (`crate::negative`): `attention_bwd_bf16_d64` without barrier (B) of [`dkdv`]'s protocol.

@@ -8,6 +8,7 @@ use crate::exec::DevView;
 use crate::gpu::LaunchConfig;
 use crate::launch::Launch;
 use crate::tensor_map::MapSpec;
+use kernel_abi::attention::UNBOUNDED;
 use kernel_abi::attention::backward::{
     ATTENTION_BWD_DSINKS, AttentionBwdParams, BwdKernels, ROW_BLOCK, bwd_kernels,
 };
@@ -15,7 +16,6 @@ use kernel_abi::attention::hopper_bwd::{
     HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdConfig, HopperBwdKernel, HopperBwdParams,
     HopperBwdSplit, dq_accum_len, dq_order_len, hopper_bwd_kernel,
 };
-use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS, UNBOUNDED};
 use kernel_abi::{Kernel, KernelDecl, TensorMap};
 
 /// Options of the backward.
@@ -390,17 +390,6 @@ pub(in crate::attention) fn workspace_pointers(
     Ok((ws.delta.addr() as *mut f32, accum))
 }
 
-/// Refuse a head dimension the forward takes but the backward has no kernels for.
-pub(in crate::attention) fn check_backward_head_dim(head_dim: usize) -> Result<()> {
-    if BWD_HEAD_DIMS.contains(&(head_dim as u32)) {
-        return Ok(());
-    }
-    Err(Error::unsupported(
-        format!("attention backward at head dimension {head_dim}"),
-        format!("the backward supports {BWD_HEAD_DIMS:?} (the forward {HEAD_DIMS:?})"),
-    ))
-}
-
 impl AttentionProblem {
     /// Plan the backward pass on `tensors` for `target`. Validates the problem, every view
     /// (as the forward validates its views: shape, contiguous head dimension, 16-byte aligned
@@ -413,7 +402,6 @@ impl AttentionProblem {
         options: BackwardOptions,
     ) -> Result<AttentionBackwardPlan> {
         self.validate()?;
-        check_backward_head_dim(self.head_dim)?;
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",

@@ -12,9 +12,10 @@ use crate::gpu::check_kernel_launch;
 use crate::ptx::Arch;
 use half::{bf16, f16};
 use kernel_abi::attention::backward::{
-    BWD_KERNELS, ROW_BLOCK, ROW_THREADS, bwd_tile_config, dq_tile_config,
+    BWD_KERNELS, ROW_BLOCK, ROW_THREADS, bwd_kernels, bwd_tile_config, bwd_varlen_kernels,
+    dq_tile_config,
 };
-use kernel_abi::attention::{BWD_HEAD_DIMS, HEAD_DIMS, UNBOUNDED};
+use kernel_abi::attention::{HEAD_DIMS, UNBOUNDED};
 
 /// The most dynamic shared memory a block may have on the GPUs the tests assume (H100, H200).
 const MAX_SMEM: usize = 227 * 1024;
@@ -82,7 +83,7 @@ fn dtype_name(d: Dtype) -> &'static str {
 
 #[test]
 fn handles_are_named_by_role_dtype_and_head_dim() {
-    assert_eq!(BWD_KERNELS.len(), 2 * BWD_HEAD_DIMS.len());
+    assert_eq!(BWD_KERNELS.len(), 2 * HEAD_DIMS.len());
     for k in &BWD_KERNELS {
         let (dt, d) = (dtype_name(k.dtype), k.head_dim);
         assert_eq!(k.pre.name, format!("attention_bwd_pre_{dt}_d{d}"));
@@ -272,7 +273,7 @@ fn the_hopper_path_where_it_exists() {
 fn every_launch_passes_the_ptx_checks() {
     for arch in [Arch::Sm90a, Arch::Sm80] {
         for dtype in [Dtype::Bf16, Dtype::F16] {
-            for d in BWD_HEAD_DIMS {
+            for d in HEAD_DIMS {
                 for deterministic in [false, true] {
                     let p = AttentionProblem::new(2, 239, 17, 4, 2, d as usize, dtype).causal();
                     let plan = plan_on(arch, &p, deterministic).unwrap();
@@ -374,7 +375,7 @@ fn bad_tensors_are_rejected() {
     assert!(is_invalid(p.plan_backward(target(Arch::Sm80), &h16, opts)));
     // Problems.
     let mut bad = p.clone();
-    bad.head_dim = 144;
+    bad.head_dim = 72;
     assert!(matches!(
         bad.plan_backward(target(Arch::Sm80), &good, opts),
         Err(Error::Unsupported { .. })
@@ -562,7 +563,7 @@ fn varlen_launches_with_empty_grids_are_left_out() {
 fn every_varlen_launch_passes_the_ptx_checks() {
     for arch in [Arch::Sm90a, Arch::Sm80] {
         for dtype in [Dtype::Bf16, Dtype::F16] {
-            for d in BWD_HEAD_DIMS {
+            for d in HEAD_DIMS {
                 for deterministic in [false, true] {
                     let mut p = varlen_problem(&[(239, 17), (3, 80)], 4, 2, d as usize).causal();
                     p.dtype = dtype;
@@ -619,20 +620,23 @@ fn bad_varlen_tensors_are_rejected() {
     assert!(plan.launches(&ws).is_err());
 }
 
-/// A head dimension the forward takes and the backward has no kernels for is a typed error on
-/// both layouts.
+/// Every head dimension of the forward has backward kernels on both layouts and both element
+/// types; one the forward refuses is the forward's typed error.
 #[test]
-fn head_dims_without_backward_kernels_are_refused() {
-    for d in HEAD_DIMS.into_iter().filter(|d| !BWD_HEAD_DIMS.contains(d)) {
-        let want = format!("attention backward at head dimension {d}");
+fn every_forward_head_dim_has_a_backward() {
+    for d in HEAD_DIMS {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            assert!(bwd_kernels(dtype, d).is_some(), "{dtype:?} D {d}");
+            assert!(bwd_varlen_kernels(dtype, d).is_some(), "{dtype:?} D {d}");
+        }
         let p = AttentionProblem::new(1, 64, 64, 2, 1, d as usize, Dtype::Bf16);
-        let e = plan_on(Arch::Sm90a, &p, false).map(|_| ()).unwrap_err();
-        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
-        assert!(e.to_string().contains(&want), "{e}");
-        let p = varlen_problem(&[(5, 7), (9, 3)], 2, 1, d as usize);
-        let e = varlen_plan(&p, true).map(|_| ()).unwrap_err();
-        assert!(e.to_string().contains(&want), "{e}");
+        plan_on(Arch::Sm90a, &p, false).unwrap();
+        varlen_plan(&varlen_problem(&[(5, 7), (9, 3)], 2, 1, d as usize), true).unwrap();
     }
+    let p = AttentionProblem::new(1, 64, 64, 2, 1, 72, Dtype::Bf16);
+    let e = plan_on(Arch::Sm90a, &p, false).map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    assert!(e.to_string().contains("head dimension 72"), "{e}");
 }
 
 #[test]

@@ -120,7 +120,6 @@ impl AttentionVarlenProblem {
         options: BackwardOptions,
     ) -> Result<AttentionVarlenBackwardPlan> {
         self.validate()?;
-        super::plan::check_backward_head_dim(self.head_dim)?;
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",
