@@ -81,10 +81,11 @@
 #       (committed back there), so the tuning is made once. The scripts' rows go into a copy of
 #       bench/results/python.json (kept in /tmp while the machine stays), returned in $OUT. The
 #       part stops itself E2E_BUDGET seconds (default 520) after it starts.
-#   bwdhd the mma.sync backward at D 32, 48, 80, 112, 160, 224: the backward tests (dense,
-#       softcap and sinks, packed), props, negative controls, CLI tests, the four sanitizers on
-#       D 80, 112, 160 and 224 cases (dense, packed, softcap), the Python attention tests, then
-#       kbench attention-backward at D 80, 112, 160, 224 (S 4k and 16k) with its peers.
+#   bwdhd the mma.sync backward at the head dimensions added beside 64, 96, 128, 192, 256: the
+#       backward tests (dense, softcap and sinks, packed), props, negative controls, CLI tests,
+#       the four sanitizers on D 80, 112, 160, 176, 224, 240 cases (dense, packed, softcap), the
+#       Python attention tests, then kbench attention-backward at D 80, 112, 160, 240 (S 4k and
+#       16k) with its peers.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd
@@ -624,10 +625,12 @@ if [ "$part" = bwdhd ]; then
   bwd_tests
   san_cases "attention_bwd/gpu/bf16_d80_b2_sq113_sk203_h4x2_causal
     attention_bwd/gpu/f16_d160_b2_sq113_sk203_h4x2_win40_7
+    attention_bwd/gpu/bf16_d176_b2_sq113_sk203_h4x2_causal
+    attention_bwd/gpu/f16_d240_b2_sq113_sk203_h4x2_win40_7
     attention_varlen_bwd/gpu/bf16_d112_h4x2
     attention_capsink_bwd/auto/bf16_d224_b2_sq113_sk203_h4x2_softcap5"
   py_attention /tmp/pyd9hd
-  SEQS=4096,16384 T=300 bwd_bench 80,112,160,224
+  SEQS=4096,16384 T=300 bwd_bench 80,112,160,240
 fi
 if [ "$part" = e2e2 ]; then
   end=$(( $(date +%s) + ${E2E_BUDGET:-520} )); steps=${E2E_STEPS:-ddp tests py fla}
