@@ -1,5 +1,6 @@
-//! The PTX embedded at build time (by `build.rs`, through `ptx-builder`), the choice of
-//! target for a device, and the module of one kernel ([`Arch::entry_module`]).
+//! The PTX embedded at build time (by `build.rs`, through `ptx-builder`; zstd-compressed,
+//! decompressed on first use), the choice of target for a device, and the module of one kernel
+//! ([`Arch::entry_module`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -52,12 +53,26 @@ impl Arch {
         self == Arch::Sm90a
     }
 
-    /// The PTX text of this target.
+    /// The PTX text of this target (decompressed once, on the first call: about 0.1 s).
     pub fn ptx(self) -> &'static str {
-        match self {
-            Arch::Sm90a => include_str!(concat!(env!("OUT_DIR"), "/gpu_kernels.sm_90a.ptx")),
-            Arch::Sm80 => include_str!(concat!(env!("OUT_DIR"), "/gpu_kernels.sm_80.ptx")),
-        }
+        static SM90A: OnceLock<String> = OnceLock::new();
+        static SM80: OnceLock<String> = OnceLock::new();
+        let (cell, packed): (_, &[u8]) = match self {
+            Arch::Sm90a => (
+                &SM90A,
+                include_bytes!(concat!(env!("OUT_DIR"), "/gpu_kernels.sm_90a.ptx.zst")),
+            ),
+            Arch::Sm80 => (
+                &SM80,
+                include_bytes!(concat!(env!("OUT_DIR"), "/gpu_kernels.sm_80.ptx.zst")),
+            ),
+        };
+        cell.get_or_init(|| {
+            // The build script wrote this frame from the PTX text: an error here is a broken
+            // build, not an input this library can meet at run time.
+            let text = zstd::stream::decode_all(packed).expect("the embedded PTX decompresses");
+            String::from_utf8(text).expect("the embedded PTX is UTF-8 text")
+        })
     }
 
     /// The kernels of this target's PTX with their declared parameters and launch bounds
