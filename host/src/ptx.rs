@@ -53,7 +53,7 @@ impl Arch {
         self == Arch::Sm90a
     }
 
-    /// The PTX text of this target (decompressed once, on the first call: about 0.1 s).
+    /// The PTX text of this target (decompressed once, on the first call: about 0.05 s).
     pub fn ptx(self) -> &'static str {
         static SM90A: OnceLock<String> = OnceLock::new();
         static SM80: OnceLock<String> = OnceLock::new();
