@@ -85,7 +85,7 @@
 #       backward tests (dense, softcap and sinks, packed), props, negative controls, CLI tests,
 #       the four sanitizers on D 80, 112, 160, 176, 224, 240 cases (dense, packed, softcap), the
 #       Python attention tests, then kbench attention-backward at D 80, 112, 160, 240 (S 4k and
-#       16k) with its peers.
+#       16k) with its peers; BWDHD_STEPS chooses among "tests san py bench" (default all).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd
@@ -622,15 +622,16 @@ if [ "$part" = rows ]; then
   SEQS=4096,16384 T=250 bwd_bench 64,128
 fi
 if [ "$part" = bwdhd ]; then
-  bwd_tests
-  san_cases "attention_bwd/gpu/bf16_d80_b2_sq113_sk203_h4x2_causal
+  steps=" ${BWDHD_STEPS:-tests san py bench} "
+  [[ $steps == *" tests "* ]] && bwd_tests
+  [[ $steps == *" san "* ]] && san_cases "attention_bwd/gpu/bf16_d80_b2_sq113_sk203_h4x2_causal
     attention_bwd/gpu/f16_d160_b2_sq113_sk203_h4x2_win40_7
     attention_bwd/gpu/bf16_d176_b2_sq113_sk203_h4x2_causal
     attention_bwd/gpu/f16_d240_b2_sq113_sk203_h4x2_win40_7
     attention_varlen_bwd/gpu/bf16_d112_h4x2
     attention_capsink_bwd/auto/bf16_d224_b2_sq113_sk203_h4x2_softcap5"
-  py_attention /tmp/pyd9hd
-  SEQS=4096,16384 T=300 bwd_bench 80,112,160,240
+  [[ $steps == *" py "* ]] && py_attention /tmp/pyd9hd
+  [[ $steps == *" bench "* ]] && SEQS=4096,16384 T=300 bwd_bench 80,112,160,240
 fi
 if [ "$part" = e2e2 ]; then
   end=$(( $(date +%s) + ${E2E_BUDGET:-520} )); steps=${E2E_STEPS:-ddp tests py fla}
