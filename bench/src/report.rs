@@ -48,10 +48,27 @@ pub fn render(files: &[ResultsFile], plots: &[Plot], plots_link: &str) -> String
     );
     for f in files {
         writeln!(md, "\n## {}\n", f.family).unwrap();
+        let merged = f.rows.iter().any(|r| {
+            r.extra
+                .get("commit")
+                .and_then(Value::as_str)
+                .is_some_and(|c| c != f.commit)
+        });
+        if merged {
+            md.push_str(
+                "Rows of several runs, each with its device, commit and date in the file; \
+                 the latest run: ",
+            );
+        }
+        let target = if f.ptx_target.is_empty() {
+            String::new()
+        } else {
+            format!(", PTX target {}", f.ptx_target)
+        };
         writeln!(
             md,
-            "{} (driver {}), PTX target {}, commit `{}`, {}.\n",
-            f.device, f.driver, f.ptx_target, f.commit, f.date
+            "{} (driver {}){target}, commit `{}`, {}.\n",
+            f.device, f.driver, f.commit, f.date
         )
         .unwrap();
         for p in plots.iter().filter(|p| p.family == f.family) {
@@ -407,7 +424,21 @@ fn table(rows: &[Row]) -> String {
     let with_extra = rows.iter().any(|r| extra(r).is_some());
     let tokens = recorded_tokens_per_s;
     let with_tokens = rows.iter().any(|r| tokens(r).is_some());
-    let mut md = String::from("| kernel | config | impl | median ms |");
+    // Files that merge the rows of several runs (python.json) stamp each row with its device;
+    // a column shows it when they differ.
+    let device = |r: &Row| {
+        r.extra
+            .get("device")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let devices: std::collections::BTreeSet<_> = rows.iter().filter_map(device).collect();
+    let with_device = devices.len() > 1;
+    let mut md = String::from("| kernel | config | impl |");
+    if with_device {
+        md.push_str(" device |");
+    }
+    md.push_str(" median ms |");
     if with_tokens {
         md.push_str(" M tokens/s |");
     }
@@ -418,7 +449,11 @@ fn table(rows: &[Row]) -> String {
     if with_extra {
         md.push_str(" extra MiB |");
     }
-    md.push_str("\n|---|---|---|---:|");
+    md.push_str(if with_device {
+        "\n|---|---|---|---|---:|"
+    } else {
+        "\n|---|---|---|---:|"
+    });
     let numeric = 5 + usize::from(with_tokens) + usize::from(with_peak) + usize::from(with_extra);
     md.push_str(&"---:|".repeat(numeric));
     md.push('\n');
@@ -433,12 +468,11 @@ fn table(rows: &[Row]) -> String {
                 .get(&key)
                 .map_or(String::new(), |o| format!("{:.2}x", r.median_ms / o))
         };
-        write!(
-            md,
-            "| {} | {} | {} | {:.4} |",
-            r.kernel, key.1, r.implementation, r.median_ms
-        )
-        .unwrap();
+        write!(md, "| {} | {} | {} |", r.kernel, key.1, r.implementation).unwrap();
+        if with_device {
+            write!(md, " {} |", device(r).unwrap_or_default()).unwrap();
+        }
+        write!(md, " {:.4} |", r.median_ms).unwrap();
         if with_tokens {
             write!(md, " {} |", num(tokens(r).map(|t| t / 1e6), 1)).unwrap();
         }

@@ -25,7 +25,8 @@ def write_results(path: str, commit: str, rows: list, notes: list, note_prefix: 
     """Merge ``rows`` and ``notes`` into the results file at ``path``: rows of the same
     ``kernel`` names and notes starting with ``note_prefix`` are replaced, everything else is
     kept; the header (device, driver, commit, date) is this run's, and every row carries the
-    commit and date of the run that measured it (kept rows without them take the old header's)."""
+    device, driver, commit and date of the run that measured it (kept rows without them take
+    the old header's)."""
     old = {}
     if os.path.exists(path):
         try:
@@ -34,16 +35,18 @@ def write_results(path: str, commit: str, rows: list, notes: list, note_prefix: 
         except (OSError, ValueError):
             old = {}
     kernels = {r["kernel"] for r in rows}
+    stamp = ("device", "driver", "commit", "date")
     kept_rows = [
-        {"commit": old.get("commit"), "date": old.get("date"), **r}
+        {**{k: old.get(k) for k in stamp}, **r}
         for r in old.get("rows", []) if r.get("kernel") not in kernels
     ]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    rows = [{**r, "commit": commit, "date": date} for r in rows]
+    device, driver = torch.cuda.get_device_name(), driver_version()
+    rows = [{**r, "device": device, "driver": driver, "commit": commit, "date": date} for r in rows]
     kept_notes = [n for n in old.get("notes", []) if not n.startswith(note_prefix)]
     result = {
-        "device": torch.cuda.get_device_name(),
-        "driver": driver_version(),
+        "device": device,
+        "driver": driver,
         "commit": commit,
         "date": date,
         "family": "python",
