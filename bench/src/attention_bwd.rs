@@ -110,12 +110,11 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
         (attention::Path::Auto, false, "ours"),
         (attention::Path::Auto, true, "ours-deterministic"),
     ];
-    // "ours-mma" only where the automatic choice is another path (a Hopper backward kernel).
-    let hopper = kernel_abi::attention::hopper_bwd::hopper_bwd_kernel(
-        kernel_abi::attention::Dtype::Bf16,
-        p.head_dim as u32,
-        false,
-    );
+    // "ours-mma" only where the automatic choice is another path (a Hopper backward kernel, of
+    // the head dimension or padded).
+    let (dtype, d) = (kernel_abi::attention::Dtype::Bf16, p.head_dim as u32);
+    let hopper = kernel_abi::attention::hopper_bwd::hopper_bwd_kernel(dtype, d, false)
+        .or_else(|| kernel_abi::attention::hopper_bwd::hopper_bwd_padded_kernel(dtype, d, false));
     if b.gpu.arch().has_hopper_kernels() && hopper.is_some() {
         variants.extend([
             (attention::Path::MmaSync, false, "ours-mma"),

@@ -14,7 +14,7 @@
 
 use super::name as case_name;
 use super::{Case, case};
-use kernel_abi::attention::hopper_bwd::hopper_bwd_kernel;
+use kernel_abi::attention::hopper_bwd::{hopper_bwd_kernel, hopper_bwd_padded_kernel};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::Arch;
@@ -857,11 +857,13 @@ pub fn register(s: &mut Suite) {
         s.cpu(&n, move || strided_emulated(deterministic));
     }
     for (i, c) in gpu_cases().into_iter().enumerate() {
-        // The automatic path (the Hopper kernels on sm_90a at D 64, 96, 128 and, by default,
-        // 256) and, for the bf16 cases it would take, the mma.sync kernels forced (`_mma`):
-        // both paths are tested on a Hopper GPU.
+        // The automatic path (the Hopper kernels on sm_90a at D 64, 96, 128, by default 256,
+        // and padded at 32, 48, 80, 112) and, for the bf16 cases it would take, the mma.sync
+        // kernels forced (`_mma`): both paths are tested on a Hopper GPU.
         let mut paths = vec![attention::Path::Auto];
-        let hopper = hopper_bwd_kernel(c.p.dtype, c.p.head_dim as u32, false).is_some();
+        let d = c.p.head_dim as u32;
+        let hopper = hopper_bwd_kernel(c.p.dtype, d, false).is_some()
+            || hopper_bwd_padded_kernel(c.p.dtype, d, false).is_some();
         if c.p.dtype == Dtype::Bf16 && hopper {
             paths.push(attention::Path::MmaSync);
         }

@@ -62,9 +62,13 @@ pub const HOPPER_DQ_BLOCK_N: u32 = 64;
 /// Parameters of the Hopper dK/dV kernel: the tensor maps of Q, dO, K and V (4-D, dims `[D,
 /// heads, seq, batch]`, box `[64, 1, rows, 1]` with rows [`HopperBwdConfig::block_m`] for Q
 /// and dO and [`HopperBwdConfig::block_n`] for K and V, 128-byte swizzle; rows past the
-/// sequence read as zeros),
+/// sequence and columns past `D` read as zeros),
 /// then the `mma.sync` backward's parameters, of which the kernel reads LSE, `delta'`, dK, dV
-/// with their strides, the sizes, the scales and the window.
+/// with their strides, the sizes, the scales and the window, then the tensors' head dimension.
+///
+/// The tensors' head dimension `head_dim` may be below the kernel's (a padded plan,
+/// [`hopper_bwd_padded_kernel`]): the maps' zero columns make the products those of the
+/// tensors, and the kernels store the gradients' first `head_dim` columns only.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HopperBwdParams {
@@ -78,6 +82,8 @@ pub struct HopperBwdParams {
     pub tmap_v: TensorMap,
     /// Everything else, as for the `mma.sync` kernels.
     pub base: AttentionBwdParams,
+    /// The tensors' head dimension: the kernel's, or below it by a multiple of 16.
+    pub head_dim: u32,
 }
 
 /// Rows per (sequence, head) of the tiled dQ accumulator: `seq_q` rounded up to whole tiles.
@@ -674,6 +680,25 @@ pub fn hopper_bwd_kernel(
     const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
     ALL.iter()
         .find(|k| k.dtype == dtype && k.head_dim == head_dim && k.softcap == softcap)
+}
+
+/// The split Hopper kernels (dK/dV and dQ, [`HopperBwdKernel::split`]) of the smallest head
+/// dimension above `head_dim` that has them, for a head dimension without kernels of its own:
+/// the kernels run on zero-padded columns (the tensor maps' fill) and store `head_dim` columns,
+/// at the cost of the padded dimension's products.
+pub fn hopper_bwd_padded_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    softcap: bool,
+) -> Option<&'static HopperBwdKernel> {
+    const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
+    if hopper_bwd_kernel(dtype, head_dim, softcap).is_some() {
+        return None;
+    }
+    ALL.iter()
+        .filter(|k| k.dtype == dtype && k.softcap == softcap && k.split.is_some())
+        .filter(|k| k.head_dim > head_dim)
+        .min_by_key(|k| k.head_dim)
 }
 
 const _: () = {

@@ -336,12 +336,17 @@ pub(super) unsafe fn dq<
         if i < seq_q {
             let row = dq_base.wrapping_add((i as u64 * st[1]) as usize);
             for j in 0..DR / 4 {
-                let col = 8 * j + 2 * t as usize;
+                let col = 8 * j as u32 + 2 * t;
+                // Columns past the tensors' head dimension (a padded plan) are not stored.
+                if col >= p.head_dim {
+                    continue;
+                }
                 let x = 4 * j + 2 * h;
                 let v2 = E::pack(dq[x] * scale, dq[x + 1] * scale);
-                // SAFETY: row i < seq_q, column + 1 < D: inside dQ; 4-byte aligned (16-byte
-                // aligned rows, even column); each element has one writer.
-                unsafe { *(row.wrapping_add(col) as *mut u32) = v2 };
+                // SAFETY: row i < seq_q, column + 1 < head_dim (even, a multiple of 16): inside
+                // dQ; 4-byte aligned (16-byte aligned rows, even column); each element has one
+                // writer.
+                unsafe { *(row.wrapping_add(col as usize) as *mut u32) = v2 };
             }
         }
     }

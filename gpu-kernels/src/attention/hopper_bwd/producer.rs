@@ -309,7 +309,7 @@ pub(super) unsafe fn produce(
 /// The epilogue of a dK/dV kernel: `dK scale` and `dV` (element type) from a thread's `m64nN`
 /// accumulators (`DR = N / 2` registers each) over keys `key0` and `key0 + 8` and columns
 /// `col0 + 8 j + 2 t, + 1` (`t = lane % 4`) of the block's key/value head and sequence; keys
-/// past `seq_k` are not stored.
+/// past `seq_k` and columns past the tensors' head dimension (`head_dim`) are not stored.
 ///
 /// # Safety
 /// `p`'s dK and dV as validated by the host, `key0` and the columns inside the block's keys
@@ -341,15 +341,20 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize>(
             let dk_row = dk_base.wrapping_add((key as u64 * dk_st[1]) as usize);
             let dv_row = dv_base.wrapping_add((key as u64 * dv_st[1]) as usize);
             for j in 0..DR / 4 {
-                let col = (col0 + 8 * j as u32 + 2 * t) as usize;
+                let col = col0 + 8 * j as u32 + 2 * t;
+                // Columns past the tensors' head dimension (a padded plan) are not stored.
+                if col >= p.head_dim {
+                    continue;
+                }
                 let x = 4 * j + 2 * hh;
                 let k2 = E::pack(dk[x] * scale, dk[x + 1] * scale);
                 let v2 = E::pack(dv[x], dv[x + 1]);
-                // SAFETY: key < seq_k, column + 1 < D: inside dK and dV (the caller's); 4-byte
-                // aligned (16-byte aligned rows, even column); each element has one writer.
+                // SAFETY: key < seq_k, column + 1 < head_dim (even, a multiple of 16): inside
+                // dK and dV; 4-byte aligned (16-byte aligned rows, even column); each element
+                // has one writer.
                 unsafe {
-                    *(dk_row.wrapping_add(col) as *mut u32) = k2;
-                    *(dv_row.wrapping_add(col) as *mut u32) = v2;
+                    *(dk_row.wrapping_add(col as usize) as *mut u32) = k2;
+                    *(dv_row.wrapping_add(col as usize) as *mut u32) = v2;
                 }
             }
         }

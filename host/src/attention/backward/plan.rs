@@ -14,7 +14,7 @@ use kernel_abi::attention::backward::{
 };
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdConfig, HopperBwdKernel, HopperBwdParams,
-    HopperBwdSplit, dq_accum_len, dq_order_len, hopper_bwd_kernel,
+    HopperBwdSplit, dq_accum_len, dq_order_len, hopper_bwd_kernel, hopper_bwd_padded_kernel,
 };
 use kernel_abi::{Kernel, KernelDecl, TensorMap};
 
@@ -514,7 +514,8 @@ impl AttentionProblem {
     /// The Hopper kernels for the checked tensors `t` on `target`, if the backward takes them:
     /// with [`Path::Auto`] where the target has the Hopper kernels, one exists for the element
     /// type, head dimension and mode (D 64, 96, 128; D 256 in the default mode: the dK/dV/dQ
-    /// kernel of a wide head) and tensor maps describe Q, dO, K and V; with [`Path::Hopper`]
+    /// kernel of a wide head; D 32, 48, 80, 112: the dK/dV and dQ kernels of the next of 64, 96,
+    /// 128 on zero-padded columns) and tensor maps describe Q, dO, K and V; with [`Path::Hopper`]
     /// likewise, but an error on a GPU without the Hopper kernels or for views a tensor map
     /// cannot describe (D 192, and D 256 in deterministic mode, take the `mma.sync` kernels);
     /// [`Path::MmaSync`] never. A softcap takes the kernels' softcap forms; sinks change
@@ -538,17 +539,25 @@ impl AttentionProblem {
             Path::Auto | Path::Hopper => {}
         }
         let softcap = self.softcap.is_some();
-        let Some(kernel) = hopper_bwd_kernel(self.dtype, self.head_dim as u32, softcap) else {
-            return Ok(None);
+        let d = self.head_dim as u32;
+        // A head dimension without Hopper kernels of its own takes the dK/dV and dQ kernels of
+        // the next one above it, on zero-padded columns (a padded plan).
+        let (kernel, padded) = match hopper_bwd_kernel(self.dtype, d, softcap) {
+            Some(k) => (k, false),
+            None => match hopper_bwd_padded_kernel(self.dtype, d, softcap) {
+                Some(k) => (k, true),
+                None => return Ok(None),
+            },
         };
         // The dK/dV/dQ kernel, in deterministic mode where it orders its additions; D 96 has
         // none (both modes take the dK/dV and dQ kernels: the workspace keeps the
         // accumulator's size, unused), and D 256 has no dK/dV and dQ kernels and an unordered
         // dK/dV/dQ kernel (its deterministic mode takes the mma.sync path).
-        let fused = kernel
-            .fused
-            .as_ref()
-            .is_some_and(|f| !options.deterministic || f.ordered);
+        let fused = !padded
+            && kernel
+                .fused
+                .as_ref()
+                .is_some_and(|f| !options.deterministic || f.ordered);
         let main_cfg = match (&kernel.fused, &kernel.split) {
             (Some(f), _) if fused => f.cfg,
             (_, Some(s)) => s.cfg,
@@ -690,6 +699,7 @@ impl AttentionBackwardPlan {
                 tmap_k: TensorMap::ZEROED,
                 tmap_v: TensorMap::ZEROED,
                 base: params,
+                head_dim: k.tiles.head_dim,
             };
             let (main, cfg) = h.main();
             let dkdv = BwdLaunch::Hopper(Launch::new(main, self.dkdv_grid, cfg, hp));

@@ -256,6 +256,35 @@ fn the_hopper_path_where_it_exists() {
                 .is_null()
         );
     }
+    // D = 32, 48, 80, 112: the dK/dV and dQ kernels of the next Hopper dimension on
+    // zero-padded columns, in either mode (no accumulator), storing the tensors' columns.
+    for (d, kd) in [(32, 64), (48, 64), (80, 96), (112, 128)] {
+        for (softcap, infix) in [(None, ""), (Some(20.0), "softcap_")] {
+            let mut q = AttentionProblem::new(2, 100, 300, 4, 2, d, Dtype::Bf16).causal();
+            q.softcap = softcap;
+            for deterministic in [false, true] {
+                let plan = plan(&q, deterministic).unwrap();
+                assert_eq!(plan.path(), BackwardPath::Hopper, "D {d}");
+                let l = plan.launches(&workspace(&plan)).unwrap();
+                let dkdv = format!("attention_bwd_hopper_dkdv_{infix}bf16_d{kd}");
+                let dq = format!("attention_bwd_hopper_dq_{infix}bf16_d{kd}");
+                assert_eq!((l.dkdv.name(), l.dq.name()), (dkdv.as_str(), dq.as_str()));
+                let (BwdLaunch::Hopper(a), BwdLaunch::Hopper(b)) = (&l.dkdv, &l.dq) else {
+                    panic!("Hopper launches at D {d}");
+                };
+                assert_eq!(
+                    (a.params().head_dim, b.params().head_dim),
+                    (d as u32, d as u32)
+                );
+                assert!(l.pre.params().dq_accum.is_null());
+                assert_eq!(l.pre.name(), plan.kernels().pre.name);
+                assert_eq!(plan.kernels().tiles.head_dim, d as u32);
+            }
+            let mut m = q.clone();
+            m.path = Path::MmaSync;
+            assert_eq!(plan(&m, false).unwrap().path(), BackwardPath::MmaSync);
+        }
+    }
     // D = 192 has no Hopper backward kernel.
     let q = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16);
     assert_eq!(plan(&q, false).unwrap().path(), BackwardPath::MmaSync);
