@@ -86,9 +86,14 @@
 #       the four sanitizers on D 80, 112, 160, 176, 224, 240 cases (dense, packed, softcap), the
 #       Python attention tests, then kbench attention-backward at D 80, 112, 160, 240 (S 4k and
 #       16k) with its peers; BWDHD_STEPS chooses among "tests san py bench" (default all).
+#   pad  the Hopper backward on zero-padded columns (D 32, 48, 80, 112): the backward tests,
+#       props, negative controls, CLI tests, the four sanitizers on D 32/48/80/112 cases
+#       (dense both modes, a softcap), the Python attention tests, then kbench
+#       attention-backward at D 32, 48, 80, 112 (S 4k and 16k; ours-mma beside the padded
+#       kernels) with its peers.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -632,6 +637,16 @@ if [ "$part" = bwdhd ]; then
     attention_capsink_bwd/auto/bf16_d224_b2_sq113_sk203_h4x2_softcap5"
   [[ $steps == *" py "* ]] && py_attention /tmp/pyd9hd
   [[ $steps == *" bench "* ]] && SEQS=4096,16384 T=300 bwd_bench 80,112,160,240
+fi
+if [ "$part" = pad ]; then
+  bwd_tests
+  san_cases "${PADSAN:-attention_bwd/gpu/bf16_d80_b2_sq113_sk203_h4x2_causal
+    attention_bwd/gpu/f16_d112_b2_sq113_sk203_h4x2_win40_7
+    attention_bwd/gpu/bf16_d32_b2_sq113_sk203_h4x2_dlse_atomic
+    attention_bwd/gpu/f16_d48_b1_sq239_sk17_h4x2_causal
+    attention_capsink_bwd/auto/bf16_d80_b2_sq113_sk203_h4x2_softcap5}"
+  py_attention /tmp/pyd9pad
+  SEQS=4096,16384 T=320 bwd_bench 32,48,80,112
 fi
 if [ "$part" = e2e2 ]; then
   end=$(( $(date +%s) + ${E2E_BUDGET:-520} )); steps=${E2E_STEPS:-ddp tests py fla}
