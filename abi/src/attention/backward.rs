@@ -95,10 +95,15 @@ pub struct AttentionBwdParams {
     pub window_left: i32,
     /// Right window size (0 for causal), or [`super::UNBOUNDED`].
     pub window_right: i32,
-    /// 1 when the dQ accumulator has the tiled layout of the Hopper dK/dV/dQ kernel
-    /// ([`super::hopper_bwd::dq_accum_tile_base`]: the preprocess zeroes its padded rows too), 0
-    /// for `[batch, heads_q, seq_q, D]` (and the packed layouts).
+    /// The row width of the dQ accumulator's tiled layout, that of the Hopper dK/dV/dQ kernel
+    /// ([`super::hopper_bwd::dq_accum_tile_base`] with the kernel's head dimension, at least
+    /// `head_dim`: the preprocess zeroes whole rows, and the padded rows too); 0 for `[batch,
+    /// heads_q, seq_q, D]` (and the packed layouts).
     pub dq_accum_tiled: u32,
+    /// The tensors' head dimension D: the kernels' own, except under a padded Hopper plan
+    /// ([`super::hopper_bwd::hopper_bwd_padded_kernel`]), whose kernels compute on columns
+    /// zero-padded to theirs and store only these.
+    pub head_dim: u32,
     /// The forward's softcap and sinks ([`LogitOptions`]). Under a softcap the `softcap`
     /// kernels recompute `t = tanh(q.k softcap_scale)` as the logit (times `scale_log2 =
     /// softcap log2 e`) and scale `dS` by `1 - t^2`, the softcap's derivative; the other

@@ -64,9 +64,9 @@ pub const HOPPER_DQ_BLOCK_N: u32 = 64;
 /// and dO and [`HopperBwdConfig::block_n`] for K and V, 128-byte swizzle; rows past the
 /// sequence and columns past `D` read as zeros),
 /// then the `mma.sync` backward's parameters, of which the kernel reads LSE, `delta'`, dK, dV
-/// with their strides, the sizes, the scales and the window, then the tensors' head dimension.
+/// with their strides, the sizes, the scales, the window and the tensors' head dimension.
 ///
-/// The tensors' head dimension `head_dim` may be below the kernel's (a padded plan,
+/// The tensors' head dimension (`base.head_dim`) may be below the kernel's (a padded plan,
 /// [`hopper_bwd_padded_kernel`]): the maps' zero columns make the products those of the
 /// tensors, and the kernels store the gradients' first `head_dim` columns only.
 #[repr(C)]
@@ -82,8 +82,6 @@ pub struct HopperBwdParams {
     pub tmap_v: TensorMap,
     /// Everything else, as for the `mma.sync` kernels.
     pub base: AttentionBwdParams,
-    /// The tensors' head dimension: the kernel's, or below it by a multiple of 16.
-    pub head_dim: u32,
 }
 
 /// Rows per (sequence, head) of the tiled dQ accumulator: `seq_q` rounded up to whole tiles.
@@ -682,10 +680,11 @@ pub fn hopper_bwd_kernel(
         .find(|k| k.dtype == dtype && k.head_dim == head_dim && k.softcap == softcap)
 }
 
-/// The split Hopper kernels (dK/dV and dQ, [`HopperBwdKernel::split`]) of the smallest head
-/// dimension above `head_dim` that has them, for a head dimension without kernels of its own:
-/// the kernels run on zero-padded columns (the tensor maps' fill) and store `head_dim` columns,
-/// at the cost of the padded dimension's products.
+/// The Hopper kernels of the smallest head dimension above `head_dim`, for a head dimension
+/// without kernels of its own: they run on zero-padded columns (the tensor maps' fill) and
+/// store `head_dim` columns, at the cost of the padded dimension's products. A padded plan
+/// takes their dK/dV and dQ kernels ([`HopperBwdKernel::split`], up to D 128), else their
+/// dK/dV/dQ kernel (D 256, whose accumulator rows are 256 wide).
 pub fn hopper_bwd_padded_kernel(
     dtype: Dtype,
     head_dim: u32,
@@ -696,8 +695,7 @@ pub fn hopper_bwd_padded_kernel(
         return None;
     }
     ALL.iter()
-        .filter(|k| k.dtype == dtype && k.softcap == softcap && k.split.is_some())
-        .filter(|k| k.head_dim > head_dim)
+        .filter(|k| k.dtype == dtype && k.softcap == softcap && k.head_dim > head_dim)
         .min_by_key(|k| k.head_dim)
 }
 

@@ -96,26 +96,33 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
         // The accumulator's row of query row i: as LSE's, or in the tiled layout (dense
         // batches only) one of `dq_accum_rows(seq_q)` rows per (sequence, head), padding
         // rows included (they receive the padded tiles' zero rows).
-        let (acc_row, acc_rows) = if p.dq_accum_tiled != 0 {
+        // The tiled layout's rows are `dq_accum_tiled` wide (the Hopper kernel's head
+        // dimension, above D in a padded plan): the row's lanes zero its chunks in turn.
+        let (acc_row, acc_rows, width) = if p.dq_accum_tiled != 0 {
             let rows = dq_accum_rows(p.seq_q);
             let b = index::block_idx_z() as u64;
             (
                 (b * p.heads_q as u64 + h as u64) * rows as u64 + i as u64,
                 rows,
+                p.dq_accum_tiled,
             )
         } else {
-            (idx as u64, seq_q)
+            (idx as u64, seq_q, D)
         };
-        if !p.dq_accum.is_null() && i < acc_rows && c < chunks {
-            let dst = p
-                .dq_accum
-                .wrapping_add(acc_row as usize * D as usize + 8 * c as usize);
-            // SAFETY: row `acc_row` of the `[.., D]` f32 accumulator, elements 8 c .. 8 c + 8:
-            // inside it (the tiled layout's rows per head cover the grid's rows), 16-byte
-            // aligned (host-allocated, D a multiple of 8).
-            unsafe {
-                global::store_v4(dst as *mut u32, [0; 4]);
-                global::store_v4(dst.wrapping_add(4) as *mut u32, [0; 4]);
+        if !p.dq_accum.is_null() && i < acc_rows {
+            let mut chunk = c;
+            while chunk < width / 8 {
+                let dst = p
+                    .dq_accum
+                    .wrapping_add(acc_row as usize * width as usize + 8 * chunk as usize);
+                // SAFETY: row `acc_row` of the `[.., width]` f32 accumulator, elements 8 chunk
+                // .. 8 chunk + 8: inside it (the tiled layout's rows per head cover the grid's
+                // rows), 16-byte aligned (host-allocated, the width a multiple of 8).
+                unsafe {
+                    global::store_v4(dst as *mut u32, [0; 4]);
+                    global::store_v4(dst.wrapping_add(4) as *mut u32, [0; 4]);
+                }
+                chunk += lanes;
             }
         }
     }

@@ -6,8 +6,8 @@
 //! One block per tile (`HOPPER_DQ_TILE_ROWS` query rows of one query head of one sequence),
 //! [`HOPPER_DQ_CONVERT_THREADS`] threads: thread `tid` reads the tile's 16-byte vectors `tid,
 //! tid + 128, ..` (consecutive across a warp), each holding two column pairs of two rows
-//! ([`dq_tile_position`]), and writes the pairs of rows below `seq_q`. No shared memory, no
-//! barrier.
+//! ([`dq_tile_position`]), and writes the pairs of rows below `seq_q` and columns below the
+//! tensors' head dimension (a padded plan's tiles are wider). No shared memory, no barrier.
 
 use super::super::elem::Elem;
 use crate::arch::{global, index};
@@ -47,12 +47,14 @@ pub(super) unsafe fn convert<E: Elem, const D: u32>(p: &AttentionBwdParams) {
         let (row, col) = dq_tile_position(D, f);
         for hi in 0..2u32 {
             let i = m0 + row + 8 * hi;
-            if i < p.seq_q {
+            // Columns past the tensors' head dimension (a padded plan) are not stored.
+            if i < p.seq_q && col < p.head_dim {
                 let x = |w: u32| f32::from_bits(w) * p.scale;
                 let pair = E::pack(x(v[2 * hi as usize]), x(v[2 * hi as usize + 1]));
                 let dst = dq.wrapping_add((i as u64 * st[1]) as usize + col as usize);
-                // SAFETY: row i < seq_q, columns col, col + 1 < D: inside dQ; 4-byte aligned
-                // (16-byte aligned rows, even column); each element has one writer.
+                // SAFETY: row i < seq_q, columns col, col + 1 < head_dim (even): inside dQ;
+                // 4-byte aligned (16-byte aligned rows, even column); each element has one
+                // writer.
                 unsafe { *(dst as *mut u32) = pair };
             }
         }

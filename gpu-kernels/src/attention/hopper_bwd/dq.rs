@@ -338,7 +338,7 @@ pub(super) unsafe fn dq<
             for j in 0..DR / 4 {
                 let col = 8 * j as u32 + 2 * t;
                 // Columns past the tensors' head dimension (a padded plan) are not stored.
-                if col >= p.head_dim {
+                if col >= p.base.head_dim {
                     continue;
                 }
                 let x = 4 * j + 2 * h;

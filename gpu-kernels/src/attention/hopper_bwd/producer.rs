@@ -343,7 +343,7 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize>(
             for j in 0..DR / 4 {
                 let col = col0 + 8 * j as u32 + 2 * t;
                 // Columns past the tensors' head dimension (a padded plan) are not stored.
-                if col >= p.head_dim {
+                if col >= p.base.head_dim {
                     continue;
                 }
                 let x = 4 * j + 2 * hh;

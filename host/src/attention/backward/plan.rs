@@ -477,7 +477,11 @@ impl AttentionProblem {
             scale_log2,
             window_left: left.map_or(UNBOUNDED, |l| l as i32),
             window_right: right.map_or(UNBOUNDED, |r| r as i32),
-            dq_accum_tiled: hopper.as_ref().is_some_and(|h| h.fused) as u32,
+            dq_accum_tiled: hopper
+                .as_ref()
+                .filter(|h| h.fused)
+                .map_or(0, |h| h.kernel.head_dim),
+            head_dim: d,
             logits,
             d_sinks: t
                 .d_sinks
@@ -515,7 +519,8 @@ impl AttentionProblem {
     /// with [`Path::Auto`] where the target has the Hopper kernels, one exists for the element
     /// type, head dimension and mode (D 64, 96, 128; D 256 in the default mode: the dK/dV/dQ
     /// kernel of a wide head; D 32, 48, 80, 112: the dK/dV and dQ kernels of the next of 64, 96,
-    /// 128 on zero-padded columns) and tensor maps describe Q, dO, K and V; with [`Path::Hopper`]
+    /// 128 on zero-padded columns; D 144 to 240 in the default mode: the D 256 dK/dV/dQ kernel
+    /// on zero-padded columns) and tensor maps describe Q, dO, K and V; with [`Path::Hopper`]
     /// likewise, but an error on a GPU without the Hopper kernels or for views a tensor map
     /// cannot describe (D 192, and D 256 in deterministic mode, take the `mma.sync` kernels);
     /// [`Path::MmaSync`] never. A softcap takes the kernels' softcap forms; sinks change
@@ -540,8 +545,9 @@ impl AttentionProblem {
         }
         let softcap = self.softcap.is_some();
         let d = self.head_dim as u32;
-        // A head dimension without Hopper kernels of its own takes the dK/dV and dQ kernels of
-        // the next one above it, on zero-padded columns (a padded plan).
+        // A head dimension without Hopper kernels of its own takes those of the next one above
+        // it, on zero-padded columns (a padded plan): the dK/dV and dQ kernels where they
+        // exist (up to 128), else the dK/dV/dQ kernel (D 256, the default mode only).
         let (kernel, padded) = match hopper_bwd_kernel(self.dtype, d, softcap) {
             Some(k) => (k, false),
             None => match hopper_bwd_padded_kernel(self.dtype, d, softcap) {
@@ -553,7 +559,7 @@ impl AttentionProblem {
         // none (both modes take the dK/dV and dQ kernels: the workspace keeps the
         // accumulator's size, unused), and D 256 has no dK/dV and dQ kernels and an unordered
         // dK/dV/dQ kernel (its deterministic mode takes the mma.sync path).
-        let fused = !padded
+        let fused = !(padded && kernel.split.is_some())
             && kernel
                 .fused
                 .as_ref()
@@ -595,7 +601,7 @@ impl AttentionProblem {
     /// uses its first `batch heads_q seq_q D` elements), in deterministic mode followed by one
     /// u32 counter per tile (rounded up to 4: 16-byte multiples), whatever path the plan takes.
     pub fn backward_workspace_lens(&self, options: BackwardOptions) -> BackwardWorkspaceLens {
-        let accum = dq_accum_len(self.batch, self.heads_q, self.seq_q, self.head_dim);
+        let accum = dq_accum_len(self.batch, self.heads_q, self.seq_q, self.dq_accum_width());
         BackwardWorkspaceLens {
             delta: self.lse_len(),
             dq_accum: if options.deterministic {
@@ -608,6 +614,16 @@ impl AttentionProblem {
 }
 
 impl AttentionProblem {
+    /// The row width of the dQ accumulator: the head dimension, or where a padded plan may
+    /// take the Hopper dK/dV/dQ kernel of a wider head (D 144 to 240: the D 256 kernel), that
+    /// kernel's.
+    fn dq_accum_width(&self) -> usize {
+        let (d, softcap) = (self.head_dim as u32, self.softcap.is_some());
+        hopper_bwd_padded_kernel(self.dtype, d, softcap)
+            .filter(|k| k.split.is_none() && k.fused.is_some())
+            .map_or(self.head_dim, |k| k.head_dim as usize)
+    }
+
     /// Check a backward's sinks and their gradient: both present exactly when the problem
     /// has sinks, `heads_q` f32 values each, 4-byte aligned.
     pub(in crate::attention) fn check_backward_sinks(
@@ -671,11 +687,15 @@ impl AttentionBackwardPlan {
         };
         let ordered = fused && self.deterministic;
         let p = &self.params;
+        let width = match p.dq_accum_tiled {
+            0 => self.kernels.tiles.head_dim,
+            w => w,
+        };
         let tiled = dq_accum_len(
             p.batch as usize,
             p.heads_q as usize,
             p.seq_q as usize,
-            self.kernels.tiles.head_dim as usize,
+            width as usize,
         );
         let params = AttentionBwdParams {
             delta,
@@ -699,7 +719,6 @@ impl AttentionBackwardPlan {
                 tmap_k: TensorMap::ZEROED,
                 tmap_v: TensorMap::ZEROED,
                 base: params,
-                head_dim: k.tiles.head_dim,
             };
             let (main, cfg) = h.main();
             let dkdv = BwdLaunch::Hopper(Launch::new(main, self.dkdv_grid, cfg, hp));

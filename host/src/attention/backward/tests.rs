@@ -195,7 +195,8 @@ fn the_hopper_path_where_it_exists() {
         assert_eq!(l.dq.config().block, (128, 1, 1));
         assert_eq!(l.pre.params().dq_accum as u64, 21 << 40);
         assert_eq!(l.dkdv.params().dq_accum as u64, 21 << 40);
-        assert_eq!(l.pre.params().dq_accum_tiled, 1);
+        assert_eq!(l.pre.params().dq_accum_tiled, 128);
+        assert_eq!(l.pre.params().head_dim, 128);
         let accum = 3 * 8 * 128 * 128;
         if deterministic {
             assert_eq!(plan.dq_accum_len(), accum + 48);
@@ -237,7 +238,7 @@ fn the_hopper_path_where_it_exists() {
         assert_eq!(l.dkdv.config().grid, (130u32.div_ceil(64), 2, 2));
         assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_f16_d256");
         assert_eq!(l.dq.config().grid, (100u32.div_ceil(64), 4, 2));
-        assert_eq!(l.pre.params().dq_accum_tiled, 1);
+        assert_eq!(l.pre.params().dq_accum_tiled, 256);
         assert_eq!(pl.dq_accum_len(), 2 * 4 * 128 * 256);
         let mut softcap = q.clone();
         softcap.softcap = Some(30.0);
@@ -273,7 +274,7 @@ fn the_hopper_path_where_it_exists() {
                     panic!("Hopper launches at D {d}");
                 };
                 assert_eq!(
-                    (a.params().head_dim, b.params().head_dim),
+                    (a.params().base.head_dim, b.params().base.head_dim),
                     (d as u32, d as u32)
                 );
                 assert!(l.pre.params().dq_accum.is_null());
@@ -285,9 +286,33 @@ fn the_hopper_path_where_it_exists() {
             assert_eq!(plan(&m, false).unwrap().path(), BackwardPath::MmaSync);
         }
     }
-    // D = 192 has no Hopper backward kernel.
-    let q = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16);
-    assert_eq!(plan(&q, false).unwrap().path(), BackwardPath::MmaSync);
+    // D = 144 to 240: the D 256 dK/dV/dQ kernel on zero-padded columns by default, its
+    // accumulator rows 256 wide (the workspace sized so whatever the path); deterministic, the
+    // mma.sync kernels.
+    for d in [144, 160, 176, 192, 208, 224, 240] {
+        for (softcap, infix) in [(None, ""), (Some(20.0), "softcap_")] {
+            let mut q = AttentionProblem::new(2, 100, 130, 4, 2, d, Dtype::F16).causal();
+            q.softcap = softcap;
+            let pl = plan(&q, false).unwrap();
+            assert_eq!(pl.path(), BackwardPath::Hopper, "D {d}");
+            let l = pl.launches(&workspace(&pl)).unwrap();
+            let main = format!("attention_bwd_hopper_dkdvq_{infix}f16_d256");
+            assert_eq!(l.dkdv.name(), main);
+            assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_f16_d256");
+            assert_eq!(l.pre.name(), pl.kernels().pre.name);
+            assert_eq!(pl.kernels().tiles.head_dim, d as u32);
+            let p = l.pre.params();
+            assert_eq!((p.dq_accum_tiled, p.head_dim), (256, d as u32));
+            assert_eq!(l.dq.params().head_dim, d as u32);
+            assert_eq!(pl.dq_accum_len(), 2 * 4 * 128 * 256);
+            let det = plan(&q, true).unwrap();
+            assert_eq!(det.path(), BackwardPath::MmaSync);
+            assert_eq!(det.dq_accum_len(), 2 * 4 * 128 * 256 + 2 * 4 * 2);
+            let l = det.launches(&workspace(&det)).unwrap();
+            assert_eq!(l.pre.params().dq_accum_tiled, 0);
+            assert!(l.pre.params().dq_order.is_null());
+        }
+    }
     p.path = Path::MmaSync;
     assert_eq!(plan(&p, false).unwrap().path(), BackwardPath::MmaSync);
     p.path = Path::Hopper;

@@ -234,6 +234,7 @@ impl AttentionVarlenProblem {
                 window_left: left.map_or(UNBOUNDED, |l| l as i32),
                 window_right: right.map_or(UNBOUNDED, |r| r as i32),
                 dq_accum_tiled: 0,
+                head_dim: d,
                 logits,
                 d_sinks: t
                     .d_sinks
