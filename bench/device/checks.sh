@@ -91,9 +91,13 @@
 #       (dense both modes, a softcap), the Python attention tests, then kbench
 #       attention-backward at D 32, 48, 80, 112 (S 4k and 16k; ours-mma beside the padded
 #       kernels) with its peers.
+#   pad2 the D 256 Hopper dK/dV/dQ kernel on zero-padded columns (D 144 to 240): the dense,
+#       softcap/sinks and packed backward tests, the four sanitizers on D 160 causal and a
+#       softcap at D 240, the Python attention tests, then kbench attention-backward at D 160
+#       and 240 (S 4k; ours-mma beside) with its peers.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -647,6 +651,15 @@ if [ "$part" = pad ]; then
     attention_capsink_bwd/auto/bf16_d80_b2_sq113_sk203_h4x2_softcap5}"
   py_attention /tmp/pyd9pad
   SEQS=4096,16384 T=320 bwd_bench 32,48,80,112
+fi
+if [ "$part" = pad2 ]; then
+  t bwd $B/bin/test-attention attention_bwd/ --skip emulated
+  t capb $B/bin/test-attention attention_capsink_bwd/ --skip emulated
+  t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+  san_cases "attention_bwd/gpu/bf16_d160_b2_sq113_sk203_h4x2_causal_atomic
+    attention_capsink_bwd/auto/bf16_d240_b2_sq113_sk203_h4x2_softcap5"
+  py_attention /tmp/pyd9pad2
+  SEQS=4096 T=100 bwd_bench 160,240
 fi
 if [ "$part" = e2e2 ]; then
   end=$(( $(date +%s) + ${E2E_BUDGET:-520} )); steps=${E2E_STEPS:-ddp tests py fla}
