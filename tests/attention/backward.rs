@@ -858,8 +858,9 @@ pub fn register(s: &mut Suite) {
     }
     for (i, c) in gpu_cases().into_iter().enumerate() {
         // The automatic path (the Hopper kernels on sm_90a at D 64, 96, 128, by default 256,
-        // and padded at 32, 48, 80, 112) and, for the bf16 cases it would take, the mma.sync
-        // kernels forced (`_mma`): both paths are tested on a Hopper GPU.
+        // padded at 32, 48, 80, 112 and by default at 144 to 240) and, for the bf16 cases it
+        // would take, the mma.sync kernels forced (`_mma`): both paths are tested on a Hopper
+        // GPU.
         let mut paths = vec![attention::Path::Auto];
         let d = c.p.head_dim as u32;
         let hopper = hopper_bwd_kernel(c.p.dtype, d, false).is_some()

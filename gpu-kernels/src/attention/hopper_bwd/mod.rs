@@ -2,10 +2,12 @@
 //! specialization, kernels per element type and head dimension (64, 96, 128; the dK/dV/dQ
 //! kernel at 64, 128 and 256), launched after the `mma.sync` path's preprocess (`delta'`, and the
 //! zeroed accumulator). D = 96 is one and a half column blocks, the second half zero-filled by
-//! TMA as in the forward. A head dimension without kernels of its own below 128 (32, 48, 80,
-//! 112) runs the dK/dV and dQ kernels of the next one above it (a padded plan): the tensor maps
-//! describe the tensors' columns, TMA fills the rest of the tiles with zeros (the products are
-//! the tensors'), and the stores skip the columns past the tensors' head dimension:
+//! TMA as in the forward. A head dimension without kernels of its own runs those of the next
+//! one above it (a padded plan): below 128 (32, 48, 80, 112) the dK/dV and dQ kernels, from 144
+//! to 240 the D 256 dK/dV/dQ kernel (its accumulator rows 256 wide). The tensor maps describe
+//! the tensors' columns, TMA fills the rest of the tiles with zeros (the products are the
+//! tensors'), and the stores and the conversion skip the columns past the tensors' head
+//! dimension:
 //!
 //! - [`dkdv`]: `attention_bwd_hopper_dkdv_*`, one block per 128 keys, dK and dV in registers
 //!   over the query blocks that see the keys;
