@@ -5,7 +5,8 @@
 //! (`attention::naive_same_precision`); LSE within `1e-3 * max(1, |ref|)` (absolute below 1,
 //! relative above: LSE grows with the logits), and `-inf` exactly where the reference has it.
 //!
-//! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs`, the forward over
+//! The backward's tests (`attention_bwd/*`) are in `attention/backward.rs` (strided views and
+//! the raw API in `attention/backward_views.rs`), the forward over
 //! packed sequences (`attention_varlen/*`) in `attention/varlen.rs`, its backward
 //! (`attention_varlen_bwd/*`) in `attention/varlen_bwd.rs`; decoding over a paged KV cache
 //! (`attention_decode/*`) in `attention/decode.rs`; the softcap and sinks
