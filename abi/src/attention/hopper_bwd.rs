@@ -675,9 +675,17 @@ pub fn hopper_bwd_kernel(
     head_dim: u32,
     softcap: bool,
 ) -> Option<&'static HopperBwdKernel> {
+    hopper_bwd_entries(dtype, softcap).find(|k| k.head_dim == head_dim)
+}
+
+/// The Hopper backward entries of `dtype` (their softcap forms if `softcap`).
+fn hopper_bwd_entries(
+    dtype: Dtype,
+    softcap: bool,
+) -> impl Iterator<Item = &'static HopperBwdKernel> {
     const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
     ALL.iter()
-        .find(|k| k.dtype == dtype && k.head_dim == head_dim && k.softcap == softcap)
+        .filter(move |k| k.dtype == dtype && k.softcap == softcap)
 }
 
 /// The Hopper kernels of the smallest head dimension above `head_dim`, for a head dimension
@@ -690,12 +698,11 @@ pub fn hopper_bwd_padded_kernel(
     head_dim: u32,
     softcap: bool,
 ) -> Option<&'static HopperBwdKernel> {
-    const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
     if hopper_bwd_kernel(dtype, head_dim, softcap).is_some() {
         return None;
     }
-    ALL.iter()
-        .filter(|k| k.dtype == dtype && k.softcap == softcap && k.head_dim > head_dim)
+    hopper_bwd_entries(dtype, softcap)
+        .filter(|k| k.head_dim > head_dim)
         .min_by_key(|k| k.head_dim)
 }
 
