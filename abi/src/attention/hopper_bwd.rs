@@ -481,6 +481,15 @@ pub struct HopperBwdKernel {
     pub softcap: bool,
 }
 
+impl HopperBwdKernel {
+    /// Whether a padded plan on these kernels ([`hopper_bwd_padded_kernel`]) takes the
+    /// dK/dV/dQ kernel (there are no dK/dV and dQ kernels), with its tiled accumulator rows
+    /// as wide as this head dimension.
+    pub fn padded_takes_fused(&self) -> bool {
+        self.split.is_none() && self.fused.is_some()
+    }
+}
+
 /// The dK/dV and dQ kernels of a [`HopperBwdKernel`].
 pub struct HopperBwdSplit {
     /// The dK/dV kernel; launch it with shape [`HopperBwdSplit::cfg`].

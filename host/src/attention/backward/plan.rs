@@ -559,7 +559,7 @@ impl AttentionProblem {
         // none (both modes take the dK/dV and dQ kernels: the workspace keeps the
         // accumulator's size, unused), and D 256 has no dK/dV and dQ kernels and an unordered
         // dK/dV/dQ kernel (its deterministic mode takes the mma.sync path).
-        let fused = !(padded && kernel.split.is_some())
+        let fused = (!padded || kernel.padded_takes_fused())
             && kernel
                 .fused
                 .as_ref()
@@ -620,7 +620,7 @@ impl AttentionProblem {
     fn dq_accum_width(&self) -> usize {
         let (d, softcap) = (self.head_dim as u32, self.softcap.is_some());
         hopper_bwd_padded_kernel(self.dtype, d, softcap)
-            .filter(|k| k.split.is_none() && k.fused.is_some())
+            .filter(|k| k.padded_takes_fused())
             .map_or(self.head_dim, |k| k.head_dim as usize)
     }
 
