@@ -11,7 +11,8 @@
 //! (`attention_varlen_bwd/*`) in `attention/varlen_bwd.rs`; decoding over a paged KV cache
 //! (`attention_decode/*`) in `attention/decode.rs`; the softcap and sinks
 //! (`attention_capsink/*`) in `attention/capsink.rs`, their backward
-//! (`attention_capsink_bwd/*`) in `attention/capsink_bwd.rs`.
+//! (`attention_capsink_bwd/*`) in `attention/capsink_bwd.rs`; the FP8 forward
+//! (`attention_fp8/*`) in `attention/fp8.rs`.
 
 use kernel_abi::attention::{Softmax, TUNING_VARIANTS};
 use kernel_tests::emu::{Emulator, HostBuf};
@@ -36,6 +37,8 @@ mod capsink;
 mod capsink_bwd;
 #[path = "attention/decode.rs"]
 mod decode;
+#[path = "attention/fp8.rs"]
+mod fp8;
 #[path = "attention/reference_fd.rs"]
 mod reference_fd;
 #[path = "attention/varlen.rs"]
@@ -329,6 +332,7 @@ fn main() {
     append::register(&mut s);
     capsink::register(&mut s);
     capsink_bwd::register(&mut s);
+    fp8::register(&mut s);
     s.run()
 }
 

@@ -95,9 +95,13 @@
 #       softcap/sinks and packed backward tests, the four sanitizers on D 160 causal and a
 #       softcap at D 240, the Python attention tests, then kbench attention-backward at D 160
 #       and 240 (S 4k; ours-mma beside) with its peers.
+#   fp8  the FP8 forward: its GPU tests (attention_fp8/), the dense Hopper forward tests beside
+#       them (attention/hopper/), the four sanitizers on FP8 cases (D 128 causal with a partial
+#       last step, D 256 GQA-free window, the transpose at an odd length), ncu of the two
+#       launches at D 128 S 8k, then kbench attention-fp8 (FP8 beside bf16, same values).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -719,3 +723,22 @@ if [ "$part" = e2e2 ]; then
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S
+if [ "$part" = fp8 ]; then
+  steps=" ${FP8_STEPS:-tests san bench} "
+  if [[ $steps == *" tests "* ]]; then
+    t fp8 $B/bin/test-attention attention_fp8/ --nocapture
+    grep -E "^test |max \|O|FP8 max" $L/fp8.log | head -80 > $OUT/fp8-tests.txt
+    grep -E "accuracy|D (128|256): FP8" $L/fp8.log >> $S
+    TT=400 t hopper $B/bin/test-attention attention/hopper/
+  fi
+  [[ $steps == *" san "* ]] && san_cases "${FP8SAN:-attention_fp8/bf16_d128_b2_sq113_sk203_h4x2_causal
+    attention_fp8/bf16_d256_b1_sq500_sk700_h4x4_win64_32
+    attention_fp8/bf16_d128_b1_sq129_sk389_h2x1}"
+  if [[ $steps == *" bench "* ]]; then
+    export KBENCH_ATTENTION_DIMS=${DIMS:-128,256} KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384}
+    s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-fp8 --out $OUT > $L/bench.log 2>&1
+    echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
+    sed -n '/^== table/,$p' $L/bench.log | tail -90 >> $S
+    grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
+  fi
+fi

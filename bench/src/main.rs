@@ -4,7 +4,7 @@
 //! ```text
 //! kbench main [--quick]                 every kernel on default sizes, validated and timed
 //! kbench <family> --out DIR [--quick]   benchmark a family (smoke, attention, attention-backward,
-//!                                       attention-decode, attention-varlen, gla, semicrf,
+//!                                       attention-decode, attention-varlen, attention-fp8, gla, semicrf,
 //!                                       mhc), write
 //!                                       DIR/<family>.json
 //! kbench report [--results DIR] [--out FILE] [--plots DIR]
@@ -13,6 +13,7 @@
 mod attention;
 mod attention_bwd;
 mod attention_decode;
+mod attention_fp8;
 mod attention_varlen;
 mod gla;
 mod harness;
@@ -55,6 +56,9 @@ enum Command {
     /// Attention decode over a paged KV cache (beside SDPA on the contexts gathered dense, and
     /// the device copy bandwidth); writes `attention-decode.json`.
     AttentionDecode(FamilyArgs),
+    /// The FP8 attention forward (Hopper) beside the bf16 forward on the same values; writes
+    /// `attention-fp8.json`.
+    AttentionFp8(FamilyArgs),
     /// Attention forward over packed sequences of mixed lengths beside the equal-length
     /// forward of the same work; writes `attention-varlen.json`.
     AttentionVarlen(FamilyArgs),
@@ -122,6 +126,7 @@ fn main() -> ExitCode {
         }
         Command::AttentionDecode(args) => family("attention-decode", &args, attention_decode::run),
         Command::AttentionVarlen(args) => family("attention-varlen", &args, attention_varlen::run),
+        Command::AttentionFp8(args) => family("attention-fp8", &args, attention_fp8::run),
         Command::Gla(args) => family("gla", &args, gla::run),
         Command::Semicrf(args) => family("semicrf", &args, semicrf::run),
         Command::Mhc(args) => family("mhc", &args, mhc::run),

@@ -16,6 +16,8 @@ pub enum MapDtype {
     F16,
     /// 32-bit IEEE float.
     F32,
+    /// Bytes (the FP8 kernels' e4m3).
+    U8,
 }
 
 impl MapDtype {
@@ -23,12 +25,14 @@ impl MapDtype {
         match self {
             MapDtype::Bf16 | MapDtype::F16 => 2,
             MapDtype::F32 => 4,
+            MapDtype::U8 => 1,
         }
     }
 
     /// `CUtensorMapDataType`.
     fn raw(self) -> u32 {
         match self {
+            MapDtype::U8 => 0,
             MapDtype::F16 => 6,
             MapDtype::F32 => 7,
             MapDtype::Bf16 => 9,

@@ -277,8 +277,8 @@ pub const HOPPER_KERNELS: [HopperKernel; 4 * HEAD_DIMS.len() + HOPPER_VARIANTS.l
     crate::with_attention_head_dims!(hopper_table!());
 
 /// The family's kernels (both forward paths, the backward's on dense batches and on packed
-/// sequences, the forward over packed sequences, the Hopper backward's dK/dV kernels, then the
-/// decode kernels over a paged KV cache).
+/// sequences, the forward over packed sequences, the Hopper backward's dK/dV kernels, the
+/// decode kernels over a paged KV cache, then the FP8 forward's).
 pub const KERNELS: &[KernelDecl] = &kernel_decls();
 
 const FAMILY_KERNELS: usize = MMA_KERNELS.len()
@@ -287,7 +287,8 @@ const FAMILY_KERNELS: usize = MMA_KERNELS.len()
     + MMA_VARLEN_KERNELS.len()
     + HOPPER_VARLEN_KERNELS.len()
     + hopper_bwd::HOPPER_BWD_KERNEL_COUNT
-    + decode::DECODE_KERNEL_COUNT;
+    + decode::DECODE_KERNEL_COUNT
+    + fp8::FP8_KERNEL_COUNT;
 
 const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     let mut out = [MMA_KERNELS[0].kernel.info(); FAMILY_KERNELS];
@@ -329,6 +330,12 @@ const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     while n < dec.len() {
         out[i + j + k + l + m + n] = dec[n];
         n += 1;
+    }
+    let f8 = fp8::fp8_kernel_decls();
+    let mut f = 0;
+    while f < f8.len() {
+        out[i + j + k + l + m + n + f] = f8[f];
+        f += 1;
     }
     out
 }

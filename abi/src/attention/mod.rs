@@ -7,6 +7,7 @@ use crate::{Kernel, KernelDecl, SMEM_ALIGN, WARP_SIZE};
 
 pub mod backward;
 pub mod decode;
+pub mod fp8;
 pub mod hopper_bwd;
 mod kernels;
 mod varlen;
@@ -428,6 +429,9 @@ pub struct HopperConfig {
     pub softmax: Softmax,
     /// The grid ([`HopperGrid`]).
     pub grid: HopperGrid,
+    /// Bytes per element of Q, K and V: 2 (bf16, f16) or 1 (e4m3, the FP8 kernels of
+    /// [`fp8`]).
+    pub elem_bytes: u32,
 }
 
 /// How many blocks a Hopper launch has; every block walks the tiles `b, b + grid, ...`.
@@ -447,55 +451,72 @@ pub enum HopperGrid {
 }
 
 impl HopperConfig {
-    /// 128-byte column blocks along D (`D / 64`): tiles are stored as this many `[rows, 64]`
-    /// blocks, each a stack of 128-byte swizzled rows (what TMA writes with a 64-wide box).
+    /// 128-byte column blocks along D (`D / 64` of 16-bit elements, `D / 128` of FP8 ones):
+    /// tiles are stored as this many `[rows, 128 bytes]` blocks, each a stack of 128-byte
+    /// swizzled rows (what TMA writes with a 128-byte-wide box).
+    #[inline(always)]
     pub const fn column_blocks(&self) -> u32 {
-        self.head_dim.div_ceil(HOPPER_ATOM)
+        self.head_dim.div_ceil(self.atom())
+    }
+
+    /// Elements along D of one column block (one TMA box, one 128-byte swizzle atom).
+    #[inline(always)]
+    pub const fn atom(&self) -> u32 {
+        128 / self.elem_bytes
     }
 
     /// Bytes of one column block of `rows` rows.
+    #[inline(always)]
     pub const fn block_bytes(&self, rows: u32) -> u32 {
         rows * 128
     }
 
     /// Offset of the Q tile (`column_blocks` blocks of `HOPPER_BLOCK_M` rows).
+    #[inline(always)]
     pub const fn q_offset(&self) -> usize {
         0
     }
 
     /// Offset of stage `s`'s K tile (`column_blocks` blocks of `block_n` rows).
+    #[inline(always)]
     pub const fn k_offset(&self, s: u32) -> usize {
         (self.column_blocks() * self.block_bytes(HOPPER_BLOCK_M)
             + 2 * s * self.column_blocks() * self.block_bytes(self.block_n)) as usize
     }
 
     /// Offset of stage `s`'s V tile.
+    #[inline(always)]
     pub const fn v_offset(&self, s: u32) -> usize {
         self.k_offset(s) + (self.column_blocks() * self.block_bytes(self.block_n)) as usize
     }
 
     /// Bytes one K (or V) tile's TMA loads deliver.
+    #[inline(always)]
     pub const fn tile_bytes(&self) -> u32 {
         self.column_blocks() * self.block_bytes(self.block_n)
     }
 
     /// Bytes the Q loads deliver.
+    #[inline(always)]
     pub const fn q_bytes(&self) -> u32 {
         self.column_blocks() * self.block_bytes(HOPPER_BLOCK_M)
     }
 
     /// Offset of the mbarriers: `q_full`, then `full_k`, `full_v`, `empty_k`, `empty_v` (each
     /// `stages` barriers), then `q_empty`.
+    #[inline(always)]
     pub const fn barriers_offset(&self) -> usize {
         self.k_offset(self.stages)
     }
 
     /// Number of mbarriers.
+    #[inline(always)]
     pub const fn barriers(&self) -> u32 {
         2 + 4 * self.stages
     }
 
     /// Dynamic shared memory of the kernel.
+    #[inline(always)]
     pub const fn smem_bytes(&self) -> usize {
         crate::align_up(self.barriers_offset() + 8 * self.barriers() as usize, 16) + SMEM_ALIGN
     }
@@ -520,6 +541,7 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
         pingpong: false,
         softmax: Softmax::FoldedLazy,
         grid: HopperGrid::Auto,
+        elem_bytes: 2,
     };
     if !d.is_multiple_of(16) {
         return None;
@@ -756,6 +778,9 @@ pub struct HopperParams {
     pub total_q: u32,
     /// Key rows of K and V (`varlen` only).
     pub total_k: u32,
+    /// Factor of O before it is stored: V's descale in the FP8 kernels ([`fp8`]), unused by
+    /// the others (1).
+    pub o_scale: f32,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-//! Conversions between f32 and the 16-bit float formats (`cvt`). Round-to-nearest-even, as
-//! `half`'s `from_f32` on the host, so host references and kernels round alike.
+//! Conversions between f32 and the 16-bit float formats (`cvt`), and from f32 to e4m3 (FP8).
+//! Round-to-nearest-even, as `half`'s `from_f32` on the host, so host references and kernels
+//! round alike.
 
 use core::arch::asm;
 
@@ -71,4 +72,26 @@ pub fn f16_to_f32(x: u16) -> f32 {
 #[inline(always)]
 pub fn unpack_bf16x2(x: u32) -> (f32, f32) {
     (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
+}
+
+/// Four f32 to four e4m3 in one register (`cvt.rn.satfinite.e4m3x2.f32`, twice): `x[0]` in
+/// bits 0..8 up to `x[3]` in bits 24..32. Finite values beyond e4m3's range saturate to +-448;
+/// NaN stays NaN.
+#[inline(always)]
+pub fn pack_e4m3x4(x: [f32; 4]) -> u32 {
+    let r: u32;
+    // SAFETY: register-only conversions.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .b16 lo, hi;",
+            "cvt.rn.satfinite.e4m3x2.f32 lo, {1}, {0};",
+            "cvt.rn.satfinite.e4m3x2.f32 hi, {3}, {2};",
+            "mov.b32 {4}, {{lo, hi}};",
+            "}}",
+            in(reg32) x[0], in(reg32) x[1], in(reg32) x[2], in(reg32) x[3], out(reg32) r,
+            options(pure, nomem, nostack)
+        )
+    };
+    r
 }

@@ -1,5 +1,5 @@
-//! `wgmma` (sm_90a): warpgroup-wide asynchronous tensor-core products, `m64nNk16`, bf16/f16
-//! inputs, f32 accumulators in registers.
+//! `wgmma` (sm_90a): warpgroup-wide asynchronous tensor-core products, `m64nNk16` with bf16/f16
+//! inputs and `m64nNk32` with e4m3 inputs, f32 accumulators in registers.
 //!
 //! Protocol, per warpgroup: [`fence`] before the first `wgmma` that reads accumulator registers
 //! written by ordinary instructions; issue one or more `mma_*`; [`commit_group`]; later
@@ -613,4 +613,117 @@ wgmma_ss!(
 wgmma_ss_zero!(
     /// `D = A B`, m64n112k16, f16, both operands in shared memory, accumulators overwritten.
     m64n112k16_f16_ss_zero, 112, "f16", 56, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55]
+);
+
+// FP8 (e4m3) products, k32: both operands K-major (FP8 `wgmma` has no `imm-trans` operands).
+// The register A fragment of a k32 slice holds, per thread, four e4m3 per register: rows
+// `16w + g` (registers 0, 2) and `16w + g + 8` (1, 3), k positions `4t .. 4t + 4` (registers
+// 0, 1) and `16 + 4t .. 16 + 4t + 4` (2, 3), the lowest byte first.
+
+macro_rules! wgmma_fp8 {
+    (ss $(#[$doc:meta])* $name:ident, $n:literal, $regs:literal, [$first:literal $(, $i:literal)*]) => {
+        $(#[$doc])*
+        ///
+        /// With `ACC == false` the product overwrites `acc` (`scale-d = 0`).
+        ///
+        /// # Safety
+        /// See the module documentation.
+        #[inline(always)]
+        pub unsafe fn $name<const ACC: bool>(acc: &mut [f32; $regs], a: Descriptor, b: Descriptor) {
+            // SAFETY: forwarded to the caller (module contract).
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {scale_d}, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k32.f32.e4m3.e4m3 {{",
+                            "{", $first, "}", $(", {", $i, "}",)*
+                            "}}, {desc_a}, {desc_b}, p, 1, 1;"),
+                    "}}",
+                    inout(reg32) acc[$first], $(inout(reg32) acc[$i],)*
+                    desc_a = in(reg64) a.0, desc_b = in(reg64) b.0,
+                    scale_d = const ACC as u32,
+                    options(nostack)
+                )
+            };
+        }
+    };
+    (ss_zero $(#[$doc:meta])* $name:ident, $n:literal, $regs:literal, [$first:literal $(, $i:literal)*]) => {
+        $(#[$doc])*
+        ///
+        /// `D = A B` with `scale-d = 0`, the accumulators outputs only (as the 16-bit
+        /// `_ss_zero` forms).
+        ///
+        /// # Safety
+        /// See the module documentation.
+        #[inline(always)]
+        pub unsafe fn $name(acc: &mut [f32; $regs], a: Descriptor, b: Descriptor) {
+            // SAFETY: forwarded to the caller (module contract).
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, 0, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k32.f32.e4m3.e4m3 {{",
+                            "{", $first, "}", $(", {", $i, "}",)*
+                            "}}, {desc_a}, {desc_b}, p, 1, 1;"),
+                    "}}",
+                    out(reg32) acc[$first], $(out(reg32) acc[$i],)*
+                    desc_a = in(reg64) a.0, desc_b = in(reg64) b.0,
+                    options(nostack)
+                )
+            };
+        }
+    };
+    (rs $(#[$doc:meta])* $name:ident, $n:literal, $regs:literal, [$first:literal $(, $i:literal)*]) => {
+        $(#[$doc])*
+        ///
+        /// A comes from registers: `a` is this thread's fragment of the 64x32 A tile (see the
+        /// FP8 layout above). `ACC` as for the shared-memory form.
+        ///
+        /// # Safety
+        /// See the module documentation.
+        #[inline(always)]
+        pub unsafe fn $name<const ACC: bool>(acc: &mut [f32; $regs], a: [u32; 4], b: Descriptor) {
+            // SAFETY: forwarded to the caller (module contract).
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {scale_d}, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", $n, "k32.f32.e4m3.e4m3 {{",
+                            "{", $first, "}", $(", {", $i, "}",)*
+                            "}}, {{{a0}, {a1}, {a2}, {a3}}}, {desc_b}, p, 1, 1;"),
+                    "}}",
+                    inout(reg32) acc[$first], $(inout(reg32) acc[$i],)*
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                    desc_b = in(reg64) b.0,
+                    scale_d = const ACC as u32,
+                    options(nostack)
+                )
+            };
+        }
+    };
+}
+
+wgmma_fp8!(
+    ss
+    /// `D (+)= A B`, m64n128k32, e4m3, both operands in shared memory (K-major).
+    m64n128k32_e4m3_ss, 128, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63]
+);
+wgmma_fp8!(
+    ss_zero
+    /// `D = A B`, m64n128k32, e4m3, both operands in shared memory (K-major), accumulators
+    /// overwritten.
+    m64n128k32_e4m3_ss_zero, 128, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63]
+);
+wgmma_fp8!(
+    rs
+    /// `D (+)= A B`, m64n128k32, e4m3, A in registers, B K-major in shared memory.
+    m64n128k32_e4m3_rs, 128, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63]
+);
+wgmma_fp8!(
+    rs
+    /// `D (+)= A B`, m64n256k32, e4m3, A in registers, B K-major in shared memory.
+    m64n256k32_e4m3_rs, 256, 128, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127]
 );

@@ -44,6 +44,7 @@
 mod append;
 pub mod backward;
 pub mod decode;
+mod fp8;
 mod plan;
 mod problem;
 mod raw;
@@ -61,6 +62,10 @@ pub use backward::{
 pub use decode::{
     AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, DecodeTables, decode,
     decode_with_sinks, reference_decode, reference_decode_sinks,
+};
+pub use fp8::{
+    E4m3, Fp8Plan, Fp8Scales, Fp8Tensors, dequantize, forward_fp8, naive_fp8, quantize_e4m3,
+    reference_fp8,
 };
 /// The head dimensions the forward (and decoding) accept, and those the backward accepts.
 pub use kernel_abi::attention::HEAD_DIMS;

@@ -349,6 +349,7 @@ impl AttentionProblem {
             cu_seqlens_k: std::ptr::null(),
             total_q: 0,
             total_k: 0,
+            o_scale: 1.0,
         }
     }
 }
@@ -509,7 +510,7 @@ fn mma_grid(problem: &AttentionProblem, tiles: &TileConfig) -> (u32, u32, u32) {
 
 /// The Hopper path's grid: at most one block per query tile, capped by the configuration's
 /// [`HopperGrid`] (one block per multiprocessor when persistent).
-fn hopper_grid(
+pub(in crate::attention) fn hopper_grid(
     problem: &AttentionProblem,
     cfg: &HopperConfig,
     multiprocessors: u32,
@@ -526,7 +527,7 @@ fn hopper_grid(
 }
 
 /// Query tiles of the Hopper path: `ceil(seq_q / 128) * heads_q * batch`.
-fn hopper_tiles(problem: &AttentionProblem) -> u64 {
+pub(in crate::attention) fn hopper_tiles(problem: &AttentionProblem) -> u64 {
     (problem.seq_q as u64).div_ceil(u64::from(HOPPER_BLOCK_M))
         * problem.heads_q as u64
         * problem.batch as u64

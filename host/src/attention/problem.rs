@@ -390,19 +390,20 @@ impl<'a, T> View<'a, T> {
                 "the head dimension must be contiguous (stride 1)",
             ));
         }
+        let size = std::mem::size_of::<T>();
         for i in 0..3 {
-            if !self.strides[i].is_multiple_of(8) {
+            if !(self.strides[i].wrapping_mul(size)).is_multiple_of(16) {
                 return Err(Error::Misaligned {
                     what: format!(
                         "{what} stride of dimension {i} ({} elements)",
                         self.strides[i]
                     ),
                     required: 16,
-                    actual: (self.strides[i] * 2 % 16) as u64,
+                    actual: (self.strides[i].wrapping_mul(size) % 16) as u64,
                 });
             }
         }
-        let addr = self.buffer.addr() + 2 * self.offset as u64;
+        let addr = self.ptr();
         if !addr.is_multiple_of(16) {
             return Err(Error::Misaligned {
                 what: format!("{what} start"),
@@ -447,7 +448,7 @@ impl<'a, T> View<'a, T> {
 
     /// The address of element 0.
     pub(crate) fn ptr(&self) -> u64 {
-        self.buffer.addr() + 2 * self.offset as u64
+        self.buffer.addr() + (std::mem::size_of::<T>() * self.offset) as u64
     }
 
     /// The element strides of batch, sequence and head.

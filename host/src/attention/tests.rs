@@ -103,6 +103,7 @@ fn every_entry_of_the_ptx_has_its_handle() {
             + HOPPER_VARLEN_KERNELS.len()
             + HOPPER_BWD_KERNEL_COUNT
             + kernel_abi::attention::decode::DECODE_KERNEL_COUNT
+            + kernel_abi::attention::fp8::FP8_KERNEL_COUNT
     );
 }
 

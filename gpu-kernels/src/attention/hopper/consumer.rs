@@ -51,17 +51,23 @@ macro_rules! issue_s {
 }
 pub(super) use issue_s;
 
-/// One `wgmma` batch O += P V of ring slot `$stage` (P from the registers `$pa`, V MN-major):
-/// the fence, the products with the `wgmma` shape `$o_mma`, the commit; `$v_s` is the V slots'
-/// closure. Unsafe as [`issue_s!`], for V.
+/// One `wgmma` batch O += P V of ring slot `$stage` (P from the registers `$pa`; V MN-major, or
+/// with `FP8` the K-major `V^T`): the fence, the products with the `wgmma` shape `$o_mma`, the
+/// commit; `$v_s` is the V slots' closure. Unsafe as [`issue_s!`], for V.
 macro_rules! issue_pv {
     ($o_mma:ident, $cfg:ident, $v_s:ident; $o:expr, $pa:expr, $stage:expr) => {
         $crate::arch::wgmma::fence();
         for kk in 0..NK {
-            let b = $crate::arch::wgmma::Descriptor::mn_major_sw128(
-                $v_s($stage) + 2048 * kk as u32,
-                $cfg.block_bytes(BN),
-            );
+            let b = if FP8 {
+                // V^T: D rows of the step's 128 keys, K-major; the k32 slice `kk` at `32 kk`
+                // bytes of each row.
+                $crate::arch::wgmma::Descriptor::k_major_sw128($v_s($stage) + 32 * kk as u32)
+            } else {
+                $crate::arch::wgmma::Descriptor::mn_major_sw128(
+                    $v_s($stage) + 2048 * kk as u32,
+                    $cfg.block_bytes(BN),
+                )
+            };
             $o_mma($o, $pa[kk], b);
         }
         $crate::arch::wgmma::commit_group();
@@ -144,7 +150,7 @@ pub(super) use pv_step;
 /// its `&HopperConfig`; `$seq`: the block's packed sequence (`VARLEN`); then per operand its
 /// shared memory and its `full` and `empty` mbarriers (the Q tile `$q_s` with `$q_full`,
 /// `$q_empty`; the closures of ring slot `s` for K and V); then the `wgmma` shapes and operand fences of S and O. `E`, `BN`, `STAGES`, `SR`,
-/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE`, `CAPSINK` and `VARLEN` are the kernel's
+/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE`, `CAPSINK`, `VARLEN` and `FP8` are the kernel's
 /// parameters (see [`super::forward`]).
 macro_rules! consume_tiles {
     (
@@ -285,7 +291,7 @@ macro_rules! consume_tiles {
                     if let Some(correction) = correction {
                         $crate::attention::hopper::softmax::rescale(&mut o, correction);
                     }
-                    let pa = $crate::attention::hopper::softmax::pack_p::<E, SR, NK>(&s);
+                    let pa = $crate::attention::hopper::softmax::pack::<E, SR, NK, FP8>(&s);
                     $crate::attention::hopper::consumer::pv_step!(
                         $cfg, (take_turn, pass_turn, release),
                         v: ($v_s, $full_v, $empty_v),
@@ -319,7 +325,7 @@ macro_rules! consume_tiles {
                     &mut row_max,
                     &mut row_sum,
                 );
-                let mut pa = $crate::attention::hopper::softmax::pack_p::<E, SR, NK>(&s);
+                let mut pa = $crate::attention::hopper::softmax::pack::<E, SR, NK, FP8>(&s);
                 let mut correction = None;
                 let mut prev = first;
                 for step in 1..steps {
@@ -370,7 +376,7 @@ macro_rules! consume_tiles {
                         $crate::arch::wgmma::pin_fragment(&mut pa[kk]);
                     }
                     release($empty_v(prev.stage));
-                    pa = $crate::attention::hopper::softmax::pack_p::<E, SR, NK>(&s_next);
+                    pa = $crate::attention::hopper::softmax::pack::<E, SR, NK, FP8>(&s_next);
                     prev = pos;
                 }
                 // Every S of the tile is complete (the last one waited for above): Q's tile may

@@ -53,6 +53,8 @@ macro_rules! store_tile {
             } else {
                 (0.0, f32::NEG_INFINITY)
             };
+            // The FP8 kernels' V descale (`HopperParams::o_scale`).
+            let inv = if FP8 { inv * $p.o_scale } else { inv };
             let row = $warp_row + $g + 8 * h as u32;
             if row < $rows_valid {
                 let i = $m0 + row;

@@ -88,6 +88,7 @@
 //! - [`epilogue`]: O and LSE stored per consumer and tile (`store_tile!`);
 //! - [`named_barrier`]: the pingpong turn barriers;
 //! - [`scheduler`]: the persistent grid's tiles;
+//! - [`fp8`]: the FP8 entries and the transpose of V they read;
 //! - [`mask`], [`softmax`]: the family's mask and online softmax on `wgmma` accumulators.
 //!
 //! The producer, the consumers and the epilogue are macros expanded in [`forward`], not
@@ -96,6 +97,7 @@
 
 mod consumer;
 mod epilogue;
+mod fp8;
 mod mask;
 mod named_barrier;
 mod producer;
@@ -121,8 +123,10 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 /// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
 /// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`), `CAPSINK`
 /// the softcap and sinks of `HopperParams::logits` (`super::logits`), `VARLEN` packed sequences
-/// (`HopperParams::cu_seqlens_q`). The
-/// `wgmma` shapes come in as functions so one body serves every head dimension and type.
+/// (`HopperParams::cu_seqlens_q`), `FP8` e4m3 inputs (`kernel_abi::attention::fp8`: k32
+/// slices, so `NK = block_n / 32` and `DK = D / 32`; V's map describes `V^T`; `E` is then the
+/// output's bf16). The `wgmma` shapes come in as functions so one body serves every head
+/// dimension and type.
 ///
 /// # Safety
 /// Launched as documented on [`HopperParams`] with the configuration `cfg`.
@@ -143,6 +147,7 @@ unsafe fn forward<
     const MODE: u32,
     const CAPSINK: bool,
     const VARLEN: bool,
+    const FP8: bool,
 >(
     p: &HopperParams,
     cfg: &HopperConfig,
@@ -154,12 +159,14 @@ unsafe fn forward<
     o_fence: impl Fn(&mut [f32; OR]),
 ) {
     const {
+        let k = if FP8 { 32 } else { 16 };
         assert!(
             SR as u32 * 2 == BN
                 && OR as u32 * 2 == D
                 && NT as u32 * 8 == BN
-                && NK as u32 * 16 == BN
-                && DK as u32 * 16 == D
+                && NK as u32 * k == BN
+                && DK as u32 * k == D
+                && (!FP8 || (BN == 128 && !CAPSINK && !VARLEN))
         )
     };
     let [tmap_q, tmap_k, tmap_v] = tmaps;
@@ -286,6 +293,7 @@ macro_rules! hopper_kernel {
                         { CFG.softmax.code() },
                         $capsink,
                         $varlen,
+                        false,
                     >(
                         &p,
                         &CFG,

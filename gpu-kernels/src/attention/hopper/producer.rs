@@ -12,8 +12,9 @@
 /// sequence (`VARLEN`; `scheduler::packed_sequence`); the tensor maps of Q, K and V;
 /// then per operand its shared memory and its `full` and `empty` mbarriers: the Q tile
 /// `$q_s` with `$q_full`, `$q_empty`, and the closures of ring slot `s`: `$k_s(s)`,
-/// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES`, `OVERLAP` and `VARLEN` are
-/// the kernel's const parameters. Packed sequences (`VARLEN`): a box reaching past a sequence's
+/// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES`, `OVERLAP`, `VARLEN` and
+/// `FP8` are the kernel's const parameters (with `FP8` V's map describes `V^T`,
+/// `kernel_abi::attention::fp8`). Packed sequences (`VARLEN`): a box reaching past a sequence's
 /// rows loads the next sequence's (or, past the tensor, zeros): its key rows are masked, its
 /// query rows computed and not stored.
 macro_rules! load_tiles {
@@ -48,7 +49,12 @@ macro_rules! load_tiles {
                 $q_full.arrive_expect_tx($cfg.q_bytes());
                 for cb in 0..$cblocks {
                     let dst = $q_s + cb * $cfg.block_bytes(::kernel_abi::attention::HOPPER_BLOCK_M);
-                    let x = (cb * ::kernel_abi::attention::HOPPER_ATOM) as i32;
+                    let x = (cb
+                        * if FP8 {
+                            128
+                        } else {
+                            ::kernel_abi::attention::HOPPER_ATOM
+                        }) as i32;
                     // Packed sequences: rows of one `[D, heads, total, 1]` map from the
                     // sequence's first row (below 2^30 each: the sums fit i32).
                     let (h, b) = (tl.head as i32, if VARLEN { 0 } else { tl.batch as i32 });
@@ -82,11 +88,23 @@ macro_rules! load_tiles {
                 unsafe {
                     empty.wait_parity(pos.phase ^ 1);
                     full.arrive_expect_tx($cfg.tile_bytes());
-                    for cb in 0..$cblocks {
-                        let x = (cb * ::kernel_abi::attention::HOPPER_ATOM) as i32;
-                        let d = dst + cb * $cfg.block_bytes(BN);
-                        let (h, b) = (tl.head_kv as i32, if VARLEN { 0 } else { tl.batch as i32 });
-                        map.load_4d(d, x, h, n0, b, full);
+                    if FP8 && !k {
+                        // V^T `[seq_pad, D, heads_kv, batch]`: one box of the step's 128 keys
+                        // by all D rows (`D * 128` bytes, the tile's).
+                        map.load_4d(dst, n0, 0, tl.head_kv as i32, tl.batch as i32, full);
+                    } else {
+                        for cb in 0..$cblocks {
+                            let x = (cb
+                                * if FP8 {
+                                    128
+                                } else {
+                                    ::kernel_abi::attention::HOPPER_ATOM
+                                }) as i32;
+                            let d = dst + cb * $cfg.block_bytes(BN);
+                            let (h, b) =
+                                (tl.head_kv as i32, if VARLEN { 0 } else { tl.batch as i32 });
+                            map.load_4d(d, x, h, n0, b, full);
+                        }
                     }
                 }
             };

@@ -5,7 +5,7 @@
 use super::super::elem::Elem;
 use super::super::softmax::{reference, softmax_folded_max, softmax_folded_p};
 use super::mask::{Rows, mask_step};
-use crate::arch::{math, warp};
+use crate::arch::{convert, math, warp};
 use kernel_abi::attention::Softmax;
 
 /// One online-softmax step on the accumulators `s` of keys `n0 .. n0 + BN` in the softmax mode
@@ -123,6 +123,45 @@ pub(in crate::attention) fn pack_p<E: Elem, const SR: usize, const NK: usize>(
             E::pack(s[8 * kk + 2], s[8 * kk + 3]),
             E::pack(s[8 * kk + 4], s[8 * kk + 5]),
             E::pack(s[8 * kk + 6], s[8 * kk + 7]),
+        ];
+    }
+    pa
+}
+
+/// P as the A fragments of O += P V: [`pack_p`], or with `FP8` [`pack_p_fp8`] (`NK` k-slices
+/// of 16 or 32 keys).
+#[inline(always)]
+pub(in crate::attention) fn pack<E: Elem, const SR: usize, const NK: usize, const FP8: bool>(
+    s: &[f32; SR],
+) -> [[u32; 4]; NK] {
+    if FP8 {
+        pack_p_fp8::<SR, NK>(s)
+    } else {
+        pack_p::<E, SR, NK>(s)
+    }
+}
+
+/// P as e4m3 A fragments of k32 slices (`wgmma` m64nNk32): slice `kk` covers the accumulator's
+/// n8 tiles `4 kk .. 4 kk + 4`; register 0 takes row `g`'s pairs of tiles `4 kk` and
+/// `4 kk + 1`, register 1 row `g + 8`'s, registers 2 and 3 those of tiles `4 kk + 2`, `4 kk + 3`.
+/// So k position `4t + i` of the fragment is the tile-relative key `2t + (i & 1) + 8 (i >> 1)`
+/// of its 16: `kernel_abi::attention::fp8::fp8_vt_key`, the order `V^T` is written in.
+#[inline(always)]
+pub(in crate::attention) fn pack_p_fp8<const SR: usize, const NK: usize>(
+    s: &[f32; SR],
+) -> [[u32; 4]; NK] {
+    let mut pa = [[0u32; 4]; NK];
+    if SR != 16 * NK {
+        // Not an FP8 shape: only instantiated in the 16-bit kernels' dead branch of `pack`.
+        return pa;
+    }
+    for kk in 0..NK {
+        let b = 16 * kk;
+        pa[kk] = [
+            convert::pack_e4m3x4([s[b], s[b + 1], s[b + 4], s[b + 5]]),
+            convert::pack_e4m3x4([s[b + 2], s[b + 3], s[b + 6], s[b + 7]]),
+            convert::pack_e4m3x4([s[b + 8], s[b + 9], s[b + 12], s[b + 13]]),
+            convert::pack_e4m3x4([s[b + 10], s[b + 11], s[b + 14], s[b + 15]]),
         ];
     }
     pa

@@ -1,0 +1,189 @@
+//! The FP8 forward on Hopper (sm_90a): Q, K, V in e4m3 with per-tensor descales, O in bf16,
+//! LSE in f32. The Hopper forward's body ([`HopperParams`], [`HopperConfig`] with
+//! `elem_bytes = 1`) with `wgmma.m64nNk32.f32.e4m3.e4m3`: S = Q K^T on K-major Q and K as the
+//! 16-bit kernels, O += P V with P packed to e4m3 in registers and V read K-major from a
+//! transposed copy `V^T` that [`FP8_VT_KERNEL`] writes first (FP8 `wgmma` takes no transposed
+//! operand).
+//!
+//! # The transposed V
+//! `V^T` is `[batch, heads_kv, D, seq_pad]` e4m3, contiguous, `seq_pad` = `seq_k` rounded up to
+//! [`FP8_VT_GROUP`] (row strides of 16 bytes for TMA; the padding is zeros). Within each group
+//! of 16 keys the keys are permuted ([`fp8_vt_key`]): the FP8 A fragment of a k32 slice holds,
+//! per thread, k positions `4t .. 4t + 4` and `16 + 4t .. 16 + 4t + 4` (`t` = lane % 4), while
+//! the f32 accumulator of S holds columns `2t, 2t + 1, 8 + 2t, 9 + 2t` of each 16; P is packed
+//! as it lies, and V's rows follow, so the product sums the same pairs.
+
+use super::{HopperConfig, HopperGrid, HopperParams, Softmax};
+use crate::{Kernel, KernelDecl};
+
+/// Head dimensions of the FP8 kernels.
+pub const FP8_HEAD_DIMS: [u32; 2] = [128, 256];
+
+/// Keys per permuted group of a `V^T` row, and the multiple `seq_pad` is rounded to.
+pub const FP8_VT_GROUP: u32 = 16;
+
+/// Threads per block of [`FP8_VT_KERNEL`].
+pub const FP8_VT_THREADS: u32 = 256;
+
+/// The key (within its group of [`FP8_VT_GROUP`]) at position `p` of a `V^T` row: position
+/// `4t + i` holds key `2t + (i & 1) + 8 (i >> 1)` (the accumulator's column of the A
+/// fragment's k position; module documentation).
+#[inline(always)]
+pub const fn fp8_vt_key(p: u32) -> u32 {
+    let (t, i) = (p / 4, p % 4);
+    2 * t + (i & 1) + 8 * (i >> 1)
+}
+
+/// The FP8 kernels' configuration for head dimension `d`, if supported: steps of 128 keys (one
+/// 128-byte row of `V^T` per head-dimension row), two stages, the intra-warpgroup overlap, the
+/// folded softmax without lazy rescaling (P stays at most 2, well inside e4m3's 448; the lazy
+/// mode's bound 2^9 is not), the grid of [`HopperGrid::Auto`].
+pub const fn fp8_config(d: u32) -> Option<HopperConfig> {
+    match d {
+        128 | 256 => Some(HopperConfig {
+            head_dim: d,
+            block_n: 128,
+            stages: 2,
+            overlap: true,
+            pingpong: false,
+            softmax: Softmax::Folded,
+            grid: HopperGrid::Auto,
+            elem_bytes: 1,
+        }),
+        _ => None,
+    }
+}
+
+/// [`fp8_config`] of a supported head dimension.
+pub const fn fp8_config_of(d: u32) -> HopperConfig {
+    match fp8_config(d) {
+        Some(c) => c,
+        None => panic!("no FP8 kernel for this head dimension"),
+    }
+}
+
+/// Parameters of [`FP8_VT_KERNEL`]: `V^T` from V (module documentation).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Fp8VtParams {
+    /// V `[batch, seq_k, heads_kv, D]` e4m3, D contiguous, strides `v_strides`.
+    pub v: *const u8,
+    /// `V^T` `[batch, heads_kv, D, seq_pad]` e4m3, contiguous (written).
+    pub vt: *mut u8,
+    /// Element (byte) strides of V for batch, sequence, head (multiples of 4).
+    pub v_strides: [u64; 3],
+    /// Keys.
+    pub seq_k: u32,
+    /// `seq_k` rounded up to [`FP8_VT_GROUP`].
+    pub seq_pad: u32,
+    /// Key/value heads.
+    pub heads_kv: u32,
+    /// Head dimension (one of [`FP8_HEAD_DIMS`]).
+    pub head_dim: u32,
+}
+
+/// Groups of 16 keys one block of [`FP8_VT_KERNEL`] transposes at head dimension `d`: each
+/// thread takes 4 columns of one group, so a block covers `FP8_VT_THREADS / (d / 4)` groups.
+#[inline(always)]
+pub const fn fp8_vt_groups_per_block(d: u32) -> u32 {
+    FP8_VT_THREADS * 4 / d
+}
+
+/// `attention_fwd_hopper_fp8_vt`: V to `V^T` (module documentation). Grid
+/// `(ceil(seq_pad / 16 / fp8_vt_groups_per_block(D)), heads_kv, batch)`, [`FP8_VT_THREADS`]
+/// threads.
+pub const FP8_VT_KERNEL: Kernel<Fp8VtParams> =
+    Kernel::new("attention_fwd_hopper_fp8_vt", FP8_VT_THREADS, 1, no_smem);
+
+const fn no_smem(_: ()) -> usize {
+    0
+}
+
+fn fp8_smem(cfg: HopperConfig) -> usize {
+    cfg.smem_bytes()
+}
+
+/// An FP8 forward kernel: its handle and configuration.
+pub struct Fp8Kernel {
+    /// The handle; launch it with shape [`Fp8Kernel::cfg`].
+    pub kernel: Kernel<HopperParams, HopperConfig>,
+    /// Configuration (its head dimension is the kernel's).
+    pub cfg: HopperConfig,
+}
+
+/// The FP8 forward kernels, one per head dimension of [`FP8_HEAD_DIMS`].
+pub const FP8_KERNELS: [Fp8Kernel; 2] = [
+    Fp8Kernel {
+        kernel: Kernel::new(
+            "attention_fwd_hopper_fp8_d128",
+            super::HOPPER_THREADS,
+            1,
+            fp8_smem,
+        ),
+        cfg: fp8_config_of(128),
+    },
+    Fp8Kernel {
+        kernel: Kernel::new(
+            "attention_fwd_hopper_fp8_d256",
+            super::HOPPER_THREADS,
+            1,
+            fp8_smem,
+        ),
+        cfg: fp8_config_of(256),
+    },
+];
+
+/// The FP8 forward kernel of head dimension `d`.
+pub fn fp8_kernel(d: u32) -> Option<&'static Fp8Kernel> {
+    FP8_KERNELS.iter().find(|k| k.cfg.head_dim == d)
+}
+
+/// Kernels of this module in the family's table.
+pub const FP8_KERNEL_COUNT: usize = FP8_KERNELS.len() + 1;
+
+/// The declarations of this module's kernels, for the family's table.
+pub(crate) const fn fp8_kernel_decls() -> [KernelDecl; FP8_KERNEL_COUNT] {
+    [
+        FP8_KERNELS[0].kernel.info(),
+        FP8_KERNELS[1].kernel.info(),
+        FP8_VT_KERNEL.info(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vt_key_is_a_permutation_matching_the_fragments() {
+        let mut seen = [false; 16];
+        for p in 0..16 {
+            let k = fp8_vt_key(p);
+            assert!(k < 16 && !seen[k as usize], "position {p} -> key {k}");
+            seen[k as usize] = true;
+        }
+        // Thread t's A fragment byte i of register 0 (k position 4t + i) is the accumulator
+        // element of n8 block i / 2, column 2t + i % 2.
+        for t in 0..4 {
+            for i in 0..4 {
+                assert_eq!(fp8_vt_key(4 * t + i), 8 * (i / 2) + 2 * t + i % 2);
+            }
+        }
+    }
+
+    #[test]
+    fn configs_fit_shared_memory_and_the_transpose_grid() {
+        for d in FP8_HEAD_DIMS {
+            let cfg = fp8_config_of(d);
+            assert!(
+                cfg.smem_bytes() <= 227 * 1024,
+                "D {d}: {} bytes",
+                cfg.smem_bytes()
+            );
+            assert_eq!(cfg.column_blocks() * cfg.atom(), d);
+            assert_eq!(cfg.block_n, 128, "one 128-byte V^T row per step");
+            assert_eq!(fp8_vt_groups_per_block(d) * (d / 4), FP8_VT_THREADS);
+        }
+        assert!(fp8_config(64).is_none() && fp8_kernel(192).is_none());
+    }
+}
