@@ -86,6 +86,7 @@ fn main() {
         Needs::Gpu,
         gpu_attention_decode,
     );
+    s.gpu("gpu/attention_fp8_check", Needs::Hopper, gpu::gpu_attention_fp8);
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
     s.gpu("gpu/gla_backward_check", Needs::Gpu, gpu_gla_backward);
     s.gpu("gpu/gla_kernels_check", Needs::Hopper, gpu_gla_kernels);
@@ -167,6 +168,8 @@ enum V {
     F32(Vec<f32>),
     I32(Vec<i32>),
     I64(Vec<i64>),
+    /// e4m3 bytes.
+    E4m3(Vec<u8>),
 }
 
 impl V {
@@ -177,6 +180,7 @@ impl V {
             V::F32(_) => Dtype::F32,
             V::I32(_) => Dtype::I32,
             V::I64(_) => Dtype::I64,
+            V::E4m3(_) => Dtype::F8_E4M3,
         }
     }
 
@@ -187,6 +191,7 @@ impl V {
             V::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             V::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             V::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            V::E4m3(v) => v.clone(),
         }
     }
 }

@@ -95,10 +95,12 @@
 #       softcap/sinks and packed backward tests, the four sanitizers on D 160 causal and a
 #       softcap at D 240, the Python attention tests, then kbench attention-backward at D 160
 #       and 240 (S 4k; ours-mma beside) with its peers.
-#   fp8  the FP8 forward: its GPU tests (attention_fp8/), the dense Hopper forward tests beside
-#       them (attention/hopper/), the four sanitizers on FP8 cases (D 128 causal with a partial
-#       last step, D 256 GQA-free window, the transpose at an odd length), ncu of the two
-#       launches at D 128 S 8k, then kbench attention-fp8 (FP8 beside bf16, same values).
+#   fp8  the FP8 forward: its GPU tests (attention_fp8/, the variants included), the dense
+#       Hopper forward tests beside them (attention/hopper/), the four sanitizers on FP8 cases
+#       (D 128 causal, D 256 window, a partial last step, the pingpong variants), the CLI GPU
+#       tests, CLI timing and ncu sections of the FP8 kernel at D 128 S 8k, then kbench
+#       attention-fp8 (FP8 beside bf16, same values); FP8_STEPS picks among
+#       "tests san cli bench".
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8
@@ -724,7 +726,7 @@ fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S
 if [ "$part" = fp8 ]; then
-  steps=" ${FP8_STEPS:-tests san bench} "
+  steps=" ${FP8_STEPS:-tests san cli bench} "
   if [[ $steps == *" tests "* ]]; then
     t fp8 $B/bin/test-attention attention_fp8/ --nocapture
     grep -E "^test |max \|O|FP8 max" $L/fp8.log | head -80 > $OUT/fp8-tests.txt
@@ -733,7 +735,23 @@ if [ "$part" = fp8 ]; then
   fi
   [[ $steps == *" san "* ]] && san_cases "${FP8SAN:-attention_fp8/bf16_d128_b2_sq113_sk203_h4x2_causal
     attention_fp8/bf16_d256_b1_sq500_sk700_h4x4_win64_32
-    attention_fp8/bf16_d128_b1_sq129_sk389_h2x1}"
+    attention_fp8/bf16_d128_b1_sq129_sk389_h2x1
+    attention_fp8/variant_hpp/bf16_d128_b1_sq1023_sk1024_h4x2_causal
+    attention_fp8/variant_hpp/bf16_d256_b2_sq113_sk203_h4x2}"
+  if [[ $steps == *" cli "* ]]; then
+    t cli $B/bin/test-cli gpu/
+    python3 - <<'PY'
+import torch
+from safetensors.torch import save_file
+torch.manual_seed(0)
+r=lambda: (torch.rand(2,8192,16,128,device='cuda')*2-1).mul(448).to(torch.float8_e4m3fn)
+one=lambda x: torch.tensor([x],dtype=torch.float32)
+save_file({'q':r(),'k':r(),'v':r(),'q_descale':one(1/448),'k_descale':one(1/448),'v_descale':one(1/448)},'/tmp/fp8_in.st')
+PY
+    $CLI attention /tmp/fp8_in.st -o /tmp/fp8_out.st --repeat 20 2>&1 | grep -i "median\|error" | sed "s/^/fp8 D128 S8k B2 H16 /" >> $S
+    ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy -k regex:attention_fwd_hopper_fp8 -c 1 $CLI attention /tmp/fp8_in.st -o /tmp/fp8_out2.st > $OUT/ncu-fp8-d128.txt 2>&1
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Registers Per|Stall|Warp Cycles Per Issued" $OUT/ncu-fp8-d128.txt | head -20 >> $S
+  fi
   if [[ $steps == *" bench "* ]]; then
     export KBENCH_ATTENTION_DIMS=${DIMS:-128,256} KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384}
     s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-fp8 --out $OUT > $L/bench.log 2>&1

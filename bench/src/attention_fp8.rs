@@ -5,8 +5,9 @@
 //! FP8 attention forward (FlashAttention-3 is not installed there; SDPA has none).
 //!
 //! Rows (`kernel` = `attention_fwd`, config `dtype` = `e4m3`): `ours` (the transpose of V and
-//! the forward, as a user calls it), `ours-kernel` (the forward launch alone, `V^T` prepared),
-//! `ours-bf16`; and `attention_fp8_vt` (the transpose alone, bytes read and written). FLOPs
+//! the forward, as a user calls it), `ours-{variant}` (the tuning variants of
+//! `kernel_abi::attention::fp8::FP8_KERNELS`, likewise), `ours-kernel` (the default forward
+//! launch alone, `V^T` prepared), `ours-bf16`; and `attention_fp8_vt` (the transpose alone, bytes read and written). FLOPs
 //! `4 batch heads seq^2 D`, halved under causal masking. Errors: the largest difference from
 //! the f64 reference on the dequantized inputs over 24 sampled rows.
 //!
@@ -14,6 +15,7 @@
 
 use crate::config;
 use crate::harness::{Bench, Row};
+use kernel_abi::attention::fp8::FP8_KERNELS;
 use kernels::attention::{
     self, AttentionProblem, Dtype, E4m3, Fp8Scales, Fp8Tensors, Target, View,
 };
@@ -100,6 +102,26 @@ pub fn run(b: &mut Bench) -> Result<()> {
                         .flops(p.flops())
                         .err(err),
                 );
+                // The tuning variants, as a user would call them (transpose included).
+                for k in FP8_KERNELS.iter().filter(|k| k.cfg.head_dim == d as u32) {
+                    let Some(variant) = k.variant else { continue };
+                    let vplan =
+                        p.plan_fp8_variant(Target::of(&b.gpu), &tensors, scales, Some(variant))?;
+                    // SAFETY: as above.
+                    let tv = b.time(|| unsafe {
+                        vplan.run(&OnStream {
+                            gpu: &b.gpu,
+                            stream: &b.stream,
+                        })
+                    })?;
+                    let o = download(&out)?;
+                    let verr = sampled_error(&p, &qb, &kb, &vb, &o);
+                    let mut row = Row::ours("attention_fwd", cfg.clone(), &tv)
+                        .flops(p.flops())
+                        .err(verr);
+                    row.implementation = format!("ours-{variant}");
+                    b.push(row);
+                }
                 let forward = plan.forward_launch()?;
                 // SAFETY: as above; `V^T` was written by the runs above.
                 let tk = b.time(|| unsafe {

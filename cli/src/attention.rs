@@ -7,7 +7,8 @@ use clap::{Args, ValueEnum};
 use half::{bf16, f16};
 use kernels::Gpu;
 use kernels::attention::{
-    self, AttentionElem, AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, Path, View,
+    self, AttentionElem, AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, E4m3,
+    Fp8Scales, Path, View,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::Timings;
@@ -24,7 +25,8 @@ Attention forward: O = softmax(scale Q K^T + mask) V and the row log-sum-exp (na
 softmax and accumulation in f32.
 
 Inputs (FlashAttention's layout: sequence before heads, head dimension last):
-  q    bf16 or f16  [B, Sq, Hq, D]    D in {32, 48, .., 256}
+  q    bf16, f16    [B, Sq, Hq, D]    D in {32, 48, .., 256}
+       or e4m3                        (FP8, Hopper GPUs: D in {128, 256}; see below)
   k    same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv (GQA; Hkv = 1 is MQA)
   v    same as q    [B, Sk, Hkv, D]
 
@@ -53,7 +55,14 @@ optional tensors:
 q is then [1, Tq, Hq, D], k and v [1, Tk, Hkv, D] (B = 1, the sequences packed along the \
 sequence axis); each sequence is attended on its own, the mask applied per sequence (causal \
 aligned to each sequence's bottom-right corner); empty sequences are allowed. Outputs: o \
-[1, Tq, Hq, D] and lse [Hq, Tq] (FlashAttention's varlen layout). --path as for dense batches.";
+[1, Tq, Hq, D] and lse [Hq, Tq] (FlashAttention's varlen layout). --path as for dense batches.
+
+FP8: q, k and v in e4m3 (safetensors F8_E4M3) with optional per-tensor descales
+  q_descale, k_descale, v_descale  f32 [1]   the real value of an element is its e4m3 value
+                                             times its tensor's descale (default 1)
+run the FP8 forward (Hopper GPUs, D 128 or 256, dense batches, no softcap or sinks); o is \
+bf16, the reference is the f64 forward of the dequantized inputs, and --check holds o to \
+2x the error of the plain FP8 computation (e4m3 P, f32 sums) plus 1e-3.";
 
 /// Which kernel to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -94,14 +103,24 @@ pub struct AttentionArgs {
 }
 
 /// The tensors `attention` reads.
-pub const TENSORS: &[&str] = &["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks"];
+pub const TENSORS: &[&str] = &[
+    "q",
+    "k",
+    "v",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "sinks",
+    "q_descale",
+    "k_descale",
+    "v_descale",
+];
 
 /// Read and check the inputs, build the problem.
 pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     let mut inp = Inputs::open(&args.common.input)?;
     let q = inp.take(
         "q",
-        &[St::BF16, St::F16],
+        &[St::BF16, St::F16, St::F8_E4M3],
         &[Dim::Var("B"), Dim::Var("Sq"), Dim::Var("Hq"), Dim::Var("D")],
     )?;
     let kv = [
@@ -110,8 +129,8 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
         Dim::Var("Hkv"),
         Dim::Var("D"),
     ];
-    let k = inp.take("k", &[St::BF16, St::F16], &kv)?;
-    let v = inp.take("v", &[St::BF16, St::F16], &kv)?;
+    let k = inp.take("k", &[St::BF16, St::F16, St::F8_E4M3], &kv)?;
+    let v = inp.take("v", &[St::BF16, St::F16, St::F8_E4M3], &kv)?;
     for t in [("k", &k), ("v", &v)] {
         if t.1.dtype() != q.dtype() {
             return Err(CliError::Dtype {
@@ -129,7 +148,27 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     let sinks = inp
         .take_opt("sinks", &[St::F32], &[Dim::Var("Hq")])?
         .map(|t| t.f32());
+    let mut descale = |name: &str| -> Result<Option<f32>> {
+        Ok(inp
+            .take_opt(name, &[St::F32], &[Dim::Is("1", 1)])?
+            .map(|t| t.f32()[0]))
+    };
+    let descales = [
+        descale("q_descale")?,
+        descale("k_descale")?,
+        descale("v_descale")?,
+    ];
     inp.finish("attention", TENSORS, &[])?;
+    let fp8 = q.dtype() == St::F8_E4M3;
+    if !fp8 && let Some(i) = descales.iter().position(Option::is_some) {
+        return Err(CliError::Value {
+            name: format!("{}_descale", ["q", "k", "v"][i]),
+            reason: format!(
+                "descales are for e4m3 inputs; q is {}",
+                crate::tensors::dtype_name(q.dtype())
+            ),
+        });
+    }
     let [b, sq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, sk, hkv, _] = k.shape().try_into().expect("rank checked");
     let dtype = if q.dtype() == St::BF16 {
@@ -154,6 +193,14 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
             });
         }
     };
+    if fp8 && (cu.is_some() || sinks.is_some() || args.softcap.is_some()) {
+        return Err(CliError::Value {
+            name: "q".into(),
+            reason: "the FP8 forward (e4m3) takes dense batches without cu_seqlens, a \
+                     softcap or sinks"
+                .into(),
+        });
+    }
     if let Some((cq, ck)) = cu {
         return varlen_job(args, dtype, (&q, &k, &v), (&cq, &ck), sinks);
     }
@@ -171,6 +218,22 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     p.softcap = args.softcap;
     p.sinks = sinks.is_some();
     p.validate()?;
+    if fp8 {
+        // The FP8 forward writes bf16 O: the problem's dtype is the output's.
+        p.dtype = Dtype::Bf16;
+        let e4m3 = |t: &Tensor| t.bytes().iter().map(|&b| E4m3(b)).collect();
+        return Ok(Box::new(Fp8Job {
+            p,
+            q: e4m3(&q),
+            k: e4m3(&k),
+            v: e4m3(&v),
+            scales: Fp8Scales {
+                q: descales[0].unwrap_or(1.0),
+                k: descales[1].unwrap_or(1.0),
+                v: descales[2].unwrap_or(1.0),
+            },
+        }));
+    }
     Ok(match dtype {
         Dtype::Bf16 => Box::new(AttentionJob::<bf16> {
             p,
@@ -422,6 +485,74 @@ impl<T: Elem> Job for AttentionJob<T> {
         out.push("o", &self.p.q_shape(), Data::F64(r.o));
         out.push("lse", &lse_shape(&self.p), Data::F64(r.lse));
         Ok(out)
+    }
+}
+
+/// The FP8 forward (e4m3 inputs, bf16 O).
+struct Fp8Job {
+    p: AttentionProblem,
+    q: Vec<E4m3>,
+    k: Vec<E4m3>,
+    v: Vec<E4m3>,
+    scales: Fp8Scales,
+}
+
+impl Job for Fp8Job {
+    fn gpu(&self, gpu: &Gpu, repeat: Option<u32>) -> Result<(Outputs, Option<Timings>)> {
+        let p = &self.p;
+        let stream = gpu.stream()?;
+        let (q, k, v) = (upload(&self.q)?, upload(&self.k)?, upload(&self.v)?);
+        let o = poisoned::<bf16>(self.q.len())?;
+        let mut lse = poisoned::<f32>(p.lse_len())?;
+        let mut ws = poisoned::<E4m3>(p.fp8_workspace_len())?;
+        let timings = {
+            let qv = View::contiguous(&q, p.q_shape());
+            let kv = View::contiguous(&k, p.kv_shape());
+            let vv = View::contiguous(&v, p.kv_shape());
+            let mut ov = View::contiguous(&o, p.q_shape());
+            launch_timed(gpu, &stream, repeat, "attention FP8 forward", || {
+                attention::forward_fp8(
+                    gpu,
+                    &stream,
+                    p,
+                    &qv,
+                    &kv,
+                    &vv,
+                    self.scales,
+                    &mut ov,
+                    &mut lse,
+                    &mut ws,
+                )
+            })?
+        };
+        let mut out = Outputs::default();
+        out.push("o", &p.q_shape(), Data::Bf16(download(&o)?));
+        out.push("lse", &lse_shape(p), Data::F32(download(&lse)?));
+        Ok((out, timings))
+    }
+
+    fn reference(&self) -> Result<Outputs> {
+        let r = attention::reference_fp8(&self.p, &self.q, &self.k, &self.v, self.scales);
+        let mut out = Outputs::default();
+        out.push("o", &self.p.q_shape(), Data::F64(r.o));
+        out.push("lse", &lse_shape(&self.p), Data::F64(r.lse));
+        Ok(out)
+    }
+
+    fn tolerances(&self, want: &Outputs) -> Result<Vec<(String, f64)>> {
+        let naive = attention::naive_fp8(&self.p, &self.q, &self.k, &self.v, self.scales);
+        let w = want
+            .get("o")
+            .ok_or_else(|| CliError::Internal("the reference has no `o`".into()))?
+            .data
+            .to_f64();
+        let err = naive
+            .o
+            .iter()
+            .zip(&w)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        Ok(vec![("o".into(), 2.0 * err + 1e-3)])
     }
 }
 

@@ -29,6 +29,7 @@ pub fn dtype_name(d: Dtype) -> String {
         Dtype::F64 => "f64".into(),
         Dtype::I64 => "i64".into(),
         Dtype::U64 => "u64".into(),
+        Dtype::F8_E4M3 => "e4m3".into(),
         other => format!("{other:?}").to_lowercase(),
     }
 }
@@ -92,6 +93,11 @@ impl Tensor {
         self.bytes
             .chunks_exact(N)
             .map(|c| c.try_into().expect("chunks of N bytes"))
+    }
+
+    /// The raw bytes of a one-byte tensor (u8, e4m3; the dtype was checked when it was taken).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
     }
 
     /// The values of a bf16 tensor (the dtype was checked when it was taken).

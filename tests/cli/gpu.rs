@@ -55,6 +55,38 @@ pub(super) fn gpu_attention(gpu: &'static Gpu) -> TestResult {
     )
 }
 
+/// `attention --check` on e4m3 inputs with descales (the FP8 forward): `--check` holds O to the
+/// FP8 rule (the job's tolerance), and the relative L2 error stays below FP8's few percent.
+pub(super) fn gpu_attention_fp8(gpu: &'static Gpu) -> TestResult {
+    let d = Dir::new("gpu_attention_fp8");
+    let p = AttentionProblem::new(2, 70, 150, 4, 2, 128, AttnDtype::Bf16).causal();
+    let mut r = kernels::data::rng(57);
+    let mut e4m3 = |n: usize| -> Vec<u8> {
+        kernels::data::uniform_f32(&mut r, n, -448.0, 448.0)
+            .into_iter()
+            .map(|x| kernels::attention::E4m3::from_f32(x).0)
+            .collect()
+    };
+    let (qn, kn) = (p.q_shape().iter().product(), p.kv_shape().iter().product());
+    write_inputs(
+        &d.path("in.safetensors"),
+        &[
+            ("q", p.q_shape().to_vec(), V::E4m3(e4m3(qn))),
+            ("k", p.kv_shape().to_vec(), V::E4m3(e4m3(kn))),
+            ("v", p.kv_shape().to_vec(), V::E4m3(e4m3(kn))),
+            ("q_descale", vec![1], V::F32(vec![1.0 / 448.0])),
+            ("k_descale", vec![1], V::F32(vec![1.0 / 448.0])),
+            ("v_descale", vec![1], V::F32(vec![0.01])),
+        ],
+    )?;
+    let args = d.command("attention @in.safetensors -o @out.safetensors --check --causal");
+    check_run(gpu, &d, &args, &[("o", 5e-2), ("lse", 1e-4)])?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    ensure(out.get("o").is_some_and(|o| o.dtype == Dtype::BF16), || {
+        "the FP8 forward's o is not bf16".into()
+    })
+}
+
 /// `attention --check` with a softcap and sinks: dense (the Hopper path on Hopper GPUs, then
 /// the mma.sync path) and packed.
 pub(super) fn gpu_attention_capsink(gpu: &'static Gpu) -> TestResult {

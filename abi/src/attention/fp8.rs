@@ -70,7 +70,7 @@ pub struct Fp8VtParams {
     pub v: *const u8,
     /// `V^T` `[batch, heads_kv, D, seq_pad]` e4m3, contiguous (written).
     pub vt: *mut u8,
-    /// Element (byte) strides of V for batch, sequence, head (multiples of 4).
+    /// Element (byte) strides of V for batch, sequence, head (multiples of 16).
     pub v_strides: [u64; 3],
     /// Keys.
     pub seq_k: u32,
@@ -82,16 +82,32 @@ pub struct Fp8VtParams {
     pub head_dim: u32,
 }
 
-/// Groups of 16 keys one block of [`FP8_VT_KERNEL`] transposes at head dimension `d`: each
-/// thread takes 4 columns of one group, so a block covers `FP8_VT_THREADS / (d / 4)` groups.
+/// Columns (bytes of a row of V) one warp of [`FP8_VT_KERNEL`] transposes: each lane takes
+/// 16 columns of its group of 16 keys (a 16 x 16 byte block: 16-byte loads and stores).
+pub const FP8_VT_COLUMNS: u32 = 16;
+
+/// The grid of [`FP8_VT_KERNEL`] for `batch`, `heads_kv`, head dimension `d` (one of
+/// [`FP8_HEAD_DIMS`]) and `seq_pad` keys: `x` blocks of 32 key groups (one per lane; the
+/// lanes of a warp store 512 consecutive bytes of each `V^T` row), `y` the heads, `z` the
+/// batch times the blocks of column chunks (each warp of a block one chunk of 16 columns).
 #[inline(always)]
-pub const fn fp8_vt_groups_per_block(d: u32) -> u32 {
-    FP8_VT_THREADS * 4 / d
+pub const fn fp8_vt_grid(batch: u32, heads_kv: u32, d: u32, seq_pad: u32) -> (u32, u32, u32) {
+    let groups = seq_pad / FP8_VT_GROUP;
+    (
+        groups.div_ceil(32),
+        heads_kv,
+        batch * fp8_vt_chunk_blocks(d),
+    )
 }
 
-/// `attention_fwd_hopper_fp8_vt`: V to `V^T` (module documentation). Grid
-/// `(ceil(seq_pad / 16 / fp8_vt_groups_per_block(D)), heads_kv, batch)`, [`FP8_VT_THREADS`]
-/// threads.
+/// Blocks of [`FP8_VT_KERNEL`] along the columns of one head: `D / 16` chunks, one per warp.
+#[inline(always)]
+pub const fn fp8_vt_chunk_blocks(d: u32) -> u32 {
+    (d / FP8_VT_COLUMNS).div_ceil(FP8_VT_THREADS / 32)
+}
+
+/// `attention_fwd_hopper_fp8_vt`: V to `V^T` (module documentation). Grid [`fp8_vt_grid`],
+/// [`FP8_VT_THREADS`] threads.
 pub const FP8_VT_KERNEL: Kernel<Fp8VtParams> =
     Kernel::new("attention_fwd_hopper_fp8_vt", FP8_VT_THREADS, 1, no_smem);
 
@@ -103,39 +119,55 @@ fn fp8_smem(cfg: HopperConfig) -> usize {
     cfg.smem_bytes()
 }
 
-/// An FP8 forward kernel: its handle and configuration.
+/// An FP8 forward kernel: its handle, configuration and tuning variant.
 pub struct Fp8Kernel {
     /// The handle; launch it with shape [`Fp8Kernel::cfg`].
     pub kernel: Kernel<HopperParams, HopperConfig>,
     /// Configuration (its head dimension is the kernel's).
     pub cfg: HopperConfig,
+    /// `None` for the default configuration ([`fp8_config`]), else the variant's name (the
+    /// last part of the entry's name), timed beside it by the benchmark.
+    pub variant: Option<&'static str>,
 }
 
-/// The FP8 forward kernels, one per head dimension of [`FP8_HEAD_DIMS`].
-pub const FP8_KERNELS: [Fp8Kernel; 2] = [
+const fn fp8(name: &'static str, cfg: HopperConfig, variant: Option<&'static str>) -> Fp8Kernel {
     Fp8Kernel {
-        kernel: Kernel::new(
-            "attention_fwd_hopper_fp8_d128",
-            super::HOPPER_THREADS,
-            1,
-            fp8_smem,
-        ),
-        cfg: fp8_config_of(128),
-    },
-    Fp8Kernel {
-        kernel: Kernel::new(
-            "attention_fwd_hopper_fp8_d256",
-            super::HOPPER_THREADS,
-            1,
-            fp8_smem,
-        ),
-        cfg: fp8_config_of(256),
-    },
+        kernel: Kernel::new(name, super::HOPPER_THREADS, 1, fp8_smem),
+        cfg,
+        variant,
+    }
+}
+
+/// The FP8 forward kernels: the default of each head dimension of [`FP8_HEAD_DIMS`], then the
+/// tuning variants ("hpp": pingpong turns between the consumer warpgroups, so that one's
+/// softmax runs under the other's products).
+pub const FP8_KERNELS: [Fp8Kernel; 4] = [
+    fp8("attention_fwd_hopper_fp8_d128", fp8_config_of(128), None),
+    fp8("attention_fwd_hopper_fp8_d256", fp8_config_of(256), None),
+    fp8(
+        "attention_fwd_hopper_fp8_d128_hpp",
+        HopperConfig {
+            pingpong: true,
+            ..fp8_config_of(128)
+        },
+        Some("hpp"),
+    ),
+    fp8(
+        "attention_fwd_hopper_fp8_d256_hpp",
+        HopperConfig {
+            pingpong: true,
+            ..fp8_config_of(256)
+        },
+        Some("hpp"),
+    ),
 ];
 
-/// The FP8 forward kernel of head dimension `d`.
-pub fn fp8_kernel(d: u32) -> Option<&'static Fp8Kernel> {
-    FP8_KERNELS.iter().find(|k| k.cfg.head_dim == d)
+/// The FP8 forward kernel of head dimension `d`: the default (`variant` `None`) or the tuning
+/// variant of that name.
+pub fn fp8_kernel(d: u32, variant: Option<&str>) -> Option<&'static Fp8Kernel> {
+    FP8_KERNELS
+        .iter()
+        .find(|k| k.cfg.head_dim == d && k.variant == variant)
 }
 
 /// Kernels of this module in the family's table.
@@ -146,6 +178,8 @@ pub(crate) const fn fp8_kernel_decls() -> [KernelDecl; FP8_KERNEL_COUNT] {
     [
         FP8_KERNELS[0].kernel.info(),
         FP8_KERNELS[1].kernel.info(),
+        FP8_KERNELS[2].kernel.info(),
+        FP8_KERNELS[3].kernel.info(),
         FP8_VT_KERNEL.info(),
     ]
 }
@@ -182,8 +216,13 @@ mod tests {
             );
             assert_eq!(cfg.column_blocks() * cfg.atom(), d);
             assert_eq!(cfg.block_n, 128, "one 128-byte V^T row per step");
-            assert_eq!(fp8_vt_groups_per_block(d) * (d / 4), FP8_VT_THREADS);
+            // Every warp of a block has a chunk of columns.
+            assert_eq!(
+                fp8_vt_chunk_blocks(d) * FP8_VT_THREADS / 32 * FP8_VT_COLUMNS,
+                d
+            );
         }
-        assert!(fp8_config(64).is_none() && fp8_kernel(192).is_none());
+        assert!(fp8_config(64).is_none() && fp8_kernel(192, None).is_none());
+        assert!(fp8_kernel(128, Some("hpp")).is_some_and(|k| k.cfg.pingpong));
     }
 }

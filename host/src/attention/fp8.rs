@@ -27,8 +27,7 @@ use cust::memory::DeviceBuffer;
 use cust::stream::Stream;
 use half::bf16;
 use kernel_abi::attention::fp8::{
-    FP8_HEAD_DIMS, FP8_VT_GROUP, FP8_VT_KERNEL, Fp8Kernel, Fp8VtParams, fp8_kernel,
-    fp8_vt_groups_per_block,
+    FP8_HEAD_DIMS, FP8_VT_GROUP, FP8_VT_KERNEL, Fp8Kernel, Fp8VtParams, fp8_kernel, fp8_vt_grid,
 };
 use kernel_abi::attention::{HOPPER_BLOCK_M, HopperParams};
 
@@ -188,6 +187,18 @@ impl AttentionProblem {
         tensors: &Fp8Tensors<'_>,
         scales: Fp8Scales,
     ) -> Result<Fp8Plan> {
+        self.plan_fp8_variant(target, tensors, scales, None)
+    }
+
+    /// [`AttentionProblem::plan_fp8`] with the FP8 tuning variant `variant` (by name, in
+    /// `kernel_abi::attention::fp8::FP8_KERNELS`), for benchmarks.
+    pub fn plan_fp8_variant(
+        &self,
+        target: Target,
+        tensors: &Fp8Tensors<'_>,
+        scales: Fp8Scales,
+        variant: Option<&str>,
+    ) -> Result<Fp8Plan> {
         self.validate()?;
         if self.dtype != Dtype::Bf16 {
             return Err(Error::unsupported(
@@ -211,11 +222,15 @@ impl AttentionProblem {
             ));
         }
         let d = self.head_dim as u32;
-        let kernel = fp8_kernel(d).ok_or_else(|| {
-            Error::unsupported(
+        let kernel = fp8_kernel(d, variant).ok_or_else(|| match variant {
+            None => Error::unsupported(
                 format!("FP8 head dimension {d}"),
                 format!("supported: {FP8_HEAD_DIMS:?}"),
-            )
+            ),
+            Some(v) => Error::unsupported(
+                format!("FP8 tuning variant {v}"),
+                format!("not built for head dimension {d}"),
+            ),
         })?;
         for (what, s) in [("q", scales.q), ("k", scales.k), ("v", scales.v)] {
             if !(s.is_finite() && s > 0.0) {
@@ -260,14 +275,20 @@ impl AttentionProblem {
             ));
         }
         let seq_pad = self.fp8_seq_pad();
-        let groups = (seq_pad / FP8_VT_GROUP as usize) as u32;
+        let grid = fp8_vt_grid(self.batch as u32, self.heads_kv as u32, d, seq_pad as u32);
+        if grid.2 > 65535 {
+            return Err(Error::unsupported(
+                "FP8 attention forward",
+                format!(
+                    "batch {} (at most {} at D = {d})",
+                    self.batch,
+                    65535 / (grid.2 / self.batch as u32)
+                ),
+            ));
+        }
         let transpose = Launch::new(
             &FP8_VT_KERNEL,
-            (
-                groups.div_ceil(fp8_vt_groups_per_block(d)),
-                self.heads_kv as u32,
-                self.batch as u32,
-            ),
+            grid,
             (),
             Fp8VtParams {
                 v: tensors.v.ptr() as *const u8,

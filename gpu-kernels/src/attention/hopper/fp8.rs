@@ -7,14 +7,16 @@ use super::super::elem::Bf16;
 use crate::arch::{global, index, wgmma};
 use crate::tensor_map_ptr;
 use kernel_abi::attention::fp8::{
-    FP8_VT_GROUP, Fp8VtParams, fp8_config_of, fp8_vt_groups_per_block, fp8_vt_key,
+    FP8_KERNELS, FP8_VT_COLUMNS, FP8_VT_GROUP, FP8_VT_THREADS, Fp8VtParams, fp8_vt_chunk_blocks,
+    fp8_vt_key,
 };
 use kernel_abi::attention::{HopperConfig, HopperParams};
 
-/// An FP8 forward entry of head dimension `$d`: S = Q K^T with `m64n128k32` (steps of 128 keys),
-/// O += P V with `$o_mma` (`m64n{D}k32`, P from registers) and its accumulators' fence.
+/// An FP8 forward entry of configuration `$cfg` (head dimension D): S = Q K^T with
+/// `m64n128k32` (steps of 128 keys), O += P V with `$o_mma` (`m64n{D}k32`, P from registers)
+/// and its accumulators' fence.
 macro_rules! fp8_kernel {
-    ($name:expr, $d:literal, $o_mma:ident, $o_fence:ident) => {
+    ($name:expr, $cfg:expr, $o_mma:ident, $o_fence:ident) => {
         const _: () = {
             /// See the module documentation.
             ///
@@ -26,7 +28,7 @@ macro_rules! fp8_kernel {
             /// parameters validated by the host.
             #[unsafe(export_name = $name)]
             pub unsafe extern "ptx-kernel" fn kernel(p: HopperParams) {
-                const CFG: HopperConfig = fp8_config_of($d);
+                const CFG: HopperConfig = $cfg;
                 crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
                 let tmaps = [
                     tensor_map_ptr!(name = $name, 0, HopperParams, tmap_q),
@@ -70,66 +72,84 @@ macro_rules! fp8_kernel {
 
 fp8_kernel!(
     "attention_fwd_hopper_fp8_d128",
-    128,
+    FP8_KERNELS[0].cfg,
     m64n128k32_e4m3_rs,
     fence_operands_64
 );
 fp8_kernel!(
     "attention_fwd_hopper_fp8_d256",
-    256,
+    FP8_KERNELS[1].cfg,
+    m64n256k32_e4m3_rs,
+    fence_operands_128
+);
+fp8_kernel!(
+    "attention_fwd_hopper_fp8_d128_hpp",
+    FP8_KERNELS[2].cfg,
+    m64n128k32_e4m3_rs,
+    fence_operands_64
+);
+fp8_kernel!(
+    "attention_fwd_hopper_fp8_d256_hpp",
+    FP8_KERNELS[3].cfg,
     m64n256k32_e4m3_rs,
     fence_operands_128
 );
 
 /// V `[batch, seq_k, heads_kv, D]` to `V^T` `[batch, heads_kv, D, seq_pad]`, keys permuted within
-/// each group of 16 (`fp8_vt_key`) and zeros past `seq_k`. Thread `tid` of block `(x, h, b)`
-/// takes columns `4 (tid % (D / 4)) ..+ 4` of key group `x * groups_per_block + tid / (D / 4)`:
-/// 16 loads of 4 bytes (consecutive threads read consecutive bytes of a row), 4 stores of 16.
+/// each group of 16 (`fp8_vt_key`) and zeros past `seq_k`. Block `(x, h, z)`: batch
+/// `z / chunk_blocks`, warp `w` the chunk of 16 columns `(z % chunk_blocks) 8 + w`, lane `l` the
+/// key group `32 x + l`: 16 loads of 16 bytes (its keys' columns of the chunk), a 16 x 16 byte
+/// transpose in registers, 16 stores of 16 bytes (the lanes of a warp store 512 consecutive
+/// bytes of each row).
 ///
 /// # Safety
-/// Grid and block as documented on `FP8_VT_KERNEL`; `Fp8VtParams` as documented (V's rows in
-/// bounds and 4-byte aligned, `vt` 16-byte aligned with `batch * heads_kv * D * seq_pad` bytes,
-/// `seq_pad` a multiple of 16, D one of `FP8_HEAD_DIMS`), V and `V^T` disjoint.
+/// Grid `fp8_vt_grid`, `FP8_VT_THREADS` threads; `Fp8VtParams` as documented (V's rows in
+/// bounds and 16-byte aligned, `vt` 16-byte aligned with `batch * heads_kv * D * seq_pad`
+/// bytes, `seq_pad` a multiple of 16, D one of `FP8_HEAD_DIMS`), V and `V^T` disjoint.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn attention_fwd_hopper_fp8_vt(p: Fp8VtParams) {
     crate::launch_bounds!(attention_fwd_hopper_fp8_vt in kernel_abi::attention::KERNELS);
     let d = p.head_dim;
-    let quads = d / 4;
-    let tid = index::thread_idx_x();
-    let group = index::block_idx_x() * fp8_vt_groups_per_block(d) + tid / quads;
-    let quad = tid % quads;
-    let (h, b) = (index::block_idx_y(), index::block_idx_z());
-    if group * FP8_VT_GROUP >= p.seq_pad {
+    let chunk_blocks = fp8_vt_chunk_blocks(d);
+    let z = index::block_idx_z();
+    let (b, h) = (z / chunk_blocks, index::block_idx_y());
+    let chunk = (z % chunk_blocks) * (FP8_VT_THREADS / 32) + index::warp_id();
+    let group = index::block_idx_x() * 32 + index::lane_id();
+    let col0 = chunk * FP8_VT_COLUMNS;
+    if group * FP8_VT_GROUP >= p.seq_pad || col0 >= d {
         return;
     }
     let row0 =
         p.v.wrapping_add((b as u64 * p.v_strides[0] + h as u64 * p.v_strides[2]) as usize)
-            .wrapping_add(4 * quad as usize);
-    let mut w = [0u32; FP8_VT_GROUP as usize];
-    for (k, word) in w.iter_mut().enumerate() {
+            .wrapping_add(col0 as usize);
+    let mut w = [[0u32; 4]; FP8_VT_GROUP as usize];
+    for (k, words) in w.iter_mut().enumerate() {
         let key = group * FP8_VT_GROUP + k as u32;
         if key < p.seq_k {
-            // SAFETY: key < seq_k, column 4 quad + 3 < D: inside V; 4-byte aligned (the
-            // host's contract).
-            *word = unsafe {
-                *(row0.wrapping_add((key as u64 * p.v_strides[1]) as usize) as *const u32)
+            // SAFETY: key < seq_k, columns col0 ..+ 16 <= D: inside V; 16-byte aligned (V's
+            // rows and strides are, col0 is a multiple of 16); V is not written.
+            *words = unsafe {
+                global::load_cg_v4(
+                    row0.wrapping_add((key as u64 * p.v_strides[1]) as usize) as *const u32
+                )
             };
         }
     }
-    let out_base =
-        p.vt.wrapping_add(((b * p.heads_kv + h) as u64 * d as u64 * p.seq_pad as u64) as usize);
-    for j in 0..4u32 {
+    let out_base = p.vt.wrapping_add(
+        (((b * p.heads_kv + h) as u64 * d as u64 + col0 as u64) * p.seq_pad as u64
+            + (group * FP8_VT_GROUP) as u64) as usize,
+    );
+    for j in 0..FP8_VT_COLUMNS {
         let mut out = [0u32; 4];
         for pos in 0..FP8_VT_GROUP {
-            let byte = (w[fp8_vt_key(pos) as usize] >> (8 * j)) & 0xff;
+            let word = w[fp8_vt_key(pos) as usize][(j / 4) as usize];
+            let byte = (word >> (8 * (j % 4))) & 0xff;
             out[(pos / 4) as usize] |= byte << (8 * (pos % 4));
         }
-        let col = 4 * quad + j;
-        let dst = out_base
-            .wrapping_add((col as u64 * p.seq_pad as u64 + (group * FP8_VT_GROUP) as u64) as usize);
-        // SAFETY: row `col < D` of (b, h), keys `16 group ..+ 16 <= seq_pad`: inside `V^T`;
-        // 16-byte aligned (aligned base, `seq_pad` a multiple of 16); each thread writes its
-        // own 16 bytes.
+        let dst = out_base.wrapping_add((j as u64 * p.seq_pad as u64) as usize);
+        // SAFETY: row `col0 + j < D` of (b, h), keys `16 group ..+ 16 <= seq_pad`: inside
+        // `V^T`; 16-byte aligned (aligned base, `seq_pad` a multiple of 16); each lane writes
+        // its own 16 bytes.
         unsafe { global::store_v4(dst as *mut u32, out) };
     }
 }
