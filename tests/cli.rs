@@ -86,7 +86,11 @@ fn main() {
         Needs::Gpu,
         gpu_attention_decode,
     );
-    s.gpu("gpu/attention_fp8_check", Needs::Hopper, gpu::gpu_attention_fp8);
+    s.gpu(
+        "gpu/attention_fp8_check",
+        Needs::Hopper,
+        gpu::gpu_attention_fp8,
+    );
     s.gpu("gpu/gla_check", Needs::Gpu, gpu_gla);
     s.gpu("gpu/gla_backward_check", Needs::Gpu, gpu_gla_backward);
     s.gpu("gpu/gla_kernels_check", Needs::Hopper, gpu_gla_kernels);

@@ -155,6 +155,10 @@ fn cases() -> Vec<Case> {
         let mut m = case(2, 300, 100, 2, 2, d, Dtype::Bf16);
         m.p.causal = true;
         v.push(m);
+        // Logits spread widely: the lazy rescale both skips and rescales after the first step.
+        let mut spread = case(1, 64, 1024, 2, 1, d, Dtype::Bf16);
+        spread.range = 8.0;
+        v.push(spread);
     }
     // Grouped-query and multi-query heads; more tiles than multiprocessors (persistent grid);
     // a scale other than 1/sqrt(D); inputs of a wider range.

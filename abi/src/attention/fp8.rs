@@ -36,8 +36,9 @@ pub const fn fp8_vt_key(p: u32) -> u32 {
 
 /// The FP8 kernels' configuration for head dimension `d`, if supported: steps of 128 keys (one
 /// 128-byte row of `V^T` per head-dimension row), two stages, the intra-warpgroup overlap, the
-/// folded softmax without lazy rescaling (P stays at most 2, well inside e4m3's 448; the lazy
-/// mode's bound 2^9 is not), the grid of [`HopperGrid::Auto`].
+/// folded softmax with lazy rescaling past a lower threshold ([`Softmax::FoldedLazyE4m3`]: P
+/// at most 2^8, inside e4m3's 448; the 16-bit kernels' bound 2^9 is not), the grid of
+/// [`HopperGrid::Auto`].
 pub const fn fp8_config(d: u32) -> Option<HopperConfig> {
     match d {
         128 | 256 => Some(HopperConfig {
@@ -46,7 +47,7 @@ pub const fn fp8_config(d: u32) -> Option<HopperConfig> {
             stages: 2,
             overlap: true,
             pingpong: false,
-            softmax: Softmax::Folded,
+            softmax: Softmax::FoldedLazyE4m3,
             grid: HopperGrid::Auto,
             elem_bytes: 1,
         }),
@@ -140,8 +141,9 @@ const fn fp8(name: &'static str, cfg: HopperConfig, variant: Option<&'static str
 
 /// The FP8 forward kernels: the default of each head dimension of [`FP8_HEAD_DIMS`], then the
 /// tuning variants ("hpp": pingpong turns between the consumer warpgroups, so that one's
-/// softmax runs under the other's products).
-pub const FP8_KERNELS: [Fp8Kernel; 4] = [
+/// softmax runs under the other's products; "hfold": the folded softmax rescaling O at every
+/// step, [`Softmax::Folded`]).
+pub const FP8_KERNELS: [Fp8Kernel; 6] = [
     fp8("attention_fwd_hopper_fp8_d128", fp8_config_of(128), None),
     fp8("attention_fwd_hopper_fp8_d256", fp8_config_of(256), None),
     fp8(
@@ -159,6 +161,22 @@ pub const FP8_KERNELS: [Fp8Kernel; 4] = [
             ..fp8_config_of(256)
         },
         Some("hpp"),
+    ),
+    fp8(
+        "attention_fwd_hopper_fp8_d128_hfold",
+        HopperConfig {
+            softmax: Softmax::Folded,
+            ..fp8_config_of(128)
+        },
+        Some("hfold"),
+    ),
+    fp8(
+        "attention_fwd_hopper_fp8_d256_hfold",
+        HopperConfig {
+            softmax: Softmax::Folded,
+            ..fp8_config_of(256)
+        },
+        Some("hfold"),
     ),
 ];
 
@@ -180,6 +198,8 @@ pub(crate) const fn fp8_kernel_decls() -> [KernelDecl; FP8_KERNEL_COUNT] {
         FP8_KERNELS[1].kernel.info(),
         FP8_KERNELS[2].kernel.info(),
         FP8_KERNELS[3].kernel.info(),
+        FP8_KERNELS[4].kernel.info(),
+        FP8_KERNELS[5].kernel.info(),
         FP8_VT_KERNEL.info(),
     ]
 }

@@ -95,6 +95,9 @@ pub enum Softmax {
     /// [`RESCALE_THRESHOLD`] (`p <= 2^(threshold + 1)` stays far from f32 overflow; the
     /// reference cancels in O and is exact in the LSE).
     FoldedLazy,
+    /// [`Softmax::FoldedLazy`] past [`FP8_RESCALE_THRESHOLD`] (the Hopper FP8 kernels): every
+    /// `p <= 2^8`, inside e4m3's range (448), where P is rounded to e4m3 for O += P V.
+    FoldedLazyE4m3,
 }
 
 impl Softmax {
@@ -104,6 +107,7 @@ impl Softmax {
             Softmax::Scaled => 0,
             Softmax::Folded => 1,
             Softmax::FoldedLazy => 2,
+            Softmax::FoldedLazyE4m3 => 3,
         }
     }
 }
@@ -117,6 +121,9 @@ pub const HUGE_LOGIT: f32 = (1u32 << 24) as f32;
 /// Growth of a row maximum (base-2 logits) past its reference that makes
 /// [`Softmax::FoldedLazy`] rescale (FlashAttention-4 uses 8).
 pub const RESCALE_THRESHOLD: f32 = 8.0;
+
+/// [`RESCALE_THRESHOLD`] of [`Softmax::FoldedLazyE4m3`]: `p <= 2^(7 + 1) = 256 < 448`.
+pub const FP8_RESCALE_THRESHOLD: f32 = 7.0;
 
 impl TileConfig {
     /// Warps per block (each owns `warp_m_tiles * 16` query rows).

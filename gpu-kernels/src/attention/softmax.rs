@@ -106,18 +106,26 @@ pub(super) fn softmax_folded_rescale<const MT: usize, const NT: usize, const DT:
     lazy: bool,
 ) -> bool {
     let mut correction = [[1.0f32; 2]; MT];
-    let (huge, rescale) =
-        softmax_folded_max::<MT, NT>(s, row_max, row_sum, scale_log2, lazy, &mut correction);
+    let (huge, rescale) = softmax_folded_max::<MT, NT>(
+        s,
+        row_max,
+        row_sum,
+        scale_log2,
+        lazy,
+        RESCALE_THRESHOLD,
+        &mut correction,
+    );
     if rescale {
         rescale_o(o, &correction);
     }
     huge
 }
 
-/// [`softmax_folded_rescale`] without touching O: updates the maxima (references) and the
-/// sums, and returns whether the step has huge maxima and whether the warp rescales; if it
-/// does, `correction` holds each row's factor (the caller multiplies O by it, with
-/// [`rescale_o`], once O is not in use).
+/// [`softmax_folded_rescale`] without touching O, with a lazy rescale past `threshold` (the
+/// `mma.sync` kernels' [`RESCALE_THRESHOLD`]; the FP8 kernels' lower one keeps P inside
+/// e4m3): updates the maxima (references) and the sums, and returns whether the step has huge
+/// maxima and whether the warp rescales; if it does, `correction` holds each row's factor (the
+/// caller multiplies O by it, with [`rescale_o`], once O is not in use).
 #[inline(always)]
 pub(super) fn softmax_folded_max<const MT: usize, const NT: usize>(
     s: &[[[f32; 4]; NT]; MT],
@@ -125,6 +133,7 @@ pub(super) fn softmax_folded_max<const MT: usize, const NT: usize>(
     row_sum: &mut [[f32; 2]; MT],
     scale_log2: f32,
     lazy: bool,
+    threshold: f32,
     correction: &mut [[f32; 2]; MT],
 ) -> (bool, bool) {
     let mut mx = [[f32::NEG_INFINITY; 2]; MT];
@@ -171,7 +180,7 @@ pub(super) fn softmax_folded_max<const MT: usize, const NT: usize>(
             // -inf is a row with no allowed key in this tile (handled by `reference`).
             huge |= t[mt][h].abs() >= HUGE_LOGIT && t[mt][h] != f32::NEG_INFINITY;
             // False for -inf - -inf (NaN) and for a NaN maximum.
-            grow |= t[mt][h] - row_max[mt][h] > RESCALE_THRESHOLD;
+            grow |= t[mt][h] - row_max[mt][h] > threshold;
         }
     }
     // SAFETY: all 32 lanes execute the votes (uniform control flow).

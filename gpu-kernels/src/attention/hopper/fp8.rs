@@ -94,6 +94,18 @@ fp8_kernel!(
     m64n256k32_e4m3_rs,
     fence_operands_128
 );
+fp8_kernel!(
+    "attention_fwd_hopper_fp8_d128_hfold",
+    FP8_KERNELS[4].cfg,
+    m64n128k32_e4m3_rs,
+    fence_operands_64
+);
+fp8_kernel!(
+    "attention_fwd_hopper_fp8_d256_hfold",
+    FP8_KERNELS[5].cfg,
+    m64n256k32_e4m3_rs,
+    fence_operands_128
+);
 
 /// V `[batch, seq_k, heads_kv, D]` to `V^T` `[batch, heads_kv, D, seq_pad]`, keys permuted within
 /// each group of 16 (`fp8_vt_key`) and zeros past `seq_k`. Block `(x, h, z)`: batch

@@ -6,7 +6,7 @@ use super::super::elem::Elem;
 use super::super::softmax::{reference, softmax_folded_max, softmax_folded_p};
 use super::mask::{Rows, mask_step};
 use crate::arch::{convert, math, warp};
-use kernel_abi::attention::Softmax;
+use kernel_abi::attention::{FP8_RESCALE_THRESHOLD, RESCALE_THRESHOLD, Softmax};
 
 /// One online-softmax step on the accumulators `s` of keys `n0 .. n0 + BN` in the softmax mode
 /// `MODE` ([`Softmax::code`](kernel_abi::attention::Softmax::code)): masks, updates the
@@ -48,10 +48,15 @@ pub(super) fn softmax_step<
         core::array::from_mut(row_max),
         core::array::from_mut(row_sum),
     );
-    let lazy = MODE == Softmax::FoldedLazy.code();
+    let lazy = MODE == Softmax::FoldedLazy.code() || MODE == Softmax::FoldedLazyE4m3.code();
+    let threshold = if MODE == Softmax::FoldedLazyE4m3.code() {
+        FP8_RESCALE_THRESHOLD
+    } else {
+        RESCALE_THRESHOLD
+    };
     let mut correction = [[1.0f32; 2]; 1];
     let (huge, rescale) =
-        softmax_folded_max::<1, NT>(tiles, m, l, r.scale_log2, lazy, &mut correction);
+        softmax_folded_max::<1, NT>(tiles, m, l, r.scale_log2, lazy, threshold, &mut correction);
     if huge {
         softmax_folded_p::<1, NT, true>(tiles, m, l, r.scale_log2);
     } else {
