@@ -749,8 +749,8 @@ one=lambda x: torch.tensor([x],dtype=torch.float32)
 save_file({'q':r(),'k':r(),'v':r(),'q_descale':one(1/448),'k_descale':one(1/448),'v_descale':one(1/448)},'/tmp/fp8_in.st')
 PY
     $CLI attention /tmp/fp8_in.st -o /tmp/fp8_out.st --repeat 20 2>&1 | grep -i "median\|error" | sed "s/^/fp8 D128 S8k B2 H16 /" >> $S
-    ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy -k regex:attention_fwd_hopper_fp8 -c 1 $CLI attention /tmp/fp8_in.st -o /tmp/fp8_out2.st > $OUT/ncu-fp8-d128.txt 2>&1
-    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Registers Per|Stall|Warp Cycles Per Issued" $OUT/ncu-fp8-d128.txt | head -20 >> $S
+    ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active -k regex:attention_fwd_hopper_fp8_d128 -c 1 $CLI attention /tmp/fp8_in.st -o /tmp/fp8_out2.st > $OUT/ncu-fp8-d128.txt 2>&1
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Registers Per|Eligible Warps|Warp Cycles Per Issued|Tensor is|pipe_xu" $OUT/ncu-fp8-d128.txt | head -20 >> $S
   fi
   if [[ $steps == *" bench "* ]]; then
     export KBENCH_ATTENTION_DIMS=${DIMS:-128,256} KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384}

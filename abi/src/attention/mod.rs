@@ -95,8 +95,9 @@ pub enum Softmax {
     /// [`RESCALE_THRESHOLD`] (`p <= 2^(threshold + 1)` stays far from f32 overflow; the
     /// reference cancels in O and is exact in the LSE).
     FoldedLazy,
-    /// [`Softmax::FoldedLazy`] past [`FP8_RESCALE_THRESHOLD`] (the Hopper FP8 kernels): every
-    /// `p <= 2^8`, inside e4m3's range (448), where P is rounded to e4m3 for O += P V.
+    /// [`Softmax::FoldedLazy`] past [`FP8_RESCALE_THRESHOLD`] (a tuning variant of the Hopper
+    /// FP8 kernels): every `p <= 2^8`, inside e4m3's range (448), where P is rounded to e4m3 for
+    /// O += P V.
     FoldedLazyE4m3,
 }
 
