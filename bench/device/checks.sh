@@ -737,7 +737,7 @@ if [ "$part" = fp8 ]; then
     attention_fp8/bf16_d256_b1_sq500_sk700_h4x4_win64_32
     attention_fp8/bf16_d128_b1_sq129_sk389_h2x1
     attention_fp8/variant_hpp/bf16_d128_b1_sq1023_sk1024_h4x2_causal
-    attention_fp8/variant_hpp/bf16_d256_b2_sq113_sk203_h4x2}"
+    attention_fp8/variant_hlazy/bf16_d256_b2_sq113_sk203_h4x2}"
   if [[ $steps == *" cli "* ]]; then
     t cli $B/bin/test-cli gpu/
     python3 - <<'PY'

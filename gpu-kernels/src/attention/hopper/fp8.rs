@@ -89,20 +89,14 @@ fp8_kernel!(
     fence_operands_64
 );
 fp8_kernel!(
-    "attention_fwd_hopper_fp8_d256_hpp",
-    FP8_KERNELS[3].cfg,
-    m64n256k32_e4m3_rs,
-    fence_operands_128
-);
-fp8_kernel!(
     "attention_fwd_hopper_fp8_d128_hlazy",
-    FP8_KERNELS[4].cfg,
+    FP8_KERNELS[3].cfg,
     m64n128k32_e4m3_rs,
     fence_operands_64
 );
 fp8_kernel!(
     "attention_fwd_hopper_fp8_d256_hlazy",
-    FP8_KERNELS[5].cfg,
+    FP8_KERNELS[4].cfg,
     m64n256k32_e4m3_rs,
     fence_operands_128
 );
