@@ -35,7 +35,7 @@ pub(super) const ERROR_CASES: &[ErrorCase] = &[
         is: |e| matches!(e, CliError::MissingTensor { .. }),
         says: &[
             "missing tensor `v`",
-            "bf16 or f16 [B, Sk, Hkv, D] = [2, 6, 2, 64]",
+            "bf16 or f16 or e4m3 [B, Sk, Hkv, D] = [2, 6, 2, 64]",
         ],
     },
     ErrorCase {
@@ -61,7 +61,7 @@ pub(super) const ERROR_CASES: &[ErrorCase] = &[
         },
         command: "attention @in.safetensors -o @out.safetensors --reference",
         is: |e| matches!(e, CliError::Dtype { .. }),
-        says: &["tensor `q`", "expected dtype bf16 or f16, got f32"],
+        says: &["tensor `q`", "expected dtype bf16 or f16 or e4m3, got f32"],
     },
     // k and v must have q's dtype.
     ErrorCase {
