@@ -169,7 +169,7 @@ fn grid(quick: bool) -> Result<(Vec<usize>, Vec<usize>)> {
 
 /// `default`, or the comma-separated values of the environment variable `var` when set (each
 /// one of `all`).
-fn only(var: &str, default: &[usize], all: &[usize]) -> Result<Vec<usize>> {
+pub(crate) fn only(var: &str, default: &[usize], all: &[usize]) -> Result<Vec<usize>> {
     let Ok(list) = std::env::var(var) else {
         return Ok(default.to_vec());
     };
@@ -227,29 +227,7 @@ fn one(
         )
     })?;
     let o = download(&out)?;
-    // Validate 24 rows spread over batch, sequence and heads against the f64 reference.
-    let rows: Vec<(usize, usize, usize)> = (0..24)
-        .map(|i| {
-            (
-                (i * 7) % p.batch,
-                (i * 104_729 + i * i * 31) % p.seq_q,
-                (i * 5) % p.heads_q,
-            )
-        })
-        .collect();
-    let want = attention::reference_rows(p, q, k, v, &rows);
-    let mut err = 0.0f64;
-    for ((bi, i, h), (ref_o, _)) in rows.iter().zip(&want) {
-        let start = ((bi * p.seq_q + i) * p.heads_q + h) * p.head_dim;
-        for (x, y) in o[start..start + p.head_dim].iter().zip(ref_o) {
-            let e = (x.to_f64() - y).abs();
-            err = if e.is_nan() {
-                f64::INFINITY
-            } else {
-                err.max(e)
-            };
-        }
-    }
+    let err = sampled_error(p, q, k, v, &o);
     if err > 2e-2 {
         return Err(kernels::Error::invalid(
             "attention result",
@@ -282,4 +260,38 @@ fn one(
             ),
         )],
     )
+}
+
+/// The largest difference of O (`o`, contiguous) from the f64 reference over 24 rows spread over
+/// batch, sequence and heads (NaN counts as infinite).
+pub(crate) fn sampled_error(
+    p: &AttentionProblem,
+    q: &[bf16],
+    k: &[bf16],
+    v: &[bf16],
+    o: &[bf16],
+) -> f64 {
+    let rows: Vec<(usize, usize, usize)> = (0..24)
+        .map(|i| {
+            (
+                (i * 7) % p.batch,
+                (i * 104_729 + i * i * 31) % p.seq_q,
+                (i * 5) % p.heads_q,
+            )
+        })
+        .collect();
+    let want = attention::reference_rows(p, q, k, v, &rows);
+    let mut err = 0.0f64;
+    for ((bi, i, h), (ref_o, _)) in rows.iter().zip(&want) {
+        let start = ((bi * p.seq_q + i) * p.heads_q + h) * p.head_dim;
+        for (x, y) in o[start..start + p.head_dim].iter().zip(ref_o) {
+            let e = (x.to_f64() - y).abs();
+            err = if e.is_nan() {
+                f64::INFINITY
+            } else {
+                err.max(e)
+            };
+        }
+    }
+    err
 }

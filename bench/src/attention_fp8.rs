@@ -13,6 +13,7 @@
 //!
 //! `KBENCH_ATTENTION_DIMS` / `KBENCH_ATTENTION_SEQS` restrict the grid as for `attention`.
 
+use crate::attention::{only, sampled_error};
 use crate::config;
 use crate::harness::{Bench, Row};
 use kernel_abi::attention::fp8::FP8_KERNELS;
@@ -56,14 +57,12 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let (qb, kb, vb) = (deq(&q8), deq(&k8), deq(&v8));
     let (dq8, dk8, dv8) = (upload(&q8)?, upload(&k8)?, upload(&v8)?);
     let (dqb, dkb, dvb) = (upload(&qb)?, upload(&kb)?, upload(&vb)?);
-    let dims = only("KBENCH_ATTENTION_DIMS", &[128, 256])?;
+    let dims = only("KBENCH_ATTENTION_DIMS", &[128, 256], &[128, 256])?;
+    const SEQS: [usize; 5] = [1024, 2048, 4096, 8192, 16384];
     let seqs = only(
         "KBENCH_ATTENTION_SEQS",
-        if b.quick {
-            &[2048]
-        } else {
-            &[1024, 2048, 4096, 8192, 16384]
-        },
+        if b.quick { &[2048] } else { &SEQS },
+        &SEQS,
     )?;
     let out = poisoned::<bf16>(ELEMS)?;
     let ws = poisoned::<E4m3>(ELEMS)?;
@@ -168,50 +167,4 @@ pub fn run(b: &mut Bench) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The largest difference of `o` from the f64 reference on the dequantized inputs (`q`, `k`,
-/// `v`, exact in bf16) over 24 rows spread over batch, sequence and heads.
-fn sampled_error(p: &AttentionProblem, q: &[bf16], k: &[bf16], v: &[bf16], o: &[bf16]) -> f64 {
-    let rows: Vec<(usize, usize, usize)> = (0..24)
-        .map(|i| {
-            (
-                (i * 7) % p.batch,
-                (i * 104_729 + i * i * 31) % p.seq_q,
-                (i * 5) % p.heads_q,
-            )
-        })
-        .collect();
-    let want = attention::reference_rows(p, q, k, v, &rows);
-    let mut err = 0.0f64;
-    for ((bi, i, h), (ref_o, _)) in rows.iter().zip(&want) {
-        let start = ((bi * p.seq_q + i) * p.heads_q + h) * p.head_dim;
-        for (x, y) in o[start..start + p.head_dim].iter().zip(ref_o) {
-            let e = (x.to_f64() - y).abs();
-            err = if e.is_nan() {
-                f64::INFINITY
-            } else {
-                err.max(e)
-            };
-        }
-    }
-    err
-}
-
-/// The values of the comma-separated list in `var` (each one of `default`'s), or `default`.
-fn only(var: &str, default: &[usize]) -> Result<Vec<usize>> {
-    let Ok(list) = std::env::var(var) else {
-        return Ok(default.to_vec());
-    };
-    let mut keep = Vec::new();
-    for v in list.split(',') {
-        let v: usize = v
-            .trim()
-            .parse()
-            .map_err(|_| kernels::Error::invalid(var, format!("{v:?} is not a number")))?;
-        if default.contains(&v) {
-            keep.push(v);
-        }
-    }
-    Ok(keep)
 }

@@ -412,6 +412,8 @@ pub const HOPPER_PRODUCER_REGS: u32 = 24;
 pub const HOPPER_CONSUMER_REGS: u32 = 240;
 /// Elements along D of one TMA box / 128-byte swizzle atom.
 pub const HOPPER_ATOM: u32 = 64;
+/// [`HOPPER_ATOM`] of the FP8 kernels' one-byte elements.
+pub const HOPPER_FP8_ATOM: u32 = 128;
 /// First of the [`HOPPER_CONSUMERS`] named barriers of the pingpong schedule (id 0 is the
 /// block barrier).
 pub const HOPPER_SCHED_BARRIER: u32 = 1;
@@ -470,7 +472,11 @@ impl HopperConfig {
     /// Elements along D of one column block (one TMA box, one 128-byte swizzle atom).
     #[inline(always)]
     pub const fn atom(&self) -> u32 {
-        128 / self.elem_bytes
+        if self.elem_bytes == 1 {
+            HOPPER_FP8_ATOM
+        } else {
+            HOPPER_ATOM
+        }
     }
 
     /// Bytes of one column block of `rows` rows.

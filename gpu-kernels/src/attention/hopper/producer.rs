@@ -51,7 +51,7 @@ macro_rules! load_tiles {
                     let dst = $q_s + cb * $cfg.block_bytes(::kernel_abi::attention::HOPPER_BLOCK_M);
                     let x = (cb
                         * if FP8 {
-                            128
+                            ::kernel_abi::attention::HOPPER_FP8_ATOM
                         } else {
                             ::kernel_abi::attention::HOPPER_ATOM
                         }) as i32;
@@ -96,7 +96,7 @@ macro_rules! load_tiles {
                         for cb in 0..$cblocks {
                             let x = (cb
                                 * if FP8 {
-                                    128
+                                    ::kernel_abi::attention::HOPPER_FP8_ATOM
                                 } else {
                                     ::kernel_abi::attention::HOPPER_ATOM
                                 }) as i32;
