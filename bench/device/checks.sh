@@ -101,9 +101,15 @@
 #       tests, CLI timing and ncu sections of the FP8 kernel at D 128 S 8k, then kbench
 #       attention-fp8 (FP8 beside bf16, same values); FP8_STEPS picks among
 #       "tests san cli bench".
+#   detw the deterministic mode on the wide dK/dV/dQ kernel (D 144 to 256, dQ additions
+#       ordered): the backward tests (bwd_tests), the four sanitizers on deterministic D 256 and
+#       D 160 cases (GQA causal, a window, a softcap), CLI timings with ncu per kernel at D 256
+#       (B2 H8 S8k, both modes), then kbench attention-backward at D 256 and 160 with its
+#       peers; DETW_STEPS picks among "tests san times bench".
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
-#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8
+#   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
+#   detw
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -759,4 +765,17 @@ PY
     sed -n '/^== table/,$p' $L/bench.log | tail -90 >> $S
     grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
   fi
+fi
+if [ "$part" = detw ]; then
+  steps=${DETW_STEPS:-tests san times bench}
+  if [[ " $steps " == *" tests "* ]]; then bwd_tests; fi
+  if [[ " $steps " == *" san "* ]]; then
+    list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
+    cases="$(echo "$list" | grep -E '^attention_bwd/gpu/f16_d256_b2_sq113_sk203_h4x2_causal(_dlse)?_det$' | head -1)
+      $(echo "$list" | grep -E '^attention_bwd/gpu/bf16_d160_.*_det$' | head -1)
+      $(echo "$list" | grep -E '^attention_capsink_bwd/auto/bf16_d256_.*softcap20.*_det$' | head -1)"
+    san_cases "$cases"
+  fi
+  if [[ " $steps " == *" times "* ]]; then bwd_inputs 2 8192 8 256; bwd_times 256; fi
+  if [[ " $steps " == *" bench "* ]]; then bwd_bench ${DIMS:-256,160}; fi
 fi

@@ -3,10 +3,10 @@
 //! each as `ours` (the library's default) and `ours-deterministic` (the deterministic option),
 //! over D 64/128/256, S 1k..16k (B x S = 16k tokens, H x D = 2048), causal and not, beside the
 //! peers of `bench/peers/attention.py` (SDPA flash and cuDNN, FA4 when installed) on the same
-//! Q, K, V and dO. Each row records the plan's `path`: on a Hopper GPU the Hopper kernels at D
-//! 64 and 128 (deterministic in both modes), else the `mma.sync` kernels (dQ by f32 atomics by
-//! default). On a Hopper GPU the `mma.sync` kernels are also timed forced, as tuning rows
-//! `ours-mma` and `ours-mma-deterministic`.
+//! Q, K, V and dO. Each row records the plan's `path`: on a Hopper GPU the Hopper kernels (in
+//! both modes; the deterministic one orders the dQ additions), else the `mma.sync` kernels (dQ
+//! by f32 atomics by default). On a Hopper GPU the `mma.sync` kernels are also timed forced, as
+//! tuning rows `ours-mma` and `ours-mma-deterministic`.
 //!
 //! FLOPs (FlashAttention's convention): the backward counts 2.5 forwards (`2.5 x 4 B H S^2 D`,
 //! halved under causal masking), forward + backward 3.5.

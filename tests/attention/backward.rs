@@ -378,17 +378,22 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, b: &BwdCase) -> TestResult {
 }
 
 /// Deterministic mode: 20 runs on one stream and 2 on a second stream give bitwise identical
-/// gradients (and they match the reference), on a small causal GQA problem and on two with many
-/// key blocks per head adding into each dQ tile (D 64 and 128: the ordered dK/dV/dQ kernel on
-/// Hopper). The default mode's runs on the same inputs are compared too, and how many differ
-/// is printed: where they differ, the order is what the deterministic mode fixes.
+/// gradients (and they match the reference), on a small causal GQA problem and on four with many
+/// key blocks per head adding into each dQ tile (D 64 and 128, the ordered dK/dV/dQ kernel on
+/// Hopper; D 256 and 160, the ordered wide kernel, 64 keys per block: 24 and 18 key blocks).
+/// The default mode's runs on the same inputs are compared too, and how many differ is
+/// printed: where they differ, the order is what the deterministic mode fixes.
 fn deterministic_bitwise(g: &Gpu) -> TestResult {
     let mut small = case(2, 300, 257, 4, 2, 128, Dtype::Bf16);
     small.p.causal = true;
     let mut long = case(1, 1000, 2048, 8, 2, 64, Dtype::Bf16);
     long.p.window = (Some(700), None);
     let wide = case(1, 513, 1536, 4, 4, 128, Dtype::F16);
-    for c in [small, long, wide] {
+    let mut d256 = case(1, 700, 1536, 4, 2, 256, Dtype::Bf16);
+    d256.p.causal = true;
+    let mut d160 = case(1, 300, 1100, 2, 1, 160, Dtype::F16);
+    d160.p.window = (Some(500), Some(64));
+    for c in [small, long, wide, d256, d160] {
         let b = BwdCase {
             c,
             with_dlse: true,

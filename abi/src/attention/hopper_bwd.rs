@@ -17,17 +17,16 @@
 //!   layout of [`dq_accum_tile_base`]), then a conversion to the element type: one kernel
 //!   instead of the dQ kernel's recomputation of `S` and `dP`, at the cost of an accumulation
 //!   order that varies from run to run.
-//! - dK/dV/dQ of a wide head (D 256, the default mode only): one block per
-//!   [`HOPPER_BWD_WIDE_BLOCK_N`] keys whose two consumers split the columns of dK, dV and dQ,
-//!   `P^T` and `dS^T` through shared memory, dQ added into the same tiled accumulator with
-//!   vector reductions from registers.
+//! - dK/dV/dQ of a wide head (D 256): one block per [`HOPPER_BWD_WIDE_BLOCK_N`] keys whose two
+//!   consumers split the columns of dK, dV and dQ, `P^T` and `dS^T` through shared memory, dQ
+//!   added into the same tiled accumulator with vector reductions from registers.
 //!
-//! - The deterministic mode at D <= 128 takes the dK/dV/dQ kernel too, with the order of the
-//!   additions fixed ([`AttentionBwdParams::dq_order`] not null): the blocks of a key/value
-//!   head take its key blocks in descending order (block `x` the key block `nb - 1 - x` of
-//!   `nb`), and each tile of the accumulator receives its key blocks' contributions in that
-//!   order, each one waiting for its predecessor's through the tile's counter
-//!   ([`dq_order_index`]). A block only waits for blocks launched before it.
+//! - The deterministic mode takes the dK/dV/dQ kernels too, with the order of the additions
+//!   fixed ([`AttentionBwdParams::dq_order`] not null): the blocks of a key/value head take its
+//!   key blocks in descending order (block `x` the key block `nb - 1 - x` of `nb`), and each
+//!   tile of the accumulator receives its key blocks' contributions in that order, each one
+//!   waiting for its predecessor's through the tile's counter ([`dq_order_index`]). A block
+//!   only waits for blocks launched before it.
 //!
 //! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
 //! products and the barrier protocols.
@@ -424,8 +423,8 @@ impl HopperDqConfig {
 }
 
 /// The Hopper backward configuration for head dimension `d` (the dK/dV and dQ kernels at D 64,
-/// 96 and 128, the dK/dV/dQ kernel at 64, 128 and 256; D 192 keeps the `mma.sync` kernels), if
-/// a kernel exists for it.
+/// 96 and 128, the dK/dV/dQ kernel at 64, 128 and 256; the other head dimensions run these on
+/// zero-padded columns), if a kernel exists for it.
 #[inline]
 pub const fn hopper_bwd_config(d: u32) -> Option<HopperBwdConfig> {
     match d {
@@ -526,12 +525,9 @@ pub struct HopperDkdvq {
     /// HOPPER_DQ_TILE_ROWS), heads_q, batch)`, [`HOPPER_DQ_CONVERT_THREADS`] threads. The same
     /// kernel with and without softcap.
     pub convert: Kernel<AttentionBwdParams>,
-    /// The dK/dV/dQ configuration.
+    /// The dK/dV/dQ configuration. The kernel orders its dQ additions when
+    /// [`AttentionBwdParams::dq_order`] is set (the deterministic mode).
     pub cfg: HopperBwdConfig,
-    /// Whether the kernel orders its dQ additions when [`AttentionBwdParams::dq_order`] is
-    /// set (D <= 128: the deterministic mode takes it; the wide kernel's additions from
-    /// registers are unordered).
-    pub ordered: bool,
 }
 
 /// The kernels of one entry: `split` names `[dkdv, dq]`, `fused` names `[dkdvq, dq_convert]`
@@ -558,7 +554,6 @@ const fn hopper_bwd(
                 kernel: Kernel::new(fused, HOPPER_THREADS, 1, smem),
                 convert: Kernel::new(convert, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
                 cfg: hopper_dkdvq_config(d, softcap),
-                ordered: !hopper_bwd_config_of(d).wide(),
             }),
             None => None,
         },

@@ -104,15 +104,15 @@
 use super::super::elem::Elem;
 use super::super::hopper::softmax::pack_p;
 use super::super::{logits, mask};
-use super::producer::{Ring, Walk, produce, store_dk_dv};
+use super::producer::{DqOrder, Ring, Walk, produce, store_dk_dv};
 use super::{CONSUMER_THREADS, DS_BARRIER, softcap_grad_of_p};
 use crate::arch::mbarrier::RingPos;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{atomic, fence, index, math, regs, smem, sync, tma, warp};
+use crate::arch::{fence, index, math, regs, smem, sync, tma, warp};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig,
-    HopperBwdParams, dq_accum_rows, dq_accum_tile_base, dq_order_index, dq_tile_vector,
+    HopperBwdParams, dq_accum_rows, dq_accum_tile_base, dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
 use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
@@ -516,13 +516,8 @@ unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR
 /// performed), the warp arrives on `DQ_EMPTY + c`, except after the last step (the consumers
 /// sync once per step). Lane 0 waits for every reduce to be performed before the block exits.
 ///
-/// Order (deterministic mode, `dq_order` not null): before its first reduce of a step, lane 0
-/// waits (acquire) until the counter of each of the step's tiles holds `nb - n - 1`, the mark
-/// of key block `n + 1`, when that block adds into the step's tiles (its query blocks contain
-/// the step's); once its own additions are performed, it stores (release) `nb - n` in each.
-/// Key block `n + 1` is block `x - 1` of the grid (same head and sequence), launched before
-/// this one, and waits only for blocks launched before it: no cycle. Each tile's additions thus
-/// happen in descending key-block order, whatever the timing.
+/// Order (deterministic mode, `dq_order` not null; [`DqOrder`]): lane 0 acquires the step's
+/// tiles before its first reduce of the step, and releases them once its reduces are performed.
 ///
 /// # Safety
 /// Warp [`DQ_WRITER_WARP`] of the producer warpgroup of a dK/dV/dQ kernel calls it once, when
@@ -532,31 +527,20 @@ unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR
 unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
     let lane = index::lane_id();
     let (seq_q, heads_q, d) = (p.base.seq_q, p.base.heads_q, cfg.head_dim);
-    let ordered = !p.base.dq_order.is_null();
-    let (next_lo, next_steps) = walk.next_query_blocks(p);
-    let mark = walk.key_blocks - walk.key_block;
+    let order = DqOrder::of(p, walk);
+    let ordered = order.ordered();
     let base = smem::aligned_base();
-    let (block_m, rows) = (walk.block_m, dq_accum_rows(seq_q));
-    let counter = |h: u32, m: u32| {
-        p.base
-            .dq_order
-            .wrapping_add(dq_order_index(walk.batch, h, heads_q, seq_q, m) as usize)
-    };
+    let rows = dq_accum_rows(seq_q);
     for c in 0..HOPPER_CONSUMERS {
         // SAFETY: the writer warp's arrival of the first phase (the protocol above).
         unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
     }
     for step in 0..walk.steps {
         let (h, m0) = (walk.head(step), walk.m0(step));
-        if ordered && lane == 0 && (m0 / block_m).wrapping_sub(next_lo) < next_steps {
-            for tile in 0..block_m / HOPPER_DQ_TILE_ROWS {
-                let m = m0 + tile * HOPPER_DQ_TILE_ROWS;
-                if m < rows {
-                    // SAFETY: the tile's counter (host-sized), written only by the blocks of
-                    // this head's order and zeroed by the preprocess before this kernel.
-                    while unsafe { atomic::load_acquire_u32(counter(h, m)) } != mark - 1 {}
-                }
-            }
+        if ordered && lane == 0 {
+            // SAFETY: ordered mode, lane 0 before the step's first reduce; the counters were
+            // sized by the host and zeroed by the preprocess.
+            unsafe { order.acquire(h, m0) };
             // The predecessor's additions, acquired above, before this block's async ones.
             fence::fence_proxy_async();
         }
@@ -585,14 +569,8 @@ unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
             if ordered {
                 tma::bulk_wait_group::<0>();
                 fence::fence_proxy_async();
-                for tile in 0..block_m / HOPPER_DQ_TILE_ROWS {
-                    let m = m0 + tile * HOPPER_DQ_TILE_ROWS;
-                    if m < rows {
-                        // SAFETY: as for the acquire above; this block's additions are
-                        // performed.
-                        unsafe { atomic::store_release_u32(counter(h, m), mark) };
-                    }
-                }
+                // SAFETY: as for the acquire above; this block's additions are performed.
+                unsafe { order.release(h, m0) };
             } else {
                 tma::bulk_wait_group_read::<0>();
             }

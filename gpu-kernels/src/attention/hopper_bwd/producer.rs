@@ -1,16 +1,18 @@
 //! What the dK/dV kernels ([`super::dkdv`], [`super::wide`]) share: the block's walk over the
-//! query blocks that see its keys, the shared-memory ring, and the producer warpgroup that
-//! fills it (thread 0 issues the TMA loads of K, V and each step's Q and dO; warp 1 writes each
-//! step's row values). The ring's barrier protocol is documented on each kernel.
+//! query blocks that see its keys, the order of its dQ additions in deterministic mode, the
+//! shared-memory ring, and the producer warpgroup that fills it (thread 0 issues the TMA loads
+//! of K, V and each step's Q and dO; warp 1 writes each step's row values). The ring's barrier
+//! protocol is documented on each kernel.
 
 use super::super::elem::Elem;
 use super::super::mask;
 use super::CONSUMER_THREADS;
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
-use crate::arch::{fence, global, index, math, regs, smem, sync};
+use crate::arch::{atomic, fence, global, index, math, regs, smem, sync};
 use kernel_abi::attention::hopper_bwd::{
-    HOPPER_BWD_STAGES as STAGES, HopperBwdConfig, HopperBwdParams,
+    HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams,
+    dq_accum_rows, dq_order_index,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_PRODUCER_REGS};
 
@@ -112,6 +114,104 @@ impl Walk {
     #[inline(always)]
     pub fn m0(&self, s: u32) -> u32 {
         (self.mb_lo + s % self.m_steps) * self.block_m
+    }
+}
+
+/// The order of a block's dQ additions in deterministic mode (`dq_order` not null): each tile of
+/// the accumulator receives the additions of the key blocks that see it in descending key-block
+/// order, whatever the timing, so its sums are the same bit for bit from run to run. Before its
+/// first addition into a step's tiles, the block waits (acquire) until each tile's counter
+/// holds `nb - n - 1`, the mark of key block `n + 1`, when that block adds into the step's tiles
+/// (its query blocks contain the step's: the key blocks that see a tile are consecutive); once
+/// its own additions are performed, it stores (release) `nb - n` in each. Key block `n + 1` is
+/// block `x - 1` of the grid (same head and sequence, [`Walk`]), launched before this one, and
+/// waits only for blocks launched before it: no cycle.
+#[derive(Clone, Copy)]
+pub(super) struct DqOrder {
+    /// The counters (one u32 per tile, zeroed by the preprocess), null in the default mode.
+    counters: *mut u32,
+    /// `(mb_lo, m_steps)` of key block `n + 1`.
+    next_lo: u32,
+    next_steps: u32,
+    /// This block's mark, `nb - n`.
+    mark: u32,
+    batch: u32,
+    heads_q: u32,
+    seq_q: u32,
+    /// Query rows per step (a multiple of the tile's rows).
+    block_m: u32,
+}
+
+impl DqOrder {
+    /// The order of the block of `walk` under parameters `p`.
+    #[inline(always)]
+    pub fn of(p: &HopperBwdParams, walk: &Walk) -> DqOrder {
+        let (next_lo, next_steps) = walk.next_query_blocks(p);
+        DqOrder {
+            counters: p.base.dq_order,
+            next_lo,
+            next_steps,
+            mark: walk.key_blocks - walk.key_block,
+            batch: walk.batch,
+            heads_q: p.base.heads_q,
+            seq_q: p.base.seq_q,
+            block_m: walk.block_m,
+        }
+    }
+
+    /// Whether the additions are ordered (deterministic mode).
+    #[inline(always)]
+    pub fn ordered(&self) -> bool {
+        !self.counters.is_null()
+    }
+
+    /// The counter of the tile of query head `h` from row `m`.
+    #[inline(always)]
+    fn counter(&self, h: u32, m: u32) -> *mut u32 {
+        let i = dq_order_index(self.batch, h, self.heads_q, self.seq_q, m);
+        self.counters.wrapping_add(i as usize)
+    }
+
+    /// The first rows of the accumulator tiles of a step from row `m0` (those inside the
+    /// accumulator: a tile all of whose rows are past `seq_q` does not exist).
+    #[inline(always)]
+    fn tiles(&self, m0: u32) -> impl Iterator<Item = u32> {
+        let rows = dq_accum_rows(self.seq_q);
+        (0..self.block_m / HOPPER_DQ_TILE_ROWS)
+            .map(move |t| m0 + t * HOPPER_DQ_TILE_ROWS)
+            .filter(move |&m| m < rows)
+    }
+
+    /// Wait (acquire) until key block `n + 1` has added into the tiles of the step of query
+    /// head `h` from row `m0`, when it adds into them.
+    ///
+    /// # Safety
+    /// Ordered mode; one thread, before its block's first addition into these tiles, with the
+    /// counters sized by the host for every tile and zeroed before the kernel.
+    #[inline(always)]
+    pub unsafe fn acquire(&self, h: u32, m0: u32) {
+        if (m0 / self.block_m).wrapping_sub(self.next_lo) < self.next_steps {
+            for m in self.tiles(m0) {
+                // SAFETY: the tile's counter (the caller's), written only by the blocks of
+                // this head's order.
+                while unsafe { atomic::load_acquire_u32(self.counter(h, m)) } != self.mark - 1 {}
+            }
+        }
+    }
+
+    /// Store (release) this block's mark in the counters of the tiles of the step of query
+    /// head `h` from row `m0`.
+    ///
+    /// # Safety
+    /// Ordered mode; one thread, once every addition of the block into these tiles is ordered
+    /// before this call (performed, or published to this thread by a barrier); counters as
+    /// for [`DqOrder::acquire`].
+    #[inline(always)]
+    pub unsafe fn release(&self, h: u32, m0: u32) {
+        for m in self.tiles(m0) {
+            // SAFETY: as for `acquire`.
+            unsafe { atomic::store_release_u32(self.counter(h, m), self.mark) };
+        }
     }
 }
 

@@ -29,13 +29,16 @@
 //!   `dQ_step = dS K` (A = the `dS^T` buffer M-major, B = the K tile N-major, 64 keys), `dV +=
 //!   P^T dO` and `dK += dS^T Q` (A = the buffers K-major, B = dO and Q MN-major, 64 queries);
 //! - adds `dQ_step` into the accumulator's tile with `red.global.add.v4.f32` from registers
-//!   (16 bytes per thread, consecutive across the warp, in the tile's order).
+//!   (16 bytes per thread, consecutive across the warp, in the tile's order); in deterministic
+//!   mode (`dq_order` set) after the key block before it in the order ([`DqOrder`]), so the
+//!   sums are the same bit for bit from run to run.
 //!
 //! The epilogue stores `dK scale` and `dV` of the consumer's columns.
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces ([`produce`]): thread 0 issues every TMA load, warp 1
-//! writes each step's row values (LSE in base 2, `delta'`). Warpgroups 1 and 2 consume
+//! writes each step's row values (LSE in base 2, `delta'`), and in deterministic mode warp 2
+//! orders the block's dQ additions ([`order_dq`]). Warpgroups 1 and 2 consume
 //! (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns columns `c D / 2 .. (c + 1) D / 2` of
 //! the block's dK and dV (`D / 4` f32 registers each) for the whole walk. A thread holds, per
 //! accumulator, keys (or, for dQ, query rows) `16 w + g` and `16 w + g + 8` (warp `w` of its
@@ -68,26 +71,34 @@
 //!   the barrier dQ, dV, dK in that order (`wait_group 2`: dQ done, its additions issued while
 //!   dV and dK run; then 0). Every batch starts with `wgmma.fence`; accumulators are pinned
 //!   around every wait (`fence_operands`).
-//! - dQ: reductions into global memory, no barrier; the conversion kernel runs after this
-//!   kernel on the same stream.
+//! - dQ: reductions into global memory; the conversion kernel runs after this kernel on the
+//!   same stream. In the default mode no barrier. In deterministic mode, per step, named
+//!   barriers `DQ_READY` and `DQ_DONE` of both consumers and the order warp (288 threads): the
+//!   order warp's lane 0 acquires the step's tile ([`DqOrder::acquire`]) and the warp arrives
+//!   on `DQ_READY`; the consumers sync on `DQ_READY` before their reductions and arrive on
+//!   `DQ_DONE` after them; the order warp syncs on `DQ_DONE` and lane 0 releases the tile
+//!   (`st.release.gpu`, cumulative: it orders the reductions the barrier published). Neither
+//!   barrier can run a phase ahead: the order warp arrives on `DQ_READY` for step `i + 1` only
+//!   after step `i`'s `DQ_DONE`, and the consumers arrive on `DQ_DONE` for step `i + 1` only
+//!   after step `i + 1`'s `DQ_READY`.
 //!
 //! NaN safety: as the other backward kernels (masked entries and rows whose LSE is -inf give P
 //! = 0 exactly; rows past `seq_q` and keys past `seq_k` read zeros from TMA and are masked).
 
 use super::super::elem::Elem;
 use super::super::{logits, mask};
-use super::producer::{Ring, Walk, produce, store_dk_dv};
+use super::producer::{DqOrder, Ring, Walk, produce, store_dk_dv};
 use super::{CONSUMER_THREADS, DS_BARRIER};
 use crate::arch::mbarrier::RingPos;
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::wgmma::{self, Descriptor};
-use crate::arch::{atomic, fence, index, math, regs, smem, sync};
-use kernel_abi::WARPGROUP_SIZE;
+use crate::arch::{atomic, fence, index, math, regs, smem, sync, warp};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_STAGES as STAGES, HOPPER_BWD_WIDE_BLOCK_N as BN,
     HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
+use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
 
 /// Queries of one consumer's `S^T` and `dP^T` per step (their `wgmma` N).
 const QC: u32 = BM / HOPPER_CONSUMERS;
@@ -99,6 +110,14 @@ const NTC: usize = (QC / 8) as usize;
 const KQ: u32 = BM / 16;
 /// 16-key K slices of `dQ = dS K`.
 const KN: u32 = BN / 16;
+/// Named barrier (deterministic mode): the step's tile is acquired, the consumers may add.
+const DQ_READY: u32 = DS_BARRIER + 1;
+/// Named barrier (deterministic mode): the consumers' additions of the step are issued.
+const DQ_DONE: u32 = DS_BARRIER + 2;
+/// Threads at `DQ_READY` and `DQ_DONE`: both consumers and the order warp.
+const ORDER_THREADS: u32 = CONSUMER_THREADS + WARP_SIZE;
+/// The producer warpgroup's warp that orders the dQ additions in deterministic mode.
+const ORDER_WARP: u32 = 2;
 
 /// The kernel body; see the module documentation. `HR = D / 4` accumulator registers of dK, dV
 /// and dQ (`m64n{D/2}`), `DK = D / 16` K slices of `S^T` and `dP^T`; the `wgmma` shapes come in
@@ -147,6 +166,11 @@ pub(super) unsafe fn wide<
     if index::warpgroup_id() == 0 {
         // SAFETY: the whole producer warpgroup, after `init`.
         unsafe { produce(p, cfg, &ring, &walk, tmaps) };
+        let order = DqOrder::of(p, &walk);
+        if order.ordered() && index::warp_id() == ORDER_WARP && steps > 0 {
+            // SAFETY: the order warp, once, with the consumers' barriers every step.
+            unsafe { order_dq(&walk, &order) };
+        }
         return;
     }
 
@@ -163,6 +187,7 @@ pub(super) unsafe fn wide<
     // The consumer's queries of `S^T` (within a step) and its columns of dK, dV, dQ.
     let (q0c, col0) = (c * QC, c * D / 2);
     let (scale_log2, softcap_scale) = (p.base.scale_log2, p.base.logits.softcap_scale);
+    let ordered = !p.base.dq_order.is_null();
     let mut dk = [0.0f32; HR];
     let mut dv = [0.0f32; HR];
 
@@ -315,6 +340,10 @@ pub(super) unsafe fn wide<
             h_fence(&mut dq);
             let tile = dq_accum_tile_base(batch, walk.head(step), heads_q, seq_q, m0, D);
             let dst = p.base.dq_accum.wrapping_add(tile as usize);
+            if ordered {
+                // SAFETY: both consumers and the order warp, once per step (the protocol).
+                unsafe { sync::named_sync(DQ_READY, ORDER_THREADS) };
+            }
             for v in 0..HR / 4 {
                 let at = dst.wrapping_add(dq_tile_vector(D, c, v as u32, tid) as usize);
                 // SAFETY: inside the accumulator's tile of this step (the host sized it for
@@ -326,6 +355,10 @@ pub(super) unsafe fn wide<
                         [dq[4 * v], dq[4 * v + 1], dq[4 * v + 2], dq[4 * v + 3]],
                     )
                 };
+            }
+            if ordered {
+                // SAFETY: as for `DQ_READY`; the arrival publishes the reductions above.
+                unsafe { sync::named_arrive(DQ_DONE, ORDER_THREADS) };
             }
             // SAFETY: whole warpgroup, uniform control flow.
             unsafe { wgmma::wait_group::<0>() };
@@ -341,6 +374,39 @@ pub(super) unsafe fn wide<
     // SAFETY: the thread's keys and the consumer's columns of dK and dV (validated by the
     // host), one writer per element.
     unsafe { store_dk_dv::<E, HR>(p, key0, col0, &dk, &dv) };
+}
+
+/// The order warp (deterministic mode): for each step of the walk, lane 0 waits until the
+/// step's tile may receive this block's additions ([`DqOrder::acquire`]), the warp lets the
+/// consumers add (`DQ_READY`), waits until they have issued their reductions (`DQ_DONE`), and
+/// lane 0 publishes them ([`DqOrder::release`]: a release store at GPU scope, after the
+/// barrier that ordered the consumers' reductions before it).
+///
+/// # Safety
+/// Warp [`ORDER_WARP`] of the producer warpgroup calls it once, in deterministic mode, when the
+/// walk has steps; the consumers sync on `DQ_READY` and arrive on `DQ_DONE` once per step.
+#[inline(always)]
+unsafe fn order_dq(walk: &Walk, order: &DqOrder) {
+    let lane = index::lane_id();
+    for step in 0..walk.steps {
+        let (h, m0) = (walk.head(step), walk.m0(step));
+        if lane == 0 {
+            // SAFETY: ordered mode, one thread before the block's additions into the step's
+            // tile; the counters were sized by the host and zeroed by the preprocess.
+            unsafe { order.acquire(h, m0) };
+        }
+        // SAFETY: every lane of the warp.
+        unsafe { sync::sync_warp(warp::FULL_MASK) };
+        // SAFETY: the whole warp, once per step (the protocol on the module).
+        unsafe {
+            sync::named_arrive(DQ_READY, ORDER_THREADS);
+            sync::named_sync(DQ_DONE, ORDER_THREADS);
+        }
+        if lane == 0 {
+            // SAFETY: the consumers' additions of the step precede their `DQ_DONE` arrivals.
+            unsafe { order.release(h, m0) };
+        }
+    }
 }
 
 /// Store a consumer's `m64n32` values `x` (keys `16 w + g` and `16 w + g + 8`; query columns

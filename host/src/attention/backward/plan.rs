@@ -442,7 +442,7 @@ impl AttentionProblem {
         check_outputs_apart(t)?;
         let d = self.head_dim as u32;
         let kernels = bwd_kernels(self.dtype, d).expect("validated head dimension");
-        let hopper = self.backward_hopper_kernel(target, t, options)?;
+        let hopper = self.backward_hopper_kernel(target, t)?;
         let (left, right) = self.effective_window();
         let scale = self.softmax_scale();
         let (scale_log2, logits) = self.logit_params(t.sinks.as_ref());
@@ -517,19 +517,17 @@ impl AttentionProblem {
 
     /// The Hopper kernels for the checked tensors `t` on `target`, if the backward takes them:
     /// with [`Path::Auto`] where the target has the Hopper kernels, one exists for the element
-    /// type, head dimension and mode (D 64, 96, 128; D 256 in the default mode: the dK/dV/dQ
-    /// kernel of a wide head; D 32, 48, 80, 112: the dK/dV and dQ kernels of the next of 64, 96,
-    /// 128 on zero-padded columns; D 144 to 240 in the default mode: the D 256 dK/dV/dQ kernel
-    /// on zero-padded columns) and tensor maps describe Q, dO, K and V; with [`Path::Hopper`]
-    /// likewise, but an error on a GPU without the Hopper kernels or for views a tensor map
-    /// cannot describe (D 192, and D 256 in deterministic mode, take the `mma.sync` kernels);
-    /// [`Path::MmaSync`] never. A softcap takes the kernels' softcap forms; sinks change
-    /// neither kernel (the forward's LSE holds them).
+    /// type and head dimension (D 64, 96, 128; D 256: the dK/dV/dQ kernel of a wide head; D
+    /// 32, 48, 80, 112: the dK/dV and dQ kernels of the next of 64, 96, 128 on zero-padded
+    /// columns; D 144 to 240: the D 256 dK/dV/dQ kernel on zero-padded columns) and tensor maps
+    /// describe Q, dO, K and V; with [`Path::Hopper`] likewise, but an error on a GPU without
+    /// the Hopper kernels or for views a tensor map cannot describe; [`Path::MmaSync`] never. A
+    /// softcap takes the kernels' softcap forms; sinks change neither kernel (the forward's LSE
+    /// holds them). Both modes take the same kernels.
     fn backward_hopper_kernel<T>(
         &self,
         target: Target,
         t: &AttentionBackwardTensors<'_, T>,
-        options: BackwardOptions,
     ) -> Result<Option<HopperDkdv>> {
         let has = target.arch.has_hopper_kernels();
         match self.path {
@@ -547,7 +545,7 @@ impl AttentionProblem {
         let d = self.head_dim as u32;
         // A head dimension without Hopper kernels of its own takes those of the next one above
         // it, on zero-padded columns (a padded plan): the dK/dV and dQ kernels where they
-        // exist (up to 128), else the dK/dV/dQ kernel (D 256, the default mode only).
+        // exist (up to 128), else the dK/dV/dQ kernel (D 256).
         let (kernel, padded) = match hopper_bwd_kernel(self.dtype, d, softcap) {
             Some(k) => (k, false),
             None => match hopper_bwd_padded_kernel(self.dtype, d, softcap) {
@@ -555,15 +553,10 @@ impl AttentionProblem {
                 None => return Ok(None),
             },
         };
-        // The dK/dV/dQ kernel, in deterministic mode where it orders its additions; D 96 has
-        // none (both modes take the dK/dV and dQ kernels: the workspace keeps the
-        // accumulator's size, unused), and D 256 has no dK/dV and dQ kernels and an unordered
-        // dK/dV/dQ kernel (its deterministic mode takes the mma.sync path).
-        let fused = (!padded || kernel.padded_takes_fused())
-            && kernel
-                .fused
-                .as_ref()
-                .is_some_and(|f| !options.deterministic || f.ordered);
+        // The dK/dV/dQ kernel where there is one (both modes: in deterministic mode it orders
+        // its additions); D 96 has none (both modes take the dK/dV and dQ kernels: the
+        // workspace keeps the accumulator's size, unused).
+        let fused = (!padded || kernel.padded_takes_fused()) && kernel.fused.is_some();
         let main_cfg = match (&kernel.fused, &kernel.split) {
             (Some(f), _) if fused => f.cfg,
             (_, Some(s)) => s.cfg,

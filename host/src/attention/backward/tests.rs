@@ -226,8 +226,8 @@ fn the_hopper_path_where_it_exists() {
         // No accumulator for the preprocess to zero, even where the workspace has one.
         assert!(l.pre.params().dq_accum.is_null());
     }
-    // D = 256: the wide dK/dV/dQ kernel (64 keys per block) and the conversion by default;
-    // deterministic, the mma.sync path, even when Hopper is asked for.
+    // D = 256: the wide dK/dV/dQ kernel (64 keys per block) and the conversion in both modes;
+    // deterministic, with the counters of its order after the tiled accumulator.
     for path in [Path::Auto, Path::Hopper] {
         let mut q = AttentionProblem::new(2, 100, 130, 4, 2, 256, Dtype::F16).causal();
         q.path = path;
@@ -247,15 +247,17 @@ fn the_hopper_path_where_it_exists() {
         assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_softcap_f16_d256");
         assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_f16_d256");
         let det = plan(&q, true).unwrap();
-        assert_eq!(det.path(), BackwardPath::MmaSync);
-        assert!(
-            det.launches(&workspace(&det))
-                .unwrap()
-                .pre
-                .params()
-                .dq_order
-                .is_null()
-        );
+        assert_eq!(det.path(), BackwardPath::Hopper);
+        assert_eq!(det.dq_accum_len(), 2 * 4 * 128 * 256 + 2 * 4 * 2);
+        let ws = workspace(&det);
+        let l = det.launches(&ws).unwrap();
+        assert_eq!(l.dkdv.name(), "attention_bwd_hopper_dkdvq_f16_d256");
+        assert_eq!(l.dq.name(), "attention_bwd_hopper_dq_convert_f16_d256");
+        let p = l.pre.params();
+        assert_eq!(p.dq_accum_tiled, 256);
+        assert_eq!(p.dq_accum as u64, 21 << 40);
+        assert_eq!(p.dq_order as u64, (21 << 40) + 4 * 2 * 4 * 128 * 256);
+        assert_eq!(l.dkdv.params().dq_order, p.dq_order);
     }
     // D = 32, 48, 80, 112: the dK/dV and dQ kernels of the next Hopper dimension on
     // zero-padded columns, in either mode (no accumulator), storing the tensors' columns.
@@ -286,9 +288,9 @@ fn the_hopper_path_where_it_exists() {
             assert_eq!(plan(&m, false).unwrap().path(), BackwardPath::MmaSync);
         }
     }
-    // D = 144 to 240: the D 256 dK/dV/dQ kernel on zero-padded columns by default, its
-    // accumulator rows 256 wide (the workspace sized so whatever the path); deterministic, the
-    // mma.sync kernels.
+    // D = 144 to 240: the D 256 dK/dV/dQ kernel on zero-padded columns in both modes, its
+    // accumulator rows 256 wide (the workspace sized so whatever the path), in deterministic
+    // mode with the counters of its order after them.
     for d in [144, 160, 176, 192, 208, 224, 240] {
         for (softcap, infix) in [(None, ""), (Some(20.0), "softcap_")] {
             let mut q = AttentionProblem::new(2, 100, 130, 4, 2, d, Dtype::F16).causal();
@@ -306,11 +308,13 @@ fn the_hopper_path_where_it_exists() {
             assert_eq!(l.dq.params().head_dim, d as u32);
             assert_eq!(pl.dq_accum_len(), 2 * 4 * 128 * 256);
             let det = plan(&q, true).unwrap();
-            assert_eq!(det.path(), BackwardPath::MmaSync);
+            assert_eq!(det.path(), BackwardPath::Hopper);
             assert_eq!(det.dq_accum_len(), 2 * 4 * 128 * 256 + 2 * 4 * 2);
             let l = det.launches(&workspace(&det)).unwrap();
-            assert_eq!(l.pre.params().dq_accum_tiled, 0);
-            assert!(l.pre.params().dq_order.is_null());
+            assert_eq!(l.dkdv.name(), main);
+            let p = l.pre.params();
+            assert_eq!((p.dq_accum_tiled, p.head_dim), (256, d as u32));
+            assert_eq!(p.dq_order as u64, (21 << 40) + 4 * 2 * 4 * 128 * 256);
         }
     }
     p.path = Path::MmaSync;
