@@ -729,8 +729,6 @@ if [ "$part" = e2e2 ]; then
   fi
   harvest; unset CUDA_VISIBLE_DEVICES
 fi
-tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
-cat $S
 if [ "$part" = fp8 ]; then
   steps=" ${FP8_STEPS:-tests san cli bench} "
   if [[ $steps == *" tests "* ]]; then
@@ -779,3 +777,5 @@ if [ "$part" = detw ]; then
   if [[ " $steps " == *" times "* ]]; then bwd_inputs 2 8192 8 256; bwd_times 256; fi
   if [[ " $steps " == *" bench "* ]]; then bwd_bench ${DIMS:-256,160}; fi
 fi
+tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
+cat $S
