@@ -22,12 +22,11 @@
 //!   added into the same tiled accumulator with vector reductions from registers.
 //!
 //! - The deterministic mode takes the dK/dV/dQ kernels too, with the order of the additions
-//!   fixed ([`AttentionBwdParams::dq_order`] not null): the blocks, in launch order, take the
-//!   key blocks in descending order, cycling over the (sequence, key/value head) pairs (launch
-//!   `i` the key block `nb - 1 - i / P` of pair `i % P`, `P` pairs), and each tile of the
-//!   accumulator receives its key blocks' contributions in that order, each one waiting for its
-//!   predecessor's through the tile's counter ([`dq_order_index`]). A block only waits for
-//!   blocks launched before it.
+//!   fixed ([`AttentionBwdParams::dq_order`] not null): the blocks of a key/value head take its
+//!   key blocks in descending order (block `x` the key block `nb - 1 - x` of `nb`), and each
+//!   tile of the accumulator receives its key blocks' contributions in that order, each one
+//!   waiting for its predecessor's through the tile's counter ([`dq_order_index`]). A block
+//!   only waits for blocks launched before it.
 //!
 //! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
 //! products and the barrier protocols.

@@ -22,8 +22,9 @@ pub(super) const ROW_WRITERS: u32 = 32;
 
 /// The query blocks a block of keys visits, the same in every thread: for each query head of
 /// the key/value head's group in turn, the `block_m`-row query blocks that may see a key of
-/// the block (causal and window bounds). Which keys, head and sequence a block takes is
-/// [`block_coords`]'s.
+/// the block (causal and window bounds). Block `x` of the grid takes key block `x`, or in
+/// deterministic mode (`dq_order` not null) key block `nb - 1 - x` of `nb`: the order in which
+/// the blocks of a head add into each dQ tile is then the order of their launch.
 #[derive(Clone, Copy)]
 pub(super) struct Walk {
     /// First key of the block.
@@ -50,33 +51,6 @@ pub(super) struct Walk {
     pub steps: u32,
 }
 
-/// The key block, key/value head and sequence of this block of a grid `(nb, heads_kv, batch)`
-/// (`nb` key blocks). By default block `(x, h, b)` takes key block `x` of head `h` of sequence
-/// `b`. In deterministic mode (`dq_order` not null) the blocks in launch order (`x` fastest,
-/// then `y`, then `z`) take the key blocks in descending order, cycling over the `(sequence,
-/// head)` pairs: launch `i` takes key block `nb - 1 - i / P` of pair `i % P` (`P = heads_kv
-/// batch`). Each tile of dQ then receives its key blocks' additions in the order of their
-/// launch, and the blocks resident at once spread over the pairs, so that a chain of blocks
-/// waiting for each other's additions ([`DqOrder`]) is as short as the blocks of a pair
-/// resident at once, not every key block of a head.
-#[inline(always)]
-pub(super) fn block_coords(p: &HopperBwdParams) -> (u32, u32, u32) {
-    let (x, y, z) = (
-        index::block_idx_x(),
-        index::block_idx_y(),
-        index::block_idx_z(),
-    );
-    if p.base.dq_order.is_null() {
-        (x, y, z)
-    } else {
-        let (nb, heads_kv) = (index::grid_dim_x(), index::grid_dim_y());
-        let pairs = heads_kv * index::grid_dim_z();
-        let launch = x + nb * (y + heads_kv * z);
-        let pair = launch % pairs;
-        (nb - 1 - launch / pairs, pair % heads_kv, pair / heads_kv)
-    }
-}
-
 /// The `block_m`-row query blocks `(mb_lo, m_steps)` that may see a key of the `block_n` keys
 /// from `n0` (`n0 < seq_k`), `(0, 0)` when none does ([`mask::query_blocks`]).
 #[inline(always)]
@@ -94,14 +68,19 @@ impl Walk {
     pub fn of(p: &HopperBwdParams, cfg: &HopperBwdConfig) -> Walk {
         let (block_n, block_m) = (cfg.block_n(), cfg.block_m);
         let key_blocks = p.base.seq_k.div_ceil(block_n);
-        let (key_block, head_kv, batch) = block_coords(p);
+        let x = index::block_idx_x();
+        let key_block = if p.base.dq_order.is_null() {
+            x
+        } else {
+            key_blocks - 1 - x
+        };
         let n0 = key_block * block_n;
         let (mb_lo, m_steps) = query_blocks(p, n0, block_n, block_m);
         let group = p.base.heads_q / p.base.heads_kv;
         Walk {
             n0,
-            head_kv,
-            batch,
+            head_kv: index::block_idx_y(),
+            batch: index::block_idx_z(),
             key_block,
             key_blocks,
             block_n,
@@ -144,9 +123,9 @@ impl Walk {
 /// first addition into a step's tiles, the block waits (acquire) until each tile's counter
 /// holds `nb - n - 1`, the mark of key block `n + 1`, when that block adds into the step's tiles
 /// (its query blocks contain the step's: the key blocks that see a tile are consecutive); once
-/// its own additions are performed, it stores (release) `nb - n` in each. Key block `n + 1` of
-/// the same head and sequence is launched before this one ([`block_coords`]) and waits only for
-/// blocks launched before it: no cycle.
+/// its own additions are performed, it stores (release) `nb - n` in each. Key block `n + 1` is
+/// block `x - 1` of the grid (same head and sequence, [`Walk`]), launched before this one, and
+/// waits only for blocks launched before it: no cycle.
 #[derive(Clone, Copy)]
 pub(super) struct DqOrder {
     /// The counters (one u32 per tile, zeroed by the preprocess), null in the default mode.
@@ -446,8 +425,7 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize>(
     let t = index::lane_id() % 4;
     let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
     // From the block indices rather than the walk: nothing kept in registers across the steps.
-    let (_, head_kv, batch) = block_coords(p);
-    let (head_kv, batch) = (head_kv as u64, batch as u64);
+    let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
     let dk_base = p
         .base
         .dk
