@@ -105,7 +105,9 @@
 #       ordered): the backward tests (bwd_tests), the four sanitizers on deterministic D 256 and
 #       D 160 cases (GQA causal, a window, a softcap), CLI timings with ncu per kernel at D 256
 #       (B2 H8 S8k, both modes), then kbench attention-backward at D 256 and 160 with its
-#       peers; DETW_STEPS picks among "tests san times bench".
+#       peers; then (step neg) the negative controls, racecheck on the Hopper ring control
+#       (negative_attention_bwd_hopper_early_empty) and on the mma.sync dS^T one; DETW_STEPS
+#       picks among "tests san times bench neg" (default the first four).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
@@ -776,6 +778,14 @@ if [ "$part" = detw ]; then
   fi
   if [[ " $steps " == *" times "* ]]; then bwd_inputs 2 8192 8 256; bwd_times 256; fi
   if [[ " $steps " == *" bench "* ]]; then bwd_bench ${DIMS:-256,160}; fi
+  if [[ " $steps " == *" neg "* ]]; then
+    t neg $B/bin/test-reliability negative --nocapture
+    grep -E "negative_attention_bwd_hopper_early_empty: " $L/neg.log >> $S
+    for c in negative_attention_bwd_hopper_early_empty_racecheck_target \
+      negative_attention_bwd_no_ds_barrier_racecheck_target; do
+      san racecheck reliability $c
+    done
+  fi
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

@@ -18,6 +18,14 @@
 //!   tile and every warp's `ldmatrix` reads of it for the dQ product: a read-after-write race
 //!   on shared memory. Racecheck must report hazards and the emulator reports them on the CPU;
 //!   dK and dV do not depend on the tile and stay right.
+//! - `negative_attention_bwd_hopper_early_empty` (sm_90a; instantiated beside the kernel it
+//!   breaks, in `attention::hopper_bwd`, whose macro names its tensor-map parameters):
+//!   `attention_bwd_hopper_dkdvq_bf16_d256` with every consumer thread arriving on the Q/dO
+//!   ring's `empty[s]` as soon as `full[s]` completes, before its reads of the stage's row
+//!   values (LSE, `delta'`) and before the products read its Q and dO: the producer may refill
+//!   the stage under them, a write-after-read race on shared memory (the row values by warp
+//!   1's stores, Q and dO by TMA). Racecheck must report hazards; the gradients are wrong
+//!   whenever a refill lands first.
 //! - `negative_gla_bwd_no_carry_barrier`: `gla_bwd_dqkg_tc_dk64_dv64` without barrier F of its
 //!   protocol (`gla::backward`'s dq/dk/dg kernel, `dqkg_tc.rs`), between the carry pass's
 //!   stores of each chunk's carry and every thread's reads of them: a read-after-write race on

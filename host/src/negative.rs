@@ -1,7 +1,7 @@
-//! Launchers of the semi-CRF, attention-backward and GLA-backward negative controls
-//! (`gpu-kernels/src/negative.rs`): kernels with a deliberate bug, for the reliability tests only
-//! (feature `negative-controls`; the rest of the library never launches them; the
-//! block-reduction control is launched by `kernels-testing`). Their results are wrong by design;
+//! Launchers of the semi-CRF, attention-backward (`mma.sync` and Hopper) and GLA-backward
+//! negative controls (`gpu-kernels/src/negative.rs`): kernels with a deliberate bug, for the
+//! reliability tests only (feature `negative-controls`; the rest of the library never launches
+//! them; the block-reduction control is launched by `kernels-testing`). Their results are wrong by design;
 //! what the tests check is that the reference checks, racecheck and the emulator notice.
 
 use crate::attention::{AttentionBackwardPlan, BackwardPath, BackwardWorkspace, BwdLaunch, Dtype};
@@ -13,6 +13,9 @@ use crate::launch::Launch;
 use crate::semicrf::{DeviceInputs, ForwardState, Gradients, SemiCrfProblem};
 use cust::stream::Stream;
 use kernel_abi::attention::backward::NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER;
+use kernel_abi::attention::hopper_bwd::{
+    NEGATIVE_ATTENTION_BWD_HOPPER_EARLY_EMPTY, hopper_bwd_kernel, hopper_dkdvq_config,
+};
 use kernel_abi::gla::backward::{GLA_BWD_DQKG_TC_DK64_DV64, NEGATIVE_GLA_BWD_NO_CARRY_BARRIER};
 use kernel_abi::semicrf::NEGATIVE_SEMICRF_MARGINALS_ALIASED;
 
@@ -76,6 +79,55 @@ pub unsafe fn attention_backward_no_ds_barrier_run(
             BwdLaunch::MmaSync(dq) => exec.launch(dq),
             // Not reached: the plan is on the mma.sync path (checked above).
             BwdLaunch::Hopper(_) => Err(Error::invalid("negative control", "a Hopper plan")),
+        }
+    }
+}
+
+/// `AttentionBackwardPlan::run` with `negative_attention_bwd_hopper_early_empty` (each stage of
+/// the Q/dO ring released before it is read) in place of the wide dK/dV/dQ kernel
+/// `attention_bwd_hopper_dkdvq_bf16_d256`, on `exec` (a stream). The plan must be of a bf16
+/// problem with D = 256, no softcap, on the Hopper path: the kernel the control replaces;
+/// otherwise `Error::InvalidArgument`.
+///
+/// # Safety
+/// As for `AttentionBackwardPlan::run`.
+pub unsafe fn attention_backward_hopper_early_empty_run(
+    plan: &AttentionBackwardPlan,
+    exec: &impl Exec,
+    ws: &BackwardWorkspace<'_>,
+) -> Result<()> {
+    let replaced = hopper_bwd_kernel(Dtype::Bf16, 256, false)
+        .and_then(|k| k.fused.as_ref())
+        .map(|f| f.kernel.name);
+    let l = plan.launches(ws)?;
+    let main = match &l.dkdv {
+        BwdLaunch::Hopper(main) if Some(main.name()) == replaced => main,
+        _ => {
+            return Err(Error::invalid(
+                "negative control",
+                "negative_attention_bwd_hopper_early_empty replaces \
+                 attention_bwd_hopper_dkdvq_bf16_d256: a bf16, D = 256 plan without softcap on \
+                 the Hopper path",
+            ));
+        }
+    };
+    let main = plan.encode_maps(main)?;
+    let negative = Launch::new(
+        &NEGATIVE_ATTENTION_BWD_HOPPER_EARLY_EMPTY,
+        main.config().grid,
+        hopper_dkdvq_config(256, false),
+        *main.params(),
+    );
+    // SAFETY: as in `AttentionBackwardPlan::run` (the caller's contract): the plan checked the
+    // tensors and `launches` the workspace; the negative kernel has the parameters (tensor
+    // maps encoded as for the kernel it replaces), launch shape and shared memory of that
+    // kernel, and the launches run in the plan's order.
+    unsafe {
+        exec.launch(&l.pre)?;
+        exec.launch(&negative)?;
+        match &l.dq {
+            BwdLaunch::MmaSync(dq) => exec.launch(dq),
+            BwdLaunch::Hopper(dq) => exec.launch(&plan.encode_maps(dq)?),
         }
     }
 }

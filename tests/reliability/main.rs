@@ -137,6 +137,11 @@ fn main() {
         Needs::Gpu,
         negative::attention_bwd_no_ds_barrier_racecheck_target,
     );
+    s.gpu(
+        "negative_attention_bwd_hopper_early_empty_racecheck_target",
+        Needs::Hopper,
+        negative::attention_bwd_hopper_early_empty_racecheck_target,
+    );
     s.cpu(
         "negative_emulated_gla_bwd_carry_barrier_hazard",
         negative::emulated_gla_bwd_carry_barrier_hazard,

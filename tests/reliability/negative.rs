@@ -192,6 +192,22 @@ fn bwd_control_case() -> BwdControlCase {
     p.causal = true;
     // The control replaces the mma.sync dK/dV kernel: that path on every GPU.
     p.path = attention::Path::MmaSync;
+    bwd_case(p)
+}
+
+/// The attention backward case of the Hopper ring control: bf16, D = 256 (the kernel the
+/// control replaces), 300 query rows and keys, two query heads per key/value head, causal: 5
+/// blocks of 64 keys with up to 10 steps each, so each stage of the 2-stage ring is refilled.
+fn hopper_control_case() -> BwdControlCase {
+    let mut p = AttentionProblem::new(1, 300, 300, 4, 2, 256, Dtype::Bf16);
+    p.causal = true;
+    p.path = attention::Path::Hopper;
+    bwd_case(p)
+}
+
+/// Inputs of `p` (Q, K, V, dO uniform in `[-1, 1)`, O and LSE the f64 reference forward's) and
+/// its reference gradients.
+fn bwd_case(p: AttentionProblem) -> BwdControlCase {
     let (q, k, v) = kernels_testing::attention::random_inputs::<bf16>(&p, 1.0, 31);
     let mut r = kernels::data::rng(32);
     let d_o = kernels::data::uniform_bf16(&mut r, q.len(), -1.0, 1.0);
@@ -401,6 +417,100 @@ pub fn attention_bwd_no_ds_barrier_racecheck_target(g: &'static Gpu) -> TestResu
         })?;
     }
     Ok(())
+}
+
+/// The backward of `c` on `g` through the plan's kernels or, with `negative`, the Hopper ring
+/// control in place of its dK/dV/dQ kernel (poisoned outputs and workspace): dQ, dK, dV.
+fn hopper_bwd_run(
+    g: &'static Gpu,
+    c: &BwdControlCase,
+    negative: bool,
+) -> kernels::Result<[Vec<bf16>; 3]> {
+    let p = &c.p;
+    let stream = g.stream()?;
+    let (q, k, v, o, d_o) = (
+        upload(&c.q)?,
+        upload(&c.k)?,
+        upload(&c.v)?,
+        upload(&c.o)?,
+        upload(&c.d_o)?,
+    );
+    let lse = upload(&c.lse)?;
+    let (dq, dk, dv) = (
+        poisoned::<bf16>(c.q.len())?,
+        poisoned::<bf16>(c.k.len())?,
+        poisoned::<bf16>(c.k.len())?,
+    );
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let tensors = AttentionBackwardTensors {
+        q: View::contiguous(&q, qs),
+        k: View::contiguous(&k, ks),
+        v: View::contiguous(&v, ks),
+        o: View::contiguous(&o, qs),
+        d_o: View::contiguous(&d_o, qs),
+        lse: (&lse).into(),
+        d_lse: None,
+        dq: View::contiguous(&dq, qs),
+        dk: View::contiguous(&dk, ks),
+        dv: View::contiguous(&dv, ks),
+        sinks: None,
+        d_sinks: None,
+    };
+    let plan = p.plan_backward(Target::of(g), &tensors, BackwardOptions::default())?;
+    let delta = poisoned::<f32>(plan.delta_len())?;
+    let accum = poisoned::<f32>(plan.dq_accum_len())?;
+    let ws = BackwardWorkspace {
+        delta: (&delta).into(),
+        dq_accum: Some((&accum).into()),
+    };
+    let exec = OnStream {
+        gpu: g,
+        stream: &stream,
+    };
+    // SAFETY: the views cover live device buffers (checked by the plan) that outlive the
+    // launches (synchronized below); the workspace is separate memory.
+    unsafe {
+        if negative {
+            kernels::negative::attention_backward_hopper_early_empty_run(&plan, &exec, &ws)?
+        } else {
+            plan.run(&exec, &ws)?
+        }
+    };
+    g.sync(&stream, "attention backward (Hopper ring control)")?;
+    Ok([download(&dq)?, download(&dk)?, download(&dv)?])
+}
+
+pub fn attention_bwd_hopper_early_empty_racecheck_target(g: &'static Gpu) -> TestResult {
+    // One small backward with the control for racecheck (bundle/reliability.sh expects hazards
+    // here). Every gradient may be wrong (the refills race with every read of the stage), so
+    // the test checks what does not depend on the timing: the kernel it replaces passes the
+    // reference check on the same inputs, the control writes every element (the outputs are
+    // poisoned with NaN and the inputs keep every value finite), and a plan without the kernel
+    // it replaces is a typed error. The control's errors are printed.
+    let c = hopper_control_case();
+    let good = gpu_ok(hopper_bwd_run(g, &c, false))?;
+    for (name, err, tol) in bwd_errors(&c, [&good[0], &good[1], &good[2]]) {
+        ensure(err <= tol, || {
+            format!("the replaced kernel: {name} max error {err:.3e} > tolerance {tol:.3e}")
+        })?;
+    }
+    let bad = gpu_ok(hopper_bwd_run(g, &c, true))?;
+    for (name, err, _) in bwd_errors(&c, [&bad[0], &bad[1], &bad[2]]) {
+        println!("negative_attention_bwd_hopper_early_empty: {name} max error {err:.3e} (racy)");
+        ensure(err.is_finite(), || {
+            format!("{name}: an element left unwritten or not finite")
+        })?;
+    }
+    let mut other = hopper_control_case();
+    other.p.softcap = Some(20.0);
+    let err = hopper_bwd_run(g, &other, true)
+        .err()
+        .ok_or("the control ran in place of the softcap kernel")?
+        .to_string();
+    ensure(
+        err.contains("replaces attention_bwd_hopper_dkdvq_bf16_d256"),
+        || format!("unexpected failure: {err}"),
+    )
 }
 
 /// A case of the GLA backward's carry-barrier control: Dk = Dv = 64 (the kernel the control

@@ -569,7 +569,10 @@ pub const NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER: Kernel<AttentionBwdParams, BwdTi
     );
 
 /// The backward's negative controls (never launched by the library).
-pub const NEGATIVE: &[KernelDecl] = &[NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER.info()];
+pub const NEGATIVE: &[KernelDecl] = &[
+    NEGATIVE_ATTENTION_BWD_NO_DS_BARRIER.info(),
+    super::hopper_bwd::NEGATIVE_ATTENTION_BWD_HOPPER_EARLY_EMPTY.info(),
+];
 
 /// Kernels per entry of [`BWD_KERNELS`] and [`BWD_VARLEN_KERNELS`].
 const PER_ENTRY: usize = 8;

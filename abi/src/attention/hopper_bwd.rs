@@ -516,6 +516,19 @@ fn no_smem(_: ()) -> usize {
 /// Threads per block of the dQ conversion.
 pub const HOPPER_DQ_CONVERT_THREADS: u32 = 128;
 
+/// `negative_attention_bwd_hopper_early_empty`: `attention_bwd_hopper_dkdvq_bf16_d256` whose
+/// consumers release each stage of the Q/dO ring before reading it, a negative control for the
+/// test suites (`gpu-kernels/src/negative.rs`); the launch shape, parameters and shared memory
+/// of `attention_bwd_hopper_dkdvq_bf16_d256` (configuration `hopper_dkdvq_config(256,
+/// false)`).
+pub const NEGATIVE_ATTENTION_BWD_HOPPER_EARLY_EMPTY: Kernel<HopperBwdParams, HopperBwdConfig> =
+    Kernel::new(
+        "negative_attention_bwd_hopper_early_empty",
+        HOPPER_THREADS,
+        1,
+        smem,
+    );
+
 /// The dK/dV/dQ kernel of a [`HopperBwdKernel`] and the conversion of its accumulator.
 pub struct HopperDkdvq {
     /// The dK/dV/dQ kernel; launch it with shape [`HopperDkdvq::cfg`] (grid `(ceil(seq_k /

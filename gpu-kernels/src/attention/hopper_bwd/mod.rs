@@ -220,11 +220,26 @@ macro_rules! hopper_bwd_kernels {
     };
 }
 
-/// The dK/dV/dQ kernel of a wide head ([`wide`]).
+/// The dK/dV/dQ kernel of a wide head ([`wide`]); with `negative: $table` the negative control
+/// of that table (`EARLY_EMPTY`, see [`wide::wide`]).
 macro_rules! hopper_bwd_wide {
     (
         $name:literal, $elem:ident, $d:literal, $softcap:literal,
         $s_zero:ident, $s_mma:ident, $h_mma:ident, $h_zero:ident
+    ) => {
+        hopper_bwd_wide!(@kernel $name, $elem, $d, $softcap, false, kernel_abi::attention::KERNELS,
+            $s_zero, $s_mma, $h_mma, $h_zero);
+    };
+    (
+        negative: $table:expr, $name:literal, $elem:ident, $d:literal, $softcap:literal,
+        $s_zero:ident, $s_mma:ident, $h_mma:ident, $h_zero:ident
+    ) => {
+        hopper_bwd_wide!(@kernel $name, $elem, $d, $softcap, true, $table,
+            $s_zero, $s_mma, $h_mma, $h_zero);
+    };
+    (
+        @kernel $name:literal, $elem:ident, $d:literal, $softcap:literal, $early:literal,
+        $table:expr, $s_zero:ident, $s_mma:ident, $h_mma:ident, $h_zero:ident
     ) => {
         const _: () = {
             /// The dK/dV/dQ kernel of a wide head ([`wide`]; element type and head dimension
@@ -238,12 +253,12 @@ macro_rules! hopper_bwd_wide {
             #[unsafe(export_name = $name)]
             pub unsafe extern "ptx-kernel" fn kernel(p: HopperBwdParams) {
                 const CFG: HopperBwdConfig = hopper_dkdvq_config($d, $softcap);
-                crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
+                crate::launch_bounds!(name = $name, $table);
                 let tmaps = bwd_tmaps!(name = $name);
                 // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
                 // configuration, called by whole warpgroups in uniform control flow.
                 unsafe {
-                    wide::wide::<$elem, $d, { $d / 4 }, { $d / 16 }, $softcap>(
+                    wide::wide::<$elem, $d, { $d / 4 }, { $d / 16 }, $softcap, $early>(
                         &p,
                         &CFG,
                         tmaps,
@@ -549,6 +564,17 @@ hopper_bwd_wide!(
     m64n32k16_f16_ss,
     m64n128k16_f16_ss,
     m64n128k16_f16_ss_zero
+);
+hopper_bwd_wide!(
+    negative: kernel_abi::attention::backward::NEGATIVE,
+    "negative_attention_bwd_hopper_early_empty",
+    Bf16,
+    256,
+    false,
+    m64n32k16_bf16_ss_zero,
+    m64n32k16_bf16_ss,
+    m64n128k16_bf16_ss,
+    m64n128k16_bf16_ss_zero
 );
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d64", Bf16, 64);
 hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d128", Bf16, 128);

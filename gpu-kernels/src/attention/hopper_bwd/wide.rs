@@ -121,7 +121,11 @@ const ORDER_WARP: u32 = 2;
 
 /// The kernel body; see the module documentation. `HR = D / 4` accumulator registers of dK, dV
 /// and dQ (`m64n{D/2}`), `DK = D / 16` K slices of `S^T` and `dP^T`; the `wgmma` shapes come in
-/// as functions so one body serves both element types.
+/// as functions so one body serves both element types. `EARLY_EMPTY` is the negative control
+/// `negative_attention_bwd_hopper_early_empty` only: each consumer thread arrives on `empty[s]`
+/// as soon as `full[s]` completes, before it reads the stage's row values and before the
+/// products read its Q and dO, so the producer may refill the stage under them (a
+/// write-after-read race on shared memory that racecheck must report).
 ///
 /// # Safety
 /// Launched with grid `(ceil(seq_k / BN), heads_kv, batch)`, `HOPPER_THREADS` threads, the
@@ -136,6 +140,7 @@ pub(super) unsafe fn wide<
     const HR: usize,
     const DK: usize,
     const SOFTCAP: bool,
+    const EARLY_EMPTY: bool,
 >(
     p: &HopperBwdParams,
     cfg: &HopperBwdConfig,
@@ -199,6 +204,11 @@ pub(super) unsafe fn wide<
             let m0 = walk.m0(step);
             // SAFETY: the producer issues every step's Q and dO, so this phase completes.
             unsafe { ring.full(pos.stage).wait_parity(pos.phase) };
+            if EARLY_EMPTY {
+                // SAFETY: one arrival per consumer thread and phase, as below; releasing the
+                // stage before its reads is the negative control's deliberate bug.
+                unsafe { ring.empty(pos.stage).arrive() };
+            }
             // Recomputed each step rather than held across the loop: the descriptors of these
             // loop-invariant operands would otherwise take registers the products need.
             let o = regs::opaque;
@@ -364,10 +374,12 @@ pub(super) unsafe fn wide<
             unsafe { wgmma::wait_group::<0>() };
             h_fence(&mut dv);
             h_fence(&mut dk);
-            // SAFETY: every product reading this stage is complete (the wait above) and this
-            // thread's reads of its row values were before; one arrival per consumer thread
-            // and phase.
-            unsafe { ring.empty(pos.stage).arrive() };
+            if !EARLY_EMPTY {
+                // SAFETY: every product reading this stage is complete (the wait above) and
+                // this thread's reads of its row values were before; one arrival per consumer
+                // thread and phase.
+                unsafe { ring.empty(pos.stage).arrive() };
+            }
         }
     }
 

@@ -764,7 +764,7 @@ impl AttentionBackwardPlan {
 impl AttentionBackwardPlan {
     /// The Hopper launch `l` (the plan's dK/dV or dQ launch) with its tensor maps encoded
     /// (needs the driver).
-    pub(super) fn encode_maps(
+    pub(crate) fn encode_maps(
         &self,
         l: &Launch<HopperBwdParams>,
     ) -> Result<Launch<HopperBwdParams>> {
