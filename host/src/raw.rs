@@ -37,12 +37,15 @@ pub enum ElemType {
     /// 32-bit signed integers (sequence offsets, `cu_seqlens`; the kernels' index and table
     /// words, read as `u32`).
     I32,
+    /// 8-bit floats e4m3 (PyTorch's `float8_e4m3fn`: no infinities, NaN `0x7f`/`0xff`).
+    E4m3,
 }
 
 impl ElemType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            ElemType::E4m3 => 1,
             ElemType::Bf16 | ElemType::F16 => 2,
             ElemType::F32 | ElemType::I32 => 4,
             ElemType::F64 => 8,
@@ -50,8 +53,8 @@ impl ElemType {
     }
 
     /// Parse a name: `bf16`/`bfloat16`, `f16`/`float16`/`half`, `f32`/`float32`/`float`,
-    /// `f64`/`float64`/`double`, `i32`/`int32`/`int`, with or without a `torch.` prefix (so
-    /// `str(tensor.dtype)` parses).
+    /// `f64`/`float64`/`double`, `i32`/`int32`/`int`, `e4m3`/`float8_e4m3fn`, with or without
+    /// a `torch.` prefix (so `str(tensor.dtype)` parses).
     pub fn from_name(name: &str) -> Option<ElemType> {
         match name.strip_prefix("torch.").unwrap_or(name) {
             "bf16" | "bfloat16" => Some(ElemType::Bf16),
@@ -59,6 +62,7 @@ impl ElemType {
             "f32" | "float32" | "float" => Some(ElemType::F32),
             "f64" | "float64" | "double" => Some(ElemType::F64),
             "i32" | "int32" | "int" => Some(ElemType::I32),
+            "e4m3" | "float8_e4m3fn" => Some(ElemType::E4m3),
             _ => None,
         }
     }
@@ -84,6 +88,9 @@ impl RawElem for f64 {
 }
 impl RawElem for i32 {
     const ELEM: ElemType = ElemType::I32;
+}
+impl RawElem for crate::attention::E4m3 {
+    const ELEM: ElemType = ElemType::E4m3;
 }
 /// Table and index words: a 32-bit integer tensor (the framework's `int32`; its values are
 /// the kernels' `u32` words).

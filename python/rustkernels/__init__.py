@@ -9,6 +9,8 @@
   layout ``[total, nheads, headdim]``, int32 boundaries), differentiable.
 - ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=..., ...)``: a
   decode step over a paged KV cache (flash-attn's signature and paged layout; inference only).
+- ``flash_attn_fp8_func(q, k, v, q_descale, k_descale, v_descale, ...)``: the FP8 forward on
+  Hopper GPUs (``float8_e4m3fn`` inputs with per-tensor descales, bf16 out; inference only).
 - ``gla.chunk_gla(q, k, v, g, ...)``: gated linear attention with flash-linear-attention's
   signature and layout ``[B, T, H, D]``, returning ``(o, final_state)``; differentiable (the
   library's GLA backward).
@@ -28,6 +30,7 @@ implementation, so ``torch.compile`` traces around it.
 
 from . import gla, mhc, semicrf
 from .attention import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from .attention_fp8 import flash_attn_fp8_func
 from .gla import chunk_gla
 from .mhc import MHC
 from .semicrf import semi_crf_streaming_forward, semi_crf_viterbi
@@ -36,6 +39,7 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "flash_attn_fp8_func",
     "chunk_gla",
     "MHC",
     "semi_crf_streaming_forward",

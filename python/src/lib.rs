@@ -2,10 +2,11 @@
 //! descriptions (address, dtype name, shape, strides, storage), validates and launches through
 //! the `kernels` crate's raw API (`kernels::raw`; per family `kernels::attention::forward_raw`
 //! and `backward_raw` (packed sequences: `forward_varlen_raw`, `backward_varlen_raw`; the decode
-//! step over a paged KV cache: `decode_raw`, and `append_kv_raw` before it),
-//! `kernels::gla::{forward_raw, backward_raw}`, `kernels::semicrf::{forward_raw, backward_raw,
-//! viterbi_raw}`, `kernels::mhc::{forward_pre_raw, forward_post_raw,
-//! backward_raw}`) on the caller's stream, and returns nothing: the Python side allocates the
+//! step over a paged KV cache: `decode_raw`, and `append_kv_raw` before it; the FP8 forward:
+//! `forward_fp8_raw`), `kernels::gla::{forward_raw, backward_raw}`,
+//! `kernels::semicrf::{forward_raw, backward_raw, viterbi_raw}`,
+//! `kernels::mhc::{forward_pre_raw, forward_post_raw, backward_raw}`) on the caller's stream,
+//! and returns nothing: the Python side allocates the
 //! outputs and workspaces with torch (their sizes from the `*_workspace`/`*_layout` functions
 //! here) and wires autograd and `torch.compile` (`rustkernels/attention.py`, `gla.py`,
 //! `semicrf.py`, `mhc.py`).
@@ -23,11 +24,12 @@ mod semicrf;
 
 use kernels::Error;
 use kernels::attention::{
-    AttentionDecodeOptions, AttentionOptions, BackwardOptions, Path, RawAttentionBackwardTensors,
-    RawAttentionDecodeTensors, RawAttentionTensors, RawAttentionVarlenBackwardTensors,
-    RawAttentionVarlenTensors, RawBackwardWorkspace, RawKvAppendTensors, append_kv_raw,
-    backward_raw, backward_varlen_raw, backward_varlen_workspace_lens, backward_workspace_lens,
-    decode_raw, decode_workspace_len, forward_raw, forward_varlen_raw,
+    AttentionDecodeOptions, AttentionOptions, BackwardOptions, Fp8Scales, Path,
+    RawAttentionBackwardTensors, RawAttentionDecodeTensors, RawAttentionTensors,
+    RawAttentionVarlenBackwardTensors, RawAttentionVarlenTensors, RawBackwardWorkspace,
+    RawFp8Tensors, RawKvAppendTensors, append_kv_raw, backward_raw, backward_varlen_raw,
+    backward_varlen_workspace_lens, backward_workspace_lens, decode_raw, decode_workspace_len,
+    forward_fp8_raw, forward_raw, forward_varlen_raw, fp8_workspace_len_raw,
 };
 use kernels::raw::{ElemType, RawStream, RawTensor};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -44,7 +46,7 @@ pub(crate) fn tensor(
     let dtype = ElemType::from_name(&dtype).ok_or_else(|| {
         PyTypeError::new_err(format!(
             "{what}: unsupported dtype {dtype} (the kernels take bfloat16, float16, float32, \
-             float64 or int32 tensors, each op its own)"
+             float64, int32 or float8_e4m3fn tensors, each op its own)"
         ))
     })?;
     Ok(RawTensor {
@@ -607,6 +609,71 @@ fn attention_kv_append(
     .map_err(to_py)
 }
 
+/// The bytes of the FP8 forward's workspace (`V^T`) for Q of shape `q_shape` and K of shape
+/// `k_shape`.
+#[pyfunction]
+fn attention_fp8_workspace(q_shape: Vec<usize>, k_shape: Vec<usize>) -> PyResult<usize> {
+    fp8_workspace_len_raw(&q_shape, &k_shape).map_err(to_py)
+}
+
+/// The FP8 attention forward on device `device`'s stream `stream`: bf16 O and f32 LSE written
+/// from e4m3 Q, K, V and their descales (each tensor's values times its descale are the
+/// inputs), `V^T` into `workspace` (uint8 or float8_e4m3fn, of the length
+/// `attention_fp8_workspace` gives). See `kernels::attention::forward_fp8_raw`. Asynchronous.
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, workspace, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right))]
+#[allow(clippy::too_many_arguments)]
+fn attention_fp8_forward(
+    py: Python<'_>,
+    device: u32,
+    stream: u64,
+    q: TensorArgs,
+    k: TensorArgs,
+    v: TensorArgs,
+    o: TensorArgs,
+    lse: TensorArgs,
+    workspace: TensorArgs,
+    q_descale: f32,
+    k_descale: f32,
+    v_descale: f32,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i64,
+    window_right: i64,
+) -> PyResult<()> {
+    let options = options(softmax_scale, causal, window_left, window_right, "hopper")?;
+    let scales = Fp8Scales {
+        q: q_descale,
+        k: k_descale,
+        v: v_descale,
+    };
+    let (q, k, v, o, lse, workspace) = (
+        tensor("q", q)?,
+        tensor("k", k)?,
+        tensor("v", v)?,
+        tensor("out", o)?,
+        tensor("softmax_lse", lse)?,
+        tensor("workspace", workspace)?,
+    );
+    py.detach(|| {
+        // SAFETY: the Python side passes the handle of torch's current stream of `device`,
+        // which torch keeps alive.
+        let stream = unsafe { RawStream::new(device, stream) }?;
+        let tensors = RawFp8Tensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            workspace: &workspace,
+        };
+        // SAFETY: as for `attention_forward`: live torch tensors held across the call; O, LSE
+        // and the workspace are fresh allocations.
+        unsafe { forward_fp8_raw(&stream, &options, scales, &tensors) }
+    })
+    .map_err(to_py)
+}
+
 /// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -620,6 +687,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_decode_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(attention_decode, m)?)?;
     m.add_function(wrap_pyfunction!(attention_kv_append, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_fp8_workspace, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_fp8_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gla::gla_backward_workspace, m)?)?;

@@ -15,6 +15,7 @@ import rustkernels
 from rustkernels import (
     MHC,
     chunk_gla,
+    flash_attn_fp8_func,
     flash_attn_func,
     flash_attn_varlen_func,
     flash_attn_with_kvcache,
@@ -27,6 +28,7 @@ OPS = [
     "flash_attn_backward",
     "flash_attn_decode",
     "flash_attn_forward",
+    "flash_attn_fp8_forward",
     "flash_attn_varlen_backward",
     "flash_attn_varlen_forward",
     "kv_append",
@@ -72,6 +74,12 @@ def main():
     q = torch.randn(1, 8, 4, 64, dtype=bf)
     kv = torch.randn(1, 8, 2, 64, dtype=bf)
     refuses_cpu("flash_attn_func on CPU tensors", lambda: flash_attn_func(q, kv, kv, causal=True), "q")
+    f8 = torch.float8_e4m3fn
+    refuses_cpu(
+        "flash_attn_fp8_func on CPU tensors",
+        lambda: flash_attn_fp8_func(q.to(f8), kv.to(f8), kv.to(f8), causal=True),
+        "q",
+    )
     packed = torch.randn(8, 4, 64, dtype=bf)
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     refuses_cpu(

@@ -4,7 +4,8 @@
 //! checks are the same; [`forward_raw`] and [`backward_raw`] add the checks of raw memory
 //! (device, allocation, outputs and workspace apart from inputs). The same over packed
 //! sequences: [`forward_varlen_raw`], [`backward_varlen_raw`]; and the decode step over a paged
-//! KV cache: [`decode_raw`] (its splits and workspace: [`decode_workspace_len`]).
+//! KV cache: [`decode_raw`] (its splits and workspace: [`decode_workspace_len`]); the FP8
+//! forward: [`forward_fp8_raw`] (its workspace: [`fp8_workspace_len_raw`]).
 
 use super::backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
@@ -19,10 +20,12 @@ use crate::raw::{ElemType, RawElem, RawStream, RawTensor, check_disjoint};
 use half::{bf16, f16};
 
 mod decode;
+mod fp8;
 pub use decode::{
     AttentionDecodeOptions, RawAttentionDecodeTensors, RawKvAppendTensors, append_kv_raw,
     decode_raw, decode_workspace_len, plan_append_raw, plan_decode_raw,
 };
+pub use fp8::{RawFp8Tensors, forward_fp8_raw, fp8_problem, fp8_workspace_len_raw, plan_fp8_raw};
 
 /// The options of a forward pass (the sizes come from the tensors).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -152,7 +155,7 @@ pub(super) fn sinks_view<'a>(heads_q: usize, sinks: &RawTensor) -> Result<DevVie
 
 /// A rank-4 tensor of element type `T` as a [`View`] into its storage (the plan checks the
 /// view against the storage, its shape, strides and alignment).
-fn view<'a, T: RawElem>(what: &str, t: &RawTensor) -> Result<View<'a, T>> {
+pub(super) fn view<'a, T: RawElem>(what: &str, t: &RawTensor) -> Result<View<'a, T>> {
     t.expect::<T>(what, 4)?;
     let strides = t.strides(what)?;
     // SAFETY: the view only carries addresses into the plan; the plan's `run` (unsafe)
@@ -162,7 +165,7 @@ fn view<'a, T: RawElem>(what: &str, t: &RawTensor) -> Result<View<'a, T>> {
 }
 
 /// LSE as a contiguous `[batch, heads_q, seq_q]` f32 view, inside its storage.
-fn lse_view<'a>(
+pub(super) fn lse_view<'a>(
     problem: &AttentionProblem,
     what: &str,
     lse: &RawTensor,

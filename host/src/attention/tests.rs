@@ -433,6 +433,7 @@ fn the_plan_refuses_bad_tensors() {
 
 mod raw;
 mod raw_decode;
+mod raw_fp8;
 
 #[test]
 fn softcap_and_sinks_take_the_capsink_kernels_with_their_parameters() {
