@@ -99,8 +99,9 @@
 #       Hopper forward tests beside them (attention/hopper/), the four sanitizers on FP8 cases
 #       (D 128 causal, D 256 window, a partial last step, the pingpong variants), the CLI GPU
 #       tests, CLI timing and ncu sections of the FP8 kernel at D 128 S 8k, then kbench
-#       attention-fp8 (FP8 beside bf16, same values); FP8_STEPS picks among
-#       "tests san cli bench".
+#       attention-fp8 (FP8 beside bf16, same values), and (step py) the Python FP8 check
+#       (test_attention_fp8.py) and the attention one; FP8_STEPS picks among
+#       "tests san cli bench py" (default the first four).
 #   detw the deterministic mode on the wide dK/dV/dQ kernel (D 144 to 256, dQ additions
 #       ordered): the backward tests (bwd_tests), the four sanitizers on deterministic D 256 and
 #       D 160 cases (GQA causal, a window, a softcap), CLI timings with ncu per kernel at D 256
@@ -757,6 +758,14 @@ PY
     $CLI attention /tmp/fp8_in.st -o /tmp/fp8_out.st --repeat 20 2>&1 | grep -i "median\|error" | sed "s/^/fp8 D128 S8k B2 H16 /" >> $S
     ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active -k regex:attention_fwd_hopper_fp8_d128 -c 1 $CLI attention /tmp/fp8_in.st -o /tmp/fp8_out2.st > $OUT/ncu-fp8-d128.txt 2>&1
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|No Eligible|Registers Per|Eligible Warps|Warp Cycles Per Issued|Tensor is|pipe_xu" $OUT/ncu-fp8-d128.txt | head -20 >> $S
+  fi
+  if [[ $steps == *" py "* ]]; then
+    python3 -m pip install --quiet --no-index --no-deps --target /tmp/pyd9f8 $B/python/*.whl > $L/pip.log 2>&1
+    for f in attention_fp8 attention; do
+      s=$(date +%s); PYTHONPATH=/tmp/pyd9f8 timeout 300 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+      echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+      grep -E "^(ok|SKIP|FAIL)" -A4 $L/py_$f.log | grep -v "^ok .*attention/" | head -30 >> $S
+    done
   fi
   if [[ $steps == *" bench "* ]]; then
     export KBENCH_ATTENTION_DIMS=${DIMS:-128,256} KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384}
