@@ -357,55 +357,11 @@ pub fn attention_bwd_no_ds_barrier_racecheck_target(g: &'static Gpu) -> TestResu
     // tile) within the tolerance (every element written: the outputs are poisoned with NaN);
     // dQ's error is printed only.
     let c = bwd_control_case();
-    let p = &c.p;
-    let stream = gpu_ok(g.stream())?;
-    let run = || -> kernels::Result<[Vec<bf16>; 3]> {
-        let (q, k, v, o, d_o) = (
-            upload(&c.q)?,
-            upload(&c.k)?,
-            upload(&c.v)?,
-            upload(&c.o)?,
-            upload(&c.d_o)?,
-        );
-        let lse = upload(&c.lse)?;
-        let (dq, dk, dv) = (
-            poisoned::<bf16>(c.q.len())?,
-            poisoned::<bf16>(c.k.len())?,
-            poisoned::<bf16>(c.k.len())?,
-        );
-        let (qs, ks) = (p.q_shape(), p.kv_shape());
-        let tensors = AttentionBackwardTensors {
-            q: View::contiguous(&q, qs),
-            k: View::contiguous(&k, ks),
-            v: View::contiguous(&v, ks),
-            o: View::contiguous(&o, qs),
-            d_o: View::contiguous(&d_o, qs),
-            lse: (&lse).into(),
-            d_lse: None,
-            dq: View::contiguous(&dq, qs),
-            dk: View::contiguous(&dk, ks),
-            dv: View::contiguous(&dv, ks),
-            sinks: None,
-            d_sinks: None,
-        };
-        let plan = p.plan_backward(Target::of(g), &tensors, BackwardOptions::default())?;
-        let delta = poisoned::<f32>(plan.delta_len())?;
-        let accum = poisoned::<f32>(plan.dq_accum_len())?;
-        let ws = BackwardWorkspace {
-            delta: (&delta).into(),
-            dq_accum: Some((&accum).into()),
-        };
-        let exec = OnStream {
-            gpu: g,
-            stream: &stream,
-        };
-        // SAFETY: the views cover live device buffers (checked by the plan) that outlive the
-        // launches (synchronized below); the workspace is separate memory.
-        unsafe { run_bwd(&plan, &exec, &ws, true) }?;
-        g.sync(&stream, "negative attention backward")?;
-        Ok([download(&dq)?, download(&dk)?, download(&dv)?])
-    };
-    let [dq, dk, dv] = gpu_ok(run())?;
+    let [dq, dk, dv] = gpu_ok(device_bwd(g, &c, |plan, exec, ws| {
+        // SAFETY: `device_bwd` keeps the plan's buffers and workspace alive (apart, as the plan
+        // checked) until the stream is synchronized after this launch.
+        unsafe { run_bwd(plan, exec, ws, true) }
+    }))?;
     let [(_, dq_err, _), dk_check, dv_check] = bwd_errors(&c, [&dq, &dk, &dv]);
     println!("negative_attention_bwd_no_ds_barrier: dQ max error {dq_err:.3e} (racy, not checked)");
     for (name, err, tol) in [dk_check, dv_check] {
@@ -419,12 +375,18 @@ pub fn attention_bwd_no_ds_barrier_racecheck_target(g: &'static Gpu) -> TestResu
     Ok(())
 }
 
-/// The backward of `c` on `g` through the plan's kernels or, with `negative`, the Hopper ring
-/// control in place of its dK/dV/dQ kernel (poisoned outputs and workspace): dQ, dK, dV.
-fn hopper_bwd_run(
+/// The backward of `c` on `g` (bf16 inputs uploaded, outputs and workspace poisoned with NaN,
+/// its default options) launched by `launch` on a stream: dQ, dK, dV once it has completed.
+/// `launch` receives the plan, the stream and the workspace, all live until it returns and the
+/// stream is synchronized.
+fn device_bwd(
     g: &'static Gpu,
     c: &BwdControlCase,
-    negative: bool,
+    launch: impl Fn(
+        &AttentionBackwardPlan,
+        &OnStream<'_>,
+        &BackwardWorkspace<'_>,
+    ) -> kernels::Result<()>,
 ) -> kernels::Result<[Vec<bf16>; 3]> {
     let p = &c.p;
     let stream = g.stream()?;
@@ -467,17 +429,29 @@ fn hopper_bwd_run(
         gpu: g,
         stream: &stream,
     };
-    // SAFETY: the views cover live device buffers (checked by the plan) that outlive the
-    // launches (synchronized below); the workspace is separate memory.
-    unsafe {
-        if negative {
-            kernels::negative::attention_backward_hopper_early_empty_run(&plan, &exec, &ws)?
-        } else {
-            plan.run(&exec, &ws)?
-        }
-    };
-    g.sync(&stream, "attention backward (Hopper ring control)")?;
+    launch(&plan, &exec, &ws)?;
+    g.sync(&stream, "attention backward (negative control)")?;
     Ok([download(&dq)?, download(&dk)?, download(&dv)?])
+}
+
+/// The backward of `c` on `g` through the plan's kernels or, with `negative`, the Hopper ring
+/// control in place of its dK/dV/dQ kernel: dQ, dK, dV.
+fn hopper_bwd_run(
+    g: &'static Gpu,
+    c: &BwdControlCase,
+    negative: bool,
+) -> kernels::Result<[Vec<bf16>; 3]> {
+    device_bwd(g, c, |plan, exec, ws| {
+        // SAFETY: `device_bwd` keeps the plan's buffers and workspace alive (apart, as the plan
+        // checked) until the stream is synchronized after this launch.
+        unsafe {
+            if negative {
+                kernels::negative::attention_backward_hopper_early_empty_run(plan, exec, ws)
+            } else {
+                plan.run(exec, ws)
+            }
+        }
+    })
 }
 
 pub fn attention_bwd_hopper_early_empty_racecheck_target(g: &'static Gpu) -> TestResult {
