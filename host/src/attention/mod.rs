@@ -79,7 +79,7 @@ pub use raw::{
     RawAttentionVarlenTensors, RawBackwardWorkspace, RawFp8Tensors, RawKvAppendTensors,
     append_kv_raw, backward_raw, backward_varlen_raw, backward_varlen_workspace_lens,
     backward_workspace_lens, decode_raw, decode_workspace_len, forward_fp8_raw, forward_raw,
-    forward_varlen_raw, fp8_problem, fp8_workspace_len_raw, plan_append_raw, plan_backward_raw,
+    forward_varlen_raw, fp8_workspace_len_raw, plan_append_raw, plan_backward_raw,
     plan_backward_varlen_raw, plan_decode_raw, plan_fp8_raw, plan_raw, plan_varlen_raw,
 };
 pub use reference::{

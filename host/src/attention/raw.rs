@@ -25,7 +25,7 @@ pub use decode::{
     AttentionDecodeOptions, RawAttentionDecodeTensors, RawKvAppendTensors, append_kv_raw,
     decode_raw, decode_workspace_len, plan_append_raw, plan_decode_raw,
 };
-pub use fp8::{RawFp8Tensors, forward_fp8_raw, fp8_problem, fp8_workspace_len_raw, plan_fp8_raw};
+pub use fp8::{RawFp8Tensors, forward_fp8_raw, fp8_workspace_len_raw, plan_fp8_raw};
 
 /// The options of a forward pass (the sizes come from the tensors).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

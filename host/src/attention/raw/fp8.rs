@@ -28,20 +28,11 @@ pub struct RawFp8Tensors<'t> {
     pub workspace: &'t RawTensor,
 }
 
-/// The problem of an FP8 forward on Q of shape `q` and K of shape `k` with `options` (its
-/// dtype the output's, bf16): what [`fp8_workspace_len_raw`] and the plan size.
-pub fn fp8_problem(
-    q: &[usize],
-    k: &[usize],
-    options: &AttentionOptions,
-) -> Result<AttentionProblem> {
-    AttentionProblem::from_shapes(q, k, Dtype::Bf16, options)
-}
-
 /// The e4m3 elements (bytes) of the FP8 forward's workspace for Q of shape `q` and K of shape
 /// `k` (`[batch, seq, heads, D]` each).
 pub fn fp8_workspace_len_raw(q: &[usize], k: &[usize]) -> Result<usize> {
-    let problem = fp8_problem(q, k, &AttentionOptions::default())?;
+    // The problem's dtype is the output's: bf16.
+    let problem = AttentionProblem::from_shapes(q, k, Dtype::Bf16, &AttentionOptions::default())?;
     problem.validate()?;
     Ok(problem.fp8_workspace_len())
 }
@@ -62,7 +53,8 @@ pub fn plan_fp8_raw(
             "the FP8 forward takes e4m3 (float8_e4m3fn) Q, K and V",
         ));
     }
-    let problem = fp8_problem(&tensors.q.shape, &tensors.k.shape, options)?;
+    let (q, k) = (&tensors.q.shape, &tensors.k.shape);
+    let problem = AttentionProblem::from_shapes(q, k, Dtype::Bf16, options)?;
     problem.validate()?;
     check_disjoint(
         &[("Q", tensors.q), ("K", tensors.k), ("V", tensors.v)],
