@@ -109,10 +109,16 @@
 #       peers; then (step neg) the negative controls, racecheck on the Hopper ring control
 #       (negative_attention_bwd_hopper_early_empty) and on the mma.sync dS^T one; DETW_STEPS
 #       picks among "tests san times bench neg" (default the first four).
+#   hvb the backward over packed sequences on the Hopper kernels: the backward's GPU tests
+#       (bwd_tests: dense, softcap and sinks, packed on both paths, props, negative controls,
+#       CLI), the four sanitizers on packed cases (D 64, 128, 256, the deterministic mode, a
+#       softcap; memcheck on contradictory boundaries), the Python packed and attention tests,
+#       then kbench attention-varlen (forward and training step, with its peers); HVB_STEPS
+#       picks among "tests san py bench" (default all).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw
+#   detw|hvb
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -794,6 +800,36 @@ if [ "$part" = detw ]; then
       negative_attention_bwd_no_ds_barrier_racecheck_target; do
       san racecheck reliability $c
     done
+  fi
+fi
+if [ "$part" = hvb ]; then
+  steps=" ${HVB_STEPS:-tests san py bench} "
+  if [[ $steps == *" tests "* ]]; then bwd_tests; fi
+  if [[ $steps == *" san "* ]]; then
+    list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
+    cases="attention_varlen_bwd/gpu/hopper_clamps_bad_boundaries
+      $(echo "$list" | grep -E '^attention_varlen_bwd/gpu/bf16_d128_.*_causal_det$' | head -1)
+      $(echo "$list" | grep -E '^attention_varlen_bwd/gpu/bf16_d64_.*_dlse_atomic$' | head -1)
+      $(echo "$list" | grep -E '^attention_varlen_bwd/gpu/f16_d256_.*_win.*_det$' | head -1)
+      $(echo "$list" | grep -E '^attention_capsink_bwd/varlen.*softcap.*' | head -1)"
+    san_cases "$cases"
+  fi
+  if [[ $steps == *" py "* ]]; then
+    P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+    for f in attention_varlen attention_capsink_bwd attention; do
+      s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+      echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+      grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+    done
+  fi
+  if [[ $steps == *" bench "* ]]; then
+    FP=/tmp/fa4pkgs
+    [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP
+    export KERNELS_PEERS_DIR=$B/peers
+    s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-varlen --out $OUT > $L/bench-varlen.log 2>&1
+    echo "kbench attention-varlen rc=$? $(( $(date +%s)-s ))s" >> $S
+    sed -n '/^== table/,$p' $L/bench-varlen.log | tail -60 >> $S
+    grep -i "peer .*not available\|error\|MISMATCH" $L/bench-varlen.log | tail -8 >> $S
   fi
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part

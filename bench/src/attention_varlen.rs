@@ -8,8 +8,16 @@
 //! length rounded to 128): the "within 10% of the equal-length forward" compares their
 //! TFLOP/s.
 //!
+//! Training steps over the same batch (rows `attention_varlen_fwd_bwd`: the forward and
+//! `AttentionVarlenBackwardPlan::run` with a workspace allocated once): `ours` (the automatic
+//! path: the Hopper backward kernels on Hopper GPUs), `ours-deterministic`, `ours-mma` (the
+//! `mma.sync` path on Hopper GPUs, its gradients' largest difference from `ours`'s recorded as
+//! `diff_vs_mma`), and `ours-equal-length` (the dense forward and backward of the
+//! equal-length batch); the peers run `backward()` of their output through autograd.
+//!
 //! FLOPs: the sum over the sequences of `4 heads L^2 D` (halved under causal masking), the dense
-//! forward's convention per sequence. Two rows of the shortest and the longest sequence are
+//! forward's convention per sequence; a forward and backward counts 3.5 times that
+//! (FlashAttention's convention: the backward 2.5 times the forward). Two rows of the shortest and the longest sequence are
 //! checked against the f64 reference (`max_err`). Peers (`bench/peers/attention_varlen.py`):
 //! PyTorch SDPA on nested (jagged) tensors of the same lengths, which runs FlashAttention-2's
 //! varlen kernel, and FlashAttention's `flash_attn_varlen_func` where installed; on inputs of
@@ -17,10 +25,14 @@
 
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
+use kernels::DeviceBuffer;
 use kernels::attention::{
-    self, AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, Path, View,
+    self, AttentionBackwardTensors, AttentionProblem, AttentionVarlenBackwardTensors,
+    AttentionVarlenProblem, BackwardOptions, BackwardWorkspace, CuSeqlens, DeviceCuSeqlens, Dtype,
+    Path, Target, View,
 };
 use kernels::data::{rng, uniform_bf16};
+use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
 use rand::Rng;
@@ -116,6 +128,59 @@ pub fn run(b: &mut Bench) -> Result<()> {
                 config!("flops": flops),
                 &[("cu_seqlens", Tensor::I64(&cu, vec![n + 1]))],
             )?;
+            // Forward and backward of the packed batch, on each path and mode.
+            let steps: &[(Path, bool, &str)] = if hopper {
+                &[
+                    (Path::Auto, false, "ours"),
+                    (Path::Auto, true, "ours-deterministic"),
+                    (Path::MmaSync, false, "ours-mma"),
+                ]
+            } else {
+                &[
+                    (Path::Auto, false, "ours"),
+                    (Path::Auto, true, "ours-deterministic"),
+                ]
+            };
+            let mut first: Option<Vec<Vec<bf16>>> = None;
+            for &(path, deterministic, name) in steps {
+                let mut p = AttentionVarlenProblem::new(&seqlens, HEADS, HEADS, d, Dtype::Bf16);
+                p.causal = causal;
+                p.path = path;
+                let x = Packed {
+                    q: &dq,
+                    k: &dk,
+                    v: &dv,
+                    d_o: &dk,
+                };
+                let (t, grads, path_name) = packed_step(b, &p, &dev_seqlens, x, deterministic)?;
+                let mut row =
+                    Row::ours("attention_varlen_fwd_bwd", cfg.clone(), &t).flops(3.5 * flops);
+                row.implementation = name.to_string();
+                row.extra
+                    .insert("path".into(), serde_json::json!(path_name));
+                match &first {
+                    None => first = Some(grads),
+                    Some(f) => {
+                        let diff = f
+                            .iter()
+                            .zip(&grads)
+                            .flat_map(|(a, b)| a.iter().zip(b))
+                            .map(|(a, b)| (a.to_f64() - b.to_f64()).abs())
+                            .fold(
+                                0.0f64,
+                                |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+                            );
+                        row.extra
+                            .insert("diff_vs_ours".into(), serde_json::json!(diff));
+                    }
+                }
+                b.push(row);
+            }
+            b.case_again(
+                "attention_varlen_fwd_bwd",
+                &cfg,
+                config!("flops": 3.5 * flops),
+            )?;
             // The equal-length forward of about the same work, on each path.
             let mut dense = AttentionProblem::new(n, eq_len, eq_len, HEADS, HEADS, d, Dtype::Bf16);
             dense.causal = causal;
@@ -146,10 +211,163 @@ pub fn run(b: &mut Bench) -> Result<()> {
                     .insert("equal_length".into(), serde_json::json!(eq_len));
                 b.push(row);
             }
+            // Forward and backward of the equal-length batch (the automatic path).
+            let t = dense_step(b, &dense, (&dq, &dk, &dv))?;
+            let mut row =
+                Row::ours("attention_varlen_fwd_bwd", cfg.clone(), &t).flops(3.5 * dense.flops());
+            row.implementation = "ours-equal-length".to_string();
+            row.extra
+                .insert("equal_length".into(), serde_json::json!(eq_len));
+            b.push(row);
         }
     }
     b.run_peers();
     Ok(())
+}
+
+/// Q, K, V and dO of a packed batch (`[total, heads, D]` from each buffer's start).
+#[derive(Clone, Copy)]
+struct Packed<'a> {
+    q: &'a DeviceBuffer<bf16>,
+    k: &'a DeviceBuffer<bf16>,
+    v: &'a DeviceBuffer<bf16>,
+    d_o: &'a DeviceBuffer<bf16>,
+}
+
+/// Time the forward and the planned backward of the packed problem `p` (workspace allocated
+/// once); the gradients of the last run and the backward's path.
+fn packed_step(
+    b: &Bench,
+    p: &AttentionVarlenProblem,
+    seqlens: &DeviceCuSeqlens,
+    x: Packed<'_>,
+    deterministic: bool,
+) -> Result<(kernels::timing::Timings, Vec<Vec<bf16>>, String)> {
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (nq, nk) = (qs.iter().product(), ks.iter().product());
+    let out = poisoned::<bf16>(nq)?;
+    let mut lse = poisoned::<f32>(p.lse_len())?;
+    let (dq, dk, dv) = (
+        poisoned::<bf16>(nq)?,
+        poisoned::<bf16>(nk)?,
+        poisoned::<bf16>(nk)?,
+    );
+    let (qv, kv, vv) = (
+        View::packed_contiguous(x.q, qs),
+        View::packed_contiguous(x.k, ks),
+        View::packed_contiguous(x.v, ks),
+    );
+    let (cu_q, cu_k) = seqlens.device();
+    let tensors = AttentionVarlenBackwardTensors {
+        q: qv,
+        k: kv,
+        v: vv,
+        o: View::packed_contiguous(&out, qs),
+        d_o: View::packed_contiguous(x.d_o, qs),
+        lse: (&lse).into(),
+        d_lse: None,
+        dq: View::packed_contiguous(&dq, qs),
+        dk: View::packed_contiguous(&dk, ks),
+        dv: View::packed_contiguous(&dv, ks),
+        cu_seqlens_q: cu_q,
+        cu_seqlens_k: cu_k,
+        sinks: None,
+        d_sinks: None,
+    };
+    let plan = p.plan_backward(
+        Target::of(&b.gpu),
+        &tensors,
+        BackwardOptions { deterministic },
+    )?;
+    let delta = poisoned::<f32>(plan.delta_len())?;
+    let accum = (plan.dq_accum_len() > 0)
+        .then(|| poisoned::<f32>(plan.dq_accum_len()))
+        .transpose()?;
+    let ws = BackwardWorkspace {
+        delta: (&delta).into(),
+        dq_accum: accum.as_ref().map(|a| a.into()),
+    };
+    let on = OnStream {
+        gpu: &b.gpu,
+        stream: &b.stream,
+    };
+    let mut ov = View::packed_contiguous(&out, qs);
+    let t = b.time(|| {
+        attention::forward_varlen(
+            &b.gpu, &b.stream, p, seqlens, &qv, &kv, &vv, &mut ov, &mut lse,
+        )?;
+        // SAFETY: the plan's tensors and the workspace are live device buffers of this function,
+        // each run followed by a synchronization (the timing's, or the one below) before they
+        // are released; the forward before it on the same stream writes O and LSE at the
+        // addresses the plan holds; the workspace is fresh memory that aliases none of them.
+        unsafe { plan.run(&on, &ws) }
+    })?;
+    b.gpu
+        .sync(&b.stream, "attention varlen forward and backward")?;
+    let grads = vec![download(&dq)?, download(&dk)?, download(&dv)?];
+    Ok((t, grads, format!("{:?}", plan.path()).to_lowercase()))
+}
+
+/// Time the forward and the planned backward of the dense problem `p` (the automatic path;
+/// workspace allocated once) on Q, K, V from the buffers' starts, dO = K.
+fn dense_step(
+    b: &Bench,
+    p: &AttentionProblem,
+    (q, k, v): (
+        &DeviceBuffer<bf16>,
+        &DeviceBuffer<bf16>,
+        &DeviceBuffer<bf16>,
+    ),
+) -> Result<kernels::timing::Timings> {
+    let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (nq, nk) = (qs.iter().product(), ks.iter().product());
+    let out = poisoned::<bf16>(nq)?;
+    let mut lse = poisoned::<f32>(p.lse_len())?;
+    let (dq, dk, dv) = (
+        poisoned::<bf16>(nq)?,
+        poisoned::<bf16>(nk)?,
+        poisoned::<bf16>(nk)?,
+    );
+    let (qv, kv, vv) = (
+        View::contiguous(q, qs),
+        View::contiguous(k, ks),
+        View::contiguous(v, ks),
+    );
+    let tensors = AttentionBackwardTensors {
+        q: qv,
+        k: kv,
+        v: vv,
+        o: View::contiguous(&out, qs),
+        d_o: View::contiguous(k, qs),
+        lse: (&lse).into(),
+        d_lse: None,
+        dq: View::contiguous(&dq, qs),
+        dk: View::contiguous(&dk, ks),
+        dv: View::contiguous(&dv, ks),
+        sinks: None,
+        d_sinks: None,
+    };
+    let plan = p.plan_backward(Target::of(&b.gpu), &tensors, BackwardOptions::default())?;
+    let delta = poisoned::<f32>(plan.delta_len())?;
+    let accum = (plan.dq_accum_len() > 0)
+        .then(|| poisoned::<f32>(plan.dq_accum_len()))
+        .transpose()?;
+    let ws = BackwardWorkspace {
+        delta: (&delta).into(),
+        dq_accum: accum.as_ref().map(|a| a.into()),
+    };
+    let on = OnStream {
+        gpu: &b.gpu,
+        stream: &b.stream,
+    };
+    let mut ov = View::contiguous(&out, qs);
+    let t = b.time(|| {
+        attention::forward(&b.gpu, &b.stream, p, &qv, &kv, &vv, &mut ov, &mut lse)?;
+        // SAFETY: as in `packed_step`.
+        unsafe { plan.run(&on, &ws) }
+    })?;
+    b.gpu.sync(&b.stream, "attention forward and backward")?;
+    Ok(t)
 }
 
 /// The largest error of a few rows of the shortest and the longest sequence against the f64

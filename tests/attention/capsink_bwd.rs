@@ -618,8 +618,13 @@ fn run_varlen_emulated<T: AttentionElem>(
         sinks: sinks_b.as_mut().map(|b| b.view()),
         d_sinks: d_sinks.as_mut().map(|b| b.view()),
     };
+    // The emulator runs the portable kernels: an sm_80 target.
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 132,
+    };
     let plan = p
-        .plan_backward(&tensors, BackwardOptions { deterministic })
+        .plan_backward(target, &tensors, BackwardOptions { deterministic })
         .map_err(|e| format!("{what}: {e}"))?;
     let mut delta = HostBuf::filled(plan.delta_len(), f32::NAN);
     let mut accum =
@@ -773,11 +778,16 @@ pub fn register(s: &mut Suite) {
     let lens = [(0, 5), (1, 1), (70, 130), (200, 150), (33, 0)];
     for (d, dtype) in [(64, Dtype::Bf16), (128, Dtype::F16), (256, Dtype::Bf16)] {
         for (softcap, sinks) in [(Some(10.0), false), (None, true), (Some(5.0), true)] {
-            for det in [false, true] {
+            // The automatic path (the Hopper kernels on sm_90a) and the mma.sync kernels
+            // forced (`varlen_mma`).
+            for (det, (pn, path)) in [false, true].into_iter().flat_map(|det| {
+                [("varlen", Path::Auto), ("varlen_mma", Path::MmaSync)].map(|x| (det, x))
+            }) {
                 let mut c = vcase(&lens, 4, 2, d, dtype);
                 c.p.causal = d == 128;
+                c.p.path = path;
                 let n = format!(
-                    "attention_capsink_bwd/varlen/{}{}",
+                    "attention_capsink_bwd/{pn}/{}{}",
                     super::varlen::name(&c),
                     options_name(softcap, sinks.then_some(&[][..]), true, det)
                 );

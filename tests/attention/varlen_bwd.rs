@@ -21,11 +21,11 @@ use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
 use kernels::attention::reference::{backward_tolerance, backward_varlen as reference_backward};
 use kernels::attention::{
     self, AttentionElem, AttentionVarlenBackwardTensors, BackwardOptions, BackwardWorkspace, Dtype,
-    HEAD_DIMS, View, naive_backward_varlen_same_precision, reference_varlen,
+    HEAD_DIMS, Target, View, naive_backward_varlen_same_precision, reference_varlen,
 };
 use kernels::data::rng;
 use kernels::memory::{download, poisoned, upload};
-use kernels::{Gpu, bf16, f16};
+use kernels::{Arch, Gpu, bf16, f16};
 use rand::Rng;
 
 /// A case: the packed batch, whether the loss has an LSE term, which mode.
@@ -196,8 +196,13 @@ fn emulate<T: AttentionElem>(b: &BwdCase, x: &Inputs<T>) -> Result<[Vec<T>; 3], 
     let options = BackwardOptions {
         deterministic: b.deterministic,
     };
+    // The emulator runs the portable kernels: an sm_80 target.
+    let target = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 132,
+    };
     let plan = p
-        .plan_backward(&tensors, options)
+        .plan_backward(target, &tensors, options)
         .map_err(|e| e.to_string())?;
     let mut delta = HostBuf::filled(plan.delta_len(), f32::NAN);
     let mut accum =
@@ -400,16 +405,19 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, b: &BwdCase) -> TestResult {
 }
 
 /// The deterministic mode gives bitwise the same gradients over repeated runs (on a batch
-/// with every kind of sequence, causal, grouped-query heads).
+/// with every kind of sequence, causal, grouped-query heads; at D 128 and, on the wide
+/// kernel's order, D 256 with a window; the automatic path: the Hopper kernels on sm_90a).
 fn gpu_deterministic_bitwise(g: &Gpu) -> TestResult {
-    let mut c = vcase(
-        &[(300, 200), (0, 5), (77, 77), (1, 40)],
-        4,
-        2,
-        128,
-        Dtype::Bf16,
-    );
+    let lens = [(300, 200), (0, 5), (77, 77), (1, 40), (260, 700)];
+    let mut c = vcase(&lens, 4, 2, 128, Dtype::Bf16);
     c.p.causal = true;
+    deterministic_bitwise_case(g, c)?;
+    let mut c = vcase(&lens, 4, 1, 256, Dtype::Bf16);
+    c.p.window = (Some(150), Some(20));
+    deterministic_bitwise_case(g, c)
+}
+
+fn deterministic_bitwise_case(g: &Gpu, c: VarlenCase) -> TestResult {
     let b = BwdCase {
         c,
         with_dlse: true,
@@ -438,7 +446,129 @@ fn gpu_deterministic_bitwise(g: &Gpu) -> TestResult {
         dk,
         dv,
     )?;
-    println!("deterministic backward over packed sequences: 5 runs bitwise equal");
+    println!(
+        "deterministic backward over packed sequences {}: 5 runs bitwise equal",
+        bwd_name(&b)
+    );
+    Ok(())
+}
+
+/// Contradictory boundaries (out of order, out of range, past the totals and the stated
+/// longest lengths) on the Hopper kernels in both modes: the launches complete (in
+/// deterministic mode the blocks, finding boundaries out of order, add without waiting on one
+/// another) and write nothing outside dQ, dK, dV and the workspace (guard elements after each,
+/// poisoned before the run, intact after).
+fn gpu_hopper_clamps_bad_boundaries(g: &Gpu) -> TestResult {
+    use kernels::exec::{DevView, OnStream};
+    let mut c = vcase(&[(300, 200), (10, 10), (200, 300)], 2, 1, 128, Dtype::Bf16);
+    c.p.path = attention::Path::Hopper;
+    let b = BwdCase {
+        c,
+        with_dlse: false,
+        deterministic: false,
+    };
+    let x = inputs::<bf16>(&b);
+    let p = &b.c.p;
+    const GUARD: usize = 4096;
+    // Totals 510 and 510, longest lengths 300 and 300. The last set gives the first and the
+    // third sequence the same rows (and overlapping accumulator tiles).
+    let bad: [(&[i32], &[i32]); 4] = [
+        (&[0, 5000, -7, 510], &[0, 450, 300, 450]),
+        (&[-100, 20, 60, 100_000], &[50, 10, i32::MAX, i32::MIN]),
+        (&[510, 510, 510, 510], &[0, 0, 0, 0]),
+        (&[0, 300, 0, 300], &[0, 200, 0, 200]),
+    ];
+    for (cu_q, cu_k) in bad {
+        for deterministic in [false, true] {
+            let what = format!("cu_seqlens {cu_q:?} / {cu_k:?}, deterministic {deterministic}");
+            let out = (|| -> kernels::Result<bool> {
+                let stream = g.stream()?;
+                let (q, k, v, o, d_o) = (
+                    upload(&x.q)?,
+                    upload(&x.k)?,
+                    upload(&x.v)?,
+                    upload(&x.o)?,
+                    upload(&x.d_o)?,
+                );
+                let lse = upload(&x.lse)?;
+                let (cq, ck) = (upload(cu_q)?, upload(cu_k)?);
+                let (qs, ks) = (p.q_shape(), p.kv_shape());
+                let guarded = |n: usize| poisoned::<bf16>(n + GUARD);
+                let (dq, dk, dv) = (
+                    guarded(x.q.len())?,
+                    guarded(x.k.len())?,
+                    guarded(x.k.len())?,
+                );
+                // SAFETY: prefixes of the guarded buffers, which outlive the run.
+                let prefix = |b: &kernels::DeviceBuffer<bf16>, n: usize| unsafe {
+                    DevView::<bf16>::from_raw(DevView::from(b).addr(), n)
+                };
+                let tensors = AttentionVarlenBackwardTensors {
+                    q: View::packed_contiguous(&q, qs),
+                    k: View::packed_contiguous(&k, ks),
+                    v: View::packed_contiguous(&v, ks),
+                    o: View::packed_contiguous(&o, qs),
+                    d_o: View::packed_contiguous(&d_o, qs),
+                    lse: (&lse).into(),
+                    d_lse: None,
+                    dq: View::packed_contiguous(prefix(&dq, x.q.len()), qs),
+                    dk: View::packed_contiguous(prefix(&dk, x.k.len()), ks),
+                    dv: View::packed_contiguous(prefix(&dv, x.k.len()), ks),
+                    cu_seqlens_q: (&cq).into(),
+                    cu_seqlens_k: (&ck).into(),
+                    sinks: None,
+                    d_sinks: None,
+                };
+                let plan =
+                    p.plan_backward(Target::of(g), &tensors, BackwardOptions { deterministic })?;
+                let delta = poisoned::<f32>(plan.delta_len() + GUARD)?;
+                let accum = poisoned::<f32>(plan.dq_accum_len() + GUARD)?;
+                // SAFETY: prefixes of the guarded workspace buffers, which outlive the run.
+                let ws = unsafe {
+                    BackwardWorkspace {
+                        delta: DevView::from_raw(DevView::from(&delta).addr(), plan.delta_len()),
+                        dq_accum: Some(DevView::from_raw(
+                            DevView::from(&accum).addr(),
+                            plan.dq_accum_len(),
+                        )),
+                    }
+                };
+                // SAFETY: the buffers live until the synchronization below; the outputs and
+                // the workspace are fresh and apart from the inputs.
+                unsafe {
+                    plan.run(
+                        &OnStream {
+                            gpu: g,
+                            stream: &stream,
+                        },
+                        &ws,
+                    )
+                }?;
+                g.sync(&stream, "attention varlen backward (bad boundaries)")?;
+                let tail_bf16 =
+                    |b: &kernels::DeviceBuffer<bf16>, n: usize| -> kernels::Result<bool> {
+                        Ok(download(b)?[n..].iter().all(|x| x.to_bits() == 0xffff))
+                    };
+                let tail_f32 =
+                    |b: &kernels::DeviceBuffer<f32>, n: usize| -> kernels::Result<bool> {
+                        Ok(download(b)?[n..].iter().all(|x| x.to_bits() == u32::MAX))
+                    };
+                Ok(tail_bf16(&dq, x.q.len())?
+                    && tail_bf16(&dk, x.k.len())?
+                    && tail_bf16(&dv, x.k.len())?
+                    && tail_f32(&delta, plan.delta_len())?
+                    && tail_f32(&accum, plan.dq_accum_len())?)
+            })();
+            let intact = gpu_ok(out)?;
+            ensure(intact, || {
+                format!("{what}: a write past dQ, dK, dV or the workspace")
+            })?;
+        }
+    }
+    println!(
+        "4 sets of contradictory boundaries, both modes, on the Hopper kernels: completed, \
+         guards intact"
+    );
     Ok(())
 }
 
@@ -581,15 +711,36 @@ pub fn register(s: &mut Suite) {
     }
     s.gpu("attention_varlen_bwd/gpu/raw_api", Needs::Gpu, gpu_raw_api);
     s.gpu(
+        "attention_varlen_bwd/gpu/hopper_clamps_bad_boundaries",
+        Needs::Hopper,
+        gpu_hopper_clamps_bad_boundaries,
+    );
+    s.gpu(
         "attention_varlen_bwd/gpu/deterministic_bitwise",
         Needs::Gpu,
         gpu_deterministic_bitwise,
     );
     for b in gpu_cases() {
-        let n = format!("attention_varlen_bwd/gpu/{}", bwd_name(&b));
-        s.gpu(&n, Needs::Gpu, move |g| match b.c.p.dtype {
-            Dtype::Bf16 => run_gpu::<bf16>(g, &b),
-            Dtype::F16 => run_gpu::<f16>(g, &b),
-        });
+        // The automatic path (the Hopper dK/dV/dQ kernel over packed sequences on sm_90a) and,
+        // for the bf16 cases, the mma.sync kernels forced (`_mma`): both paths are tested on a
+        // Hopper GPU.
+        let mut paths = vec![attention::Path::Auto];
+        if b.c.p.dtype == Dtype::Bf16 {
+            paths.push(attention::Path::MmaSync);
+        }
+        for path in paths {
+            let mut b = b.clone();
+            b.c.p.path = path;
+            let mma = if path == attention::Path::MmaSync {
+                "_mma"
+            } else {
+                ""
+            };
+            let n = format!("attention_varlen_bwd/gpu/{}{mma}", bwd_name(&b));
+            s.gpu(&n, Needs::Gpu, move |g| match b.c.p.dtype {
+                Dtype::Bf16 => run_gpu::<bf16>(g, &b),
+                Dtype::F16 => run_gpu::<f16>(g, &b),
+            });
+        }
     }
 }

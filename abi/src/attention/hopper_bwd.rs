@@ -31,7 +31,7 @@
 //! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
 //! products and the barrier protocols.
 
-use super::backward::AttentionBwdParams;
+use super::backward::{AttentionBwdParams, AttentionBwdVarlenParams};
 use super::{Dtype, HOPPER_ATOM, HOPPER_CONSUMERS, HOPPER_THREADS};
 use crate::{Kernel, KernelDecl, SMEM_ALIGN, TensorMap, WARPGROUP_SIZE};
 
@@ -68,6 +68,15 @@ pub const HOPPER_DQ_BLOCK_N: u32 = 64;
 /// The tensors' head dimension (`base.head_dim`) may be below the kernel's (a padded plan,
 /// [`hopper_bwd_padded_kernel`]): the maps' zero columns make the products those of the
 /// tensors, and the kernels store the gradients' first `head_dim` columns only.
+///
+/// Packed sequences (the `_varlen_` kernels): the maps describe the packed tensors as `[D,
+/// heads, total, 1]`, `cu_seqlens_q` and `cu_seqlens_k` mark the sequences as for
+/// [`AttentionBwdVarlenParams`](super::backward::AttentionBwdVarlenParams) (whose meaning
+/// `base` then has: `seq_q`, `seq_k` the longest lengths, LSE and `delta'` `[heads_q,
+/// total_q]`), and the tiled accumulator is the packed one of [`dq_accum_varlen_row0`]. The
+/// kernels clamp the offsets into `0 ..= total_*` and each length to the longest, so no
+/// contents make them access memory outside the tensors. The dense kernels ignore these
+/// fields (null and 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HopperBwdParams {
@@ -81,6 +90,16 @@ pub struct HopperBwdParams {
     pub tmap_v: TensorMap,
     /// Everything else, as for the `mma.sync` kernels.
     pub base: AttentionBwdParams,
+    /// Packed sequences: `[batch + 1]` i32, the first query row of each sequence, then
+    /// `total_q`; null for a dense batch.
+    pub cu_seqlens_q: *const i32,
+    /// Packed sequences: `[batch + 1]` i32, the first key row of each sequence, then
+    /// `total_k`; null for a dense batch.
+    pub cu_seqlens_k: *const i32,
+    /// Packed sequences: query rows of Q, O, dO, dQ (and the row stride of LSE, `delta'`).
+    pub total_q: u32,
+    /// Packed sequences: key rows of K, V, dK, dV.
+    pub total_k: u32,
 }
 
 /// Rows per (sequence, head) of the tiled dQ accumulator: `seq_q` rounded up to whole tiles.
@@ -95,6 +114,44 @@ pub const fn dq_accum_len(batch: usize, heads_q: usize, seq_q: usize, d: usize) 
     batch * heads_q * dq_accum_rows(seq_q as u32) as usize * d
 }
 
+/// The first row of query head `h` of sequence `b` in the tiled dQ accumulator of a dense
+/// batch: each (sequence, head) owns [`dq_accum_rows`] rows.
+#[inline]
+pub const fn dq_accum_row0(b: u32, h: u32, heads_q: u32, seq_q: u32) -> u64 {
+    (b as u64 * heads_q as u64 + h as u64) * dq_accum_rows(seq_q) as u64
+}
+
+/// Tiles per query head of the tiled dQ accumulator over packed sequences: `floor(total_q /
+/// HOPPER_DQ_TILE_ROWS) + batch`, enough for every sequence to start on a tile of its own
+/// ([`dq_accum_varlen_row0`]).
+#[inline]
+pub const fn dq_accum_varlen_tiles(total_q: u32, batch: u32) -> u32 {
+    total_q / HOPPER_DQ_TILE_ROWS + batch
+}
+
+/// f32 elements of the tiled dQ accumulator over packed sequences.
+#[inline]
+pub const fn dq_accum_varlen_len(heads_q: usize, total_q: usize, batch: usize, d: usize) -> usize {
+    heads_q
+        * dq_accum_varlen_tiles(total_q as u32, batch as u32) as usize
+        * HOPPER_DQ_TILE_ROWS as usize
+        * d
+}
+
+/// The first row of query head `h` of sequence `b` (first query row `q0`) in the tiled dQ
+/// accumulator over packed sequences: head `h` owns [`dq_accum_varlen_tiles`] tiles, and
+/// sequence `b` those from `floor(q0 / HOPPER_DQ_TILE_ROWS) + b`. A sequence of `n` rows
+/// from `q0` needs `ceil(n / HOPPER_DQ_TILE_ROWS)` tiles, at most `floor((q0 + n) /
+/// HOPPER_DQ_TILE_ROWS) - floor(q0 / HOPPER_DQ_TILE_ROWS) + 1`: the tiles up to the next
+/// sequence's first (and for the last, up to the head's end), whenever the sequences' rows
+/// are in order inside `0 ..= total_q`.
+#[inline]
+pub const fn dq_accum_varlen_row0(q0: u32, b: u32, h: u32, total_q: u32, batch: u32) -> u64 {
+    (h as u64 * dq_accum_varlen_tiles(total_q, batch) as u64
+        + (q0 / HOPPER_DQ_TILE_ROWS + b) as u64)
+        * HOPPER_DQ_TILE_ROWS as u64
+}
+
 /// Element offset of the tile of query rows `m0 .. m0 + HOPPER_DQ_TILE_ROWS` (`m0` a multiple
 /// of the tile rows) of query head `h` of sequence `b` in the tiled dQ accumulator: each
 /// (sequence, head) owns [`dq_accum_rows`] rows, each tile `HOPPER_DQ_TILE_ROWS D` contiguous
@@ -103,7 +160,7 @@ pub const fn dq_accum_len(batch: usize, heads_q: usize, seq_q: usize, d: usize) 
 /// reduce per consumer).
 #[inline]
 pub const fn dq_accum_tile_base(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u32, d: u32) -> u64 {
-    ((b as u64 * heads_q as u64 + h as u64) * dq_accum_rows(seq_q) as u64 + m0 as u64) * d as u64
+    (dq_accum_row0(b, h, heads_q, seq_q) + m0 as u64) * d as u64
 }
 
 /// Element offset within a dQ tile of the 4-element vector `v` (`0 .. D / 16`) of thread `tid`
@@ -122,6 +179,14 @@ pub const fn dq_tile_vector(d: u32, c: u32, v: u32, tid: u32) -> u32 {
 #[inline]
 pub const fn dq_order_len(batch: usize, heads_q: usize, seq_q: usize) -> usize {
     batch * heads_q * (dq_accum_rows(seq_q as u32) / HOPPER_DQ_TILE_ROWS) as usize
+}
+
+/// u32 counters of the deterministic mode's order over packed sequences: one per tile of the
+/// packed tiled accumulator ([`dq_accum_varlen_len`]); the counter of the tile from
+/// accumulator row `r` is `r / HOPPER_DQ_TILE_ROWS`.
+#[inline]
+pub const fn dq_order_varlen_len(heads_q: usize, total_q: usize, batch: usize) -> usize {
+    heads_q * dq_accum_varlen_tiles(total_q as u32, batch as u32) as usize
 }
 
 /// Index of the counter of the accumulator tile of query rows `m0 .. m0 +
@@ -317,10 +382,17 @@ impl HopperBwdConfig {
         1 + 2 * HOPPER_BWD_STAGES
     }
 
+    /// Offset of the block's sequence (the kernels over packed sequences): its query rows, key
+    /// rows, first query row and first key row (4 u32, 16-byte aligned), after the mbarriers.
+    #[inline]
+    pub const fn seq_offset(&self) -> u32 {
+        crate::align_up((self.barriers_offset() + 8 * self.barriers()) as usize, 16) as u32
+    }
+
     /// Dynamic shared memory of the kernel.
     #[inline]
     pub const fn smem_bytes(&self) -> usize {
-        crate::align_up((self.barriers_offset() + 8 * self.barriers()) as usize, 16) + SMEM_ALIGN
+        crate::align_up((self.seq_offset() + 16) as usize, 16) + SMEM_ALIGN
     }
 
     /// The configuration of the dK/dV/dQ kernel.
@@ -541,13 +613,21 @@ pub struct HopperDkdvq {
     /// The dK/dV/dQ configuration. The kernel orders its dQ additions when
     /// [`AttentionBwdParams::dq_order`] is set (the deterministic mode).
     pub cfg: HopperBwdConfig,
+    /// The same kernel over packed sequences (`cu_seqlens_*` of [`HopperBwdParams`]; grid
+    /// `(ceil(max_seqlen_k / cfg.block_n()), heads_kv, batch)`, blocks past their sequence's
+    /// keys return at once), then [`HopperDkdvq::convert_varlen`].
+    pub varlen: Kernel<HopperBwdParams, HopperBwdConfig>,
+    /// The conversion of the packed tiled accumulator ([`dq_accum_varlen_row0`]) to dQ; grid
+    /// `(ceil(max_seqlen_q / HOPPER_DQ_TILE_ROWS), heads_q, batch)`,
+    /// [`HOPPER_DQ_CONVERT_THREADS`] threads.
+    pub convert_varlen: Kernel<AttentionBwdVarlenParams>,
 }
 
-/// The kernels of one entry: `split` names `[dkdv, dq]`, `fused` names `[dkdvq, dq_convert]`
-/// (a softcap entry's conversion is the plain entry's).
+/// The kernels of one entry: `split` names `[dkdv, dq]`, `fused` names `[dkdvq, dq_convert,
+/// dkdvq_varlen, dq_convert_varlen]` (a softcap entry's conversions are the plain entry's).
 const fn hopper_bwd(
     split: Option<[&'static str; 2]>,
-    fused: Option<[&'static str; 2]>,
+    fused: Option<[&'static str; 4]>,
     dtype: Dtype,
     d: u32,
     softcap: bool,
@@ -563,10 +643,12 @@ const fn hopper_bwd(
             None => None,
         },
         fused: match fused {
-            Some([fused, convert]) => Some(HopperDkdvq {
+            Some([fused, convert, varlen, convert_varlen]) => Some(HopperDkdvq {
                 kernel: Kernel::new(fused, HOPPER_THREADS, 1, smem),
                 convert: Kernel::new(convert, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
                 cfg: hopper_dkdvq_config(d, softcap),
+                varlen: Kernel::new(varlen, HOPPER_THREADS, 1, smem),
+                convert_varlen: Kernel::new(convert_varlen, HOPPER_DQ_CONVERT_THREADS, 1, no_smem),
             }),
             None => None,
         },
@@ -604,6 +686,8 @@ macro_rules! entry {
         Some([
             concat!("attention_bwd_hopper_dkdvq_", $sc, stringify!($elem), "_d", $d),
             concat!("attention_bwd_hopper_dq_convert_", stringify!($elem), "_d", $d),
+            concat!("attention_bwd_hopper_dkdvq_varlen_", $sc, stringify!($elem), "_d", $d),
+            concat!("attention_bwd_hopper_dq_convert_varlen_", stringify!($elem), "_d", $d),
         ])
     };
     (@fused [split] $sc:literal, $elem:ident, $d:literal) => {
@@ -649,10 +733,10 @@ const HOPPER_BWD_COUNTS: (usize, usize) = {
 };
 
 /// Handles in [`HOPPER_BWD_KERNELS`]: the dK/dV and dQ kernels of each entry that has them,
-/// the dK/dV/dQ kernel of each entry that has one, and the conversion of each such plain
-/// entry (the softcap entries share it).
+/// the dK/dV/dQ kernel and its packed form of each entry that has one, and the conversions
+/// (dense and packed) of each such plain entry (the softcap entries share them).
 pub const HOPPER_BWD_KERNEL_COUNT: usize =
-    2 * HOPPER_BWD_COUNTS.0 + HOPPER_BWD_COUNTS.1 + HOPPER_BWD_COUNTS.1 / 2;
+    2 * HOPPER_BWD_COUNTS.0 + 2 * HOPPER_BWD_COUNTS.1 + HOPPER_BWD_COUNTS.1;
 
 /// The handles of [`HOPPER_BWD_KERNELS`], for the family's table.
 #[inline]
@@ -673,10 +757,12 @@ pub const fn hopper_bwd_kernel_decls() -> [KernelDecl; HOPPER_BWD_KERNEL_COUNT] 
         }
         if let Some(f) = &k.fused {
             out[n] = f.kernel.info();
-            n += 1;
+            out[n + 1] = f.varlen.info();
+            n += 2;
             if i < HOPPER_BWD_PLAIN {
                 out[n] = f.convert.info();
-                n += 1;
+                out[n + 1] = f.convert_varlen.info();
+                n += 2;
             }
         }
         i += 1;
@@ -703,6 +789,20 @@ fn hopper_bwd_entries(
     const ALL: &[HopperBwdKernel] = &HOPPER_BWD_KERNELS;
     ALL.iter()
         .filter(move |k| k.dtype == dtype && k.softcap == softcap)
+}
+
+/// The Hopper backward kernels over packed sequences for `dtype` and head dimension
+/// `head_dim` (their softcap forms if `softcap`): the packed dK/dV/dQ kernel
+/// ([`HopperDkdvq::varlen`]) of the smallest head dimension at least `head_dim` that has one
+/// (64, 128, 256), on zero-padded columns where it is wider.
+pub fn hopper_bwd_varlen_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    softcap: bool,
+) -> Option<&'static HopperBwdKernel> {
+    hopper_bwd_entries(dtype, softcap)
+        .filter(|k| k.head_dim >= head_dim && k.fused.is_some())
+        .min_by_key(|k| k.head_dim)
 }
 
 /// The Hopper kernels of the smallest head dimension above `head_dim`, for a head dimension

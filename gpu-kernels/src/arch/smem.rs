@@ -132,6 +132,39 @@ impl SmemValue for [u32; 4] {
     }
 }
 
+/// `ld.volatile.shared.u32`: the word at shared-window address `addr`, loaded at this point
+/// of the program, every time (never merged with another load nor moved out of a loop), so
+/// that the value is held in a register only from here to its last use.
+///
+/// # Safety
+/// `addr` is 4-byte aligned and holds a word no thread writes concurrently.
+#[inline(always)]
+pub unsafe fn load_volatile_u32(addr: u32) -> u32 {
+    let a: u32;
+    // SAFETY: forwarded to the caller (aligned, valid, not raced).
+    unsafe {
+        asm!("ld.volatile.shared.u32 {0}, [{1}];", out(reg32) a, in(reg32) addr,
+             options(nostack))
+    };
+    a
+}
+
+/// `ld.volatile.shared.v2.b32`: 8 bytes at shared-window address `addr`, as
+/// [`load_volatile_u32`].
+///
+/// # Safety
+/// `addr` is 8-byte aligned and holds 8 bytes no thread writes concurrently.
+#[inline(always)]
+pub unsafe fn load_volatile_v2(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: forwarded to the caller (aligned, valid, not raced).
+    unsafe {
+        asm!("ld.volatile.shared.v2.b32 {{{0}, {1}}}, [{2}];",
+             out(reg32) a, out(reg32) b, in(reg32) addr, options(nostack))
+    };
+    [a, b]
+}
+
 /// A typed array in shared memory: `len` values of `T` from shared-window address `addr`.
 ///
 /// Indexing is not bounds-checked on the device (compute-sanitizer memcheck catches an access

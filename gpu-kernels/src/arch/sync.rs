@@ -18,6 +18,8 @@ unsafe extern "C" {
     fn barrier_arrive_count(id: u32, threads: u32);
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn bar_warp_sync(mask: u32);
+    #[link_name = "llvm.nvvm.barrier.cta.red.or.aligned.all"]
+    fn barrier_red_or_all(id: u32, pred: bool) -> bool;
 }
 
 /// The highest named-barrier id (the hardware has 16, id 0 included).
@@ -32,6 +34,17 @@ pub const MAX_BARRIER_ID: u32 = 15;
 pub unsafe fn sync_threads() {
     // SAFETY: forwarded to the caller (all threads, uniform control flow).
     unsafe { barrier_sync_all(0) }
+}
+
+/// `bar.red.or.pred 0`: [`sync_threads`] that also returns whether `pred` is true in any thread
+/// of the block (`__syncthreads_or`).
+///
+/// # Safety
+/// As for [`sync_threads`] (it is the same barrier 0).
+#[inline(always)]
+pub unsafe fn sync_threads_or(pred: bool) -> bool {
+    // SAFETY: forwarded to the caller (all threads, uniform control flow).
+    unsafe { barrier_red_or_all(0, pred) }
 }
 
 /// `bar.sync id, threads`: wait until `threads` threads (this one included) have arrived at

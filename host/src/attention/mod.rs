@@ -56,8 +56,8 @@ pub use append::{KvAppendPlan, KvAppendProblem, KvAppendTensors, append_kv, refe
 pub use backward::{
     AttentionBackwardPlan, AttentionBackwardTensors, AttentionVarlenBackwardPlan,
     AttentionVarlenBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
-    BackwardWorkspaceLens, BwdLaunch, VarlenBackwardLaunches, backward, backward_varlen,
-    backward_varlen_with_sinks, backward_with_sinks,
+    BackwardWorkspaceLens, BwdLaunch, VarlenBackwardLaunches, VarlenBwdLaunch, backward,
+    backward_varlen, backward_varlen_with_sinks, backward_with_sinks,
 };
 pub use decode::{
     AttentionDecodePlan, AttentionDecodeProblem, AttentionDecodeTensors, DecodeTables, decode,

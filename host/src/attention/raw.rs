@@ -677,14 +677,14 @@ impl<'t> RawAttentionVarlenBackwardTensors<'t> {
     }
 }
 
-/// Plan the backward pass over packed sequences on raw tensors (pure: no driver call, no memory
-/// read): the problem as [`plan_varlen_raw`] takes it (totals from Q and K, the batch from
-/// `cu_seqlens_q`, `max_seqlen_q`, `max_seqlen_k`, `options`: the forward's), the tensors'
-/// element types, ranks, strides, every view inside its storage, then the typed plan's checks
-/// ([`AttentionVarlenProblem::plan_backward`]). The workspace's lengths are the plan's:
-/// `delta'` `heads_q total_q`, the dQ accumulator `heads_q total_q D` (none in deterministic
-/// mode).
+/// Plan the backward pass over packed sequences on raw tensors for `target` (pure: no driver
+/// call, no memory read): the problem as [`plan_varlen_raw`] takes it (totals from Q and K,
+/// the batch from `cu_seqlens_q`, `max_seqlen_q`, `max_seqlen_k`, `options`: the forward's),
+/// the tensors' element types, ranks, strides, every view inside its storage, then the typed
+/// plan's checks ([`AttentionVarlenProblem::plan_backward`]). The workspace's lengths are the
+/// plan's ([`backward_varlen_workspace_lens`]).
 pub fn plan_backward_varlen_raw(
+    target: Target,
     options: &AttentionOptions,
     backward: BackwardOptions,
     tensors: &RawAttentionVarlenBackwardTensors<'_>,
@@ -705,13 +705,14 @@ pub fn plan_backward_varlen_raw(
     problem.sinks = tensors.sinks.is_some();
     problem.validate()?;
     let plan = match dtype {
-        Dtype::Bf16 => plan_backward_varlen_typed::<bf16>(&problem, backward, tensors),
-        Dtype::F16 => plan_backward_varlen_typed::<f16>(&problem, backward, tensors),
+        Dtype::Bf16 => plan_backward_varlen_typed::<bf16>(target, &problem, backward, tensors),
+        Dtype::F16 => plan_backward_varlen_typed::<f16>(target, &problem, backward, tensors),
     }?;
     Ok((problem, plan))
 }
 
 fn plan_backward_varlen_typed<T: AttentionElem + RawElem>(
+    target: Target,
     problem: &AttentionVarlenProblem,
     backward: BackwardOptions,
     t: &RawAttentionVarlenBackwardTensors<'_>,
@@ -719,6 +720,7 @@ fn plan_backward_varlen_typed<T: AttentionElem + RawElem>(
     let cu_len = problem.batch + 1;
     let lse_shape = [problem.heads_q, problem.total_q];
     problem.plan_backward::<T>(
+        target,
         &AttentionVarlenBackwardTensors {
             q: packed_view("Q", t.q)?,
             k: packed_view("K", t.k)?,
@@ -772,8 +774,14 @@ pub unsafe fn backward_varlen_raw(
     max_seqlen_k: usize,
 ) -> Result<()> {
     let gpu = stream.gpu();
-    let (_, plan) =
-        plan_backward_varlen_raw(options, backward, tensors, max_seqlen_q, max_seqlen_k)?;
+    let (_, plan) = plan_backward_varlen_raw(
+        Target::of(gpu),
+        options,
+        backward,
+        tensors,
+        max_seqlen_q,
+        max_seqlen_k,
+    )?;
     let ws = BackwardWorkspace {
         delta: flat_view(
             "backward workspace delta",

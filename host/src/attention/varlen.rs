@@ -175,8 +175,8 @@ impl DeviceCuSeqlens {
         &self.host
     }
 
-    /// The device offsets: `cu_seqlens_q`, `cu_seqlens_k`.
-    pub(super) fn device(&self) -> (DevView<'_, i32>, DevView<'_, i32>) {
+    /// The device offsets: `cu_seqlens_q`, `cu_seqlens_k` (for a plan's tensors).
+    pub fn device(&self) -> (DevView<'_, i32>, DevView<'_, i32>) {
         ((&self.q).into(), (&self.k).into())
     }
 }

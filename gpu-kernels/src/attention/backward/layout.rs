@@ -7,6 +7,7 @@
 
 use super::super::seq::clamp_range;
 use kernel_abi::attention::backward::{AttentionBwdParams, AttentionBwdVarlenParams};
+use kernel_abi::attention::hopper_bwd::{dq_accum_row0, dq_accum_varlen_row0};
 
 /// A layout of the backward's tensors: how a block finds its sequence's rows. The methods take
 /// the parameters the layout was located from.
@@ -41,6 +42,9 @@ pub(crate) trait BwdLayout: Copy {
     /// Index of query row 0 of head `h` in LSE, dLSE and `delta'` (row `i` is this plus `i`;
     /// times `D`, the row's first element in the dQ accumulator).
     fn lse_base(&self, p: &Self::Params, h: u32) -> u64;
+    /// The first row of query head `h` of the sequence in the Hopper path's tiled dQ
+    /// accumulator (dense: [`dq_accum_row0`]; packed: [`dq_accum_varlen_row0`]).
+    fn accum_row0(&self, p: &Self::Params, h: u32) -> u64;
 }
 
 /// Batch entry `batch` of the dense layout of [`AttentionBwdParams`] (LSE `[batch, heads_q,
@@ -88,6 +92,10 @@ impl BwdLayout for Dense {
     fn lse_base(&self, p: &AttentionBwdParams, h: u32) -> u64 {
         (self.batch as u64 * p.heads_q as u64 + h as u64) * p.seq_q as u64
     }
+    #[inline(always)]
+    fn accum_row0(&self, p: &AttentionBwdParams, h: u32) -> u64 {
+        dq_accum_row0(self.batch, h, p.heads_q, p.seq_q)
+    }
 }
 
 /// Sequence `batch` of the packed layout of [`AttentionBwdVarlenParams`] (LSE, dLSE and
@@ -102,6 +110,8 @@ pub(crate) struct Packed {
     q0: u32,
     /// First key row.
     k0: u32,
+    /// The sequence's index.
+    batch: u32,
 }
 
 impl BwdLayout for Packed {
@@ -132,6 +142,7 @@ impl BwdLayout for Packed {
             seq_k: k1 - k0,
             q0,
             k0,
+            batch,
         }
     }
 
@@ -158,5 +169,9 @@ impl BwdLayout for Packed {
     #[inline(always)]
     fn lse_base(&self, p: &AttentionBwdVarlenParams, h: u32) -> u64 {
         h as u64 * p.total_q as u64 + self.q0 as u64
+    }
+    #[inline(always)]
+    fn accum_row0(&self, p: &AttentionBwdVarlenParams, h: u32) -> u64 {
+        dq_accum_varlen_row0(self.q0, self.batch, h, p.total_q, p.base.batch)
     }
 }

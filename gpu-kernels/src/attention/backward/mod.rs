@@ -30,7 +30,7 @@
 mod dkdv;
 mod dq;
 mod frag;
-mod layout;
+pub(super) mod layout;
 mod rows;
 
 use super::elem::{Bf16, F16};

@@ -15,7 +15,7 @@ use super::layout::BwdLayout;
 use crate::arch::{global, index, math, smem, sync, warp};
 use kernel_abi::WARP_SIZE;
 use kernel_abi::attention::backward::{DSINKS_THREADS, ROW_BLOCK, ROW_THREADS};
-use kernel_abi::attention::hopper_bwd::{HOPPER_DQ_TILE_ROWS, dq_accum_rows, dq_order_index};
+use kernel_abi::attention::hopper_bwd::{HOPPER_DQ_TILE_ROWS, dq_accum_rows};
 
 /// Lanes per row of the row kernels: `D / 8` 16-byte chunks, rounded up to a power of two.
 const fn row_lanes(d: u32) -> u32 {
@@ -26,7 +26,9 @@ const fn row_lanes(d: u32) -> u32 {
 /// its P is 0, and a non-finite dLSE must not reach its `dS = P (dP - delta')`); the dQ
 /// accumulator's rows zeroed when it is not null (in the tiled layout with the padding rows
 /// of the last tile: `ROW_BLOCK` is the tiles' height, so the grid covers them), and the
-/// tile's order counter when `dq_order` is not null.
+/// tile's order counter when `dq_order` is not null. Over packed sequences the tiled layout
+/// is [`kernel_abi::attention::hopper_bwd::dq_accum_varlen_row0`]'s, its tiles those of the
+/// sequence's rows up to the longest length (as the Hopper kernels clamp it).
 ///
 /// # Safety
 /// Launched with grid `(ceil(seq_q / ROW_BLOCK), heads_q, batch)` (`seq_q` the longest
@@ -93,17 +95,15 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
                 *p.delta.wrapping_add(idx) = delta;
             }
         }
-        // The accumulator's row of query row i: as LSE's, or in the tiled layout (dense
-        // batches only) one of `dq_accum_rows(seq_q)` rows per (sequence, head), padding
-        // rows included (they receive the padded tiles' zero rows).
+        // The accumulator's row of query row i: as LSE's, or in the tiled layout one of
+        // `dq_accum_rows(seq_q)` rows per (sequence, head), padding rows included (they
+        // receive the padded tiles' zero rows).
         // The tiled layout's rows are `dq_accum_tiled` wide (the Hopper kernel's head
         // dimension, above D in a padded plan): the row's lanes zero its chunks in turn.
         let (acc_row, acc_rows, width) = if p.dq_accum_tiled != 0 {
-            let rows = dq_accum_rows(p.seq_q);
-            let b = index::block_idx_z() as u64;
             (
-                (b * p.heads_q as u64 + h as u64) * rows as u64 + i as u64,
-                rows,
+                seq.accum_row0(pp, h) + i as u64,
+                dq_accum_rows(seq_q.min(p.seq_q)),
                 p.dq_accum_tiled,
             )
         } else {
@@ -126,11 +126,13 @@ pub(super) unsafe fn preprocess<L: BwdLayout, E: Elem, const D: u32>(pp: &L::Par
             }
         }
     }
-    if !p.dq_order.is_null() && tid == 0 {
-        // The counter of the block's accumulator tile (deterministic mode, dense batches: the
-        // tiled layout, whose tiles are the blocks' rows).
+    // A block of a packed sequence past its tiles has no counter.
+    let has_tile = !L::MAY_BE_PAST_END || m0 < seq_q.min(p.seq_q);
+    if !p.dq_order.is_null() && tid == 0 && has_tile {
+        // The counter of the block's accumulator tile (deterministic mode: the tiled layout,
+        // whose tiles are the blocks' rows).
         const { assert!(ROW_BLOCK == HOPPER_DQ_TILE_ROWS) };
-        let at = dq_order_index(index::block_idx_z(), h, p.heads_q, p.seq_q, m0);
+        let at = (seq.accum_row0(pp, h) + m0 as u64) / HOPPER_DQ_TILE_ROWS as u64;
         // SAFETY: the counters cover every tile of every (sequence, head) (host-sized), one
         // writer each.
         unsafe { *p.dq_order.wrapping_add(at as usize) = 0 };

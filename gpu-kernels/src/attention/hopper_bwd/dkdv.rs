@@ -112,7 +112,7 @@ use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{fence, index, math, regs, smem, sync, tma, warp};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig,
-    HopperBwdParams, dq_accum_rows, dq_accum_tile_base, dq_tile_vector,
+    HopperBwdParams, dq_accum_rows, dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
 use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
@@ -152,6 +152,7 @@ pub(super) unsafe fn dkdv<
     const SR: usize,
     const KQ: usize,
     const QR: usize,
+    const VARLEN: bool,
 >(
     p: &HopperBwdParams,
     cfg: &HopperBwdConfig,
@@ -177,14 +178,17 @@ pub(super) unsafe fn dkdv<
     let ring = Ring::new(cfg);
     let base = ring.base;
     let (kv_full, k_s, v_s) = (ring.kv_full(), ring.k(), ring.v());
-    let walk = Walk::of(p, cfg);
+    // SAFETY: the parameters' contract (the caller's).
+    let walk = unsafe { Walk::<VARLEN>::of(p, cfg) };
     let (steps, n0) = (walk.steps, walk.n0);
-    let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
-    let off = seq_k as i64 - seq_q as i64;
 
-    // SAFETY: every thread, once, before the role split.
-    unsafe { ring.init(&tmaps) };
+    // SAFETY: every thread, once, before the role split (`init`'s barrier publishes the
+    // sequence).
+    unsafe {
+        walk.publish();
+        ring.init(&tmaps);
+    }
     if index::warpgroup_id() == 0 {
         // SAFETY: the whole producer warpgroup, after `init`.
         unsafe { produce(p, cfg, &ring, &walk, tmaps) };
@@ -204,7 +208,7 @@ pub(super) unsafe fn dkdv<
     let wk0 = n0 + c * WG_KEYS;
     // The thread's keys: `key0` and `key0 + 8`.
     let key0 = wk0 + (index::warp_id() % 4) * 16 + g;
-    let (scale_log2, off32, sk32) = (p.base.scale_log2, off as i32, seq_k as i32);
+    let scale_log2 = p.base.scale_log2;
     let softcap_scale = p.base.logits.softcap_scale;
     let inv_scale_log2 = 1.0 / scale_log2;
     let mut dk = [0.0f32; DR];
@@ -263,8 +267,13 @@ pub(super) unsafe fn dkdv<
 
             // P^T (f32 in `s`, then A fragments): the thread's query columns m0 + 8 j + 2 t + e.
             let rows_s = ring.rows(pos.stage);
-            let needs_mask = m0 + BM > seq_q
-                || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32);
+            // The sizes are loaded where used (packed sequences: from shared memory), so that
+            // no register holds them across the products.
+            let needs_mask = {
+                let (seq_q, off32, sk32) = walk.mask_sizes(p);
+                m0 + BM > seq_q
+                    || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32)
+            };
             for j in 0..2 * KQ {
                 let col = 8 * j as u32 + 2 * t;
                 // SAFETY: the stage's row values, published by `full` (waited for above); `col`
@@ -276,9 +285,7 @@ pub(super) unsafe fn dkdv<
                     let x = 4 * j + e;
                     let (l, _) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
                     let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
-                    if needs_mask
-                        && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
-                    {
+                    if needs_mask && !walk.allowed(p, i, key, wl, wr) {
                         pr = 0.0;
                     }
                     s[x] = pr;
@@ -421,7 +428,7 @@ pub(super) unsafe fn dkdv<
 
     // SAFETY: the thread's keys and columns of dK and dV (validated by the host), one writer
     // per element.
-    unsafe { store_dk_dv::<E, DR>(p, key0, 0, &dk, &dv) };
+    unsafe { store_dk_dv::<E, DR, VARLEN>(p, &walk, key0, 0, &dk, &dv) };
 }
 
 /// The dQ products of the dK/dV/dQ kernel, `m64n{D/2}k16` (64-row steps) or `m64n{D}k16` with
@@ -524,19 +531,28 @@ unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR
 /// the walk has steps, with the kernel's parameters (the accumulator, and the counters when
 /// `dq_order` is set, sized by the host for every tile) and configuration.
 #[inline(always)]
-unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
+unsafe fn write_dq<const VARLEN: bool>(
+    p: &HopperBwdParams,
+    cfg: &HopperBwdConfig,
+    walk: &Walk<VARLEN>,
+) {
     let lane = index::lane_id();
-    let (seq_q, heads_q, d) = (p.base.seq_q, p.base.heads_q, cfg.head_dim);
+    let (dense_seq_q, d) = (p.base.seq_q, cfg.head_dim);
     let order = DqOrder::of(p, walk);
     let ordered = order.ordered();
     let base = smem::aligned_base();
-    let rows = dq_accum_rows(seq_q);
+    let dense_rows = dq_accum_rows(dense_seq_q);
     for c in 0..HOPPER_CONSUMERS {
         // SAFETY: the writer warp's arrival of the first phase (the protocol above).
         unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
     }
     for step in 0..walk.steps {
         let (h, m0) = (walk.head(step), walk.m0(step));
+        let rows = if VARLEN {
+            dq_accum_rows(walk.seq_q(p))
+        } else {
+            dense_rows
+        };
         if ordered && lane == 0 {
             // SAFETY: ordered mode, lane 0 before the step's first reduce; the counters were
             // sized by the host and zeroed by the preprocess.
@@ -549,8 +565,8 @@ unsafe fn write_dq(p: &HopperBwdParams, cfg: &HopperBwdConfig, walk: &Walk) {
             unsafe { sync::named_sync(DQ_FULL + c, DQ_SYNC_THREADS) };
             let (row, within) = cfg.dq_part(c);
             if lane == 0 && m0 + row < rows {
-                let dst =
-                    dq_accum_tile_base(walk.batch, h, heads_q, seq_q, m0 + row, d) + within as u64;
+                let tile = (walk.accum_row0(p, h) + (m0 + row) as u64) * d as u64;
+                let dst = tile + within as u64;
                 // SAFETY: the part was published by the barrier above after each writer's
                 // proxy fence and is not overwritten before this warp's next arrival; the
                 // destination is inside the accumulator (host-sized for every (sequence,

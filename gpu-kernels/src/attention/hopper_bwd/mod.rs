@@ -33,12 +33,13 @@ mod dq;
 mod producer;
 mod wide;
 
+use super::backward::layout::{Dense, Packed};
 use super::elem::{Bf16, F16};
 use crate::arch::{math, wgmma};
 use crate::tensor_map_ptr;
 use kernel_abi::WARPGROUP_SIZE;
 use kernel_abi::attention::HOPPER_CONSUMERS;
-use kernel_abi::attention::backward::AttentionBwdParams;
+use kernel_abi::attention::backward::{AttentionBwdParams, AttentionBwdVarlenParams};
 use kernel_abi::attention::hopper_bwd::{
     HopperBwdConfig, HopperBwdParams, HopperDqConfig, hopper_bwd_config_of, hopper_dkdvq_config,
 };
@@ -86,8 +87,8 @@ macro_rules! hopper_bwd_kernels {
         $elem:ident, $d:literal, [$dkdv:literal, $dq:literal], $softcap:literal,
         $s_zero:ident, $s_mma:ident, $g_mma:ident, $g_fence:ident
         $(, fused: [
-            $fused:literal, $fs_zero:ident, $fs_mma:ident, $fs_fence:ident,
-            $q_zero:ident, $q_mma:ident, $q_fence:ident
+            $fused:literal, $fused_varlen:literal, $fs_zero:ident, $fs_mma:ident,
+            $fs_fence:ident, $q_zero:ident, $q_mma:ident, $q_fence:ident
         ])?
     ) => {
         const _: () = {
@@ -95,9 +96,11 @@ macro_rules! hopper_bwd_kernels {
             const QR: usize =
                 ($d * hopper_dkdvq_config($d, $softcap).block_m / 256) as usize;
             hopper_bwd_kernels!(@products $d $(, $q_zero, $q_mma, $q_fence)?);
-            $(hopper_bwd_kernels!(@dkdv $fused, true, $elem, $d, $softcap,
+            $(hopper_bwd_kernels!(@dkdv $fused, true, false, $elem, $d, $softcap,
+                $fs_zero, $fs_mma, $fs_fence, $g_mma, $g_fence);
+            hopper_bwd_kernels!(@dkdv $fused_varlen, true, true, $elem, $d, $softcap,
                 $fs_zero, $fs_mma, $fs_fence, $g_mma, $g_fence);)?
-            hopper_bwd_kernels!(@dkdv $dkdv, false, $elem, $d, $softcap,
+            hopper_bwd_kernels!(@dkdv $dkdv, false, false, $elem, $d, $softcap,
                 $s_zero, $s_mma, fence_operands_32, $g_mma, $g_fence);
             hopper_bwd_kernels!(@dq $dq, $elem, $d, $softcap, $s_zero, $s_mma, $g_mma, $g_fence);
         };
@@ -138,11 +141,13 @@ macro_rules! hopper_bwd_kernels {
             }
         }
     };
-    (@dkdv $name:literal, $fused:literal, $elem:ident, $d:literal, $softcap:literal,
-        $s_zero:ident, $s_mma:ident, $s_fence:ident, $g_mma:ident, $g_fence:ident) => {
+    (@dkdv $name:literal, $fused:literal, $varlen:literal, $elem:ident, $d:literal,
+        $softcap:literal, $s_zero:ident, $s_mma:ident, $s_fence:ident, $g_mma:ident,
+        $g_fence:ident) => {
         const _: () = {
             /// The dK/dV kernel ([`dkdv`]; element type and head dimension in the name), or
-            /// with `FUSED` the dK/dV/dQ kernel (dQ by bulk reduce-adds).
+            /// with `FUSED` the dK/dV/dQ kernel (dQ by bulk reduce-adds), dense or over packed
+            /// sequences (`_varlen_`).
             ///
             /// # Safety
             /// Grid `(ceil(seq_k / 128), heads_kv, batch)`, `HOPPER_THREADS` threads, the
@@ -173,6 +178,7 @@ macro_rules! hopper_bwd_kernels {
                         { BM as usize / 2 },
                         { BM as usize / 16 },
                         QR,
+                        $varlen,
                     >(
                         &p,
                         &CFG,
@@ -224,26 +230,29 @@ macro_rules! hopper_bwd_kernels {
 /// of that table (`EARLY_EMPTY`, see [`wide::wide`]).
 macro_rules! hopper_bwd_wide {
     (
-        $name:literal, $elem:ident, $d:literal, $softcap:literal,
+        [$name:literal, $varlen_name:literal], $elem:ident, $d:literal, $softcap:literal,
         $s_zero:ident, $s_mma:ident, $h_mma:ident, $h_zero:ident
     ) => {
-        hopper_bwd_wide!(@kernel $name, $elem, $d, $softcap, false, kernel_abi::attention::KERNELS,
-            $s_zero, $s_mma, $h_mma, $h_zero);
+        hopper_bwd_wide!(@kernel $name, $elem, $d, $softcap, false, false,
+            kernel_abi::attention::KERNELS, $s_zero, $s_mma, $h_mma, $h_zero);
+        hopper_bwd_wide!(@kernel $varlen_name, $elem, $d, $softcap, false, true,
+            kernel_abi::attention::KERNELS, $s_zero, $s_mma, $h_mma, $h_zero);
     };
     (
         negative: $table:expr, $name:literal, $elem:ident, $d:literal, $softcap:literal,
         $s_zero:ident, $s_mma:ident, $h_mma:ident, $h_zero:ident
     ) => {
-        hopper_bwd_wide!(@kernel $name, $elem, $d, $softcap, true, $table,
+        hopper_bwd_wide!(@kernel $name, $elem, $d, $softcap, true, false, $table,
             $s_zero, $s_mma, $h_mma, $h_zero);
     };
     (
         @kernel $name:literal, $elem:ident, $d:literal, $softcap:literal, $early:literal,
-        $table:expr, $s_zero:ident, $s_mma:ident, $h_mma:ident, $h_zero:ident
+        $varlen:literal, $table:expr, $s_zero:ident, $s_mma:ident, $h_mma:ident,
+        $h_zero:ident
     ) => {
         const _: () = {
             /// The dK/dV/dQ kernel of a wide head ([`wide`]; element type and head dimension
-            /// in the name).
+            /// in the name), dense or over packed sequences (`_varlen_`).
             ///
             /// # Safety
             /// Grid `(ceil(seq_k / HOPPER_BWD_WIDE_BLOCK_N), heads_kv, batch)`,
@@ -258,7 +267,7 @@ macro_rules! hopper_bwd_wide {
                 // SAFETY: forwarded to the caller; the closures are the `wgmma` shapes of this
                 // configuration, called by whole warpgroups in uniform control flow.
                 unsafe {
-                    wide::wide::<$elem, $d, { $d / 4 }, { $d / 16 }, $softcap, $early>(
+                    wide::wide::<$elem, $d, { $d / 4 }, { $d / 16 }, $softcap, $early, $varlen>(
                         &p,
                         &CFG,
                         tmaps,
@@ -279,19 +288,24 @@ macro_rules! hopper_bwd_wide {
 /// The conversion of the tiled dQ accumulator ([`convert::convert`]) of one element type and
 /// head dimension.
 macro_rules! hopper_dq_convert {
-    ($name:literal, $elem:ident, $d:literal) => {
+    ($name:literal, $varlen_name:literal, $elem:ident, $d:literal) => {
+        hopper_dq_convert!(@kernel $name, AttentionBwdParams, Dense, $elem, $d);
+        hopper_dq_convert!(@kernel $varlen_name, AttentionBwdVarlenParams, Packed, $elem, $d);
+    };
+    (@kernel $name:literal, $params:ident, $layout:ident, $elem:ident, $d:literal) => {
         const _: () = {
-            /// `dQ = scale accumulator` from the tiled layout.
+            /// `dQ = scale accumulator` from the tiled layout (dense, or over packed
+            /// sequences: `_varlen_`).
             ///
             /// # Safety
             /// Grid `(ceil(seq_q / HOPPER_DQ_TILE_ROWS), heads_q, batch)`,
             /// `HOPPER_DQ_CONVERT_THREADS` threads, after the dK/dV/dQ kernel, on parameters
             /// validated by the host (the tiled accumulator and dQ).
             #[unsafe(export_name = $name)]
-            pub unsafe extern "ptx-kernel" fn convert_kernel(p: AttentionBwdParams) {
+            pub unsafe extern "ptx-kernel" fn convert_kernel(p: $params) {
                 crate::launch_bounds!(name = $name, kernel_abi::attention::KERNELS);
                 // SAFETY: forwarded to the caller.
-                unsafe { convert::convert::<$elem, $d>(&p) }
+                unsafe { convert::convert::<$layout, $elem, $d>(&p) }
             }
         };
     };
@@ -311,6 +325,7 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_bf16_d64",
+        "attention_bwd_hopper_dkdvq_varlen_bf16_d64",
         m64n128k16_bf16_ss_zero,
         m64n128k16_bf16_ss,
         fence_operands_64,
@@ -346,6 +361,7 @@ hopper_bwd_kernels!(
     fence_operands_64,
     fused: [
         "attention_bwd_hopper_dkdvq_bf16_d128",
+        "attention_bwd_hopper_dkdvq_varlen_bf16_d128",
         m64n64k16_bf16_ss_zero,
         m64n64k16_bf16_ss,
         fence_operands_32,
@@ -368,6 +384,7 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_f16_d64",
+        "attention_bwd_hopper_dkdvq_varlen_f16_d64",
         m64n128k16_f16_ss_zero,
         m64n128k16_f16_ss,
         fence_operands_64,
@@ -403,6 +420,7 @@ hopper_bwd_kernels!(
     fence_operands_64,
     fused: [
         "attention_bwd_hopper_dkdvq_f16_d128",
+        "attention_bwd_hopper_dkdvq_varlen_f16_d128",
         m64n64k16_f16_ss_zero,
         m64n64k16_f16_ss,
         fence_operands_32,
@@ -425,6 +443,7 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_softcap_bf16_d64",
+        "attention_bwd_hopper_dkdvq_varlen_softcap_bf16_d64",
         m64n64k16_bf16_ss_zero,
         m64n64k16_bf16_ss,
         fence_operands_32,
@@ -460,6 +479,7 @@ hopper_bwd_kernels!(
     fence_operands_64,
     fused: [
         "attention_bwd_hopper_dkdvq_softcap_bf16_d128",
+        "attention_bwd_hopper_dkdvq_varlen_softcap_bf16_d128",
         m64n64k16_bf16_ss_zero,
         m64n64k16_bf16_ss,
         fence_operands_32,
@@ -482,6 +502,7 @@ hopper_bwd_kernels!(
     fence_operands_32,
     fused: [
         "attention_bwd_hopper_dkdvq_softcap_f16_d64",
+        "attention_bwd_hopper_dkdvq_varlen_softcap_f16_d64",
         m64n64k16_f16_ss_zero,
         m64n64k16_f16_ss,
         fence_operands_32,
@@ -517,6 +538,7 @@ hopper_bwd_kernels!(
     fence_operands_64,
     fused: [
         "attention_bwd_hopper_dkdvq_softcap_f16_d128",
+        "attention_bwd_hopper_dkdvq_varlen_softcap_f16_d128",
         m64n64k16_f16_ss_zero,
         m64n64k16_f16_ss,
         fence_operands_32,
@@ -526,7 +548,10 @@ hopper_bwd_kernels!(
     ]
 );
 hopper_bwd_wide!(
-    "attention_bwd_hopper_dkdvq_bf16_d256",
+    [
+        "attention_bwd_hopper_dkdvq_bf16_d256",
+        "attention_bwd_hopper_dkdvq_varlen_bf16_d256"
+    ],
     Bf16,
     256,
     false,
@@ -536,7 +561,10 @@ hopper_bwd_wide!(
     m64n128k16_bf16_ss_zero
 );
 hopper_bwd_wide!(
-    "attention_bwd_hopper_dkdvq_f16_d256",
+    [
+        "attention_bwd_hopper_dkdvq_f16_d256",
+        "attention_bwd_hopper_dkdvq_varlen_f16_d256"
+    ],
     F16,
     256,
     false,
@@ -546,7 +574,10 @@ hopper_bwd_wide!(
     m64n128k16_f16_ss_zero
 );
 hopper_bwd_wide!(
-    "attention_bwd_hopper_dkdvq_softcap_bf16_d256",
+    [
+        "attention_bwd_hopper_dkdvq_softcap_bf16_d256",
+        "attention_bwd_hopper_dkdvq_varlen_softcap_bf16_d256"
+    ],
     Bf16,
     256,
     true,
@@ -556,7 +587,10 @@ hopper_bwd_wide!(
     m64n128k16_bf16_ss_zero
 );
 hopper_bwd_wide!(
-    "attention_bwd_hopper_dkdvq_softcap_f16_d256",
+    [
+        "attention_bwd_hopper_dkdvq_softcap_f16_d256",
+        "attention_bwd_hopper_dkdvq_varlen_softcap_f16_d256"
+    ],
     F16,
     256,
     true,
@@ -576,9 +610,39 @@ hopper_bwd_wide!(
     m64n128k16_bf16_ss,
     m64n128k16_bf16_ss_zero
 );
-hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d64", Bf16, 64);
-hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d128", Bf16, 128);
-hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d64", F16, 64);
-hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d128", F16, 128);
-hopper_dq_convert!("attention_bwd_hopper_dq_convert_bf16_d256", Bf16, 256);
-hopper_dq_convert!("attention_bwd_hopper_dq_convert_f16_d256", F16, 256);
+hopper_dq_convert!(
+    "attention_bwd_hopper_dq_convert_bf16_d64",
+    "attention_bwd_hopper_dq_convert_varlen_bf16_d64",
+    Bf16,
+    64
+);
+hopper_dq_convert!(
+    "attention_bwd_hopper_dq_convert_bf16_d128",
+    "attention_bwd_hopper_dq_convert_varlen_bf16_d128",
+    Bf16,
+    128
+);
+hopper_dq_convert!(
+    "attention_bwd_hopper_dq_convert_f16_d64",
+    "attention_bwd_hopper_dq_convert_varlen_f16_d64",
+    F16,
+    64
+);
+hopper_dq_convert!(
+    "attention_bwd_hopper_dq_convert_f16_d128",
+    "attention_bwd_hopper_dq_convert_varlen_f16_d128",
+    F16,
+    128
+);
+hopper_dq_convert!(
+    "attention_bwd_hopper_dq_convert_bf16_d256",
+    "attention_bwd_hopper_dq_convert_varlen_bf16_d256",
+    Bf16,
+    256
+);
+hopper_dq_convert!(
+    "attention_bwd_hopper_dq_convert_f16_d256",
+    "attention_bwd_hopper_dq_convert_varlen_f16_d256",
+    F16,
+    256
+);

@@ -6,13 +6,14 @@
 
 use super::super::elem::Elem;
 use super::super::mask;
+use super::super::seq::clamp_range;
 use super::CONSUMER_THREADS;
 use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::{atomic, fence, global, index, math, regs, smem, sync};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams,
-    dq_accum_rows, dq_order_index,
+    dq_accum_row0, dq_accum_rows, dq_accum_varlen_row0, dq_order_index,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_PRODUCER_REGS};
 
@@ -25,8 +26,17 @@ pub(super) const ROW_WRITERS: u32 = 32;
 /// the block (causal and window bounds). Block `x` of the grid takes key block `x`, or in
 /// deterministic mode (`dq_order` not null) key block `nb - 1 - x` of `nb`: the order in which
 /// the blocks of a head add into each dQ tile is then the order of their launch.
+///
+/// `VARLEN` (packed sequences): the block's sequence `blockIdx.z` is located from
+/// `cu_seqlens_*`, its bounds clamped into `0 ..= total_*` and its lengths to the longest
+/// (`base.seq_q`, `base.seq_k`, which size the grid and the preprocess's); the rows of its
+/// tensors and of its tiles in the accumulator come from there. A block past the sequence's
+/// key blocks has no step and stores nothing. Thread 0 stores the sequence in shared
+/// memory ([`Walk::publish`]) and the roles read it from there where they use it, so that no
+/// register holds it across their loops (as the dense batches read the lengths from the
+/// parameters where they are used).
 #[derive(Clone, Copy)]
-pub(super) struct Walk {
+pub(super) struct Walk<const VARLEN: bool> {
     /// First key of the block.
     pub n0: u32,
     /// Key/value head.
@@ -49,38 +59,115 @@ pub(super) struct Walk {
     m_steps: u32,
     /// Steps of the walk (`group m_steps`).
     pub steps: u32,
+    /// `VARLEN`: the sequence's query rows, key rows, first query row and first key row (for
+    /// [`Walk::of`] and [`Walk::publish`]; read back from shared memory after).
+    seq: [u32; 4],
+    /// `VARLEN`: the shared-memory address of the published sequence.
+    seq_at: u32,
+
+    /// `VARLEN`: deterministic mode on boundaries in order (see [`Walk::ordered`]).
+    ordered: bool,
 }
 
 /// The `block_m`-row query blocks `(mb_lo, m_steps)` that may see a key of the `block_n` keys
-/// from `n0` (`n0 < seq_k`), `(0, 0)` when none does ([`mask::query_blocks`]).
+/// from `n0` (`n0 < seq_k`) of a sequence of `seq_q` query and `seq_k` key rows, `(0, 0)` when
+/// none does ([`mask::query_blocks`]).
 #[inline(always)]
-fn query_blocks(p: &HopperBwdParams, n0: u32, block_n: u32, block_m: u32) -> (u32, u32) {
-    let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
+fn query_blocks(
+    p: &HopperBwdParams,
+    seq_q: u32,
+    seq_k: u32,
+    n0: u32,
+    block_n: u32,
+    block_m: u32,
+) -> (u32, u32) {
     let keys = (seq_k - n0).min(block_n);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
     mask::query_blocks(n0, keys, seq_q, seq_k, wl, wr, block_m)
 }
 
-impl Walk {
+impl<const VARLEN: bool> Walk<VARLEN> {
     /// The walk of this block (`block_idx = (x, key/value head, sequence)`) in the kernel's
     /// configuration (its keys per block and query rows per step).
+    ///
+    /// # Safety
+    /// Every thread of the block calls it once, at the kernel's start, in uniform control flow
+    /// (with `VARLEN` in deterministic mode it meets the block at a barrier). `VARLEN`:
+    /// `cu_seqlens_q` and `cu_seqlens_k` hold `base.batch + 1` entries (the grid's z is
+    /// `base.batch`).
     #[inline(always)]
-    pub fn of(p: &HopperBwdParams, cfg: &HopperBwdConfig) -> Walk {
+    pub unsafe fn of(p: &HopperBwdParams, cfg: &HopperBwdConfig) -> Self {
         let (block_n, block_m) = (cfg.block_n(), cfg.block_m);
-        let key_blocks = p.base.seq_k.div_ceil(block_n);
+        let (head_kv, batch) = (index::block_idx_y(), index::block_idx_z());
+        let (seq_q, seq_k, q0, k0) = if VARLEN {
+            // SAFETY: `batch < base.batch` (the grid) and both arrays hold `batch + 1` entries
+            // (the caller's).
+            let (q0, q1, k0, k1) = unsafe {
+                (
+                    *p.cu_seqlens_q.add(batch as usize),
+                    *p.cu_seqlens_q.add(batch as usize + 1),
+                    *p.cu_seqlens_k.add(batch as usize),
+                    *p.cu_seqlens_k.add(batch as usize + 1),
+                )
+            };
+            let (q0, q1) = clamp_range(q0, q1, p.total_q);
+            let (k0, k1) = clamp_range(k0, k1, p.total_k);
+            (
+                (q1 - q0).min(p.base.seq_q),
+                (k1 - k0).min(p.base.seq_k),
+                q0,
+                k0,
+            )
+        } else {
+            (p.base.seq_q, p.base.seq_k, 0, 0)
+        };
+        let key_blocks = seq_k.div_ceil(block_n);
         let x = index::block_idx_x();
-        let key_block = if p.base.dq_order.is_null() {
+        // A block past its sequence's key blocks keeps its own (keys past `seq_k`, no steps,
+        // nothing stored) and runs through like any other: returning early costs the kernel's
+        // register allocation more than the blocks cost.
+        let past_end = VARLEN && x >= key_blocks;
+        let key_block = if p.base.dq_order.is_null() || past_end {
             x
         } else {
             key_blocks - 1 - x
         };
         let n0 = key_block * block_n;
-        let (mb_lo, m_steps) = query_blocks(p, n0, block_n, block_m);
+        let (mb_lo, m_steps) = if past_end {
+            (0, 0)
+        } else {
+            query_blocks(p, seq_q, seq_k, n0, block_n, block_m)
+        };
         let group = p.base.heads_q / p.base.heads_kv;
+        // Packed sequences own disjoint accumulator tiles, so that no two sequences share an
+        // order counter, when `cu_seqlens_q` is in order inside `0 ..= total_q`; contents out
+        // of order could make blocks of two sequences wait on one counter for marks it never
+        // holds. The block checks every boundary (each thread some, combined by the barrier)
+        // and adds without order (no wait) if any is out of order.
+        let ordered = if VARLEN && !p.base.dq_order.is_null() {
+            let mut bad = false;
+            let mut i = index::thread_idx_x();
+            while i <= p.base.batch {
+                // SAFETY: `i <= batch`: inside the `batch + 1` entries (the caller's).
+                let hi = unsafe { *p.cu_seqlens_q.add(i as usize) };
+                let lo = if i == 0 {
+                    0
+                } else {
+                    // SAFETY: as above.
+                    unsafe { *p.cu_seqlens_q.add(i as usize - 1) }
+                };
+                bad |= hi < lo || (i == p.base.batch && hi as u32 > p.total_q);
+                i += index::block_dim_x();
+            }
+            // SAFETY: every thread of the block, once, at the kernel's start (the caller's).
+            !unsafe { sync::sync_threads_or(bad) }
+        } else {
+            false
+        };
         Walk {
             n0,
-            head_kv: index::block_idx_y(),
-            batch: index::block_idx_z(),
+            head_kv,
+            batch,
             key_block,
             key_blocks,
             block_n,
@@ -89,7 +176,154 @@ impl Walk {
             mb_lo,
             m_steps,
             steps: group * m_steps,
+            seq: [seq_q, seq_k, q0, k0],
+            seq_at: smem::aligned_base() + cfg.seq_offset(),
+            ordered,
         }
+    }
+
+    /// Thread 0 stores the sequence (`VARLEN`) for the roles to read ([`Walk::sequence`]).
+    ///
+    /// # Safety
+    /// Every thread calls it, before the barrier of [`Ring::init`] that publishes the store.
+    #[inline(always)]
+    pub unsafe fn publish(&self) {
+        if VARLEN && index::thread_idx_x() == 0 {
+            // SAFETY: the configuration's sequence words (16 bytes, 16-byte aligned), read
+            // only after the barrier that follows (the caller's).
+            unsafe { smem::SmemValue::store(self.seq_at, self.seq) };
+        }
+    }
+
+    /// Word `i` of the sequence `[seq_q, seq_k, q0, k0]` (`VARLEN`), from shared memory.
+    #[inline(always)]
+    fn sequence(&self, i: u32) -> u32 {
+        load_sequence(self.seq_at, i)
+    }
+
+    /// Whether the block orders its dQ additions (deterministic mode): `dq_order` set and,
+    /// over packed sequences, the boundaries in order.
+    #[inline(always)]
+    pub fn ordered(&self, p: &HopperBwdParams) -> bool {
+        if VARLEN {
+            self.ordered
+        } else {
+            !p.base.dq_order.is_null()
+        }
+    }
+
+    /// Query rows of the sequence.
+    #[inline(always)]
+    pub fn seq_q(&self, p: &HopperBwdParams) -> u32 {
+        if VARLEN {
+            self.sequence(0)
+        } else {
+            p.base.seq_q
+        }
+    }
+
+    /// Key rows of the sequence.
+    #[inline(always)]
+    pub fn seq_k(&self, p: &HopperBwdParams) -> u32 {
+        if VARLEN {
+            self.sequence(1)
+        } else {
+            p.base.seq_k
+        }
+    }
+
+    /// Whether query row `i` of the sequence may see key `key` (`i < seq_q` and
+    /// [`mask::allowed`] with window `(wl, wr)`): a packed sequence's sizes loaded for each
+    /// call (8 bytes of shared memory), so that they occupy registers only for the
+    /// comparison, where the consumers' products hold the most.
+    #[inline(always)]
+    pub fn allowed(&self, p: &HopperBwdParams, i: u32, key: i32, wl: i32, wr: i32) -> bool {
+        let [seq_q, seq_k] = if VARLEN {
+            // SAFETY: as for `load_sequence`; 8-byte aligned.
+            unsafe { smem::load_volatile_v2(regs::opaque(self.seq_at)) }
+        } else {
+            [p.base.seq_q, p.base.seq_k]
+        };
+        let off32 = (seq_k as i64 - seq_q as i64) as i32;
+        i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, seq_k as i32)
+    }
+
+    /// The mask's sizes `(seq_q, key offset seq_k - seq_q, seq_k)` of the sequence, for the
+    /// consumers' masks; a packed sequence's loaded at each call (see [`load_sequence`]).
+    #[inline(always)]
+    pub fn mask_sizes(&self, p: &HopperBwdParams) -> (u32, i32, i32) {
+        let [seq_q, seq_k, _, _] = if VARLEN {
+            [self.sequence(0), self.sequence(1), 0, 0]
+        } else {
+            [p.base.seq_q, p.base.seq_k, 0, 0]
+        };
+        (seq_q, (seq_k as i64 - seq_q as i64) as i32, seq_k as i32)
+    }
+
+    /// The tensor maps' coordinates `(row, batch)` of the sequence's query row `m`.
+    #[inline(always)]
+    fn q_coords(&self, m: u32) -> (i32, i32) {
+        if VARLEN {
+            ((self.sequence(2) + m) as i32, 0)
+        } else {
+            (m as i32, self.batch as i32)
+        }
+    }
+
+    /// The tensor maps' coordinates `(row, batch)` of the sequence's key row `n`.
+    #[inline(always)]
+    fn k_coords(&self, n: u32) -> (i32, i32) {
+        if VARLEN {
+            ((self.sequence(3) + n) as i32, 0)
+        } else {
+            (n as i32, self.batch as i32)
+        }
+    }
+
+    /// Index in LSE and `delta'` of query row 0 of head `h` of the sequence.
+    #[inline(always)]
+    fn lse_row0(&self, p: &HopperBwdParams, h: u32) -> u64 {
+        if VARLEN {
+            h as u64 * p.total_q as u64 + self.sequence(2) as u64
+        } else {
+            let seq_q = p.base.seq_q as u64;
+            (self.batch as u64 * p.base.heads_q as u64) * seq_q + h as u64 * seq_q
+        }
+    }
+
+    /// The first row of query head `h` of the sequence in the tiled dQ accumulator.
+    #[inline(always)]
+    pub fn accum_row0(&self, p: &HopperBwdParams, h: u32) -> u64 {
+        if VARLEN {
+            let q0 = self.sequence(2);
+            dq_accum_varlen_row0(q0, self.batch, h, p.total_q, p.base.batch)
+        } else {
+            dq_accum_row0(self.batch, h, p.base.heads_q, p.base.seq_q)
+        }
+    }
+
+    /// Key row 0 of the block's key/value head in dK and dV.
+    #[inline(always)]
+    fn dk_dv_rows(&self, p: &HopperBwdParams) -> (*mut u16, *mut u16) {
+        let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
+        // From the block indices rather than the walk: nothing kept in registers across the
+        // steps.
+        let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
+        // Packed: the sequence's first key row; dense: batch entry `batch`.
+        let (at, st) = if VARLEN {
+            (self.sequence(3) as u64, 1)
+        } else {
+            (batch, 0)
+        };
+        let dk_base = p
+            .base
+            .dk
+            .wrapping_add((at * dk_st[st] + head_kv * dk_st[2]) as usize);
+        let dv_base = p
+            .base
+            .dv
+            .wrapping_add((at * dv_st[st] + head_kv * dv_st[2]) as usize);
+        (dk_base, dv_base)
     }
 
     /// The query blocks `(mb_lo, m_steps)` of the key block after this one (`key_block + 1`,
@@ -98,7 +332,14 @@ impl Walk {
     pub fn next_query_blocks(&self, p: &HopperBwdParams) -> (u32, u32) {
         if self.key_block + 1 < self.key_blocks {
             let n0 = (self.key_block + 1) * self.block_n;
-            query_blocks(p, n0, self.block_n, self.block_m)
+            query_blocks(
+                p,
+                self.seq_q(p),
+                self.seq_k(p),
+                n0,
+                self.block_n,
+                self.block_m,
+            )
         } else {
             (0, 0)
         }
@@ -117,6 +358,16 @@ impl Walk {
     }
 }
 
+/// Word `i` of the sequence `[seq_q, seq_k, q0, k0]` published at `at` ([`Walk::publish`]),
+/// loaded where used (each call a load of its own) rather than held in registers (the
+/// producer warpgroup has few).
+#[inline(always)]
+fn load_sequence(at: u32, i: u32) -> u32 {
+    // SAFETY: stored by `Walk::publish` before the barrier of `Ring::init`, which every role
+    // passed before using the walk; never written again; `i < 4`: inside it.
+    unsafe { smem::load_volatile_u32(regs::opaque(at) + 4 * i) }
+}
+
 /// The order of a block's dQ additions in deterministic mode (`dq_order` not null): each tile of
 /// the accumulator receives the additions of the key blocks that see it in descending key-block
 /// order, whatever the timing, so its sums are the same bit for bit from run to run. Before its
@@ -127,7 +378,7 @@ impl Walk {
 /// block `x - 1` of the grid (same head and sequence, [`Walk`]), launched before this one, and
 /// waits only for blocks launched before it: no cycle.
 #[derive(Clone, Copy)]
-pub(super) struct DqOrder {
+pub(super) struct DqOrder<const VARLEN: bool> {
     /// The counters (one u32 per tile, zeroed by the preprocess), null in the default mode.
     counters: *mut u32,
     /// `(mb_lo, m_steps)` of key block `n + 1`.
@@ -137,18 +388,27 @@ pub(super) struct DqOrder {
     mark: u32,
     batch: u32,
     heads_q: u32,
+    /// Dense: the query rows.
     seq_q: u32,
     /// Query rows per step (a multiple of the tile's rows).
     block_m: u32,
+    /// `VARLEN`: the published sequence's address, the query rows and the sequences.
+    seq_at: u32,
+    total_q: u32,
+    batches: u32,
 }
 
-impl DqOrder {
+impl<const VARLEN: bool> DqOrder<VARLEN> {
     /// The order of the block of `walk` under parameters `p`.
     #[inline(always)]
-    pub fn of(p: &HopperBwdParams, walk: &Walk) -> DqOrder {
+    pub fn of(p: &HopperBwdParams, walk: &Walk<VARLEN>) -> Self {
         let (next_lo, next_steps) = walk.next_query_blocks(p);
         DqOrder {
-            counters: p.base.dq_order,
+            counters: if walk.ordered(p) {
+                p.base.dq_order
+            } else {
+                core::ptr::null_mut()
+            },
             next_lo,
             next_steps,
             mark: walk.key_blocks - walk.key_block,
@@ -156,6 +416,9 @@ impl DqOrder {
             heads_q: p.base.heads_q,
             seq_q: p.base.seq_q,
             block_m: walk.block_m,
+            seq_at: walk.seq_at,
+            total_q: p.total_q,
+            batches: p.base.batch,
         }
     }
 
@@ -168,7 +431,13 @@ impl DqOrder {
     /// The counter of the tile of query head `h` from row `m`.
     #[inline(always)]
     fn counter(&self, h: u32, m: u32) -> *mut u32 {
-        let i = dq_order_index(self.batch, h, self.heads_q, self.seq_q, m);
+        let i = if VARLEN {
+            let q0 = load_sequence(self.seq_at, 2);
+            let row0 = dq_accum_varlen_row0(q0, self.batch, h, self.total_q, self.batches);
+            (row0 + m as u64) / HOPPER_DQ_TILE_ROWS as u64
+        } else {
+            dq_order_index(self.batch, h, self.heads_q, self.seq_q, m)
+        };
         self.counters.wrapping_add(i as usize)
     }
 
@@ -176,7 +445,12 @@ impl DqOrder {
     /// accumulator: a tile all of whose rows are past `seq_q` does not exist).
     #[inline(always)]
     fn tiles(&self, m0: u32) -> impl Iterator<Item = u32> {
-        let rows = dq_accum_rows(self.seq_q);
+        let seq_q = if VARLEN {
+            load_sequence(self.seq_at, 0)
+        } else {
+            self.seq_q
+        };
+        let rows = dq_accum_rows(seq_q);
         (0..self.block_m / HOPPER_DQ_TILE_ROWS)
             .map(move |t| m0 + t * HOPPER_DQ_TILE_ROWS)
             .filter(move |&m| m < rows)
@@ -316,17 +590,17 @@ impl Ring {
 /// The whole warpgroup 0 of a dK/dV kernel calls it after [`Ring::init`], with the block's
 /// walk and the kernel's tensor maps (Q, dO, K, V), configuration and parameters.
 #[inline(always)]
-pub(super) unsafe fn produce(
+pub(super) unsafe fn produce<const VARLEN: bool>(
     p: &HopperBwdParams,
     cfg: &HopperBwdConfig,
     ring: &Ring,
-    walk: &Walk,
+    walk: &Walk<VARLEN>,
     tmaps: [TensorMapPtr; 4],
 ) {
     let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
     // SAFETY: the whole producer warpgroup executes this, uniformly (the caller's).
     unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
-    let (steps, batch) = (walk.steps, walk.batch as i32);
+    let steps = walk.steps;
     let cblocks = cfg.column_blocks();
     if index::thread_idx_x() == 0 && steps > 0 {
         let kv_full = ring.kv_full();
@@ -338,14 +612,16 @@ pub(super) unsafe fn produce(
             for cb in 0..cblocks {
                 let x = (cb * HOPPER_ATOM) as i32;
                 let at = cb * cfg.block_bytes(cfg.block_n());
-                let (h, n) = (walk.head_kv as i32, walk.n0 as i32);
+                let h = walk.head_kv as i32;
+                let (n, batch) = walk.k_coords(walk.n0);
                 tmap_k.load_4d(ring.k() + at, x, h, n, batch, kv_full);
                 tmap_v.load_4d(ring.v() + at, x, h, n, batch, kv_full);
             }
         }
         for step in 0..steps {
             let pos = RingPos::<STAGES>::of(step);
-            let (h, m0) = (walk.head(step) as i32, walk.m0(step) as i32);
+            let h = walk.head(step) as i32;
+            let (m0, batch) = walk.q_coords(walk.m0(step));
             // SAFETY: ring protocol (the kernels' docs): the stage is free once `empty`
             // completed its previous phase; `full` expects exactly the step's bytes; the
             // destinations are untouched until that phase completes.
@@ -364,12 +640,12 @@ pub(super) unsafe fn produce(
     }
     if index::warp_id() == 1 && steps > 0 {
         let lane = index::lane_id();
-        let seq_q = p.base.seq_q;
-        let lse_rows = (walk.batch as u64 * p.base.heads_q as u64) * seq_q as u64;
+        let dense_seq_q = p.base.seq_q;
         for step in 0..steps {
             let pos = RingPos::<STAGES>::of(step);
             let (h, m0) = (walk.head(step), walk.m0(step));
-            let row_base = lse_rows + h as u64 * seq_q as u64;
+            let seq_q = if VARLEN { walk.seq_q(p) } else { dense_seq_q };
+            let row_base = walk.lse_row0(p, h);
             let at = ring.rows(pos.stage);
             // SAFETY: ring protocol: the stage's row values are free once `empty` completed
             // the stage's previous phase.
@@ -408,15 +684,17 @@ pub(super) unsafe fn produce(
 
 /// The epilogue of a dK/dV kernel: `dK scale` and `dV` (element type) from a thread's `m64nN`
 /// accumulators (`DR = N / 2` registers each) over keys `key0` and `key0 + 8` and columns
-/// `col0 + 8 j + 2 t, + 1` (`t = lane % 4`) of the block's key/value head and sequence; keys
-/// past `seq_k` and columns past the tensors' head dimension (`head_dim`) are not stored.
+/// `col0 + 8 j + 2 t, + 1` (`t = lane % 4`) of the block's key/value head and sequence
+/// (`walk`'s); keys past the sequence's and columns past the tensors' head dimension
+/// (`head_dim`) are not stored.
 ///
 /// # Safety
 /// `p`'s dK and dV as validated by the host, `key0` and the columns inside the block's keys
 /// and the head; no other thread stores these elements.
 #[inline(always)]
-pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize>(
+pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize, const VARLEN: bool>(
     p: &HopperBwdParams,
+    walk: &Walk<VARLEN>,
     key0: u32,
     col0: u32,
     dk: &[f32; DR],
@@ -424,20 +702,12 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize>(
 ) {
     let t = index::lane_id() % 4;
     let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-    // From the block indices rather than the walk: nothing kept in registers across the steps.
-    let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
-    let dk_base = p
-        .base
-        .dk
-        .wrapping_add((batch * dk_st[0] + head_kv * dk_st[2]) as usize);
-    let dv_base = p
-        .base
-        .dv
-        .wrapping_add((batch * dv_st[0] + head_kv * dv_st[2]) as usize);
+    let (dk_base, dv_base) = walk.dk_dv_rows(p);
     let scale = p.base.scale;
+    let seq_k = walk.seq_k(p);
     for hh in 0..2 {
         let key = key0 + 8 * hh as u32;
-        if key < p.base.seq_k {
+        if key < seq_k {
             let dk_row = dk_base.wrapping_add((key as u64 * dk_st[1]) as usize);
             let dv_row = dv_base.wrapping_add((key as u64 * dv_st[1]) as usize);
             for j in 0..DR / 4 {
@@ -449,7 +719,7 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize>(
                 let x = 4 * j + 2 * hh;
                 let k2 = E::pack(dk[x] * scale, dk[x + 1] * scale);
                 let v2 = E::pack(dv[x], dv[x + 1]);
-                // SAFETY: key < seq_k, column + 1 < head_dim (even, a multiple of 16): inside
+                // SAFETY: key < the sequence's seq_k, column + 1 < head_dim (even, a multiple of 16): inside
                 // dK and dV; 4-byte aligned (16-byte aligned rows, even column); each element
                 // has one writer.
                 unsafe {

@@ -95,7 +95,7 @@ use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{atomic, fence, index, math, regs, smem, sync, warp};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_STAGES as STAGES, HOPPER_BWD_WIDE_BLOCK_N as BN,
-    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_tile_vector,
+    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
 use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
@@ -141,6 +141,7 @@ pub(super) unsafe fn wide<
     const DK: usize,
     const SOFTCAP: bool,
     const EARLY_EMPTY: bool,
+    const VARLEN: bool,
 >(
     p: &HopperBwdParams,
     cfg: &HopperBwdConfig,
@@ -160,14 +161,17 @@ pub(super) unsafe fn wide<
     debug_assert!(cfg.fused_dq && cfg.wide() && cfg.block_n() == BN && cfg.block_m == BM);
     let ring = Ring::new(cfg);
     let base = ring.base;
-    let walk = Walk::of(p, cfg);
-    let (steps, n0, batch) = (walk.steps, walk.n0, walk.batch);
-    let (seq_q, seq_k, heads_q) = (p.base.seq_q, p.base.seq_k, p.base.heads_q);
+    // SAFETY: the parameters' contract (the caller's).
+    let walk = unsafe { Walk::<VARLEN>::of(p, cfg) };
+    let (steps, n0) = (walk.steps, walk.n0);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
-    let (off32, sk32) = ((seq_k as i64 - seq_q as i64) as i32, seq_k as i32);
 
-    // SAFETY: every thread, once, before the role split.
-    unsafe { ring.init(&tmaps) };
+    // SAFETY: every thread, once, before the role split (`init`'s barrier publishes the
+    // sequence).
+    unsafe {
+        walk.publish();
+        ring.init(&tmaps);
+    }
     if index::warpgroup_id() == 0 {
         // SAFETY: the whole producer warpgroup, after `init`.
         unsafe { produce(p, cfg, &ring, &walk, tmaps) };
@@ -192,7 +196,7 @@ pub(super) unsafe fn wide<
     // The consumer's queries of `S^T` (within a step) and its columns of dK, dV, dQ.
     let (q0c, col0) = (c * QC, c * D / 2);
     let (scale_log2, softcap_scale) = (p.base.scale_log2, p.base.logits.softcap_scale);
-    let ordered = !p.base.dq_order.is_null();
+    let ordered = walk.ordered(p);
     let mut dk = [0.0f32; HR];
     let mut dv = [0.0f32; HR];
 
@@ -255,8 +259,13 @@ pub(super) unsafe fn wide<
             // P^T in `s` and the softcap's factor in `f`: the thread's query columns
             // `q0c + 8 j + 2 t + e` of the step.
             let rows_s = ring.rows(pos.stage);
-            let needs_mask = m0 + q0c + QC > seq_q
-                || mask::step_needs_mask::<QC, BN>(m0 + q0c, n0, off32, wl, wr, sk32);
+            // The sizes are loaded where used (packed sequences: from shared memory), so that
+            // no register holds them across the products.
+            let needs_mask = {
+                let (seq_q, off32, sk32) = walk.mask_sizes(p);
+                m0 + q0c + QC > seq_q
+                    || mask::step_needs_mask::<QC, BN>(m0 + q0c, n0, off32, wl, wr, sk32)
+            };
             let mut f = [1.0f32; WR];
             for j in 0..NTC {
                 let col = q0c + 8 * j as u32 + 2 * t;
@@ -269,9 +278,7 @@ pub(super) unsafe fn wide<
                     let x = 4 * j + e;
                     let (l, factor) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
                     let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
-                    if needs_mask
-                        && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
-                    {
+                    if needs_mask && !walk.allowed(p, i, key, wl, wr) {
                         pr = 0.0;
                     }
                     s[x] = pr;
@@ -348,7 +355,7 @@ pub(super) unsafe fn wide<
                 wgmma::wait_group::<2>();
             }
             h_fence(&mut dq);
-            let tile = dq_accum_tile_base(batch, walk.head(step), heads_q, seq_q, m0, D);
+            let tile = (walk.accum_row0(p, walk.head(step)) + m0 as u64) * D as u64;
             let dst = p.base.dq_accum.wrapping_add(tile as usize);
             if ordered {
                 // SAFETY: both consumers and the order warp, once per step (the protocol).
@@ -385,7 +392,7 @@ pub(super) unsafe fn wide<
 
     // SAFETY: the thread's keys and the consumer's columns of dK and dV (validated by the
     // host), one writer per element.
-    unsafe { store_dk_dv::<E, HR>(p, key0, col0, &dk, &dv) };
+    unsafe { store_dk_dv::<E, HR, VARLEN>(p, &walk, key0, col0, &dk, &dv) };
 }
 
 /// The order warp (deterministic mode): for each step of the walk, lane 0 waits until the
@@ -398,7 +405,7 @@ pub(super) unsafe fn wide<
 /// Warp [`ORDER_WARP`] of the producer warpgroup calls it once, in deterministic mode, when the
 /// walk has steps; the consumers sync on `DQ_READY` and arrive on `DQ_DONE` once per step.
 #[inline(always)]
-unsafe fn order_dq(walk: &Walk, order: &DqOrder) {
+unsafe fn order_dq<const VARLEN: bool>(walk: &Walk<VARLEN>, order: &DqOrder<VARLEN>) {
     let lane = index::lane_id();
     for step in 0..walk.steps {
         let (h, m0) = (walk.head(step), walk.m0(step));

@@ -27,7 +27,7 @@ pub use plan::{
 pub use run::{backward, backward_with_sinks};
 pub use varlen::{
     AttentionVarlenBackwardPlan, AttentionVarlenBackwardTensors, VarlenBackwardLaunches,
-    backward_varlen, backward_varlen_with_sinks,
+    VarlenBwdLaunch, backward_varlen, backward_varlen_with_sinks,
 };
 
 #[cfg(test)]

@@ -712,6 +712,10 @@ impl AttentionBackwardPlan {
                 tmap_k: TensorMap::ZEROED,
                 tmap_v: TensorMap::ZEROED,
                 base: params,
+                cu_seqlens_q: std::ptr::null(),
+                cu_seqlens_k: std::ptr::null(),
+                total_q: 0,
+                total_k: 0,
             };
             let (main, cfg) = h.main();
             let dkdv = BwdLaunch::Hopper(Launch::new(main, self.dkdv_grid, cfg, hp));

@@ -521,14 +521,24 @@ fn varlen_tensors<'a, T>(
     }
 }
 
+/// The plan of `p` on an sm_80 GPU (the `mma.sync` kernels).
 fn varlen_plan(
     p: &AttentionVarlenProblem,
     deterministic: bool,
 ) -> Result<AttentionVarlenBackwardPlan> {
+    varlen_plan_on(Arch::Sm80, p, deterministic)
+}
+
+fn varlen_plan_on(
+    arch: Arch,
+    p: &AttentionVarlenProblem,
+    deterministic: bool,
+) -> Result<AttentionVarlenBackwardPlan> {
     let options = BackwardOptions { deterministic };
+    let t = target(arch);
     match p.dtype {
-        Dtype::Bf16 => p.plan_backward(&varlen_tensors::<bf16>(p, true), options),
-        Dtype::F16 => p.plan_backward(&varlen_tensors::<f16>(p, true), options),
+        Dtype::Bf16 => p.plan_backward(t, &varlen_tensors::<bf16>(p, true), options),
+        Dtype::F16 => p.plan_backward(t, &varlen_tensors::<f16>(p, true), options),
     }
 }
 
@@ -555,11 +565,14 @@ fn varlen_grids_parameters_and_workspace_sizes() {
         .causal()
         .window(Some(40), None);
     let total_q = 120;
+    // The tiled accumulator: per head floor(120 / 64) + 3 = 4 tiles of 64 rows.
+    let tiled = 8 * 4 * 64 * 128;
     for deterministic in [false, true] {
         let plan = varlen_plan(&p, deterministic).unwrap();
+        assert_eq!(plan.path(), BackwardPath::MmaSync);
         assert_eq!(plan.deterministic(), deterministic);
         assert_eq!(plan.delta_len(), 8 * total_q);
-        let accum = if deterministic { 0 } else { 8 * total_q * 128 };
+        let accum = if deterministic { tiled + 32 } else { tiled };
         assert_eq!(plan.dq_accum_len(), accum);
         let l = plan.launches(&varlen_workspace(&plan)).unwrap();
         let k = plan.kernels();
@@ -625,9 +638,15 @@ fn every_varlen_launch_passes_the_ptx_checks() {
                 for deterministic in [false, true] {
                     let mut p = varlen_problem(&[(239, 17), (3, 80)], 4, 2, d as usize).causal();
                     p.dtype = dtype;
-                    let plan = varlen_plan(&p, deterministic).unwrap();
+                    let plan = varlen_plan_on(arch, &p, deterministic).unwrap();
+                    let hopper = arch == Arch::Sm90a;
+                    assert_eq!(plan.path() == BackwardPath::Hopper, hopper);
                     let l = plan.launches(&varlen_workspace(&plan)).unwrap();
-                    for launch in [l.pre, l.dkdv, l.dq].into_iter().flatten() {
+                    let dkdv = l.dkdv.unwrap();
+                    assert_eq!(dkdv.name().contains("hopper_dkdvq_varlen"), hopper);
+                    check_kernel_launch(arch, dkdv.kernel(), dkdv.config(), MAX_SMEM)
+                        .unwrap_or_else(|e| panic!("{} ({arch}): {e}", dkdv.name()));
+                    for launch in [l.pre, l.dq].into_iter().flatten() {
                         check_kernel_launch(arch, launch.kernel(), launch.config(), MAX_SMEM)
                             .unwrap_or_else(|e| panic!("{} ({arch}): {e}", launch.name()));
                     }
@@ -642,37 +661,41 @@ fn bad_varlen_tensors_are_rejected() {
     let p = varlen_problem(&[(5, 9), (3, 4)], 2, 1, 64);
     let options = BackwardOptions::default();
     let good = varlen_tensors::<bf16>(&p, true);
-    assert!(p.plan_backward(&good, options).is_ok());
+    assert!(p.plan_backward(target(Arch::Sm80), &good, options).is_ok());
     let mut t = good;
     t.lse = dev(6 << 40, p.lse_len() - 1);
     assert!(matches!(
-        p.plan_backward(&t, options),
+        p.plan_backward(target(Arch::Sm80), &t, options),
         Err(Error::ShapeMismatch { .. })
     ));
     let mut t = good;
     t.cu_seqlens_k = dev(12 << 40, p.batch);
     assert!(matches!(
-        p.plan_backward(&t, options),
+        p.plan_backward(target(Arch::Sm80), &t, options),
         Err(Error::ShapeMismatch { .. })
     ));
     let mut t = good;
     t.dq = t.q;
     assert!(matches!(
-        p.plan_backward(&t, options),
+        p.plan_backward(target(Arch::Sm80), &t, options),
         Err(Error::InvalidArgument { .. })
     ));
     let mut t = good;
     t.dv = t.dk;
     assert!(matches!(
-        p.plan_backward(&t, options),
+        p.plan_backward(target(Arch::Sm80), &t, options),
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        p.plan_backward(&varlen_tensors::<f16>(&p, false), options),
+        p.plan_backward(
+            target(Arch::Sm80),
+            &varlen_tensors::<f16>(&p, false),
+            options
+        ),
         Err(Error::InvalidArgument { .. })
     ));
     // A workspace of the wrong size.
-    let plan = p.plan_backward(&good, options).unwrap();
+    let plan = p.plan_backward(target(Arch::Sm80), &good, options).unwrap();
     let mut ws = varlen_workspace(&plan);
     ws.delta = dev(20 << 40, plan.delta_len() + 1);
     assert!(plan.launches(&ws).is_err());
@@ -733,5 +756,79 @@ fn the_tiled_accumulator_is_a_permutation_of_each_tile() {
     assert_eq!(
         dq_accum_tile_base(2, 0, 8, 113, 64, 128),
         (16 * 128 + 64) * 128
+    );
+}
+
+#[test]
+fn varlen_hopper_plan_kernels_grids_and_accumulator() {
+    // D 96 has no dK/dV/dQ kernel of its own: the D 128 one, on zero-padded columns.
+    for (d, kernel_d) in [(64, 64), (96, 128), (128, 128), (160, 256), (256, 256)] {
+        let p = varlen_problem(&[(113, 20), (0, 203), (7, 0)], 8, 2, d).causal();
+        for deterministic in [false, true] {
+            let plan = varlen_plan_on(Arch::Sm90a, &p, deterministic).unwrap();
+            assert_eq!(plan.path(), BackwardPath::Hopper);
+            // floor(120 / 64) + 3 tiles of 64 rows per head, as wide as the kernel's head.
+            let tiled = 8 * 4 * 64 * kernel_d;
+            let accum = if deterministic { tiled + 32 } else { tiled };
+            assert_eq!(plan.dq_accum_len(), accum, "D {d}");
+            let ws = varlen_workspace(&plan);
+            let l = plan.launches(&ws).unwrap();
+            let (pre, dkdv, dq) = (l.pre.unwrap(), l.dkdv.unwrap(), l.dq.unwrap());
+            let suffix = format!("_d{kernel_d}");
+            assert!(
+                dkdv.name()
+                    .starts_with("attention_bwd_hopper_dkdvq_varlen_bf16")
+            );
+            assert!(dkdv.name().ends_with(&suffix), "{}", dkdv.name());
+            assert!(
+                dq.name()
+                    .starts_with("attention_bwd_hopper_dq_convert_varlen_bf16")
+            );
+            assert!(dq.name().ends_with(&suffix), "{}", dq.name());
+            let block_n = if kernel_d == 256 { 64 } else { 128 };
+            assert_eq!(dkdv.config().grid, (203u32.div_ceil(block_n), 2, 3));
+            assert_eq!(dq.config().grid, (113u32.div_ceil(ROW_BLOCK), 8, 3));
+            assert_eq!(pre.config().grid, dq.config().grid);
+            let params = dkdv.params();
+            assert_eq!(params.base.dq_accum_tiled, kernel_d as u32);
+            assert_eq!(params.base.head_dim, d as u32);
+            assert_eq!(params.base.dq_accum as u64, 21 << 40);
+            assert_eq!((params.total_q, params.total_k), (120, 223));
+            let order = params.base.dq_order as u64;
+            if deterministic {
+                assert_eq!(order, (21 << 40) + 4 * tiled as u64);
+            } else {
+                assert_eq!(order, 0);
+            }
+            assert_eq!(pre.params().base.dq_order as u64, order);
+            assert_eq!(dq.params().base.dq_accum as u64, 21 << 40);
+        }
+    }
+}
+
+#[test]
+fn varlen_hopper_plan_falls_back_or_refuses() {
+    // No key row: a tensor map needs one. Auto takes mma.sync, Hopper refuses.
+    let p = varlen_problem(&[(4, 0), (9, 0)], 2, 1, 64);
+    let plan = varlen_plan_on(Arch::Sm90a, &p, false).unwrap();
+    assert_eq!(plan.path(), BackwardPath::MmaSync);
+    let e = varlen_plan_on(Arch::Sm90a, &p.clone().path(Path::Hopper), false)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    // Path::Hopper on a GPU without the kernels; Path::MmaSync on one with them.
+    let p = varlen_problem(&[(5, 9), (3, 4)], 2, 1, 64);
+    let e = varlen_plan_on(Arch::Sm80, &p.clone().path(Path::Hopper), false)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    let plan = varlen_plan_on(Arch::Sm90a, &p.clone().path(Path::MmaSync), true).unwrap();
+    assert_eq!(plan.path(), BackwardPath::MmaSync);
+    // The workspace is the same whatever the path.
+    let hopper = varlen_plan_on(Arch::Sm90a, &p, true).unwrap();
+    assert_eq!(hopper.path(), BackwardPath::Hopper);
+    assert_eq!(
+        (plan.delta_len(), plan.dq_accum_len()),
+        (hopper.delta_len(), hopper.dq_accum_len())
     );
 }

@@ -423,9 +423,15 @@ mod raw_varlen {
             )
             .unwrap();
             assert_eq!(lens, p.backward_workspace_lens(opts));
-            let (rp, plan) =
-                plan_backward_varlen_raw(&options, opts, &tensors, p.max_seqlen_q, p.max_seqlen_k)
-                    .unwrap();
+            let (rp, plan) = plan_backward_varlen_raw(
+                target(Arch::Sm90a),
+                &options,
+                opts,
+                &tensors,
+                p.max_seqlen_q,
+                p.max_seqlen_k,
+            )
+            .unwrap();
             assert_eq!(rp, p);
             assert_eq!(
                 (plan.delta_len(), plan.dq_accum_len()),
