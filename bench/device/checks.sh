@@ -808,10 +808,10 @@ if [ "$part" = hvb ]; then
   if [[ $steps == *" san "* ]]; then
     list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
     cases="attention_varlen_bwd/gpu/hopper_clamps_bad_boundaries
-      $(echo "$list" | grep -E '^attention_varlen_bwd/gpu/bf16_d128_.*_causal_det$' | head -1)
+      $(echo "$list" | grep -E '^attention_varlen_bwd/gpu/bf16_d128_.*_win.*_det$' | head -1)
       $(echo "$list" | grep -E '^attention_varlen_bwd/gpu/bf16_d64_.*_dlse_atomic$' | head -1)
       $(echo "$list" | grep -E '^attention_varlen_bwd/gpu/f16_d256_.*_win.*_det$' | head -1)
-      $(echo "$list" | grep -E '^attention_capsink_bwd/varlen.*softcap.*' | head -1)"
+      $(echo "$list" | grep -E '^attention_capsink_bwd/varlen/.*softcap.*_det$' | head -1)"
     san_cases "$cases"
   fi
   if [[ $steps == *" py "* ]]; then

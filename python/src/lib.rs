@@ -331,8 +331,8 @@ fn attention_varlen_forward(
 
 /// The f32 elements of the packed attention backward's workspace, `(delta, dq_accum)`, for Q of
 /// shape `q_shape` and K of shape `k_shape` (`[total, heads, D]`) of dtype `dtype` in `batch`
-/// sequences of at most `max_seqlen_q` and `max_seqlen_k` rows (`dq_accum` is 0 with
-/// `deterministic`).
+/// sequences of at most `max_seqlen_q` and `max_seqlen_k` rows (the accumulator in the Hopper
+/// kernels' packed tiled layout, in deterministic mode with its order's counters after it).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn attention_varlen_backward_workspace(
@@ -362,8 +362,8 @@ fn attention_varlen_backward_workspace(
 /// Attention backward over packed sequences on device `device`'s stream `stream`: dQ, dK and dV
 /// written from Q, K, V, the forward's O and LSE, dO and optionally dLSE, the boundaries, with
 /// the workspace `delta` and `dq_accum` (f32, of the lengths
-/// `attention_varlen_backward_workspace` gives; `dq_accum` may be `None` with
-/// `deterministic`). See `kernels::attention::backward_varlen_raw`. Asynchronous.
+/// `attention_varlen_backward_workspace` gives; `dq_accum` may be `None` where that length is
+/// 0). See `kernels::attention::backward_varlen_raw`. Asynchronous.
 #[pyfunction]
 #[pyo3(signature = (device, stream, q, k, v, o, lse, d_o, d_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, delta, dq_accum, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic, softcap = None, sinks = None, d_sinks = None))]
 #[allow(clippy::too_many_arguments)]

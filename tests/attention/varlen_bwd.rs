@@ -613,7 +613,19 @@ fn gpu_raw_api(g: &Gpu) -> TestResult {
             poisoned::<bf16>(x.k.len())?,
             poisoned::<bf16>(x.k.len())?,
         );
-        let delta = poisoned::<f32>(p.lse_len())?;
+        let lens = attention::backward_varlen_workspace_lens(
+            &p.q_shape(),
+            &p.kv_shape(),
+            p.batch,
+            p.max_seqlen_q,
+            p.max_seqlen_k,
+            ElemType::Bf16,
+            BackwardOptions {
+                deterministic: true,
+            },
+        )?;
+        let delta = poisoned::<f32>(lens.delta)?;
+        let accum = poisoned::<f32>(lens.dq_accum)?;
         let t = |buf: &kernels::DeviceBuffer<bf16>, shape: [usize; 3]| {
             RawTensor::contiguous(buf.as_device_ptr().as_raw(), ElemType::Bf16, &shape)
         };
@@ -653,7 +665,11 @@ fn gpu_raw_api(g: &Gpu) -> TestResult {
                 ElemType::F32,
                 &[delta.len()],
             ),
-            dq_accum: None,
+            dq_accum: Some(&RawTensor::contiguous(
+                accum.as_device_ptr().as_raw(),
+                ElemType::F32,
+                &[accum.len()],
+            )),
         };
         let options = attention::AttentionOptions {
             causal: true,

@@ -789,7 +789,7 @@ pub unsafe fn backward_varlen_raw(
             &[plan.delta_len()],
         )?,
         dq_accum: match workspace.dq_accum {
-            Some(a) if !plan.deterministic() => Some(flat_view(
+            Some(a) if plan.dq_accum_len() > 0 => Some(flat_view(
                 "backward workspace dQ accumulator",
                 a,
                 &[plan.dq_accum_len()],

@@ -3,13 +3,18 @@
 //! as the `mma.sync` dK/dV kernel of the deterministic mode; the semantics are
 //! [`AttentionBwdParams`](kernel_abi::attention::backward::AttentionBwdParams)'.
 //! `attention_bwd_hopper_dkdvq_*` is the same body with `FUSED`: each step also computes its
-//! share of dQ and adds it into the tiled f32 accumulator (below).
+//! share of dQ and adds it into the tiled f32 accumulator (below);
+//! `attention_bwd_hopper_dkdvq_varlen_*` that body with `VARLEN`, over packed sequences.
 //!
 //! # Parameters
 //! [`HopperBwdParams`]: tensor maps of Q, dO (box rows `BM`, the configuration's `block_m`), K
 //! and V (box rows `HOPPER_BWD_BLOCK_N`), all `[D, heads, seq, batch]` with 128-byte swizzle,
 //! then the backward's parameters (LSE, `delta'`, dK, dV and their strides, sizes, scale,
-//! window).
+//! window). `VARLEN`: the maps describe the packed tensors `[D, heads, total, 1]`; each block
+//! locates its sequence (`Walk`), loads the boxes from the sequence's first rows (a box
+//! reaching past a sequence's end reads the next one's rows, masked: their LSE is +inf and
+//! their keys are past `seq_k`), stores its keys of dK and dV from the sequence's first key
+//! row, and adds dQ into the packed tiled accumulator (`dq_accum_varlen_row0`).
 //!
 //! # Tiling
 //! One block per `BN = 128` keys of one key/value head of one sequence (grid `(ceil(seq_k /
@@ -55,9 +60,12 @@
 //! and columns `8 j + 2 t, + 1` (`t = lane % 4`).
 //!
 //! # Barrier protocol
-//! - Start: thread 0 initializes `kv_full` (count 1), `full[s]` (count 33: thread 0's and the
-//!   32 lanes of warp 1's) and `empty[s]` (count 256: one arrival per consumer thread),
-//!   `fence.mbarrier_init`, then `sync_threads` publishes them.
+//! - Start (`VARLEN`, deterministic mode): every thread checks some of the boundaries and
+//!   `sync_threads_or` gives the block whether any is out of order (`Walk::of`). Then thread 0
+//!   stores the sequence (`VARLEN`: `Walk::publish`) and initializes `kv_full` (count 1),
+//!   `full[s]` (count 33: thread 0's and the 32 lanes of warp 1's) and `empty[s]` (count 256:
+//!   one arrival per consumer thread), `fence.mbarrier_init`, then `sync_threads` publishes
+//!   them; the sequence's words are never written again.
 //!   The warpgroups never meet at a block barrier again. A block without steps (no query row
 //!   sees its keys) loads nothing and waits for nothing: it stores zero gradients.
 //! - `kv_full` (phase 0 only): the producer arrives expecting K's and V's bytes and issues

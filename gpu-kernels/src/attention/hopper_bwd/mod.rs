@@ -15,7 +15,10 @@
 //!   the key blocks the rows see (no atomics: with the dK/dV kernel, the deterministic mode);
 //! - `attention_bwd_hopper_dkdvq_*` ([`dkdv`] with `FUSED`): dK, dV and each step's dQ, added
 //!   into the tiled f32 accumulator by bulk reduce-adds, then [`convert`]
-//!   (`attention_bwd_hopper_dq_convert_*`) scales it into dQ (the default mode).
+//!   (`attention_bwd_hopper_dq_convert_*`) scales it into dQ (both modes; in deterministic
+//!   mode the additions ordered).
+//! - `attention_bwd_hopper_dkdvq_varlen_*` and `attention_bwd_hopper_dq_convert_varlen_*`: the
+//!   same over packed sequences (`cu_seqlens`), at D 64, 128 and 256 (with [`wide`]'s body).
 //!
 //! The `*_softcap_*` kernels are the same bodies with the softcap's logit and derivative
 //! (`super::logits::backward_logit`).

@@ -1,4 +1,5 @@
-//! `attention_bwd_hopper_dkdvq_{bf16,f16}_d256` (and their `softcap_` forms): the dK/dV/dQ
+//! `attention_bwd_hopper_dkdvq_{bf16,f16}_d256` (and their `softcap_` and `varlen_` forms,
+//! `VARLEN` over packed sequences as in [`super::dkdv`]): the dK/dV/dQ
 //! kernel of the attention backward for wide heads on Hopper (sm_90a), TMA, an mbarrier ring,
 //! `wgmma` and warp specialization. The semantics are
 //! [`AttentionBwdParams`](kernel_abi::attention::backward::AttentionBwdParams)'; dQ is added
@@ -9,7 +10,8 @@
 //! [`HopperBwdParams`]: tensor maps of Q, dO (box rows `HOPPER_BWD_BLOCK_M`), K and V (box rows
 //! `HOPPER_BWD_WIDE_BLOCK_N`), all `[D, heads, seq, batch]` with 128-byte swizzle, then the
 //! backward's parameters (LSE, `delta'`, the dQ accumulator, dK, dV and their strides, sizes,
-//! scale, window, softcap).
+//! scale, window, softcap); `VARLEN`: the packed tensors and boundaries, as for
+//! [`super::dkdv`].
 //!
 //! # Tiling
 //! One block per `BN = 64` keys of one key/value head of one sequence (grid `(ceil(seq_k /
@@ -45,9 +47,13 @@
 //! warpgroup, `g = lane / 4`) and columns `8 j + 2 t, + 1` (`t = lane % 4`) of the product.
 //!
 //! # Barrier protocol
-//! - Start ([`Ring::init`]): thread 0 initializes `kv_full` (count 1), `full[s]` (count 33:
-//!   thread 0's and the 32 lanes of warp 1's) and `empty[s]` (count 256: every consumer
-//!   thread), `fence.mbarrier_init`, then `sync_threads`. The warpgroups never meet at a block
+//! - Start: with `VARLEN` in deterministic mode every thread first checks some of the
+//!   boundaries and `sync_threads_or` gives the block whether any is out of order
+//!   ([`Walk::of`]: then the block adds without order, consumers and order warp alike). Then
+//!   ([`Walk::publish`], [`Ring::init`]) thread 0 stores the sequence (`VARLEN`), initializes
+//!   `kv_full` (count 1), `full[s]` (count 33: thread 0's and the 32 lanes of warp 1's) and
+//!   `empty[s]` (count 256: every consumer thread), `fence.mbarrier_init`, then
+//!   `sync_threads`. The warpgroups never meet at a block
 //!   barrier again. A block without steps loads nothing and waits for nothing: it stores zero
 //!   gradients.
 //! - `kv_full` (phase 0 only): the producer arrives expecting K's and V's bytes and issues
