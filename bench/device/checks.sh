@@ -114,7 +114,8 @@
 #       CLI), the four sanitizers on packed cases (D 64, 128, 256, the deterministic mode, a
 #       softcap; memcheck on contradictory boundaries), the Python packed and attention tests,
 #       then kbench attention-varlen (forward and training step, with its peers); HVB_STEPS
-#       picks among "tests san py bench" (default all).
+#       picks among "tests vtests san py bench" (default all but vtests: the packed tests
+#       alone).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
@@ -805,6 +806,10 @@ fi
 if [ "$part" = hvb ]; then
   steps=" ${HVB_STEPS:-tests san py bench} "
   if [[ $steps == *" tests "* ]]; then bwd_tests; fi
+  if [[ $steps == *" vtests "* ]]; then
+    t vbwd $B/bin/test-attention attention_varlen_bwd/ --skip emulated
+    t capbv $B/bin/test-attention attention_capsink_bwd/varlen
+  fi
   if [[ $steps == *" san "* ]]; then
     list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
     cases="attention_varlen_bwd/gpu/hopper_clamps_bad_boundaries
@@ -816,7 +821,7 @@ if [ "$part" = hvb ]; then
   fi
   if [[ $steps == *" py "* ]]; then
     P=/tmp/pyd9c; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
-    for f in attention_varlen attention_capsink_bwd attention; do
+    for f in ${PY_FILES:-attention_varlen attention_capsink_bwd attention}; do
       s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
       echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
       grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
@@ -825,7 +830,7 @@ if [ "$part" = hvb ]; then
   if [[ $steps == *" bench "* ]]; then
     FP=/tmp/fa4pkgs
     [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP
-    export KERNELS_PEERS_DIR=$B/peers
+    export KERNELS_PEERS_DIR=${PEERS:-$B/peers}
     s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention-varlen --out $OUT > $L/bench-varlen.log 2>&1
     echo "kbench attention-varlen rc=$? $(( $(date +%s)-s ))s" >> $S
     sed -n '/^== table/,$p' $L/bench-varlen.log | tail -60 >> $S

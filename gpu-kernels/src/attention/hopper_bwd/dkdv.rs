@@ -120,7 +120,7 @@ use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{fence, index, math, regs, smem, sync, tma, warp};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_N as BN, HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig,
-    HopperBwdParams, dq_accum_rows, dq_tile_vector,
+    HopperBwdParams, dq_accum_rows, dq_accum_tile_base, dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
 use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
@@ -189,7 +189,10 @@ pub(super) unsafe fn dkdv<
     // SAFETY: the parameters' contract (the caller's).
     let walk = unsafe { Walk::<VARLEN>::of(p, cfg) };
     let (steps, n0) = (walk.steps, walk.n0);
+    // Dense: the lengths of the parameters (packed sequences read theirs where used: `Walk`).
+    let (seq_q, seq_k) = (p.base.seq_q, p.base.seq_k);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
+    let off = seq_k as i64 - seq_q as i64;
 
     // SAFETY: every thread, once, before the role split (`init`'s barrier publishes the
     // sequence).
@@ -216,7 +219,7 @@ pub(super) unsafe fn dkdv<
     let wk0 = n0 + c * WG_KEYS;
     // The thread's keys: `key0` and `key0 + 8`.
     let key0 = wk0 + (index::warp_id() % 4) * 16 + g;
-    let scale_log2 = p.base.scale_log2;
+    let (scale_log2, off32, sk32) = (p.base.scale_log2, off as i32, seq_k as i32);
     let softcap_scale = p.base.logits.softcap_scale;
     let inv_scale_log2 = 1.0 / scale_log2;
     let mut dk = [0.0f32; DR];
@@ -275,10 +278,13 @@ pub(super) unsafe fn dkdv<
 
             // P^T (f32 in `s`, then A fragments): the thread's query columns m0 + 8 j + 2 t + e.
             let rows_s = ring.rows(pos.stage);
-            // The sizes are loaded where used (packed sequences: from shared memory), so that
-            // no register holds them across the products.
-            let needs_mask = {
+            // Packed sequences: the sizes loaded where used (from shared memory), so that no
+            // register holds them across the products.
+            let needs_mask = if VARLEN {
                 let (seq_q, off32, sk32) = walk.mask_sizes(p);
+                m0 + BM > seq_q
+                    || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32)
+            } else {
                 m0 + BM > seq_q
                     || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32)
             };
@@ -293,7 +299,13 @@ pub(super) unsafe fn dkdv<
                     let x = 4 * j + e;
                     let (l, _) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
                     let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
-                    if needs_mask && !walk.allowed(p, i, key, wl, wr) {
+                    if needs_mask
+                        && !(if VARLEN {
+                            walk.allowed(p, i, key, wl, wr)
+                        } else {
+                            i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32)
+                        })
+                    {
                         pr = 0.0;
                     }
                     s[x] = pr;
@@ -545,11 +557,11 @@ unsafe fn write_dq<const VARLEN: bool>(
     walk: &Walk<VARLEN>,
 ) {
     let lane = index::lane_id();
-    let (dense_seq_q, d) = (p.base.seq_q, cfg.head_dim);
+    let (seq_q, heads_q, d) = (p.base.seq_q, p.base.heads_q, cfg.head_dim);
     let order = DqOrder::of(p, walk);
     let ordered = order.ordered();
     let base = smem::aligned_base();
-    let dense_rows = dq_accum_rows(dense_seq_q);
+    let dense_rows = dq_accum_rows(seq_q);
     for c in 0..HOPPER_CONSUMERS {
         // SAFETY: the writer warp's arrival of the first phase (the protocol above).
         unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
@@ -573,7 +585,11 @@ unsafe fn write_dq<const VARLEN: bool>(
             unsafe { sync::named_sync(DQ_FULL + c, DQ_SYNC_THREADS) };
             let (row, within) = cfg.dq_part(c);
             if lane == 0 && m0 + row < rows {
-                let tile = (walk.accum_row0(p, h) + (m0 + row) as u64) * d as u64;
+                let tile = if VARLEN {
+                    (walk.accum_row0(p, h) + (m0 + row) as u64) * d as u64
+                } else {
+                    dq_accum_tile_base(walk.batch, h, heads_q, seq_q, m0 + row, d)
+                };
                 let dst = tile + within as u64;
                 // SAFETY: the part was published by the barrier above after each writer's
                 // proxy fence and is not overwritten before this warp's next arrival; the

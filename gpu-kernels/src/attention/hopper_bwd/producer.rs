@@ -98,8 +98,8 @@ impl<const VARLEN: bool> Walk<VARLEN> {
     #[inline(always)]
     pub unsafe fn of(p: &HopperBwdParams, cfg: &HopperBwdConfig) -> Self {
         let (block_n, block_m) = (cfg.block_n(), cfg.block_m);
-        let (head_kv, batch) = (index::block_idx_y(), index::block_idx_z());
         let (seq_q, seq_k, q0, k0) = if VARLEN {
+            let batch = index::block_idx_z();
             // SAFETY: `batch < base.batch` (the grid) and both arrays hold `batch + 1` entries
             // (the caller's).
             let (q0, q1, k0, k1) = unsafe {
@@ -139,6 +139,7 @@ impl<const VARLEN: bool> Walk<VARLEN> {
             query_blocks(p, seq_q, seq_k, n0, block_n, block_m)
         };
         let group = p.base.heads_q / p.base.heads_kv;
+        let (head_kv, batch) = (index::block_idx_y(), index::block_idx_z());
         // Packed sequences own disjoint accumulator tiles, so that no two sequences share an
         // order counter, when `cu_seqlens_q` is in order inside `0 ..= total_q`; contents out
         // of order could make blocks of two sequences wait on one counter for marks it never
@@ -260,35 +261,24 @@ impl<const VARLEN: bool> Walk<VARLEN> {
         (seq_q, (seq_k as i64 - seq_q as i64) as i32, seq_k as i32)
     }
 
-    /// The tensor maps' coordinates `(row, batch)` of the sequence's query row `m`.
+    /// `VARLEN`: the packed tensors' row of the sequence's query row `m` (the tensor maps'
+    /// row coordinate; their batch coordinate is 0).
     #[inline(always)]
-    fn q_coords(&self, m: u32) -> (i32, i32) {
-        if VARLEN {
-            ((self.sequence(2) + m) as i32, 0)
-        } else {
-            (m as i32, self.batch as i32)
-        }
+    fn packed_q_row(&self, m: u32) -> i32 {
+        (self.sequence(2) + m) as i32
     }
 
-    /// The tensor maps' coordinates `(row, batch)` of the sequence's key row `n`.
+    /// `VARLEN`: the packed tensors' row of the sequence's key row `n`.
     #[inline(always)]
-    fn k_coords(&self, n: u32) -> (i32, i32) {
-        if VARLEN {
-            ((self.sequence(3) + n) as i32, 0)
-        } else {
-            (n as i32, self.batch as i32)
-        }
+    fn packed_k_row(&self, n: u32) -> i32 {
+        (self.sequence(3) + n) as i32
     }
 
-    /// Index in LSE and `delta'` of query row 0 of head `h` of the sequence.
+    /// `VARLEN`: the index in LSE and `delta'` (`[heads_q, total_q]`) of query row 0 of head
+    /// `h` of the sequence.
     #[inline(always)]
-    fn lse_row0(&self, p: &HopperBwdParams, h: u32) -> u64 {
-        if VARLEN {
-            h as u64 * p.total_q as u64 + self.sequence(2) as u64
-        } else {
-            let seq_q = p.base.seq_q as u64;
-            (self.batch as u64 * p.base.heads_q as u64) * seq_q + h as u64 * seq_q
-        }
+    fn packed_lse_row0(&self, p: &HopperBwdParams, h: u32) -> u64 {
+        h as u64 * p.total_q as u64 + self.sequence(2) as u64
     }
 
     /// The first row of query head `h` of the sequence in the tiled dQ accumulator.
@@ -302,28 +292,16 @@ impl<const VARLEN: bool> Walk<VARLEN> {
         }
     }
 
-    /// Key row 0 of the block's key/value head in dK and dV.
+    /// `VARLEN`: element offsets of key row 0 of the block's key/value head in dK and dV (the
+    /// sequence's first key row).
     #[inline(always)]
-    fn dk_dv_rows(&self, p: &HopperBwdParams) -> (*mut u16, *mut u16) {
+    fn packed_dk_dv_rows(&self, p: &HopperBwdParams) -> (u64, u64) {
         let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-        // From the block indices rather than the walk: nothing kept in registers across the
-        // steps.
-        let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
-        // Packed: the sequence's first key row; dense: batch entry `batch`.
-        let (at, st) = if VARLEN {
-            (self.sequence(3) as u64, 1)
-        } else {
-            (batch, 0)
-        };
-        let dk_base = p
-            .base
-            .dk
-            .wrapping_add((at * dk_st[st] + head_kv * dk_st[2]) as usize);
-        let dv_base = p
-            .base
-            .dv
-            .wrapping_add((at * dv_st[st] + head_kv * dv_st[2]) as usize);
-        (dk_base, dv_base)
+        let (k0, head_kv) = (self.sequence(3) as u64, index::block_idx_y() as u64);
+        (
+            k0 * dk_st[1] + head_kv * dk_st[2],
+            k0 * dv_st[1] + head_kv * dv_st[2],
+        )
     }
 
     /// The query blocks `(mb_lo, m_steps)` of the key block after this one (`key_block + 1`,
@@ -600,7 +578,7 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
     let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
     // SAFETY: the whole producer warpgroup executes this, uniformly (the caller's).
     unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
-    let steps = walk.steps;
+    let (steps, batch) = (walk.steps, walk.batch as i32);
     let cblocks = cfg.column_blocks();
     if index::thread_idx_x() == 0 && steps > 0 {
         let kv_full = ring.kv_full();
@@ -612,16 +590,24 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
             for cb in 0..cblocks {
                 let x = (cb * HOPPER_ATOM) as i32;
                 let at = cb * cfg.block_bytes(cfg.block_n());
-                let h = walk.head_kv as i32;
-                let (n, batch) = walk.k_coords(walk.n0);
+                let (h, n) = (walk.head_kv as i32, walk.n0 as i32);
+                let (n, batch) = if VARLEN {
+                    (walk.packed_k_row(walk.n0), 0)
+                } else {
+                    (n, batch)
+                };
                 tmap_k.load_4d(ring.k() + at, x, h, n, batch, kv_full);
                 tmap_v.load_4d(ring.v() + at, x, h, n, batch, kv_full);
             }
         }
         for step in 0..steps {
             let pos = RingPos::<STAGES>::of(step);
-            let h = walk.head(step) as i32;
-            let (m0, batch) = walk.q_coords(walk.m0(step));
+            let (h, m0) = (walk.head(step) as i32, walk.m0(step) as i32);
+            let (m0, batch) = if VARLEN {
+                (walk.packed_q_row(walk.m0(step)), 0)
+            } else {
+                (m0, batch)
+            };
             // SAFETY: ring protocol (the kernels' docs): the stage is free once `empty`
             // completed its previous phase; `full` expects exactly the step's bytes; the
             // destinations are untouched until that phase completes.
@@ -641,11 +627,15 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
     if index::warp_id() == 1 && steps > 0 {
         let lane = index::lane_id();
         let dense_seq_q = p.base.seq_q;
+        let lse_rows = (walk.batch as u64 * p.base.heads_q as u64) * dense_seq_q as u64;
         for step in 0..steps {
             let pos = RingPos::<STAGES>::of(step);
             let (h, m0) = (walk.head(step), walk.m0(step));
-            let seq_q = if VARLEN { walk.seq_q(p) } else { dense_seq_q };
-            let row_base = walk.lse_row0(p, h);
+            let (seq_q, row_base) = if VARLEN {
+                (walk.seq_q(p), walk.packed_lse_row0(p, h))
+            } else {
+                (dense_seq_q, lse_rows + h as u64 * dense_seq_q as u64)
+            };
             let at = ring.rows(pos.stage);
             // SAFETY: ring protocol: the stage's row values are free once `empty` completed
             // the stage's previous phase.
@@ -702,7 +692,18 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize, const VARLEN: bool>(
 ) {
     let t = index::lane_id() % 4;
     let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-    let (dk_base, dv_base) = walk.dk_dv_rows(p);
+    // From the block indices rather than the walk: nothing kept in registers across the steps.
+    let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
+    let (dk_off, dv_off) = if VARLEN {
+        walk.packed_dk_dv_rows(p)
+    } else {
+        (
+            batch * dk_st[0] + head_kv * dk_st[2],
+            batch * dv_st[0] + head_kv * dv_st[2],
+        )
+    };
+    let dk_base = p.base.dk.wrapping_add(dk_off as usize);
+    let dv_base = p.base.dv.wrapping_add(dv_off as usize);
     let scale = p.base.scale;
     let seq_k = walk.seq_k(p);
     for hh in 0..2 {

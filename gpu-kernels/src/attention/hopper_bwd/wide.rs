@@ -101,7 +101,7 @@ use crate::arch::wgmma::{self, Descriptor};
 use crate::arch::{atomic, fence, index, math, regs, smem, sync, warp};
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_BWD_BLOCK_M as BM, HOPPER_BWD_STAGES as STAGES, HOPPER_BWD_WIDE_BLOCK_N as BN,
-    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_tile_vector,
+    HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dq_accum_tile_base, dq_tile_vector,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_CONSUMER_REGS, HOPPER_CONSUMERS};
 use kernel_abi::{WARP_SIZE, WARPGROUP_SIZE};
@@ -169,8 +169,11 @@ pub(super) unsafe fn wide<
     let base = ring.base;
     // SAFETY: the parameters' contract (the caller's).
     let walk = unsafe { Walk::<VARLEN>::of(p, cfg) };
-    let (steps, n0) = (walk.steps, walk.n0);
+    let (steps, n0, batch) = (walk.steps, walk.n0, walk.batch);
+    // Dense: the lengths of the parameters (packed sequences read theirs where used: `Walk`).
+    let (seq_q, seq_k, heads_q) = (p.base.seq_q, p.base.seq_k, p.base.heads_q);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
+    let (off32, sk32) = ((seq_k as i64 - seq_q as i64) as i32, seq_k as i32);
 
     // SAFETY: every thread, once, before the role split (`init`'s barrier publishes the
     // sequence).
@@ -265,10 +268,13 @@ pub(super) unsafe fn wide<
             // P^T in `s` and the softcap's factor in `f`: the thread's query columns
             // `q0c + 8 j + 2 t + e` of the step.
             let rows_s = ring.rows(pos.stage);
-            // The sizes are loaded where used (packed sequences: from shared memory), so that
-            // no register holds them across the products.
-            let needs_mask = {
+            // Packed sequences: the sizes loaded where used (from shared memory), so that no
+            // register holds them across the products.
+            let needs_mask = if VARLEN {
                 let (seq_q, off32, sk32) = walk.mask_sizes(p);
+                m0 + q0c + QC > seq_q
+                    || mask::step_needs_mask::<QC, BN>(m0 + q0c, n0, off32, wl, wr, sk32)
+            } else {
                 m0 + q0c + QC > seq_q
                     || mask::step_needs_mask::<QC, BN>(m0 + q0c, n0, off32, wl, wr, sk32)
             };
@@ -284,7 +290,13 @@ pub(super) unsafe fn wide<
                     let x = 4 * j + e;
                     let (l, factor) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
                     let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
-                    if needs_mask && !walk.allowed(p, i, key, wl, wr) {
+                    if needs_mask
+                        && !(if VARLEN {
+                            walk.allowed(p, i, key, wl, wr)
+                        } else {
+                            i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32)
+                        })
+                    {
                         pr = 0.0;
                     }
                     s[x] = pr;
@@ -361,7 +373,11 @@ pub(super) unsafe fn wide<
                 wgmma::wait_group::<2>();
             }
             h_fence(&mut dq);
-            let tile = (walk.accum_row0(p, walk.head(step)) + m0 as u64) * D as u64;
+            let tile = if VARLEN {
+                (walk.accum_row0(p, walk.head(step)) + m0 as u64) * D as u64
+            } else {
+                dq_accum_tile_base(batch, walk.head(step), heads_q, seq_q, m0, D)
+            };
             let dst = p.base.dq_accum.wrapping_add(tile as usize);
             if ordered {
                 // SAFETY: both consumers and the order warp, once per step (the protocol).
