@@ -278,17 +278,14 @@ pub(super) unsafe fn dkdv<
 
             // P^T (f32 in `s`, then A fragments): the thread's query columns m0 + 8 j + 2 t + e.
             let rows_s = ring.rows(pos.stage);
-            // Packed sequences: the sizes loaded where used (from shared memory), so that no
-            // register holds them across the products.
-            let needs_mask = if VARLEN {
-                let (seq_q, off32, sk32) = walk.mask_sizes(p);
-                m0 + BM > seq_q
-                    || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32)
-            } else {
+            // Packed sequences: the sizes loaded where used (`Walk::mask_sizes_or`).
+            let needs_mask = {
+                let (seq_q, off32, sk32) = walk.mask_sizes_or((seq_q, off32, sk32));
                 m0 + BM > seq_q
                     || mask::step_needs_mask::<BM, WG_KEYS>(m0, wk0, off32, wl, wr, sk32)
             };
             for j in 0..2 * KQ {
+                let (seq_q, off32, sk32) = walk.mask_sizes_or((seq_q, off32, sk32));
                 let col = 8 * j as u32 + 2 * t;
                 // SAFETY: the stage's row values, published by `full` (waited for above); `col`
                 // even: 8-byte aligned.
@@ -300,11 +297,7 @@ pub(super) unsafe fn dkdv<
                     let (l, _) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
                     let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
                     if needs_mask
-                        && !(if VARLEN {
-                            walk.allowed(p, i, key, wl, wr)
-                        } else {
-                            i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32)
-                        })
+                        && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
                     {
                         pr = 0.0;
                     }

@@ -233,32 +233,19 @@ impl<const VARLEN: bool> Walk<VARLEN> {
         }
     }
 
-    /// Whether query row `i` of the sequence may see key `key` (`i < seq_q` and
-    /// [`mask::allowed`] with window `(wl, wr)`): a packed sequence's sizes loaded for each
-    /// call (8 bytes of shared memory), so that they occupy registers only for the
-    /// comparison, where the consumers' products hold the most.
+    /// The mask's sizes `(seq_q, key offset seq_k - seq_q, seq_k)` of the sequence: a packed
+    /// sequence's loaded at each call (8 bytes of shared memory), so that the consumers hold
+    /// them in registers only where they compare (their products hold the most); a dense
+    /// batch's are `dense` (the parameters', as the caller computed them).
     #[inline(always)]
-    pub fn allowed(&self, p: &HopperBwdParams, i: u32, key: i32, wl: i32, wr: i32) -> bool {
-        let [seq_q, seq_k] = if VARLEN {
+    pub fn mask_sizes_or(&self, dense: (u32, i32, i32)) -> (u32, i32, i32) {
+        if VARLEN {
             // SAFETY: as for `load_sequence`; 8-byte aligned.
-            unsafe { smem::load_volatile_v2(regs::opaque(self.seq_at)) }
+            let [seq_q, seq_k] = unsafe { smem::load_volatile_v2(regs::opaque(self.seq_at)) };
+            (seq_q, (seq_k as i64 - seq_q as i64) as i32, seq_k as i32)
         } else {
-            [p.base.seq_q, p.base.seq_k]
-        };
-        let off32 = (seq_k as i64 - seq_q as i64) as i32;
-        i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, seq_k as i32)
-    }
-
-    /// The mask's sizes `(seq_q, key offset seq_k - seq_q, seq_k)` of the sequence, for the
-    /// consumers' masks; a packed sequence's loaded at each call (see [`load_sequence`]).
-    #[inline(always)]
-    pub fn mask_sizes(&self, p: &HopperBwdParams) -> (u32, i32, i32) {
-        let [seq_q, seq_k, _, _] = if VARLEN {
-            [self.sequence(0), self.sequence(1), 0, 0]
-        } else {
-            [p.base.seq_q, p.base.seq_k, 0, 0]
-        };
-        (seq_q, (seq_k as i64 - seq_q as i64) as i32, seq_k as i32)
+            dense
+        }
     }
 
     /// `VARLEN`: the packed tensors' row of the sequence's query row `m` (the tensor maps'
@@ -694,16 +681,23 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize, const VARLEN: bool>(
     let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
     // From the block indices rather than the walk: nothing kept in registers across the steps.
     let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
-    let (dk_off, dv_off) = if VARLEN {
-        walk.packed_dk_dv_rows(p)
-    } else {
+    let (dk_base, dv_base) = if VARLEN {
+        let (dk_off, dv_off) = walk.packed_dk_dv_rows(p);
         (
-            batch * dk_st[0] + head_kv * dk_st[2],
-            batch * dv_st[0] + head_kv * dv_st[2],
+            p.base.dk.wrapping_add(dk_off as usize),
+            p.base.dv.wrapping_add(dv_off as usize),
         )
+    } else {
+        let dk_base = p
+            .base
+            .dk
+            .wrapping_add((batch * dk_st[0] + head_kv * dk_st[2]) as usize);
+        let dv_base = p
+            .base
+            .dv
+            .wrapping_add((batch * dv_st[0] + head_kv * dv_st[2]) as usize);
+        (dk_base, dv_base)
     };
-    let dk_base = p.base.dk.wrapping_add(dk_off as usize);
-    let dv_base = p.base.dv.wrapping_add(dv_off as usize);
     let scale = p.base.scale;
     let seq_k = walk.seq_k(p);
     for hh in 0..2 {

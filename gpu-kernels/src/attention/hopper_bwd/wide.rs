@@ -268,18 +268,15 @@ pub(super) unsafe fn wide<
             // P^T in `s` and the softcap's factor in `f`: the thread's query columns
             // `q0c + 8 j + 2 t + e` of the step.
             let rows_s = ring.rows(pos.stage);
-            // Packed sequences: the sizes loaded where used (from shared memory), so that no
-            // register holds them across the products.
-            let needs_mask = if VARLEN {
-                let (seq_q, off32, sk32) = walk.mask_sizes(p);
-                m0 + q0c + QC > seq_q
-                    || mask::step_needs_mask::<QC, BN>(m0 + q0c, n0, off32, wl, wr, sk32)
-            } else {
+            // Packed sequences: the sizes loaded where used (`Walk::mask_sizes_or`).
+            let needs_mask = {
+                let (seq_q, off32, sk32) = walk.mask_sizes_or((seq_q, off32, sk32));
                 m0 + q0c + QC > seq_q
                     || mask::step_needs_mask::<QC, BN>(m0 + q0c, n0, off32, wl, wr, sk32)
             };
             let mut f = [1.0f32; WR];
             for j in 0..NTC {
+                let (seq_q, off32, sk32) = walk.mask_sizes_or((seq_q, off32, sk32));
                 let col = q0c + 8 * j as u32 + 2 * t;
                 // SAFETY: the stage's row values, published by `full` (waited for above); `col`
                 // even: 8-byte aligned.
@@ -291,11 +288,7 @@ pub(super) unsafe fn wide<
                     let (l, factor) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
                     let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
                     if needs_mask
-                        && !(if VARLEN {
-                            walk.allowed(p, i, key, wl, wr)
-                        } else {
-                            i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32)
-                        })
+                        && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
                     {
                         pr = 0.0;
                     }
