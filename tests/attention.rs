@@ -69,6 +69,9 @@ fn name(c: &Case) -> String {
         p.dtype, p.head_dim, p.batch, p.seq_q, p.seq_k, p.heads_q, p.heads_kv
     )
     .to_lowercase();
+    if p.has_value_dim() {
+        s.push_str(&format!("_v{}", p.v_dim()));
+    }
     if p.causal {
         s.push_str("_causal");
     }
@@ -163,6 +166,125 @@ fn cases() -> Vec<Case> {
     v
 }
 
+/// Problems whose V and O have a head dimension of their own, for each pair of
+/// `HOPPER_VALUE_DIMS`: lengths from 1 to 1024 (one key step, partial steps, the ring's
+/// wrap-around), causal and not, GQA and MQA, windows, rows with no allowed key, extreme logits,
+/// many tiles per block of the persistent grid, f16.
+fn value_dim_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (d, dv) in kernel_abi::attention::HOPPER_VALUE_DIMS {
+        let (d, dv) = (d as usize, dv as usize);
+        let pair = |b, sq, sk, hq, hkv, dtype| {
+            let mut c = case(b, sq, sk, hq, hkv, d, dtype);
+            c.p = c.p.value_dim(dv).path(Path::Hopper);
+            c.seed = c.seed.wrapping_add(dv as u64);
+            c
+        };
+        for (sq, sk) in [
+            (1, 1),
+            (113, 203),
+            (239, 1),
+            (799, 3),
+            (1023, 1024),
+            (129, 389),
+        ] {
+            for causal in [false, true] {
+                let b = if sq * sk < 100_000 { 2 } else { 1 };
+                let mut c = pair(b, sq, sk, 4, 2, Dtype::Bf16);
+                c.p.causal = causal;
+                v.push(c);
+            }
+        }
+        for hkv in [8, 1] {
+            v.push(pair(2, 257, 300, 8, hkv, Dtype::Bf16));
+        }
+        let mut w = pair(1, 500, 700, 4, 4, Dtype::Bf16);
+        w.p.window = (Some(64), Some(32));
+        v.push(w);
+        let mut m = pair(2, 300, 100, 2, 2, Dtype::Bf16); // 200 rows with no allowed key
+        m.p.causal = true;
+        v.push(m);
+        let mut big = pair(1, 129, 257, 2, 2, Dtype::Bf16);
+        big.p.scale = Some(10.0);
+        big.range = 1e17;
+        v.push(big);
+        for causal in [false, true] {
+            let mut c = pair(3, 1100, 1100, 8, 2, Dtype::Bf16); // 216 tiles
+            c.p.causal = causal;
+            v.push(c);
+        }
+        for causal in [false, true] {
+            let mut c = pair(2, 113, 203, 4, 2, Dtype::F16);
+            c.p.causal = causal;
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// A value head dimension of its own is refused, with a typed error, where no kernel has it:
+/// pairs not built, the `mma.sync` path (forced, or the only one of the target), a softcap or
+/// sinks, the backward.
+fn value_dim_rejects() -> TestResult {
+    let p = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16).value_dim(128);
+    let hopper = Target {
+        arch: Arch::Sm90a,
+        multiprocessors: 132,
+    };
+    let sm80 = Target {
+        arch: Arch::Sm80,
+        multiprocessors: 108,
+    };
+    let mut q = HostBuf::filled(64 * 2 * 192, bf16::ZERO);
+    let mut k = HostBuf::filled(64 * 2 * 192, bf16::ZERO);
+    let mut v = HostBuf::filled(64 * 2 * 128, bf16::ZERO);
+    let mut o = HostBuf::filled(64 * 2 * 128, bf16::ZERO);
+    let mut o192 = HostBuf::filled(64 * 2 * 192, bf16::ZERO);
+    let mut lse = HostBuf::filled(2 * 64, 0.0f32);
+    let t = AttentionTensors {
+        q: View::contiguous(q.view(), p.q_shape()),
+        k: View::contiguous(k.view(), p.kv_shape()),
+        v: View::contiguous(v.view(), p.v_shape()),
+        o: View::contiguous(o.view(), p.o_shape()),
+        lse: lse.view(),
+        sinks: None,
+    };
+    let plan = p.plan(hopper, &t, None);
+    ensure(plan.as_ref().is_ok_and(|plan| plan.is_hopper()), || {
+        format!("(192, 128) on sm_90a: {:?}", plan.as_ref().err())
+    })?;
+    let unsupported = |what: &str, r: kernels::Result<()>| -> TestResult {
+        println!("{what}: {r:?}");
+        ensure(matches!(r, Err(Error::Unsupported { .. })), || {
+            format!("{what}: want an Unsupported error, got {r:?}")
+        })
+    };
+    unsupported("sm_80 target", p.plan(sm80, &t, None).map(|_| ()))?;
+    let mma = p.clone().path(Path::MmaSync);
+    unsupported("mma.sync path", mma.plan(hopper, &t, None).map(|_| ()))?;
+    unsupported(
+        "tuning variant",
+        p.plan(hopper, &t, Some("hpp")).map(|_| ()),
+    )?;
+    unsupported("softcap", p.clone().softcap(30.0).validate())?;
+    unsupported(
+        "pair (128, 64)",
+        AttentionProblem::new(1, 64, 64, 2, 2, 128, Dtype::Bf16)
+            .value_dim(64)
+            .validate(),
+    )?;
+    // O of Q's head dimension is a shape error.
+    let wrong_o = AttentionTensors {
+        o: View::contiguous(o192.view(), p.q_shape()),
+        ..t
+    };
+    let r = p.plan(hopper, &wrong_o, None).map(|_| ());
+    println!("O of D = 192: {r:?}");
+    ensure(matches!(r, Err(Error::ShapeMismatch { .. })), || {
+        format!("O of D = 192: want a shape error, got {r:?}")
+    })
+}
+
 fn main() {
     let mut s = Suite::new();
     // Every case on both paths: the Hopper path (TMA + wgmma, Hopper GPUs) and the mma.sync
@@ -181,6 +303,15 @@ fn main() {
             });
         }
     }
+    // V and O of their own head dimension (the pairs of `HOPPER_VALUE_DIMS`, Hopper only).
+    for c in value_dim_cases() {
+        let n = format!("attention/hopper_value_dim/{}", name(&c));
+        s.gpu(&n, Needs::Hopper, move |g| match c.p.dtype {
+            Dtype::Bf16 => run::<bf16>(g, &c),
+            Dtype::F16 => run::<f16>(g, &c),
+        });
+    }
+    s.cpu("attention/value_dim_rejects", value_dim_rejects);
     // Hopper pipeline stress: K/V of 1, 2, 3 ring tiles and partial tiles (wrap-around of the
     // 2-stage ring), every head dimension.
     for d in [64usize, 128, 256] {

@@ -116,10 +116,17 @@
 #       then kbench attention-varlen (forward and training step, with its peers); HVB_STEPS
 #       picks among "tests vtests san py bench" (default all but vtests: the packed tests
 #       alone).
+#   vdim V and O of their own head dimension (D 192, D_v 128) on the Hopper forward: the
+#       Hopper forward's GPU tests (dense and packed, the pair's cases among them), the CLI
+#       tests, the four sanitizers on the pair's cases (dense causal, a window, packed), the
+#       Python attention check; then (step bench) kbench attention at D 128 and 192 (S 4k and
+#       16k, the pair's rows beside them) with its peers, and (step bwd) kbench
+#       attention-backward at D 64 and 128 (S 4k, 16k); VDIM_STEPS picks among
+#       "tests san py bench bwd" (default the first three).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb
+#   detw|hvb|vdim
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -836,6 +843,43 @@ if [ "$part" = hvb ]; then
     sed -n '/^== table/,$p' $L/bench-varlen.log | tail -60 >> $S
     grep -i "peer .*not available\|error\|MISMATCH" $L/bench-varlen.log | tail -8 >> $S
   fi
+fi
+if [ "$part" = vdim ]; then
+  steps=" ${VDIM_STEPS:-tests san py} "
+  if [[ $steps == *" tests "* ]]; then
+    t hop $B/bin/test-attention attention/hopper
+    t vhop $B/bin/test-attention attention_varlen/hopper
+    t vrej $B/bin/test-attention attention/value_dim_rejects
+    t cli $B/bin/test-cli gpu/
+  fi
+  if [[ $steps == *" san "* ]]; then
+    list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
+    cases="$(echo "$list" | grep -E '^attention/hopper_value_dim/bf16_d192_b2_sq113_sk203_h4x2_v128_causal$')
+      $(echo "$list" | grep -E '^attention/hopper_value_dim/.*_win' | head -1)
+      $(echo "$list" | grep -E '^attention_varlen/hopper_value_dim/bf16_.*64seqs.*_causal$' | head -1)"
+    san_cases "$cases"
+  fi
+  if [[ $steps == *" py "* ]]; then
+    P=/tmp/pyd9v; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip.log 2>&1
+    for f in ${PY_FILES:-attention}; do
+      s=$(date +%s); PYTHONPATH=$P timeout 300 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+      echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+      grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+      grep -E "dv128|value head" $L/py_$f.log >> $S
+    done
+  fi
+  if [[ $steps == *" bench "* ]]; then
+    FP=/tmp/fa4pkgs
+    [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP
+    export KERNELS_PEERS_DIR=${PEERS:-$B/peers} KBENCH_ATTENTION_DIMS=128,192 \
+      KBENCH_ATTENTION_SEQS=${SEQS:-4096,16384} KBENCH_ATTENTION_VARIANTS=hpp64
+    s=$(date +%s); timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT > $L/bench-fwd.log 2>&1
+    echo "kbench attention rc=$? $(( $(date +%s)-s ))s" >> $S
+    sed -n '/^== table/,$p' $L/bench-fwd.log | grep -v "ours-mma" | tail -40 >> $S
+    grep -i "peer .*not available\|error\|MISMATCH" $L/bench-fwd.log | tail -8 >> $S
+    unset KBENCH_ATTENTION_VARIANTS
+  fi
+  if [[ $steps == *" bwd "* ]]; then SEQS=${BSEQS:-4096,16384} bwd_bench ${BDIMS:-64,128}; fi
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

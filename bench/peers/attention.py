@@ -91,8 +91,10 @@ def main(work):
         kind, c = spec["kernel"], spec["config"]
         b, s, h, d, causal = c["batch"], c["seq"], c["heads"], c["d"], c["causal"]
         hk = c.get("heads_kv", h)
+        dv = c.get("dv", d)  # V's head dimension where it differs from Q's and K's
         q = shared["q"][: b * s * h * d].view(b, s, h, d)
-        k, v = (shared[n][: b * s * hk * d].view(b, s, hk, d) for n in ("k", "v"))
+        k = shared["k"][: b * s * hk * d].view(b, s, hk, d)
+        v = shared["v"][: b * s * hk * dv].view(b, s, hk, dv)
         do = shared["do"][: b * s * h * d].view(b, s, h, d) if "do" in shared else None
         ours = load_file(os.path.join(work, case, "tensors.safetensors"), device="cuda")
         for name, f in peers:

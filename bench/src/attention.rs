@@ -3,7 +3,9 @@
 //! S = 2048, D = 64 causal, beside PyTorch SDPA with the FLASH (FlashAttention-2) and CUDNN
 //! backends on the same inputs.
 //!
-//! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking.
+//! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking (`2 ... (D + D_v)` where V
+//! has a head dimension `D_v` of its own: the rows with `dv` in their configuration, run beside
+//! those of D on Hopper GPUs for each pair of `HOPPER_VALUE_DIMS` whose D the grid names).
 //!
 //! Family `attention-backward` ([`run_backward`]): the backward rows (`attention_bwd`,
 //! `attention_fwd_bwd`) of [`crate::attention_bwd`] over the same grid, its own results file.
@@ -80,6 +82,14 @@ pub fn run(b: &mut Bench) -> Result<()> {
     for (batch, s, h, d, causal) in configs {
         let mut p = AttentionProblem::new(batch, s, s, h, h, d, Dtype::Bf16);
         p.causal = causal;
+        // V and O of their own head dimension (Hopper only), beside the rows of D and D_v: the
+        // pairs whose D the grid names, with D's heads.
+        for (pd, vd) in kernel_abi::attention::HOPPER_VALUE_DIMS {
+            if pd as usize == d && b.gpu.arch().has_hopper_kernels() {
+                let pair = p.clone().value_dim(vd as usize);
+                one(b, &pair, &q, &k, &v, (&dq, &dk, &dv), None)?;
+            }
+        }
         // "ours": the automatic choice (the Hopper path on Hopper GPUs); "ours-mma": the
         // mma.sync tensor-core path on the same inputs.
         one(b, &p, &q, &k, &v, (&dq, &dk, &dv), None)?;
@@ -206,11 +216,11 @@ fn one(
     let (qv, kv, vv) = (
         View::contiguous(dev.0, p.q_shape()),
         View::contiguous(dev.1, p.kv_shape()),
-        View::contiguous(dev.2, p.kv_shape()),
+        View::contiguous(dev.2, p.v_shape()),
     );
     let out = poisoned::<bf16>(ELEMS)?;
     let mut lse = poisoned::<f32>(p.lse_len())?;
-    let mut ov = View::contiguous(&out, p.q_shape());
+    let mut ov = View::contiguous(&out, p.o_shape());
     // "mma" names the path (set in `p`), not a tile variant of it.
     let tile_variant = variant.filter(|v| *v != "mma");
     let t = b.time(|| {
@@ -234,10 +244,13 @@ fn one(
             format!("{p:?}: max error {err:.3e} on sampled rows exceeds 2e-2"),
         ));
     }
-    let cfg = config!(
+    let mut cfg = config!(
         "batch": p.batch, "seq": p.seq_q, "heads": p.heads_q, "d": p.head_dim,
         "causal": p.causal, "dtype": "bf16"
     );
+    if p.has_value_dim() {
+        cfg.insert("dv".into(), serde_json::json!(p.v_dim()));
+    }
     let mut row = Row::ours("attention_fwd", cfg.clone(), &t)
         .flops(p.flops())
         .err(err);
@@ -255,8 +268,8 @@ fn one(
             "ours",
             // The output buffer holds `ELEMS`; H x D is below 2048 where D does not divide it.
             Tensor::Bf16(
-                &o[..p.batch * p.seq_q * p.heads_q * p.head_dim],
-                vec![p.batch, p.seq_q, p.heads_q, p.head_dim],
+                &o[..p.o_shape().iter().product::<usize>()],
+                p.o_shape().to_vec(),
             ),
         )],
     )
@@ -283,8 +296,9 @@ pub(crate) fn sampled_error(
     let want = attention::reference_rows(p, q, k, v, &rows);
     let mut err = 0.0f64;
     for ((bi, i, h), (ref_o, _)) in rows.iter().zip(&want) {
-        let start = ((bi * p.seq_q + i) * p.heads_q + h) * p.head_dim;
-        for (x, y) in o[start..start + p.head_dim].iter().zip(ref_o) {
+        let dv = p.v_dim();
+        let start = ((bi * p.seq_q + i) * p.heads_q + h) * dv;
+        for (x, y) in o[start..start + dv].iter().zip(ref_o) {
             let e = (x.to_f64() - y).abs();
             err = if e.is_nan() {
                 f64::INFINITY

@@ -130,7 +130,14 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
         Dim::Var("D"),
     ];
     let k = inp.take("k", &[St::BF16, St::F16, St::F8_E4M3], &kv)?;
-    let v = inp.take("v", &[St::BF16, St::F16, St::F8_E4M3], &kv)?;
+    // V's head dimension may differ from Q's and K's (the pairs with Hopper kernels).
+    let v_dims = [
+        Dim::Var("B"),
+        Dim::Var("Sk"),
+        Dim::Var("Hkv"),
+        Dim::Var("Dv"),
+    ];
+    let v = inp.take("v", &[St::BF16, St::F16, St::F8_E4M3], &v_dims)?;
     for t in [("k", &k), ("v", &v)] {
         if t.1.dtype() != q.dtype() {
             return Err(CliError::Dtype {
@@ -171,6 +178,13 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     }
     let [b, sq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, sk, hkv, _] = k.shape().try_into().expect("rank checked");
+    let dv = v.shape()[3];
+    if fp8 && dv != d {
+        return Err(CliError::Value {
+            name: "v".into(),
+            reason: format!("the FP8 forward takes V of Q's head dimension {d}, not {dv}"),
+        });
+    }
     let dtype = if q.dtype() == St::BF16 {
         Dtype::Bf16
     } else {
@@ -217,6 +231,7 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     }
     p.softcap = args.softcap;
     p.sinks = sinks.is_some();
+    p.value_dim = (dv != d).then_some(dv);
     p.validate()?;
     if fp8 {
         // The FP8 forward writes bf16 O: the problem's dtype is the output's.
@@ -293,6 +308,7 @@ fn varlen_job(
 ) -> Result<Box<dyn Job>> {
     let [b, tq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, tk, hkv, _] = k.shape().try_into().expect("rank checked");
+    let dv = v.shape()[3];
     if b != 1 {
         return Err(CliError::Shape {
             name: "q".into(),
@@ -319,6 +335,7 @@ fn varlen_job(
     }
     p.softcap = args.softcap;
     p.sinks = sinks.is_some();
+    p.value_dim = (dv != d).then_some(dv);
     p.validate()?;
     Ok(match dtype {
         Dtype::Bf16 => Box::new(VarlenJob::<bf16> {
@@ -350,9 +367,9 @@ struct VarlenJob<T> {
 }
 
 impl<T> VarlenJob<T> {
-    /// O's shape as read: `[1, Tq, Hq, D]`.
+    /// O's shape as read: `[1, Tq, Hq, D_v]`.
     fn o_shape(&self) -> [usize; 4] {
-        let [t, h, d] = self.p.q_shape();
+        let [t, h, d] = self.p.o_shape();
         [1, t, h, d]
     }
 
@@ -379,14 +396,14 @@ impl<T: Elem> Job for VarlenJob<T> {
         let pad = [T::default()];
         let up = |x: &[T]| upload(if x.is_empty() { &pad[..] } else { x });
         let (q, k, v) = (upload(&self.q)?, up(&self.k)?, up(&self.v)?);
-        let o = poisoned::<T>(self.q.len())?;
+        let o = poisoned::<T>(p.o_shape().iter().product())?;
         let mut lse = poisoned::<f32>(p.lse_len())?;
         let sinks = self.sinks.as_deref().map(upload).transpose()?;
         let timings = {
             let qv = View::packed_contiguous(&q, p.q_shape());
             let kv = View::packed(&k, 0, &p.kv_shape(), &packed_strides(p.kv_shape()))?;
-            let vv = View::packed(&v, 0, &p.kv_shape(), &packed_strides(p.kv_shape()))?;
-            let mut ov = View::packed_contiguous(&o, p.q_shape());
+            let vv = View::packed(&v, 0, &p.v_shape(), &packed_strides(p.v_shape()))?;
+            let mut ov = View::packed_contiguous(&o, p.o_shape());
             launch_timed(
                 gpu,
                 &stream,
@@ -455,14 +472,14 @@ impl<T: Elem> Job for AttentionJob<T> {
         let p = &self.p;
         let stream = gpu.stream()?;
         let (q, k, v) = (upload(&self.q)?, upload(&self.k)?, upload(&self.v)?);
-        let o = poisoned::<T>(self.q.len())?;
+        let o = poisoned::<T>(p.o_shape().iter().product())?;
         let mut lse = poisoned::<f32>(p.lse_len())?;
         let sinks = self.sinks.as_deref().map(upload).transpose()?;
         let timings = {
             let qv = View::contiguous(&q, p.q_shape());
             let kv = View::contiguous(&k, p.kv_shape());
-            let vv = View::contiguous(&v, p.kv_shape());
-            let mut ov = View::contiguous(&o, p.q_shape());
+            let vv = View::contiguous(&v, p.v_shape());
+            let mut ov = View::contiguous(&o, p.o_shape());
             launch_timed(gpu, &stream, repeat, "attention forward", || match &sinks {
                 None => attention::forward(gpu, &stream, p, &qv, &kv, &vv, &mut ov, &mut lse),
                 Some(s) => attention::forward_with_sinks(
@@ -471,7 +488,7 @@ impl<T: Elem> Job for AttentionJob<T> {
             })?
         };
         let mut out = Outputs::default();
-        out.push("o", &p.q_shape(), T::data(download(&o)?));
+        out.push("o", &p.o_shape(), T::data(download(&o)?));
         out.push("lse", &lse_shape(p), Data::F32(download(&lse)?));
         Ok((out, timings))
     }
@@ -482,7 +499,7 @@ impl<T: Elem> Job for AttentionJob<T> {
             Some(s) => attention::reference_with_sinks(&self.p, &self.q, &self.k, &self.v, s),
         };
         let mut out = Outputs::default();
-        out.push("o", &self.p.q_shape(), Data::F64(r.o));
+        out.push("o", &self.p.o_shape(), Data::F64(r.o));
         out.push("lse", &lse_shape(&self.p), Data::F64(r.lse));
         Ok(out)
     }

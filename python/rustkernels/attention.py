@@ -100,8 +100,9 @@ def flash_attn_forward(
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """O ``[batch, seqlen_q, nheads, headdim]`` (q's dtype) and LSE ``[batch, nheads, seqlen_q]``
-    (f32, natural log). ``path`` picks the kernel: ``auto`` (the Hopper kernels on sm_90),
+    """O ``[batch, seqlen_q, nheads, headdim_v]`` (q's dtype; ``headdim_v`` is v's, which may
+    differ from q's on Hopper: (192, 128)) and LSE ``[batch, nheads, seqlen_q]`` (f32, natural
+    log). ``path`` picks the kernel: ``auto`` (the Hopper kernels on sm_90),
     ``mma_sync`` or ``hopper``. ``softcap > 0`` caps every logit ``l`` as
     ``softcap * tanh(l / softcap)``; ``sinks`` (float32 ``[nheads]``) joins one logit per query
     head to every row's softmax."""
@@ -109,8 +110,8 @@ def flash_attn_forward(
     if path not in _PATHS:
         raise ValueError(f"path {path!r}: use one of {_PATHS}")
     _check_sinks(sinks, q)
-    batch, seqlen_q, nheads, headdim = q.shape
-    out = torch.empty((batch, seqlen_q, nheads, headdim), dtype=q.dtype, device=q.device)
+    batch, seqlen_q, nheads, _ = q.shape
+    out = torch.empty((batch, seqlen_q, nheads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
     native = _native()
     with torch.cuda.device(q.device):
@@ -151,9 +152,9 @@ def _flash_attn_forward_fake(
     q, k, v, softmax_scale, causal, window_left, window_right, path="auto", softcap=0.0, sinks=None
 ):
     _check_inputs(q, k, v)
-    batch, seqlen_q, nheads, headdim = q.shape
+    batch, seqlen_q, nheads, _ = q.shape
     return (
-        q.new_empty((batch, seqlen_q, nheads, headdim)),
+        q.new_empty((batch, seqlen_q, nheads, v.shape[-1])),
         q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32),
     )
 
@@ -449,13 +450,13 @@ def flash_attn_varlen_forward(
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """O ``[total_q, nheads, headdim]`` (q's dtype) and LSE ``[nheads, total_q]`` (f32, natural
-    log) over packed sequences (the Hopper kernels on sm_90a, the ``mma.sync`` kernels on
+    """O ``[total_q, nheads, headdim_v]`` (q's dtype; ``headdim_v`` v's, as in
+    ``flash_attn_forward``) and LSE ``[nheads, total_q]`` (f32, natural log) over packed sequences (the Hopper kernels on sm_90a, the ``mma.sync`` kernels on
     other GPUs); ``softcap`` and ``sinks`` as in ``flash_attn_forward``."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     _check_sinks(sinks, q)
-    total_q, nheads, headdim = q.shape
-    out = torch.empty((total_q, nheads, headdim), dtype=q.dtype, device=q.device)
+    total_q, nheads, _ = q.shape
+    out = torch.empty((total_q, nheads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
     native = _native()
     with torch.cuda.device(q.device):
@@ -488,9 +489,9 @@ def _flash_attn_varlen_forward_fake(
     window_left, window_right, softcap=0.0, sinks=None,
 ):
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    total_q, nheads, headdim = q.shape
+    total_q, nheads, _ = q.shape
     return (
-        q.new_empty((total_q, nheads, headdim)),
+        q.new_empty((total_q, nheads, v.shape[-1])),
         q.new_empty((nheads, total_q), dtype=torch.float32),
     )
 

@@ -112,15 +112,19 @@ def poison_allocator(*shapes_dtypes, device):
     del blocks
 
 
-def run_case(b, sq, sk, hq, hkv, d, dtype, causal=False, window=(-1, -1), scale=None, path="auto"):
+def run_case(
+    b, sq, sk, hq, hkv, d, dtype, causal=False, window=(-1, -1), scale=None, path="auto", dv=None
+):
+    """One forward case; ``dv``: v's head dimension where it differs from q's and k's."""
     g = torch.Generator(device="cuda").manual_seed(SEED + sq * 7 + sk * 13 + d)
     dev = torch.device("cuda")
+    dv = d if dv is None else dv
     q = torch.randn(b, sq, hq, d, device=dev, dtype=dtype, generator=g)
     k = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
-    v = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hkv, dv, device=dev, dtype=dtype, generator=g)
     eff_scale = scale if scale is not None else 1.0 / math.sqrt(d)
     allowed = allowed_mask(sq, sk, causal, window, dev)
-    poison_allocator(((b, sq, hq, d), dtype), ((b, hq, sq), torch.float32), device=dev)
+    poison_allocator(((b, sq, hq, dv), dtype), ((b, hq, sq), torch.float32), device=dev)
     if path == "auto":
         out, lse, _ = flash_attn_func(
             q, k, v, softmax_scale=scale, causal=causal, window_size=window, return_attn_probs=True
@@ -130,7 +134,7 @@ def run_case(b, sq, sk, hq, hkv, d, dtype, causal=False, window=(-1, -1), scale=
             q, k, v, scale, causal, window[0], window[1], path
         )
     torch.cuda.synchronize()
-    assert out.shape == q.shape and out.dtype == dtype, (out.shape, out.dtype)
+    assert out.shape == (b, sq, hq, dv) and out.dtype == dtype, (out.shape, out.dtype)
     assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32, (lse.shape, lse.dtype)
     ref_o, ref_lse = reference(q, k, v, eff_scale, allowed)
     naive = naive_same_precision(q, k, v, eff_scale, allowed)
@@ -177,6 +181,12 @@ OTHER_DIM_CASES = [
     (1, 300, 257, 4, 1, 32, torch.float16, False, (-1, -1), None),
     (1, 129, 300, 2, 2, 240, torch.bfloat16, False, (40, 8), None),
 ]
+# v of its own head dimension (Hopper only): (..., dv).
+VALUE_DIM_CASES = [
+    (2, 113, 203, 8, 2, 192, torch.bfloat16, True, (-1, -1), None, 128),
+    (1, 1023, 1024, 4, 4, 192, torch.float16, False, (-1, -1), None, 128),
+    (1, 500, 700, 4, 1, 192, torch.bfloat16, False, (64, 32), None, 128),
+]
 if QUICK:
     CASES = CASES[:5] + OTHER_DIM_CASES[:1]
 else:
@@ -194,6 +204,18 @@ def case_name(c, path):
         f"{' causal' if causal else ''}{'' if window == (-1, -1) else f' window{window}'}"
         f"{'' if scale is None else f' scale{scale}'}"
     )
+
+
+def value_dim_backward_refused():
+    """v of head dimension 128 beside q, k of 192: the forward runs (the Hopper kernels), the
+    backward is refused with the library's message."""
+    dev = "cuda"
+    q = torch.randn(1, 64, 2, 192, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 64, 2, 192, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(1, 64, 2, 128, device=dev, dtype=torch.bfloat16)
+    out = flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (1, 64, 2, 128), out.shape
+    return raises(ValueError, lambda: out.sum().backward(), "value head dimension")
 
 
 def packed_qkv():
@@ -632,6 +654,14 @@ def main():
         c = CASES[1]
         b, sq, sk, hq, hkv, d, dt, causal, window, scale = c
         check(case_name(c, "hopper"), lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, "hopper"))
+        # v of its own head dimension (the Hopper kernels' (192, 128) pair).
+        for c in VALUE_DIM_CASES:
+            b, sq, sk, hq, hkv, d, dt, causal, window, scale, dv = c
+            check(
+                case_name(c[:-1], "auto") + f" dv{dv}",
+                lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, "auto", dv),
+            )
+        check("value head dimension: backward refused", value_dim_backward_refused)
     check("packed qkv views", packed_qkv)
     check("side stream", side_stream)
     check("another thread", another_thread)

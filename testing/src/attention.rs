@@ -7,7 +7,7 @@ use kernels::memory::{download, poisoned, upload};
 use kernels::{Gpu, Result};
 use rand::Rng;
 
-/// Q, K, V of `p` (contiguous), uniform in `[-range, range)` from `seed`.
+/// Q, K, V of `p` (contiguous; V of `p.v_dim()`), uniform in `[-range, range)` from `seed`.
 pub fn random_inputs<T: AttentionElem>(
     p: &AttentionProblem,
     range: f32,
@@ -21,7 +21,8 @@ pub fn random_inputs<T: AttentionElem>(
     };
     let qn = p.batch * p.seq_q * p.heads_q * p.head_dim;
     let kn = p.batch * p.seq_k * p.heads_kv * p.head_dim;
-    (draw(qn), draw(kn), draw(kn))
+    let vn = p.batch * p.seq_k * p.heads_kv * p.v_dim();
+    (draw(qn), draw(kn), draw(vn))
 }
 
 /// The forward pass of `p` on the GPU with contiguous tensors (outputs poisoned before the
@@ -34,14 +35,14 @@ pub fn device_forward<T: AttentionElem>(
 ) -> Result<(Vec<T>, Vec<f32>)> {
     let stream = g.stream()?;
     let (dq, dk, dv) = (upload(q)?, upload(k)?, upload(v)?);
-    let dout = poisoned::<T>(q.len())?;
+    let dout = poisoned::<T>(p.o_shape().iter().product())?;
     let mut dlse = poisoned::<f32>(p.lse_len())?;
     let (qv, kv, vv) = (
         View::contiguous(&dq, p.q_shape()),
         View::contiguous(&dk, p.kv_shape()),
-        View::contiguous(&dv, p.kv_shape()),
+        View::contiguous(&dv, p.v_shape()),
     );
-    let mut ov = View::contiguous(&dout, p.q_shape());
+    let mut ov = View::contiguous(&dout, p.o_shape());
     attention::forward_variant(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse, variant)?;
     g.sync(&stream, "attention forward")?;
     Ok((download(&dout)?, download(&dlse)?))

@@ -64,6 +64,9 @@ pub(super) fn name(c: &VarlenCase) -> String {
         p.dtype, p.head_dim, p.heads_q, p.heads_kv
     )
     .to_lowercase();
+    if p.v_dim() != p.head_dim {
+        s.push_str(&format!("_v{}", p.v_dim()));
+    }
     if p.causal {
         s.push_str("_causal");
     }
@@ -93,7 +96,8 @@ pub(super) fn inputs<T: AttentionElem>(c: &VarlenCase) -> (Vec<T>, Vec<T>, Vec<T
     let p = &c.p;
     let qn = p.q_shape().iter().product();
     let kn = p.kv_shape().iter().product();
-    (draw(qn), draw(kn), draw(kn))
+    let vn = p.v_shape().iter().product();
+    (draw(qn), draw(kn), draw(vn))
 }
 
 /// Small cases for the emulator (D = 128 unless noted): empty sequences (no query rows, no key
@@ -456,14 +460,14 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, c: &VarlenCase) -> TestResult {
         let stream = g.stream()?;
         let seqlens = seqlens(c).upload()?;
         let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
-        let dout = poisoned::<T>(q.len())?;
+        let dout = poisoned::<T>(p.o_shape().iter().product())?;
         let mut dlse = poisoned::<f32>(p.lse_len())?;
         let (qv, kv, vv) = (
             View::packed_contiguous(&dq, p.q_shape()),
             View::packed_contiguous(&dk, p.kv_shape()),
-            View::packed_contiguous(&dv, p.kv_shape()),
+            View::packed_contiguous(&dv, p.v_shape()),
         );
-        let mut ov = View::packed_contiguous(&dout, p.q_shape());
+        let mut ov = View::packed_contiguous(&dout, p.o_shape());
         attention::forward_varlen(g, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut dlse)?;
         g.sync(&stream, "attention varlen forward")?;
         Ok((download(&dout)?, download(&dlse)?))
@@ -766,6 +770,46 @@ pub fn register(s: &mut Suite) {
         Needs::Hopper,
         hopper_clamps_bad_boundaries,
     );
+    // V and O of their own head dimension (`HOPPER_VALUE_DIMS`, Hopper only): empty sequences,
+    // lengths of 1, over one query block, GQA, causal and windows, many short sequences.
+    for (d, dv) in kernel_abi::attention::HOPPER_VALUE_DIMS {
+        let (d, dv) = (d as usize, dv as usize);
+        let lens = [
+            (1, 1),
+            (113, 203),
+            (0, 17),
+            (239, 1),
+            (1023, 1024),
+            (64, 0),
+            (799, 3),
+        ];
+        let mut cs = Vec::new();
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for causal in [false, true] {
+                let mut c = vcase(&lens, 4, 2, d, dtype);
+                c.p.causal = causal;
+                cs.push(c);
+            }
+        }
+        let mut c = vcase(&[(500, 700), (700, 500), (33, 1)], 8, 1, d, Dtype::Bf16);
+        c.p.window = (Some(64), Some(32));
+        cs.push(c);
+        let many: Vec<(usize, usize)> = (0..64)
+            .map(|i| (1 + (i * 37) % 97, 1 + (i * 53) % 89))
+            .collect();
+        let mut c = vcase(&many, 4, 1, d, Dtype::Bf16);
+        c.p.causal = true;
+        cs.push(c);
+        for mut c in cs {
+            c.p = c.p.value_dim(dv).path(Path::Hopper);
+            c.seed = c.seed.wrapping_add(dv as u64);
+            let n = format!("attention_varlen/hopper_value_dim/{}", name(&c));
+            s.gpu(&n, Needs::Hopper, move |g| match c.p.dtype {
+                Dtype::Bf16 => run_gpu::<bf16>(g, &c),
+                Dtype::F16 => run_gpu::<f16>(g, &c),
+            });
+        }
+    }
     for c in gpu_cases() {
         for (path, needs, tag) in [
             (Path::Hopper, Needs::Hopper, "hopper"),

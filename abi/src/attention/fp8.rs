@@ -45,6 +45,7 @@ pub const fn fp8_config(d: u32) -> Option<HopperConfig> {
     match d {
         128 | 256 => Some(HopperConfig {
             head_dim: d,
+            value_dim: d,
             block_n: 128,
             stages: 2,
             overlap: true,

@@ -276,6 +276,41 @@ macro_rules! hopper_table {
 pub const HOPPER_KERNELS: [HopperKernel; 4 * HEAD_DIMS.len() + HOPPER_VARIANTS.len()] =
     crate::with_attention_head_dims!(hopper_table!());
 
+/// The Hopper kernels of the head-dimension pairs of [`HOPPER_VALUE_DIMS`] (sm_90a only): per
+/// pair bf16, f16, then their packed-sequence forms.
+pub const HOPPER_VALUE_DIM_KERNELS: [HopperKernel; 4 * HOPPER_VALUE_DIMS.len()] = [
+    hopper(
+        "attention_fwd_hopper_bf16_d192_v128",
+        Dtype::Bf16,
+        hopper_value_config_of(192, 128),
+        None,
+    ),
+    hopper(
+        "attention_fwd_hopper_f16_d192_v128",
+        Dtype::F16,
+        hopper_value_config_of(192, 128),
+        None,
+    ),
+    HopperKernel {
+        varlen: true,
+        ..hopper(
+            "attention_fwd_hopper_varlen_bf16_d192_v128",
+            Dtype::Bf16,
+            hopper_value_config_of(192, 128),
+            None,
+        )
+    },
+    HopperKernel {
+        varlen: true,
+        ..hopper(
+            "attention_fwd_hopper_varlen_f16_d192_v128",
+            Dtype::F16,
+            hopper_value_config_of(192, 128),
+            None,
+        )
+    },
+];
+
 /// The family's kernels (both forward paths, the backward's on dense batches and on packed
 /// sequences, the forward over packed sequences, the Hopper backward's dK/dV kernels, the
 /// decode kernels over a paged KV cache, then the FP8 forward's).
@@ -286,6 +321,7 @@ const FAMILY_KERNELS: usize = MMA_KERNELS.len()
     + backward::BWD_KERNEL_COUNT
     + MMA_VARLEN_KERNELS.len()
     + HOPPER_VARLEN_KERNELS.len()
+    + HOPPER_VALUE_DIM_KERNELS.len()
     + hopper_bwd::HOPPER_BWD_KERNEL_COUNT
     + decode::DECODE_KERNEL_COUNT
     + fp8::FP8_KERNEL_COUNT;
@@ -318,6 +354,12 @@ const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
             .kernel
             .info();
         l += 1;
+    }
+    let mut p = 0;
+    while p < HOPPER_VALUE_DIM_KERNELS.len() {
+        out[i + j + k + l] = HOPPER_VALUE_DIM_KERNELS[p].kernel.info();
+        l += 1;
+        p += 1;
     }
     let hb = hopper_bwd::hopper_bwd_kernel_decls();
     let mut m = 0;
@@ -385,6 +427,23 @@ pub fn hopper_kernel(
             && k.cfg.head_dim == head_dim
             && same_variant(k.variant, variant)
             && !k.capsink
+    })
+}
+
+/// The Hopper kernel of the head-dimension pair `(head_dim, value_dim)` of
+/// [`HOPPER_VALUE_DIMS`] for `dtype`, for dense batches or (`varlen`) packed sequences.
+pub fn hopper_value_dim_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    value_dim: u32,
+    varlen: bool,
+) -> Option<&'static HopperKernel> {
+    const ALL: &[HopperKernel] = &HOPPER_VALUE_DIM_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype
+            && k.cfg.head_dim == head_dim
+            && k.cfg.value_dim == value_dim
+            && k.varlen == varlen
     })
 }
 

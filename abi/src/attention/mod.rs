@@ -14,8 +14,8 @@ mod varlen;
 
 pub(crate) use kernels::mma_smem;
 pub use kernels::{
-    HOPPER_KERNELS, HopperKernel, KERNELS, MMA_KERNELS, MmaKernel, hopper_capsink_kernel,
-    hopper_kernel, mma_capsink_kernel, mma_kernel,
+    HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HopperKernel, KERNELS, MMA_KERNELS, MmaKernel,
+    hopper_capsink_kernel, hopper_kernel, hopper_value_dim_kernel, mma_capsink_kernel, mma_kernel,
 };
 pub use varlen::{
     AttentionVarlenParams, HOPPER_VARLEN_KERNELS, MMA_VARLEN_KERNELS, MmaVarlenKernel,
@@ -421,8 +421,11 @@ pub const HOPPER_SCHED_BARRIER: u32 = 1;
 /// The Hopper path's tile shape for one head dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperConfig {
-    /// Head dimension D.
+    /// Head dimension D of Q and K (the contraction of `S = Q K^T`).
     pub head_dim: u32,
+    /// Head dimension of V and O (the N of `O += P V`): `head_dim` but in the kernels of
+    /// [`HOPPER_VALUE_DIMS`].
+    pub value_dim: u32,
     /// Keys per pipeline step (the N of `S = Q K^T`).
     pub block_n: u32,
     /// Stages of the K/V ring.
@@ -491,23 +494,36 @@ impl HopperConfig {
         0
     }
 
+    /// 128-byte column blocks of a V tile (as [`HopperConfig::column_blocks`], along
+    /// `value_dim`).
+    #[inline(always)]
+    pub const fn value_column_blocks(&self) -> u32 {
+        self.value_dim.div_ceil(self.atom())
+    }
+
     /// Offset of stage `s`'s K tile (`column_blocks` blocks of `block_n` rows).
     #[inline(always)]
     pub const fn k_offset(&self, s: u32) -> usize {
         (self.column_blocks() * self.block_bytes(HOPPER_BLOCK_M)
-            + 2 * s * self.column_blocks() * self.block_bytes(self.block_n)) as usize
+            + s * (self.tile_bytes() + self.v_tile_bytes())) as usize
     }
 
-    /// Offset of stage `s`'s V tile.
+    /// Offset of stage `s`'s V tile (`value_column_blocks` blocks of `block_n` rows).
     #[inline(always)]
     pub const fn v_offset(&self, s: u32) -> usize {
-        self.k_offset(s) + (self.column_blocks() * self.block_bytes(self.block_n)) as usize
+        self.k_offset(s) + self.tile_bytes() as usize
     }
 
-    /// Bytes one K (or V) tile's TMA loads deliver.
+    /// Bytes one K tile's TMA loads deliver.
     #[inline(always)]
     pub const fn tile_bytes(&self) -> u32 {
         self.column_blocks() * self.block_bytes(self.block_n)
+    }
+
+    /// Bytes one V tile's TMA loads deliver.
+    #[inline(always)]
+    pub const fn v_tile_bytes(&self) -> u32 {
+        self.value_column_blocks() * self.block_bytes(self.block_n)
     }
 
     /// Bytes the Q loads deliver.
@@ -549,6 +565,7 @@ impl HopperConfig {
 pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
     let base = HopperConfig {
         head_dim: d,
+        value_dim: d,
         block_n: 128,
         stages: 2,
         overlap: true,
@@ -571,6 +588,41 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
             ..base
         }),
         _ => None,
+    }
+}
+
+/// Pairs `(D, D_v)` of a query/key head dimension and a different value head dimension with
+/// Hopper kernels (`attention_fwd_hopper{,_varlen}_{bf16,f16}_d{D}_v{D_v}`; DeepSeek's 192 / 128).
+/// The `mma.sync` path has none: such a problem needs a Hopper GPU.
+pub const HOPPER_VALUE_DIMS: [(u32, u32); 1] = [(192, 128)];
+
+/// The Hopper configuration of the pair `(d, dv)` of [`HOPPER_VALUE_DIMS`], if it is one (dense
+/// batches and packed sequences alike): keys in steps of 128 with the overlap, as at D = 128.
+/// S = Q K^T runs over the `d / 16` k-slices of D, O += P V with N = `dv`, so the registers are
+/// those of D = 128 (64 of S, 64 of O per thread) and the shared memory holds Q and K of D = 192
+/// beside V of 128: 48 + 2 (48 + 32) KiB.
+#[inline(always)]
+pub const fn hopper_value_config(d: u32, dv: u32) -> Option<HopperConfig> {
+    let mut i = 0;
+    while i < HOPPER_VALUE_DIMS.len() {
+        if HOPPER_VALUE_DIMS[i].0 == d && HOPPER_VALUE_DIMS[i].1 == dv {
+            return Some(HopperConfig {
+                head_dim: d,
+                value_dim: dv,
+                ..hopper_config_of(128)
+            });
+        }
+        i += 1;
+    }
+    None
+}
+
+/// [`hopper_value_config`] of a supported pair (compile-time use in kernels).
+#[inline(always)]
+pub const fn hopper_value_config_of(d: u32, dv: u32) -> HopperConfig {
+    match hopper_value_config(d, dv) {
+        Some(c) => c,
+        None => panic!("unsupported pair of head dimensions"),
     }
 }
 
@@ -721,6 +773,12 @@ const _: () = {
         assert!(HOPPER_VARIANTS[v].1.smem_bytes() <= 227 * 1024);
         v += 1;
     }
+    let mut p = 0;
+    while p < HOPPER_VALUE_DIMS.len() {
+        let (d, dv) = HOPPER_VALUE_DIMS[p];
+        assert!(hopper_value_config_of(d, dv).smem_bytes() <= 227 * 1024);
+        p += 1;
+    }
 };
 
 /// [`hopper_config`] for a supported head dimension (compile-time use in kernels).
@@ -745,7 +803,8 @@ pub struct HopperParams {
     pub tmap_k: crate::TensorMap,
     /// V map, box rows `block_n`.
     pub tmap_v: crate::TensorMap,
-    /// O `[batch, seq_q, heads_q, D]` (16-bit elements), strides `o_strides`.
+    /// O `[batch, seq_q, heads_q, D_v]` (16-bit elements; `D_v` the configuration's
+    /// `value_dim`), strides `o_strides`.
     pub o: *mut u16,
     /// LSE `[batch, heads_q, seq_q]` f32, contiguous.
     pub lse: *mut f32,

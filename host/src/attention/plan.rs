@@ -16,7 +16,7 @@ use crate::tensor_map::{MapDtype, MapSpec, MapSwizzle, TiledMap};
 use kernel_abi::attention::{
     AttentionParams, HOPPER_ATOM, HOPPER_BLOCK_M, HopperConfig, HopperGrid, HopperKernel,
     HopperParams, LogitOptions, MmaKernel, TileConfig, UNBOUNDED, hopper_capsink_kernel,
-    hopper_kernel, hopper_variant, mma_capsink_kernel, mma_kernel,
+    hopper_kernel, hopper_value_dim_kernel, hopper_variant, mma_capsink_kernel, mma_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
 
@@ -46,9 +46,10 @@ pub struct AttentionTensors<'a, T> {
     pub q: View<'a, T>,
     /// K `[batch, seq_k, heads_kv, D]`.
     pub k: View<'a, T>,
-    /// V, as K.
+    /// V `[batch, seq_k, heads_kv, D_v]` (`D_v` = D but for a problem with
+    /// [`AttentionProblem::value_dim`]).
     pub v: View<'a, T>,
-    /// O, as Q (written; must not overlap the inputs).
+    /// O `[batch, seq_q, heads_q, D_v]` (written; must not overlap the inputs).
     pub o: View<'a, T>,
     /// LSE (written).
     pub lse: DevView<'a, f32>,
@@ -112,8 +113,8 @@ impl AttentionProblem {
         }
         tensors.q.check("Q", self.q_shape())?;
         tensors.k.check("K", self.kv_shape())?;
-        tensors.v.check("V", self.kv_shape())?;
-        tensors.o.check("O", self.q_shape())?;
+        tensors.v.check("V", self.v_shape())?;
+        tensors.o.check("O", self.o_shape())?;
         tensors.o.check_distinct("O")?;
         if tensors.lse.len() != self.lse_len() {
             return Err(Error::shape(
@@ -125,6 +126,9 @@ impl AttentionProblem {
         check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
         let arch = target.arch;
         let d = self.head_dim as u32;
+        if self.has_value_dim() {
+            return self.value_dim_plan(target, tensors, variant);
+        }
         if self.has_logit_options() {
             if let Some(name) = variant {
                 return Err(Error::unsupported(
@@ -192,6 +196,42 @@ impl AttentionProblem {
             })?,
         };
         Ok(self.mma_plan(kernel, tensors))
+    }
+
+    /// The plan of a problem whose V and O have a head dimension of their own: the Hopper
+    /// kernel of its pair (validated), on a Hopper GPU, with tensors a tensor map describes.
+    fn value_dim_plan<T>(
+        &self,
+        target: Target,
+        tensors: &AttentionTensors<'_, T>,
+        variant: Option<&str>,
+    ) -> Result<AttentionPlan> {
+        if let Some(name) = variant {
+            return Err(Error::unsupported(
+                format!("tuning variant {name} with a value head dimension of its own"),
+                "the (D, D_v) pairs run on their default kernels only",
+            ));
+        }
+        let kernel = self.value_dim_kernel(target.arch, false)?;
+        self.hopper_plan(kernel, target, tensors)
+    }
+
+    /// The Hopper kernel of this problem's `(D, D_v)` pair (dense or `varlen`): an error off
+    /// Hopper.
+    pub(in crate::attention) fn value_dim_kernel(
+        &self,
+        arch: crate::ptx::Arch,
+        varlen: bool,
+    ) -> Result<&'static HopperKernel> {
+        let (d, dv) = (self.head_dim as u32, self.v_dim() as u32);
+        if !arch.has_hopper_kernels() {
+            return Err(Error::unsupported(
+                format!("value head dimension {dv} with query/key head dimension {d}"),
+                format!("the (D, D_v) kernels need sm_90a (Hopper); this GPU runs {arch}"),
+            ));
+        }
+        hopper_value_dim_kernel(self.dtype, d, dv, varlen)
+            .ok_or_else(|| Error::unsupported(format!("head dimensions ({d}, {dv})"), "no kernel"))
     }
 
     /// The plan of a problem with a softcap or sinks: the `capsink` kernels, on the path

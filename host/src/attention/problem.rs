@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::exec::DevView;
 use half::{bf16, f16};
-use kernel_abi::attention::HEAD_DIMS;
+use kernel_abi::attention::{HEAD_DIMS, HOPPER_VALUE_DIMS};
 
 pub use kernel_abi::attention::Dtype;
 
@@ -65,8 +65,11 @@ pub struct AttentionProblem {
     pub heads_q: usize,
     /// Key/value heads (divides `heads_q`; 1 is multi-query attention).
     pub heads_kv: usize,
-    /// Head dimension ([`HEAD_DIMS`]: a multiple of 16 from 32 to 256).
+    /// Head dimension of Q and K ([`HEAD_DIMS`]: a multiple of 16 from 32 to 256).
     pub head_dim: usize,
+    /// Head dimension of V and O when it differs from `head_dim` (a pair of
+    /// [`HOPPER_VALUE_DIMS`], forward on the Hopper path); `None`: `head_dim`.
+    pub value_dim: Option<usize>,
     /// Element type.
     pub dtype: Dtype,
     /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
@@ -102,6 +105,7 @@ impl AttentionProblem {
             heads_q,
             heads_kv,
             head_dim,
+            value_dim: None,
             dtype,
             scale: None,
             causal: false,
@@ -110,6 +114,22 @@ impl AttentionProblem {
             softcap: None,
             sinks: false,
         }
+    }
+
+    /// With V and O of head dimension `value_dim` (which may differ from Q's and K's).
+    pub fn value_dim(mut self, value_dim: usize) -> Self {
+        self.value_dim = Some(value_dim);
+        self
+    }
+
+    /// The head dimension of V and O.
+    pub fn v_dim(&self) -> usize {
+        self.value_dim.unwrap_or(self.head_dim)
+    }
+
+    /// Whether V and O have a head dimension of their own (different from Q's and K's).
+    pub fn has_value_dim(&self) -> bool {
+        self.v_dim() != self.head_dim
     }
 
     /// With a softcap (`softcap tanh(l / softcap)` on every logit `l`).
@@ -195,6 +215,7 @@ impl AttentionProblem {
             ("heads_q", self.heads_q),
             ("heads_kv", self.heads_kv),
             ("head_dim", self.head_dim),
+            ("value_dim", self.v_dim()),
         ];
         for (what, v) in dims {
             if v == 0 {
@@ -229,6 +250,31 @@ impl AttentionProblem {
                 format!("head dimension {}", self.head_dim),
                 format!("supported: {HEAD_DIMS:?}"),
             ));
+        }
+        if self.has_value_dim() {
+            let pair = (self.head_dim as u32, self.v_dim() as u32);
+            if !HOPPER_VALUE_DIMS.contains(&pair) {
+                return Err(Error::unsupported(
+                    format!(
+                        "value head dimension {} with query/key head dimension {}",
+                        self.v_dim(),
+                        self.head_dim
+                    ),
+                    format!("supported (D, D_v) pairs: {HOPPER_VALUE_DIMS:?}"),
+                ));
+            }
+            if self.has_logit_options() {
+                return Err(Error::unsupported(
+                    "a softcap or sinks with a value head dimension of its own",
+                    "the (D, D_v) kernels have neither",
+                ));
+            }
+            if self.path == Path::MmaSync {
+                return Err(Error::unsupported(
+                    "attention path MmaSync with a value head dimension of its own",
+                    "the (D, D_v) kernels are on the Hopper path only",
+                ));
+            }
         }
         if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::invalid(
@@ -265,25 +311,36 @@ impl AttentionProblem {
         Ok(())
     }
 
-    /// Floating-point operations: `4 batch heads_q seq_q seq_k D`, halved under causal masking
-    /// (the benchmark convention of FlashAttention).
+    /// Floating-point operations: `2 batch heads_q seq_q seq_k (D + D_v)` (`4 ... D` when the
+    /// two are equal), halved under causal masking (the benchmark convention of
+    /// FlashAttention).
     pub fn flops(&self) -> f64 {
-        let f = 4.0
+        let f = 2.0
             * (self.batch * self.heads_q) as f64
             * self.seq_q as f64
             * self.seq_k as f64
-            * self.head_dim as f64;
+            * (self.head_dim + self.v_dim()) as f64;
         if self.causal { f / 2.0 } else { f }
     }
 
-    /// The shape of Q and O: `[batch, seq_q, heads_q, D]`.
+    /// The shape of Q (and of O when `D_v = D`): `[batch, seq_q, heads_q, D]`.
     pub fn q_shape(&self) -> [usize; 4] {
         [self.batch, self.seq_q, self.heads_q, self.head_dim]
     }
 
-    /// The shape of K and V: `[batch, seq_k, heads_kv, D]`.
+    /// The shape of K (and of V when `D_v = D`): `[batch, seq_k, heads_kv, D]`.
     pub fn kv_shape(&self) -> [usize; 4] {
         [self.batch, self.seq_k, self.heads_kv, self.head_dim]
+    }
+
+    /// The shape of V: `[batch, seq_k, heads_kv, D_v]`.
+    pub fn v_shape(&self) -> [usize; 4] {
+        [self.batch, self.seq_k, self.heads_kv, self.v_dim()]
+    }
+
+    /// The shape of O: `[batch, seq_q, heads_q, D_v]`.
+    pub fn o_shape(&self) -> [usize; 4] {
+        [self.batch, self.seq_q, self.heads_q, self.v_dim()]
     }
 
     /// Elements of LSE: `batch * heads_q * seq_q` (saturating at `usize::MAX` for sizes that

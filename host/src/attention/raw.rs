@@ -49,9 +49,10 @@ pub struct RawAttentionTensors<'t> {
     pub q: &'t RawTensor,
     /// K `[batch, seq_k, heads_kv, D]`, Q's type.
     pub k: &'t RawTensor,
-    /// V, as K.
+    /// V `[batch, seq_k, heads_kv, D_v]`, Q's type (`D_v` = D, or a pair of
+    /// `kernel_abi::attention::HOPPER_VALUE_DIMS`).
     pub v: &'t RawTensor,
-    /// O, as Q (written).
+    /// O `[batch, seq_q, heads_q, D_v]`, Q's type (written).
     pub o: &'t RawTensor,
     /// LSE `[batch, heads_q, seq_q]` f32, contiguous (written).
     pub lse: &'t RawTensor,
@@ -79,6 +80,7 @@ impl AttentionProblem {
             heads_q,
             heads_kv,
             head_dim,
+            value_dim: None,
             dtype,
             scale: options.scale,
             causal: options.causal,
@@ -103,6 +105,7 @@ pub fn plan_raw(
     let mut problem =
         AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
     problem.sinks = tensors.sinks.is_some();
+    problem.value_dim = value_dim_of(&problem, tensors.v);
     problem.validate()?;
     let mut inputs = vec![("Q", tensors.q), ("K", tensors.k), ("V", tensors.v)];
     inputs.extend(tensors.sinks.map(|s| ("sinks", s)));
@@ -112,6 +115,23 @@ pub fn plan_raw(
         Dtype::F16 => plan_typed::<f16>(&problem, target, tensors),
     }?;
     Ok((problem, plan))
+}
+
+/// V's head dimension where it is not Q's (`None` where it is, or where V is not of rank 4:
+/// its view's check reports that).
+fn value_dim_of(problem: &AttentionProblem, v: &RawTensor) -> Option<usize> {
+    match v.shape[..] {
+        [_, _, _, dv] if dv != problem.head_dim => Some(dv),
+        _ => None,
+    }
+}
+
+/// [`value_dim_of`] of packed V (`[total_k, heads_kv, D_v]`) against Q's head dimension `d`.
+fn packed_value_dim_of(d: usize, v: &RawTensor) -> Option<usize> {
+    match v.shape[..] {
+        [_, _, dv] if dv != d => Some(dv),
+        _ => None,
+    }
 }
 
 /// The problem's element type of Q's element type `q`.
@@ -267,6 +287,7 @@ pub fn plan_backward_raw(
     let mut problem =
         AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
     problem.sinks = tensors.sinks.is_some();
+    problem.value_dim = value_dim_of(&problem, tensors.v);
     problem.validate()?;
     let plan = match dtype {
         Dtype::Bf16 => plan_backward_typed::<bf16>(&problem, target, backward, tensors),
@@ -456,6 +477,7 @@ impl AttentionVarlenProblem {
             heads_q,
             heads_kv,
             head_dim,
+            value_dim: None,
             dtype,
             scale: options.scale,
             causal: options.causal,
@@ -518,6 +540,7 @@ pub fn plan_varlen_raw(
         options,
     )?;
     problem.sinks = tensors.sinks.is_some();
+    problem.value_dim = packed_value_dim_of(problem.head_dim, tensors.v);
     problem.validate()?;
     let mut inputs = vec![
         ("Q", tensors.q),
@@ -703,6 +726,7 @@ pub fn plan_backward_varlen_raw(
         options,
     )?;
     problem.sinks = tensors.sinks.is_some();
+    problem.value_dim = packed_value_dim_of(problem.head_dim, tensors.v);
     problem.validate()?;
     let plan = match dtype {
         Dtype::Bf16 => plan_backward_varlen_typed::<bf16>(target, &problem, backward, tensors),

@@ -2,8 +2,9 @@
 //! of the backward, and a naive forward in the input precision (what the tolerance rule
 //! compares against).
 //!
-//! Inputs are contiguous host tensors: Q `[batch, seq_q, heads_q, D]`, K and V
-//! `[batch, seq_k, heads_kv, D]`. The forward spreads its work over (batch, head) pairs on all
+//! Inputs are contiguous host tensors: Q `[batch, seq_q, heads_q, D]`, K
+//! `[batch, seq_k, heads_kv, D]`, V `[batch, seq_k, heads_kv, D_v]` (`D_v` = D but for a problem
+//! with [`AttentionProblem::value_dim`]). The forward spreads its work over (batch, head) pairs on all
 //! CPU cores; the backward is written for clarity only.
 //!
 //! # Backward semantics
@@ -37,7 +38,7 @@ pub use backward::{
     naive_backward_varlen_same_precision, naive_backward_varlen_same_precision_sinks,
 };
 
-/// O `[batch, seq_q, heads_q, D]` and LSE `[batch, heads_q, seq_q]`.
+/// O `[batch, seq_q, heads_q, D_v]` and LSE `[batch, heads_q, seq_q]`.
 #[derive(Clone, Debug)]
 pub struct AttentionOutput {
     /// Output.
@@ -78,7 +79,7 @@ pub(super) fn row_mut(
 type HeadOutput = (Vec<f64>, Vec<f64>);
 
 /// Run `f(b, h)` for every (batch, head) on all cores; each call returns the rows of O for
-/// that pair (`seq_q * D` values) and its LSE (`seq_q` values), which are scattered into place.
+/// that pair (`seq_q * D_v` values) and its LSE (`seq_q` values), which are scattered into place.
 fn per_head(
     p: &AttentionProblem,
     f: impl Fn(usize, usize) -> (Vec<f64>, Vec<f64>) + Sync,
@@ -106,7 +107,7 @@ fn per_head(
             .flat_map(|h| h.join().expect("reference thread"))
             .collect()
     });
-    let d = p.head_dim;
+    let d = p.v_dim();
     let mut o = vec![0.0; p.batch * p.seq_q * p.heads_q * d];
     let mut lse = vec![0.0; p.lse_len()];
     for ((b, h), (oh, lh)) in results {
@@ -219,22 +220,22 @@ pub fn reference_f64_sinks(
         sinks.is_some(),
         "sink values are given exactly for a problem with sinks"
     );
-    let d = p.head_dim;
+    let dv = p.v_dim();
     let group = p.heads_q / p.heads_kv;
     per_head(p, |b, h| {
         let hk = h / group;
         let sink = sinks.map(|s| s[h]);
-        let mut o = vec![0.0; p.seq_q * d];
+        let mut o = vec![0.0; p.seq_q * dv];
         let mut lse = vec![f64::NEG_INFINITY; p.seq_q];
         let mut probs = vec![0.0; p.seq_k];
         for i in 0..p.seq_q {
             lse[i] = row_softmax_sink(p, q, k, (b, i, h), sink, &mut probs);
-            let oi = &mut o[i * d..(i + 1) * d];
+            let oi = &mut o[i * dv..(i + 1) * dv];
             for (j, &pj) in probs.iter().enumerate() {
                 if !p.allowed(i, j) {
                     continue; // O = 0 for a row with no allowed key
                 }
-                let vj = row(v, p.seq_k, p.heads_kv, d, b, j, hk);
+                let vj = row(v, p.seq_k, p.heads_kv, dv, b, j, hk);
                 for (x, y) in oi.iter_mut().zip(vj) {
                     *x += pj * y;
                 }
@@ -272,7 +273,7 @@ pub fn naive_same_precision_sinks<T: AttentionElem>(
         sinks.is_some(),
         "sink values are given exactly for a problem with sinks"
     );
-    let d = p.head_dim;
+    let (d, dv) = (p.head_dim, p.v_dim());
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale();
     let round = |x: f32| T::from_f32(x).to_f32();
@@ -286,10 +287,10 @@ pub fn naive_same_precision_sinks<T: AttentionElem>(
     per_head(p, |b, h| {
         let hk = h / group;
         let sink = sinks.map_or(f32::NEG_INFINITY, |s| s[h]);
-        let mut o = vec![0.0; p.seq_q * d];
+        let mut o = vec![0.0; p.seq_q * dv];
         let mut lse = vec![f64::NEG_INFINITY; p.seq_q];
         let mut scores = vec![0.0f32; p.seq_k];
-        let mut acc = vec![0.0f32; d];
+        let mut acc = vec![0.0f32; dv];
         for i in 0..p.seq_q {
             let qi = row(&qs, p.seq_q, p.heads_q, d, b, i, h);
             let mut max = sink;
@@ -313,12 +314,12 @@ pub fn naive_same_precision_sinks<T: AttentionElem>(
                 if w == 0.0 {
                     continue;
                 }
-                let vj = row(&v32, p.seq_k, p.heads_kv, d, b, j, hk);
+                let vj = row(&v32, p.seq_k, p.heads_kv, dv, b, j, hk);
                 for (x, y) in acc.iter_mut().zip(vj) {
                     *x += w * y;
                 }
             }
-            for (x, y) in o[i * d..(i + 1) * d].iter_mut().zip(&acc) {
+            for (x, y) in o[i * dv..(i + 1) * dv].iter_mut().zip(&acc) {
                 *x = round(*y) as f64;
             }
             lse[i] = (max + sum.ln()) as f64;
@@ -327,7 +328,7 @@ pub fn naive_same_precision_sinks<T: AttentionElem>(
     })
 }
 
-/// The f64 reference for selected rows only, `(batch, query, head)` each: O's row (`D` values)
+/// The f64 reference for selected rows only, `(batch, query, head)` each: O's row (`D_v` values)
 /// and LSE. For validating large problems on a sample.
 pub fn reference_rows<T: AttentionElem>(
     p: &AttentionProblem,
@@ -337,7 +338,7 @@ pub fn reference_rows<T: AttentionElem>(
     rows: &[(usize, usize, usize)],
 ) -> Vec<(Vec<f64>, f64)> {
     assert!(!p.sinks, "reference_rows covers problems without sinks");
-    let d = p.head_dim;
+    let (d, dv) = (p.head_dim, p.v_dim());
     let group = p.heads_q / p.heads_kv;
     rows.iter()
         .map(|&(b, i, h)| {
@@ -362,7 +363,7 @@ pub fn reference_rows<T: AttentionElem>(
                 })
                 .collect();
             let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let mut o = vec![0.0; d];
+            let mut o = vec![0.0; dv];
             if max == f64::NEG_INFINITY {
                 return (o, f64::NEG_INFINITY);
             }
@@ -373,7 +374,7 @@ pub fn reference_rows<T: AttentionElem>(
                 }
                 let w = (l - max).exp();
                 sum += w;
-                let vj = row(v, p.seq_k, p.heads_kv, d, b, j, hk);
+                let vj = row(v, p.seq_k, p.heads_kv, dv, b, j, hk);
                 for (x, y) in o.iter_mut().zip(vj) {
                     *x += w * y.to_f32() as f64;
                 }
@@ -386,7 +387,8 @@ pub fn reference_rows<T: AttentionElem>(
 
 /// The f64 reference over packed sequences: for each sequence `b` of `seqlens`, [`reference`]
 /// of its dense problem ([`AttentionVarlenProblem::sequence`], batch 1) on its rows of Q, K, V
-/// (contiguous `[total, heads, D]`). O `[total_q, heads_q, D]`, LSE `[heads_q, total_q]`.
+/// (contiguous `[total, heads, D]`, V's of `D_v`). O `[total_q, heads_q, D_v]`, LSE
+/// `[heads_q, total_q]`.
 pub fn reference_varlen<T: AttentionElem>(
     p: &AttentionVarlenProblem,
     seqlens: &CuSeqlens,
@@ -453,9 +455,9 @@ fn per_sequence<T: AttentionElem>(
     f: impl Fn(&AttentionProblem, &[T], &[T], &[T]) -> AttentionOutput,
     (q, k, v): (&[T], &[T], &[T]),
 ) -> AttentionOutput {
-    let d = p.head_dim;
+    let (d, dv) = (p.head_dim, p.v_dim());
     let (hq, hkv) = (p.heads_q, p.heads_kv);
-    let mut o = vec![0.0; p.total_q * hq * d];
+    let mut o = vec![0.0; p.total_q * hq * dv];
     let mut lse = vec![f64::NEG_INFINITY; p.lse_len()];
     for b in 0..seqlens.batch() {
         let (sq, sk) = (seqlens.seq_q(b), seqlens.seq_k(b));
@@ -467,9 +469,9 @@ fn per_sequence<T: AttentionElem>(
             &p.sequence(sq, sk),
             &q[q0 * hq * d..(q0 + sq) * hq * d],
             &k[k0 * hkv * d..(k0 + sk) * hkv * d],
-            &v[k0 * hkv * d..(k0 + sk) * hkv * d],
+            &v[k0 * hkv * dv..(k0 + sk) * hkv * dv],
         );
-        o[q0 * hq * d..(q0 + sq) * hq * d].copy_from_slice(&out.o);
+        o[q0 * hq * dv..(q0 + sq) * hq * dv].copy_from_slice(&out.o);
         for h in 0..hq {
             for i in 0..sq {
                 lse[h * p.total_q + q0 + i] = out.lse[h * sq + i];

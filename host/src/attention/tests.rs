@@ -10,9 +10,10 @@ use crate::tensor_map::MapSpec;
 use half::{bf16, f16};
 use kernel_abi::attention::backward::BWD_KERNEL_COUNT;
 use kernel_abi::attention::{
-    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VARIANTS, HOPPER_VARLEN_KERNELS, HopperGrid, KERNELS,
-    MMA_KERNELS, MMA_VARLEN_KERNELS, TUNING_VARIANTS, UNBOUNDED,
-    hopper_bwd::HOPPER_BWD_KERNEL_COUNT, hopper_config, hopper_varlen_kernel, tile_config,
+    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HOPPER_VALUE_DIMS, HOPPER_VARIANTS,
+    HOPPER_VARLEN_KERNELS, HopperGrid, KERNELS, MMA_KERNELS, MMA_VARLEN_KERNELS, TUNING_VARIANTS,
+    UNBOUNDED, hopper_bwd::HOPPER_BWD_KERNEL_COUNT, hopper_config, hopper_varlen_kernel,
+    tile_config,
 };
 
 /// The most dynamic shared memory a block may have on the GPUs the tests assume (H100, H200).
@@ -34,13 +35,12 @@ fn dev<'a, T>(addr: u64, len: usize) -> DevView<'a, T> {
 
 /// Contiguous tensors of `p` at made-up, well-aligned addresses.
 fn tensors<'a, T>(p: &AttentionProblem) -> AttentionTensors<'a, T> {
-    let qn = p.q_shape().iter().product();
-    let kn = p.kv_shape().iter().product();
+    let n = |shape: [usize; 4]| shape.iter().product();
     AttentionTensors {
-        q: View::contiguous(dev(1 << 40, qn), p.q_shape()),
-        k: View::contiguous(dev(2 << 40, kn), p.kv_shape()),
-        v: View::contiguous(dev(3 << 40, kn), p.kv_shape()),
-        o: View::contiguous(dev(4 << 40, qn), p.q_shape()),
+        q: View::contiguous(dev(1 << 40, n(p.q_shape())), p.q_shape()),
+        k: View::contiguous(dev(2 << 40, n(p.kv_shape())), p.kv_shape()),
+        v: View::contiguous(dev(3 << 40, n(p.v_shape())), p.v_shape()),
+        o: View::contiguous(dev(4 << 40, n(p.o_shape())), p.o_shape()),
         lse: dev(5 << 40, p.lse_len()),
         sinks: p.sinks.then(|| dev(6 << 40, p.heads_q)),
     }
@@ -101,6 +101,7 @@ fn every_entry_of_the_ptx_has_its_handle() {
             + BWD_KERNEL_COUNT
             + MMA_VARLEN_KERNELS.len()
             + HOPPER_VARLEN_KERNELS.len()
+            + HOPPER_VALUE_DIM_KERNELS.len()
             + HOPPER_BWD_KERNEL_COUNT
             + kernel_abi::attention::decode::DECODE_KERNEL_COUNT
             + kernel_abi::attention::fp8::FP8_KERNEL_COUNT
@@ -476,3 +477,60 @@ fn softcap_and_sinks_take_the_capsink_kernels_with_their_parameters() {
 }
 
 mod varlen;
+
+#[test]
+fn value_dim_pairs_plan_their_hopper_kernels() {
+    for (d, dv) in HOPPER_VALUE_DIMS {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for causal in [false, true] {
+                let mut p = AttentionProblem::new(2, 1000, 1100, 8, 2, d as usize, dtype)
+                    .value_dim(dv as usize);
+                p.causal = causal;
+                let plan = plan(&p, Arch::Sm90a, None).unwrap();
+                check(&plan, Arch::Sm90a);
+                let AttentionPlan::Hopper {
+                    kernel,
+                    maps,
+                    params,
+                    ..
+                } = &plan
+                else {
+                    panic!("({d}, {dv}) not on the Hopper path");
+                };
+                let dt = dtype_name(dtype);
+                assert_eq!(
+                    kernel.kernel.name,
+                    format!("attention_fwd_hopper_{dt}_d{d}_v{dv}")
+                );
+                assert_eq!((kernel.cfg.head_dim, kernel.cfg.value_dim), (d, dv));
+                assert!(kernel.cfg.smem_bytes() <= MAX_SMEM);
+                // V's map spans D_v columns in boxes of `block_n` rows; O's strides are D_v's.
+                assert_eq!(maps[2].dims[..4], [dv as u64, 2, 1100, 2]);
+                assert_eq!(maps[1].dims[..4], [d as u64, 2, 1100, 2]);
+                assert_eq!(maps[2].box_dims[2], kernel.cfg.block_n);
+                assert_eq!(
+                    params.o_strides,
+                    [1000 * 8 * dv as u64, 8 * dv as u64, dv as u64]
+                );
+                assert_eq!(
+                    p.flops(),
+                    2.0 * 16.0 * 1000.0 * 1100.0 * (d + dv) as f64 / if causal { 2.0 } else { 1.0 }
+                );
+            }
+        }
+    }
+    for k in &HOPPER_VALUE_DIM_KERNELS {
+        let (d, dv) = (k.cfg.head_dim, k.cfg.value_dim);
+        let want = format!(
+            "attention_fwd_hopper_{}{}_d{d}_v{dv}",
+            if k.varlen { "varlen_" } else { "" },
+            dtype_name(k.dtype)
+        );
+        assert_eq!(k.kernel.name, want);
+        assert_eq!(
+            Some(k.cfg),
+            kernel_abi::attention::hopper_value_config(d, dv)
+        );
+        assert!(HOPPER_VALUE_DIMS.contains(&(d, dv)) && d != dv);
+    }
+}

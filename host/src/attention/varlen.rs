@@ -32,7 +32,8 @@ use cust::stream::Stream;
 use kernel_abi::KernelDecl;
 use kernel_abi::attention::{
     AttentionParams, AttentionVarlenParams, HOPPER_BLOCK_M, HopperKernel, HopperParams,
-    MmaVarlenKernel, UNBOUNDED, hopper_varlen_kernel, hopper_varlen_slots, mma_varlen_kernel,
+    MmaVarlenKernel, UNBOUNDED, hopper_value_dim_kernel, hopper_varlen_kernel, hopper_varlen_slots,
+    mma_varlen_kernel,
 };
 
 /// The boundaries of a batch of packed sequences, as FlashAttention takes them: `[batch + 1]`
@@ -200,8 +201,10 @@ pub struct AttentionVarlenProblem {
     pub heads_q: usize,
     /// Key/value heads (divides `heads_q`).
     pub heads_kv: usize,
-    /// Head dimension ([`super::HEAD_DIMS`]: a multiple of 16 from 32 to 256).
+    /// Head dimension of Q and K ([`super::HEAD_DIMS`]: a multiple of 16 from 32 to 256).
     pub head_dim: usize,
+    /// Head dimension of V and O, as [`AttentionProblem::value_dim`].
+    pub value_dim: Option<usize>,
     /// Element type.
     pub dtype: Dtype,
     /// Softmax scale; `None` is `1 / sqrt(head_dim)`.
@@ -236,6 +239,7 @@ impl AttentionVarlenProblem {
             heads_q,
             heads_kv,
             head_dim,
+            value_dim: None,
             dtype,
             scale: None,
             causal: false,
@@ -282,6 +286,17 @@ impl AttentionVarlenProblem {
         self
     }
 
+    /// With V and O of head dimension `value_dim`, as [`AttentionProblem::value_dim`].
+    pub fn value_dim(mut self, value_dim: usize) -> Self {
+        self.value_dim = Some(value_dim);
+        self
+    }
+
+    /// The head dimension of V and O.
+    pub fn v_dim(&self) -> usize {
+        self.value_dim.unwrap_or(self.head_dim)
+    }
+
     /// The dense problem of one sequence of `seq_q` query and `seq_k` key rows (batch 1), with
     /// this problem's heads and options: what the sequence computes.
     pub fn sequence(&self, seq_q: usize, seq_k: usize) -> AttentionProblem {
@@ -292,6 +307,7 @@ impl AttentionVarlenProblem {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
+            value_dim: self.value_dim,
             dtype: self.dtype,
             scale: self.scale,
             causal: self.causal,
@@ -302,14 +318,24 @@ impl AttentionVarlenProblem {
         }
     }
 
-    /// The shape of Q and O: `[total_q, heads_q, D]`.
+    /// The shape of Q (and of O when `D_v = D`): `[total_q, heads_q, D]`.
     pub fn q_shape(&self) -> [usize; 3] {
         [self.total_q, self.heads_q, self.head_dim]
     }
 
-    /// The shape of K and V: `[total_k, heads_kv, D]`.
+    /// The shape of K (and of V when `D_v = D`): `[total_k, heads_kv, D]`.
     pub fn kv_shape(&self) -> [usize; 3] {
         [self.total_k, self.heads_kv, self.head_dim]
+    }
+
+    /// The shape of V: `[total_k, heads_kv, D_v]`.
+    pub fn v_shape(&self) -> [usize; 3] {
+        [self.total_k, self.heads_kv, self.v_dim()]
+    }
+
+    /// The shape of O: `[total_q, heads_q, D_v]`.
+    pub fn o_shape(&self) -> [usize; 3] {
+        [self.total_q, self.heads_q, self.v_dim()]
     }
 
     /// Elements of LSE: `heads_q * total_q`.
@@ -328,6 +354,7 @@ impl AttentionVarlenProblem {
             ("heads_q", self.heads_q, 1),
             ("heads_kv", self.heads_kv, 1),
             ("head_dim", self.head_dim, 1),
+            ("value_dim", self.v_dim(), 1),
         ] {
             if v < min {
                 return Err(Error::invalid(what, "must be at least 1"));
@@ -414,8 +441,8 @@ impl AttentionVarlenProblem {
         let packed = |[n, h, d]: [usize; 3]| [1, n, h, d];
         check_packed(&tensors.q, "Q", packed(self.q_shape()))?;
         check_packed(&tensors.k, "K", packed(self.kv_shape()))?;
-        check_packed(&tensors.v, "V", packed(self.kv_shape()))?;
-        check_packed(&tensors.o, "O", packed(self.q_shape()))?;
+        check_packed(&tensors.v, "V", packed(self.v_shape()))?;
+        check_packed(&tensors.o, "O", packed(self.o_shape()))?;
         if self.total_q > 0 {
             tensors.o.check_distinct("O")?;
         }
@@ -451,6 +478,19 @@ impl AttentionVarlenProblem {
             Path::Auto => target.arch.has_hopper_kernels(),
             Path::MmaSync => false,
         };
+        if dense.has_value_dim() {
+            // The (D, D_v) pairs: the Hopper kernels only (`validate` refused `MmaSync`); no
+            // query row: no launch.
+            dense.value_dim_kernel(target.arch, true)?;
+            if self.max_seqlen_q == 0 {
+                return Ok(AttentionVarlenPlan::MmaSync {
+                    kernel: mma_varlen_kernel(self.dtype, self.head_dim as u32, false)
+                        .expect("validated head dimension"),
+                    launch: None,
+                });
+            }
+            return self.hopper_plan(&dense, tensors);
+        }
         // No query row: nothing to write, no launch (on any path).
         if hopper && self.max_seqlen_q > 0 {
             match self.hopper_plan(&dense, tensors) {
@@ -514,9 +554,13 @@ impl AttentionVarlenProblem {
         dense: &AttentionProblem,
         tensors: &AttentionVarlenTensors<'_, T>,
     ) -> Result<AttentionVarlenPlan> {
-        let kernel: &'static HopperKernel =
+        let kernel: &'static HopperKernel = if dense.has_value_dim() {
+            hopper_value_dim_kernel(self.dtype, self.head_dim as u32, self.v_dim() as u32, true)
+                .expect("validated pair of head dimensions")
+        } else {
             hopper_varlen_kernel(self.dtype, self.head_dim as u32, dense.has_logit_options())
-                .expect("validated head dimension");
+                .expect("validated head dimension")
+        };
         if self.total_k == 0 {
             return Err(Error::unsupported(
                 "attention path Hopper",
@@ -589,9 +633,10 @@ pub struct AttentionVarlenTensors<'a, T> {
     pub q: View<'a, T>,
     /// K `[total_k, heads_kv, D]`, as Q.
     pub k: View<'a, T>,
-    /// V, as K.
+    /// V `[total_k, heads_kv, D_v]`, as K (`D_v` = D but for a problem with
+    /// [`AttentionVarlenProblem::value_dim`]).
     pub v: View<'a, T>,
-    /// O, as Q (written; must not overlap the inputs).
+    /// O `[total_q, heads_q, D_v]`, as Q (written; must not overlap the inputs).
     pub o: View<'a, T>,
     /// LSE `[heads_q, total_q]` f32, contiguous (written).
     pub lse: DevView<'a, f32>,

@@ -21,7 +21,7 @@ macro_rules! store_tile {
         $m0:ident, $q0:ident, $head:ident, $batch:ident, $rows_valid:ident, $warp_row:ident,
         $g:ident, $t:ident
     ) => {
-        // Packed sequences (`VARLEN`): O `[total_q, heads_q, D]` from the sequence's first row
+        // Packed sequences (`VARLEN`): O `[total_q, heads_q, D_v]` from the sequence's first row
         // `$q0`, LSE `[heads_q, total_q]`.
         let o_base = if VARLEN {
             $p.o.wrapping_add(($head as u64 * $p.o_strides[2]) as usize)
@@ -63,7 +63,7 @@ macro_rules! store_tile {
                 for j in 0..$or / 4 {
                     let v = <$e>::pack($o[4 * j + 2 * h] * inv, $o[4 * j + 2 * h + 1] * inv);
                     // SAFETY: row i < seq_q (packed: q0 + i below the sequence's clamped end,
-                    // at most total_q), column 8 j + 2 t + 1 < D: inside O; 4-byte aligned
+                    // at most total_q), column 8 j + 2 t + 1 < D_v: inside O; 4-byte aligned
                     // (16-byte aligned rows, even column).
                     unsafe { *(dst.wrapping_add(8 * j + 2 * $t as usize) as *mut u32) = v };
                 }

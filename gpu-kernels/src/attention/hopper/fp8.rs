@@ -41,6 +41,7 @@ macro_rules! fp8_kernel {
                     super::forward::<
                         Bf16,
                         { CFG.head_dim },
+                        { CFG.value_dim },
                         { CFG.block_n },
                         { CFG.stages },
                         { (CFG.block_n / 2) as usize },

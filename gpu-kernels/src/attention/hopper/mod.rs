@@ -1,4 +1,6 @@
-//! `attention_fwd_hopper_{bf16,f16}_d{D}` (D every multiple of 16 from 32 to 256): the attention
+//! `attention_fwd_hopper_{bf16,f16}_d{D}` (D every multiple of 16 from 32 to 256, and
+//! `_d{D}_v{D_v}` for the pairs of [`kernel_abi::attention::HOPPER_VALUE_DIMS`], whose V and O have
+//! a head dimension `D_v` of their own): the attention
 //! forward pass on Hopper (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
 //! `mma.sync` path ([`AttentionParams`](kernel_abi::attention::AttentionParams) documents the
 //! masking and the outputs); chosen automatically on Hopper GPUs. The `varlen` entries take
@@ -18,7 +20,7 @@
 //! block `b` computes tiles `b`, `b + grid`, ... (one block per SM by default; the order of
 //! [`tile`]); Q of the next tile loads while the last P V of the current
 //! one runs, and the K/V rings carry on across tiles. Every tile is stored as
-//! `D / 64` column blocks of 128-byte swizzled rows (one TMA box each). S = Q K^T reads Q and
+//! `D / 64` column blocks of 128-byte swizzled rows (one TMA box each; V's tiles `D_v / 64`). S = Q K^T reads Q and
 //! K as K-major `wgmma` operands (the 16-wide K slice `kk` is column block `kk / 4` advanced by
 //! `32 (kk % 4)` bytes); O += P V reads V as an MN-major operand (`trans-b`, the 16-row K slice
 //! `kk` at `2048 kk` bytes, column blocks one swizzle atom apart), P from registers.
@@ -29,8 +31,8 @@
 //! Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
 //! of the block; per step it issues `wgmma.m64n{block_n}k16` for S (`block_n / 2` f32
 //! registers), does the online softmax on its accumulators (a row is held by the 4 lanes of a
-//! quad), converts P to A fragments in registers, and issues `wgmma.m64n{D}k16` (register A)
-//! into O (`D / 2` f32 registers).
+//! quad), converts P to A fragments in registers, and issues `wgmma.m64n{D_v}k16` (register A)
+//! into O (`D_v / 2` f32 registers; `D_v` = D but for the pairs).
 //!
 //! # Barrier protocol
 //! - Start: thread 0 initializes `q_full`, `q_empty`, `full_k[s]`, `full_v[s]` (count 1) and
@@ -118,7 +120,9 @@ use kernel_abi::attention::{
 /// Consumer warps arriving on an `empty` barrier per phase.
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 
-/// The forward pass: barrier setup and the role split; see the module documentation. `SR = block_n / 2` and `OR = D / 2` are the
+/// The forward pass: barrier setup and the role split; see the module documentation. `DV` is
+/// the head dimension of V and O (D but for the pairs of `HOPPER_VALUE_DIMS`). `SR = block_n / 2`
+/// and `OR = DV / 2` are the
 /// accumulator registers of S and O; `NT = block_n / 8`, `NK = block_n / 16`, `DK = D / 16`;
 /// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
 /// `PINGPONG` the turns between the consumers, `MODE` the softmax (`Softmax::code`), `CAPSINK`
@@ -135,6 +139,7 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 unsafe fn forward<
     E: Elem,
     const D: u32,
+    const DV: u32,
     const BN: u32,
     const STAGES: u32,
     const SR: usize,
@@ -162,7 +167,8 @@ unsafe fn forward<
         let k = if FP8 { 32 } else { 16 };
         assert!(
             SR as u32 * 2 == BN
-                && OR as u32 * 2 == D
+                && OR as u32 * 2 == DV
+                && (DV == D || (!FP8 && !CAPSINK))
                 && NT as u32 * 8 == BN
                 && NK as u32 * k == BN
                 && DK as u32 * k == D
@@ -183,7 +189,7 @@ unsafe fn forward<
     let q_s = base + cfg.q_offset() as u32;
     let k_s = |s: u32| base + cfg.k_offset(s) as u32;
     let v_s = |s: u32| base + cfg.v_offset(s) as u32;
-    let cblocks = cfg.column_blocks();
+    let (cblocks, v_cblocks) = (cfg.column_blocks(), cfg.value_column_blocks());
 
     // Packed sequences, one block per tile: every warp finds the block's sequence (the same
     // in all), and a block whose slot holds no query row leaves before any barrier (uniformly).
@@ -227,7 +233,7 @@ unsafe fn forward<
         unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
         if tid == 0 {
             producer::load_tiles!(
-                p, cfg, cblocks, seq, [tmap_q, tmap_k, tmap_v],
+                p, cfg, (cblocks, v_cblocks), seq, [tmap_q, tmap_k, tmap_v],
                 q: (q_s, q_full, q_empty),
                 k: (k_s, full_k, empty_k),
                 v: (v_s, full_v, empty_v)
@@ -281,10 +287,11 @@ macro_rules! hopper_kernel {
                     forward::<
                         $elem,
                         { CFG.head_dim },
+                        { CFG.value_dim },
                         { CFG.block_n },
                         { CFG.stages },
                         { (CFG.block_n / 2) as usize },
-                        { (CFG.head_dim / 2) as usize },
+                        { (CFG.value_dim / 2) as usize },
                         { (CFG.block_n / 8) as usize },
                         { (CFG.block_n / 16) as usize },
                         { (CFG.head_dim / 16) as usize },
@@ -496,6 +503,37 @@ macro_rules! default_kernels {
 }
 
 kernel_abi::with_attention_head_dims!(default_kernels!());
+
+// The head-dimension pairs of `kernel_abi::attention::HOPPER_VALUE_DIMS` (dense, packed): S =
+// Q K^T over D = 192 in steps of 128 keys (`m64n128`), O += P V with N = D_v = 128.
+macro_rules! value_dim_kernels {
+    ($($name:expr, $elem:ident, $varlen:expr, $s_zero:ident, $s_mma:ident, $o_mma:ident;)*) => {
+        $(
+            hopper_kernel!(
+                $name,
+                $elem,
+                kernel_abi::attention::hopper_value_config_of(192, 128),
+                false,
+                $varlen,
+                $s_zero,
+                $s_mma,
+                fence_operands_64,
+                $o_mma,
+                fence_operands_64
+            );
+        )*
+    };
+}
+value_dim_kernels!(
+    "attention_fwd_hopper_bf16_d192_v128", Bf16, false,
+        m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, m64n128k16_bf16_rs;
+    "attention_fwd_hopper_f16_d192_v128", F16, false,
+        m64n128k16_f16_ss_zero, m64n128k16_f16_ss, m64n128k16_f16_rs;
+    "attention_fwd_hopper_varlen_bf16_d192_v128", Bf16, true,
+        m64n128k16_bf16_ss_zero, m64n128k16_bf16_ss, m64n128k16_bf16_rs;
+    "attention_fwd_hopper_varlen_f16_d192_v128", F16, true,
+        m64n128k16_f16_ss_zero, m64n128k16_f16_ss, m64n128k16_f16_rs;
+);
 
 // Tuning variants (`kernel_abi::attention::HOPPER_VARIANTS`, in order), bf16.
 hopper_kernel!(

@@ -8,7 +8,8 @@
 
 /// The producer's loop over the block's tiles (thread 0 only, once, after the mbarriers were
 /// initialized and published). `$p`: the kernel's `&HopperParams`; `$cfg`: its
-/// `&HopperConfig`; `$cblocks`: the column blocks of a tile; `$seq`: the block's packed
+/// `&HopperConfig`; `($cblocks, $v_cblocks)`: the column blocks of a Q or K tile and of a V
+/// tile; `$seq`: the block's packed
 /// sequence (`VARLEN`; `scheduler::packed_sequence`); the tensor maps of Q, K and V;
 /// then per operand its shared memory and its `full` and `empty` mbarriers: the Q tile
 /// `$q_s` with `$q_full`, `$q_empty`, and the closures of ring slot `s`: `$k_s(s)`,
@@ -19,7 +20,7 @@
 /// query rows computed and not stored.
 macro_rules! load_tiles {
     (
-        $p:ident, $cfg:ident, $cblocks:ident, $seq:ident,
+        $p:ident, $cfg:ident, ($cblocks:ident, $v_cblocks:ident), $seq:ident,
         [$tmap_q:ident, $tmap_k:ident, $tmap_v:ident],
         q: ($q_s:ident, $q_full:ident, $q_empty:ident),
         k: ($k_s:ident, $full_k:ident, $empty_k:ident),
@@ -66,12 +67,14 @@ macro_rules! load_tiles {
             // and V of each step.
             let load = |j: u32, k: bool| {
                 let pos = $crate::arch::mbarrier::RingPos::<STAGES>::of(kv + j);
-                let (full, empty, map, dst) = if k {
+                let (full, empty, map, dst, cblocks, bytes) = if k {
                     (
                         $full_k(pos.stage),
                         $empty_k(pos.stage),
                         $tmap_k,
                         $k_s(pos.stage),
+                        $cblocks,
+                        $cfg.tile_bytes(),
                     )
                 } else {
                     (
@@ -79,6 +82,8 @@ macro_rules! load_tiles {
                         $empty_v(pos.stage),
                         $tmap_v,
                         $v_s(pos.stage),
+                        $v_cblocks,
+                        $cfg.v_tile_bytes(),
                     )
                 };
                 let n0 = (tl.k0 + (tl.nb_lo + j) * BN) as i32;
@@ -87,13 +92,13 @@ macro_rules! load_tiles {
                 // the destination is untouched until that phase completes.
                 unsafe {
                     empty.wait_parity(pos.phase ^ 1);
-                    full.arrive_expect_tx($cfg.tile_bytes());
+                    full.arrive_expect_tx(bytes);
                     if FP8 && !k {
                         // V^T `[seq_pad, D, heads_kv, batch]`: one box of the step's 128 keys
                         // by all D rows (`D * 128` bytes, the tile's).
                         map.load_4d(dst, n0, 0, tl.head_kv as i32, tl.batch as i32, full);
                     } else {
-                        for cb in 0..$cblocks {
+                        for cb in 0..cblocks {
                             let x = (cb
                                 * if FP8 {
                                     ::kernel_abi::attention::HOPPER_FP8_ATOM

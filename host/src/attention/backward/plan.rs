@@ -402,6 +402,12 @@ impl AttentionProblem {
         options: BackwardOptions,
     ) -> Result<AttentionBackwardPlan> {
         self.validate()?;
+        if self.has_value_dim() {
+            return Err(Error::unsupported(
+                "the backward with a value head dimension of its own",
+                "the (D, D_v) pairs have a forward only",
+            ));
+        }
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",

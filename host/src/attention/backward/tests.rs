@@ -832,3 +832,13 @@ fn varlen_hopper_plan_falls_back_or_refuses() {
         (hopper.delta_len(), hopper.dq_accum_len())
     );
 }
+
+#[test]
+fn backward_refuses_a_value_head_dimension_of_its_own() {
+    let p = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16).value_dim(128);
+    let e = plan(&p, false).err();
+    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+    let v = varlen_problem(&[(5, 7), (64, 64)], 2, 2, 192).value_dim(128);
+    let e = varlen_plan_on(Arch::Sm90a, &v, false).err();
+    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+}

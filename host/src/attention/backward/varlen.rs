@@ -200,6 +200,12 @@ impl AttentionVarlenProblem {
         options: BackwardOptions,
     ) -> Result<AttentionVarlenBackwardPlan> {
         self.validate()?;
+        if self.value_dim.is_some_and(|dv| dv != self.head_dim) {
+            return Err(Error::unsupported(
+                "the backward with a value head dimension of its own",
+                "the (D, D_v) pairs have a forward only",
+            ));
+        }
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",

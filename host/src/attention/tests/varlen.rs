@@ -5,13 +5,12 @@ use super::*;
 
 /// Contiguous packed tensors of `p` at made-up, well-aligned addresses.
 fn varlen_tensors<'a, T>(p: &AttentionVarlenProblem) -> AttentionVarlenTensors<'a, T> {
-    let qn = p.q_shape().iter().product();
-    let kn = p.kv_shape().iter().product();
+    let n = |shape: [usize; 3]| shape.iter().product();
     AttentionVarlenTensors {
-        q: View::packed_contiguous(dev(1 << 40, qn), p.q_shape()),
-        k: View::packed_contiguous(dev(2 << 40, kn), p.kv_shape()),
-        v: View::packed_contiguous(dev(3 << 40, kn), p.kv_shape()),
-        o: View::packed_contiguous(dev(4 << 40, qn), p.q_shape()),
+        q: View::packed_contiguous(dev(1 << 40, n(p.q_shape())), p.q_shape()),
+        k: View::packed_contiguous(dev(2 << 40, n(p.kv_shape())), p.kv_shape()),
+        v: View::packed_contiguous(dev(3 << 40, n(p.v_shape())), p.v_shape()),
+        o: View::packed_contiguous(dev(4 << 40, n(p.o_shape())), p.o_shape()),
         lse: dev(5 << 40, p.lse_len()),
         cu_seqlens_q: dev(6 << 40, p.batch + 1),
         cu_seqlens_k: dev(7 << 40, p.batch + 1),
@@ -139,6 +138,53 @@ fn varlen_hopper_plan_grid_parameters_and_maps() {
         plan.kernel().name,
         "attention_fwd_hopper_varlen_capsink_bf16_d128"
     );
+}
+
+#[test]
+fn varlen_value_dim_pairs_plan_their_hopper_kernels() {
+    let seqlens = CuSeqlens::from_lens(&[(17, 9), (0, 5), (300, 1), (40, 0)]).unwrap();
+    let p = AttentionVarlenProblem::new(&seqlens, 4, 2, 192, Dtype::Bf16)
+        .causal()
+        .value_dim(128);
+    let plan = p
+        .plan(target(Arch::Sm90a), &varlen_tensors::<bf16>(&p))
+        .unwrap();
+    assert_eq!(
+        plan.kernel().name,
+        "attention_fwd_hopper_varlen_bf16_d192_v128"
+    );
+    let AttentionVarlenPlan::Hopper(AttentionPlan::Hopper { maps, params, .. }) = &plan else {
+        panic!("a Hopper plan on sm_90a")
+    };
+    assert_eq!(params.o_strides, [0, 4 * 128, 128]);
+    assert_eq!(maps[2].dims[..4], [128, 2, 15, 1]);
+    check_kernel_launch(
+        Arch::Sm90a,
+        &plan.kernel(),
+        &plan.config().unwrap(),
+        MAX_SMEM,
+    )
+    .unwrap();
+    // No Hopper kernel on sm_80, none on the mma.sync path: typed errors.
+    let e = p
+        .plan(target(Arch::Sm80), &varlen_tensors::<bf16>(&p))
+        .err();
+    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+    let m = p.clone().path(Path::MmaSync);
+    let e = m
+        .plan(target(Arch::Sm90a), &varlen_tensors::<bf16>(&m))
+        .err();
+    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+    // No query row: no launch.
+    let empty = CuSeqlens::from_lens(&[(0, 5)]).unwrap();
+    let e = AttentionVarlenProblem::new(&empty, 4, 2, 192, Dtype::Bf16).value_dim(128);
+    let plan = e
+        .plan(target(Arch::Sm90a), &varlen_tensors::<bf16>(&e))
+        .unwrap();
+    assert!(matches!(
+        plan,
+        AttentionVarlenPlan::MmaSync { launch: None, .. }
+    ));
 }
 
 #[test]
