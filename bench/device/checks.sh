@@ -123,10 +123,15 @@
 #       16k, the pair's rows beside them) with its peers, and (step bwd) kbench
 #       attention-backward at D 64 and 128 (S 4k, 16k); VDIM_STEPS picks among
 #       "tests san py bench bwd" (default the first three).
+#   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
+#       Triton's autotuning results of fla's kernels restored from
+#       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
+#       $OUT/fla-autotune-h200.tgz after, also when the run is cut short, so that a later run
+#       tunes only what is new.
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim
+#   detw|hvb|vdim|flab
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -880,6 +885,22 @@ if [ "$part" = vdim ]; then
     unset KBENCH_ATTENTION_VARIANTS
   fi
   if [[ $steps == *" bwd "* ]]; then SEQS=${BSEQS:-4096,16384} bwd_bench ${BDIMS:-64,128}; fi
+fi
+if [ "$part" = flab ]; then
+  P=/tmp/pyd9f TC=/tmp/tc
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+  mkdir -p $TC
+  for FT in bench/results/sweeps/fla-autotune-h100.tgz bench/results/sweeps/fla-autotune-h200.tgz; do
+    [ -f $FT ] && tar -xzf $FT -C $TC
+  done
+  echo "fla autotune results restored: $(find $TC -name '*.autotune.json' | wc -l)" >> $S
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers TRITON_CACHE_DIR=$TC
+  s=$(date +%s); timeout -k 5 ${T:-540} $B/bin/kbench gla --out $OUT > $L/bench-gla-fla.log 2>&1
+  echo "kbench gla (fla peer) rc=$? $(( $(date +%s)-s ))s" >> $S
+  (cd $TC && find . -name '*.autotune.json' | tar -czf $OUT/fla-autotune-h200.tgz -T -)
+  echo "fla autotune results saved: $(find $TC -name '*.autotune.json' | wc -l)" >> $S
+  grep -E "peer " $L/bench-gla-fla.log | tail -20 >> $S
+  sed -n '/^== table/,$p' $L/bench-gla-fla.log | grep -E "gla_fwd_bwd|gla_fwd " | grep -v "ours-" | tail -30 >> $S
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S

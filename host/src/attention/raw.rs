@@ -105,7 +105,7 @@ pub fn plan_raw(
     let mut problem =
         AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
     problem.sinks = tensors.sinks.is_some();
-    problem.value_dim = value_dim_of(&problem, tensors.v);
+    problem.value_dim = value_dim_of(&problem, tensors.k, tensors.v);
     problem.validate()?;
     let mut inputs = vec![("Q", tensors.q), ("K", tensors.k), ("V", tensors.v)];
     inputs.extend(tensors.sinks.map(|s| ("sinks", s)));
@@ -117,19 +117,22 @@ pub fn plan_raw(
     Ok((problem, plan))
 }
 
-/// V's head dimension where it is not Q's (`None` where it is, or where V is not of rank 4:
-/// its view's check reports that).
-fn value_dim_of(problem: &AttentionProblem, v: &RawTensor) -> Option<usize> {
-    match v.shape[..] {
-        [_, _, _, dv] if dv != problem.head_dim => Some(dv),
+/// V's head dimension where it is not Q's (`None` where it is, where V is not of rank 4, or
+/// where K's is not Q's: their views' checks report those).
+fn value_dim_of(problem: &AttentionProblem, k: &RawTensor, v: &RawTensor) -> Option<usize> {
+    match (&k.shape[..], &v.shape[..]) {
+        ([_, _, _, dk], [_, _, _, dv]) if *dk == problem.head_dim && *dv != problem.head_dim => {
+            Some(*dv)
+        }
         _ => None,
     }
 }
 
-/// [`value_dim_of`] of packed V (`[total_k, heads_kv, D_v]`) against Q's head dimension `d`.
-fn packed_value_dim_of(d: usize, v: &RawTensor) -> Option<usize> {
-    match v.shape[..] {
-        [_, _, dv] if dv != d => Some(dv),
+/// [`value_dim_of`] of packed K and V (`[total_k, heads_kv, D]`, `[total_k, heads_kv, D_v]`)
+/// against Q's head dimension `d`.
+fn packed_value_dim_of(d: usize, k: &RawTensor, v: &RawTensor) -> Option<usize> {
+    match (&k.shape[..], &v.shape[..]) {
+        ([_, _, dk], [_, _, dv]) if *dk == d && *dv != d => Some(*dv),
         _ => None,
     }
 }
@@ -287,7 +290,7 @@ pub fn plan_backward_raw(
     let mut problem =
         AttentionProblem::from_shapes(&tensors.q.shape, &tensors.k.shape, dtype, options)?;
     problem.sinks = tensors.sinks.is_some();
-    problem.value_dim = value_dim_of(&problem, tensors.v);
+    problem.value_dim = value_dim_of(&problem, tensors.k, tensors.v);
     problem.validate()?;
     let plan = match dtype {
         Dtype::Bf16 => plan_backward_typed::<bf16>(&problem, target, backward, tensors),
@@ -540,7 +543,7 @@ pub fn plan_varlen_raw(
         options,
     )?;
     problem.sinks = tensors.sinks.is_some();
-    problem.value_dim = packed_value_dim_of(problem.head_dim, tensors.v);
+    problem.value_dim = packed_value_dim_of(problem.head_dim, tensors.k, tensors.v);
     problem.validate()?;
     let mut inputs = vec![
         ("Q", tensors.q),
@@ -726,7 +729,7 @@ pub fn plan_backward_varlen_raw(
         options,
     )?;
     problem.sinks = tensors.sinks.is_some();
-    problem.value_dim = packed_value_dim_of(problem.head_dim, tensors.v);
+    problem.value_dim = packed_value_dim_of(problem.head_dim, tensors.k, tensors.v);
     problem.validate()?;
     let plan = match dtype {
         Dtype::Bf16 => plan_backward_varlen_typed::<bf16>(target, &problem, backward, tensors),

@@ -15,8 +15,8 @@ fn raw_tensors(p: &AttentionProblem) -> [RawTensor; 5] {
     [
         RawTensor::contiguous(1 << 40, e, &p.q_shape()),
         RawTensor::contiguous(2 << 40, e, &p.kv_shape()),
-        RawTensor::contiguous(3 << 40, e, &p.kv_shape()),
-        RawTensor::contiguous(4 << 40, e, &p.q_shape()),
+        RawTensor::contiguous(3 << 40, e, &p.v_shape()),
+        RawTensor::contiguous(4 << 40, e, &p.o_shape()),
         RawTensor::contiguous(5 << 40, ElemType::F32, &[p.batch, p.heads_q, p.seq_q]),
     ]
 }
@@ -69,6 +69,31 @@ fn the_raw_plan_is_the_typed_plan() {
             check(&raw, arch);
         }
     }
+}
+
+#[test]
+fn the_raw_plan_takes_the_value_head_dimension_from_v() {
+    let p = AttentionProblem::new(2, 113, 203, 8, 2, 192, Dtype::Bf16)
+        .causal()
+        .value_dim(128);
+    let t = raw_tensors(&p);
+    let (got, plan) = plan_of(&t, &options(&p), Arch::Sm90a).unwrap();
+    assert_eq!(got, p);
+    assert_eq!(plan.kernel().name, "attention_fwd_hopper_bf16_d192_v128");
+    // K of another head dimension than Q's is K's shape error, whatever V's.
+    let q64 = AttentionProblem::new(2, 113, 203, 8, 2, 64, Dtype::Bf16);
+    let [q, _, _, o, lse] = raw_tensors(&q64);
+    let [_, k, v, _, _] = raw_tensors(&AttentionProblem::new(2, 113, 203, 8, 2, 128, Dtype::Bf16));
+    let e = plan_of(&[q, k, v, o, lse], &options(&q64), Arch::Sm90a).err();
+    assert!(
+        matches!(&e, Some(Error::ShapeMismatch { what, .. }) if what.contains("K shape")),
+        "{e:?}"
+    );
+    // V of 128 beside Q, K of 64: no such pair.
+    let [q, k, _, o, lse] = raw_tensors(&q64);
+    let [_, _, v, _, _] = raw_tensors(&AttentionProblem::new(2, 113, 203, 8, 2, 128, Dtype::Bf16));
+    let e = plan_of(&[q, k, v, o, lse], &options(&q64), Arch::Sm90a).err();
+    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
 }
 
 #[test]
