@@ -167,16 +167,16 @@ fn cases() -> Vec<Case> {
 }
 
 /// Problems whose V and O have a head dimension of their own, for each pair of
-/// `HOPPER_VALUE_DIMS`: lengths from 1 to 1024 (one key step, partial steps, the ring's
+/// `VALUE_DIMS`: lengths from 1 to 1024 (one key step, partial steps, the ring's
 /// wrap-around), causal and not, GQA and MQA, windows, rows with no allowed key, extreme logits,
 /// many tiles per block of the persistent grid, f16.
 fn value_dim_cases() -> Vec<Case> {
     let mut v = Vec::new();
-    for (d, dv) in kernel_abi::attention::HOPPER_VALUE_DIMS {
+    for (d, dv) in kernel_abi::attention::VALUE_DIMS {
         let (d, dv) = (d as usize, dv as usize);
         let pair = |b, sq, sk, hq, hkv, dtype| {
             let mut c = case(b, sq, sk, hq, hkv, d, dtype);
-            c.p = c.p.value_dim(dv).path(Path::Hopper);
+            c.p = c.p.value_dim(dv);
             c.seed = c.seed.wrapping_add(dv as u64);
             c
         };
@@ -222,10 +222,10 @@ fn value_dim_cases() -> Vec<Case> {
     v
 }
 
-/// A value head dimension of its own is refused, with a typed error, where no kernel has it:
-/// pairs not built, the `mma.sync` path (forced, or the only one of the target), a softcap or
-/// sinks, the backward.
-fn value_dim_rejects() -> TestResult {
+/// The plans of a value head dimension of its own: the Hopper kernel of the pair on sm_90a,
+/// its `mma.sync` kernel on sm_80 or when asked; typed errors where no kernel has it (pairs not
+/// built, a softcap, a tuning variant) and for an O of Q's head dimension.
+fn value_dim_plans() -> TestResult {
     let p = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16).value_dim(128);
     let hopper = Target {
         arch: Arch::Sm90a,
@@ -249,19 +249,29 @@ fn value_dim_rejects() -> TestResult {
         lse: lse.view(),
         sinks: None,
     };
-    let plan = p.plan(hopper, &t, None);
-    ensure(plan.as_ref().is_ok_and(|plan| plan.is_hopper()), || {
-        format!("(192, 128) on sm_90a: {:?}", plan.as_ref().err())
-    })?;
+    let mma = p.clone().path(Path::MmaSync);
+    for (what, p, target, want) in [
+        ("sm_90a", &p, hopper, "attention_fwd_hopper_bf16_d192_v128"),
+        ("sm_80", &p, sm80, "attention_fwd_bf16_d192_v128"),
+        (
+            "mma.sync path",
+            &mma,
+            hopper,
+            "attention_fwd_bf16_d192_v128",
+        ),
+    ] {
+        let name = p.plan(target, &t, None).map(|plan| plan.kernel().name);
+        println!("{what}: {name:?}");
+        ensure(name.as_ref().is_ok_and(|n| *n == want), || {
+            format!("(192, 128) on {what}: {name:?}, want {want}")
+        })?;
+    }
     let unsupported = |what: &str, r: kernels::Result<()>| -> TestResult {
         println!("{what}: {r:?}");
         ensure(matches!(r, Err(Error::Unsupported { .. })), || {
             format!("{what}: want an Unsupported error, got {r:?}")
         })
     };
-    unsupported("sm_80 target", p.plan(sm80, &t, None).map(|_| ()))?;
-    let mma = p.clone().path(Path::MmaSync);
-    unsupported("mma.sync path", mma.plan(hopper, &t, None).map(|_| ()))?;
     unsupported(
         "tuning variant",
         p.plan(hopper, &t, Some("hpp")).map(|_| ()),
@@ -303,15 +313,22 @@ fn main() {
             });
         }
     }
-    // V and O of their own head dimension (the pairs of `HOPPER_VALUE_DIMS`, Hopper only).
+    // V and O of their own head dimension (the pairs of `VALUE_DIMS`), both paths.
     for c in value_dim_cases() {
-        let n = format!("attention/hopper_value_dim/{}", name(&c));
-        s.gpu(&n, Needs::Hopper, move |g| match c.p.dtype {
-            Dtype::Bf16 => run::<bf16>(g, &c),
-            Dtype::F16 => run::<f16>(g, &c),
-        });
+        for (path, needs, tag) in [
+            (Path::Hopper, Needs::Hopper, "hopper"),
+            (Path::MmaSync, Needs::Gpu, "mma"),
+        ] {
+            let mut c = c.clone();
+            c.p.path = path;
+            let n = format!("attention/{tag}_value_dim/{}", name(&c));
+            s.gpu(&n, needs, move |g| match c.p.dtype {
+                Dtype::Bf16 => run::<bf16>(g, &c),
+                Dtype::F16 => run::<f16>(g, &c),
+            });
+        }
     }
-    s.cpu("attention/value_dim_rejects", value_dim_rejects);
+    s.cpu("attention/value_dim_plans", value_dim_plans);
     // Hopper pipeline stress: K/V of 1, 2, 3 ring tiles and partial tiles (wrap-around of the
     // 2-stage ring), every head dimension.
     for d in [64usize, 128, 256] {
@@ -442,6 +459,15 @@ fn main() {
     for d in [32, 48, 80, 96, 144, 192, 240] {
         for c in head_dim_cases(d) {
             let n = format!("attention/emulated_d{d}/{}", name(&c));
+            s.cpu(&n, move || run_emulated(&c, "default"));
+        }
+    }
+    // The pairs of `VALUE_DIMS` (V and O of their own head dimension) on their `mma.sync`
+    // kernels in the emulator.
+    for (d, dv) in kernel_abi::attention::VALUE_DIMS {
+        for mut c in head_dim_cases(d as usize) {
+            c.p = c.p.value_dim(dv as usize);
+            let n = format!("attention/emulated_value_dim/{}", name(&c));
             s.cpu(&n, move || run_emulated(&c, "default"));
         }
     }
@@ -580,13 +606,13 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
         HostBuf::from_slice(&k),
         HostBuf::from_slice(&v),
     );
-    let mut o = HostBuf::filled(q.len(), bf16::NAN);
+    let mut o = HostBuf::filled(p.o_shape().iter().product(), bf16::NAN);
     let mut lse = HostBuf::filled(p.lse_len(), f32::NAN);
     let tensors = AttentionTensors {
         q: View::contiguous(dq.view(), p.q_shape()),
         k: View::contiguous(dk.view(), p.kv_shape()),
-        v: View::contiguous(dv.view(), p.kv_shape()),
-        o: View::contiguous(o.view(), p.q_shape()),
+        v: View::contiguous(dv.view(), p.v_shape()),
+        o: View::contiguous(o.view(), p.o_shape()),
         lse: lse.view(),
         sinks: None,
     };

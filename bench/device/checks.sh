@@ -116,10 +116,10 @@
 #       then kbench attention-varlen (forward and training step, with its peers); HVB_STEPS
 #       picks among "tests vtests san py bench" (default all but vtests: the packed tests
 #       alone).
-#   vdim V and O of their own head dimension (D 192, D_v 128) on the Hopper forward: the
-#       Hopper forward's GPU tests (dense and packed, the pair's cases among them), the CLI
-#       tests, the four sanitizers on the pair's cases (dense causal, a window, packed), the
-#       Python attention check; then (step bench) kbench attention at D 128 and 192 (S 4k and
+#   vdim V and O of their own head dimension (D 192, D_v 128): the Hopper forward's GPU tests
+#       (dense and packed, the pair's cases among them), the pair's mma.sync GPU tests, the CLI
+#       tests, the four sanitizers on the pair's cases (Hopper: dense causal, a window, packed;
+#       mma.sync: dense causal, packed), the Python attention check; then (step bench) kbench attention at D 128 and 192 (S 4k and
 #       16k, the pair's rows beside them) with its peers, and (step bwd) kbench
 #       attention-backward at D 64 and 128 (S 4k, 16k); VDIM_STEPS picks among
 #       "tests san py bench bwd" (default the first three).
@@ -854,14 +854,18 @@ if [ "$part" = vdim ]; then
   if [[ $steps == *" tests "* ]]; then
     t hop $B/bin/test-attention attention/hopper
     t vhop $B/bin/test-attention attention_varlen/hopper
-    t vrej $B/bin/test-attention attention/value_dim_rejects
+    t mvd $B/bin/test-attention attention/mma_value_dim
+    t vmvd $B/bin/test-attention attention_varlen/mma_value_dim
+    t vplan $B/bin/test-attention attention/value_dim_plans
     t cli $B/bin/test-cli gpu/
   fi
   if [[ $steps == *" san "* ]]; then
     list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
     cases="$(echo "$list" | grep -E '^attention/hopper_value_dim/bf16_d192_b2_sq113_sk203_h4x2_v128_causal$')
       $(echo "$list" | grep -E '^attention/hopper_value_dim/.*_win' | head -1)
-      $(echo "$list" | grep -E '^attention_varlen/hopper_value_dim/bf16_.*64seqs.*_causal$' | head -1)"
+      $(echo "$list" | grep -E '^attention_varlen/hopper_value_dim/bf16_.*64seqs.*_causal$' | head -1)
+      $(echo "$list" | grep -E '^attention/mma_value_dim/bf16_d192_b2_sq113_sk203_h4x2_v128_causal$')
+      $(echo "$list" | grep -E '^attention_varlen/mma_value_dim/bf16_.*64seqs.*_causal$' | head -1)"
     san_cases "$cases"
   fi
   if [[ $steps == *" py "* ]]; then

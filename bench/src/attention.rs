@@ -5,7 +5,7 @@
 //!
 //! FLOPs: `4 batch heads seq_q seq_k D`, halved under causal masking (`2 ... (D + D_v)` where V
 //! has a head dimension `D_v` of its own: the rows with `dv` in their configuration, run beside
-//! those of D on Hopper GPUs for each pair of `HOPPER_VALUE_DIMS` whose D the grid names).
+//! those of D for each pair of `VALUE_DIMS` whose D the grid names, `ours-mma` too on Hopper).
 //!
 //! Family `attention-backward` ([`run_backward`]): the backward rows (`attention_bwd`,
 //! `attention_fwd_bwd`) of [`crate::attention_bwd`] over the same grid, its own results file.
@@ -84,10 +84,14 @@ pub fn run(b: &mut Bench) -> Result<()> {
         p.causal = causal;
         // V and O of their own head dimension (Hopper only), beside the rows of D and D_v: the
         // pairs whose D the grid names, with D's heads.
-        for (pd, vd) in kernel_abi::attention::HOPPER_VALUE_DIMS {
-            if pd as usize == d && b.gpu.arch().has_hopper_kernels() {
-                let pair = p.clone().value_dim(vd as usize);
+        for (pd, vd) in kernel_abi::attention::VALUE_DIMS {
+            if pd as usize == d {
+                let mut pair = p.clone().value_dim(vd as usize);
                 one(b, &pair, &q, &k, &v, (&dq, &dk, &dv), None)?;
+                if b.gpu.arch().has_hopper_kernels() {
+                    pair.path = Path::MmaSync;
+                    one(b, &pair, &q, &k, &v, (&dq, &dk, &dv), Some("mma"))?;
+                }
             }
         }
         // "ours": the automatic choice (the Hopper path on Hopper GPUs); "ours-mma": the

@@ -8,7 +8,7 @@ use half::{bf16, f16};
 use kernels::Gpu;
 use kernels::attention::{
     self, AttentionElem, AttentionProblem, AttentionVarlenProblem, CuSeqlens, Dtype, E4m3,
-    Fp8Scales, Path, View,
+    Fp8Scales, Path, VALUE_DIMS, View,
 };
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::Timings;
@@ -130,14 +130,25 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
         Dim::Var("D"),
     ];
     let k = inp.take("k", &[St::BF16, St::F16, St::F8_E4M3], &kv)?;
-    // V's head dimension may differ from Q's and K's (the pairs with Hopper kernels).
+    // V's head dimension may differ from Q's and K's where the pair has kernels
+    // (`VALUE_DIMS`); otherwise V is checked as K.
+    let pair = match (q.shape(), inp.shape_of("v")) {
+        ([.., d], Some([_, _, _, dv])) => {
+            VALUE_DIMS.contains(&(*d as u32, *dv as u32)) && q.dtype() != St::F8_E4M3
+        }
+        _ => false,
+    };
     let v_dims = [
         Dim::Var("B"),
         Dim::Var("Sk"),
         Dim::Var("Hkv"),
         Dim::Var("Dv"),
     ];
-    let v = inp.take("v", &[St::BF16, St::F16, St::F8_E4M3], &v_dims)?;
+    let v = inp.take(
+        "v",
+        &[St::BF16, St::F16, St::F8_E4M3],
+        if pair { &v_dims } else { &kv },
+    )?;
     for t in [("k", &k), ("v", &v)] {
         if t.1.dtype() != q.dtype() {
             return Err(CliError::Dtype {
@@ -179,12 +190,6 @@ pub fn job(args: &AttentionArgs) -> Result<Box<dyn Job>> {
     let [b, sq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, sk, hkv, _] = k.shape().try_into().expect("rank checked");
     let dv = v.shape()[3];
-    if fp8 && dv != d {
-        return Err(CliError::Value {
-            name: "v".into(),
-            reason: format!("the FP8 forward takes V of Q's head dimension {d}, not {dv}"),
-        });
-    }
     let dtype = if q.dtype() == St::BF16 {
         Dtype::Bf16
     } else {

@@ -186,6 +186,11 @@ impl Inputs {
         self.tensors.contains_key(name)
     }
 
+    /// The shape of tensor `name` (not yet taken), if the file has it.
+    pub fn shape_of(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|t| t.shape.as_slice())
+    }
+
     /// The value of dimension `name`, once a tensor fixed it.
     pub fn dim(&self, name: &str) -> Option<usize> {
         self.dims.get(name).map(|(v, _)| *v)

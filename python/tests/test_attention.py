@@ -181,7 +181,7 @@ OTHER_DIM_CASES = [
     (1, 300, 257, 4, 1, 32, torch.float16, False, (-1, -1), None),
     (1, 129, 300, 2, 2, 240, torch.bfloat16, False, (40, 8), None),
 ]
-# v of its own head dimension (Hopper only): (..., dv).
+# v of its own head dimension (both paths): (..., dv).
 VALUE_DIM_CASES = [
     (2, 113, 203, 8, 2, 192, torch.bfloat16, True, (-1, -1), None, 128),
     (1, 1023, 1024, 4, 4, 192, torch.float16, False, (-1, -1), None, 128),
@@ -655,13 +655,15 @@ def main():
         b, sq, sk, hq, hkv, d, dt, causal, window, scale = c
         check(case_name(c, "hopper"), lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, "hopper"))
         # v of its own head dimension (the Hopper kernels' (192, 128) pair).
-        for c in VALUE_DIM_CASES:
-            b, sq, sk, hq, hkv, d, dt, causal, window, scale, dv = c
-            check(
-                case_name(c[:-1], "auto") + f" dv{dv}",
-                lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, "auto", dv),
-            )
         check("value head dimension: backward refused", value_dim_backward_refused)
+    # v of its own head dimension (the (192, 128) pair), both paths.
+    for c in VALUE_DIM_CASES:
+        b, sq, sk, hq, hkv, d, dt, causal, window, scale, dv = c
+        for path in ("auto", "mma_sync"):
+            check(
+                case_name(c[:-1], path) + f" dv{dv}",
+                lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, path, dv),
+            )
     check("packed qkv views", packed_qkv)
     check("side stream", side_stream)
     check("another thread", another_thread)

@@ -102,7 +102,8 @@ pub(super) fn inputs<T: AttentionElem>(c: &VarlenCase) -> (Vec<T>, Vec<T>, Vec<T
 
 /// Small cases for the emulator (D = 128 unless noted): empty sequences (no query rows, no key
 /// rows), length 1, `seq_q != seq_k`, a sequence over one query block (130 > 128 rows), odd
-/// lengths, every mask, grouped-query heads, the other head dimensions and f16.
+/// lengths, every mask, grouped-query heads, the other head dimensions, f16, and the pairs of
+/// head dimensions of V and O of their own.
 fn emulated_cases() -> Vec<VarlenCase> {
     let mixed = [(17, 9), (0, 5), (1, 1), (40, 0), (130, 70)];
     let mut v = vec![vcase(&mixed, 2, 1, 128, Dtype::Bf16)];
@@ -128,6 +129,12 @@ fn emulated_cases() -> Vec<VarlenCase> {
     let mut c = vcase(&[(31, 31), (2, 90)], 2, 2, 128, Dtype::F16);
     c.p.causal = true;
     v.push(c);
+    // V and O of their own head dimension (the pairs of `VALUE_DIMS`).
+    for (d, dv) in kernel_abi::attention::VALUE_DIMS {
+        let mut c = vcase(&mixed, 2, 1, d as usize, Dtype::Bf16);
+        c.p = c.p.value_dim(dv as usize).causal();
+        v.push(c);
+    }
     v
 }
 
@@ -274,13 +281,13 @@ fn emulate<T: AttentionElem>(
         HostBuf::from_slice(v),
     );
     let (mut cq, mut ck) = (HostBuf::from_slice(cu_q), HostBuf::from_slice(cu_k));
-    let mut o = HostBuf::filled(q.len(), T::from_f32(f32::NAN));
+    let mut o = HostBuf::filled(p.o_shape().iter().product(), T::from_f32(f32::NAN));
     let mut lse = HostBuf::filled(p.lse_len(), f32::NAN);
     let tensors = AttentionVarlenTensors {
         q: View::packed_contiguous(dq.view(), p.q_shape()),
         k: View::packed_contiguous(dk.view(), p.kv_shape()),
-        v: View::packed_contiguous(dv.view(), p.kv_shape()),
-        o: View::packed_contiguous(o.view(), p.q_shape()),
+        v: View::packed_contiguous(dv.view(), p.v_shape()),
+        o: View::packed_contiguous(o.view(), p.o_shape()),
         lse: lse.view(),
         cu_seqlens_q: cq.view(),
         cu_seqlens_k: ck.view(),
@@ -770,9 +777,9 @@ pub fn register(s: &mut Suite) {
         Needs::Hopper,
         hopper_clamps_bad_boundaries,
     );
-    // V and O of their own head dimension (`HOPPER_VALUE_DIMS`, Hopper only): empty sequences,
+    // V and O of their own head dimension (`VALUE_DIMS`), both paths: empty sequences,
     // lengths of 1, over one query block, GQA, causal and windows, many short sequences.
-    for (d, dv) in kernel_abi::attention::HOPPER_VALUE_DIMS {
+    for (d, dv) in kernel_abi::attention::VALUE_DIMS {
         let (d, dv) = (d as usize, dv as usize);
         let lens = [
             (1, 1),
@@ -800,14 +807,20 @@ pub fn register(s: &mut Suite) {
         let mut c = vcase(&many, 4, 1, d, Dtype::Bf16);
         c.p.causal = true;
         cs.push(c);
-        for mut c in cs {
-            c.p = c.p.value_dim(dv).path(Path::Hopper);
-            c.seed = c.seed.wrapping_add(dv as u64);
-            let n = format!("attention_varlen/hopper_value_dim/{}", name(&c));
-            s.gpu(&n, Needs::Hopper, move |g| match c.p.dtype {
-                Dtype::Bf16 => run_gpu::<bf16>(g, &c),
-                Dtype::F16 => run_gpu::<f16>(g, &c),
-            });
+        for c in cs {
+            for (path, needs, tag) in [
+                (Path::Hopper, Needs::Hopper, "hopper"),
+                (Path::MmaSync, Needs::Gpu, "mma"),
+            ] {
+                let mut c = c.clone();
+                c.p = c.p.value_dim(dv).path(path);
+                c.seed = c.seed.wrapping_add(dv as u64);
+                let n = format!("attention_varlen/{tag}_value_dim/{}", name(&c));
+                s.gpu(&n, needs, move |g| match c.p.dtype {
+                    Dtype::Bf16 => run_gpu::<bf16>(g, &c),
+                    Dtype::F16 => run_gpu::<f16>(g, &c),
+                });
+            }
         }
     }
     for c in gpu_cases() {

@@ -276,9 +276,26 @@ macro_rules! hopper_table {
 pub const HOPPER_KERNELS: [HopperKernel; 4 * HEAD_DIMS.len() + HOPPER_VARIANTS.len()] =
     crate::with_attention_head_dims!(hopper_table!());
 
-/// The Hopper kernels of the head-dimension pairs of [`HOPPER_VALUE_DIMS`] (sm_90a only): per
+/// The `mma.sync` kernels of the head-dimension pairs of [`VALUE_DIMS`] (dense batches): per
+/// pair bf16, f16 ([`mma_value_config`]).
+pub const MMA_VALUE_DIM_KERNELS: [MmaKernel; 2 * VALUE_DIMS.len()] = [
+    mma(
+        "attention_fwd_bf16_d192_v128",
+        Dtype::Bf16,
+        mma_value_config_of(192, 128),
+        None,
+    ),
+    mma(
+        "attention_fwd_f16_d192_v128",
+        Dtype::F16,
+        mma_value_config_of(192, 128),
+        None,
+    ),
+];
+
+/// The Hopper kernels of the head-dimension pairs of [`VALUE_DIMS`] (sm_90a only): per
 /// pair bf16, f16, then their packed-sequence forms.
-pub const HOPPER_VALUE_DIM_KERNELS: [HopperKernel; 4 * HOPPER_VALUE_DIMS.len()] = [
+pub const HOPPER_VALUE_DIM_KERNELS: [HopperKernel; 4 * VALUE_DIMS.len()] = [
     hopper(
         "attention_fwd_hopper_bf16_d192_v128",
         Dtype::Bf16,
@@ -322,6 +339,8 @@ const FAMILY_KERNELS: usize = MMA_KERNELS.len()
     + MMA_VARLEN_KERNELS.len()
     + HOPPER_VARLEN_KERNELS.len()
     + HOPPER_VALUE_DIM_KERNELS.len()
+    + MMA_VALUE_DIM_KERNELS.len()
+    + MMA_VARLEN_VALUE_DIM_KERNELS.len()
     + hopper_bwd::HOPPER_BWD_KERNEL_COUNT
     + decode::DECODE_KERNEL_COUNT
     + fp8::FP8_KERNEL_COUNT;
@@ -358,6 +377,18 @@ const fn kernel_decls() -> [KernelDecl; FAMILY_KERNELS] {
     let mut p = 0;
     while p < HOPPER_VALUE_DIM_KERNELS.len() {
         out[i + j + k + l] = HOPPER_VALUE_DIM_KERNELS[p].kernel.info();
+        l += 1;
+        p += 1;
+    }
+    p = 0;
+    while p < MMA_VALUE_DIM_KERNELS.len() {
+        out[i + j + k + l] = MMA_VALUE_DIM_KERNELS[p].kernel.info();
+        l += 1;
+        p += 1;
+    }
+    p = 0;
+    while p < MMA_VARLEN_VALUE_DIM_KERNELS.len() {
+        out[i + j + k + l] = MMA_VARLEN_VALUE_DIM_KERNELS[p].kernel.info();
         l += 1;
         p += 1;
     }
@@ -430,8 +461,21 @@ pub fn hopper_kernel(
     })
 }
 
+/// The `mma.sync` kernel of the head-dimension pair `(head_dim, value_dim)` of [`VALUE_DIMS`]
+/// for `dtype` (dense batches).
+pub fn mma_value_dim_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    value_dim: u32,
+) -> Option<&'static MmaKernel> {
+    const ALL: &[MmaKernel] = &MMA_VALUE_DIM_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype && k.tiles.head_dim == head_dim && k.tiles.value_dim == value_dim
+    })
+}
+
 /// The Hopper kernel of the head-dimension pair `(head_dim, value_dim)` of
-/// [`HOPPER_VALUE_DIMS`] for `dtype`, for dense batches or (`varlen`) packed sequences.
+/// [`VALUE_DIMS`] for `dtype`, for dense batches or (`varlen`) packed sequences.
 pub fn hopper_value_dim_kernel(
     dtype: Dtype,
     head_dim: u32,

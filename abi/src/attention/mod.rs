@@ -14,12 +14,14 @@ mod varlen;
 
 pub(crate) use kernels::mma_smem;
 pub use kernels::{
-    HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HopperKernel, KERNELS, MMA_KERNELS, MmaKernel,
-    hopper_capsink_kernel, hopper_kernel, hopper_value_dim_kernel, mma_capsink_kernel, mma_kernel,
+    HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HopperKernel, KERNELS, MMA_KERNELS,
+    MMA_VALUE_DIM_KERNELS, MmaKernel, hopper_capsink_kernel, hopper_kernel,
+    hopper_value_dim_kernel, mma_capsink_kernel, mma_kernel, mma_value_dim_kernel,
 };
 pub use varlen::{
-    AttentionVarlenParams, HOPPER_VARLEN_KERNELS, MMA_VARLEN_KERNELS, MmaVarlenKernel,
-    hopper_varlen_first_slot, hopper_varlen_kernel, hopper_varlen_slots, mma_varlen_kernel,
+    AttentionVarlenParams, HOPPER_VARLEN_KERNELS, MMA_VARLEN_KERNELS, MMA_VARLEN_VALUE_DIM_KERNELS,
+    MmaVarlenKernel, hopper_varlen_first_slot, hopper_varlen_kernel, hopper_varlen_slots,
+    mma_varlen_kernel, mma_varlen_value_dim_kernel,
 };
 
 /// `$callback!($($args)* 32, 48, .., 256)`: the head dimensions with forward and decode kernels
@@ -48,8 +50,11 @@ pub const M_TILE: u32 = 16;
 /// The tile shape for one head dimension: the single table kernel and host share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileConfig {
-    /// Head dimension D.
+    /// Head dimension D of Q and K.
     pub head_dim: u32,
+    /// Head dimension of V and O: `head_dim` but in the kernels of the pairs of [`VALUE_DIMS`]
+    /// ([`mma_value_config`]).
+    pub value_dim: u32,
     /// Query rows per block.
     pub block_m: u32,
     /// Keys per pipeline step.
@@ -137,7 +142,7 @@ impl TileConfig {
         self.warps() * WARP_SIZE
     }
 
-    /// Bytes of one row of a tile in shared memory: `D` 16-bit elements plus 16 bytes of
+    /// Bytes of one row of a Q or K tile in shared memory: `D` 16-bit elements plus 16 bytes of
     /// padding, so consecutive rows start 16 bytes apart modulo 128 (distinct bank groups for
     /// the 8 rows of an `ldmatrix` phase and for the 16-byte `cp.async` writes).
     pub const fn row_bytes(&self) -> u32 {
@@ -149,24 +154,50 @@ impl TileConfig {
         (rows * self.row_bytes()) as usize
     }
 
+    /// Bytes of one row of a V tile (`value_dim` elements, padded as [`TileConfig::row_bytes`]).
+    pub const fn v_row_bytes(&self) -> u32 {
+        self.value_dim * 2 + 16
+    }
+
+    /// Bytes of one `[rows, D_v]` V tile in shared memory (padded rows).
+    pub const fn v_tile_bytes(&self, rows: u32) -> usize {
+        (rows * self.v_row_bytes()) as usize
+    }
+
     /// Offset of the Q tile (`[block_m, D]`).
     pub const fn q_offset(&self) -> usize {
         0
     }
 
-    /// Offset of stage `s`'s K tile (`[block_n, D]`).
+    /// Offset of stage `s`'s K tile (`[block_n, D]`) where V is as wide as K (`value_dim ==
+    /// head_dim`; the pairs of [`VALUE_DIMS`] take [`TileConfig::pair_k_offset`]). Kept apart
+    /// so that the kernels' address arithmetic, and their PTX, stays as it was.
     pub const fn k_offset(&self, s: u32) -> usize {
         self.tile_bytes(self.block_m) + 2 * s as usize * self.tile_bytes(self.block_n)
     }
 
-    /// Offset of stage `s`'s V tile (`[block_n, D]`).
+    /// Offset of stage `s`'s V tile (`[block_n, D]`), as [`TileConfig::k_offset`].
     pub const fn v_offset(&self, s: u32) -> usize {
         self.k_offset(s) + self.tile_bytes(self.block_n)
     }
 
+    /// Offset of stage `s`'s K tile for any `value_dim`: each stage a K tile then a V tile of
+    /// its own width.
+    #[inline(always)]
+    pub const fn pair_k_offset(&self, s: u32) -> usize {
+        self.tile_bytes(self.block_m)
+            + s as usize * (self.tile_bytes(self.block_n) + self.v_tile_bytes(self.block_n))
+    }
+
+    /// Offset of stage `s`'s V tile (`[block_n, D_v]`) for any `value_dim`.
+    #[inline(always)]
+    pub const fn pair_v_offset(&self, s: u32) -> usize {
+        self.pair_k_offset(s) + self.tile_bytes(self.block_n)
+    }
+
     /// Dynamic shared memory of the kernel.
     pub const fn smem_bytes(&self) -> usize {
-        self.k_offset(self.stages) + SMEM_ALIGN
+        self.pair_k_offset(self.stages) + SMEM_ALIGN
     }
 }
 
@@ -180,6 +211,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
     match d {
         32..=64 => Some(TileConfig {
             head_dim: d,
+            value_dim: d,
             block_m: 128,
             block_n: 64,
             stages: 3,
@@ -194,6 +226,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
         // softmax (variant "scaled"). Measurements in bench/NOTES.md.
         80..=128 => Some(TileConfig {
             head_dim: d,
+            value_dim: d,
             block_m: 128,
             block_n: 32,
             stages: 2,
@@ -205,6 +238,7 @@ pub const fn tile_config(d: u32) -> Option<TileConfig> {
         }),
         144..=256 => Some(TileConfig {
             head_dim: d,
+            value_dim: d,
             block_m: 128,
             block_n: 64,
             stages: 2,
@@ -227,6 +261,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
         "mt1",
         TileConfig {
             head_dim: 128,
+            value_dim: 128,
             block_m: 128,
             block_n: 64,
             stages: 3,
@@ -245,6 +280,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
         "n64pf",
         TileConfig {
             head_dim: 128,
+            value_dim: 128,
             block_m: 128,
             block_n: 64,
             stages: 2,
@@ -259,6 +295,7 @@ pub const TUNING_VARIANTS: [(&str, TileConfig); 7] = [
         "n32",
         TileConfig {
             head_dim: 256,
+            value_dim: 256,
             block_m: 128,
             block_n: 32,
             stages: 2,
@@ -299,6 +336,33 @@ pub fn tuning_variant(d: u32, name: &str) -> Option<TileConfig> {
         .iter()
         .find(|(n, c)| *n == name && c.head_dim == d)
         .map(|(_, c)| *c)
+}
+
+/// The `mma.sync` tile configuration of the pair `(d, dv)` of [`VALUE_DIMS`], if it is one: the
+/// tiles of D_v's head dimension (its O accumulators and V tiles) with Q and K of `d`.
+#[inline(always)]
+pub const fn mma_value_config(d: u32, dv: u32) -> Option<TileConfig> {
+    let mut i = 0;
+    while i < VALUE_DIMS.len() {
+        if VALUE_DIMS[i].0 == d && VALUE_DIMS[i].1 == dv {
+            return Some(TileConfig {
+                head_dim: d,
+                value_dim: dv,
+                ..tile_config_of(dv)
+            });
+        }
+        i += 1;
+    }
+    None
+}
+
+/// [`mma_value_config`] of a supported pair (compile-time use in kernels).
+#[inline(always)]
+pub const fn mma_value_config_of(d: u32, dv: u32) -> TileConfig {
+    match mma_value_config(d, dv) {
+        Some(c) => c,
+        None => panic!("unsupported pair of head dimensions"),
+    }
 }
 
 /// [`tile_config`] for a head dimension known to be supported (compile-time use in kernels).
@@ -424,7 +488,7 @@ pub struct HopperConfig {
     /// Head dimension D of Q and K (the contraction of `S = Q K^T`).
     pub head_dim: u32,
     /// Head dimension of V and O (the N of `O += P V`): `head_dim` but in the kernels of
-    /// [`HOPPER_VALUE_DIMS`].
+    /// [`VALUE_DIMS`].
     pub value_dim: u32,
     /// Keys per pipeline step (the N of `S = Q K^T`).
     pub block_n: u32,
@@ -592,11 +656,12 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
 }
 
 /// Pairs `(D, D_v)` of a query/key head dimension and a different value head dimension with
-/// Hopper kernels (`attention_fwd_hopper{,_varlen}_{bf16,f16}_d{D}_v{D_v}`; DeepSeek's 192 / 128).
-/// The `mma.sync` path has none: such a problem needs a Hopper GPU.
-pub const HOPPER_VALUE_DIMS: [(u32, u32); 1] = [(192, 128)];
+/// forward kernels on both paths (DeepSeek's 192 / 128): Hopper
+/// `attention_fwd_hopper{,_varlen}_{bf16,f16}_d{D}_v{D_v}` ([`hopper_value_config`]) and
+/// `mma.sync` `attention_fwd{,_varlen}_{bf16,f16}_d{D}_v{D_v}` ([`mma_value_config`]).
+pub const VALUE_DIMS: [(u32, u32); 1] = [(192, 128)];
 
-/// The Hopper configuration of the pair `(d, dv)` of [`HOPPER_VALUE_DIMS`], if it is one (dense
+/// The Hopper configuration of the pair `(d, dv)` of [`VALUE_DIMS`], if it is one (dense
 /// batches and packed sequences alike): keys in steps of 128 with the overlap, as at D = 128.
 /// S = Q K^T runs over the `d / 16` k-slices of D, O += P V with N = `dv`, so the registers are
 /// those of D = 128 (64 of S, 64 of O per thread) and the shared memory holds Q and K of D = 192
@@ -604,8 +669,8 @@ pub const HOPPER_VALUE_DIMS: [(u32, u32); 1] = [(192, 128)];
 #[inline(always)]
 pub const fn hopper_value_config(d: u32, dv: u32) -> Option<HopperConfig> {
     let mut i = 0;
-    while i < HOPPER_VALUE_DIMS.len() {
-        if HOPPER_VALUE_DIMS[i].0 == d && HOPPER_VALUE_DIMS[i].1 == dv {
+    while i < VALUE_DIMS.len() {
+        if VALUE_DIMS[i].0 == d && VALUE_DIMS[i].1 == dv {
             return Some(HopperConfig {
                 head_dim: d,
                 value_dim: dv,
@@ -774,8 +839,8 @@ const _: () = {
         v += 1;
     }
     let mut p = 0;
-    while p < HOPPER_VALUE_DIMS.len() {
-        let (d, dv) = HOPPER_VALUE_DIMS[p];
+    while p < VALUE_DIMS.len() {
+        let (d, dv) = VALUE_DIMS[p];
         assert!(hopper_value_config_of(d, dv).smem_bytes() <= 227 * 1024);
         p += 1;
     }

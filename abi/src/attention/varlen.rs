@@ -106,6 +106,35 @@ pub fn mma_varlen_kernel(
         .find(|k| k.dtype == dtype && k.tiles.head_dim == head_dim && k.capsink == capsink)
 }
 
+/// The `mma.sync` kernels over packed sequences of the pairs of [`super::VALUE_DIMS`] (V and O
+/// of their own head dimension): bf16, f16.
+pub const MMA_VARLEN_VALUE_DIM_KERNELS: [MmaVarlenKernel; 2 * super::VALUE_DIMS.len()] = [
+    mma_varlen_value("attention_fwd_varlen_bf16_d192_v128", Dtype::Bf16, 192, 128),
+    mma_varlen_value("attention_fwd_varlen_f16_d192_v128", Dtype::F16, 192, 128),
+];
+
+const fn mma_varlen_value(name: &'static str, dtype: Dtype, d: u32, dv: u32) -> MmaVarlenKernel {
+    let tiles = super::mma_value_config_of(d, dv);
+    MmaVarlenKernel {
+        kernel: Kernel::new(name, tiles.threads(), tiles.blocks_per_sm, mma_smem),
+        dtype,
+        tiles,
+        capsink: false,
+    }
+}
+
+/// The `mma.sync` kernel over packed sequences of the pair `(head_dim, value_dim)` for `dtype`.
+pub fn mma_varlen_value_dim_kernel(
+    dtype: Dtype,
+    head_dim: u32,
+    value_dim: u32,
+) -> Option<&'static MmaVarlenKernel> {
+    const ALL: &[MmaVarlenKernel] = &MMA_VARLEN_VALUE_DIM_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype && k.tiles.head_dim == head_dim && k.tiles.value_dim == value_dim
+    })
+}
+
 /// A Hopper kernel over packed sequences (the packed configuration of its head dimension,
 /// [`hopper_varlen_config`](super::hopper_varlen_config)).
 const fn hopper_varlen(name: &'static str, dtype: Dtype, d: u32) -> HopperKernel {

@@ -4,7 +4,9 @@
 //!   strides with the head dimension contiguous (so views into a packed QKV tensor work); O
 //!   `[batch, seq_q, heads_q, D]` in the input type, LSE `[batch, heads_q, seq_q]` f32
 //!   (natural log).
-//! - D any multiple of 16 from 32 to 256 ([`HEAD_DIMS`], the backward too);
+//! - D any multiple of 16 from 32 to 256 ([`HEAD_DIMS`], the backward too); V and O may have a
+//!   head dimension of their own where the pair has forward kernels ([`VALUE_DIMS`]: 192 / 128,
+//!   [`AttentionProblem::value_dim`]);
 //!   grouped-query attention with `heads_q` a multiple of `heads_kv`.
 //! - `scale` defaults to `1 / sqrt(D)`.
 //! - Masking follows FlashAttention >= 2.1: with `seq_q != seq_k` the causal diagonal is
@@ -68,7 +70,7 @@ pub use fp8::{
     reference_fp8,
 };
 /// The head dimensions the forward (and decoding) accept, and those the backward accepts.
-pub use kernel_abi::attention::HEAD_DIMS;
+pub use kernel_abi::attention::{HEAD_DIMS, VALUE_DIMS};
 pub use plan::{AttentionPlan, AttentionTensors, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,

@@ -17,6 +17,7 @@ use kernel_abi::attention::{
     AttentionParams, HOPPER_ATOM, HOPPER_BLOCK_M, HopperConfig, HopperGrid, HopperKernel,
     HopperParams, LogitOptions, MmaKernel, TileConfig, UNBOUNDED, hopper_capsink_kernel,
     hopper_kernel, hopper_value_dim_kernel, hopper_variant, mma_capsink_kernel, mma_kernel,
+    mma_value_dim_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
 
@@ -198,8 +199,9 @@ impl AttentionProblem {
         Ok(self.mma_plan(kernel, tensors))
     }
 
-    /// The plan of a problem whose V and O have a head dimension of their own: the Hopper
-    /// kernel of its pair (validated), on a Hopper GPU, with tensors a tensor map describes.
+    /// The plan of a problem whose V and O have a head dimension of their own (a validated
+    /// pair): the Hopper kernel of the pair on the path [`AttentionProblem::plan`] would take
+    /// (with tensors a tensor map describes), else its `mma.sync` kernel.
     fn value_dim_plan<T>(
         &self,
         target: Target,
@@ -212,8 +214,20 @@ impl AttentionProblem {
                 "the (D, D_v) pairs run on their default kernels only",
             ));
         }
-        let kernel = self.value_dim_kernel(target.arch, false)?;
-        self.hopper_plan(kernel, target, tensors)
+        let (d, dv) = (self.head_dim as u32, self.v_dim() as u32);
+        if self.path != Path::MmaSync {
+            match self.value_dim_kernel(target.arch, false) {
+                Ok(kernel) => match self.hopper_plan(kernel, target, tensors) {
+                    Ok(plan) => return Ok(plan),
+                    Err(e) if self.path == Path::Hopper => return Err(e),
+                    Err(_) => {}
+                },
+                Err(e) if self.path == Path::Hopper => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let kernel = mma_value_dim_kernel(self.dtype, d, dv).expect("validated pair");
+        Ok(self.mma_plan(kernel, tensors))
     }
 
     /// The Hopper kernel of this problem's `(D, D_v)` pair (dense or `varlen`): an error off
@@ -226,8 +240,8 @@ impl AttentionProblem {
         let (d, dv) = (self.head_dim as u32, self.v_dim() as u32);
         if !arch.has_hopper_kernels() {
             return Err(Error::unsupported(
-                format!("value head dimension {dv} with query/key head dimension {d}"),
-                format!("the (D, D_v) kernels need sm_90a (Hopper); this GPU runs {arch}"),
+                "attention path Hopper",
+                format!("needs the sm_90a kernels; this GPU runs {arch}"),
             ));
         }
         hopper_value_dim_kernel(self.dtype, d, dv, varlen)

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::exec::DevView;
 use half::{bf16, f16};
-use kernel_abi::attention::{HEAD_DIMS, HOPPER_VALUE_DIMS};
+use kernel_abi::attention::{HEAD_DIMS, VALUE_DIMS};
 
 pub use kernel_abi::attention::Dtype;
 
@@ -67,8 +67,8 @@ pub struct AttentionProblem {
     pub heads_kv: usize,
     /// Head dimension of Q and K ([`HEAD_DIMS`]: a multiple of 16 from 32 to 256).
     pub head_dim: usize,
-    /// Head dimension of V and O when it differs from `head_dim` (a pair of
-    /// [`HOPPER_VALUE_DIMS`], forward on the Hopper path); `None`: `head_dim`.
+    /// Head dimension of V and O when it differs from `head_dim` (a pair of [`VALUE_DIMS`],
+    /// the forward on both paths); `None`: `head_dim`.
     pub value_dim: Option<usize>,
     /// Element type.
     pub dtype: Dtype,
@@ -253,26 +253,20 @@ impl AttentionProblem {
         }
         if self.has_value_dim() {
             let pair = (self.head_dim as u32, self.v_dim() as u32);
-            if !HOPPER_VALUE_DIMS.contains(&pair) {
+            if !VALUE_DIMS.contains(&pair) {
                 return Err(Error::unsupported(
                     format!(
                         "value head dimension {} with query/key head dimension {}",
                         self.v_dim(),
                         self.head_dim
                     ),
-                    format!("supported (D, D_v) pairs: {HOPPER_VALUE_DIMS:?}"),
+                    format!("supported (D, D_v) pairs: {VALUE_DIMS:?}"),
                 ));
             }
             if self.has_logit_options() {
                 return Err(Error::unsupported(
                     "a softcap or sinks with a value head dimension of its own",
                     "the (D, D_v) kernels have neither",
-                ));
-            }
-            if self.path == Path::MmaSync {
-                return Err(Error::unsupported(
-                    "attention path MmaSync with a value head dimension of its own",
-                    "the (D, D_v) kernels are on the Hopper path only",
                 ));
             }
         }

@@ -50,7 +50,7 @@ pub struct RawAttentionTensors<'t> {
     /// K `[batch, seq_k, heads_kv, D]`, Q's type.
     pub k: &'t RawTensor,
     /// V `[batch, seq_k, heads_kv, D_v]`, Q's type (`D_v` = D, or a pair of
-    /// `kernel_abi::attention::HOPPER_VALUE_DIMS`).
+    /// `kernel_abi::attention::VALUE_DIMS`).
     pub v: &'t RawTensor,
     /// O `[batch, seq_q, heads_q, D_v]`, Q's type (written).
     pub o: &'t RawTensor,

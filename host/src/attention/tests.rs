@@ -10,10 +10,10 @@ use crate::tensor_map::MapSpec;
 use half::{bf16, f16};
 use kernel_abi::attention::backward::BWD_KERNEL_COUNT;
 use kernel_abi::attention::{
-    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HOPPER_VALUE_DIMS, HOPPER_VARIANTS,
-    HOPPER_VARLEN_KERNELS, HopperGrid, KERNELS, MMA_KERNELS, MMA_VARLEN_KERNELS, TUNING_VARIANTS,
-    UNBOUNDED, hopper_bwd::HOPPER_BWD_KERNEL_COUNT, hopper_config, hopper_varlen_kernel,
-    tile_config,
+    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HOPPER_VARIANTS,
+    HOPPER_VARLEN_KERNELS, HopperGrid, KERNELS, MMA_KERNELS, MMA_VALUE_DIM_KERNELS,
+    MMA_VARLEN_KERNELS, TUNING_VARIANTS, UNBOUNDED, VALUE_DIMS,
+    hopper_bwd::HOPPER_BWD_KERNEL_COUNT, hopper_config, hopper_varlen_kernel, tile_config,
 };
 
 /// The most dynamic shared memory a block may have on the GPUs the tests assume (H100, H200).
@@ -102,6 +102,8 @@ fn every_entry_of_the_ptx_has_its_handle() {
             + MMA_VARLEN_KERNELS.len()
             + HOPPER_VARLEN_KERNELS.len()
             + HOPPER_VALUE_DIM_KERNELS.len()
+            + MMA_VALUE_DIM_KERNELS.len()
+            + kernel_abi::attention::MMA_VARLEN_VALUE_DIM_KERNELS.len()
             + HOPPER_BWD_KERNEL_COUNT
             + kernel_abi::attention::decode::DECODE_KERNEL_COUNT
             + kernel_abi::attention::fp8::FP8_KERNEL_COUNT
@@ -480,7 +482,7 @@ mod varlen;
 
 #[test]
 fn value_dim_pairs_plan_their_hopper_kernels() {
-    for (d, dv) in HOPPER_VALUE_DIMS {
+    for (d, dv) in VALUE_DIMS {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for causal in [false, true] {
                 let mut p = AttentionProblem::new(2, 1000, 1100, 8, 2, d as usize, dtype)
@@ -519,6 +521,38 @@ fn value_dim_pairs_plan_their_hopper_kernels() {
             }
         }
     }
+    // The mma.sync path: on sm_80, or asked for.
+    for (d, dv) in VALUE_DIMS {
+        for (arch, path) in [(Arch::Sm80, Path::Auto), (Arch::Sm90a, Path::MmaSync)] {
+            let p = AttentionProblem::new(2, 1000, 1100, 8, 2, d as usize, Dtype::F16)
+                .value_dim(dv as usize)
+                .path(path);
+            let plan = plan(&p, arch, None).unwrap();
+            check(&plan, arch);
+            let AttentionPlan::MmaSync { kernel, launch } = &plan else {
+                panic!("({d}, {dv}) on {arch} with {path:?}: not the mma.sync path");
+            };
+            assert_eq!(kernel.kernel.name, format!("attention_fwd_f16_d{d}_v{dv}"));
+            assert_eq!((kernel.tiles.head_dim, kernel.tiles.value_dim), (d, dv));
+            assert_eq!(
+                launch.params().o_strides,
+                [1000 * 8 * dv as u64, 8 * dv as u64, dv as u64]
+            );
+        }
+    }
+    for k in &MMA_VALUE_DIM_KERNELS {
+        let (d, dv) = (k.tiles.head_dim, k.tiles.value_dim);
+        assert_eq!(
+            k.kernel.name,
+            format!("attention_fwd_{}_d{d}_v{dv}", dtype_name(k.dtype))
+        );
+        assert_eq!(
+            Some(k.tiles),
+            kernel_abi::attention::mma_value_config(d, dv)
+        );
+        assert_eq!(k.kernel.smem_bytes(k.tiles), k.tiles.smem_bytes());
+        assert!(k.tiles.smem_bytes() * k.tiles.blocks_per_sm as usize <= 228 * 1024);
+    }
     for k in &HOPPER_VALUE_DIM_KERNELS {
         let (d, dv) = (k.cfg.head_dim, k.cfg.value_dim);
         let want = format!(
@@ -531,6 +565,6 @@ fn value_dim_pairs_plan_their_hopper_kernels() {
             Some(k.cfg),
             kernel_abi::attention::hopper_value_config(d, dv)
         );
-        assert!(HOPPER_VALUE_DIMS.contains(&(d, dv)) && d != dv);
+        assert!(VALUE_DIMS.contains(&(d, dv)) && d != dv);
     }
 }

@@ -33,7 +33,7 @@ use kernel_abi::KernelDecl;
 use kernel_abi::attention::{
     AttentionParams, AttentionVarlenParams, HOPPER_BLOCK_M, HopperKernel, HopperParams,
     MmaVarlenKernel, UNBOUNDED, hopper_value_dim_kernel, hopper_varlen_kernel, hopper_varlen_slots,
-    mma_varlen_kernel,
+    mma_varlen_kernel, mma_varlen_value_dim_kernel,
 };
 
 /// The boundaries of a batch of packed sequences, as FlashAttention takes them: `[batch + 1]`
@@ -478,19 +478,6 @@ impl AttentionVarlenProblem {
             Path::Auto => target.arch.has_hopper_kernels(),
             Path::MmaSync => false,
         };
-        if dense.has_value_dim() {
-            // The (D, D_v) pairs: the Hopper kernels only (`validate` refused `MmaSync`); no
-            // query row: no launch.
-            dense.value_dim_kernel(target.arch, true)?;
-            if self.max_seqlen_q == 0 {
-                return Ok(AttentionVarlenPlan::MmaSync {
-                    kernel: mma_varlen_kernel(self.dtype, self.head_dim as u32, false)
-                        .expect("validated head dimension"),
-                    launch: None,
-                });
-            }
-            return self.hopper_plan(&dense, tensors);
-        }
         // No query row: nothing to write, no launch (on any path).
         if hopper && self.max_seqlen_q > 0 {
             match self.hopper_plan(&dense, tensors) {
@@ -499,8 +486,13 @@ impl AttentionVarlenProblem {
                 Err(_) => {}
             }
         }
-        let kernel = mma_varlen_kernel(self.dtype, self.head_dim as u32, dense.has_logit_options())
-            .expect("validated head dimension");
+        let kernel = if dense.has_value_dim() {
+            mma_varlen_value_dim_kernel(self.dtype, self.head_dim as u32, self.v_dim() as u32)
+                .expect("validated pair of head dimensions")
+        } else {
+            mma_varlen_kernel(self.dtype, self.head_dim as u32, dense.has_logit_options())
+                .expect("validated head dimension")
+        };
         let tiles = &kernel.tiles;
         let grid = (
             (self.max_seqlen_q as u32).div_ceil(tiles.block_m),

@@ -1,5 +1,5 @@
 //! `attention_fwd_hopper_{bf16,f16}_d{D}` (D every multiple of 16 from 32 to 256, and
-//! `_d{D}_v{D_v}` for the pairs of [`kernel_abi::attention::HOPPER_VALUE_DIMS`], whose V and O have
+//! `_d{D}_v{D_v}` for the pairs of [`kernel_abi::attention::VALUE_DIMS`], whose V and O have
 //! a head dimension `D_v` of their own): the attention
 //! forward pass on Hopper (sm_90a) with TMA, an mbarrier ring, `wgmma` and warp specialization. Same semantics as the
 //! `mma.sync` path ([`AttentionParams`](kernel_abi::attention::AttentionParams) documents the
@@ -121,7 +121,7 @@ use kernel_abi::attention::{
 const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 
 /// The forward pass: barrier setup and the role split; see the module documentation. `DV` is
-/// the head dimension of V and O (D but for the pairs of `HOPPER_VALUE_DIMS`). `SR = block_n / 2`
+/// the head dimension of V and O (D but for the pairs of `VALUE_DIMS`). `SR = block_n / 2`
 /// and `OR = DV / 2` are the
 /// accumulator registers of S and O; `NT = block_n / 8`, `NK = block_n / 16`, `DK = D / 16`;
 /// `OVERLAP` selects the intra-warpgroup software pipeline (`HopperConfig::overlap`),
@@ -504,7 +504,7 @@ macro_rules! default_kernels {
 
 kernel_abi::with_attention_head_dims!(default_kernels!());
 
-// The head-dimension pairs of `kernel_abi::attention::HOPPER_VALUE_DIMS` (dense, packed): S =
+// The head-dimension pairs of `kernel_abi::attention::VALUE_DIMS` (dense, packed): S =
 // Q K^T over D = 192 in steps of 128 keys (`m64n128`), O += P V with N = D_v = 128.
 macro_rules! value_dim_kernels {
     ($($name:expr, $elem:ident, $varlen:expr, $s_zero:ident, $s_mma:ident, $o_mma:ident;)*) => {

@@ -49,7 +49,7 @@ pub(super) fn store_output<
                 let dst = o_base.wrapping_add((i as u64 * p.o_strides[1]) as usize);
                 for d in 0..DT {
                     let v = E::pack(o[mt][d][2 * h] * inv, o[mt][d][2 * h + 1] * inv);
-                    // SAFETY: row i < seq_q of the sequence and column 8 d + 2 t + 1 < D: inside O; the address
+                    // SAFETY: row i < seq_q of the sequence and column 8 d + 2 t + 1 < D_v: inside O; the address
                     // is 4-byte aligned (16-byte aligned rows, even column).
                     unsafe { *(dst.wrapping_add(8 * d + 2 * w.t as usize) as *mut u32) = v };
                 }

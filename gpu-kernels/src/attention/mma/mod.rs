@@ -1,7 +1,9 @@
 //! `attention_fwd_{bf16,f16}_d{D}`: fused attention forward, FlashAttention-2 style,
 //! on `mma.sync` tensor cores (runs on any GPU of compute capability >= 8.0), and
 //! `attention_fwd_varlen_{bf16,f16}_d{D}`, the same body over packed sequences (D every multiple
-//! of 16 from 32 to 256, `kernel_abi::attention::HEAD_DIMS`).
+//! of 16 from 32 to 256, `kernel_abi::attention::HEAD_DIMS`); `..._d{D}_v{D_v}` for the pairs of
+//! `kernel_abi::attention::VALUE_DIMS`, whose V and O have a head dimension `D_v` of their own
+//! (their V tiles are `[block_n, D_v]`, O `D_v / 8` accumulators per m-tile).
 //!
 //! # Parameters
 //! [`AttentionParams`]: Q, K, V, O with arbitrary batch/sequence/head strides (head dimension
@@ -27,8 +29,8 @@
 //! `block_m / (16 warp_m_tiles)` warps; warp `w` owns `warp_m_tiles` m16 tiles of query rows
 //! (rows `16 MT w .. 16 MT (w + 1)`): S = Q K^T in `block_n / 8` f32 accumulators per m-tile, the
 //! online softmax on its rows (each row is held by the 4 lanes of a quad: max and sum reduce with
-//! 2 shuffles), P converted in registers to the A fragments of O += P V (`D / 8` accumulators per
-//! m-tile). Every K or V fragment a warp loads with `ldmatrix` feeds `warp_m_tiles` products,
+//! 2 shuffles), P converted in registers to the A fragments of O += P V (`D_v / 8` accumulators
+//! per m-tile). Every K or V fragment a warp loads with `ldmatrix` feeds `warp_m_tiles` products,
 //! which sets the shared-memory traffic per product (the bound of this design). Loads: every
 //! thread issues an equal share of the 16-byte `cp.async` copies of each tile (every warp does
 //! the same work; no warp specialization in this path).
@@ -71,12 +73,15 @@ use super::softmax::{softmax_folded_p, softmax_folded_rescale, softmax_update};
 use crate::arch::{cp_async, index, smem, sync};
 use epilogue::store_output;
 use kernel_abi::attention::{
-    AttentionParams, AttentionVarlenParams, TUNING_VARIANTS, TileConfig, tile_config_of,
+    AttentionParams, AttentionVarlenParams, TUNING_VARIANTS, TileConfig, mma_value_config_of,
+    tile_config_of,
 };
 use mainloop::{Warp, load_tile, mask, mask_and_scale, pv, q_fragment, qk};
 
-/// The forward pass; see the module documentation. `MT` m16 tiles per warp, `DT = D / 8`,
-/// `DK = D / 16`, `NT = BN / 8`, `NK = BN / 16`, `WAIT = STAGES - 2` (the `cp.async` groups
+/// The forward pass; see the module documentation. `MT` m16 tiles per warp, `DK = D / 16`
+/// (the k-slices of S = Q K^T); `DV` the head dimension of V and O (D but for the pairs of
+/// `kernel_abi::attention::VALUE_DIMS`), `DT = DV / 8` (O's n8 tiles), `DVK = DV / 16` (V's
+/// column pairs of P V); `NT = BN / 8`, `NK = BN / 16`, `WAIT = STAGES - 2` (the `cp.async` groups
 /// that may stay in flight), `SM` the softmax mode's code (`Softmax::code`).
 ///
 /// # Safety
@@ -87,9 +92,11 @@ unsafe fn forward<
     L: Layout,
     E: Elem,
     const D: u32,
+    const DV: u32,
     const MT: usize,
     const DT: usize,
     const DK: usize,
+    const DVK: usize,
     const BM: u32,
     const BN: u32,
     const NT: usize,
@@ -105,7 +112,7 @@ unsafe fn forward<
     pp: &L::Params,
     cfg: &TileConfig,
 ) {
-    const { assert!(DT as u32 * 8 == D && DK as u32 * 16 == D) };
+    const { assert!(DT as u32 * 8 == DV && DK as u32 * 16 == D && DVK as u32 * 16 == DV) };
     const {
         assert!(
             NT as u32 * 8 == BN && NK as u32 * 16 == BN && BM / (16 * MT as u32) * 32 == THREADS
@@ -167,8 +174,22 @@ unsafe fn forward<
         let v_base = p.v.wrapping_add(seq.v_offset(pp) as usize);
         let smem = smem::aligned_base();
         let q_s = smem + cfg.q_offset() as u32;
-        let k_s = |stage: u32| smem + cfg.k_offset(stage) as u32;
-        let v_s = |stage: u32| smem + cfg.v_offset(stage) as u32;
+        // V as wide as K: the offsets of every kernel before the pairs (their PTX unchanged);
+        // the pairs' V tiles have a width of their own.
+        let k_s = |stage: u32| {
+            smem + if DV == D {
+                cfg.k_offset(stage)
+            } else {
+                cfg.pair_k_offset(stage)
+            } as u32
+        };
+        let v_s = |stage: u32| {
+            smem + if DV == D {
+                cfg.v_offset(stage)
+            } else {
+                cfg.pair_v_offset(stage)
+            } as u32
+        };
         let nb_lo = (n_lo as u32) / BN;
         let steps = (n_hi as u32).div_ceil(BN) - nb_lo;
         let n0 = |step: u32| (nb_lo + step) * BN;
@@ -177,7 +198,7 @@ unsafe fn forward<
             let first = n0(step);
             let valid = (seq.seq_k(pp) - first).min(BN);
             load_tile::<D, BN, THREADS>(k_s(stage), k_base, first as u64 * ks, ks, valid);
-            load_tile::<D, BN, THREADS>(v_s(stage), v_base, first as u64 * vs, vs, valid);
+            load_tile::<DV, BN, THREADS>(v_s(stage), v_base, first as u64 * vs, vs, valid);
         };
 
         // Prologue: Q and steps 0 .. STAGES - 2, one cp.async group each (empty past the end).
@@ -220,7 +241,7 @@ unsafe fn forward<
                     mask_and_scale::<MT, NT, BM, BN>(&w, &mut s, n0(step));
                     softmax_update::<MT, NT, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
                     // SAFETY: as for K above.
-                    unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                    unsafe { pv::<E, DV, MT, DT, DVK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
                 } else {
                     mask::<MT, NT, BM, BN>(&w, &mut s, n0(step));
                     let (m, l, c) = (&mut row_max, &mut row_sum, w.scale_log2);
@@ -230,11 +251,11 @@ unsafe fn forward<
                     if huge {
                         softmax_folded_p::<MT, NT, true>(&mut s, m, l, c);
                         // SAFETY: as for K above.
-                        unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                        unsafe { pv::<E, DV, MT, DT, DVK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
                     } else {
                         softmax_folded_p::<MT, NT, false>(&mut s, m, l, c);
                         // SAFETY: as for K above.
-                        unsafe { pv::<E, D, MT, DT, DK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
+                        unsafe { pv::<E, DV, MT, DT, DVK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
                     }
                 }
             }
@@ -259,9 +280,11 @@ macro_rules! attention_body {
             $layout,
             $elem,
             { CFG.head_dim },
+            { CFG.value_dim },
             { CFG.warp_m_tiles as usize },
-            { (CFG.head_dim / 8) as usize },
+            { (CFG.value_dim / 8) as usize },
             { (CFG.head_dim / 16) as usize },
+            { (CFG.value_dim / 16) as usize },
             { CFG.block_m },
             { CFG.block_n },
             { (CFG.block_n / 8) as usize },
@@ -346,6 +369,8 @@ macro_rules! forward_kernels {
             "attention_fwd_bf16_d128_n64lazy", Bf16, TUNING_VARIANTS[6].1, false;
             $(concat!("attention_fwd_capsink_bf16_d", $d), Bf16, tile_config_of($d), true;)*
             $(concat!("attention_fwd_capsink_f16_d", $d), F16, tile_config_of($d), true;)*
+            "attention_fwd_bf16_d192_v128", Bf16, mma_value_config_of(192, 128), false;
+            "attention_fwd_f16_d192_v128", F16, mma_value_config_of(192, 128), false;
         }
 
         attention_kernels! {
@@ -354,6 +379,8 @@ macro_rules! forward_kernels {
             $(concat!("attention_fwd_varlen_f16_d", $d), F16, tile_config_of($d), false;)*
             $(concat!("attention_fwd_varlen_capsink_bf16_d", $d), Bf16, tile_config_of($d), true;)*
             $(concat!("attention_fwd_varlen_capsink_f16_d", $d), F16, tile_config_of($d), true;)*
+            "attention_fwd_varlen_bf16_d192_v128", Bf16, mma_value_config_of(192, 128), false;
+            "attention_fwd_varlen_f16_d192_v128", F16, mma_value_config_of(192, 128), false;
         }
     };
 }

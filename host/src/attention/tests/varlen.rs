@@ -165,16 +165,35 @@ fn varlen_value_dim_pairs_plan_their_hopper_kernels() {
         MAX_SMEM,
     )
     .unwrap();
-    // No Hopper kernel on sm_80, none on the mma.sync path: typed errors.
-    let e = p
-        .plan(target(Arch::Sm80), &varlen_tensors::<bf16>(&p))
-        .err();
-    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+    // On sm_80, or asked for: the pair's mma.sync kernel; an explicit Hopper path on sm_80 is
+    // refused.
     let m = p.clone().path(Path::MmaSync);
-    let e = m
-        .plan(target(Arch::Sm90a), &varlen_tensors::<bf16>(&m))
+    for (plan, arch) in [
+        (
+            p.plan(target(Arch::Sm80), &varlen_tensors::<bf16>(&p)),
+            Arch::Sm80,
+        ),
+        (
+            m.plan(target(Arch::Sm90a), &varlen_tensors::<bf16>(&m)),
+            Arch::Sm90a,
+        ),
+    ] {
+        let plan = plan.unwrap();
+        assert_eq!(plan.kernel().name, "attention_fwd_varlen_bf16_d192_v128");
+        check_kernel_launch(arch, &plan.kernel(), &plan.config().unwrap(), MAX_SMEM).unwrap();
+    }
+    let h = p.clone().path(Path::Hopper);
+    let e = h
+        .plan(target(Arch::Sm80), &varlen_tensors::<bf16>(&h))
         .err();
     assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+    // No key row at all: a tensor map needs one, Auto takes mma.sync.
+    let nokeys = CuSeqlens::from_lens(&[(5, 0), (7, 0)]).unwrap();
+    let n = AttentionVarlenProblem::new(&nokeys, 4, 2, 192, Dtype::Bf16).value_dim(128);
+    let plan = n
+        .plan(target(Arch::Sm90a), &varlen_tensors::<bf16>(&n))
+        .unwrap();
+    assert_eq!(plan.kernel().name, "attention_fwd_varlen_bf16_d192_v128");
     // No query row: no launch.
     let empty = CuSeqlens::from_lens(&[(0, 5)]).unwrap();
     let e = AttentionVarlenProblem::new(&empty, 4, 2, 192, Dtype::Bf16).value_dim(128);
