@@ -212,6 +212,12 @@ impl AttentionProblem {
                 "the FP8 kernels take neither",
             ));
         }
+        if self.has_value_dim() {
+            return Err(Error::unsupported(
+                "FP8 forward with a value head dimension of its own",
+                "the FP8 kernels take V of Q's head dimension",
+            ));
+        }
         if self.path == Path::MmaSync || !target.arch.has_hopper_kernels() {
             return Err(Error::unsupported(
                 "FP8 attention forward",
@@ -608,6 +614,10 @@ mod tests {
         assert!(err(&f16, &tensors(&f16), ok, Arch::Sm90a).is_some());
         let capped = p.clone().softcap(30.0);
         assert!(err(&capped, &t, ok, Arch::Sm90a).is_some());
+        let pair = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16).value_dim(128);
+        assert!(
+            err(&pair, &tensors(&pair), ok, Arch::Sm90a).is_some_and(|e| e.contains("value head"))
+        );
         for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
             let s = Fp8Scales { v: bad, ..ok };
             assert!(err(&p, &t, s, Arch::Sm90a).is_some_and(|e| e.contains("descale")));
