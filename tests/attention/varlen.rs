@@ -181,10 +181,7 @@ fn gpu_cases() -> Vec<VarlenCase> {
     c.p.window = (Some(17), Some(0));
     v.push(c);
     // Many short sequences (a training batch of documents).
-    let many: Vec<(usize, usize)> = (0..64)
-        .map(|i| (1 + (i * 37) % 97, 1 + (i * 53) % 89))
-        .collect();
-    let mut c = vcase(&many, 4, 1, 128, Dtype::Bf16);
+    let mut c = vcase(&many_short(), 4, 1, 128, Dtype::Bf16);
     c.p.causal = true;
     v.push(c);
     // 2500 sequences of 0 to 100 rows: the Hopper kernels' search for a block's sequence
@@ -194,6 +191,13 @@ fn gpu_cases() -> Vec<VarlenCase> {
     c.p.causal = true;
     v.push(c);
     v
+}
+
+/// 64 sequences of 1 to 97 query and 1 to 89 key rows (a training batch of short documents).
+fn many_short() -> Vec<(usize, usize)> {
+    (0..64)
+        .map(|i| (1 + (i * 37) % 97, 1 + (i * 53) % 89))
+        .collect()
 }
 
 /// Compare O `[total_q, heads_q, D]` and LSE `[heads_q, total_q]` with the reference.
@@ -801,10 +805,7 @@ pub fn register(s: &mut Suite) {
         let mut c = vcase(&[(500, 700), (700, 500), (33, 1)], 8, 1, d, Dtype::Bf16);
         c.p.window = (Some(64), Some(32));
         cs.push(c);
-        let many: Vec<(usize, usize)> = (0..64)
-            .map(|i| (1 + (i * 37) % 97, 1 + (i * 53) % 89))
-            .collect();
-        let mut c = vcase(&many, 4, 1, d, Dtype::Bf16);
+        let mut c = vcase(&many_short(), 4, 1, d, Dtype::Bf16);
         c.p.causal = true;
         cs.push(c);
         for c in cs {

@@ -342,18 +342,14 @@ pub fn tuning_variant(d: u32, name: &str) -> Option<TileConfig> {
 /// tiles of D_v's head dimension (its O accumulators and V tiles) with Q and K of `d`.
 #[inline(always)]
 pub const fn mma_value_config(d: u32, dv: u32) -> Option<TileConfig> {
-    let mut i = 0;
-    while i < VALUE_DIMS.len() {
-        if VALUE_DIMS[i].0 == d && VALUE_DIMS[i].1 == dv {
-            return Some(TileConfig {
-                head_dim: d,
-                value_dim: dv,
-                ..tile_config_of(dv)
-            });
-        }
-        i += 1;
+    if !is_value_pair(d, dv) {
+        return None;
     }
-    None
+    Some(TileConfig {
+        head_dim: d,
+        value_dim: dv,
+        ..tile_config_of(dv)
+    })
 }
 
 /// [`mma_value_config`] of a supported pair (compile-time use in kernels).
@@ -668,18 +664,27 @@ pub const VALUE_DIMS: [(u32, u32); 1] = [(192, 128)];
 /// beside V of 128: 48 + 2 (48 + 32) KiB.
 #[inline(always)]
 pub const fn hopper_value_config(d: u32, dv: u32) -> Option<HopperConfig> {
+    if !is_value_pair(d, dv) {
+        return None;
+    }
+    Some(HopperConfig {
+        head_dim: d,
+        value_dim: dv,
+        ..hopper_config_of(128)
+    })
+}
+
+/// Whether `(d, dv)` is one of [`VALUE_DIMS`].
+#[inline(always)]
+pub const fn is_value_pair(d: u32, dv: u32) -> bool {
     let mut i = 0;
     while i < VALUE_DIMS.len() {
         if VALUE_DIMS[i].0 == d && VALUE_DIMS[i].1 == dv {
-            return Some(HopperConfig {
-                head_dim: d,
-                value_dim: dv,
-                ..hopper_config_of(128)
-            });
+            return true;
         }
         i += 1;
     }
-    None
+    false
 }
 
 /// [`hopper_value_config`] of a supported pair (compile-time use in kernels).
