@@ -123,6 +123,15 @@
 #       16k, the pair's rows beside them) with its peers, and (step bwd) kbench
 #       attention-backward at D 64 and 128 (S 4k, 16k); VDIM_STEPS picks among
 #       "tests san py bench bwd" (default the first three).
+#   vbwd the backward of V and O of their own head dimension (D 192, D_v 128; the Hopper
+#       kernels): the backward's GPU tests (bwd_tests: dense, softcap and sinks, packed, props,
+#       negative controls, CLI; the pair's cases among them), the four sanitizers on the pair's
+#       cases (dense causal in both modes, a window, packed), then (step py) the Python
+#       attention and packed checks, (step bench) kbench attention-backward at D 192 (S 4k and
+#       16k, the pair's rows beside D 192's) with its peers, and (step dec) kbench
+#       attention-decode with its peers (FlashAttention-4's paged forward when installed under
+#       /tmp/fa4pkgs); VBWD_STEPS picks among "tests san py bench dec" (default the first two
+#       and bench).
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -131,7 +140,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|flab
+#   detw|hvb|vdim|vbwd|flab
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -889,6 +898,37 @@ if [ "$part" = vdim ]; then
     unset KBENCH_ATTENTION_VARIANTS
   fi
   if [[ $steps == *" bwd "* ]]; then SEQS=${BSEQS:-4096,16384} bwd_bench ${BDIMS:-64,128}; fi
+fi
+if [ "$part" = vbwd ]; then
+  steps=" ${VBWD_STEPS:-tests san bench} "
+  [[ $steps == *" tests "* ]] && bwd_tests
+  if [[ $steps == *" san "* ]]; then
+    list=$($B/bin/test-attention --list 2>/dev/null | sed 's/: test$//')
+    cases="$(echo "$list" | grep -E '^attention_bwd/hopper_value_dim/bf16_d192_b2_sq113_sk203_h4x2_v128_causal.*_(atomic|det)$')
+      $(echo "$list" | grep -E '^attention_bwd/hopper_value_dim/.*_win' | head -1)
+      $(echo "$list" | grep -E '^attention_varlen_bwd/hopper_value_dim/bf16_.*_causal.*_det$' | head -1)"
+    san_cases "$cases"
+  fi
+  if [[ $steps == *" py "* ]]; then
+    P=/tmp/pyd9w; python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip-w.log 2>&1
+    for f in attention attention_varlen; do
+      s=$(date +%s); PYTHONPATH=$P timeout 300 python3 $B/python/test_$f.py > $L/py_$f.log 2>&1
+      echo "py $f rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_$f.log | tail -1)" >> $S
+      grep -E "^(SKIP|FAIL)" -A4 $L/py_$f.log | head -12 >> $S
+      grep -E "dv128|value head" $L/py_$f.log >> $S
+    done
+  fi
+  if [[ $steps == *" bench "* ]]; then SEQS=${BSEQS:-4096,16384} bwd_bench ${BDIMS:-192}; fi
+  if [[ $steps == *" dec "* ]]; then
+    P=/tmp/pyd9d FP=/tmp/fa4pkgs
+    python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl > $L/pip.log 2>&1
+    export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers
+    [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP:$P
+    s=$(date +%s); timeout -k 5 ${TD:-400} $B/bin/kbench attention-decode --out $OUT > $L/bench-decode.log 2>&1
+    echo "bench attention-decode rc=$? $(( $(date +%s)-s ))s" >> $S
+    sed -n '/^== table/,$p' $L/bench-decode.log | grep -E "attention_decode|memcpy" | tail -80 >> $S
+    grep -i "note\|error\|MISMATCH\|panicked\|peer fa4" $L/bench-decode.log | tail -8 >> $S
+  fi
 fi
 if [ "$part" = flab ]; then
   P=/tmp/pyd9f TC=/tmp/tc

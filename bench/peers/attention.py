@@ -95,7 +95,7 @@ def main(work):
         q = shared["q"][: b * s * h * d].view(b, s, h, d)
         k = shared["k"][: b * s * hk * d].view(b, s, hk, d)
         v = shared["v"][: b * s * hk * dv].view(b, s, hk, dv)
-        do = shared["do"][: b * s * h * d].view(b, s, h, d) if "do" in shared else None
+        do = shared["do"][: b * s * h * dv].view(b, s, h, dv) if "do" in shared else None
         ours = load_file(os.path.join(work, case, "tensors.safetensors"), device="cuda")
         for name, f in peers:
             torch.cuda.synchronize()

@@ -1,8 +1,9 @@
 """Peers of the `attention-decode` family: PyTorch SDPA (FLASH and CUDNN backends) on each
 case's contexts gathered from the paged caches into dense, padded K/V `[batch, context, heads_kv,
 D]` (the gather is done once, outside the timed region: the baseline of a framework without a
-paged kernel), and `flash_attn_with_kvcache` with the block table when the `flash_attn` package
-(FlashAttention-2) is importable.
+paged kernel), `flash_attn_with_kvcache` with the block table when the `flash_attn` package
+(FlashAttention-2) is importable, and FlashAttention-4's `flash_attn_varlen_func` on the paged
+caches (`page_table`, `seqused_k`; on Hopper it has no split-KV) when `flash_attn.cute` is.
 
 The caches are rebuilt on the GPU as ours were: WORKDIR/shared.safetensors holds the repeating
 block; K is the block repeated over `cache_tokens x heads_kv x D` elements, V the same from half
@@ -11,6 +12,7 @@ a block on; pages of `page` tokens. Each case holds Q `[batch, 1, heads_q, D]`, 
 
 Usage: python3 attention_decode.py WORKDIR. Writes WORKDIR/peer_rows.json.
 """
+import importlib.metadata
 import json
 import os
 import sys
@@ -46,6 +48,12 @@ def main(work):
     except Exception as e:
         print(f"  peer flash_attn_with_kvcache: not available ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
         flash_attn_with_kvcache = None
+    try:
+        from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
+        fa4_name = f"fa4 {importlib.metadata.version('flash-attn-4')} (paged)"
+    except Exception as e:
+        print(f"  peer fa4: not available ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+        fa4_varlen = None
     rows = []
     for case in cases:
         with open(os.path.join(work, case, "case.json")) as f:
@@ -68,11 +76,17 @@ def main(work):
                         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                         enable_gqa=True).transpose(1, 2)
             peers.append((name, f))
+        seqlens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+        table32 = table.to(torch.int32).contiguous()
         if flash_attn_with_kvcache is not None:
-            seqlens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
-            table32 = table.to(torch.int32)
             peers.append(("flash_attn_with_kvcache (paged)", lambda: flash_attn_with_kvcache(
                 q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table32)))
+        if fa4_varlen is not None:
+            def fa4_step(q=q, seqlens=seqlens, table32=table32, ctx=ctx):
+                out = fa4_varlen(q, k_cache, v_cache, seqused_k=seqlens, page_table=table32,
+                                 max_seqlen_k=ctx)
+                return out[0] if isinstance(out, tuple) else out
+            peers.append((fa4_name, fa4_step))
         for name, f in peers:
             try:
                 with torch.no_grad():

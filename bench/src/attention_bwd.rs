@@ -6,7 +6,9 @@
 //! Q, K, V and dO. Each row records the plan's `path`: on a Hopper GPU the Hopper kernels (in
 //! both modes; the deterministic one orders the dQ additions), else the `mma.sync` kernels (dQ
 //! by f32 atomics by default). On a Hopper GPU the `mma.sync` kernels are also timed forced, as
-//! tuning rows `ours-mma` and `ours-mma-deterministic`.
+//! tuning rows `ours-mma` and `ours-mma-deterministic`. V and O of their own head dimension
+//! (the pairs of `VALUE_DIMS`, Hopper GPUs): rows with `dv` in their configuration beside
+//! those of D, FLOPs counted with `D + D_v` as the forward's.
 //!
 //! FLOPs (FlashAttention's convention): the backward counts 2.5 forwards (`2.5 x 4 B H S^2 D`,
 //! halved under causal masking), forward + backward 3.5.
@@ -53,6 +55,13 @@ pub fn run(b: &mut Bench, x: &Shared<'_>, dims: &[usize], seqs: &[usize]) -> Res
                 let mut p =
                     AttentionProblem::new(16384 / s, s, s, 2048 / d, 2048 / d, d, Dtype::Bf16);
                 p.causal = causal;
+                // V and O of their own head dimension (the Hopper kernels), beside the rows
+                // of D: the pairs whose D the grid names, with D's heads.
+                for (pd, vd) in kernel_abi::attention::VALUE_DIMS {
+                    if pd as usize == d && b.gpu.arch().has_hopper_kernels() {
+                        one(b, &p.clone().value_dim(vd as usize), x)?;
+                    }
+                }
                 one(b, &p, x)?;
             }
         }
@@ -75,15 +84,17 @@ fn mib<T>(n: usize) -> f64 {
 
 fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
     let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (vs, os) = (p.v_shape(), p.o_shape());
     let nq: usize = qs.iter().product();
     let nk: usize = ks.iter().product();
+    let (nv, no): (usize, usize) = (vs.iter().product(), os.iter().product());
     let [dq_in, dk_in, dv_in, ddo_in] = x.dev;
     let (qv, kv, vv) = (
         View::contiguous(dq_in, qs),
         View::contiguous(dk_in, ks),
-        View::contiguous(dv_in, ks),
+        View::contiguous(dv_in, vs),
     );
-    let out = poisoned::<bf16>(nq)?;
+    let out = poisoned::<bf16>(no)?;
     let mut lse = poisoned::<f32>(p.lse_len())?;
     attention::forward(
         &b.gpu,
@@ -92,19 +103,22 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
         &qv,
         &kv,
         &vv,
-        &mut View::contiguous(&out, qs),
+        &mut View::contiguous(&out, os),
         &mut lse,
     )?;
     b.gpu.sync(&b.stream, "attention forward")?;
     let (o_host, lse_host) = (download(&out)?, download(&lse)?);
-    let cfg = config!(
+    let mut cfg = config!(
         "batch": p.batch, "seq": p.seq_q, "heads": p.heads_q, "d": p.head_dim,
         "causal": p.causal, "dtype": "bf16"
     );
+    if p.has_value_dim() {
+        cfg.insert("dv".into(), serde_json::json!(p.v_dim()));
+    }
     let (dq, dk, dv) = (
         poisoned::<bf16>(nq)?,
         poisoned::<bf16>(nk)?,
-        poisoned::<bf16>(nk)?,
+        poisoned::<bf16>(nv)?,
     );
     let mut variants = vec![
         (attention::Path::Auto, false, "ours"),
@@ -115,7 +129,8 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
     let (dtype, d) = (kernel_abi::attention::Dtype::Bf16, p.head_dim as u32);
     let hopper = kernel_abi::attention::hopper_bwd::hopper_bwd_kernel(dtype, d, false)
         .or_else(|| kernel_abi::attention::hopper_bwd::hopper_bwd_padded_kernel(dtype, d, false));
-    if b.gpu.arch().has_hopper_kernels() && hopper.is_some() {
+    // (The pairs of `VALUE_DIMS` have the Hopper kernels only.)
+    if b.gpu.arch().has_hopper_kernels() && hopper.is_some() && !p.has_value_dim() {
         variants.extend([
             (attention::Path::MmaSync, false, "ours-mma"),
             (attention::Path::MmaSync, true, "ours-mma-deterministic"),
@@ -131,13 +146,13 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
                 q: qv,
                 k: kv,
                 v: vv,
-                o: View::contiguous(&out, qs),
-                d_o: View::contiguous(ddo_in, qs),
+                o: View::contiguous(&out, os),
+                d_o: View::contiguous(ddo_in, os),
                 lse: (&lse).into(),
                 d_lse: None,
                 dq: View::contiguous(&dq, qs),
                 dk: View::contiguous(&dk, ks),
-                dv: View::contiguous(&dv, ks),
+                dv: View::contiguous(&dv, vs),
                 sinks: None,
                 d_sinks: None,
             };
@@ -161,7 +176,7 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
         let (err, rel) = check(p, x.host, &o_host, &lse_host, &got)?;
         let path_name = format!("{:?}", plan.path()).to_lowercase();
         let ws_mib = mib::<f32>(plan.delta_len() + plan.dq_accum_len());
-        let grads_mib = mib::<bf16>(nq + 2 * nk);
+        let grads_mib = mib::<bf16>(nq + nk + nv);
         let mut row = Row::ours("attention_bwd", cfg.clone(), &t_bwd)
             .flops(2.5 * p.flops())
             .err(err);
@@ -176,7 +191,7 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
             .insert("path".into(), serde_json::json!(path_name));
         b.push(row);
         let t_step = {
-            let mut ov = View::contiguous(&out, qs);
+            let mut ov = View::contiguous(&out, os);
             b.time(|| {
                 attention::forward(&b.gpu, &b.stream, p, &qv, &kv, &vv, &mut ov, &mut lse)?;
                 // SAFETY: as above; the forward before it on the same stream rewrites O and
@@ -191,7 +206,7 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
         row.implementation = impl_name.to_string();
         row.extra
             .insert("max_err_rel".into(), serde_json::json!(rel));
-        let fwd_mib = mib::<bf16>(nq) + mib::<f32>(p.lse_len());
+        let fwd_mib = mib::<bf16>(no) + mib::<f32>(p.lse_len());
         row.extra.insert(
             "peak_extra_mib".into(),
             serde_json::json!(ws_mib + grads_mib + fwd_mib),
@@ -203,7 +218,7 @@ fn one(b: &mut Bench, p: &AttentionProblem, x: &Shared<'_>) -> Result<()> {
             let tensors = [
                 ("dq", Tensor::Bf16(&got[0], qs.to_vec())),
                 ("dk", Tensor::Bf16(&got[1], ks.to_vec())),
-                ("dv", Tensor::Bf16(&got[2], ks.to_vec())),
+                ("dv", Tensor::Bf16(&got[2], vs.to_vec())),
             ];
             b.case(
                 "attention_bwd",
@@ -239,16 +254,17 @@ fn check(
     lse: &[f32],
     [dq, dk, dv]: &[Vec<bf16>; 3],
 ) -> Result<(f64, f64)> {
-    let d = p.head_dim;
+    let (d, e) = (p.head_dim, p.v_dim());
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale() as f64;
-    let qrow = |t: &[bf16], b: usize, i: usize, h: usize| -> Vec<f64> {
-        let s = ((b * p.seq_q + i) * p.heads_q + h) * d;
-        t[s..s + d].iter().map(|x| x.to_f64()).collect()
+    // Rows of width `w` (D for Q, K, dQ, dK; D_v for V, O, dO, dV).
+    let qrow = |t: &[bf16], w: usize, b: usize, i: usize, h: usize| -> Vec<f64> {
+        let s = ((b * p.seq_q + i) * p.heads_q + h) * w;
+        t[s..s + w].iter().map(|x| x.to_f64()).collect()
     };
-    let krow = |t: &[bf16], b: usize, j: usize, h: usize| -> Vec<f64> {
-        let s = ((b * p.seq_k + j) * p.heads_kv + h) * d;
-        t[s..s + d].iter().map(|x| x.to_f64()).collect()
+    let krow = |t: &[bf16], w: usize, b: usize, j: usize, h: usize| -> Vec<f64> {
+        let s = ((b * p.seq_k + j) * p.heads_kv + h) * w;
+        t[s..s + w].iter().map(|x| x.to_f64()).collect()
     };
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     let (mut err, mut top) = (0.0f64, 0.0f64);
@@ -266,23 +282,23 @@ fn check(
     // dQ rows: the softmax recomputed in f64.
     for (b, i, h) in samples(8, p.batch, p.seq_q, p.heads_q) {
         let hk = h / group;
-        let (qi, doi) = (qrow(q, b, i, h), qrow(d_o, b, i, h));
+        let (qi, doi) = (qrow(q, d, b, i, h), qrow(d_o, e, b, i, h));
         let keys: Vec<usize> = (0..p.seq_k).filter(|&j| p.allowed(i, j)).collect();
         let s: Vec<f64> = keys
             .iter()
-            .map(|&j| scale * dot(&qi, &krow(k, b, j, hk)))
+            .map(|&j| scale * dot(&qi, &krow(k, d, b, j, hk)))
             .collect();
         let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let sum: f64 = s.iter().map(|x| (x - max).exp()).sum();
         let probs: Vec<f64> = s.iter().map(|x| (x - max).exp() / sum).collect();
         let dps: Vec<f64> = keys
             .iter()
-            .map(|&j| dot(&doi, &krow(v, b, j, hk)))
+            .map(|&j| dot(&doi, &krow(v, e, b, j, hk)))
             .collect();
         let delta: f64 = probs.iter().zip(&dps).map(|(a, b)| a * b).sum();
         let mut want = vec![0.0; d];
         for ((&j, pj), dpj) in keys.iter().zip(&probs).zip(&dps) {
-            let kj = krow(k, b, j, hk);
+            let kj = krow(k, d, b, j, hk);
             for (w, kc) in want.iter_mut().zip(&kj) {
                 *w += scale * pj * (dpj - delta) * kc;
             }
@@ -293,23 +309,26 @@ fn check(
     // dK and dV rows: over every query row of every query head of the group, with P and delta
     // from our forward's LSE and O.
     for (b, j, hk) in samples(8, p.batch, p.seq_k, p.heads_kv) {
-        let (kj, vj) = (krow(k, b, j, hk), krow(v, b, j, hk));
-        let (mut want_k, mut want_v) = (vec![0.0; d], vec![0.0; d]);
+        let (kj, vj) = (krow(k, d, b, j, hk), krow(v, e, b, j, hk));
+        let (mut want_k, mut want_v) = (vec![0.0; d], vec![0.0; e]);
         for h in hk * group..(hk + 1) * group {
             for i in (0..p.seq_q).filter(|&i| p.allowed(i, j)) {
-                let (qi, doi, oi) = (qrow(q, b, i, h), qrow(d_o, b, i, h), qrow(o, b, i, h));
+                let qi = qrow(q, d, b, i, h);
+                let (doi, oi) = (qrow(d_o, e, b, i, h), qrow(o, e, b, i, h));
                 let pij =
                     (scale * dot(&qi, &kj) - lse[(b * p.heads_q + h) * p.seq_q + i] as f64).exp();
                 let ds = pij * (dot(&doi, &vj) - dot(&doi, &oi));
                 for c in 0..d {
                     want_k[c] += scale * ds * qi[c];
+                }
+                for c in 0..e {
                     want_v[c] += pij * doi[c];
                 }
             }
         }
-        let start = ((b * p.seq_k + j) * p.heads_kv + hk) * d;
-        note(&dk[start..start + d], &want_k);
-        note(&dv[start..start + d], &want_v);
+        let row = |w: usize| ((b * p.seq_k + j) * p.heads_kv + hk) * w;
+        note(&dk[row(d)..row(d) + d], &want_k);
+        note(&dv[row(e)..row(e) + e], &want_v);
     }
     let rel = err / top.max(f64::MIN_POSITIVE);
     if rel.is_nan() || rel > REL_BOUND {
@@ -355,5 +374,33 @@ mod tests {
         assert!(rel < 1e-2);
         let swapped = [round(&g.dq), round(&g.dv), round(&g.dk)];
         assert!(check(&p, host, &o, &lse, &swapped).is_err());
+    }
+
+    /// The same with V, O and dO of their own head dimension (192, 128): the reference passes,
+    /// dV with its columns rotated does not.
+    #[test]
+    fn check_takes_a_value_head_dimension() {
+        let p = AttentionProblem::new(2, 40, 50, 4, 2, 192, Dtype::Bf16)
+            .value_dim(128)
+            .causal();
+        let n = |s: [usize; 4]| s.iter().product::<usize>();
+        let mut r = rng(6);
+        let q = uniform_bf16(&mut r, n(p.q_shape()), -1.0, 1.0);
+        let k = uniform_bf16(&mut r, n(p.kv_shape()), -1.0, 1.0);
+        let v = uniform_bf16(&mut r, n(p.v_shape()), -1.0, 1.0);
+        let d_o = uniform_bf16(&mut r, n(p.o_shape()), -1.0, 1.0);
+        let fwd = reference(&p, &q, &k, &v);
+        let o: Vec<bf16> = fwd.o.iter().map(|&x| bf16::from_f64(x)).collect();
+        let lse: Vec<f32> = fwd.lse.iter().map(|&x| x as f32).collect();
+        let g = backward(&p, &q, &k, &v, &d_o, None);
+        let round = |x: &[f64]| -> Vec<bf16> { x.iter().map(|&x| bf16::from_f64(x)).collect() };
+        let host = [&q[..], &k[..], &v[..], &d_o[..]];
+        let good = [round(&g.dq), round(&g.dk), round(&g.dv)];
+        let (_, rel) = check(&p, host, &o, &lse, &good).expect("the reference passes");
+        assert!(rel < 1e-2);
+        let mut dv = g.dv.clone();
+        dv.rotate_left(1);
+        let bad = [round(&g.dq), round(&g.dk), round(&dv)];
+        assert!(check(&p, host, &o, &lse, &bad).is_err());
     }
 }

@@ -28,13 +28,14 @@ Inputs (FlashAttention's layout: sequence before heads, head dimension last):
   q    bf16, f16    [B, Sq, Hq, D]    D in {32, 48, .., 256}
        or e4m3                        (FP8, Hopper GPUs: D in {128, 256}; see below)
   k    same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv (GQA; Hkv = 1 is MQA)
-  v    same as q    [B, Sk, Hkv, D]
+  v    same as q    [B, Sk, Hkv, Dv]  Dv = D, or 128 beside D = 192 (bf16/f16; no softcap
+                                    or sinks with it)
 
   sinks f32         [Hq]              optional: attention sinks (gpt-oss), one logit per query
                                     head that joins every row's softmax and adds no value
 
 Outputs:
-  o    dtype of q   [B, Sq, Hq, D]    (f64 with --reference)
+  o    dtype of q   [B, Sq, Hq, Dv]   (f64 with --reference)
   lse  f32          [B, Hq, Sq]       (f64 with --reference); -inf for a row with no allowed key
                                     (the sink with sinks)
 

@@ -206,16 +206,17 @@ def case_name(c, path):
     )
 
 
-def value_dim_backward_refused():
-    """v of head dimension 128 beside q, k of 192: the forward runs (the Hopper kernels), the
-    backward is refused with the library's message."""
+def value_dim_backward_sm80():
+    """v of head dimension 128 beside q, k of 192 with the mma.sync kernels forced
+    (``KERNELS_ARCH=sm_80``): the forward runs, the backward (the Hopper kernels only) is
+    refused with the library's message."""
     dev = "cuda"
     q = torch.randn(1, 64, 2, 192, device=dev, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, 64, 2, 192, device=dev, dtype=torch.bfloat16)
     v = torch.randn(1, 64, 2, 128, device=dev, dtype=torch.bfloat16)
     out = flash_attn_func(q, k, v, causal=True)
     assert out.shape == (1, 64, 2, 128), out.shape
-    return raises(ValueError, lambda: out.sum().backward(), "value head dimension")
+    return raises(ValueError, lambda: out.sum().backward(), "V and O of their own head dimension")
 
 
 def packed_qkv():
@@ -395,7 +396,7 @@ def grads_reference(q, k, v, dout, dlse, scale, allowed, dtype):
     return [t.double() for t in (dq, dk, dv)]
 
 
-def run_backward_case(b, sq, sk, hq, hkv, d, dtype, causal, window, scale, with_dlse):
+def run_backward_case(b, sq, sk, hq, hkv, d, dtype, causal, window, scale, with_dlse, dv=None):
     """The gradients of flash_attn_func through autograd, in both modes (atomic dQ and
     deterministic), against the f64 reference with FlashAttention's rule per gradient G:
     max |G - ref| <= 2 max |G_naive - ref| + 1e-3 max |ref| + 1e-6 m (as
@@ -403,13 +404,15 @@ def run_backward_case(b, sq, sk, hq, hkv, d, dtype, causal, window, scale, with_
     max(max|Q|, max|K|) scales the absolute floor to these normal inputs. The floor covers the
     f32 rounding of dP - delta where the exact gradient is 0 (a row with one key: dP = delta
     exactly, and the kernels sum the two in different orders), which grows with those
-    magnitudes; every element finite (the gradients' memory poisoned with NaN first)."""
+    magnitudes; every element finite (the gradients' memory poisoned with NaN first). ``dv``:
+    v, out and dout of that head dimension (a pair beside q and k of ``d``)."""
     g = torch.Generator(device="cuda").manual_seed(SEED + 3 * sq + 5 * sk + d)
     dev = torch.device("cuda")
+    dv = d if dv is None else dv
     q = torch.randn(b, sq, hq, d, device=dev, dtype=dtype, generator=g)
     k = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
-    v = torch.randn(b, sk, hkv, d, device=dev, dtype=dtype, generator=g)
-    dout = torch.randn(b, sq, hq, d, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hkv, dv, device=dev, dtype=dtype, generator=g)
+    dout = torch.randn(b, sq, hq, dv, device=dev, dtype=dtype, generator=g)
     dlse = torch.randn(b, hq, sq, device=dev, generator=g) if with_dlse else None
     eff_scale = scale if scale is not None else 1.0 / math.sqrt(d)
     mag = lambda t: t.abs().max().item()
@@ -421,7 +424,7 @@ def run_backward_case(b, sq, sk, hq, hkv, d, dtype, causal, window, scale, with_
     for deterministic in (False, True):
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         poison_allocator(
-            ((b, sq, hq, d), dtype), ((b, sk, hkv, d), dtype), ((b, sk, hkv, d), dtype), device=dev
+            ((b, sq, hq, d), dtype), ((b, sk, hkv, d), dtype), ((b, sk, hkv, dv), dtype), device=dev
         )
         out, lse, _ = flash_attn_func(
             qg,
@@ -474,6 +477,12 @@ BWD_CASES = [
 ]
 if QUICK:
     BWD_CASES = BWD_CASES[:4]
+# v, out and dout of their own head dimension (the Hopper kernels): (..., dv).
+VALUE_DIM_BWD_CASES = [
+    (2, 113, 203, 8, 2, 192, torch.bfloat16, True, (-1, -1), None, True, 128),
+    (1, 1023, 1024, 4, 4, 192, torch.float16, False, (-1, -1), None, False, 128),
+    (1, 500, 700, 4, 1, 192, torch.bfloat16, False, (64, 32), None, True, 128),
+]
 
 
 def backward_case_name(c):
@@ -654,8 +663,11 @@ def main():
         c = CASES[1]
         b, sq, sk, hq, hkv, d, dt, causal, window, scale = c
         check(case_name(c, "hopper"), lambda: run_case(b, sq, sk, hq, hkv, d, dt, causal, window, scale, "hopper"))
-        # v of its own head dimension (the Hopper kernels' (192, 128) pair).
-        check("value head dimension: backward refused", value_dim_backward_refused)
+        # v of its own head dimension: its backward (the Hopper kernels).
+        for c in VALUE_DIM_BWD_CASES:
+            check(backward_case_name(c[:-1]) + f" dv{c[-1]}", lambda c=c: run_backward_case(*c))
+    else:
+        check("value head dimension: backward refused off Hopper", value_dim_backward_sm80)
     # v of its own head dimension (the (192, 128) pair), both paths.
     for c in VALUE_DIM_CASES:
         b, sq, sk, hq, hkv, d, dt, causal, window, scale, dv = c

@@ -34,17 +34,19 @@ from test_attention import (  # noqa: E402  (the shared references and helpers)
 )
 
 
-def packed_case(seqlens, hq, hkv, d, dtype, seed):
+def packed_case(seqlens, hq, hkv, d, dtype, seed, dv=None):
     """Random packed q, k, v, dout, dlse for sequences of (seqlen_q, seqlen_k) = ``seqlens``,
-    and the int32 boundaries on the device."""
+    and the int32 boundaries on the device; v and dout of head dimension ``dv`` (default
+    ``d``)."""
+    dv = d if dv is None else dv
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = torch.device("cuda")
     total_q = sum(sq for sq, _ in seqlens)
     total_k = sum(sk for _, sk in seqlens)
     q = torch.randn(total_q, hq, d, device=dev, dtype=dtype, generator=g)
     k = torch.randn(total_k, hkv, d, device=dev, dtype=dtype, generator=g)
-    v = torch.randn(total_k, hkv, d, device=dev, dtype=dtype, generator=g)
-    dout = torch.randn(total_q, hq, d, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(total_k, hkv, dv, device=dev, dtype=dtype, generator=g)
+    dout = torch.randn(total_q, hq, dv, device=dev, dtype=dtype, generator=g)
     dlse = torch.randn(hq, total_q, device=dev, generator=g)
     cu_q = [0]
     cu_k = [0]
@@ -63,7 +65,7 @@ def varlen_references(q, k, v, dout, dlse, seqlens, scale, causal, window):
     O 0, LSE -inf, no gradient."""
     hq = q.shape[1]
     dt = q.dtype
-    ref_o = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    ref_o = torch.zeros(dout.shape, dtype=torch.float64, device=q.device)
     naive_o = torch.zeros_like(ref_o)
     ref_lse = torch.full((hq, q.shape[0]), -math.inf, dtype=torch.float64, device=q.device)
     grads = {
@@ -92,27 +94,30 @@ def varlen_references(q, k, v, dout, dlse, seqlens, scale, causal, window):
     return ref_o, ref_lse, naive_o, grads
 
 
-def run_varlen_case(seqlens, hq, hkv, d, dtype, causal, window, scale, with_dlse):
+def run_varlen_case(seqlens, hq, hkv, d, dtype, causal, window, scale, with_dlse, dv=None):
     """flash_attn_varlen_func against per-sequence references: O within FlashAttention's rule
     (2 x naive + 1e-3, as ``run_case``), LSE within 1e-3 relative and -inf exactly where a
     query has no key; then the gradients through autograd in both modes with the rule of
-    ``run_backward_case``; every element finite (outputs poisoned with NaN first)."""
+    ``run_backward_case``; every element finite (outputs poisoned with NaN first). ``dv``: v,
+    out and dout of that head dimension (a pair beside q and k of ``d``)."""
     from rustkernels import flash_attn_varlen_func
 
-    q, k, v, dout, dlse, cu_q, cu_k = packed_case(seqlens, hq, hkv, d, dtype, SEED + len(seqlens) + d)
+    q, k, v, dout, dlse, cu_q, cu_k = packed_case(
+        seqlens, hq, hkv, d, dtype, SEED + len(seqlens) + d, dv
+    )
     max_q = max(sq for sq, _ in seqlens)
     max_k = max(sk for _, sk in seqlens)
     eff_scale = scale if scale is not None else 1.0 / math.sqrt(d)
     ref_o, ref_lse, naive_o, grads = varlen_references(
         q, k, v, dout, dlse if with_dlse else None, seqlens, eff_scale, causal, window
     )
-    poison_allocator((tuple(q.shape), dtype), ((hq, q.shape[0]), torch.float32), device=q.device)
+    poison_allocator((tuple(dout.shape), dtype), ((hq, q.shape[0]), torch.float32), device=q.device)
     out, lse, _ = flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal,
         window_size=window, return_attn_probs=True,
     )
     torch.cuda.synchronize()
-    assert out.shape == q.shape and out.dtype == dtype, (out.shape, out.dtype)
+    assert out.shape == dout.shape and out.dtype == dtype, (out.shape, out.dtype)
     assert lse.shape == (hq, q.shape[0]) and lse.dtype == torch.float32, (lse.shape, lse.dtype)
     got = out.double()
     assert torch.isfinite(got).all(), "O has NaN or inf (or an unwritten element)"
@@ -174,6 +179,12 @@ VARLEN_CASES = [
 ]
 if QUICK:
     VARLEN_CASES = VARLEN_CASES[:3]
+# v, out and dout of their own head dimension (forward and backward on the Hopper kernels):
+# (..., dv).
+VARLEN_VALUE_DIM_CASES = [
+    ([(17, 9), (0, 5), (300, 1), (128, 128), (500, 700)], 4, 2, 192, torch.bfloat16, True, (-1, -1), None, True, 128),
+    ([(113, 203), (1, 64), (999, 1000)], 4, 4, 192, torch.float16, False, (64, 32), None, False, 128),
+]
 
 
 def varlen_case_name(c):
@@ -322,6 +333,10 @@ def main():
     print(f"rustkernels flash_attn_varlen_func on {torch.cuda.get_device_name()}, seed {SEED}")
     for c in VARLEN_CASES:
         check(varlen_case_name(c), lambda c=c: run_varlen_case(*c))
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (9, 0) and os.environ.get("KERNELS_ARCH") != "sm_80":
+        for c in VARLEN_VALUE_DIM_CASES:
+            check(varlen_case_name(c[:-1]) + f" dv{c[-1]}", lambda c=c: run_varlen_case(*c))
     check("varlen: equal lengths match the dense batch", varlen_equal_lengths_match_dense)
     check("varlen: bad inputs", varlen_bad_inputs)
     check("varlen: torch.library.opcheck", varlen_opcheck)

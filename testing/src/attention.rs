@@ -55,13 +55,13 @@ pub struct BackwardInputs<'a, T> {
     pub q: &'a [T],
     /// K `[batch, seq_k, heads_kv, D]`.
     pub k: &'a [T],
-    /// V, as K.
+    /// V `[batch, seq_k, heads_kv, D_v]`.
     pub v: &'a [T],
-    /// O, as Q.
+    /// O `[batch, seq_q, heads_q, D_v]`.
     pub o: &'a [T],
     /// LSE `[batch, heads_q, seq_q]`.
     pub lse: &'a [f32],
-    /// dO, as Q.
+    /// dO, as O.
     pub d_o: &'a [T],
     /// dLSE, as LSE.
     pub d_lse: Option<&'a [f32]>,
@@ -88,23 +88,24 @@ pub fn device_backward<T: AttentionElem>(
     let (dq, dk, dv) = (
         poisoned::<T>(x.q.len())?,
         poisoned::<T>(x.k.len())?,
-        poisoned::<T>(x.k.len())?,
+        poisoned::<T>(x.v.len())?,
     );
     let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (vs, os) = (p.v_shape(), p.o_shape());
     attention::backward(
         g,
         &stream,
         p,
         &View::contiguous(&q, qs),
         &View::contiguous(&k, ks),
-        &View::contiguous(&v, ks),
-        &View::contiguous(&o, qs),
+        &View::contiguous(&v, vs),
+        &View::contiguous(&o, os),
         &lse,
-        &View::contiguous(&d_o, qs),
+        &View::contiguous(&d_o, os),
         d_lse.as_ref(),
         &mut View::contiguous(&dq, qs),
         &mut View::contiguous(&dk, ks),
-        &mut View::contiguous(&dv, ks),
+        &mut View::contiguous(&dv, vs),
         options,
     )?;
     Ok((download(&dq)?, download(&dk)?, download(&dv)?))

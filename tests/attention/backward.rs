@@ -68,7 +68,7 @@ fn inputs<T: AttentionElem>(b: &BwdCase) -> Inputs<T> {
     let p = &b.c.p;
     let (q, k, v) = kernels_testing::attention::random_inputs::<T>(p, b.c.range, b.c.seed);
     let mut r = rng(b.c.seed ^ 0xd0d0);
-    let d_o: Vec<T> = (0..q.len())
+    let d_o: Vec<T> = (0..p.o_shape().iter().product::<usize>())
         .map(|_| T::from_f32(r.random_range(-1.0..1.0)))
         .collect();
     let fwd = reference(p, &q, &k, &v);
@@ -164,9 +164,9 @@ fn compare<T: AttentionElem>(
         for j in (0..p.seq_k).filter(|&j| (0..p.seq_q).all(|i| !p.allowed(i, j))) {
             for h in 0..p.heads_kv {
                 unseen += 1;
-                let start = ((b * p.seq_k + j) * p.heads_kv + h) * d;
-                let zero = |g: &[f64]| g[start..start + d].iter().all(|&x| x == 0.0);
-                ensure(zero(&got.dk) && zero(&got.dv), || {
+                let row = |w: usize| ((b * p.seq_k + j) * p.heads_kv + h) * w;
+                let zero = |g: &[f64], w: usize| g[row(w)..row(w) + w].iter().all(|&x| x == 0.0);
+                ensure(zero(&got.dk, d) && zero(&got.dv, p.v_dim()), || {
                     format!("{what}: dK/dV row (b {b}, j {j}, h {h}) seen by no query, not 0")
                 })?;
             }
@@ -195,19 +195,20 @@ fn run_emulated<T: AttentionElem>(b: &BwdCase) -> TestResult {
     let nan = T::from_f32(f32::NAN);
     let mut dq = HostBuf::filled(x.q.len(), nan);
     let mut dk = HostBuf::filled(x.k.len(), nan);
-    let mut dv = HostBuf::filled(x.k.len(), nan);
+    let mut dv = HostBuf::filled(x.v.len(), nan);
     let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (vs, os) = (p.v_shape(), p.o_shape());
     let tensors = AttentionBackwardTensors {
         q: View::contiguous(q.view(), qs),
         k: View::contiguous(k.view(), ks),
-        v: View::contiguous(v.view(), ks),
-        o: View::contiguous(o.view(), qs),
-        d_o: View::contiguous(d_o.view(), qs),
+        v: View::contiguous(v.view(), vs),
+        o: View::contiguous(o.view(), os),
+        d_o: View::contiguous(d_o.view(), os),
         lse: lse.view(),
         d_lse: d_lse.as_mut().map(|d| d.view()),
         dq: View::contiguous(dq.view(), qs),
         dk: View::contiguous(dk.view(), ks),
-        dv: View::contiguous(dv.view(), ks),
+        dv: View::contiguous(dv.view(), vs),
         sinks: None,
         d_sinks: None,
     };
@@ -270,10 +271,11 @@ fn device_backward<T: AttentionElem>(
     options: BackwardOptions,
 ) -> kernels::Result<(Vec<T>, Vec<T>, Vec<T>)> {
     let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (vs, os) = (p.v_shape(), p.o_shape());
     let (dq, dk, dv) = (
         poisoned::<T>(d.q.len())?,
         poisoned::<T>(d.k.len())?,
-        poisoned::<T>(d.k.len())?,
+        poisoned::<T>(d.v.len())?,
     );
     attention::backward(
         g,
@@ -281,14 +283,14 @@ fn device_backward<T: AttentionElem>(
         p,
         &View::contiguous(&d.q, qs),
         &View::contiguous(&d.k, ks),
-        &View::contiguous(&d.v, ks),
-        &View::contiguous(&d.o, qs),
+        &View::contiguous(&d.v, vs),
+        &View::contiguous(&d.o, os),
         &d.lse,
-        &View::contiguous(&d.d_o, qs),
+        &View::contiguous(&d.d_o, os),
         d.d_lse.as_ref(),
         &mut View::contiguous(&dq, qs),
         &mut View::contiguous(&dk, ks),
-        &mut View::contiguous(&dv, ks),
+        &mut View::contiguous(&dv, vs),
         options,
     )?;
     Ok((download(&dq)?, download(&dk)?, download(&dv)?))
@@ -304,13 +306,14 @@ fn concurrent_backward<T: AttentionElem>(
     options: BackwardOptions,
 ) -> kernels::Result<Vec<(Vec<T>, Vec<T>, Vec<T>)>> {
     let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (vs, os) = (p.v_shape(), p.o_shape());
     let streams = [g.stream()?, g.stream()?];
     let mut outs = Vec::new();
     for _ in 0..2 {
         outs.push((
             poisoned::<T>(d.q.len())?,
             poisoned::<T>(d.k.len())?,
-            poisoned::<T>(d.k.len())?,
+            poisoned::<T>(d.v.len())?,
         ));
     }
     let mut workspaces = Vec::new();
@@ -318,14 +321,14 @@ fn concurrent_backward<T: AttentionElem>(
         let tensors = AttentionBackwardTensors {
             q: View::contiguous(&d.q, qs),
             k: View::contiguous(&d.k, ks),
-            v: View::contiguous(&d.v, ks),
-            o: View::contiguous(&d.o, qs),
-            d_o: View::contiguous(&d.d_o, qs),
+            v: View::contiguous(&d.v, vs),
+            o: View::contiguous(&d.o, os),
+            d_o: View::contiguous(&d.d_o, os),
             lse: (&d.lse).into(),
             d_lse: d.d_lse.as_ref().map(|x| x.into()),
             dq: View::contiguous(dq, qs),
             dk: View::contiguous(dk, ks),
-            dv: View::contiguous(dv, ks),
+            dv: View::contiguous(dv, vs),
             sinks: None,
             d_sinks: None,
         };
@@ -403,6 +406,68 @@ fn deterministic_bitwise(g: &Gpu) -> TestResult {
             Dtype::Bf16 => bitwise_runs::<bf16>(g, &b)?,
             Dtype::F16 => bitwise_runs::<f16>(g, &b)?,
         }
+    }
+    Ok(())
+}
+
+/// V, O and dO of their own head dimension (the pairs of `VALUE_DIMS`, the Hopper kernels):
+/// lengths from 1 to 1100 (one key block, partial blocks, many key blocks per dQ tile), causal
+/// and not, GQA and MQA, a window, rows with no allowed key, a scale of its own, f16.
+fn value_dim_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (d, dv) in kernel_abi::attention::VALUE_DIMS {
+        let (d, dv) = (d as usize, dv as usize);
+        let pair = |b, sq, sk, hq, hkv, dtype| {
+            let mut c = case(b, sq, sk, hq, hkv, d, dtype);
+            c.p = c.p.value_dim(dv);
+            c.seed = c.seed.wrapping_add(dv as u64);
+            c
+        };
+        for (sq, sk) in [(1, 1), (113, 203), (239, 1), (1023, 1024)] {
+            for causal in [false, true] {
+                let mut c = pair(
+                    if sq * sk < 100_000 { 2 } else { 1 },
+                    sq,
+                    sk,
+                    4,
+                    2,
+                    Dtype::Bf16,
+                );
+                c.p.causal = causal;
+                v.push(c);
+            }
+        }
+        v.push(pair(2, 257, 300, 8, 1, Dtype::Bf16));
+        let mut w = pair(1, 500, 700, 4, 4, Dtype::Bf16);
+        w.p.window = (Some(64), Some(32));
+        v.push(w);
+        let mut m = pair(2, 300, 100, 2, 2, Dtype::Bf16); // 200 rows with no allowed key
+        m.p.causal = true;
+        v.push(m);
+        let mut sc = pair(1, 129, 257, 2, 2, Dtype::Bf16);
+        sc.p.scale = Some(0.3);
+        v.push(sc);
+        let mut f = pair(2, 113, 203, 4, 2, Dtype::F16);
+        f.p.causal = true;
+        v.push(f);
+        v.push(pair(1, 1100, 1100, 4, 2, Dtype::F16));
+    }
+    v
+}
+
+/// The deterministic mode of a pair: bitwise identical gradients over 20 runs on one stream and
+/// 2 on a second (as [`deterministic_bitwise`]), 18 key blocks adding into each dQ tile.
+fn value_dim_bitwise(g: &Gpu) -> TestResult {
+    for (d, dv) in kernel_abi::attention::VALUE_DIMS {
+        let mut c = case(1, 700, 1100, 4, 2, d as usize, Dtype::Bf16);
+        c.p = c.p.value_dim(dv as usize);
+        c.p.causal = true;
+        let b = BwdCase {
+            c,
+            with_dlse: true,
+            deterministic: true,
+        };
+        bitwise_runs::<bf16>(g, &b)?;
     }
     Ok(())
 }
@@ -611,6 +676,21 @@ pub fn register(s: &mut Suite) {
         "attention_bwd/deterministic_bitwise",
         Needs::Gpu,
         deterministic_bitwise,
+    );
+    for (i, c) in value_dim_cases().into_iter().enumerate() {
+        for deterministic in [false, true] {
+            let b = bc(c.clone(), i % 2 == 0, deterministic);
+            let n = format!("attention_bwd/hopper_value_dim/{}", bwd_name(&b));
+            s.gpu(&n, Needs::Hopper, move |g| match b.c.p.dtype {
+                Dtype::Bf16 => run_gpu::<bf16>(g, &b),
+                Dtype::F16 => run_gpu::<f16>(g, &b),
+            });
+        }
+    }
+    s.gpu(
+        "attention_bwd/hopper_value_dim/deterministic_bitwise",
+        Needs::Hopper,
+        value_dim_bitwise,
     );
     s.gpu("attention_bwd/raw_api", Needs::Gpu, raw_api);
     for deterministic in [false, true] {

@@ -31,6 +31,9 @@ struct BackwardCase {
 
 fn backward_cases() -> Vec<BackwardCase> {
     let p = |b, sq, sk, hq, hkv| AttentionProblem::new(b, sq, sk, hq, hkv, 64, Dtype::Bf16);
+    let pair = |b, sq, sk, hq, hkv| {
+        AttentionProblem::new(b, sq, sk, hq, hkv, 192, Dtype::Bf16).value_dim(128)
+    };
     let c = |name, p, with_lse| BackwardCase {
         name,
         p,
@@ -90,6 +93,14 @@ fn backward_cases() -> Vec<BackwardCase> {
             with_lse: true,
             bf16: true,
         },
+        // V, O and dO of their own head dimension (Q and K of 192, V and O of 128).
+        c("value_dim", pair(2, 5, 7, 2, 2), true),
+        c("value_dim_gqa_causal", pair(1, 6, 4, 4, 2).causal(), true),
+        c(
+            "value_dim_window_no_dlse",
+            pair(1, 6, 6, 2, 1).window(Some(1), Some(2)),
+            false,
+        ),
     ]
 }
 
@@ -118,9 +129,13 @@ fn backward_against_finite_differences(c: &BackwardCase) -> TestResult {
             })
             .collect()
     };
-    let (qn, kn) = (p.q_shape().iter().product(), p.kv_shape().iter().product());
-    let (q, k, v) = (draw(qn), draw(kn), draw(kn));
-    let w = draw(qn);
+    let n = |s: [usize; 4]| s.iter().product::<usize>();
+    let (q, k, v) = (
+        draw(n(p.q_shape())),
+        draw(n(p.kv_shape())),
+        draw(n(p.v_shape())),
+    );
+    let w = draw(n(p.o_shape()));
     let sinks: Option<Vec<f64>> = p.sinks.then(|| draw(p.heads_q));
     let u = if c.with_lse {
         draw(p.lse_len())

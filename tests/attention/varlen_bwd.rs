@@ -60,7 +60,7 @@ fn inputs<T: AttentionElem>(b: &BwdCase) -> Inputs<T> {
     let c = &b.c;
     let (q, k, v) = qkv_inputs::<T>(c);
     let mut r = rng(c.seed ^ 0xd0d0);
-    let d_o: Vec<T> = (0..q.len())
+    let d_o: Vec<T> = (0..c.p.o_shape().iter().product::<usize>())
         .map(|_| T::from_f32(r.random_range(-1.0..1.0)))
         .collect();
     let fwd = reference_varlen(&c.p, &seqlens(c), &q, &k, &v);
@@ -136,6 +136,7 @@ fn compare<T: AttentionElem>(
     }
     // Sequences without keys: dQ exactly 0; without queries: dK, dV exactly 0.
     let (qrow, krow) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    let vrow = p.heads_kv * p.v_dim();
     for b in 0..s.batch() {
         if s.seq_k(b) == 0 {
             let rows = s.q_start(b) * qrow..(s.q_start(b) + s.seq_q(b)) * qrow;
@@ -144,10 +145,10 @@ fn compare<T: AttentionElem>(
             })?;
         }
         if s.seq_q(b) == 0 {
-            let rows = s.k_start(b) * krow..(s.k_start(b) + s.seq_k(b)) * krow;
+            let rows = |w: usize| s.k_start(b) * w..(s.k_start(b) + s.seq_k(b)) * w;
             ensure(
-                got[1][rows.clone()].iter().all(|&x| x == 0.0)
-                    && got[2][rows].iter().all(|&x| x == 0.0),
+                got[1][rows(krow)].iter().all(|&x| x == 0.0)
+                    && got[2][rows(vrow)].iter().all(|&x| x == 0.0),
                 || format!("{what}: dK/dV of sequence {b} (no queries) not 0"),
             )?;
         }
@@ -367,13 +368,14 @@ fn gpu_grads<T: AttentionElem>(
     let (dq, dk, dv) = (
         poisoned::<T>(x.q.len())?,
         poisoned::<T>(x.k.len())?,
-        poisoned::<T>(x.k.len())?,
+        poisoned::<T>(x.v.len())?,
     );
     let (qs, ks) = (p.q_shape(), p.kv_shape());
+    let (vs, os) = (p.v_shape(), p.o_shape());
     let (mut dqv, mut dkv, mut dvv) = (
         View::packed_contiguous(&dq, qs),
         View::packed_contiguous(&dk, ks),
-        View::packed_contiguous(&dv, ks),
+        View::packed_contiguous(&dv, vs),
     );
     attention::backward_varlen(
         g,
@@ -382,10 +384,10 @@ fn gpu_grads<T: AttentionElem>(
         &seqlens,
         &View::packed_contiguous(&q, qs),
         &View::packed_contiguous(&k, ks),
-        &View::packed_contiguous(&v, ks),
-        &View::packed_contiguous(&o, qs),
+        &View::packed_contiguous(&v, vs),
+        &View::packed_contiguous(&o, os),
         &lse,
-        &View::packed_contiguous(&d_o, qs),
+        &View::packed_contiguous(&d_o, os),
         d_lse.as_ref(),
         &mut dqv,
         &mut dkv,
@@ -759,4 +761,46 @@ pub fn register(s: &mut Suite) {
             });
         }
     }
+    for b in value_dim_cases() {
+        let n = format!("attention_varlen_bwd/hopper_value_dim/{}", bwd_name(&b));
+        s.gpu(&n, Needs::Hopper, move |g| match b.c.p.dtype {
+            Dtype::Bf16 => run_gpu::<bf16>(g, &b),
+            Dtype::F16 => run_gpu::<f16>(g, &b),
+        });
+    }
+}
+
+/// V, O and dO of their own head dimension (the pairs of `VALUE_DIMS`; the Hopper kernels):
+/// batches with empty, short and long sequences, every mask, GQA, both modes, f16.
+fn value_dim_cases() -> Vec<BwdCase> {
+    let mut v = Vec::new();
+    for (d, dv) in kernel_abi::attention::VALUE_DIMS {
+        let (d, dv) = (d as usize, dv as usize);
+        let batches: [&[(usize, usize)]; 2] = [
+            &[(113, 203), (0, 7), (1, 1), (239, 17), (5, 0)],
+            &[(300, 300), (64, 64), (129, 65), (700, 1000)],
+        ];
+        for (bi, lens) in batches.iter().enumerate() {
+            for mask in 0..3 {
+                for deterministic in [false, true] {
+                    let (hq, hkv) = if mask == 1 { (4, 2) } else { (2, 2) };
+                    let dtype = if mask == 2 { Dtype::F16 } else { Dtype::Bf16 };
+                    let mut c = vcase(lens, hq, hkv, d, dtype);
+                    c.p = c.p.value_dim(dv);
+                    c.seed = c.seed.wrapping_add(dv as u64);
+                    match mask {
+                        1 => c.p.causal = true,
+                        2 => c.p.window = (Some(40), Some(7)),
+                        _ => {}
+                    }
+                    v.push(BwdCase {
+                        c,
+                        with_dlse: bi == 0,
+                        deterministic,
+                    });
+                }
+            }
+        }
+    }
+    v
 }

@@ -10,10 +10,11 @@ pub(super) fn attention_inputs_bf16(
     let mut r = rng(seed);
     let nq: usize = p.q_shape().iter().product();
     let nk: usize = p.kv_shape().iter().product();
+    let nv: usize = p.v_shape().iter().product();
     (
         uniform_bf16(&mut r, nq, -1.0, 1.0),
         uniform_bf16(&mut r, nk, -1.0, 1.0),
-        uniform_bf16(&mut r, nk, -1.0, 1.0),
+        uniform_bf16(&mut r, nv, -1.0, 1.0),
     )
 }
 
@@ -143,7 +144,7 @@ pub(super) fn attention_backward_inputs(
 ) -> (Vec<Named>, [Vec<bf16>; 4], Vec<f32>) {
     let (q, k, v) = attention_inputs_bf16(p, seed);
     let mut r = rng(seed ^ 0xd0);
-    let d_o = uniform_bf16(&mut r, q.len(), -1.0, 1.0);
+    let d_o = uniform_bf16(&mut r, p.o_shape().iter().product(), -1.0, 1.0);
     let fwd = match sinks {
         Some(s) => kernels::attention::reference_with_sinks(p, &q, &k, &v, s),
         None => kernels::attention::reference(p, &q, &k, &v),
@@ -160,13 +161,14 @@ pub(super) fn attention_backward_inputs(
         p.kv_shape().to_vec(),
         vec![p.batch, p.heads_q, p.seq_q],
     );
+    let (vs, os) = (p.v_shape().to_vec(), p.o_shape().to_vec());
     let mut files = vec![
-        ("q", qs.clone(), V::Bf16(q.clone())),
-        ("k", ks.clone(), V::Bf16(k.clone())),
-        ("v", ks, V::Bf16(v.clone())),
-        ("o", qs.clone(), V::Bf16(o)),
+        ("q", qs, V::Bf16(q.clone())),
+        ("k", ks, V::Bf16(k.clone())),
+        ("v", vs, V::Bf16(v.clone())),
+        ("o", os.clone(), V::Bf16(o)),
         ("lse", ls.clone(), V::F32(lse)),
-        ("do", qs, V::Bf16(d_o.clone())),
+        ("do", os, V::Bf16(d_o.clone())),
         ("dlse", ls, V::F32(d_lse.clone())),
     ];
     if let Some(s) = sinks {
@@ -193,6 +195,18 @@ pub(super) fn attention_backward_reference() -> TestResult {
     ensure(want.dq.iter().all(|x| x.is_finite()), || {
         "the reference's dQ is not finite".into()
     })?;
+    // V, O and dO of head dimension 128 beside Q and K of 192: dV of 128.
+    let pair = AttentionProblem::new(1, 5, 7, 2, 1, 192, AttnDtype::Bf16)
+        .value_dim(128)
+        .causal();
+    let (files, [q, k, v, d_o], d_lse) = attention_backward_inputs(&pair, 14, None);
+    write_inputs(&d.path("in.safetensors"), &files)?;
+    ok(&d.command("attention-backward @in.safetensors -o @out.safetensors --reference --causal"))?;
+    let out = read_outputs(&d.path("out.safetensors"))?;
+    let want = kernels::attention::reference::backward(&pair, &q, &k, &v, &d_o, Some(&d_lse));
+    exact(&out, "dq", Dtype::F64, &pair.q_shape(), &want.dq)?;
+    exact(&out, "dk", Dtype::F64, &pair.kv_shape(), &want.dk)?;
+    exact(&out, "dv", Dtype::F64, &pair.v_shape(), &want.dv)?;
     // A softcap and sinks: the reference's gradients through both, and the sinks'.
     let p = p.softcap(3.0).with_sinks();
     let sinks = [1.0f32, -0.5, 0.25, 2.0];

@@ -187,7 +187,7 @@ pub(super) fn gpu_attention_varlen(gpu: &'static Gpu) -> TestResult {
 
 /// `attention-backward --check` (the tests' tolerance rule: the run fails past it) with dLSE,
 /// atomic dQ with `--repeat 2`, then `--deterministic`; then with a softcap and sinks, in
-/// both modes.
+/// both modes; on a Hopper GPU V, O and dO of 128 beside Q and K of 192, in both modes.
 pub(super) fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
     let d = Dir::new("gpu_attention_backward");
     let p = AttentionProblem::new(2, 70, 90, 4, 2, 128, AttnDtype::Bf16).causal();
@@ -221,6 +221,21 @@ pub(super) fn gpu_attention_backward(gpu: &'static Gpu) -> TestResult {
              --softcap 10{mode}"
         ));
         check_run(gpu, &d, &args, &bounds)?;
+    }
+    // V, O and dO of head dimension 128 beside Q and K of 192 (the Hopper kernels), both modes.
+    if gpu.arch().has_hopper_kernels() {
+        let p = AttentionProblem::new(2, 70, 90, 4, 2, 192, AttnDtype::Bf16)
+            .value_dim(128)
+            .causal();
+        let (files, _, _) = attention_backward_inputs(&p, 55, None);
+        write_inputs(&d.path("in.safetensors"), &files)?;
+        let bounds = [("dq", 1e-2), ("dk", 1e-2), ("dv", 1e-2)];
+        for mode in ["", " --deterministic"] {
+            let args = d.command(&format!(
+                "attention-backward @in.safetensors -o @out.safetensors --check --causal{mode}"
+            ));
+            check_run(gpu, &d, &args, &bounds)?;
+        }
     }
     Ok(())
 }

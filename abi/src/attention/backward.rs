@@ -104,6 +104,10 @@ pub struct AttentionBwdParams {
     /// ([`super::hopper_bwd::hopper_bwd_padded_kernel`]), whose kernels compute on columns
     /// zero-padded to theirs and store only these.
     pub head_dim: u32,
+    /// The head dimension of V, O, dO and dV: `head_dim`, or under a pair of
+    /// [`super::VALUE_DIMS`] (`D_v` below D: the Hopper dK/dV/dQ kernel of a wider head, on
+    /// zero-padded columns) the pair's `D_v`, the columns of dV stored.
+    pub value_dim: u32,
     /// The forward's softcap and sinks ([`LogitOptions`]). Under a softcap the `softcap`
     /// kernels recompute `t = tanh(q.k softcap_scale)` as the logit (times `scale_log2 =
     /// softcap log2 e`) and scale `dS` by `1 - t^2`, the softcap's derivative; the other

@@ -7,7 +7,9 @@ use crate::{CliError, Common, Job, Result, launch_timed};
 use clap::Args;
 use half::{bf16, f16};
 use kernels::Gpu;
-use kernels::attention::{self, AttentionProblem, BackwardOptions, Dtype, View, reference};
+use kernels::attention::{
+    self, AttentionProblem, BackwardOptions, Dtype, VALUE_DIMS, View, reference,
+};
 use kernels::memory::{download, poisoned, upload};
 use kernels::timing::Timings;
 use safetensors::Dtype as St;
@@ -21,17 +23,17 @@ softmax recomputed and accumulation in f32.
 Inputs (the forward's layout and masking; see `kernels-cli attention --help`):
   q     bf16 or f16  [B, Sq, Hq, D]    D a multiple of 16 from 32 to 256
   k     same as q    [B, Sk, Hkv, D]   Hq a multiple of Hkv
-  v     same as q    [B, Sk, Hkv, D]
-  o     same as q    [B, Sq, Hq, D]    the forward's output
+  v     same as q    [B, Sk, Hkv, Dv]  Dv = D, or 128 beside D = 192 (Hopper GPUs)
+  o     same as q    [B, Sq, Hq, Dv]   the forward's output
   lse   f32          [B, Hq, Sq]       the forward's log-sum-exp (natural log)
-  do    same as q    [B, Sq, Hq, D]    the loss's gradient with respect to O
+  do    same as q    [B, Sq, Hq, Dv]   the loss's gradient with respect to O
   dlse  f32          [B, Hq, Sq]       optional: the gradient with respect to LSE
   sinks f32          [Hq]              optional: the forward's attention sinks
 
 Outputs:
   dq     dtype of q  [B, Sq, Hq, D]    (f64 with --reference)
   dk     dtype of q  [B, Sk, Hkv, D]   summed over the query heads of each group
-  dv     dtype of q  [B, Sk, Hkv, D]
+  dv     dtype of q  [B, Sk, Hkv, Dv]
   dsinks f32         [Hq]              with sinks: their gradient, summed over B and Sq
 
 --softcap C: the forward's softcap (every logit l = scale q.k capped as C tanh(l / C)); the \
@@ -92,10 +94,33 @@ pub fn backward_job(args: &AttentionBackwardArgs) -> Result<Box<dyn Job>> {
     let half = [St::BF16, St::F16];
     let q = inp.take("q", &half, &qd)?;
     let k = inp.take("k", &half, &kd)?;
-    let v = inp.take("v", &half, &kd)?;
-    let o = inp.take("o", &half, &qd)?;
+    // V, O and dO may have a head dimension of their own where the pair has kernels
+    // (`VALUE_DIMS`); otherwise they are checked as K and Q.
+    let pair = match (q.shape(), inp.shape_of("v")) {
+        ([.., d], Some([_, _, _, dv])) => VALUE_DIMS.contains(&(*d as u32, *dv as u32)),
+        _ => false,
+    };
+    let (vd, od) = if pair {
+        let vd = [
+            Dim::Var("B"),
+            Dim::Var("Sk"),
+            Dim::Var("Hkv"),
+            Dim::Var("Dv"),
+        ];
+        let od = [
+            Dim::Var("B"),
+            Dim::Var("Sq"),
+            Dim::Var("Hq"),
+            Dim::Var("Dv"),
+        ];
+        (vd, od)
+    } else {
+        (kd, qd)
+    };
+    let v = inp.take("v", &half, &vd)?;
+    let o = inp.take("o", &half, &od)?;
     let lse = inp.take("lse", &[St::F32], &ld)?;
-    let d_o = inp.take("do", &half, &qd)?;
+    let d_o = inp.take("do", &half, &od)?;
     let d_lse = inp.take_opt("dlse", &[St::F32], &ld)?;
     let sinks = inp
         .take_opt("sinks", &[St::F32], &[Dim::Var("Hq")])?
@@ -115,6 +140,7 @@ pub fn backward_job(args: &AttentionBackwardArgs) -> Result<Box<dyn Job>> {
     inp.finish("attention-backward", TENSORS_BACKWARD, &[])?;
     let [b, sq, hq, d] = q.shape().try_into().expect("rank checked");
     let [_, sk, hkv, _] = k.shape().try_into().expect("rank checked");
+    let dv = v.shape()[3];
     let dtype = if q.dtype() == St::BF16 {
         Dtype::Bf16
     } else {
@@ -128,6 +154,7 @@ pub fn backward_job(args: &AttentionBackwardArgs) -> Result<Box<dyn Job>> {
     }
     p.softcap = args.softcap;
     p.sinks = sinks.is_some();
+    p.value_dim = (dv != d).then_some(dv);
     p.validate()?;
     let options = BackwardOptions {
         deterministic: args.deterministic,
@@ -189,18 +216,19 @@ impl<T: Elem> Job for BackwardJob<T> {
             .transpose()?;
         let dq = poisoned::<T>(self.q.len())?;
         let dk = poisoned::<T>(self.k.len())?;
-        let dv = poisoned::<T>(self.k.len())?;
+        let dv = poisoned::<T>(self.v.len())?;
         let (qs, ks) = (p.q_shape(), p.kv_shape());
+        let (vs, os) = (p.v_shape(), p.o_shape());
         let timings = {
             let (qv, kv, vv) = (
                 View::contiguous(&q, qs),
                 View::contiguous(&k, ks),
-                View::contiguous(&v, ks),
+                View::contiguous(&v, vs),
             );
-            let (ov, dov) = (View::contiguous(&o, qs), View::contiguous(&d_o, qs));
+            let (ov, dov) = (View::contiguous(&o, os), View::contiguous(&d_o, os));
             let mut dqv = View::contiguous(&dq, qs);
             let mut dkv = View::contiguous(&dk, ks);
-            let mut dvv = View::contiguous(&dv, ks);
+            let mut dvv = View::contiguous(&dv, vs);
             launch_timed(gpu, &stream, repeat, "attention backward", || {
                 match (&sinks, d_sinks.as_mut()) {
                     (Some(s), Some(ds)) => attention::backward_with_sinks(
@@ -243,7 +271,7 @@ impl<T: Elem> Job for BackwardJob<T> {
         let mut out = Outputs::default();
         out.push("dq", &qs, T::data(download(&dq)?));
         out.push("dk", &ks, T::data(download(&dk)?));
-        out.push("dv", &ks, T::data(download(&dv)?));
+        out.push("dv", &vs, T::data(download(&dv)?));
         if let Some(ds) = &d_sinks {
             out.push("dsinks", &[p.heads_q], Data::F32(download(ds)?));
         }
@@ -264,7 +292,7 @@ impl<T: Elem> Job for BackwardJob<T> {
         let mut out = Outputs::default();
         out.push("dq", &p.q_shape(), Data::F64(r.dq));
         out.push("dk", &p.kv_shape(), Data::F64(r.dk));
-        out.push("dv", &p.kv_shape(), Data::F64(r.dv));
+        out.push("dv", &p.v_shape(), Data::F64(r.dv));
         if let Some(ds) = ds {
             out.push("dsinks", &[p.heads_q], Data::F64(ds));
         }

@@ -5,8 +5,8 @@
 //!   `[batch, seq_q, heads_q, D]` in the input type, LSE `[batch, heads_q, seq_q]` f32
 //!   (natural log).
 //! - D any multiple of 16 from 32 to 256 ([`HEAD_DIMS`], the backward too); V and O may have a
-//!   head dimension of their own where the pair has forward kernels ([`VALUE_DIMS`]: 192 / 128,
-//!   [`AttentionProblem::value_dim`]);
+//!   head dimension of their own where the pair has kernels ([`VALUE_DIMS`]: 192 / 128,
+//!   [`AttentionProblem::value_dim`]; the backward on the Hopper kernels only);
 //!   grouped-query attention with `heads_q` a multiple of `heads_kv`.
 //! - `scale` defaults to `1 / sqrt(D)`.
 //! - Masking follows FlashAttention >= 2.1: with `seq_q != seq_k` the causal diagonal is

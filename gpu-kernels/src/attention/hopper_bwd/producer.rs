@@ -662,8 +662,8 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
 /// The epilogue of a dK/dV kernel: `dK scale` and `dV` (element type) from a thread's `m64nN`
 /// accumulators (`DR = N / 2` registers each) over keys `key0` and `key0 + 8` and columns
 /// `col0 + 8 j + 2 t, + 1` (`t = lane % 4`) of the block's key/value head and sequence
-/// (`walk`'s); keys past the sequence's and columns past the tensors' head dimension
-/// (`head_dim`) are not stored.
+/// (`walk`'s); keys past the sequence's and columns past the tensors' head dimensions
+/// (`head_dim` for dK, `value_dim` for dV) are not stored.
 ///
 /// # Safety
 /// `p`'s dK and dV as validated by the host, `key0` and the columns inside the block's keys
@@ -713,13 +713,15 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize, const VARLEN: bool>(
                 }
                 let x = 4 * j + 2 * hh;
                 let k2 = E::pack(dk[x] * scale, dk[x + 1] * scale);
-                let v2 = E::pack(dv[x], dv[x + 1]);
                 // SAFETY: key < the sequence's seq_k, column + 1 < head_dim (even, a multiple of 16): inside
-                // dK and dV; 4-byte aligned (16-byte aligned rows, even column); each element
-                // has one writer.
-                unsafe {
-                    *(dk_row.wrapping_add(col as usize) as *mut u32) = k2;
-                    *(dv_row.wrapping_add(col as usize) as *mut u32) = v2;
+                // dK; 4-byte aligned (16-byte aligned rows, even column); each element has one
+                // writer.
+                unsafe { *(dk_row.wrapping_add(col as usize) as *mut u32) = k2 };
+                // dV's columns stop at D_v under a pair (at most head_dim).
+                if col < p.base.value_dim {
+                    let v2 = E::pack(dv[x], dv[x + 1]);
+                    // SAFETY: as dK's, column + 1 < value_dim: inside dV.
+                    unsafe { *(dv_row.wrapping_add(col as usize) as *mut u32) = v2 };
                 }
             }
         }

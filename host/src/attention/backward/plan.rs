@@ -51,11 +51,12 @@ pub struct AttentionBackwardTensors<'a, T> {
     pub q: View<'a, T>,
     /// K `[batch, seq_k, heads_kv, D]`.
     pub k: View<'a, T>,
-    /// V, as K.
+    /// V `[batch, seq_k, heads_kv, D_v]` (`D_v` = D but for a pair of
+    /// [`kernel_abi::attention::VALUE_DIMS`]: [`AttentionProblem::value_dim`]).
     pub v: View<'a, T>,
-    /// O of the forward, as Q.
+    /// O of the forward `[batch, seq_q, heads_q, D_v]`.
     pub o: View<'a, T>,
-    /// dO, as Q.
+    /// dO, as O.
     pub d_o: View<'a, T>,
     /// LSE of the forward `[batch, heads_q, seq_q]` f32 (natural log), contiguous.
     pub lse: DevView<'a, f32>,
@@ -65,7 +66,7 @@ pub struct AttentionBackwardTensors<'a, T> {
     pub dq: View<'a, T>,
     /// dK, as K (written).
     pub dk: View<'a, T>,
-    /// dV, as K (written).
+    /// dV, as V (written).
     pub dv: View<'a, T>,
     /// The sink logits `[heads_q]` f32 of a problem with sinks ([`AttentionProblem::sinks`]),
     /// the forward's; `None` without.
@@ -185,6 +186,9 @@ impl HopperDkdv {
 pub struct AttentionBackwardPlan {
     path: BackwardPath,
     kernels: &'static BwdKernels,
+    /// The kernels of the value head dimension (`kernels` but under a pair of
+    /// `VALUE_DIMS`): their preprocess reads O and dO.
+    value_kernels: &'static BwdKernels,
     hopper: Option<HopperDkdv>,
     deterministic: bool,
     /// Whether the logits are soft-capped (the `softcap` kernels).
@@ -334,6 +338,31 @@ pub(in crate::attention) fn check_outputs_apart<T>(
     Ok(())
 }
 
+/// Check that a backward of V and O of their own head dimension (a pair of
+/// [`kernel_abi::attention::VALUE_DIMS`]) has the kernels it needs: the Hopper dK/dV/dQ kernel
+/// of a wider head (`hopper`, fused), which computes on V and dO zero-padded to its head
+/// dimension by its tensor maps and stores D_v columns of dV. The `mma.sync` kernels take one
+/// head dimension for all four tensors: typed errors on them.
+fn check_value_dim_path(path: Path, target: Target, hopper: Option<&HopperDkdv>) -> Result<()> {
+    if hopper.is_some_and(|h| h.fused) {
+        return Ok(());
+    }
+    let why = if path == Path::MmaSync {
+        "the mma.sync backward kernels take one head dimension for Q, K, V and O".to_string()
+    } else if !target.arch.has_hopper_kernels() {
+        format!(
+            "the Hopper backward kernels (sm_90a) compute it; this GPU runs {}",
+            target.arch
+        )
+    } else {
+        "the Hopper kernels cannot describe these views (tensor maps)".to_string()
+    };
+    Err(Error::unsupported(
+        "the backward with V and O of their own head dimension",
+        why,
+    ))
+}
+
 /// Check the workspace `ws` against the lengths `delta_len` and `dq_accum_len` (the accumulator
 /// required unless of no element, 16-byte aligned, apart from `delta'`); its pointers
 /// (`delta'`, the accumulator or null).
@@ -402,12 +431,6 @@ impl AttentionProblem {
         options: BackwardOptions,
     ) -> Result<AttentionBackwardPlan> {
         self.validate()?;
-        if self.has_value_dim() {
-            return Err(Error::unsupported(
-                "the backward with a value head dimension of its own",
-                "the (D, D_v) pairs have a forward only",
-            ));
-        }
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",
@@ -421,12 +444,12 @@ impl AttentionProblem {
         let t = tensors;
         t.q.check("Q", self.q_shape())?;
         t.k.check("K", self.kv_shape())?;
-        t.v.check("V", self.kv_shape())?;
-        t.o.check("O", self.q_shape())?;
-        t.d_o.check("dO", self.q_shape())?;
+        t.v.check("V", self.v_shape())?;
+        t.o.check("O", self.o_shape())?;
+        t.d_o.check("dO", self.o_shape())?;
         t.dq.check("dQ", self.q_shape())?;
         t.dk.check("dK", self.kv_shape())?;
-        t.dv.check("dV", self.kv_shape())?;
+        t.dv.check("dV", self.v_shape())?;
         t.dq.check_distinct("dQ")?;
         t.dk.check_distinct("dK")?;
         t.dv.check_distinct("dV")?;
@@ -448,7 +471,12 @@ impl AttentionProblem {
         check_outputs_apart(t)?;
         let d = self.head_dim as u32;
         let kernels = bwd_kernels(self.dtype, d).expect("validated head dimension");
+        let value_kernels =
+            bwd_kernels(self.dtype, self.v_dim() as u32).expect("validated value dimension");
         let hopper = self.backward_hopper_kernel(target, t)?;
+        if self.has_value_dim() {
+            check_value_dim_path(self.path, target, hopper.as_ref())?;
+        }
         let (left, right) = self.effective_window();
         let scale = self.softmax_scale();
         let (scale_log2, logits) = self.logit_params(t.sinks.as_ref());
@@ -488,6 +516,7 @@ impl AttentionProblem {
                 .filter(|h| h.fused)
                 .map_or(0, |h| h.kernel.head_dim),
             head_dim: d,
+            value_dim: self.v_dim() as u32,
             logits,
             d_sinks: t
                 .d_sinks
@@ -508,6 +537,7 @@ impl AttentionProblem {
                 BackwardPath::MmaSync
             },
             kernels,
+            value_kernels,
             hopper,
             deterministic: options.deterministic,
             softcap: self.softcap.is_some(),
@@ -763,7 +793,7 @@ impl AttentionBackwardPlan {
             Launch::new(&ATTENTION_BWD_DSINKS, grid, (), params)
         });
         Ok(BackwardLaunches {
-            pre: Launch::new(&k.pre, self.row_grid, (), params),
+            pre: Launch::new(&self.value_kernels.pre, self.row_grid, (), params),
             dkdv,
             dq,
             dsinks,

@@ -36,19 +36,22 @@ fn dev<'a, T>(addr: u64, len: usize) -> DevView<'a, T> {
 fn tensors<'a, T>(p: &AttentionProblem, d_lse: bool) -> AttentionBackwardTensors<'a, T> {
     let qn = p.q_shape().iter().product();
     let kn = p.kv_shape().iter().product();
+    let (vn, on) = (p.v_shape().iter().product(), p.o_shape().iter().product());
     let q = |i: u64| View::contiguous(dev(i << 40, qn), p.q_shape());
     let k = |i: u64| View::contiguous(dev(i << 40, kn), p.kv_shape());
+    let v = |i: u64| View::contiguous(dev(i << 40, vn), p.v_shape());
+    let o = |i: u64| View::contiguous(dev(i << 40, on), p.o_shape());
     AttentionBackwardTensors {
         q: q(1),
         k: k(2),
-        v: k(3),
-        o: q(4),
-        d_o: q(5),
+        v: v(3),
+        o: o(4),
+        d_o: o(5),
         lse: dev(6 << 40, p.lse_len()),
         d_lse: d_lse.then(|| dev(7 << 40, p.lse_len())),
         dq: q(8),
         dk: k(9),
-        dv: k(10),
+        dv: v(10),
         sinks: None,
         d_sinks: None,
     }
@@ -501,19 +504,22 @@ fn varlen_tensors<'a, T>(
 ) -> AttentionVarlenBackwardTensors<'a, T> {
     let qn = p.q_shape().iter().product();
     let kn = p.kv_shape().iter().product();
+    let (vn, on) = (p.v_shape().iter().product(), p.o_shape().iter().product());
     let q = |i: u64| View::packed_contiguous(dev(i << 40, qn), p.q_shape());
     let k = |i: u64| View::packed_contiguous(dev(i << 40, kn), p.kv_shape());
+    let v = |i: u64| View::packed_contiguous(dev(i << 40, vn), p.v_shape());
+    let o = |i: u64| View::packed_contiguous(dev(i << 40, on), p.o_shape());
     AttentionVarlenBackwardTensors {
         q: q(1),
         k: k(2),
-        v: k(3),
-        o: q(4),
-        d_o: q(5),
+        v: v(3),
+        o: o(4),
+        d_o: o(5),
         lse: dev(6 << 40, p.lse_len()),
         d_lse: d_lse.then(|| dev(7 << 40, p.lse_len())),
         dq: q(8),
         dk: k(9),
-        dv: k(10),
+        dv: v(10),
         cu_seqlens_q: dev(11 << 40, p.batch + 1),
         cu_seqlens_k: dev(12 << 40, p.batch + 1),
         sinks: None,
@@ -833,12 +839,78 @@ fn varlen_hopper_plan_falls_back_or_refuses() {
     );
 }
 
+/// V and O of their own head dimension (192, 128): the Hopper dK/dV/dQ kernel of D 256 on
+/// zero-padded columns in both modes, dense and packed, its preprocess the D_v one (it reads O
+/// and dO), dV's 128 columns in the parameters, the workspace of D 192; typed errors where only
+/// the `mma.sync` kernels could run (sm_80, `Path::MmaSync`, an empty packed batch).
 #[test]
-fn backward_refuses_a_value_head_dimension_of_its_own() {
+fn backward_of_a_value_head_dimension_of_its_own() {
     let p = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16).value_dim(128);
-    let e = plan(&p, false).err();
-    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+    let d192 = AttentionProblem::new(1, 64, 64, 2, 2, 192, Dtype::Bf16);
+    for deterministic in [false, true] {
+        let plan = plan(&p, deterministic).unwrap();
+        assert_eq!(plan.path(), BackwardPath::Hopper);
+        let l = plan.launches(&workspace(&plan)).unwrap();
+        assert!(l.dkdv.name().contains("dkdvq") && l.dkdv.name().ends_with("_d256"));
+        assert_eq!(l.pre.name(), "attention_bwd_pre_bf16_d128");
+        let params = l.dkdv.params();
+        assert_eq!((params.head_dim, params.value_dim), (192, 128));
+        assert_eq!(params.dq_accum_tiled, 256);
+        let same = plan_on(Arch::Sm90a, &d192, deterministic).unwrap();
+        assert_eq!(
+            (plan.delta_len(), plan.dq_accum_len()),
+            (same.delta_len(), same.dq_accum_len())
+        );
+    }
+    // Without a pair, dV's columns are the head dimension's.
+    let l = plan(&d192, false).unwrap();
+    let l = l.launches(&workspace(&l)).unwrap();
+    assert_eq!(
+        (l.dkdv.params().head_dim, l.dkdv.params().value_dim),
+        (192, 192)
+    );
+    for (what, e) in [
+        ("sm_80", plan_on(Arch::Sm80, &p, false).err()),
+        ("mma.sync", plan(&p.clone().path(Path::MmaSync), true).err()),
+    ] {
+        assert!(
+            matches!(e, Some(Error::Unsupported { .. })),
+            "{what}: {e:?}"
+        );
+    }
     let v = varlen_problem(&[(5, 7), (64, 64)], 2, 2, 192).value_dim(128);
-    let e = varlen_plan_on(Arch::Sm90a, &v, false).err();
-    assert!(matches!(e, Some(Error::Unsupported { .. })), "{e:?}");
+    for deterministic in [false, true] {
+        let plan = varlen_plan_on(Arch::Sm90a, &v, deterministic).unwrap();
+        assert_eq!(plan.path(), BackwardPath::Hopper);
+        let l = plan.launches(&varlen_workspace(&plan)).unwrap();
+        assert!(l.pre.unwrap().name().contains("_d128"));
+        let VarlenBwdLaunch::Hopper(h) = l.dkdv.unwrap() else {
+            panic!("the packed pair's dK/dV launch is the Hopper kernel's")
+        };
+        assert_eq!(
+            (h.params().base.head_dim, h.params().base.value_dim),
+            (192, 128)
+        );
+    }
+    for (what, e) in [
+        ("packed sm_80", varlen_plan_on(Arch::Sm80, &v, false).err()),
+        (
+            "packed mma.sync",
+            varlen_plan_on(Arch::Sm90a, &v.clone().path(Path::MmaSync), false).err(),
+        ),
+        (
+            "packed without keys",
+            varlen_plan_on(
+                Arch::Sm90a,
+                &varlen_problem(&[(5, 0), (3, 0)], 2, 2, 192).value_dim(128),
+                false,
+            )
+            .err(),
+        ),
+    ] {
+        assert!(
+            matches!(e, Some(Error::Unsupported { .. })),
+            "{what}: {e:?}"
+        );
+    }
 }

@@ -57,11 +57,12 @@ pub struct AttentionVarlenBackwardTensors<'a, T> {
     pub q: View<'a, T>,
     /// K `[total_k, heads_kv, D]`.
     pub k: View<'a, T>,
-    /// V, as K.
+    /// V `[total_k, heads_kv, D_v]` (`D_v` = D but for a pair of
+    /// [`kernel_abi::attention::VALUE_DIMS`]).
     pub v: View<'a, T>,
-    /// O of the forward, as Q.
+    /// O of the forward `[total_q, heads_q, D_v]`.
     pub o: View<'a, T>,
-    /// dO, as Q.
+    /// dO, as O.
     pub d_o: View<'a, T>,
     /// LSE of the forward `[heads_q, total_q]` f32 (natural log), contiguous.
     pub lse: DevView<'a, f32>,
@@ -71,7 +72,7 @@ pub struct AttentionVarlenBackwardTensors<'a, T> {
     pub dq: View<'a, T>,
     /// dK, as K (written; with grouped-query attention the sum over the group's query heads).
     pub dk: View<'a, T>,
-    /// dV, as K (written, as dK).
+    /// dV, as V (written, as dK).
     pub dv: View<'a, T>,
     /// `[batch + 1]` query offsets.
     pub cu_seqlens_q: DevView<'a, i32>,
@@ -169,6 +170,9 @@ struct VarlenHopper {
 /// A planned backward pass over packed sequences: up to three launches, the workspace sizes.
 pub struct AttentionVarlenBackwardPlan {
     kernels: &'static BwdKernels<AttentionBwdVarlenParams>,
+    /// The kernels of the value head dimension (`kernels` but under a pair): their preprocess
+    /// reads O and dO.
+    value_kernels: &'static BwdKernels<AttentionBwdVarlenParams>,
     hopper: Option<VarlenHopper>,
     deterministic: bool,
     /// Whether the logits are soft-capped (the `softcap` kernels).
@@ -200,12 +204,6 @@ impl AttentionVarlenProblem {
         options: BackwardOptions,
     ) -> Result<AttentionVarlenBackwardPlan> {
         self.validate()?;
-        if self.value_dim.is_some_and(|dv| dv != self.head_dim) {
-            return Err(Error::unsupported(
-                "the backward with a value head dimension of its own",
-                "the (D, D_v) pairs have a forward only",
-            ));
-        }
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(
                 "dtype",
@@ -219,15 +217,16 @@ impl AttentionVarlenProblem {
         let t = tensors;
         let packed = |[n, h, d]: [usize; 3]| [1, n, h, d];
         let (qs, ks) = (packed(self.q_shape()), packed(self.kv_shape()));
+        let (vs, os) = (packed(self.v_shape()), packed(self.o_shape()));
         for (what, view, shape) in [
             ("Q", &t.q, qs),
             ("K", &t.k, ks),
-            ("V", &t.v, ks),
-            ("O", &t.o, qs),
-            ("dO", &t.d_o, qs),
+            ("V", &t.v, vs),
+            ("O", &t.o, os),
+            ("dO", &t.d_o, os),
             ("dQ", &t.dq, qs),
             ("dK", &t.dk, ks),
-            ("dV", &t.dv, ks),
+            ("dV", &t.dv, vs),
         ] {
             check_packed(view, what, shape)?;
         }
@@ -282,12 +281,32 @@ impl AttentionVarlenProblem {
         })?;
         let d = self.head_dim as u32;
         let kernels = bwd_varlen_kernels(self.dtype, d).expect("validated head dimension");
+        let value_kernels =
+            bwd_varlen_kernels(self.dtype, self.v_dim() as u32).expect("validated value dimension");
         let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
         dense.check_backward_sinks(t.sinks.as_ref(), t.d_sinks.as_ref())?;
         let (left, right) = dense.effective_window();
         let scale = dense.softmax_scale();
         let (scale_log2, logits) = dense.logit_params(t.sinks.as_ref());
         let hopper = self.backward_hopper(target, dense.softcap.is_some(), t)?;
+        if dense.has_value_dim() && hopper.is_none() {
+            return Err(Error::unsupported(
+                "the backward with V and O of their own head dimension",
+                if self.path == Path::MmaSync {
+                    "the mma.sync backward kernels take one head dimension for Q, K, V and O"
+                        .to_string()
+                } else if !target.arch.has_hopper_kernels() {
+                    format!(
+                        "the Hopper backward kernels (sm_90a) compute it; this GPU runs {}",
+                        target.arch
+                    )
+                } else {
+                    "the Hopper kernels need query and key rows in the batch and views \
+                     tensor maps describe"
+                        .to_string()
+                },
+            ));
+        }
         let params = AttentionBwdVarlenParams {
             base: AttentionBwdParams {
                 q: t.q.ptr() as *const u16,
@@ -322,6 +341,7 @@ impl AttentionVarlenProblem {
                 window_right: right.map_or(UNBOUNDED, |r| r as i32),
                 dq_accum_tiled: hopper.as_ref().map_or(0, |h| h.kernels.cfg.head_dim),
                 head_dim: d,
+                value_dim: self.v_dim() as u32,
                 logits,
                 d_sinks: t
                     .d_sinks
@@ -340,6 +360,7 @@ impl AttentionVarlenProblem {
             .map_or(kernels.tiles.block_n, |h| h.kernels.cfg.block_n());
         Ok(AttentionVarlenBackwardPlan {
             kernels,
+            value_kernels,
             hopper,
             deterministic: options.deterministic,
             softcap: dense.softcap.is_some(),
@@ -552,7 +573,8 @@ impl AttentionVarlenBackwardPlan {
         let dsinks = (self.sinks && nonempty(heads))
             .then(|| Launch::new(&ATTENTION_BWD_DSINKS_VARLEN, heads, (), params));
         Ok(VarlenBackwardLaunches {
-            pre: nonempty(self.row_grid).then(|| Launch::new(&k.pre, self.row_grid, (), params)),
+            pre: nonempty(self.row_grid)
+                .then(|| Launch::new(&self.value_kernels.pre, self.row_grid, (), params)),
             dkdv,
             dq,
             dsinks,

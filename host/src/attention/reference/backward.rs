@@ -13,13 +13,13 @@ pub struct AttentionGrads {
     pub dq: Vec<f64>,
     /// `[batch, seq_k, heads_kv, D]`, summed over the query heads of each group.
     pub dk: Vec<f64>,
-    /// `[batch, seq_k, heads_kv, D]`, summed over the query heads of each group.
+    /// `[batch, seq_k, heads_kv, D_v]`, summed over the query heads of each group.
     pub dv: Vec<f64>,
 }
 
 /// The f64 reference of the backward (see the module's "Backward semantics"): the gradients
 /// with respect to Q, K and V of a loss whose gradients with respect to O and LSE are `d_o`
-/// (`[batch, seq_q, heads_q, D]`) and `d_lse` (`[batch, heads_q, seq_q]`; `None` = zero).
+/// (`[batch, seq_q, heads_q, D_v]`) and `d_lse` (`[batch, heads_q, seq_q]`; `None` = zero).
 /// Inputs are read as f64.
 pub fn backward<T: AttentionElem>(
     p: &AttentionProblem,
@@ -96,7 +96,7 @@ pub fn backward_f64_sinks(
     d_lse: Option<&[f64]>,
     sinks: Option<&[f64]>,
 ) -> (AttentionGrads, Option<Vec<f64>>) {
-    let d = p.head_dim;
+    let (d, e) = (p.head_dim, p.v_dim());
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale() as f64;
     let forward = reference_f64_sinks(p, q, k, v, sinks);
@@ -116,8 +116,8 @@ pub fn backward_f64_sinks(
                     continue; // no allowed key and no sink: P = 0, the row contributes nothing
                 }
                 let qi = row(q, p.seq_q, p.heads_q, d, b, i, h);
-                let oi = row(&forward.o, p.seq_q, p.heads_q, d, b, i, h);
-                let doi = row(d_o, p.seq_q, p.heads_q, d, b, i, h);
+                let oi = row(&forward.o, p.seq_q, p.heads_q, e, b, i, h);
+                let doi = row(d_o, p.seq_q, p.heads_q, e, b, i, h);
                 let dlse_i = d_lse.map_or(0.0, |g| g[(b * p.heads_q + h) * p.seq_q + i]);
                 let delta = dot(doi, oi);
                 if let (Some(ds), Some(s)) = (dsinks.as_mut(), sink) {
@@ -128,7 +128,7 @@ pub fn backward_f64_sinks(
                         continue;
                     }
                     let kj = row(k, p.seq_k, p.heads_kv, d, b, j, hk);
-                    let vj = row(v, p.seq_k, p.heads_kv, d, b, j, hk);
+                    let vj = row(v, p.seq_k, p.heads_kv, e, b, j, hk);
                     let dpj = dot(doi, vj);
                     let dlj = pj * (dpj - delta + dlse_i);
                     let dsj = match p.softcap {
@@ -146,7 +146,7 @@ pub fn backward_f64_sinks(
                     dkj.iter_mut()
                         .zip(qi)
                         .for_each(|(x, y)| *x += scale * dsj * y);
-                    let dvj = row_mut(&mut dv, p.seq_k, p.heads_kv, d, b, j, hk);
+                    let dvj = row_mut(&mut dv, p.seq_k, p.heads_kv, e, b, j, hk);
                     dvj.iter_mut().zip(doi).for_each(|(x, y)| *x += pj * y);
                 }
             }
@@ -193,7 +193,7 @@ pub fn naive_backward_same_precision_sinks<T: AttentionElem>(
         sinks.is_some(),
         "sink values are given exactly for a problem with sinks"
     );
-    let d = p.head_dim;
+    let (d, e) = (p.head_dim, p.v_dim());
     let group = p.heads_q / p.heads_kv;
     let scale = p.softmax_scale();
     let round = |x: f32| T::from_f32(x).to_f32();
@@ -222,7 +222,7 @@ pub fn naive_backward_same_precision_sinks<T: AttentionElem>(
             let sink = sinks.map_or(f32::NEG_INFINITY, |s| s[h]);
             for i in 0..p.seq_q {
                 let qi = row(&qs, p.seq_q, p.heads_q, d, b, i, h);
-                let doi = row(&do32, p.seq_q, p.heads_q, d, b, i, h);
+                let doi = row(&do32, p.seq_q, p.heads_q, e, b, i, h);
                 let mut max = sink;
                 for (j, s) in probs.iter_mut().enumerate() {
                     *s = if p.allowed(i, j) {
@@ -249,16 +249,16 @@ pub fn naive_backward_same_precision_sinks<T: AttentionElem>(
                     *ds = if probs[j] == 0.0 {
                         0.0
                     } else {
-                        round(dot(doi, row(&v32, p.seq_k, p.heads_kv, d, b, j, hk)))
+                        round(dot(doi, row(&v32, p.seq_k, p.heads_kv, e, b, j, hk)))
                     };
                     delta += probs[j] * *ds;
                 }
                 let dlse = d_lse.map_or(0.0, |g| g[(b * p.heads_q + h) * p.seq_q + i]);
                 if let Some(dsinks) = dsinks.as_mut() {
                     // From the layer's output O rounded to T: `rowsum(dO O)`.
-                    let mut o = vec![0.0f32; d];
+                    let mut o = vec![0.0f32; e];
                     for (j, &pj) in probs.iter().enumerate().filter(|(_, p)| **p != 0.0) {
-                        let vj = row(&v32, p.seq_k, p.heads_kv, d, b, j, hk);
+                        let vj = row(&v32, p.seq_k, p.heads_kv, e, b, j, hk);
                         o.iter_mut().zip(vj).for_each(|(x, y)| *x += pj * y);
                     }
                     let row_delta: f32 = o.iter().zip(doi).map(|(x, y)| round(*x) * y).sum();
@@ -279,6 +279,9 @@ pub fn naive_backward_same_precision_sinks<T: AttentionElem>(
                     let start = ((b * p.seq_k + j) * p.heads_kv + hk) * d;
                     for c in 0..d {
                         dk32[start + c] += ds[j] * qi[c];
+                    }
+                    let start = ((b * p.seq_k + j) * p.heads_kv + hk) * e;
+                    for c in 0..e {
                         dv32[start + c] += probs[j] * doi[c];
                     }
                 }
@@ -388,8 +391,9 @@ fn per_sequence_grads_sinks<T: AttentionElem>(
 }
 
 /// The f64 reference of the backward over packed sequences: for each sequence, [`backward`] of
-/// its dense problem ([`AttentionVarlenProblem::sequence`]) on its rows. Q, dO, dQ
-/// `[total_q, heads_q, D]`; K, V, dK, dV `[total_k, heads_kv, D]` (each key row belongs to one
+/// its dense problem ([`AttentionVarlenProblem::sequence`]) on its rows. Q, dQ `[total_q,
+/// heads_q, D]`, dO `[total_q, heads_q, D_v]`; K, dK `[total_k, heads_kv, D]`, V, dV
+/// `[total_k, heads_kv, D_v]` (each key row belongs to one
 /// sequence, so dK and dV sum over the query heads of its group only); dLSE `[heads_q,
 /// total_q]`. A sequence without query rows has dK = dV = 0, one without key rows dQ = 0.
 #[allow(clippy::too_many_arguments)]
@@ -440,11 +444,11 @@ fn per_sequence_grads<T: AttentionElem>(
     d_lse: Option<&[f32]>,
     f: impl Fn(&AttentionProblem, &[T], &[T], &[T], &[T], Option<&[f32]>) -> AttentionGrads,
 ) -> AttentionGrads {
-    let d = p.head_dim;
+    let (d, e) = (p.head_dim, p.v_dim());
     let (hq, hkv) = (p.heads_q, p.heads_kv);
     let mut dq = vec![0.0; p.total_q * hq * d];
     let mut dk = vec![0.0; p.total_k * hkv * d];
-    let mut dv = vec![0.0; p.total_k * hkv * d];
+    let mut dv = vec![0.0; p.total_k * hkv * e];
     for b in 0..seqlens.batch() {
         let (sq, sk) = (seqlens.seq_q(b), seqlens.seq_k(b));
         if sq == 0 || (sk == 0 && !p.sinks) {
@@ -455,6 +459,11 @@ fn per_sequence_grads<T: AttentionElem>(
         let (qr, kr) = (
             q0 * hq * d..(q0 + sq) * hq * d,
             k0 * hkv * d..(k0 + sk) * hkv * d,
+        );
+        // The rows of V, dV (keys) and of dO (queries), D_v wide.
+        let (or, vr) = (
+            q0 * hq * e..(q0 + sq) * hq * e,
+            k0 * hkv * e..(k0 + sk) * hkv * e,
         );
         let seq_d_lse: Option<Vec<f32>> = d_lse.map(|g| {
             (0..hq)
@@ -469,13 +478,13 @@ fn per_sequence_grads<T: AttentionElem>(
             &p.sequence(sq, sk),
             &q[qr.clone()],
             &k[kr.clone()],
-            &v[kr.clone()],
-            &d_o[qr.clone()],
+            &v[vr.clone()],
+            &d_o[or],
             seq_d_lse.as_deref(),
         );
         dq[qr].copy_from_slice(&grads.dq);
-        dk[kr.clone()].copy_from_slice(&grads.dk);
-        dv[kr].copy_from_slice(&grads.dv);
+        dk[kr].copy_from_slice(&grads.dk);
+        dv[vr].copy_from_slice(&grads.dv);
     }
     AttentionGrads { dq, dk, dv }
 }
