@@ -132,6 +132,11 @@
 #       attention-decode with its peers (FlashAttention-4's paged forward when installed under
 #       /tmp/fa4pkgs); VBWD_STEPS picks among "tests san py bench dec" (default the first two
 #       and bench).
+#   dec2 the decode kernel's steps (Q in registers, the folded lazy softmax, one division per
+#       tile): the decode, append and capsink GPU tests, the CLI decode tests, the four
+#       sanitizers on decode cases (GQA causal with splits, softcap and sinks, D 96, memcheck on
+#       adversarial tables), the Python decode check, then kbench attention-decode with its
+#       peers (FlashAttention-4's paged forward when installed under /tmp/fa4pkgs).
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -140,7 +145,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|flab
+#   detw|hvb|vdim|vbwd|dec2|flab
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -929,6 +934,32 @@ if [ "$part" = vbwd ]; then
     sed -n '/^== table/,$p' $L/bench-decode.log | grep -E "attention_decode|memcpy" | tail -80 >> $S
     grep -i "note\|error\|MISMATCH\|panicked\|peer fa4" $L/bench-decode.log | tail -8 >> $S
   fi
+fi
+if [ "$part" = dec2 ]; then
+  t dec $B/bin/test-attention attention_decode/
+  t app $B/bin/test-attention attention_append/
+  t capdec $B/bin/test-attention attention_capsink/ --skip emulated
+  t cli $B/bin/test-cli decode
+  for tool in memcheck racecheck synccheck initcheck; do
+    for f in attention_decode/gpu/bf16_d128_sq16_h32x8_page32_ctx5000_33_2048_causal_splits128 \
+             attention_decode/gpu/bf16_d128_sq3_h8x2_page64_ctx1_777_0_4099_64_1500_causal_auto_softcap10_sinks \
+             attention_decode/gpu/f16_d96_sq3; do
+      san $tool attention $f
+    done
+  done
+  san memcheck attention attention_decode/gpu/clamps_bad_tables
+  P=/tmp/pyd9d FP=/tmp/fa4pkgs
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/python/*.whl > $L/pip-w.log 2>&1
+  s=$(date +%s); PYTHONPATH=$P timeout 200 python3 $B/python/test_attention_decode.py > $L/py_decode.log 2>&1
+  echo "py attention_decode rc=$? $(( $(date +%s)-s ))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' $L/py_decode.log | tail -1)" >> $S
+  grep -E "^(SKIP|FAIL)" -A4 $L/py_decode.log | head -12 >> $S
+  python3 -m pip install --quiet --no-index --no-deps --target $P $B/wheels/*.whl >> $L/pip.log 2>&1
+  export PYTHONPATH=$P KERNELS_PEERS_DIR=$B/peers
+  [ -d $FP ] && export PYTHONPATH=$FP/nvidia_cutlass_dsl/dsl_packages:$FP:$P
+  s=$(date +%s); timeout -k 5 ${TD:-400} $B/bin/kbench attention-decode --out $OUT > $L/bench-decode.log 2>&1
+  echo "bench attention-decode rc=$? $(( $(date +%s)-s ))s" >> $S
+  sed -n '/^== table/,$p' $L/bench-decode.log | grep -E "attention_decode|memcpy" | grep -E "ours|memcpy" | tail -30 >> $S
+  grep -i "note\|error\|MISMATCH\|panicked" $L/bench-decode.log | tail -8 >> $S
 fi
 if [ "$part" = flab ]; then
   P=/tmp/pyd9f TC=/tmp/tc

@@ -38,6 +38,13 @@
 //! the warps write their states over the ring, and a barrier that publishes them before any
 //! thread merges them. Q's tile is written only by group 0.
 //!
+//! Per step a warp reads its K and V fragments from shared memory (up to D = 128 Q's fragments
+//! are read once, at the first step, and kept in registers), masks only a slice that reaches a row's last key,
+//! and runs the folded online softmax with lazy rescaling ([`super::softmax`]): the scale in
+//! the exponent's FFMA, O and the sums rescaled only when a row's maximum grows past the
+//! threshold. Decoding streams the cache at a few FLOPs per byte with two warps per scheduler,
+//! so the instructions of a step, not the tensor cores, set its pace: these keep them few.
+//!
 //! NaN safety: the family's softmax rules ([`super::softmax`]); keys past the context are
 //! zero-filled (no garbage reaches P V) and masked; a row with no key gets O = 0, LSE = -inf.
 //!
@@ -62,8 +69,8 @@ mod pages;
 
 use super::elem::{Bf16, Elem, F16};
 use super::logits;
-use super::mma::mainloop::{Warp, pv, qk};
-use super::softmax::softmax_update;
+use super::mma::mainloop::{Warp, pv, q_fragment, qk};
+use super::softmax::{softmax_folded_p, softmax_folded_rescale};
 use crate::arch::{cp_async, index, smem, sync};
 use kernel_abi::attention::decode::{
     AttentionDecodeCombineParams, AttentionDecodeParams, DECODE_BLOCK_M, DECODE_BLOCK_N,
@@ -94,6 +101,8 @@ unsafe fn decode<
     cfg: &DecodeConfig,
 ) {
     const { assert!(DT as u32 * 8 == D && DK as u32 * 16 == D && STAGES >= 2 && WAIT == STAGES - 2) };
+    // Q's fragments in registers (module docs).
+    let q_regs = D <= 128;
     let lane = index::lane_id();
     let warp = index::warp_id();
     let split = index::block_idx_x();
@@ -173,11 +182,22 @@ unsafe fn decode<
             cp_async::commit_group();
         }
         let mut next_pages = tile_pages(p, &at, n0(STAGES - 1));
-        let no_q = [[[0u32; 4]; DK]; 1];
+        // Up to D = 128, Q's fragments are read from shared memory once (at step 0, after the
+        // barrier that publishes Q) and kept in registers; above, their registers would spill,
+        // and each step reads them from shared memory.
+        let mut q_frag = [[[0u32; 4]; DK]; 1];
+        // Keys from which some row of the block may need its mask: the first row's limit (row
+        // 0 is the earliest token, whose causal limit is the smallest).
+        let mask_from = limit_of(0);
         for step in 0..steps {
             cp_async::wait_group::<WAIT>();
             // SAFETY: barrier protocol step 2; every thread reaches it `steps` times.
             unsafe { sync::sync_threads() };
+            if q_regs && step == 0 {
+                for (kk, f) in q_frag[0].iter_mut().enumerate() {
+                    *f = q_fragment::<D>(&w, q_s, 0, kk);
+                }
+            }
             let issue = step + STAGES - 1;
             if issue < steps {
                 let stage = issue % STAGES;
@@ -198,23 +218,36 @@ unsafe fn decode<
             if key0 < block_limit {
                 // SAFETY: the stage and Q were published by this iteration's barrier and are
                 // not overwritten before the next one; whole warp, uniform control flow.
+                let k_tile = k_s(stage) + slice;
                 let mut s = unsafe {
-                    qk::<E, D, 1, DK, 2, 1, false, false>(&w, q_s, &no_q, k_s(stage) + slice)
+                    if q_regs {
+                        qk::<E, D, 1, DK, 2, 1, true, false>(&w, q_s, &q_frag, k_tile)
+                    } else {
+                        qk::<E, D, 1, DK, 2, 1, false, false>(&w, q_s, &q_frag, k_tile)
+                    }
                 };
                 if CAPSINK {
                     logits::softcap::<1, 2>(&mut s, &p.logits);
                 }
-                for (j, tile) in s[0].iter_mut().enumerate() {
-                    for (e, x) in tile.iter_mut().enumerate() {
-                        let key = key0 + 8 * j as u32 + 2 * t + e as u32 % 2;
-                        *x = if key < limit[e / 2] {
-                            *x * p.scale_log2
-                        } else {
-                            f32::NEG_INFINITY
-                        };
+                // Warp-uniform: only a slice reaching a row's limit has keys to mask.
+                if key0 + 16 > mask_from {
+                    for (j, tile) in s[0].iter_mut().enumerate() {
+                        for (e, x) in tile.iter_mut().enumerate() {
+                            let key = key0 + 8 * j as u32 + 2 * t + e as u32 % 2;
+                            if key >= limit[e / 2] {
+                                *x = f32::NEG_INFINITY;
+                            }
+                        }
                     }
                 }
-                softmax_update::<1, 2, DT>(&mut s, &mut o, &mut row_max, &mut row_sum);
+                // The folded softmax with lazy rescaling (the scale in the exponent's FFMA; O
+                // and the sums rescaled only when a row's maximum grows past the threshold).
+                let (m, l) = (&mut row_max, &mut row_sum);
+                if softmax_folded_rescale::<1, 2, DT>(&s, &mut o, m, l, p.scale_log2, true) {
+                    softmax_folded_p::<1, 2, true>(&mut s, m, l, p.scale_log2);
+                } else {
+                    softmax_folded_p::<1, 2, false>(&mut s, m, l, p.scale_log2);
+                }
                 // SAFETY: as for K.
                 unsafe { pv::<E, D, 1, DT, DK, 2, 1, false>(&w, &s, &mut o, v_s(stage) + slice) };
             }

@@ -34,24 +34,48 @@ impl Place {
     }
 }
 
-/// The page of each 16-key slice of the tile of keys `n0 .. n0 + DECODE_BLOCK_N`, read from the
-/// block table and clamped into `0 .. num_pages` (0 for slices past the context, not read).
+/// Where the 16-key slices of a K/V tile lie in the cache.
+#[derive(Clone, Copy)]
+pub(super) struct TilePages {
+    /// The page of each slice, read from the block table and clamped into `0 .. num_pages` (0
+    /// for slices past the context, not read).
+    pages: [u32; SLICES],
+    /// The slot of each slice's first key in its page.
+    slots: [u32; SLICES],
+}
+
+/// The pages and slots of the 16-key slices of the tile of keys `n0 .. n0 + DECODE_BLOCK_N`
+/// (`n0` a multiple of 16). One division per tile: a slice's page and slot follow from the
+/// one before it (pages hold a multiple of 16 keys, so a slot steps by 16 and wraps to the
+/// next page at `page_size`).
 #[inline(always)]
-pub(super) fn tile_pages(p: &AttentionDecodeParams, at: &Place, n0: u32) -> [u32; SLICES] {
-    let mut pages = [0u32; SLICES];
+pub(super) fn tile_pages(p: &AttentionDecodeParams, at: &Place, n0: u32) -> TilePages {
+    let mut t = TilePages {
+        pages: [0; SLICES],
+        slots: [0; SLICES],
+    };
     let row = p
         .block_table
         .wrapping_add((at.b as u64 * p.max_pages as u64) as usize);
-    for (s, page) in pages.iter_mut().enumerate() {
+    // `idx`, `slot`: page-table index and slot of key `n0 + 16 s` (`idx page_size + slot`).
+    let mut idx = n0 / p.page_size;
+    let mut slot = n0 - idx * p.page_size;
+    for s in 0..SLICES {
         let key = n0 + 16 * s as u32;
         if key < at.len {
-            // SAFETY: key < len <= max_pages * page_size, so key / page_size < max_pages: inside
-            // the block table's row b (b < batch: the grid).
-            let raw = unsafe { *row.add((key / p.page_size) as usize) };
-            *page = (raw.max(0) as u32).min(p.num_pages - 1);
+            // SAFETY: idx = key / page_size and key < len <= max_pages * page_size, so idx <
+            // max_pages: inside the block table's row b (b < batch: the grid).
+            let raw = unsafe { *row.add(idx as usize) };
+            t.pages[s] = (raw.max(0) as u32).min(p.num_pages - 1);
+            t.slots[s] = slot;
+        }
+        slot += 16;
+        if slot == p.page_size {
+            slot = 0;
+            idx += 1;
         }
     }
-    pages
+    t
 }
 
 /// `pages[i]` with a runtime `i` as a chain of selects (an indexed load would put the array in
@@ -68,7 +92,7 @@ fn pick(pages: &[u32; SLICES], i: u32) -> u32 {
 }
 
 /// Issue the `cp.async` copies of the K and V tiles of keys `n0 .. n0 + DECODE_BLOCK_N` into
-/// `k_s`, `v_s` (the padded row layout of [`tile_offset`]), their pages `pages`
+/// `k_s`, `v_s` (the padded row layout of [`tile_offset`]), their slices' places `pages`
 /// ([`tile_pages`]); keys at or past the context are zero-filled (nothing is read for them).
 #[inline(always)]
 pub(super) fn load_kv<const D: u32, const THREADS: u32>(
@@ -77,7 +101,7 @@ pub(super) fn load_kv<const D: u32, const THREADS: u32>(
     k_s: u32,
     v_s: u32,
     n0: u32,
-    pages: &[u32; SLICES],
+    pages: &TilePages,
 ) {
     let chunks = D / 8;
     const { assert!((DECODE_BLOCK_N * (D / 8)).is_multiple_of(THREADS)) };
@@ -93,15 +117,17 @@ pub(super) fn load_kv<const D: u32, const THREADS: u32>(
         let key = n0 + r;
         let off = tile_offset::<D>(r, c);
         if key < at.len {
-            let page = pick(pages, r / 16) as u64;
-            let slot = (key % p.page_size) as u64;
+            let page = pick(&pages.pages, r / 16) as u64;
+            // The slot of key n0 + r: its slice's first slot, plus r % 16 (a slice lies in one
+            // page).
+            let slot = (pick(&pages.slots, r / 16) + r % 16) as u64;
             let src_k = p
                 .k_cache
                 .wrapping_add((page * ks[0] + slot * ks[1] + head_k + 8 * c as u64) as usize);
             let src_v = p
                 .v_cache
                 .wrapping_add((page * vs[0] + slot * vs[1] + head_v + 8 * c as u64) as usize);
-            // SAFETY: page < num_pages, slot < page_size, the head < heads_kv and chunk c < D / 8:
+            // SAFETY: page < num_pages, slot < page_size (key < len), the head < heads_kv and chunk c < D / 8:
             // 16 readable, 16-byte aligned bytes of each cache (host-checked views); the
             // destinations are inside the stage's tiles (r < DECODE_BLOCK_N).
             unsafe {
