@@ -109,46 +109,6 @@ pub(super) fn load_kv<const D: u32, const THREADS: u32>(
     let (ks, vs) = (&p.k_strides, &p.v_strides);
     let head_k = at.hkv as u64 * ks[2];
     let head_v = at.hkv as u64 * vs[2];
-    if THREADS.is_multiple_of(chunks) && 16 % (THREADS / chunks) == 0 {
-        // A pass of the threads copies `THREADS / chunks` whole rows, and a slice takes
-        // `16 / (THREADS / chunks)` passes (D 64, 128, 256): each thread keeps its chunk `c` and
-        // row `r0` of a pass, so the slice of each copy is known at compile time, and a slice's
-        // address is computed once for its rows.
-        let rows_per_pass = THREADS / chunks;
-        let (r0, c) = (tid / chunks, tid % chunks);
-        let (col_k, col_v) = (head_k + 8 * c as u64, head_v + 8 * c as u64);
-        for (sl, (&page, &slot)) in pages.pages.iter().zip(&pages.slots).enumerate() {
-            let (page, slot) = (page as u64, slot as u64);
-            let base_k = page * ks[0] + slot * ks[1] + col_k;
-            let base_v = page * vs[0] + slot * vs[1] + col_v;
-            for q in 0..16 / rows_per_pass {
-                // Row `rr` of the slice: key n0 + 16 sl + rr, slot slot + rr of its page.
-                let rr = r0 + q * rows_per_pass;
-                let r = 16 * sl as u32 + rr;
-                let off = tile_offset::<D>(r, c);
-                if n0 + r < at.len {
-                    let src_k = p.k_cache.wrapping_add((base_k + rr as u64 * ks[1]) as usize);
-                    let src_v = p.v_cache.wrapping_add((base_v + rr as u64 * vs[1]) as usize);
-                    // SAFETY: page < num_pages, slot + rr < page_size (key n0 + r < len, and a
-                    // slice lies in one page), the head < heads_kv and chunk c < D / 8: 16
-                    // readable, 16-byte aligned bytes of each cache (host-checked views); the
-                    // destinations are inside the stage's tiles (r < DECODE_BLOCK_N).
-                    unsafe {
-                        cp_async::copy_16(k_s + off, src_k as *const u8);
-                        cp_async::copy_16(v_s + off, src_v as *const u8);
-                    }
-                } else {
-                    // SAFETY: nothing is read (0 source bytes); the destinations are inside the
-                    // tiles.
-                    unsafe {
-                        cp_async::copy_16_zfill(k_s + off, p.k_cache as *const u8, 0);
-                        cp_async::copy_16_zfill(v_s + off, p.v_cache as *const u8, 0);
-                    }
-                }
-            }
-        }
-        return;
-    }
     for k in 0..DECODE_BLOCK_N * chunks / THREADS {
         // Copy k is chunk `tid + k THREADS` of the tile in row-major order (a thread keeps its
         // chunk where D / 8 divides THREADS).
