@@ -216,9 +216,9 @@ unsafe fn decode<
             let key0 = n0(step) + 16 * warp;
             // Warp-uniform: a slice past every row's keys adds nothing.
             if key0 < block_limit {
+                let k_tile = k_s(stage) + slice;
                 // SAFETY: the stage and Q were published by this iteration's barrier and are
                 // not overwritten before the next one; whole warp, uniform control flow.
-                let k_tile = k_s(stage) + slice;
                 let mut s = unsafe {
                     if q_regs {
                         qk::<E, D, 1, DK, 2, 1, true, false>(&w, q_s, &q_frag, k_tile)

@@ -59,7 +59,12 @@ pub(in crate::attention) struct Warp {
 
 /// The A fragment of m-tile `mt`, k-slice `kk` of the Q tile at `q_s`.
 #[inline(always)]
-pub(in crate::attention) fn q_fragment<const D: u32>(w: &Warp, q_s: u32, mt: usize, kk: usize) -> [u32; 4] {
+pub(in crate::attention) fn q_fragment<const D: u32>(
+    w: &Warp,
+    q_s: u32,
+    mt: usize,
+    kk: usize,
+) -> [u32; 4] {
     let addr = q_s
         + tile_offset::<D>(
             w.warp_row + 16 * mt as u32 + w.lane % 16,
