@@ -28,8 +28,8 @@ use crate::harness::{Bench, Row, Tensor};
 use kernels::DeviceBuffer;
 use kernels::attention::{
     self, AttentionBackwardTensors, AttentionProblem, AttentionVarlenBackwardTensors,
-    AttentionVarlenProblem, BackwardOptions, BackwardWorkspace, CuSeqlens, DeviceCuSeqlens, Dtype,
-    Path, Target, View,
+    AttentionVarlenProblem, AttentionVarlenTensors, BackwardOptions, BackwardWorkspace, CuSeqlens,
+    DeviceCuSeqlens, Dtype, Path, Target, View,
 };
 use kernels::data::{rng, uniform_bf16};
 use kernels::exec::OnStream;
@@ -51,7 +51,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let lens: Vec<usize> = (0..n).map(|_| r.random_range(128..=max_len)).collect();
     let total: usize = lens.iter().sum();
     let seqlens = CuSeqlens::from_lens(&lens.iter().map(|&l| (l, l)).collect::<Vec<_>>())?;
-    let dev_seqlens = seqlens.upload()?;
+    let mut dev_seqlens = seqlens.upload()?;
     let sum_sq: f64 = lens.iter().map(|&l| (l * l) as f64).sum();
     let rms = (sum_sq / n as f64).sqrt();
     let eq_len = ((rms / 128.0).round() as usize).max(1) * 128;
@@ -74,9 +74,14 @@ pub fn run(b: &mut Bench) -> Result<()> {
                 "sequences": n, "min_len": 128, "max_len": max_len, "total": total,
                 "heads": HEADS, "d": d, "causal": causal, "dtype": "bf16"
             );
-            // Packed sequences, on each path.
+            // Packed sequences, on each path; `ours-pertile`: the Hopper kernel with one block
+            // per query tile (no tile counter), the grid the persistent one replaced.
             let packed_paths: &[(Path, &str)] = if hopper {
-                &[(Path::Auto, "ours"), (Path::MmaSync, "ours-mma")]
+                &[
+                    (Path::Auto, "ours"),
+                    (Path::MmaSync, "ours-mma"),
+                    (Path::Hopper, "ours-pertile"),
+                ]
             } else {
                 &[(Path::Auto, "ours")]
             };
@@ -94,19 +99,43 @@ pub fn run(b: &mut Bench) -> Result<()> {
                     View::packed_contiguous(&dk, shape),
                     View::packed_contiguous(&dv, shape),
                 );
-                let t = b.time(|| {
-                    attention::forward_varlen(
-                        &b.gpu,
-                        &b.stream,
-                        &p,
-                        &dev_seqlens,
-                        &qv,
-                        &kv,
-                        &vv,
-                        &mut ov,
-                        &mut lse,
-                    )
-                })?;
+                let t = if name == "ours-pertile" {
+                    let (cu_q, cu_k) = dev_seqlens.device();
+                    let tensors = AttentionVarlenTensors {
+                        q: qv,
+                        k: kv,
+                        v: vv,
+                        o: ov,
+                        lse: (&lse).into(),
+                        cu_seqlens_q: cu_q,
+                        cu_seqlens_k: cu_k,
+                        sinks: None,
+                        tile_counter: None,
+                    };
+                    let plan = p.plan(Target::of(&b.gpu), &tensors)?;
+                    let on = OnStream {
+                        gpu: &b.gpu,
+                        stream: &b.stream,
+                    };
+                    // SAFETY: the plan's tensors are live device buffers of this function, each
+                    // run followed by the timing's synchronization before they are released;
+                    // O and LSE are fresh memory that aliases nothing; no tile counter.
+                    b.time(|| unsafe { plan.run(&on) })?
+                } else {
+                    b.time(|| {
+                        attention::forward_varlen(
+                            &b.gpu,
+                            &b.stream,
+                            &p,
+                            &mut dev_seqlens,
+                            &qv,
+                            &kv,
+                            &vv,
+                            &mut ov,
+                            &mut lse,
+                        )
+                    })?
+                };
                 let o = download(&out)?;
                 flops = lens.iter().map(|&l| p.sequence(l, l).flops()).sum();
                 let err = check_rows(&p, &seqlens, &lens, (&q, &k, &v), &o);
@@ -152,7 +181,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
                     v: &dv,
                     d_o: &dk,
                 };
-                let (t, grads, path_name) = packed_step(b, &p, &dev_seqlens, x, deterministic)?;
+                let (t, grads, path_name) = packed_step(b, &p, &mut dev_seqlens, x, deterministic)?;
                 let mut row =
                     Row::ours("attention_varlen_fwd_bwd", cfg.clone(), &t).flops(3.5 * flops);
                 row.implementation = name.to_string();
@@ -239,7 +268,7 @@ struct Packed<'a> {
 fn packed_step(
     b: &Bench,
     p: &AttentionVarlenProblem,
-    seqlens: &DeviceCuSeqlens,
+    seqlens: &mut DeviceCuSeqlens,
     x: Packed<'_>,
     deterministic: bool,
 ) -> Result<(kernels::timing::Timings, Vec<Vec<bf16>>, String)> {

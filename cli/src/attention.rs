@@ -396,7 +396,7 @@ impl<T: Elem> Job for VarlenJob<T> {
             return Ok((out, None));
         }
         let stream = gpu.stream()?;
-        let seqlens = self.seqlens.upload()?;
+        let mut seqlens = self.seqlens.upload()?;
         // K and V in buffers of at least one element (without key rows their views are empty
         // and never read).
         let pad = [T::default()];
@@ -417,10 +417,27 @@ impl<T: Elem> Job for VarlenJob<T> {
                 "attention varlen forward",
                 || match &sinks {
                     None => attention::forward_varlen(
-                        gpu, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut lse,
+                        gpu,
+                        &stream,
+                        p,
+                        &mut seqlens,
+                        &qv,
+                        &kv,
+                        &vv,
+                        &mut ov,
+                        &mut lse,
                     ),
                     Some(s) => attention::forward_varlen_with_sinks(
-                        gpu, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut lse, s,
+                        gpu,
+                        &stream,
+                        p,
+                        &mut seqlens,
+                        &qv,
+                        &kv,
+                        &vv,
+                        &mut ov,
+                        &mut lse,
+                        s,
                     ),
                 },
             )?

@@ -458,6 +458,10 @@ def flash_attn_varlen_forward(
     total_q, nheads, _ = q.shape
     out = torch.empty((total_q, nheads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    # The Hopper kernels' persistent grid draws its tiles from this counter (zero at the
+    # start, zero again at the end; one per call, so that calls on different streams never
+    # share one).
+    tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     native = _native()
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
@@ -479,6 +483,7 @@ def flash_attn_varlen_forward(
             window_right,
             float(softcap) if softcap != 0.0 else None,
             None if sinks is None else _describe(sinks),
+            _describe(tile_counter),
         )
     return out, lse
 

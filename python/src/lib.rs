@@ -270,7 +270,7 @@ fn attention_backward(
 /// with `max_seqlen_q`, `max_seqlen_k` the longest lengths (see
 /// `kernels::attention::forward_varlen_raw`). Asynchronous.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap = None, sinks = None))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap = None, sinks = None, tile_counter = None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_varlen_forward(
     py: Python<'_>,
@@ -291,6 +291,7 @@ fn attention_varlen_forward(
     window_right: i64,
     softcap: Option<f32>,
     sinks: Option<TensorArgs>,
+    tile_counter: Option<TensorArgs>,
 ) -> PyResult<()> {
     let options = AttentionOptions {
         softcap,
@@ -304,6 +305,9 @@ fn attention_varlen_forward(
         tensor("softmax_lse", lse)?,
     );
     let sinks = sinks.map(|s| tensor("sinks", s)).transpose()?;
+    let tile_counter = tile_counter
+        .map(|c| tensor("tile_counter", c))
+        .transpose()?;
     let (cu_q, cu_k) = (
         tensor("cu_seqlens_q", cu_seqlens_q)?,
         tensor("cu_seqlens_k", cu_seqlens_k)?,
@@ -320,10 +324,12 @@ fn attention_varlen_forward(
             cu_seqlens_q: &cu_q,
             cu_seqlens_k: &cu_k,
             sinks: sinks.as_ref(),
+            tile_counter: tile_counter.as_ref(),
         };
         // SAFETY: as in `attention_forward`: live torch tensors the Python side holds across
-        // this call, whose memory stays valid for work enqueued on `stream`; O and LSE are fresh
-        // allocations. The boundaries' contents cannot make the kernel leave the tensors.
+        // this call, whose memory stays valid for work enqueued on `stream`; O, LSE and the tile
+        // counter (zeros) are fresh allocations. The boundaries' contents cannot make the
+        // kernel leave the tensors.
         unsafe { forward_varlen_raw(&stream, &options, &tensors, max_seqlen_q, max_seqlen_k) }
     })
     .map_err(to_py)

@@ -286,6 +286,7 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
                 cu_seqlens_q: cq.view(),
                 cu_seqlens_k: ck.view(),
                 sinks: Some(ds.view()),
+                tile_counter: None,
             };
             let target = Target {
                 arch: Arch::Sm80,
@@ -306,6 +307,7 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
                 let stream = g.stream()?;
                 let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
                 let (cq, ck, ds) = (upload(s.q())?, upload(s.k())?, upload(sinks)?);
+                let counter = upload(&[0u32])?;
                 let dout = poisoned::<bf16>(q.len())?;
                 let dlse = poisoned::<f32>(p.lse_len())?;
                 let tensors = AttentionVarlenTensors {
@@ -317,10 +319,12 @@ fn run_varlen(vc: &VarlenCase, sinks: &[f32], g: Option<&Gpu>) -> TestResult {
                     cu_seqlens_q: (&cq).into(),
                     cu_seqlens_k: (&ck).into(),
                     sinks: Some((&ds).into()),
+                    tile_counter: Some((&counter).into()),
                 };
                 let plan = p.plan(Target::of(g), &tensors)?;
                 let kernel = plan.kernel().name.to_string();
-                // SAFETY: the buffers live until the synchronization below.
+                // SAFETY: the buffers live until the synchronization below; the tile counter
+                // is zero and this launch's only.
                 unsafe {
                     plan.run(&OnStream {
                         gpu: g,

@@ -296,6 +296,7 @@ fn emulate<T: AttentionElem>(
         cu_seqlens_q: cq.view(),
         cu_seqlens_k: ck.view(),
         sinks: None,
+        tile_counter: None,
     };
     let target = Target {
         arch: Arch::Sm80,
@@ -406,9 +407,10 @@ fn emulated_clamps_bad_boundaries() -> TestResult {
     Ok(())
 }
 
-/// The boundary sets of [`emulated_clamps_bad_boundaries`] on the Hopper kernel: O and LSE
-/// views followed by 4096 poisoned guard elements each, which must stay untouched (run under
-/// compute-sanitizer memcheck, nothing outside the tensors is read either).
+/// The boundary sets of [`emulated_clamps_bad_boundaries`] on the Hopper kernel, on both grids
+/// (persistent with a tile counter, one block per tile): O and LSE views followed by 4096
+/// poisoned guard elements each, which must stay untouched (run under compute-sanitizer
+/// memcheck, nothing outside the tensors is read either).
 fn hopper_clamps_bad_boundaries(g: &Gpu) -> TestResult {
     use kernels::exec::{DevView, OnStream};
     let mut c = vcase(&[(20, 30), (40, 10), (5, 5)], 2, 1, 128, Dtype::Bf16);
@@ -421,10 +423,11 @@ fn hopper_clamps_bad_boundaries(g: &Gpu) -> TestResult {
         (&[-100, 20, 60, 1000], &[50, 10, i32::MAX, i32::MIN]),
         (&[65, 65, 65, 65], &[0, 0, 0, 0]),
     ];
-    for (cu_q, cu_k) in bad {
-        let what = format!("cu_seqlens {cu_q:?} / {cu_k:?}");
+    for ((cu_q, cu_k), persistent) in bad.iter().flat_map(|b| [(*b, true), (*b, false)]) {
+        let what = format!("cu_seqlens {cu_q:?} / {cu_k:?} (persistent grid: {persistent})");
         let out = (|| -> kernels::Result<(Vec<bf16>, Vec<f32>)> {
             let stream = g.stream()?;
+            let counter = upload(&[0u32])?;
             let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
             let (cq, ck) = (upload(cu_q)?, upload(cu_k)?);
             let dout = poisoned::<bf16>(q.len() + GUARD)?;
@@ -441,9 +444,11 @@ fn hopper_clamps_bad_boundaries(g: &Gpu) -> TestResult {
                 cu_seqlens_q: (&cq).into(),
                 cu_seqlens_k: (&ck).into(),
                 sinks: None,
+                tile_counter: persistent.then(|| (&counter).into()),
             };
             let plan = p.plan(Target::of(g), &tensors)?;
-            // SAFETY: the buffers live until the synchronization below; O and LSE are fresh.
+            // SAFETY: the buffers live until the synchronization below; O and LSE are fresh;
+            // the tile counter is zero and this launch's only.
             unsafe {
                 plan.run(&OnStream {
                     gpu: g,
@@ -460,36 +465,104 @@ fn hopper_clamps_bad_boundaries(g: &Gpu) -> TestResult {
             format!("{what}: a write past O ({o_guard}) or LSE ({lse_guard})")
         })?;
     }
-    println!("3 sets of contradictory boundaries on the Hopper kernel: guards of O and LSE intact");
+    println!(
+        "3 sets of contradictory boundaries on the Hopper kernel, both grids: guards of O and \
+         LSE intact"
+    );
     Ok(())
 }
 
+/// The forward of `c` through [`attention::forward_varlen`] twice (on the Hopper path a
+/// persistent grid drawing its tiles from the boundaries' tile counter: the second run finds it
+/// zero again), through a plan without a tile counter (one block per tile) and through a plan
+/// of three blocks drawing every tile (the handoff ring wraps many times): the four O and LSE
+/// bitwise equal, the first against the f64 reference.
 fn run_gpu<T: AttentionElem>(g: &Gpu, c: &VarlenCase) -> TestResult {
     let (q, k, v) = inputs::<T>(c);
-    let out = (|| -> kernels::Result<(Vec<T>, Vec<f32>)> {
+    let out = (|| -> kernels::Result<Vec<(Vec<T>, Vec<f32>)>> {
         let p = &c.p;
         let stream = g.stream()?;
-        let seqlens = seqlens(c).upload()?;
+        let mut seqlens = seqlens(c).upload()?;
         let (dq, dk, dv) = (upload(&q)?, upload(&k)?, upload(&v)?);
-        let dout = poisoned::<T>(p.o_shape().iter().product())?;
-        let mut dlse = poisoned::<f32>(p.lse_len())?;
         let (qv, kv, vv) = (
             View::packed_contiguous(&dq, p.q_shape()),
             View::packed_contiguous(&dk, p.kv_shape()),
             View::packed_contiguous(&dv, p.v_shape()),
         );
-        let mut ov = View::packed_contiguous(&dout, p.o_shape());
-        attention::forward_varlen(g, &stream, p, &seqlens, &qv, &kv, &vv, &mut ov, &mut dlse)?;
-        g.sync(&stream, "attention varlen forward")?;
-        Ok((download(&dout)?, download(&dlse)?))
+        let mut runs = Vec::new();
+        let counter = upload(&[0u32])?;
+        for run in 0..4 {
+            let dout = poisoned::<T>(p.o_shape().iter().product())?;
+            let mut dlse = poisoned::<f32>(p.lse_len())?;
+            let mut ov = View::packed_contiguous(&dout, p.o_shape());
+            if run >= 2 {
+                let (cu_q, cu_k) = seqlens.device();
+                let tensors = AttentionVarlenTensors {
+                    q: qv,
+                    k: kv,
+                    v: vv,
+                    o: ov,
+                    lse: (&dlse).into(),
+                    cu_seqlens_q: cu_q,
+                    cu_seqlens_k: cu_k,
+                    sinks: None,
+                    tile_counter: (run == 3).then(|| (&counter).into()),
+                };
+                let target = Target {
+                    multiprocessors: 3,
+                    ..Target::of(g)
+                };
+                let plan = p.plan(target, &tensors)?;
+                // SAFETY: the buffers live until the synchronization below; O and LSE are
+                // fresh; the tile counter (run 3) is zero and this launch's only.
+                unsafe {
+                    plan.run(&kernels::exec::OnStream {
+                        gpu: g,
+                        stream: &stream,
+                    })
+                }?;
+            } else {
+                attention::forward_varlen(
+                    g,
+                    &stream,
+                    p,
+                    &mut seqlens,
+                    &qv,
+                    &kv,
+                    &vv,
+                    &mut ov,
+                    &mut dlse,
+                )?;
+            }
+            g.sync(&stream, "attention varlen forward")?;
+            runs.push((download(&dout)?, download(&dlse)?));
+        }
+        Ok(runs)
     })();
-    let (o, lse) = gpu_ok(out)?;
+    let runs = gpu_ok(out)?;
+    let bits = |(o, lse): &(Vec<T>, Vec<f32>)| -> (Vec<u32>, Vec<u32>) {
+        (
+            o.iter().map(|x| x.to_f32().to_bits()).collect(),
+            lse.iter().map(|x| x.to_bits()).collect(),
+        )
+    };
+    let same: Vec<bool> = runs[1..]
+        .iter()
+        .map(|r| bits(r) == bits(&runs[0]))
+        .collect();
+    ensure(same.iter().all(|&x| x), || {
+        format!(
+            "{}: runs equal to the first (again, one block per tile, three blocks): {same:?}",
+            name(c)
+        )
+    })?;
+    let (o, lse) = &runs[0];
     compare(
         &format!("{} on {} (seed {})", name(c), g.arch(), c.seed),
         c,
         (&q, &k, &v),
-        &o,
-        &lse,
+        o,
+        lse,
     )
 }
 
@@ -516,7 +589,7 @@ fn raw_api(g: &Gpu) -> TestResult {
     let out = (|| -> kernels::Result<_> {
         let stream = g.stream()?;
         let dp = upload(&packed)?;
-        let dev_seqlens = s.upload()?;
+        let mut dev_seqlens = s.upload()?;
         let typed_o = poisoned::<bf16>(total * hq * d)?;
         let mut typed_lse = poisoned::<f32>(p.lse_len())?;
         let qv = View::packed(&dp, 0, &p.q_shape(), &strides)?;
@@ -527,7 +600,7 @@ fn raw_api(g: &Gpu) -> TestResult {
             g,
             &stream,
             &p,
-            &dev_seqlens,
+            &mut dev_seqlens,
             &qv,
             &kv,
             &vv,
@@ -568,6 +641,8 @@ fn raw_api(g: &Gpu) -> TestResult {
             RawTensor::contiguous(b.as_device_ptr().as_raw(), ElemType::I32, &[b.len()])
         };
         let (cq, ck) = (i32s(&cu_q), i32s(&cu_k));
+        let counters = upload(&[0i32; 2])?;
+        let counter = RawTensor::contiguous(counters.as_device_ptr().as_raw(), ElemType::I32, &[1]);
         let options = attention::AttentionOptions {
             causal: true,
             ..Default::default()
@@ -598,6 +673,7 @@ fn raw_api(g: &Gpu) -> TestResult {
             cu_seqlens_q: &cq,
             cu_seqlens_k: &ck,
             sinks: None,
+            tile_counter: Some(&counter),
         };
         launch(&tensors)?;
         // No keys at all: K and V empty at address 0, every row O = 0 and LSE = -inf.
@@ -628,6 +704,7 @@ fn raw_api(g: &Gpu) -> TestResult {
                     cu_seqlens_q: &nk.3,
                     cu_seqlens_k: &nk.4,
                     sinks: None,
+                    tile_counter: None,
                 },
                 5,
                 0,
@@ -650,9 +727,21 @@ fn raw_api(g: &Gpu) -> TestResult {
             cu_seqlens_q: &not_i32,
             ..tensors
         });
-        Ok((results, refused))
+        let two = RawTensor::contiguous(counters.as_device_ptr().as_raw(), ElemType::I32, &[2]);
+        let refused_counter = launch(&attention::RawAttentionVarlenTensors {
+            tile_counter: Some(&two),
+            ..tensors
+        });
+        let overlapping =
+            RawTensor::contiguous(raw_lse.as_device_ptr().as_raw(), ElemType::I32, &[1]);
+        let refused_overlap = launch(&attention::RawAttentionVarlenTensors {
+            tile_counter: Some(&overlapping),
+            ..tensors
+        });
+        Ok((results, [refused, refused_counter, refused_overlap]))
     })();
-    let ((typed_o, typed_lse, raw_o, raw_lse, nk_o, nk_lse), refused) = gpu_ok(out)?;
+    let ((typed_o, typed_lse, raw_o, raw_lse, nk_o, nk_lse), [refused, refused_counter, overlap]) =
+        gpu_ok(out)?;
     ensure(raw_o == typed_o, || {
         "raw O differs from the typed API's".into()
     })?;
@@ -671,6 +760,12 @@ fn raw_api(g: &Gpu) -> TestResult {
     })?;
     ensure(refused.is_err(), || {
         "a non-i32 cu_seqlens_q accepted".into()
+    })?;
+    ensure(refused_counter.is_err(), || {
+        "a tile counter of 2 elements accepted".into()
+    })?;
+    ensure(overlap.is_err(), || {
+        "a tile counter inside LSE accepted".into()
     })?;
     let qkv = |x: &[bf16]| x.to_vec();
     let q_rows: Vec<bf16> = (0..total)

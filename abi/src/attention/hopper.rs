@@ -24,6 +24,11 @@ pub const HOPPER_FP8_ATOM: u32 = 128;
 /// First of the [`HOPPER_CONSUMERS`] named barriers of the pingpong schedule (id 0 is the
 /// block barrier).
 pub const HOPPER_SCHED_BARRIER: u32 = 1;
+/// Slots of the tile handoff of the packed kernels' persistent grid (the scheduler warp
+/// publishes up to this many tiles ahead of the producer and the consumers).
+pub const HOPPER_HANDOFF_SLOTS: u32 = 2;
+/// Threads that take each tile of the handoff: every consumer thread and the producer's.
+pub const HOPPER_HANDOFF_TAKERS: u32 = HOPPER_CONSUMERS * crate::WARPGROUP_SIZE + 1;
 
 /// The Hopper path's tile shape for one head dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +145,8 @@ impl HopperConfig {
     }
 
     /// Offset of the mbarriers: `q_full`, then `full_k`, `full_v`, `empty_k`, `empty_v` (each
-    /// `stages` barriers), then `q_empty`.
+    /// `stages` barriers), then `q_empty`, then the handoff's `full` and `empty` barriers (each
+    /// [`HOPPER_HANDOFF_SLOTS`]).
     #[inline(always)]
     pub const fn barriers_offset(&self) -> usize {
         self.k_offset(self.stages)
@@ -149,13 +155,23 @@ impl HopperConfig {
     /// Number of mbarriers.
     #[inline(always)]
     pub const fn barriers(&self) -> u32 {
-        2 + 4 * self.stages
+        2 + 4 * self.stages + 2 * HOPPER_HANDOFF_SLOTS
+    }
+
+    /// Offset of the handoff's slots (after the mbarriers): [`HOPPER_HANDOFF_SLOTS`] pairs of
+    /// u32, a tile index and its packed sequence.
+    #[inline(always)]
+    pub const fn handoff_offset(&self) -> usize {
+        self.barriers_offset() + 8 * self.barriers() as usize
     }
 
     /// Dynamic shared memory of the kernel.
     #[inline(always)]
     pub const fn smem_bytes(&self) -> usize {
-        crate::align_up(self.barriers_offset() + 8 * self.barriers() as usize, 16) + SMEM_ALIGN
+        crate::align_up(
+            self.handoff_offset() + 8 * HOPPER_HANDOFF_SLOTS as usize,
+            16,
+        ) + SMEM_ALIGN
     }
 }
 
@@ -429,7 +445,8 @@ pub struct HopperParams {
     /// Batch size.
     pub batch: u32,
     /// Tiles (`num_m_blocks * heads_q * batch`, below 2^31); block `b` of the grid computes
-    /// tiles `b`, `b + grid`, `b + 2 grid`, ...
+    /// tiles `b`, `b + grid`, `b + 2 grid`, ... (the packed kernels with a `tile_counter`:
+    /// the tiles it draws); the grid is at most `num_tiles` blocks.
     pub num_tiles: u32,
     /// Softcap and sinks (read by the `capsink` kernels only).
     pub logits: LogitOptions,
@@ -438,7 +455,8 @@ pub struct HopperParams {
     /// packed tensors `[D, heads, total, 1]`, O as `[total_q, heads_q, D]` (its batch stride
     /// unused), LSE as `[heads_q, total_q]`, `batch` as the number of sequences,
     /// `num_m_blocks` as the query slots per head ([`hopper_varlen_slots`]; `num_tiles` is
-    /// `heads_q` times it) and take one block per tile (grid `num_tiles`); the mask applies per
+    /// `heads_q` times it) and take one block per tile (grid `num_tiles`) or, with a
+    /// `tile_counter`, a persistent grid whose blocks draw their tiles; the mask applies per
     /// sequence, as in [`AttentionVarlenParams`]. They clamp every offset read into
     /// `0 ..= total_*` (each end at least its start), so contents that contradict the sizes
     /// cannot make them access memory outside the tensors.
@@ -452,4 +470,13 @@ pub struct HopperParams {
     /// Factor of O before it is stored: V's descale in the FP8 kernels ([`fp8`]), unused by
     /// the others (1).
     pub o_scale: f32,
+    /// The tile counter of the packed kernels' dynamic persistent grid (`varlen` only; null for
+    /// one block per tile or for the dense kernels): a u32 in global memory, zero when the
+    /// launch starts and used by no other launch while it runs. Block `b` computes tile `b`
+    /// first, then tiles `grid + r` for the values `r` it draws from the counter
+    /// (`atom.add`), until one reaches `num_tiles`; the block that draws `num_tiles - 1` (the
+    /// launch's last draw: there are `num_tiles` of them) stores 0, so the counter is zero
+    /// again for the next launch in stream order. Null: block `b` computes tiles `b`,
+    /// `b + grid`, ... as the dense kernels.
+    pub tile_counter: *mut u32,
 }

@@ -371,7 +371,7 @@ impl AttentionProblem {
 impl AttentionProblem {
     /// The Hopper kernels' parameters of this problem with O in `o`, LSE in `lse` and the sinks
     /// `sinks`: the tensor maps zero (encoded when the plan runs), `num_tiles` 0 (the caller's),
-    /// no packed sequences.
+    /// no packed sequences, no tile counter.
     pub(in crate::attention) fn hopper_params<T>(
         &self,
         o: &View<'_, T>,
@@ -404,6 +404,7 @@ impl AttentionProblem {
             total_q: 0,
             total_k: 0,
             o_scale: 1.0,
+            tile_counter: std::ptr::null_mut(),
         }
     }
 }

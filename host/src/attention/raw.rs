@@ -452,6 +452,10 @@ pub struct RawAttentionVarlenTensors<'t> {
     pub cu_seqlens_k: &'t RawTensor,
     /// Attention sinks: `[heads_q]` f32 logits, one per query head, or `None`.
     pub sinks: Option<&'t RawTensor>,
+    /// The tile counter of the Hopper path's persistent grid: `[1]` int32, zero (the kernel
+    /// leaves it zero), used by no other launch while this one runs; `None` for one block per
+    /// query tile ([`AttentionVarlenTensors::tile_counter`]).
+    pub tile_counter: Option<&'t RawTensor>,
 }
 
 impl AttentionVarlenProblem {
@@ -553,7 +557,9 @@ pub fn plan_varlen_raw(
         ("cu_seqlens_k", tensors.cu_seqlens_k),
     ];
     inputs.extend(tensors.sinks.map(|s| ("sinks", s)));
-    check_disjoint(&inputs, &[("O", tensors.o), ("LSE", tensors.lse)])?;
+    let mut outputs = vec![("O", tensors.o), ("LSE", tensors.lse)];
+    outputs.extend(tensors.tile_counter.map(|c| ("tile counter", c)));
+    check_disjoint(&inputs, &outputs)?;
     let plan = match dtype {
         Dtype::Bf16 => plan_varlen_typed::<bf16>(&problem, target, tensors),
         Dtype::F16 => plan_varlen_typed::<f16>(&problem, target, tensors),
@@ -581,6 +587,10 @@ fn plan_varlen_typed<T: AttentionElem + RawElem>(
                 .sinks
                 .map(|s| sinks_view(problem.heads_q, s))
                 .transpose()?,
+            tile_counter: t
+                .tile_counter
+                .map(|c| flat_view("tile counter", c, &[1]))
+                .transpose()?,
         },
     )
 }
@@ -601,7 +611,8 @@ fn packed_view<'a, T: RawElem>(what: &str, t: &RawTensor) -> Result<View<'a, T>>
 ///
 /// # Safety
 /// Each tensor's storage is memory the caller owns, live until the launch has completed on
-/// `stream`; nothing else writes Q, K, V or the boundaries or accesses O and LSE until then.
+/// `stream`; nothing else writes Q, K, V or the boundaries or accesses O, LSE and the tile
+/// counter until then; the tile counter, if any, is zero.
 /// The boundaries should hold what FlashAttention requires (from 0, non-decreasing, ending at
 /// the totals, no sequence longer than the maximum lengths): other contents cannot make the
 /// kernel access memory outside the tensors, but leave O and LSE meaningless (rows of a
@@ -632,6 +643,7 @@ pub unsafe fn forward_varlen_raw(
     ]
     .into_iter()
     .chain(tensors.sinks.map(|s| ("sinks", s)))
+    .chain(tensors.tile_counter.map(|c| ("tile counter", c)))
     {
         // An empty tensor (no rows: a framework may give it any address) is never accessed.
         if t.shape.iter().product::<usize>() > 0 {
@@ -641,9 +653,9 @@ pub unsafe fn forward_varlen_raw(
     // SAFETY: the plan checked every view against its storage, the non-empty storage is device
     // memory of the stream's device inside one allocation (checked above; empty tensors are
     // never accessed: no query row means no launch, no key row means no key is loaded), live
-    // and not accessed by others until the launch completes (the caller's contract), the
-    // outputs overlap neither the inputs nor each other (checked), and the kernel clamps the
-    // boundaries' contents to the totals.
+    // and not accessed by others until the launch completes, the tile counter zero (the
+    // caller's contract), the outputs overlap neither the inputs nor each other (checked), and
+    // the kernel clamps the boundaries' contents to the totals.
     unsafe { plan.run(stream) }
 }
 

@@ -152,22 +152,27 @@ impl CuSeqlens {
         (0..self.batch()).map(|b| self.seq_k(b)).max().unwrap_or(0)
     }
 
-    /// Upload the boundaries for [`forward_varlen`].
+    /// Upload the boundaries for [`forward_varlen`] (with a tile counter of their own).
     pub fn upload(&self) -> Result<DeviceCuSeqlens> {
         Ok(DeviceCuSeqlens {
             host: self.clone(),
             q: upload(&self.q)?,
             k: upload(&self.k)?,
+            tile_counter: upload(&[0u32])?,
         })
     }
 }
 
 /// [`CuSeqlens`] in device memory, with their host copy (what [`forward_varlen`] checks the
-/// problem against).
+/// problem against) and the tile counter of the Hopper forward's persistent grid
+/// ([`AttentionVarlenTensors::tile_counter`]): the forward writes it, so forward passes over
+/// one `DeviceCuSeqlens` must run one after the other (one stream, or ordered by events); give
+/// passes that run concurrently boundaries of their own.
 pub struct DeviceCuSeqlens {
     host: CuSeqlens,
     q: DeviceBuffer<i32>,
     k: DeviceBuffer<i32>,
+    tile_counter: DeviceBuffer<u32>,
 }
 
 impl DeviceCuSeqlens {
@@ -179,6 +184,11 @@ impl DeviceCuSeqlens {
     /// The device offsets: `cu_seqlens_q`, `cu_seqlens_k` (for a plan's tensors).
     pub fn device(&self) -> (DevView<'_, i32>, DevView<'_, i32>) {
         ((&self.q).into(), (&self.k).into())
+    }
+
+    /// The tile counter (zero between launches; for [`AttentionVarlenTensors::tile_counter`]).
+    pub fn tile_counter(&mut self) -> DevView<'_, u32> {
+        (&self.tile_counter).into()
     }
 }
 
@@ -466,6 +476,11 @@ impl AttentionVarlenProblem {
             }
         }
         check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
+        if let Some(counter) = tensors.tile_counter
+            && counter.len() != 1
+        {
+            return Err(Error::shape("tile counter", 1, counter.len()));
+        }
         let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
         let hopper = match self.path {
             Path::Hopper if !target.arch.has_hopper_kernels() => {
@@ -480,7 +495,7 @@ impl AttentionVarlenProblem {
         };
         // No query row: nothing to write, no launch (on any path).
         if hopper && self.max_seqlen_q > 0 {
-            match self.hopper_plan(&dense, tensors) {
+            match self.hopper_plan(&dense, tensors, target.multiprocessors) {
                 Ok(plan) => return Ok(plan),
                 Err(e) if self.path == Path::Hopper => return Err(e),
                 Err(_) => {}
@@ -537,14 +552,16 @@ impl AttentionVarlenProblem {
     }
 
     /// The Hopper launch on the checked `tensors` (`dense`: the problem of the longest
-    /// sequence): one block per query slot, `(floor(total_q / 128) + batch) heads_q` of them
-    /// ([`hopper_varlen_slots`]); an
+    /// sequence) over the query slots, `(floor(total_q / 128) + batch) heads_q` of them
+    /// ([`hopper_varlen_slots`]): one block per multiprocessor with a tile counter, else one
+    /// block per slot; an
     /// error if there is no key row (a tensor map needs one), too many tiles for one launch, or
     /// a view a tensor map cannot describe.
     fn hopper_plan<T>(
         &self,
         dense: &AttentionProblem,
         tensors: &AttentionVarlenTensors<'_, T>,
+        multiprocessors: u32,
     ) -> Result<AttentionVarlenPlan> {
         let kernel: &'static HopperKernel = if dense.has_value_dim() {
             hopper_value_dim_kernel(self.dtype, self.head_dim as u32, self.v_dim() as u32, true)
@@ -583,18 +600,27 @@ impl AttentionVarlenProblem {
             cu_seqlens_k: tensors.cu_seqlens_k.addr() as *const i32,
             total_q: self.total_q as u32,
             total_k: self.total_k as u32,
+            tile_counter: tensors
+                .tile_counter
+                .map_or(std::ptr::null_mut(), |c| c.addr() as *mut u32),
             ..AttentionProblem {
                 batch: self.batch,
                 ..dense.clone()
             }
             .hopper_params(&tensors.o, &tensors.lse, tensors.sinks.as_ref())
         };
-        // One block per tile (the lengths differ, so the hardware's block scheduler balances
-        // the work: a persistent grid of one block per multiprocessor, walking the tiles in a
-        // fixed order, measured 0.89-0.96x at D 128; bench/NOTES.md).
+        // The lengths differ, so the work is balanced at run time: by the blocks drawing their
+        // tiles from the counter, or by the hardware's block scheduler with one block per tile
+        // (a persistent grid walking the tiles in a fixed order measured 0.89-0.96x at D 128;
+        // bench/NOTES.md).
+        let blocks = if tensors.tile_counter.is_some() {
+            tiles.min(multiprocessors.max(1))
+        } else {
+            tiles
+        };
         Ok(AttentionVarlenPlan::Hopper(AttentionPlan::Hopper {
             kernel,
-            grid: (tiles, 1, 1),
+            grid: (blocks, 1, 1),
             maps,
             params,
         }))
@@ -638,6 +664,13 @@ pub struct AttentionVarlenTensors<'a, T> {
     pub cu_seqlens_k: DevView<'a, i32>,
     /// The sink logits `[heads_q]` f32, when the problem has sinks.
     pub sinks: Option<DevView<'a, f32>>,
+    /// The tile counter of the Hopper path's persistent grid, or `None` for one block per query
+    /// tile: one u32, zero when the launch starts (the kernel leaves it zero), which no other
+    /// launch uses while this one runs. With it the Hopper kernel runs one block per
+    /// multiprocessor, each drawing its next tile from the counter as it finishes one (the
+    /// lengths differ, so tiles are claimed as blocks free up); the `mma.sync` path does not
+    /// read it.
+    pub tile_counter: Option<DevView<'a, u32>>,
 }
 
 impl<T> Clone for AttentionVarlenTensors<'_, T> {
@@ -692,7 +725,8 @@ pub enum AttentionVarlenPlan {
         launch: Option<Launch<AttentionVarlenParams>>,
     },
     /// The Hopper path: the dense forward's plan of the `varlen` kernel (same parameters, the
-    /// boundaries in `cu_seqlens_*`; one block per query tile).
+    /// boundaries in `cu_seqlens_*`; a persistent grid drawing the tiles from the tile counter,
+    /// or one block per query tile).
     Hopper(AttentionPlan),
 }
 
@@ -722,7 +756,8 @@ impl AttentionVarlenPlan {
     ///
     /// # Safety
     /// The tensors the plan was made for are live memory of `exec` for the whole run, and O and
-    /// LSE overlap neither each other nor the inputs.
+    /// LSE overlap neither each other nor the inputs; the tile counter, if any, is zero, and no
+    /// other launch uses it until this one has completed.
     pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
         match self {
             AttentionVarlenPlan::MmaSync { launch: None, .. } => Ok(()),
@@ -739,8 +774,9 @@ impl AttentionVarlenPlan {
                 unsafe { exec.launch(launch) }
             }
             // SAFETY: as above, the tensor maps describing the checked packed views (TMA reads
-            // past a map's rows are filled with zeros, never performed), the grid one block per
-            // tile of the `num_tiles` the kernel walks.
+            // past a map's rows are filled with zeros, never performed), the grid at most one
+            // block per tile of the `num_tiles` the kernel walks, the tile counter as the
+            // caller guarantees.
             AttentionVarlenPlan::Hopper(plan) => unsafe { plan.run(exec) },
         }
     }
@@ -749,13 +785,14 @@ impl AttentionVarlenPlan {
 /// Launch the forward pass over packed sequences on `stream` (asynchronous): O into `o`
 /// (`[total_q, heads_q, D]`, [`View::packed`]), LSE `[heads_q, total_q]` into `lse`. The problem
 /// must be the one of `seqlens` ([`AttentionVarlenProblem::new`]). The output must not overlap
-/// the inputs.
+/// the inputs. The Hopper path draws its tiles from the tile counter of `seqlens` (borrowed
+/// mutably: see [`DeviceCuSeqlens`] on passes that run concurrently).
 #[allow(clippy::too_many_arguments)]
 pub fn forward_varlen<T: AttentionElem>(
     gpu: &Gpu,
     stream: &Stream,
     problem: &AttentionVarlenProblem,
-    seqlens: &DeviceCuSeqlens,
+    seqlens: &mut DeviceCuSeqlens,
     q: &View<T>,
     k: &View<T>,
     v: &View<T>,
@@ -772,7 +809,7 @@ pub fn forward_varlen_with_sinks<T: AttentionElem>(
     gpu: &Gpu,
     stream: &Stream,
     problem: &AttentionVarlenProblem,
-    seqlens: &DeviceCuSeqlens,
+    seqlens: &mut DeviceCuSeqlens,
     q: &View<T>,
     k: &View<T>,
     v: &View<T>,
@@ -797,7 +834,7 @@ fn launch_varlen<T: AttentionElem>(
     gpu: &Gpu,
     stream: &Stream,
     problem: &AttentionVarlenProblem,
-    seqlens: &DeviceCuSeqlens,
+    seqlens: &mut DeviceCuSeqlens,
     (q, k, v): (&View<T>, &View<T>, &View<T>),
     o: &mut View<T>,
     lse: &mut DeviceBuffer<f32>,
@@ -814,10 +851,12 @@ fn launch_varlen<T: AttentionElem>(
         cu_seqlens_q: (&seqlens.q).into(),
         cu_seqlens_k: (&seqlens.k).into(),
         sinks: sinks.map(Into::into),
+        tile_counter: Some((&seqlens.tile_counter).into()),
     };
     let plan = problem.plan(Target::of(gpu), &tensors)?;
     // SAFETY: the views, `lse` and `seqlens` are borrowed for the whole call, which enqueues the
-    // launch; `o` and `lse` are borrowed mutably (the caller keeps O apart from the inputs, as
-    // documented).
+    // launch; `o`, `lse` and the tile counter are borrowed mutably (the caller keeps O apart
+    // from the inputs and orders the passes over one `DeviceCuSeqlens`, as documented); the
+    // counter was uploaded as zero and every launch leaves it zero.
     unsafe { plan.run(&OnStream { gpu, stream }) }
 }

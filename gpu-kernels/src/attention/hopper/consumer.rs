@@ -147,14 +147,15 @@ pub(super) use pv_step;
 /// The consumer's loop over the block's tiles, with the epilogue of each: every thread of
 /// consumer warpgroup `$wg` (1 or 2) expands it once, after the mbarriers were initialized
 /// and published and its registers were raised. `$p`: the kernel's `&HopperParams`; `$cfg`:
-/// its `&HopperConfig`; `$seq`: the block's packed sequence (`VARLEN`); then per operand its
+/// its `&HopperConfig`; `$handoff`: the `scheduler::Handoff` of the packed kernels' tiles
+/// (`VARLEN`); then per operand its
 /// shared memory and its `full` and `empty` mbarriers (the Q tile `$q_s` with `$q_full`,
 /// `$q_empty`; the closures of ring slot `s` for K and V); then the `wgmma` shapes and operand fences of S and O. `E`, `BN`, `STAGES`, `SR`,
 /// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE`, `CAPSINK`, `VARLEN` and `FP8` are the kernel's
 /// parameters (see [`super::forward`]).
 macro_rules! consume_tiles {
     (
-        $p:ident, $cfg:ident, $wg:ident, $seq:ident,
+        $p:ident, $cfg:ident, $wg:ident, $handoff:ident,
         q: ($q_s:ident, $q_full:ident, $q_empty:ident),
         k: ($k_s:ident, $full_k:ident, $empty_k:ident),
         v: ($v_s:ident, $full_v:ident, $empty_v:ident),
@@ -206,12 +207,22 @@ macro_rules! consume_tiles {
         };
 
         let (mut kv, mut q_iter) = (0u32, 0u32);
-        let mut tile_idx = $crate::arch::index::block_idx_x();
-        while tile_idx < $p.num_tiles {
+        let (mut tile_idx, mut seq, mut taken) =
+            ($crate::arch::index::block_idx_x(), 0u32, 0u32);
+        loop {
+            if VARLEN {
+                // SAFETY: every consumer thread is a taker and takes every tile to the end.
+                (tile_idx, seq) = unsafe { $handoff.take(taken, $p.num_tiles) };
+                taken += 1;
+            }
+            if tile_idx >= $p.num_tiles {
+                break;
+            }
             let tile = {
-                // SAFETY: the kernel's parameters, as documented on `HopperParams`.
+                // SAFETY: the kernel's parameters, as documented on `HopperParams`; a packed
+                // tile's sequence from the scheduler.
                 unsafe {
-                    $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx, $seq)
+                    $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx, seq)
                 }
             };
             let $crate::attention::hopper::scheduler::Tile {
@@ -226,7 +237,9 @@ macro_rules! consume_tiles {
                 q0,
                 ..
             } = tile;
-            tile_idx += $crate::arch::index::grid_dim_x();
+            if !VARLEN {
+                tile_idx += $crate::arch::index::grid_dim_x();
+            }
             // The dense kernels read the lengths from the parameters where they use them.
             let (seq_q, seq_k) = if VARLEN { (seq_q, seq_k) } else { ($p.seq_q, $p.seq_k) };
             let offset = seq_k as i64 - seq_q as i64;

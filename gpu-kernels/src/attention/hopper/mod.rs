@@ -9,10 +9,11 @@
 //! # Parameters
 //! [`HopperParams`]: 4-D tensor maps of Q, K, V (dims `[D, heads, seq, batch]`, box
 //! `[64, 1, rows, 1]`, 128-byte swizzle; any strides with D contiguous), O with its strides,
-//! LSE, sizes, scale, window. Packed sequences: the maps describe `[D, heads, total, 1]`, one
-//! block per tile finds its sequence in `cu_seqlens_q` (the slots of [`scheduler`]), its boxes
-//! start at the sequence's first row and may reach into the next sequence's rows (masked keys;
-//! query rows not stored), and a block whose slot is empty leaves at once.
+//! LSE, sizes, scale, window. Packed sequences: the maps describe `[D, heads, total, 1]`; a
+//! tile's sequence is found in `cu_seqlens_q` (the slots of [`scheduler`]), its boxes start at
+//! the sequence's first row and may reach into the next sequence's rows (masked keys; query
+//! rows not stored). With a tile counter the grid is persistent and a scheduler warp draws the
+//! block's tiles; without, one block per tile, and a block whose slot is empty leaves at once.
 //!
 //! # Tiling
 //! A tile is 128 query rows of one (batch, head); its block walks the keys the rows may attend
@@ -27,7 +28,8 @@
 //!
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, and its
-//! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead).
+//! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead); in the
+//! packed kernels its warp 1 schedules the tiles ([`scheduler::schedule`]).
 //! Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
 //! of the block; per step it issues `wgmma.m64n{block_n}k16` for S (`block_n / 2` f32
 //! registers), does the online softmax on its accumulators (a row is held by the 4 lanes of a
@@ -36,7 +38,8 @@
 //!
 //! # Barrier protocol
 //! - Start: thread 0 initializes `q_full`, `q_empty`, `full_k[s]`, `full_v[s]` (count 1) and
-//!   `empty_k[s]`, `empty_v[s]` (count 8: one arrival per consumer warp), `fence.mbarrier_init`,
+//!   `empty_k[s]`, `empty_v[s]` (count 8: one arrival per consumer warp) and, in the packed
+//!   kernels, the handoff's barriers, `fence.mbarrier_init`,
 //!   then `sync_threads` publishes them. The warpgroups never meet at a block barrier again.
 //! - `q_full` / `q_empty` (counts 1 / 8), phase `k` for the block's `k`-th tile with a step
 //!   (tiles without one load nothing, on both sides): the producer waits until `q_empty`
@@ -74,6 +77,9 @@
 //!   No wait on the rings happens between a sync and its arrival, and the producer issues the
 //!   tiles in the order both consumers read them (each tile it waits for was released by both
 //!   consumers at an earlier batch), so the turns cannot deadlock with the rings.
+//! - Packed kernels: the producer's thread and the consumers take each tile from the
+//!   scheduler warp through [`scheduler::Handoff`] (its own protocol), in the same order, so
+//!   they walk the same tiles as the dense kernels' `b, b + grid, ...`.
 //! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
@@ -191,16 +197,21 @@ unsafe fn forward<
     let v_s = |s: u32| base + cfg.v_offset(s) as u32;
     let (cblocks, v_cblocks) = (cfg.column_blocks(), cfg.value_column_blocks());
 
-    // Packed sequences, one block per tile: every warp finds the block's sequence (the same
-    // in all), and a block whose slot holds no query row leaves before any barrier (uniformly).
-    let block = index::block_idx_x();
-    let seq = if VARLEN {
-        // SAFETY: every lane of every warp, uniformly; the kernel's parameters.
-        unsafe { scheduler::packed_sequence(p, block) }
-    } else {
-        0
+    // Packed sequences: the scheduler warp hands the tiles to the producer and the consumers
+    // (`scheduler::Handoff`). With one block per tile (no tile counter), every warp finds the
+    // block's sequence first, and a block whose slot holds no query row leaves before any
+    // barrier (uniformly).
+    let handoff = scheduler::Handoff {
+        slots: crate::arch::smem::SmemArray::new(
+            base + cfg.handoff_offset() as u32,
+            2 * kernel_abi::attention::HOPPER_HANDOFF_SLOTS,
+        ),
+        bars: bars + 8 * (2 + 4 * STAGES),
     };
-    if VARLEN {
+    if VARLEN && p.tile_counter.is_null() {
+        let block = index::block_idx_x();
+        // SAFETY: every lane of every warp, uniformly; the kernel's parameters.
+        let seq = unsafe { scheduler::packed_sequence(p, block) };
         // SAFETY: the kernel's parameters; `seq < batch`.
         let tl = unsafe { scheduler::tile::<BN, true>(p, block, seq) };
         if tl.rows_valid == 0 {
@@ -222,6 +233,9 @@ unsafe fn forward<
                 empty_k(s).init(CONSUMER_WARPS);
                 empty_v(s).init(CONSUMER_WARPS);
             }
+            if VARLEN {
+                handoff.init(kernel_abi::attention::HOPPER_HANDOFF_TAKERS);
+            }
         }
         fence::fence_mbarrier_init();
     }
@@ -233,11 +247,14 @@ unsafe fn forward<
         unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
         if tid == 0 {
             producer::load_tiles!(
-                p, cfg, (cblocks, v_cblocks), seq, [tmap_q, tmap_k, tmap_v],
+                p, cfg, (cblocks, v_cblocks), handoff, [tmap_q, tmap_k, tmap_v],
                 q: (q_s, q_full, q_empty),
                 k: (k_s, full_k, empty_k),
                 v: (v_s, full_v, empty_v)
             );
+        } else if VARLEN && index::warp_id() == 1 {
+            // SAFETY: every lane of warp 1, uniformly; the handoff's barriers are published.
+            unsafe { scheduler::schedule(p, handoff) };
         }
         return;
     }
@@ -246,7 +263,7 @@ unsafe fn forward<
     // SAFETY: the whole consumer warpgroup executes this, uniformly.
     unsafe { regs::increase::<HOPPER_CONSUMER_REGS>() };
     consumer::consume_tiles!(
-        p, cfg, wg, seq,
+        p, cfg, wg, handoff,
         q: (q_s, q_full, q_empty),
         k: (k_s, full_k, empty_k),
         v: (v_s, full_v, empty_v),

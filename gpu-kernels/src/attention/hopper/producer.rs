@@ -9,8 +9,8 @@
 /// The producer's loop over the block's tiles (thread 0 only, once, after the mbarriers were
 /// initialized and published). `$p`: the kernel's `&HopperParams`; `$cfg`: its
 /// `&HopperConfig`; `($cblocks, $v_cblocks)`: the column blocks of a Q or K tile and of a V
-/// tile; `$seq`: the block's packed
-/// sequence (`VARLEN`; `scheduler::packed_sequence`); the tensor maps of Q, K and V;
+/// tile; `$handoff`: the `scheduler::Handoff` the packed kernels (`VARLEN`) take their tiles
+/// and sequences from; the tensor maps of Q, K and V;
 /// then per operand its shared memory and its `full` and `empty` mbarriers: the Q tile
 /// `$q_s` with `$q_full`, `$q_empty`, and the closures of ring slot `s`: `$k_s(s)`,
 /// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES`, `OVERLAP`, `VARLEN` and
@@ -20,7 +20,7 @@
 /// query rows computed and not stored.
 macro_rules! load_tiles {
     (
-        $p:ident, $cfg:ident, ($cblocks:ident, $v_cblocks:ident), $seq:ident,
+        $p:ident, $cfg:ident, ($cblocks:ident, $v_cblocks:ident), $handoff:ident,
         [$tmap_q:ident, $tmap_k:ident, $tmap_v:ident],
         q: ($q_s:ident, $q_full:ident, $q_empty:ident),
         k: ($k_s:ident, $full_k:ident, $empty_k:ident),
@@ -29,13 +29,24 @@ macro_rules! load_tiles {
         // K/V tiles through the rings and Q tiles loaded so far (tiles without a step load
         // nothing, on both sides).
         let (mut kv, mut q_iter) = (0u32, 0u32);
-        let mut t = $crate::arch::index::block_idx_x();
-        while t < $p.num_tiles {
+        let (mut t, mut seq, mut taken) = ($crate::arch::index::block_idx_x(), 0u32, 0u32);
+        loop {
+            if VARLEN {
+                // SAFETY: the producer's thread is a taker and takes every tile to the end.
+                (t, seq) = unsafe { $handoff.take(taken, $p.num_tiles) };
+                taken += 1;
+            }
+            if t >= $p.num_tiles {
+                break;
+            }
             let tl = {
-                // SAFETY: the kernel's parameters, as documented on `HopperParams`.
-                unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t, $seq) }
+                // SAFETY: the kernel's parameters, as documented on `HopperParams`; a packed
+                // tile's sequence from the scheduler.
+                unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t, seq) }
             };
-            t += $crate::arch::index::grid_dim_x();
+            if !VARLEN {
+                t += $crate::arch::index::grid_dim_x();
+            }
             if tl.steps == 0 {
                 continue;
             }

@@ -8,10 +8,151 @@
 //! query blocks, and at most one empty slot more. So no grid position is spent on a query block
 //! past a short sequence's end (as a `max_seqlen_q` grid would), and a block finds its sequence
 //! with a 32-way search of `cu_seqlens_q` by each warp ([`packed_sequence`]).
+//!
+//! The packed kernels' persistent grid ([`HopperParams::tile_counter`]): the lengths differ, so
+//! the tiles are claimed at run time. One scheduler warp per block draws them and finds their
+//! sequences ([`schedule`]), and hands each to the producer and the consumers through the
+//! [`Handoff`] in shared memory, a ring of `HOPPER_HANDOFF_SLOTS` slots.
 
-use crate::arch::{index, warp};
+use crate::arch::mbarrier::Mbarrier;
+use crate::arch::smem::SmemArray;
+use crate::arch::{atomic, index, warp};
 use crate::attention::seq::clamp_range;
-use kernel_abi::attention::{HOPPER_BLOCK_M, HopperParams, hopper_varlen_first_slot};
+use kernel_abi::attention::{
+    HOPPER_BLOCK_M, HOPPER_HANDOFF_SLOTS, HopperParams, hopper_varlen_first_slot,
+};
+
+/// The tile handoff of the packed kernels: slot `n % HOPPER_HANDOFF_SLOTS` carries the block's
+/// `n`-th tile (its index and packed sequence; an index of at least `num_tiles` ends the walk).
+///
+/// # Barrier protocol
+/// `full[s]` (count 1) and `empty[s]` (count `HOPPER_HANDOFF_TAKERS`: every consumer thread and
+/// the producer's thread), phase `n / HOPPER_HANDOFF_SLOTS` for the `n`-th tile. Lane 0 of the
+/// scheduler warp waits until `empty[s]` completed the slot's previous phase (parity `^ 1`: the
+/// first pass does not wait), writes the slot and arrives on `full[s]` (release); each taker
+/// waits on `full[s]` (acquire), reads the slot and arrives on `empty[s]`. The last tile (the
+/// end) is read by every taker and released by none: nothing is written after it.
+#[derive(Clone, Copy)]
+pub(super) struct Handoff {
+    /// `2 HOPPER_HANDOFF_SLOTS` words: (tile, sequence) per slot.
+    pub(super) slots: SmemArray<u32>,
+    /// The first `full` barrier; the `empty` ones follow the `full` ones.
+    pub(super) bars: u32,
+}
+
+impl Handoff {
+    fn full(self, s: u32) -> Mbarrier {
+        Mbarrier::at(self.bars + 8 * s)
+    }
+
+    fn empty(self, s: u32) -> Mbarrier {
+        Mbarrier::at(self.bars + 8 * (HOPPER_HANDOFF_SLOTS + s))
+    }
+
+    /// Initialize the barriers: `takers` arrivals per phase of `empty`.
+    ///
+    /// # Safety
+    /// One thread, with the kernel's other barriers (published the same way).
+    #[inline(always)]
+    pub(super) unsafe fn init(self, takers: u32) {
+        for s in 0..HOPPER_HANDOFF_SLOTS {
+            // SAFETY: forwarded to the caller.
+            unsafe {
+                self.full(s).init(1);
+                self.empty(s).init(takers);
+            }
+        }
+    }
+
+    /// Publish the `n`-th tile (lane 0 of the scheduler warp, tiles in order).
+    ///
+    /// # Safety
+    /// The barriers are initialized and published; one caller.
+    #[inline(always)]
+    unsafe fn put(self, n: u32, tile: u32, seq: u32) {
+        let (s, phase) = (n % HOPPER_HANDOFF_SLOTS, (n / HOPPER_HANDOFF_SLOTS) & 1);
+        // SAFETY: the protocol above: the slot is free once `empty` completed its previous
+        // phase; only this thread writes the slots.
+        unsafe {
+            self.empty(s).wait_parity(phase ^ 1);
+            self.slots.store(2 * s, tile);
+            self.slots.store(2 * s + 1, seq);
+            self.full(s).arrive();
+        }
+    }
+
+    /// Take the `n`-th tile: (index, sequence); every taker, tiles in order. The slot is
+    /// released unless the tile ends the walk (`index >= num_tiles`).
+    ///
+    /// # Safety
+    /// The barriers are initialized and published; the caller is one of the takers and takes
+    /// every tile up to the end.
+    #[inline(always)]
+    pub(super) unsafe fn take(self, n: u32, num_tiles: u32) -> (u32, u32) {
+        let (s, phase) = (n % HOPPER_HANDOFF_SLOTS, (n / HOPPER_HANDOFF_SLOTS) & 1);
+        // SAFETY: the protocol above: the scheduler wrote the slot before completing this
+        // phase of `full`, and does not write it again before every taker arrived on `empty`.
+        unsafe {
+            self.full(s).wait_parity(phase);
+            let (tile, seq) = (self.slots.load(2 * s), self.slots.load(2 * s + 1));
+            if tile < num_tiles {
+                self.empty(s).arrive();
+            }
+            (tile, seq)
+        }
+    }
+}
+
+/// The scheduler warp of the packed kernels' persistent grid: draws the block's tiles (tile
+/// `blockIdx.x` first, then `grid + r` for each `r` drawn from `tile_counter`, or
+/// `blockIdx.x + k grid` without one; [`HopperParams::tile_counter`]), finds each one's
+/// sequence ([`packed_sequence`]) and publishes it; the first index past the tiles ends the
+/// walk. The block drawing the launch's last value (`num_tiles - 1`) resets the counter.
+///
+/// # Safety
+/// Every lane of one warp, uniformly; the handoff's barriers are initialized and published;
+/// the kernel's parameters as documented on [`HopperParams`].
+#[inline(always)]
+pub(super) unsafe fn schedule(p: &HopperParams, handoff: Handoff) {
+    let (lane, grid) = (index::lane_id(), index::grid_dim_x());
+    let mut t = index::block_idx_x();
+    let mut n = 0u32;
+    loop {
+        let seq = if t < p.num_tiles {
+            // SAFETY: the whole warp, uniformly; the kernel's parameters.
+            unsafe { packed_sequence(p, t) }
+        } else {
+            0
+        };
+        if lane == 0 {
+            // SAFETY: lane 0 of the one scheduler warp, tiles in order.
+            unsafe { handoff.put(n, t, seq) };
+        }
+        n += 1;
+        if t >= p.num_tiles {
+            return;
+        }
+        t = if p.tile_counter.is_null() {
+            t + grid
+        } else {
+            let r = if lane == 0 {
+                // SAFETY: the counter is a u32 of global memory (the parameters' contract).
+                let r = unsafe { atomic::add_u32(p.tile_counter, 1) };
+                if r == p.num_tiles - 1 {
+                    // The launch's last draw: every block has drawn its last value.
+                    // SAFETY: as above.
+                    unsafe { atomic::store_release_u32(p.tile_counter, 0) };
+                }
+                r
+            } else {
+                0
+            };
+            // SAFETY: the whole warp, uniformly. Tile indices stay below 2^31 (the host's
+            // bound), so `r + grid` does not wrap for the values `r < num_tiles` that matter.
+            unsafe { warp::shfl_idx_u32(warp::FULL_MASK, r, 0) }.saturating_add(grid)
+        };
+    }
+}
 
 /// One tile of the persistent grid: 128 query rows of one (batch, head) and the key steps
 /// they may attend.

@@ -15,6 +15,7 @@ fn varlen_tensors<'a, T>(p: &AttentionVarlenProblem) -> AttentionVarlenTensors<'
         cu_seqlens_q: dev(6 << 40, p.batch + 1),
         cu_seqlens_k: dev(7 << 40, p.batch + 1),
         sinks: p.sinks.then(|| dev(8 << 40, p.heads_q)),
+        tile_counter: None,
     }
 }
 
@@ -83,6 +84,48 @@ fn varlen_without_query_rows_has_no_launch() {
     }
 }
 
+/// With a tile counter the Hopper grid is persistent: one block per multiprocessor, at most
+/// one per tile; the `mma.sync` path ignores the counter; a counter of another length is
+/// refused.
+#[test]
+fn varlen_hopper_tile_counter_makes_the_grid_persistent() {
+    let lens: Vec<(usize, usize)> = (0..40).map(|i| (100 + 61 * i, 90 + 37 * i)).collect();
+    let seqlens = CuSeqlens::from_lens(&lens).unwrap();
+    let p = AttentionVarlenProblem::new(&seqlens, 8, 2, 128, Dtype::Bf16);
+    let with = |counter: Option<DevView<'static, u32>>| AttentionVarlenTensors {
+        tile_counter: counter,
+        ..varlen_tensors::<bf16>(&p)
+    };
+    let hopper = |t: Target, counter| match p.plan(t, &with(counter)).unwrap() {
+        AttentionVarlenPlan::Hopper(AttentionPlan::Hopper { grid, params, .. }) => (grid, params),
+        _ => panic!("a Hopper plan on sm_90a"),
+    };
+    let (grid, params) = hopper(target(Arch::Sm90a), Some(dev(9 << 40, 1)));
+    assert!(params.num_tiles > SMS);
+    assert_eq!(grid, (SMS, 1, 1));
+    assert_eq!(params.tile_counter as u64, 9 << 40);
+    let few = Target {
+        arch: Arch::Sm90a,
+        multiprocessors: 100_000,
+    };
+    let (grid, _) = hopper(few, Some(dev(9 << 40, 1)));
+    assert_eq!(grid, (params.num_tiles, 1, 1), "at most one block per tile");
+    let (grid, params) = hopper(target(Arch::Sm90a), None);
+    assert_eq!(
+        (grid.0, params.tile_counter),
+        (params.num_tiles, std::ptr::null_mut())
+    );
+    let mma = p
+        .plan(target(Arch::Sm80), &with(Some(dev(9 << 40, 1))))
+        .unwrap();
+    assert!(!mma.is_hopper());
+    let err = p
+        .plan(target(Arch::Sm90a), &with(Some(dev(9 << 40, 2))))
+        .err()
+        .expect("a counter of 2 elements");
+    assert!(err.to_string().contains("tile counter"), "{err}");
+}
+
 #[test]
 fn varlen_hopper_plan_grid_parameters_and_maps() {
     let seqlens = CuSeqlens::from_lens(&[(17, 9), (0, 5), (300, 1), (40, 0)]).unwrap();
@@ -108,6 +151,7 @@ fn varlen_hopper_plan_grid_parameters_and_maps() {
             // Slots per head: floor(357 / 128) + 4 sequences = 6 (1 + 0 + 3 + 1 query blocks
             // and the empty sequence's slot).
             assert_eq!(*grid, (6 * 4, 1, 1), "one block per tile");
+            assert!(params.tile_counter.is_null());
             assert_eq!((params.num_m_blocks, params.num_tiles), (6, 24));
             assert_eq!((params.total_q, params.total_k), (357, 15));
             assert_eq!((params.seq_q, params.seq_k, params.batch), (300, 9, 4));
@@ -368,6 +412,7 @@ mod raw_varlen {
                 cu_seqlens_q,
                 cu_seqlens_k,
                 sinks: None,
+                tile_counter: None,
             },
             max.0,
             max.1,
