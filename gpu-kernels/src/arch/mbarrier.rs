@@ -110,22 +110,6 @@ impl Mbarrier {
         while !unsafe { self.try_wait_parity(parity) } {}
     }
 
-    /// Wait until the phase of parity `parity` has completed, sleeping about `ns` nanoseconds
-    /// (`nanosleep`) between tries: for a thread that waits most of the time and whose delay
-    /// does not matter, so that its tries do not take the issue slots of the warps beside it
-    /// (a `try_wait` loop can run every few cycles).
-    ///
-    /// # Safety
-    /// As for [`Mbarrier::wait_parity`].
-    #[inline(always)]
-    pub unsafe fn wait_parity_sleeping(self, parity: u32, ns: u32) {
-        // SAFETY: forwarded to the caller (initialized barrier).
-        while !unsafe { self.try_wait_parity(parity) } {
-            // SAFETY: `nanosleep` only delays this thread.
-            unsafe { asm!("nanosleep.u32 {0};", in(reg32) ns, options(nostack)) };
-        }
-    }
-
     /// `mbarrier.inval.shared::cta.b64`: invalidate before the memory is reused for other data.
     ///
     /// # Safety

@@ -222,14 +222,7 @@ macro_rules! consume_tiles {
                 // SAFETY: the kernel's parameters, as documented on `HopperParams`; a packed
                 // tile's sequence from the scheduler.
                 unsafe {
-                    let tile =
-                        $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx, seq);
-                    if VARLEN {
-                        // Every lane of the warp, converged, with the same tile.
-                        tile.warp_uniform()
-                    } else {
-                        tile
-                    }
+                    $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, tile_idx, seq)
                 }
             };
             let $crate::attention::hopper::scheduler::Tile {

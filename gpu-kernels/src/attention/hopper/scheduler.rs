@@ -22,9 +22,6 @@ use kernel_abi::attention::{
     HOPPER_BLOCK_M, HOPPER_HANDOFF_SLOTS, HopperParams, hopper_varlen_first_slot,
 };
 
-/// Nanoseconds the scheduler sleeps between tries of a full slot (a tile lasts microseconds).
-const SCHEDULER_SLEEP_NS: u32 = 500;
-
 /// The tile handoff of the packed kernels: slot `n % HOPPER_HANDOFF_SLOTS` carries the block's
 /// `n`-th tile (its index and packed sequence; an index of at least `num_tiles` ends the walk).
 ///
@@ -75,12 +72,9 @@ impl Handoff {
     unsafe fn put(self, n: u32, tile: u32, seq: u32) {
         let (s, phase) = (n % HOPPER_HANDOFF_SLOTS, (n / HOPPER_HANDOFF_SLOTS) & 1);
         // SAFETY: the protocol above: the slot is free once `empty` completed its previous
-        // phase; only this thread writes the slots. The scheduler runs up to
-        // `HOPPER_HANDOFF_SLOTS` tiles ahead and waits here most of the time: it sleeps between
-        // tries so as to leave the issue slots to the consumer warps of its sub-partition.
+        // phase; only this thread writes the slots.
         unsafe {
-            self.empty(s)
-                .wait_parity_sleeping(phase ^ 1, SCHEDULER_SLEEP_NS);
+            self.empty(s).wait_parity(phase ^ 1);
             self.slots.store(2 * s, tile);
             self.slots.store(2 * s + 1, seq);
             self.full(s).arrive();
@@ -181,35 +175,6 @@ pub(super) struct Tile {
     /// The sequence's first query and key rows in the packed tensors (0 on a dense batch).
     pub(super) q0: u32,
     pub(super) k0: u32,
-}
-
-impl Tile {
-    /// The tile as lane 0 of the warp holds it (`shfl.sync.idx` of every field), so that the
-    /// compiler knows each value to be warp-uniform and keeps what derives from it (ring
-    /// positions, `wgmma` descriptors) on the uniform datapath, as it does with the dense
-    /// kernels' tiles, computed from the parameters alone. The packed kernels' tiles come
-    /// from shared and global memory, which the compiler cannot prove uniform.
-    ///
-    /// # Safety
-    /// Every lane of the warp calls it, converged, with the same tile.
-    #[inline(always)]
-    pub(super) unsafe fn warp_uniform(self) -> Tile {
-        // SAFETY: the whole warp, converged (the caller's contract).
-        let u = |x: u32| unsafe { warp::shfl_idx_u32(warp::FULL_MASK, x, 0) };
-        Tile {
-            m0: u(self.m0),
-            head: u(self.head),
-            batch: u(self.batch),
-            head_kv: u(self.head_kv),
-            rows_valid: u(self.rows_valid),
-            nb_lo: u(self.nb_lo),
-            steps: u(self.steps),
-            seq_q: u(self.seq_q),
-            seq_k: u(self.seq_k),
-            q0: u(self.q0),
-            k0: u(self.k0),
-        }
-    }
 }
 
 /// `first(b)` of the module documentation, from the clamped start of sequence `b`.
