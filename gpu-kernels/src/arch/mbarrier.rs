@@ -110,36 +110,6 @@ impl Mbarrier {
         while !unsafe { self.try_wait_parity(parity) } {}
     }
 
-    /// Wait until the phase of parity `parity` has completed, each try suspending the thread
-    /// for up to `hint_ns` nanoseconds or until the phase completes
-    /// (`mbarrier.try_wait.parity` with a suspend-time hint): for a thread that waits most of
-    /// the time, so that its tries do not take the issue slots of the warps beside it (without
-    /// a hint a `try_wait` loop can run every few cycles).
-    ///
-    /// # Safety
-    /// As for [`Mbarrier::wait_parity`].
-    #[inline(always)]
-    pub unsafe fn wait_parity_suspending(self, parity: u32, hint_ns: u32) {
-        loop {
-            let done: u32;
-            // SAFETY: forwarded to the caller (initialized barrier).
-            unsafe {
-                asm!(
-                    "{{",
-                    ".reg .pred p;",
-                    "mbarrier.try_wait.parity.shared::cta.b64 p, [{1}], {2}, {3};",
-                    "selp.u32 {0}, 1, 0, p;",
-                    "}}",
-                    out(reg32) done, in(reg32) self.0, in(reg32) parity, in(reg32) hint_ns,
-                    options(nostack)
-                )
-            };
-            if done != 0 {
-                return;
-            }
-        }
-    }
-
     /// `mbarrier.inval.shared::cta.b64`: invalidate before the memory is reused for other data.
     ///
     /// # Safety

@@ -22,9 +22,6 @@ use kernel_abi::attention::{
     HOPPER_BLOCK_M, HOPPER_HANDOFF_SLOTS, HopperParams, hopper_varlen_first_slot,
 };
 
-/// The suspend-time hint of the scheduler's wait for a free slot (a tile lasts microseconds).
-const SCHEDULER_SUSPEND_NS: u32 = 1_000_000;
-
 /// The tile handoff of the packed kernels: slot `n % HOPPER_HANDOFF_SLOTS` carries the block's
 /// `n`-th tile (its index and packed sequence; an index of at least `num_tiles` ends the walk).
 ///
@@ -75,12 +72,9 @@ impl Handoff {
     unsafe fn put(self, n: u32, tile: u32, seq: u32) {
         let (s, phase) = (n % HOPPER_HANDOFF_SLOTS, (n / HOPPER_HANDOFF_SLOTS) & 1);
         // SAFETY: the protocol above: the slot is free once `empty` completed its previous
-        // phase; only this thread writes the slots. The scheduler runs up to
-        // `HOPPER_HANDOFF_SLOTS` tiles ahead and waits here most of the time: suspended, so as
-        // to leave the issue slots to the consumer warps of its sub-partition.
+        // phase; only this thread writes the slots.
         unsafe {
-            self.empty(s)
-                .wait_parity_suspending(phase ^ 1, SCHEDULER_SUSPEND_NS);
+            self.empty(s).wait_parity(phase ^ 1);
             self.slots.store(2 * s, tile);
             self.slots.store(2 * s + 1, seq);
             self.full(s).arrive();
