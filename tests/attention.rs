@@ -65,6 +65,22 @@ fn case(b: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize, dtype: 
     }
 }
 
+/// [`case`] with V and O of head dimension `dv` (`(d, dv)` a pair of `VALUE_DIMS`), its seed
+/// offset by `dv`.
+fn value_dim_case(
+    b: usize,
+    sq: usize,
+    sk: usize,
+    (hq, hkv): (usize, usize),
+    (d, dv): (usize, usize),
+    dtype: Dtype,
+) -> Case {
+    let mut c = case(b, sq, sk, hq, hkv, d, dtype);
+    c.p = c.p.value_dim(dv);
+    c.seed = c.seed.wrapping_add(dv as u64);
+    c
+}
+
 fn name(c: &Case) -> String {
     let p = &c.p;
     let mut s = format!(

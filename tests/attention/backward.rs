@@ -13,7 +13,7 @@
 //! with no allowed key exactly 0.
 
 use super::name as case_name;
-use super::{Case, case};
+use super::{Case, case, value_dim_case};
 use kernel_abi::attention::hopper_bwd::{hopper_bwd_kernel, hopper_bwd_padded_kernel};
 use kernel_tests::emu::{Emulator, HostBuf};
 use kernel_tests::{Needs, Suite, TestResult, ensure, gpu_ok};
@@ -417,12 +417,7 @@ fn value_dim_cases() -> Vec<Case> {
     let mut v = Vec::new();
     for (d, dv) in kernel_abi::attention::VALUE_DIMS {
         let (d, dv) = (d as usize, dv as usize);
-        let pair = |b, sq, sk, hq, hkv, dtype| {
-            let mut c = case(b, sq, sk, hq, hkv, d, dtype);
-            c.p = c.p.value_dim(dv);
-            c.seed = c.seed.wrapping_add(dv as u64);
-            c
-        };
+        let pair = |b, sq, sk, hq, hkv, dtype| value_dim_case(b, sq, sk, (hq, hkv), (d, dv), dtype);
         for (sq, sk) in [(1, 1), (113, 203), (239, 1), (1023, 1024)] {
             for causal in [false, true] {
                 let mut c = pair(

@@ -2,7 +2,7 @@
 //! forward on both paths against the f64 reference (the dense tests' tolerance), in the CPU
 //! emulator (`mma.sync`), and the plans' kernels and typed refusals.
 
-use super::{Case, case, head_dim_cases, name, run, run_emulated};
+use super::{Case, head_dim_cases, name, run, run_emulated, value_dim_case};
 use kernel_tests::emu::HostBuf;
 use kernel_tests::{Needs, Suite, TestResult, ensure};
 use kernels::Arch;
@@ -44,12 +44,7 @@ fn value_dim_cases() -> Vec<Case> {
     let mut v = Vec::new();
     for (d, dv) in kernel_abi::attention::VALUE_DIMS {
         let (d, dv) = (d as usize, dv as usize);
-        let pair = |b, sq, sk, hq, hkv, dtype| {
-            let mut c = case(b, sq, sk, hq, hkv, d, dtype);
-            c.p = c.p.value_dim(dv);
-            c.seed = c.seed.wrapping_add(dv as u64);
-            c
-        };
+        let pair = |b, sq, sk, hq, hkv, dtype| value_dim_case(b, sq, sk, (hq, hkv), (d, dv), dtype);
         for (sq, sk) in [
             (1, 1),
             (113, 203),
