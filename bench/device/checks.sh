@@ -137,10 +137,6 @@
 #       sanitizers on decode cases (GQA causal with splits, softcap and sinks, D 96, memcheck on
 #       adversarial tables), the Python decode check, then kbench attention-decode with its
 #       peers (FlashAttention-4's paged forward when installed under /tmp/fa4pkgs).
-#   fma  a share of the forward's exponentials on the FMA pipe (variants hfma2, hfma4): their
-#       GPU tests (bf16 Hopper and FP8), (step san) the four sanitizers on two of their cases,
-#       then kbench attention-fp8 at D 128 and kbench attention at D 64 and 128 with the
-#       variants (S 4k-16k, SDPA peers); FMA_STEPS picks among "tests san bench".
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -149,7 +145,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|dec2|flab|fma
+#   detw|hvb|vdim|vbwd|dec2|flab
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -810,32 +806,6 @@ PY
     echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
     sed -n '/^== table/,$p' $L/bench.log | tail -90 >> $S
     grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
-  fi
-fi
-if [ "$part" = fma ]; then
-  steps=" ${FMA_STEPS:-tests bench} "
-  if [[ $steps == *" tests "* ]]; then
-    t fmat $B/bin/test-attention hfma --nocapture
-    grep -E "max \|O" $L/fmat.log | head -60 > $OUT/fma-tests.txt
-  fi
-  [[ $steps == *" san "* ]] && san_cases "${FMASAN:-attention_fp8/variant_hfma2/bf16_d128_b1_sq1023_sk1024_h4x2_causal
-    attention/hopper_variant_hfma4/bf16_d64_b2_sq1023_sk1024_h4x2_causal}"
-  if [[ $steps == *" bench "* ]]; then
-    export KBENCH_ATTENTION_SEQS=${SEQS:-4096,8192,16384}
-    s=$(date +%s); KBENCH_ATTENTION_DIMS=128 timeout -k 5 ${T:-200} $B/bin/kbench attention-fp8 --out $OUT > $L/bench8.log 2>&1
-    echo "bench fp8 rc=$? $(( $(date +%s)-s ))s" >> $S
-    s=$(date +%s); KBENCH_ATTENTION_DIMS=${DIMS:-64,128} KBENCH_ATTENTION_VARIANTS=${VARIANTS:-hfma2,hfma4} timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT > $L/bench.log 2>&1
-    echo "bench bf16 rc=$? $(( $(date +%s)-s ))s" >> $S
-    for f in $L/bench8.log $L/bench.log; do grep -i "note\|error\|MISMATCH" $f | tail -5 >> $S; done
-    python3 - $OUT >> $S <<'PY'
-import json, sys, glob
-for f in sorted(glob.glob(sys.argv[1] + '/*.json')):
-    rows = json.load(open(f)).get('rows', [])
-    for r in rows:
-        c = r.get('config', {})
-        if r.get('kernel') != 'attention_fwd': continue
-        print(f"{c.get('dtype','bf16'):5s} d{c.get('d')} s{c.get('seq')} {'causal' if c.get('causal') else 'full  '} {r.get('impl'):28s} {r.get('tflops', 0):7.1f}")
-PY
   fi
 fi
 if [ "$part" = detw ]; then

@@ -53,7 +53,6 @@ pub const fn fp8_config(d: u32) -> Option<HopperConfig> {
             softmax: Softmax::Folded,
             grid: HopperGrid::Auto,
             elem_bytes: 1,
-            exp2_fma: 0,
         }),
         _ => None,
     }
@@ -146,9 +145,8 @@ const fn fp8(name: &'static str, cfg: HopperConfig, variant: Option<&'static str
 /// The FP8 forward kernels: the default of each head dimension of [`FP8_HEAD_DIMS`], then the
 /// tuning variants ("hpp", D 128 only: pingpong turns between the consumer warpgroups, so that
 /// one's softmax runs under the other's products; at D 256 it spills; "hlazy": the lazy rescale below e4m3's range,
-/// [`Softmax::FoldedLazyE4m3`]; "hfma2", "hfma4": a quarter and a half of the exponentials on
-/// the FMA pipe, `HopperConfig::exp2_fma`).
-pub const FP8_KERNELS: [Fp8Kernel; 7] = [
+/// [`Softmax::FoldedLazyE4m3`]).
+pub const FP8_KERNELS: [Fp8Kernel; 5] = [
     fp8("attention_fwd_hopper_fp8_d128", fp8_config_of(128), None),
     fp8("attention_fwd_hopper_fp8_d256", fp8_config_of(256), None),
     fp8(
@@ -175,22 +173,6 @@ pub const FP8_KERNELS: [Fp8Kernel; 7] = [
         },
         Some("hlazy"),
     ),
-    fp8(
-        "attention_fwd_hopper_fp8_d128_hfma2",
-        HopperConfig {
-            exp2_fma: 2,
-            ..fp8_config_of(128)
-        },
-        Some("hfma2"),
-    ),
-    fp8(
-        "attention_fwd_hopper_fp8_d128_hfma4",
-        HopperConfig {
-            exp2_fma: 4,
-            ..fp8_config_of(128)
-        },
-        Some("hfma4"),
-    ),
 ];
 
 /// The FP8 forward kernel of head dimension `d`: the default (`variant` `None`) or the tuning
@@ -212,8 +194,6 @@ pub(crate) const fn fp8_kernel_decls() -> [KernelDecl; FP8_KERNEL_COUNT] {
         FP8_KERNELS[2].kernel.info(),
         FP8_KERNELS[3].kernel.info(),
         FP8_KERNELS[4].kernel.info(),
-        FP8_KERNELS[5].kernel.info(),
-        FP8_KERNELS[6].kernel.info(),
         FP8_VT_KERNEL.info(),
     ]
 }

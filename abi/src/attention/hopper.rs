@@ -57,10 +57,6 @@ pub struct HopperConfig {
     /// Bytes per element of Q, K and V: 2 (bf16, f16) or 1 (e4m3, the FP8 kernels of
     /// [`fp8`]).
     pub elem_bytes: u32,
-    /// Of every 8 n8 tiles of a step's S, how many take their exponentials on the FMA pipe (a
-    /// polynomial, FlashAttention-4's software exponential) rather than `ex2` on the XU, which
-    /// runs at an eighth of the FMA pipe's rate (0 to 8; the folded softmax modes only).
-    pub exp2_fma: u32,
 }
 
 /// How many blocks a Hopper launch has; every block walks the tiles `b, b + grid, ...`.
@@ -200,7 +196,6 @@ pub const fn hopper_config(d: u32) -> Option<HopperConfig> {
         softmax: Softmax::FoldedLazy,
         grid: HopperGrid::Auto,
         elem_bytes: 2,
-        exp2_fma: 0,
     };
     if !d.is_multiple_of(16) {
         return None;
@@ -249,7 +244,7 @@ pub const fn hopper_value_config_of(d: u32, dv: u32) -> HopperConfig {
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements; "hgrid3"
 /// exists for the tests (many tiles per block).
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 15] = [
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 12] = [
     // The scaled softmax (scale first, maximum, exponentials; O rescaled every step).
     (
         "hscaled",
@@ -334,20 +329,7 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 15] = [
     // the other.
     ("h64", without_overlap(192)),
     ("h64", without_overlap(256)),
-    // A quarter and a half of the exponentials on the FMA pipe.
-    ("hfma2", with_exp2_fma(64, 2)),
-    ("hfma4", with_exp2_fma(64, 4)),
-    ("hfma2", with_exp2_fma(128, 2)),
 ];
-
-/// The default configuration of head dimension `d` with `tiles` of every 8 n8 tiles'
-/// exponentials on the FMA pipe.
-const fn with_exp2_fma(d: u32, tiles: u32) -> HopperConfig {
-    HopperConfig {
-        exp2_fma: tiles,
-        ..hopper_config_of(d)
-    }
-}
 
 /// The default configuration of head dimension `d` with keys in steps of 64 and no overlap.
 const fn without_overlap(d: u32) -> HopperConfig {

@@ -57,27 +57,3 @@ pub fn sqrt(x: f32) -> f32 {
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     a.mul_add(b, c)
 }
-
-/// `a + b` rounded towards -inf (`add.rm.f32`): the nearest sum, one step down where the exact
-/// sum (its rounding error by TwoSum) lies below it.
-#[inline(always)]
-pub fn add_rm(a: f32, b: f32) -> f32 {
-    let r = a + b;
-    if !r.is_finite() {
-        return r;
-    }
-    let bv = r - a;
-    let av = r - bv;
-    let err = (a - av) + (b - bv);
-    if err < 0.0 { r.next_down() } else { r }
-}
-
-/// The larger of `a` and `b`, NaN if either is NaN (`max.NaN.f32`).
-#[inline(always)]
-pub fn max_nan(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        f32::NAN
-    } else {
-        a.max(b)
-    }
-}

@@ -67,31 +67,6 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     r
 }
 
-/// `a + b` rounded towards -inf (`add.rm.f32`; subnormals kept).
-#[inline(always)]
-pub fn add_rm(a: f32, b: f32) -> f32 {
-    let r: f32;
-    // SAFETY: register-only arithmetic.
-    unsafe {
-        asm!("add.rm.f32 {0}, {1}, {2};", out(reg32) r, in(reg32) a, in(reg32) b,
-             options(pure, nomem, nostack))
-    };
-    r
-}
-
-/// The larger of `a` and `b`, NaN if either is NaN (`max.NaN.f32`; `f32::max` returns the
-/// other operand).
-#[inline(always)]
-pub fn max_nan(a: f32, b: f32) -> f32 {
-    let r: f32;
-    // SAFETY: register-only arithmetic.
-    unsafe {
-        asm!("max.NaN.f32 {0}, {1}, {2};", out(reg32) r, in(reg32) a, in(reg32) b,
-             options(pure, nomem, nostack))
-    };
-    r
-}
-
 /// sqrt(x), correctly rounded (`sqrt.rn.f32`).
 #[inline(always)]
 pub fn sqrt(x: f32) -> f32 {

@@ -222,49 +222,12 @@ fn rescale_o<const MT: usize, const DT: usize>(
 /// Levels of the row-sum tree of [`softmax_folded_p`]: up to 32 n8 tiles per step.
 const TREE_LEVELS: u32 = 5;
 
-/// Coefficients `c_1, c_2, c_3` of `p(f) = 1 + c_1 f + c_2 f^2 + c_3 f^3`, the minimax
-/// approximation of `2^f` on `[0, 1)` in relative error: at most 8.6e-5 evaluated in f32 (a
-/// tenth of bf16's rounding of P, 2^-9). Found by a Remez exchange; FlashAttention-4's
-/// software exponential is of the same degree.
-const EXP2_POLY: [f32; 3] = [0.695_116_76, 0.227_645, 0.077_067_04];
-
-/// 1.5 * 2^23: `x + EXP2_ROUND` rounded down holds `floor(x)` in its low mantissa bits (for
-/// `|x| < 2^22`), and subtracting it again gives `floor(x)` exactly.
-const EXP2_ROUND: f32 = 12_582_912.0;
-
-/// `2^x` on the FMA pipe (FlashAttention-4's software exponential), for `x < 128`:
-/// `2^floor(x) p(x - floor(x))` with [`EXP2_POLY`], the power of two built from the bits of
-/// `floor(x)`. Relative error at most 8.6e-5; `x <= -127` (and -inf) gives exactly 0, NaN gives
-/// NaN (as `ex2.approx.ftz`, which also flushes the results below 2^-126 that this returns as
-/// 0 or as the normal `2^-126 p`). Nine instructions: seven on the FMA pipe, two (the
-/// NaN-propagating clamp, the exponent's shift and add) on the ALU, none on the XU, where `ex2`
-/// runs at an eighth of the FMA pipe's rate: the exponentials of a softmax step split between
-/// the two (`FMA_TILES` of [`softmax_folded_p`]) leave the XU less of each step.
-#[inline(always)]
-pub(super) fn exp2_fma(x: f32) -> f32 {
-    let x = math::max_nan(x, -127.0);
-    let r = math::add_rm(x, EXP2_ROUND);
-    let f = x - (r - EXP2_ROUND);
-    let [c1, c2, c3] = EXP2_POLY;
-    let p = math::fma(math::fma(math::fma(c3, f, c2), f, c1), f, 1.0);
-    // floor(x) + 127 in the exponent field: 0.0 for floor(x) = -127 (the bits of
-    // `EXP2_ROUND` above the low 9 shift out).
-    let scale = f32::from_bits((r.to_bits() << 23).wrapping_add(0x3f80_0000));
-    p * scale
-}
-
 /// The second half of the folded softmax: `s` (raw logits) turned into
 /// `p = exp2(s scale_log2 - reference)` in one FFMA, or (`SCALED_FIRST`, a step with huge
 /// maxima, see [`softmax_folded_rescale`]) with the product rounded first; then the row sums
-/// (pairwise). `FMA_TILES` of every 8 n8 tiles take their exponentials from [`exp2_fma`], the
-/// others from `ex2` (the XU).
+/// (pairwise).
 #[inline(always)]
-pub(super) fn softmax_folded_p<
-    const MT: usize,
-    const NT: usize,
-    const SCALED_FIRST: bool,
-    const FMA_TILES: u32,
->(
+pub(super) fn softmax_folded_p<const MT: usize, const NT: usize, const SCALED_FIRST: bool>(
     s: &mut [[[f32; 4]; NT]; MT],
     row_max: &[[f32; 2]; MT],
     row_sum: &mut [[f32; 2]; MT],
@@ -280,11 +243,7 @@ pub(super) fn softmax_folded_p<
                     } else {
                         math::fma(s[mt][j][e], scale_log2, -r)
                     };
-                    s[mt][j][e] = if (j as u32) % 8 < FMA_TILES {
-                        exp2_fma(x)
-                    } else {
-                        math::exp2(x)
-                    };
+                    s[mt][j][e] = math::exp2(x);
                 }
             }
         }
@@ -309,50 +268,5 @@ pub(super) fn softmax_folded_p<
             }
             row_sum[mt][h] += pairs[0];
         }
-    }
-}
-
-/// [`exp2_fma`] over the emulated device layer (the same code; `add.rm` and `max.NaN`
-/// emulated), against f64.
-#[cfg(test)]
-mod tests {
-    use super::exp2_fma;
-
-    #[test]
-    fn exp2_fma_within_its_bound() {
-        let mut worst = 0.0f64;
-        // Every 2^-12 from -126 to 16, and the integers (exact: p(0) = 1).
-        let mut i = -126 * 4096;
-        while i < 16 * 4096 {
-            let x = i as f32 / 4096.0;
-            let (got, want) = (exp2_fma(x) as f64, (x as f64).exp2());
-            worst = worst.max((got - want).abs() / want);
-            if i % 4096 == 0 {
-                assert_eq!(got, want, "2^{x}");
-            }
-            i += 1;
-        }
-        // Just below the integers (the rounding down of tiny negative x) and odd values.
-        for x in [
-            -1e-30f32,
-            -1e-7,
-            -0.999_999_9,
-            -5.000_001,
-            3.999_999_8,
-            0.5,
-            -0.5,
-        ] {
-            let (got, want) = (exp2_fma(x) as f64, (x as f64).exp2());
-            worst = worst.max((got - want).abs() / want);
-        }
-        println!("exp2_fma: largest relative error {worst:.3e}");
-        assert!(worst <= 8.6e-5, "relative error {worst:.3e} > 8.6e-5");
-        for x in [-127.0f32, -200.0, -1e30, f32::NEG_INFINITY] {
-            assert_eq!(exp2_fma(x).to_bits(), 0, "2^{x} must be +0");
-        }
-        assert!(exp2_fma(f32::NAN).is_nan());
-        // (-127, -126): 0 or the normal 2^-126 p, never a subnormal.
-        let y = exp2_fma(-126.5);
-        assert!(y == 0.0 || y >= f32::MIN_POSITIVE, "2^-126.5 gave {y:e}");
     }
 }

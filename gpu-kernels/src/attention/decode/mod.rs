@@ -244,9 +244,9 @@ unsafe fn decode<
                 // and the sums rescaled only when a row's maximum grows past the threshold).
                 let (m, l) = (&mut row_max, &mut row_sum);
                 if softmax_folded_rescale::<1, 2, DT>(&s, &mut o, m, l, p.scale_log2, true) {
-                    softmax_folded_p::<1, 2, true, 0>(&mut s, m, l, p.scale_log2);
+                    softmax_folded_p::<1, 2, true>(&mut s, m, l, p.scale_log2);
                 } else {
-                    softmax_folded_p::<1, 2, false, 0>(&mut s, m, l, p.scale_log2);
+                    softmax_folded_p::<1, 2, false>(&mut s, m, l, p.scale_log2);
                 }
                 // SAFETY: as for K.
                 unsafe { pv::<E, D, 1, DT, DK, 2, 1, false>(&w, &s, &mut o, v_s(stage) + slice) };

@@ -300,7 +300,6 @@ macro_rules! consume_tiles {
                         BN,
                         MODE,
                         CAPSINK,
-                        FMA_TILES,
                     >(&rows, &mut s, n0, &mut row_max, &mut row_sum);
                     if let Some(correction) = correction {
                         $crate::attention::hopper::softmax::rescale(&mut o, correction);
@@ -332,7 +331,7 @@ macro_rules! consume_tiles {
                     first
                 );
                 // O is still 0: the first factor does not matter.
-                $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE, CAPSINK, FMA_TILES>(
+                $crate::attention::hopper::softmax::softmax_step::<SR, NT, BN, MODE, CAPSINK>(
                     &rows,
                     &mut s,
                     nb_lo * BN,
@@ -380,7 +379,6 @@ macro_rules! consume_tiles {
                         BN,
                         MODE,
                         CAPSINK,
-                        FMA_TILES,
                     >(&rows, &mut s_next, n0, &mut row_max, &mut row_sum);
                     // SAFETY: whole warpgroup.
                     unsafe { $crate::arch::wgmma::wait_group::<0>() };

@@ -55,7 +55,6 @@ macro_rules! fp8_kernel {
                         false,
                         false,
                         true,
-                        { CFG.exp2_fma },
                     >(
                         &p,
                         &CFG,
@@ -101,18 +100,6 @@ fp8_kernel!(
     FP8_KERNELS[4].cfg,
     m64n256k32_e4m3_rs,
     fence_operands_128
-);
-fp8_kernel!(
-    "attention_fwd_hopper_fp8_d128_hfma2",
-    FP8_KERNELS[5].cfg,
-    m64n128k32_e4m3_rs,
-    fence_operands_64
-);
-fp8_kernel!(
-    "attention_fwd_hopper_fp8_d128_hfma4",
-    FP8_KERNELS[6].cfg,
-    m64n128k32_e4m3_rs,
-    fence_operands_64
 );
 
 /// V `[batch, seq_k, heads_kv, D]` to `V^T` `[batch, heads_kv, D, seq_pad]`, keys permuted within

@@ -135,7 +135,7 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 /// the softcap and sinks of `HopperParams::logits` (`super::logits`), `VARLEN` packed sequences
 /// (`HopperParams::cu_seqlens_q`), `FP8` e4m3 inputs (`kernel_abi::attention::fp8`: k32
 /// slices, so `NK = block_n / 32` and `DK = D / 32`; V's map describes `V^T`; `E` is then the
-/// output's bf16), `FMA_TILES` the exponentials on the FMA pipe (`HopperConfig::exp2_fma`). The `wgmma` shapes come in as functions so one body serves every head
+/// output's bf16). The `wgmma` shapes come in as functions so one body serves every head
 /// dimension and type.
 ///
 /// # Safety
@@ -159,7 +159,6 @@ unsafe fn forward<
     const CAPSINK: bool,
     const VARLEN: bool,
     const FP8: bool,
-    const FMA_TILES: u32,
 >(
     p: &HopperParams,
     cfg: &HopperConfig,
@@ -319,7 +318,6 @@ macro_rules! hopper_kernel {
                         $capsink,
                         $varlen,
                         false,
-                        { CFG.exp2_fma },
                     >(
                         &p,
                         &CFG,
@@ -674,34 +672,4 @@ hopper_kernel!(
     fence_operands_32,
     m64n256k16_bf16_rs,
     fence_operands_128
-);
-hopper_kernel!(
-    "attention_fwd_hopper_bf16_d64_hfma2",
-    Bf16,
-    HOPPER_VARIANTS[12].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    "attention_fwd_hopper_bf16_d64_hfma4",
-    Bf16,
-    HOPPER_VARIANTS[13].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n64k16_bf16_rs,
-    fence_operands_32
-);
-hopper_kernel!(
-    "attention_fwd_hopper_bf16_d128_hfma2",
-    Bf16,
-    HOPPER_VARIANTS[14].1,
-    m64n128k16_bf16_ss_zero,
-    m64n128k16_bf16_ss,
-    fence_operands_64,
-    m64n128k16_bf16_rs,
-    fence_operands_64
 );

@@ -15,9 +15,7 @@ use kernel_abi::attention::{FP8_RESCALE_THRESHOLD, RESCALE_THRESHOLD, Softmax};
 /// once O is not in use by a product). The folded modes are the `mma.sync` path's
 /// ([`softmax_folded_max`], [`softmax_folded_p`]): the accumulator layout of a
 /// `wgmma` m64 tile is, per warp, that of `NT = BN / 8` m16n8 tiles. With `CAPSINK` the raw
-/// products are soft-capped first ([`super::super::logits::softcap`]). In the folded modes
-/// `FMA_TILES` of every 8 n8 tiles take their exponentials on the FMA pipe
-/// ([`softmax_folded_p`]; `HopperConfig::exp2_fma`).
+/// products are soft-capped first ([`super::super::logits::softcap`]).
 #[inline(always)]
 pub(super) fn softmax_step<
     const SR: usize,
@@ -25,7 +23,6 @@ pub(super) fn softmax_step<
     const BN: u32,
     const MODE: u32,
     const CAPSINK: bool,
-    const FMA_TILES: u32,
 >(
     r: &Rows,
     s: &mut [f32; SR],
@@ -61,9 +58,9 @@ pub(super) fn softmax_step<
     let (huge, rescale) =
         softmax_folded_max::<1, NT>(tiles, m, l, r.scale_log2, lazy, threshold, &mut correction);
     if huge {
-        softmax_folded_p::<1, NT, true, FMA_TILES>(tiles, m, l, r.scale_log2);
+        softmax_folded_p::<1, NT, true>(tiles, m, l, r.scale_log2);
     } else {
-        softmax_folded_p::<1, NT, false, FMA_TILES>(tiles, m, l, r.scale_log2);
+        softmax_folded_p::<1, NT, false>(tiles, m, l, r.scale_log2);
     }
     rescale.then_some(correction[0])
 }

@@ -249,11 +249,11 @@ unsafe fn forward<
                     // The exponentials and P V in one basic block per branch, so that ptxas
                     // interleaves the MUFU and the tensor-core work.
                     if huge {
-                        softmax_folded_p::<MT, NT, true, 0>(&mut s, m, l, c);
+                        softmax_folded_p::<MT, NT, true>(&mut s, m, l, c);
                         // SAFETY: as for K above.
                         unsafe { pv::<E, DV, MT, DT, DVK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
                     } else {
-                        softmax_folded_p::<MT, NT, false, 0>(&mut s, m, l, c);
+                        softmax_folded_p::<MT, NT, false>(&mut s, m, l, c);
                         // SAFETY: as for K above.
                         unsafe { pv::<E, DV, MT, DT, DVK, NT, NK, PF>(&w, &s, &mut o, v_s(stage)) };
                     }
