@@ -1,8 +1,9 @@
 //! Attention: random inputs and whole forward and backward passes on the GPU, for the tests and
 //! benchmarks.
 
-use kernels::attention::{self, AttentionElem, AttentionProblem, View};
+use kernels::attention::{self, AttentionElem, AttentionProblem, AttentionTensors, Target, View};
 use kernels::data::rng;
+use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Gpu, Result};
 use rand::Rng;
@@ -26,7 +27,9 @@ pub fn random_inputs<T: AttentionElem>(
 }
 
 /// The forward pass of `p` on the GPU with contiguous tensors (outputs poisoned before the
-/// launch), the default kernels or the tuning variant `variant`; returns O and LSE.
+/// launch), the default kernels or the tuning variant `variant`; returns O and LSE. A variant
+/// whose blocks draw their tiles at run time (`HopperGrid::Dynamic`) gets a tile counter, which
+/// must be zero again after the launch.
 pub fn device_forward<T: AttentionElem>(
     g: &Gpu,
     p: &AttentionProblem,
@@ -43,8 +46,41 @@ pub fn device_forward<T: AttentionElem>(
         View::contiguous(&dv, p.v_shape()),
     );
     let mut ov = View::contiguous(&dout, p.o_shape());
-    attention::forward_variant(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse, variant)?;
+    let scheduled = variant
+        .and_then(|v| kernel_abi::attention::hopper_variant(p.head_dim as u32, v))
+        .is_some_and(|c| c.grid.scheduled());
+    if !scheduled {
+        attention::forward_variant(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse, variant)?;
+        g.sync(&stream, "attention forward")?;
+        return Ok((download(&dout)?, download(&dlse)?));
+    }
+    let counter = upload(&[0u32])?;
+    let tensors = AttentionTensors {
+        q: qv,
+        k: kv,
+        v: vv,
+        o: ov,
+        lse: (&dlse).into(),
+        sinks: None,
+    };
+    let mut plan = p.plan(Target::of(g), &tensors, variant)?;
+    plan.set_tile_counter((&counter).into())?;
+    // SAFETY: every tensor and the counter live until the synchronization below; O and LSE are
+    // fresh buffers; nothing else uses the counter.
+    unsafe {
+        plan.run(&OnStream {
+            gpu: g,
+            stream: &stream,
+        })?
+    };
     g.sync(&stream, "attention forward")?;
+    let left = download(&counter)?[0];
+    if left != 0 {
+        return Err(kernels::Error::invalid(
+            "tile counter",
+            format!("{left} after the launch (must be 0 again)"),
+        ));
+    }
     Ok((download(&dout)?, download(&dlse)?))
 }
 

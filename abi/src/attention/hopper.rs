@@ -73,6 +73,20 @@ pub enum HopperGrid {
     PerTile,
     /// This many blocks at most (tests: many tiles per block).
     Blocks(u32),
+    /// One block per multiprocessor (at most one per tile), whose blocks draw their tiles at
+    /// run time from [`HopperParams::tile_counter`] in the order of the tile index (a scheduler
+    /// warp and a handoff in shared memory, as the packed kernels): a block takes its next
+    /// tile when it is done with one, whatever the mask. Without a counter, the static
+    /// round-robin of [`HopperGrid::PerSm`].
+    Dynamic,
+}
+
+impl HopperGrid {
+    /// Whether the kernel's blocks take their tiles from a scheduler warp.
+    #[inline(always)]
+    pub const fn scheduled(self) -> bool {
+        matches!(self, HopperGrid::Dynamic)
+    }
 }
 
 impl HopperConfig {
@@ -244,7 +258,7 @@ pub const fn hopper_value_config_of(d: u32, dv: u32) -> HopperConfig {
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements; "hgrid3"
 /// exists for the tests (many tiles per block).
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 12] = [
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 14] = [
     // The scaled softmax (scale first, maximum, exponentials; O rescaled every step).
     (
         "hscaled",
@@ -329,7 +343,18 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 12] = [
     // the other.
     ("h64", without_overlap(192)),
     ("h64", without_overlap(256)),
+    // Tiles drawn at run time by a persistent grid, whatever the mask.
+    ("hdyn", dynamic(64)),
+    ("hdyn", dynamic(128)),
 ];
+
+/// The default configuration of head dimension `d` on the grid of [`HopperGrid::Dynamic`].
+const fn dynamic(d: u32) -> HopperConfig {
+    HopperConfig {
+        grid: HopperGrid::Dynamic,
+        ..hopper_config_of(d)
+    }
+}
 
 /// The default configuration of head dimension `d` with keys in steps of 64 and no overlap.
 const fn without_overlap(d: u32) -> HopperConfig {
@@ -445,8 +470,8 @@ pub struct HopperParams {
     /// Batch size.
     pub batch: u32,
     /// Tiles (`num_m_blocks * heads_q * batch`, below 2^31); block `b` of the grid computes
-    /// tiles `b`, `b + grid`, `b + 2 grid`, ... (the packed kernels with a `tile_counter`:
-    /// the tiles it draws); the grid is at most `num_tiles` blocks.
+    /// tiles `b`, `b + grid`, `b + 2 grid`, ... (with a `tile_counter`: the tiles it draws);
+    /// the grid is at most `num_tiles` blocks.
     pub num_tiles: u32,
     /// Softcap and sinks (read by the `capsink` kernels only).
     pub logits: LogitOptions,
@@ -470,8 +495,9 @@ pub struct HopperParams {
     /// Factor of O before it is stored: V's descale in the FP8 kernels ([`fp8`]), unused by
     /// the others (1).
     pub o_scale: f32,
-    /// The tile counter of the packed kernels' dynamic persistent grid (`varlen` only; null for
-    /// one block per tile or for the dense kernels): a u32 in global memory, zero when the
+    /// The tile counter of the dynamic persistent grid (the `varlen` kernels and the dense
+    /// kernels of [`HopperGrid::Dynamic`]; null for one block per tile, for the other dense
+    /// kernels, or for a static order): a u32 in global memory, zero when the
     /// launch starts and used by no other launch while it runs. Block `b` computes tile `b`
     /// first, then tiles `grid + r` for the values `r` it draws from the counter
     /// (`atom.add`), until one reaches `num_tiles`; the block that draws `num_tiles - 1` (the

@@ -264,6 +264,18 @@ macro_rules! hopper_table {
                 HOPPER_VARIANTS[11].1,
                 Some(HOPPER_VARIANTS[11].0),
             ),
+            hopper(
+                "attention_fwd_hopper_bf16_d64_hdyn",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[12].1,
+                Some(HOPPER_VARIANTS[12].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_bf16_d128_hdyn",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[13].1,
+                Some(HOPPER_VARIANTS[13].0),
+            ),
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_bf16_d", $d), Dtype::Bf16, $d),)*
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_f16_d", $d), Dtype::F16, $d),)*
         ]

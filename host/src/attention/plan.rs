@@ -532,6 +532,34 @@ impl AttentionPlan {
         }
     }
 
+    /// Give the plan of a kernel of [`HopperGrid::Dynamic`] the tile counter its blocks draw
+    /// their tiles from ([`HopperParams::tile_counter`]: one u32, zero, left zero by the launch;
+    /// [`AttentionPlan::run`] says for how long it must stay live and unshared). Without one the
+    /// blocks take their tiles in a static round-robin. An error on a plan of another kernel or
+    /// for a counter of another length.
+    pub fn set_tile_counter(&mut self, counter: DevView<'_, u32>) -> Result<()> {
+        let AttentionPlan::Hopper { kernel, params, .. } = self else {
+            return Err(Error::invalid(
+                "tile counter",
+                "the mma.sync path takes no tile counter",
+            ));
+        };
+        if !kernel.cfg.grid.scheduled() {
+            return Err(Error::invalid(
+                "tile counter",
+                format!(
+                    "kernel {} takes its tiles in a static order",
+                    kernel.kernel.info().name
+                ),
+            ));
+        }
+        if counter.len() != 1 {
+            return Err(Error::shape("tile counter", "1 element", counter.len()));
+        }
+        params.tile_counter = counter.addr() as *mut u32;
+        Ok(())
+    }
+
     /// The Hopper path's launch with the tensor maps encoded (needs the driver); `None` on the
     /// `mma.sync` path.
     pub fn hopper_launch(&self) -> Result<Option<Launch<HopperParams>>> {
@@ -575,7 +603,7 @@ pub(in crate::attention) fn hopper_grid(
     let cap = match cfg.grid {
         HopperGrid::Auto if uniform => multiprocessors.max(1),
         HopperGrid::Auto | HopperGrid::PerTile => u32::MAX,
-        HopperGrid::PerSm => multiprocessors.max(1),
+        HopperGrid::PerSm | HopperGrid::Dynamic => multiprocessors.max(1),
         HopperGrid::Blocks(n) => n,
     };
     (tiles.min(cap).max(1), 1, 1)

@@ -14,7 +14,8 @@ impl AttentionPlan {
     ///
     /// # Safety
     /// The tensors the plan was made for are live memory of `exec` for the whole run, and O and
-    /// LSE overlap neither each other nor the inputs.
+    /// LSE overlap neither each other nor the inputs; so is the tile counter of
+    /// [`AttentionPlan::set_tile_counter`], if given, and no other launch uses it meanwhile.
     pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
         match self {
             AttentionPlan::MmaSync { launch, .. } => {

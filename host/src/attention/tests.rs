@@ -350,12 +350,37 @@ fn hopper_grid_maps_and_parameters() {
     assert_eq!(grid(&causal, Some("hstatic")), (SMS, 1, 1));
     assert_eq!(grid(&p, Some("hnp")), (tiles, 1, 1));
     assert_eq!(grid(&p, Some("hgrid3")), (3, 1, 1));
+    assert_eq!(grid(&causal, Some("hdyn")), (SMS, 1, 1));
+    assert_eq!(grid(&window, Some("hdyn")), (SMS, 1, 1));
     // Fewer tiles than multiprocessors: one block per tile.
     let small = AttentionProblem::new(1, 129, 5, 2, 1, 64, Dtype::Bf16);
     let AttentionPlan::Hopper { grid, .. } = plan(&small, Arch::Sm90a, None).unwrap() else {
         panic!("not the Hopper path")
     };
     assert_eq!(grid, (4, 1, 1));
+
+    // The dynamic grid's plan takes a tile counter of one element; the others take none.
+    let mut dynamic = plan(&causal, Arch::Sm90a, Some("hdyn")).unwrap();
+    check(&dynamic, Arch::Sm90a);
+    let counter = |plan: &AttentionPlan| match plan {
+        AttentionPlan::Hopper { params, .. } => params.tile_counter as u64,
+        AttentionPlan::MmaSync { .. } => panic!("not the Hopper path"),
+    };
+    assert_eq!(counter(&dynamic), 0);
+    dynamic.set_tile_counter(dev(9 << 40, 1)).unwrap();
+    assert_eq!(counter(&dynamic), 9 << 40);
+    let err = dynamic.set_tile_counter(dev(10 << 40, 2)).unwrap_err();
+    assert!(err.to_string().contains("tile counter"), "{err}");
+    assert_eq!(counter(&dynamic), 9 << 40, "unchanged by a refused counter");
+    for (arch, variant) in [
+        (Arch::Sm90a, None),
+        (Arch::Sm90a, Some("hstatic")),
+        (Arch::Sm80, None),
+    ] {
+        let mut other = plan(&causal, arch, variant).unwrap();
+        let err = other.set_tile_counter(dev(9 << 40, 1)).unwrap_err();
+        assert!(err.to_string().contains("tile counter"), "{err}");
+    }
 
     let h = plan(&causal, Arch::Sm90a, None).unwrap();
     check(&h, Arch::Sm90a);

@@ -147,11 +147,11 @@ pub(super) use pv_step;
 /// The consumer's loop over the block's tiles, with the epilogue of each: every thread of
 /// consumer warpgroup `$wg` (1 or 2) expands it once, after the mbarriers were initialized
 /// and published and its registers were raised. `$p`: the kernel's `&HopperParams`; `$cfg`:
-/// its `&HopperConfig`; `$handoff`: the `scheduler::Handoff` of the packed kernels' tiles
-/// (`VARLEN`); then per operand its
+/// its `&HopperConfig`; `$handoff`: the `scheduler::Handoff` of the scheduled kernels' tiles
+/// (`SCHEDULED`); then per operand its
 /// shared memory and its `full` and `empty` mbarriers (the Q tile `$q_s` with `$q_full`,
 /// `$q_empty`; the closures of ring slot `s` for K and V); then the `wgmma` shapes and operand fences of S and O. `E`, `BN`, `STAGES`, `SR`,
-/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE`, `CAPSINK`, `VARLEN` and `FP8` are the kernel's
+/// `OR`, `NT`, `NK`, `DK`, `OVERLAP`, `PINGPONG`, `MODE`, `CAPSINK`, `VARLEN`, `FP8` and `SCHEDULED` are the kernel's
 /// parameters (see [`super::forward`]).
 macro_rules! consume_tiles {
     (
@@ -210,7 +210,7 @@ macro_rules! consume_tiles {
         let (mut tile_idx, mut seq, mut taken) =
             ($crate::arch::index::block_idx_x(), 0u32, 0u32);
         loop {
-            if VARLEN {
+            if SCHEDULED {
                 // SAFETY: every consumer thread is a taker and takes every tile to the end.
                 (tile_idx, seq) = unsafe { $handoff.take(taken, $p.num_tiles) };
                 taken += 1;
@@ -237,7 +237,7 @@ macro_rules! consume_tiles {
                 q0,
                 ..
             } = tile;
-            if !VARLEN {
+            if !SCHEDULED {
                 tile_idx += $crate::arch::index::grid_dim_x();
             }
             // The dense kernels read the lengths from the parameters where they use them.

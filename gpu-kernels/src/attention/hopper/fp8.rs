@@ -55,6 +55,7 @@ macro_rules! fp8_kernel {
                         false,
                         false,
                         true,
+                        { CFG.grid.scheduled() },
                     >(
                         &p,
                         &CFG,

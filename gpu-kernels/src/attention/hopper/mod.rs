@@ -29,7 +29,8 @@
 //! # Thread mapping
 //! 384 threads. Warpgroup 0 produces: it drops to `HOPPER_PRODUCER_REGS` registers, and its
 //! thread 0 issues the TMA loads (Q once, then K and V of each step, K one step ahead); in the
-//! packed kernels its warp 1 schedules the tiles ([`scheduler::schedule`]).
+//! packed kernels and those of `HopperGrid::Dynamic` its warp 1 schedules the tiles
+//! ([`scheduler::schedule`]).
 //! Warpgroups 1 and 2 consume (`HOPPER_CONSUMER_REGS` registers): consumer `c` owns query rows `64 c .. 64 c + 64`
 //! of the block; per step it issues `wgmma.m64n{block_n}k16` for S (`block_n / 2` f32
 //! registers), does the online softmax on its accumulators (a row is held by the 4 lanes of a
@@ -38,8 +39,8 @@
 //!
 //! # Barrier protocol
 //! - Start: thread 0 initializes `q_full`, `q_empty`, `full_k[s]`, `full_v[s]` (count 1) and
-//!   `empty_k[s]`, `empty_v[s]` (count 8: one arrival per consumer warp) and, in the packed
-//!   kernels, the handoff's barriers, `fence.mbarrier_init`,
+//!   `empty_k[s]`, `empty_v[s]` (count 8: one arrival per consumer warp) and, in the scheduled
+//!   kernels (`SCHEDULED`), the handoff's barriers, `fence.mbarrier_init`,
 //!   then `sync_threads` publishes them. The warpgroups never meet at a block barrier again.
 //! - `q_full` / `q_empty` (counts 1 / 8), phase `k` for the block's `k`-th tile with a step
 //!   (tiles without one load nothing, on both sides): the producer waits until `q_empty`
@@ -77,9 +78,10 @@
 //!   No wait on the rings happens between a sync and its arrival, and the producer issues the
 //!   tiles in the order both consumers read them (each tile it waits for was released by both
 //!   consumers at an earlier batch), so the turns cannot deadlock with the rings.
-//! - Packed kernels: the producer's thread and the consumers take each tile from the
-//!   scheduler warp through [`scheduler::Handoff`] (its own protocol), in the same order, so
-//!   they walk the same tiles as the dense kernels' `b, b + grid, ...`.
+//! - Scheduled kernels (the packed ones, and the dense ones of `HopperGrid::Dynamic`): the
+//!   producer's thread and the consumers take each tile from the scheduler warp through
+//!   [`scheduler::Handoff`] (its own protocol), in the same order, so they walk the same tiles
+//!   as the other kernels' `b, b + grid, ...` walk theirs.
 //! - Accumulator registers are pinned around every `wgmma.wait_group` (`fence_operands`) and a
 //!   `wgmma.fence` precedes every `wgmma` batch whose accumulators ordinary instructions wrote
 //!   (the O rescale).
@@ -135,7 +137,8 @@ const CONSUMER_WARPS: u32 = HOPPER_CONSUMERS * WARPGROUP_SIZE / 32;
 /// the softcap and sinks of `HopperParams::logits` (`super::logits`), `VARLEN` packed sequences
 /// (`HopperParams::cu_seqlens_q`), `FP8` e4m3 inputs (`kernel_abi::attention::fp8`: k32
 /// slices, so `NK = block_n / 32` and `DK = D / 32`; V's map describes `V^T`; `E` is then the
-/// output's bf16). The `wgmma` shapes come in as functions so one body serves every head
+/// output's bf16), `SCHEDULED` the tiles drawn by a scheduler warp (`VARLEN`, or the grid of
+/// `HopperGrid::Dynamic`). The `wgmma` shapes come in as functions so one body serves every head
 /// dimension and type.
 ///
 /// # Safety
@@ -159,6 +162,7 @@ unsafe fn forward<
     const CAPSINK: bool,
     const VARLEN: bool,
     const FP8: bool,
+    const SCHEDULED: bool,
 >(
     p: &HopperParams,
     cfg: &HopperConfig,
@@ -179,6 +183,7 @@ unsafe fn forward<
                 && NK as u32 * k == BN
                 && DK as u32 * k == D
                 && (!FP8 || (BN == 128 && !CAPSINK && !VARLEN))
+                && (!VARLEN || SCHEDULED)
         )
     };
     let [tmap_q, tmap_k, tmap_v] = tmaps;
@@ -233,7 +238,7 @@ unsafe fn forward<
                 empty_k(s).init(CONSUMER_WARPS);
                 empty_v(s).init(CONSUMER_WARPS);
             }
-            if VARLEN {
+            if SCHEDULED {
                 handoff.init(kernel_abi::attention::HOPPER_HANDOFF_TAKERS);
             }
         }
@@ -252,9 +257,9 @@ unsafe fn forward<
                 k: (k_s, full_k, empty_k),
                 v: (v_s, full_v, empty_v)
             );
-        } else if VARLEN && index::warp_id() == 1 {
+        } else if SCHEDULED && index::warp_id() == 1 {
             // SAFETY: every lane of warp 1, uniformly; the handoff's barriers are published.
-            unsafe { scheduler::schedule(p, handoff) };
+            unsafe { scheduler::schedule::<VARLEN>(p, handoff) };
         }
         return;
     }
@@ -318,6 +323,7 @@ macro_rules! hopper_kernel {
                         $capsink,
                         $varlen,
                         false,
+                        { CFG.grid.scheduled() || $varlen },
                     >(
                         &p,
                         &CFG,
@@ -672,4 +678,24 @@ hopper_kernel!(
     fence_operands_32,
     m64n256k16_bf16_rs,
     fence_operands_128
+);
+hopper_kernel!(
+    "attention_fwd_hopper_bf16_d64_hdyn",
+    Bf16,
+    HOPPER_VARIANTS[12].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    "attention_fwd_hopper_bf16_d128_hdyn",
+    Bf16,
+    HOPPER_VARIANTS[13].1,
+    m64n128k16_bf16_ss_zero,
+    m64n128k16_bf16_ss,
+    fence_operands_64,
+    m64n128k16_bf16_rs,
+    fence_operands_64
 );

@@ -9,12 +9,12 @@
 /// The producer's loop over the block's tiles (thread 0 only, once, after the mbarriers were
 /// initialized and published). `$p`: the kernel's `&HopperParams`; `$cfg`: its
 /// `&HopperConfig`; `($cblocks, $v_cblocks)`: the column blocks of a Q or K tile and of a V
-/// tile; `$handoff`: the `scheduler::Handoff` the packed kernels (`VARLEN`) take their tiles
+/// tile; `$handoff`: the `scheduler::Handoff` the scheduled kernels (`SCHEDULED`) take their tiles
 /// and sequences from; the tensor maps of Q, K and V;
 /// then per operand its shared memory and its `full` and `empty` mbarriers: the Q tile
 /// `$q_s` with `$q_full`, `$q_empty`, and the closures of ring slot `s`: `$k_s(s)`,
-/// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES`, `OVERLAP`, `VARLEN` and
-/// `FP8` are the kernel's const parameters (with `FP8` V's map describes `V^T`,
+/// `$full_k(s)`, `$empty_k(s)` and likewise for V. `BN`, `STAGES`, `OVERLAP`, `VARLEN`, `FP8`
+/// and `SCHEDULED` are the kernel's const parameters (with `FP8` V's map describes `V^T`,
 /// `kernel_abi::attention::fp8`). Packed sequences (`VARLEN`): a box reaching past a sequence's
 /// rows loads the next sequence's (or, past the tensor, zeros): its key rows are masked, its
 /// query rows computed and not stored.
@@ -31,7 +31,7 @@ macro_rules! load_tiles {
         let (mut kv, mut q_iter) = (0u32, 0u32);
         let (mut t, mut seq, mut taken) = ($crate::arch::index::block_idx_x(), 0u32, 0u32);
         loop {
-            if VARLEN {
+            if SCHEDULED {
                 // SAFETY: the producer's thread is a taker and takes every tile to the end.
                 (t, seq) = unsafe { $handoff.take(taken, $p.num_tiles) };
                 taken += 1;
@@ -44,7 +44,7 @@ macro_rules! load_tiles {
                 // tile's sequence from the scheduler.
                 unsafe { $crate::attention::hopper::scheduler::tile::<BN, VARLEN>($p, t, seq) }
             };
-            if !VARLEN {
+            if !SCHEDULED {
                 t += $crate::arch::index::grid_dim_x();
             }
             if tl.steps == 0 {

@@ -12,7 +12,9 @@
 //! The packed kernels' persistent grid ([`HopperParams::tile_counter`]): the lengths differ, so
 //! the tiles are claimed at run time. One scheduler warp per block draws them and finds their
 //! sequences ([`schedule`]), and hands each to the producer and the consumers through the
-//! [`Handoff`] in shared memory, a ring of `HOPPER_HANDOFF_SLOTS` slots.
+//! [`Handoff`] in shared memory, a ring of `HOPPER_HANDOFF_SLOTS` slots. The dense kernels of
+//! `HopperGrid::Dynamic` draw theirs the same way (tiles of unequal length under a mask, taken
+//! by whichever block is free first).
 
 use crate::arch::mbarrier::Mbarrier;
 use crate::arch::smem::SmemArray;
@@ -22,7 +24,8 @@ use kernel_abi::attention::{
     HOPPER_BLOCK_M, HOPPER_HANDOFF_SLOTS, HopperParams, hopper_varlen_first_slot,
 };
 
-/// The tile handoff of the packed kernels: slot `n % HOPPER_HANDOFF_SLOTS` carries the block's
+/// The tile handoff of the scheduled kernels (`SCHEDULED`: the packed ones and those of
+/// `HopperGrid::Dynamic`): slot `n % HOPPER_HANDOFF_SLOTS` carries the block's
 /// `n`-th tile (its index and packed sequence; an index of at least `num_tiles` ends the walk).
 ///
 /// # Barrier protocol
@@ -103,22 +106,24 @@ impl Handoff {
     }
 }
 
-/// The scheduler warp of the packed kernels' persistent grid: draws the block's tiles (tile
-/// `blockIdx.x` first, then `grid + r` for each `r` drawn from `tile_counter`, or
-/// `blockIdx.x + k grid` without one; [`HopperParams::tile_counter`]), finds each one's
-/// sequence ([`packed_sequence`]) and publishes it; the first index past the tiles ends the
-/// walk. The block drawing the launch's last value (`num_tiles - 1`) resets the counter.
+/// The scheduler warp of a persistent grid whose tiles are drawn at run time (the packed
+/// kernels', `VARLEN`, and the dense kernels' of `HopperGrid::Dynamic`): draws the block's
+/// tiles (tile `blockIdx.x` first, then `grid + r` for each `r` drawn from `tile_counter`, or
+/// `blockIdx.x + k grid` without one; [`HopperParams::tile_counter`]), finds each packed
+/// tile's sequence ([`packed_sequence`]; 0 on a dense batch) and publishes it; the first index
+/// past the tiles ends the walk. The block drawing the launch's last value (`num_tiles - 1`)
+/// resets the counter.
 ///
 /// # Safety
 /// Every lane of one warp, uniformly; the handoff's barriers are initialized and published;
 /// the kernel's parameters as documented on [`HopperParams`].
 #[inline(always)]
-pub(super) unsafe fn schedule(p: &HopperParams, handoff: Handoff) {
+pub(super) unsafe fn schedule<const VARLEN: bool>(p: &HopperParams, handoff: Handoff) {
     let (lane, grid) = (index::lane_id(), index::grid_dim_x());
     let mut t = index::block_idx_x();
     let mut n = 0u32;
     loop {
-        let seq = if t < p.num_tiles {
+        let seq = if VARLEN && t < p.num_tiles {
             // SAFETY: the whole warp, uniformly; the kernel's parameters.
             unsafe { packed_sequence(p, t) }
         } else {
