@@ -137,6 +137,10 @@
 #       sanitizers on decode cases (GQA causal with splits, softcap and sinks, D 96, memcheck on
 #       adversarial tables), the Python decode check, then kbench attention-decode with its
 #       peers (FlashAttention-4's paged forward when installed under /tmp/fa4pkgs).
+#   dyn  the dense Hopper grid whose blocks draw their tiles (variant hdyn, D 64 and 128): its
+#       GPU tests with a tile counter, the dense Hopper and packed tests beside them, the four
+#       sanitizers on two of its cases, then kbench attention at D 64 and 128, S 1k-16k, with
+#       the variant (SDPA peers); DYN_STEPS picks among "tests san bench".
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -145,7 +149,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|dec2|flab
+#   detw|hvb|vdim|vbwd|dec2|flab|dyn
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -806,6 +810,33 @@ PY
     echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
     sed -n '/^== table/,$p' $L/bench.log | tail -90 >> $S
     grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
+  fi
+fi
+if [ "$part" = dyn ]; then
+  steps=" ${DYN_STEPS:-tests san bench} "
+  if [[ $steps == *" tests "* ]]; then
+    t dynt $B/bin/test-attention hopper_variant_hdyn --nocapture
+    grep -E "max \|O" $L/dynt.log | head -40 > $OUT/dyn-tests.txt
+    TT=400 t hopper $B/bin/test-attention attention/hopper
+    TT=400 t varlen $B/bin/test-attention attention_varlen/
+  fi
+  [[ $steps == *" san "* ]] && san_cases "${DYNSAN:-attention/hopper_variant_hdyn/bf16_d64_b2_sq1023_sk1024_h4x2_causal
+    attention/hopper_variant_hdyn/bf16_d128_b1_sq500_sk700_h4x4_win64_32}"
+  if [[ $steps == *" bench "* ]]; then
+    s=$(date +%s); KBENCH_ATTENTION_DIMS=${DIMS:-64,128} KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384} KBENCH_ATTENTION_VARIANTS=${VARIANTS:-hdyn} timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT > $L/bench.log 2>&1
+    echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
+    grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
+    python3 - $OUT/attention.json >> $S <<'PY'
+import json, sys
+t = {}
+for r in json.load(open(sys.argv[1]))['rows']:
+    c = r['config']
+    if r['kernel'] == 'attention_fwd' and 'dv' not in c:
+        t.setdefault((c['d'], c['seq'], c['batch'], c['causal']), {})[r['impl']] = r['tflops']
+for k in sorted(t):
+    v = t[k]; o = v.get('ours'); dy = v.get('ours-hdyn'); cu = v.get('sdpa-cudnn')
+    print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} hdyn {dy or 0:6.1f} ({(dy or 0)/o:.3f}) cudnn {cu or 0:6.1f}")
+PY
   fi
 fi
 if [ "$part" = detw ]; then

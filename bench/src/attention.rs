@@ -15,7 +15,7 @@
 //! the grid, the backward's too (the peers follow it; B = 16,
 //! S = 2048 runs only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants
 //! to time (default: all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k,
-//! 8k, 16k within the grid's sequences).
+//! 8k, 16k, or at the lengths `KBENCH_ATTENTION_SEQS` names).
 
 use crate::attention_bwd;
 use crate::config;
@@ -110,7 +110,8 @@ pub fn run(b: &mut Bench) -> Result<()> {
     } else {
         &[4096, 8192, 16384]
     };
-    let tuning_seqs = only("KBENCH_ATTENTION_SEQS", tuning_seqs, tuning_seqs)?;
+    // (any of the grid's lengths when named)
+    let tuning_seqs = only("KBENCH_ATTENTION_SEQS", tuning_seqs, &seqs)?;
     let hopper = b.gpu.arch().has_hopper_kernels();
     let tiles = TUNING_VARIANTS.iter().map(|(n, c)| (*n, c.head_dim));
     let hoppers = HOPPER_VARIANTS
