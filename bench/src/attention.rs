@@ -21,9 +21,8 @@ use crate::attention_bwd;
 use crate::config;
 use crate::harness::{Bench, Row, Tensor};
 use kernel_abi::attention::{HOPPER_VARIANTS, HopperGrid, TUNING_VARIANTS};
-use kernels::attention::{self, AttentionProblem, AttentionTensors, Dtype, Path, Target, View};
+use kernels::attention::{self, AttentionProblem, Dtype, Path, View};
 use kernels::data::{rng, uniform_bf16};
-use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
 use kernels::{Result, bf16};
 
@@ -231,43 +230,17 @@ fn one(
     let tile_variant = variant.filter(|v| *v != "mma");
     // A variant whose blocks draw their tiles at run time takes a tile counter (zero, left zero
     // by every launch).
-    let counter = tile_variant
-        .and_then(|v| kernel_abi::attention::hopper_variant(p.head_dim as u32, v))
-        .filter(|c| c.grid.scheduled())
-        .map(|_| upload(&[0u32]))
-        .transpose()?;
-    let t = b.time(|| match &counter {
-        None => attention::forward_variant(
+    let counter = kernels_testing::attention::tile_counter_for(p, tile_variant)?;
+    let t = b.time(|| {
+        kernels_testing::attention::forward_with_counter(
             &b.gpu,
             &b.stream,
             p,
-            &qv,
-            &kv,
-            &vv,
-            &mut ov,
-            &mut lse,
+            (qv, kv, vv),
+            (&mut ov, &mut lse),
             tile_variant,
-        ),
-        Some(counter) => {
-            let tensors = AttentionTensors {
-                q: qv,
-                k: kv,
-                v: vv,
-                o: ov,
-                lse: (&lse).into(),
-                sinks: None,
-            };
-            let mut plan = p.plan(Target::of(&b.gpu), &tensors, tile_variant)?;
-            plan.set_tile_counter(counter.into())?;
-            // SAFETY: the tensors and the counter live until the benchmark synchronizes; O and
-            // LSE are buffers of their own; only this stream's launches use the counter.
-            unsafe {
-                plan.run(&OnStream {
-                    gpu: &b.gpu,
-                    stream: &b.stream,
-                })
-            }
-        }
+            counter.as_ref(),
+        )
     })?;
     let o = download(&out)?;
     let err = sampled_error(p, q, k, v, &o);

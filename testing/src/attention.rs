@@ -1,11 +1,12 @@
 //! Attention: random inputs and whole forward and backward passes on the GPU, for the tests and
 //! benchmarks.
 
+use cust::stream::Stream;
 use kernels::attention::{self, AttentionElem, AttentionProblem, AttentionTensors, Target, View};
 use kernels::data::rng;
 use kernels::exec::OnStream;
 use kernels::memory::{download, poisoned, upload};
-use kernels::{Gpu, Result};
+use kernels::{DeviceBuffer, Gpu, Result};
 use rand::Rng;
 
 /// Q, K, V of `p` (contiguous; V of `p.v_dim()`), uniform in `[-range, range)` from `seed`.
@@ -46,42 +47,68 @@ pub fn device_forward<T: AttentionElem>(
         View::contiguous(&dv, p.v_shape()),
     );
     let mut ov = View::contiguous(&dout, p.o_shape());
+    let counter = tile_counter_for(p, variant)?;
+    forward_with_counter(
+        g,
+        &stream,
+        p,
+        (qv, kv, vv),
+        (&mut ov, &mut dlse),
+        variant,
+        counter.as_ref(),
+    )?;
+    g.sync(&stream, "attention forward")?;
+    if let Some(counter) = &counter {
+        let left = download(counter)?[0];
+        if left != 0 {
+            return Err(kernels::Error::invalid(
+                "tile counter",
+                format!("{left} after the launch (must be 0 again)"),
+            ));
+        }
+    }
+    Ok((download(&dout)?, download(&dlse)?))
+}
+
+/// A zero tile counter if the tuning variant `variant` of `p`'s head dimension draws its tiles
+/// at run time (`HopperGrid::Dynamic`), else none.
+pub fn tile_counter_for(
+    p: &AttentionProblem,
+    variant: Option<&str>,
+) -> Result<Option<DeviceBuffer<u32>>> {
     let scheduled = variant
         .and_then(|v| kernel_abi::attention::hopper_variant(p.head_dim as u32, v))
         .is_some_and(|c| c.grid.scheduled());
-    if !scheduled {
-        attention::forward_variant(g, &stream, p, &qv, &kv, &vv, &mut ov, &mut dlse, variant)?;
-        g.sync(&stream, "attention forward")?;
-        return Ok((download(&dout)?, download(&dlse)?));
-    }
-    let counter = upload(&[0u32])?;
+    scheduled.then(|| upload(&[0u32])).transpose()
+}
+
+/// `attention::forward_variant` on `stream` (asynchronous), with the plan given `counter`
+/// ([`tile_counter_for`]) when there is one.
+pub fn forward_with_counter<T: AttentionElem>(
+    g: &Gpu,
+    stream: &Stream,
+    p: &AttentionProblem,
+    (q, k, v): (View<T>, View<T>, View<T>),
+    (o, lse): (&mut View<T>, &mut DeviceBuffer<f32>),
+    variant: Option<&str>,
+    counter: Option<&DeviceBuffer<u32>>,
+) -> Result<()> {
+    let Some(counter) = counter else {
+        return attention::forward_variant(g, stream, p, &q, &k, &v, o, lse, variant);
+    };
     let tensors = AttentionTensors {
-        q: qv,
-        k: kv,
-        v: vv,
-        o: ov,
-        lse: (&dlse).into(),
+        q,
+        k,
+        v,
+        o: *o,
+        lse: (&*lse).into(),
         sinks: None,
     };
     let mut plan = p.plan(Target::of(g), &tensors, variant)?;
-    plan.set_tile_counter((&counter).into())?;
-    // SAFETY: every tensor and the counter live until the synchronization below; O and LSE are
-    // fresh buffers; nothing else uses the counter.
-    unsafe {
-        plan.run(&OnStream {
-            gpu: g,
-            stream: &stream,
-        })?
-    };
-    g.sync(&stream, "attention forward")?;
-    let left = download(&counter)?[0];
-    if left != 0 {
-        return Err(kernels::Error::invalid(
-            "tile counter",
-            format!("{left} after the launch (must be 0 again)"),
-        ));
-    }
-    Ok((download(&dout)?, download(&dlse)?))
+    plan.set_tile_counter(counter.into())?;
+    // SAFETY: the tensors and the counter are borrowed for the call, which enqueues the launch;
+    // O and LSE are borrowed mutably; the counter is the caller's, for this stream's launches.
+    unsafe { plan.run(&OnStream { gpu: g, stream }) }
 }
 
 /// The inputs of a backward pass (contiguous host tensors): Q, K, V, the forward's O and LSE,
