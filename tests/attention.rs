@@ -172,10 +172,16 @@ fn cases() -> Vec<Case> {
     let mut small = case(1, 129, 257, 2, 2, 128, Dtype::Bf16);
     small.range = 1e-20;
     v.push(small);
-    // f16.
+    // Causal past the dynamic grid's bound (seq_k * D = 2^19): one block per query tile.
+    let mut long_keys = case(1, 129, 8192, 2, 1, 64, Dtype::Bf16);
+    long_keys.p.causal = true;
+    v.push(long_keys);
+    // f16 (causal ones on the dynamic grid, D = 64 and 128).
     for (d, sq, sk, causal) in [
         (64, 1023, 1024, false),
+        (64, 700, 700, true),
         (128, 113, 203, true),
+        (128, 1023, 1024, true),
         (256, 239, 1, false),
     ] {
         let mut c = case(2, sq, sk, 4, 2, d, Dtype::F16);
@@ -216,8 +222,9 @@ fn main() {
         }
     }
     // More tiles than multiprocessors (216 tiles): the default grid (persistent without a
-    // mask, one block per tile under causal masking), and the persistent grid under causal
-    // masking ("hstatic": tiles of different lengths, blocks take 1 or 2).
+    // mask; under causal masking, given the tests' tile counter, the dynamic grid: tiles of
+    // different lengths drawn at run time), and the static persistent grid under causal
+    // masking ("hstatic": blocks take 1 or 2).
     for causal in [false, true] {
         let mut c = case(3, 1100, 1100, 8, 2, 128, Dtype::Bf16);
         c.p.causal = causal;
@@ -481,6 +488,7 @@ fn run_emulated(c: &Case, variant: &str) -> TestResult {
         o: View::contiguous(o.view(), p.o_shape()),
         lse: lse.view(),
         sinks: None,
+        tile_counter: None,
     };
     let what = format!("emulated {variant}: {} (seed {})", name(c), c.seed);
     // The mma.sync path: what the plan picks for sm_80 (the emulator runs those kernels).
@@ -646,6 +654,7 @@ fn raw_api(g: &Gpu) -> TestResult {
                 o,
                 lse: &lse,
                 sinks: None,
+                tile_counter: None,
             };
             // SAFETY: Q, K, V, LSE and the good O lie in live device buffers of this function,
             // synchronized below before the buffers drop; the bad O's are refused before any

@@ -141,6 +141,14 @@
 #       GPU tests with a tile counter, the dense Hopper and packed tests beside them, the four
 #       sanitizers on two of its cases, then kbench attention at D 64 and 128, S 1k-16k, with
 #       the variant (SDPA peers); DYN_STEPS picks among "tests san bench".
+#   auto the dynamic grid as the plan's choice for short causal problems given a tile counter
+#       (bf16 and f16, D 64 and 128): the dense Hopper GPU tests (each forward given a counter;
+#       the hdyn variant's among them), the packed ones, the CLI's, the reliability suite, the four
+#       sanitizers on f16 causal cases of the automatic choice, the Python attention checks
+#       (step py); then (step bench) kbench attention at D 64, 128, 256, S 1k-16k with the SDPA
+#       peers and the variant hnp (D 128, one block per tile), with the counter and then without
+#       (KBENCH_ATTENTION_TILE_COUNTER=0 into $OUT/nocounter, D 64 and 128); AUTO_STEPS picks
+#       among "tests san py bench".
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -149,7 +157,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|dec2|flab|dyn
+#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -836,6 +844,46 @@ for r in json.load(open(sys.argv[1]))['rows']:
 for k in sorted(t):
     v = t[k]; o = v.get('ours'); dy = v.get('ours-hdyn'); cu = v.get('sdpa-cudnn')
     print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} hdyn {dy or 0:6.1f} ({(dy or 0)/o:.3f}) cudnn {cu or 0:6.1f}")
+PY
+  fi
+fi
+if [ "$part" = auto ]; then
+  steps=" ${AUTO_STEPS:-tests san py bench} "
+  if [[ $steps == *" tests "* ]]; then
+    TT=400 t hopper $B/bin/test-attention attention/hopper
+    grep -E "max \|O" $L/hopper.log | grep -E "f16_|causal" | head -60 > $OUT/auto-tests.txt
+    TT=400 t varlen $B/bin/test-attention attention_varlen/
+    t cli $B/bin/test-cli gpu/
+    TT=300 t rel $B/bin/test-reliability
+  fi
+  [[ $steps == *" san "* ]] && san_cases "${AUTOSAN:-attention/hopper/f16_d64_b2_sq700_sk700_h4x2_causal
+    attention/hopper/f16_d128_b2_sq1023_sk1024_h4x2_causal}"
+  [[ $steps == *" py "* ]] && py_attention /tmp/pyd9auto
+  if [[ $steps == *" bench "* ]]; then
+    s=$(date +%s); KBENCH_ATTENTION_DIMS=${DIMS:-64,128,256} KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384} KBENCH_ATTENTION_VARIANTS=hnp timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT > $L/bench.log 2>&1
+    echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
+    mkdir -p $OUT/nocounter
+    s=$(date +%s); KBENCH_ATTENTION_TILE_COUNTER=0 KBENCH_ATTENTION_DIMS=64,128 KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384} KBENCH_ATTENTION_VARIANTS=hnp timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT/nocounter > $L/bench2.log 2>&1
+    echo "bench nocounter rc=$? $(( $(date +%s)-s ))s" >> $S
+    grep -i "note\|error\|MISMATCH" $L/bench.log $L/bench2.log | tail -5 >> $S
+    python3 - $OUT/attention.json $OUT/nocounter/attention.json >> $S <<'PY'
+import json, sys
+def load(f):
+    t = {}
+    try:
+        rows = json.load(open(f))['rows']
+    except Exception as e:
+        print(f"{f}: {e}"); return t
+    for r in rows:
+        c = r['config']
+        if r['kernel'] == 'attention_fwd' and 'dv' not in c:
+            t.setdefault((c['d'], c['seq'], c['batch'], c['causal']), {})[r['impl']] = r['tflops']
+    return t
+a, n = load(sys.argv[1]), load(sys.argv[2])
+for k in sorted(a):
+    v = a[k]; o = v.get('ours') or 0; p = n.get(k, {}).get('ours') or 0; cu = v.get('sdpa-cudnn') or 0
+    hnp = v.get('ours-hnp') or 0
+    print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} nocounter {p:6.1f} ({o/p if p else 0:.3f}) hnp {hnp:6.1f} cudnn {cu:6.1f} ({o/cu if cu else 0:.3f})")
 PY
   fi
 fi

@@ -15,7 +15,10 @@
 //! the grid, the backward's too (the peers follow it; B = 16,
 //! S = 2048 runs only when both allow it), `KBENCH_ATTENTION_VARIANTS` names the tuning variants
 //! to time (default: all of `TUNING_VARIANTS` and, on Hopper GPUs, `HOPPER_VARIANTS`, at S = 4k,
-//! 8k, 16k, or at the lengths `KBENCH_ATTENTION_SEQS` names).
+//! 8k, 16k, or at the lengths `KBENCH_ATTENTION_SEQS` names). Every forward gets a tile counter
+//! (which short causal problems and the dynamic grid's variant draw their tiles from) but with
+//! `KBENCH_ATTENTION_TILE_COUNTER=0`: then short causal problems run one block per query tile,
+//! for a comparison of the two grids within one run.
 
 use crate::attention_bwd;
 use crate::config;
@@ -228,19 +231,31 @@ fn one(
     let mut ov = View::contiguous(&out, p.o_shape());
     // "mma" names the path (set in `p`), not a tile variant of it.
     let tile_variant = variant.filter(|v| *v != "mma");
-    // A variant whose blocks draw their tiles at run time takes a tile counter (zero, left zero
-    // by every launch).
-    let counter = kernels_testing::attention::tile_counter_for(p, tile_variant)?;
-    let t = b.time(|| {
-        kernels_testing::attention::forward_with_counter(
+    // A tile counter (zero, left zero by every launch), which short causal problems and the
+    // dynamic grid's variant draw their tiles from.
+    let counted = std::env::var("KBENCH_ATTENTION_TILE_COUNTER").map_or(true, |v| v != "0");
+    let counter = counted.then(|| upload(&[0u32])).transpose()?;
+    let t = b.time(|| match &counter {
+        Some(counter) => kernels_testing::attention::forward_with_counter(
             &b.gpu,
             &b.stream,
             p,
             (qv, kv, vv),
             (&mut ov, &mut lse),
             tile_variant,
-            counter.as_ref(),
-        )
+            counter,
+        ),
+        None => attention::forward_variant(
+            &b.gpu,
+            &b.stream,
+            p,
+            &qv,
+            &kv,
+            &vv,
+            &mut ov,
+            &mut lse,
+            tile_variant,
+        ),
     })?;
     let o = download(&out)?;
     let err = sampled_error(p, q, k, v, &o);

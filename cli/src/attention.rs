@@ -498,13 +498,25 @@ impl<T: Elem> Job for AttentionJob<T> {
         let o = poisoned::<T>(p.o_shape().iter().product())?;
         let mut lse = poisoned::<f32>(p.lse_len())?;
         let sinks = self.sinks.as_deref().map(upload).transpose()?;
+        // The tile counter short causal problems draw their tiles from (left zero).
+        let mut counter = upload(&[0u32])?;
         let timings = {
             let qv = View::contiguous(&q, p.q_shape());
             let kv = View::contiguous(&k, p.kv_shape());
             let vv = View::contiguous(&v, p.v_shape());
             let mut ov = View::contiguous(&o, p.o_shape());
             launch_timed(gpu, &stream, repeat, "attention forward", || match &sinks {
-                None => attention::forward(gpu, &stream, p, &qv, &kv, &vv, &mut ov, &mut lse),
+                None => attention::forward_with_counter(
+                    gpu,
+                    &stream,
+                    p,
+                    &qv,
+                    &kv,
+                    &vv,
+                    &mut ov,
+                    &mut lse,
+                    &mut counter,
+                ),
                 Some(s) => attention::forward_with_sinks(
                     gpu, &stream, p, &qv, &kv, &vv, &mut ov, &mut lse, s,
                 ),

@@ -114,6 +114,12 @@ def flash_attn_forward(
     out = torch.empty((batch, seqlen_q, nheads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
     native = _native()
+    # Short causal problems run on a persistent grid whose blocks draw their tiles from this
+    # counter (zero at the start, zero again at the end; one per call, so that calls on
+    # different streams never share one).
+    tile_counter = None
+    if causal and k.shape[1] * q.shape[-1] < native.DYNAMIC_GRID_KEY_ELEMS:
+        tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         native.attention_forward(
@@ -131,6 +137,7 @@ def flash_attn_forward(
             path,
             float(softcap) if softcap != 0.0 else None,
             None if sinks is None else _describe(sinks),
+            None if tile_counter is None else _describe(tile_counter),
         )
     return out, lse
 

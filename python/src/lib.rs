@@ -112,9 +112,11 @@ fn options(
 
 /// Attention forward on device `device`'s stream `stream` (an address of
 /// `torch.cuda.Stream.cuda_stream`): O and LSE written from Q, K, V (see
-/// `kernels::attention`). Asynchronous, like any kernel launch on the stream.
+/// `kernels::attention`). With `tile_counter` (int32 `[1]`, zero, one per call), short causal
+/// problems (`seqlen_k * headdim` below `DYNAMIC_GRID_KEY_ELEMS`) take the dynamic grid.
+/// Asynchronous, like any kernel launch on the stream.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, softmax_scale, causal, window_left, window_right, path = "auto", softcap = None, sinks = None))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, softmax_scale, causal, window_left, window_right, path = "auto", softcap = None, sinks = None, tile_counter = None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_forward(
     py: Python<'_>,
@@ -132,11 +134,15 @@ fn attention_forward(
     path: &str,
     softcap: Option<f32>,
     sinks: Option<TensorArgs>,
+    tile_counter: Option<TensorArgs>,
 ) -> PyResult<()> {
     let options = AttentionOptions {
         softcap,
         ..options(softmax_scale, causal, window_left, window_right, path)?
     };
+    let tile_counter = tile_counter
+        .map(|c| tensor("tile_counter", c))
+        .transpose()?;
     let (q, k, v, o, lse) = (
         tensor("q", q)?,
         tensor("k", k)?,
@@ -157,11 +163,13 @@ fn attention_forward(
             o: &o,
             lse: &lse,
             sinks: sinks.as_ref(),
+            tile_counter: tile_counter.as_ref(),
         };
         // SAFETY: the Python side passes live torch tensors it holds across this call; their
         // memory stays valid for work enqueued on `stream` afterwards (torch's caching
         // allocator reuses freed memory in the order of the stream it was allocated on, the
-        // current stream here, or after `record_stream`); O and LSE are fresh allocations.
+        // current stream here, or after `record_stream`); O, LSE and the tile counter are fresh
+        // allocations, the counter zero.
         unsafe { forward_raw(&stream, &options, &tensors) }
     })
     .map_err(to_py)
@@ -684,6 +692,10 @@ fn attention_fp8_forward(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add(
+        "DYNAMIC_GRID_KEY_ELEMS",
+        kernels::attention::DYNAMIC_GRID_KEY_ELEMS,
+    )?;
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;

@@ -28,9 +28,10 @@ pub fn random_inputs<T: AttentionElem>(
 }
 
 /// The forward pass of `p` on the GPU with contiguous tensors (outputs poisoned before the
-/// launch), the default kernels or the tuning variant `variant`; returns O and LSE. A variant
-/// whose blocks draw their tiles at run time (`HopperGrid::Dynamic`) gets a tile counter, which
-/// must be zero again after the launch.
+/// launch), the default kernels or the tuning variant `variant`, given a tile counter (which
+/// short causal problems and the dynamic grid's variant draw their tiles from,
+/// `AttentionTensors::tile_counter`) that must be zero again after the launch; returns O and
+/// LSE.
 pub fn device_forward<T: AttentionElem>(
     g: &Gpu,
     p: &AttentionProblem,
@@ -47,7 +48,7 @@ pub fn device_forward<T: AttentionElem>(
         View::contiguous(&dv, p.v_shape()),
     );
     let mut ov = View::contiguous(&dout, p.o_shape());
-    let counter = tile_counter_for(p, variant)?;
+    let counter = upload(&[0u32])?;
     forward_with_counter(
         g,
         &stream,
@@ -55,35 +56,21 @@ pub fn device_forward<T: AttentionElem>(
         (qv, kv, vv),
         (&mut ov, &mut dlse),
         variant,
-        counter.as_ref(),
+        &counter,
     )?;
     g.sync(&stream, "attention forward")?;
-    if let Some(counter) = &counter {
-        let left = download(counter)?[0];
-        if left != 0 {
-            return Err(kernels::Error::invalid(
-                "tile counter",
-                format!("{left} after the launch (must be 0 again)"),
-            ));
-        }
+    let left = download(&counter)?[0];
+    if left != 0 {
+        return Err(kernels::Error::invalid(
+            "tile counter",
+            format!("{left} after the launch (must be 0 again)"),
+        ));
     }
     Ok((download(&dout)?, download(&dlse)?))
 }
 
-/// A zero tile counter if the tuning variant `variant` of `p`'s head dimension draws its tiles
-/// at run time (`HopperGrid::Dynamic`), else none.
-pub fn tile_counter_for(
-    p: &AttentionProblem,
-    variant: Option<&str>,
-) -> Result<Option<DeviceBuffer<u32>>> {
-    let scheduled = variant
-        .and_then(|v| kernel_abi::attention::hopper_variant(p.head_dim as u32, v))
-        .is_some_and(|c| c.grid.scheduled());
-    scheduled.then(|| upload(&[0u32])).transpose()
-}
-
-/// `attention::forward_variant` on `stream` (asynchronous), with the plan given `counter`
-/// ([`tile_counter_for`]) when there is one.
+/// The forward pass of `p` on `stream` (asynchronous) with the default kernels or the tuning
+/// variant `variant`, given the tile counter `counter` (zero; `AttentionTensors::tile_counter`).
 pub fn forward_with_counter<T: AttentionElem>(
     g: &Gpu,
     stream: &Stream,
@@ -91,11 +78,8 @@ pub fn forward_with_counter<T: AttentionElem>(
     (q, k, v): (View<T>, View<T>, View<T>),
     (o, lse): (&mut View<T>, &mut DeviceBuffer<f32>),
     variant: Option<&str>,
-    counter: Option<&DeviceBuffer<u32>>,
+    counter: &DeviceBuffer<u32>,
 ) -> Result<()> {
-    let Some(counter) = counter else {
-        return attention::forward_variant(g, stream, p, &q, &k, &v, o, lse, variant);
-    };
     let tensors = AttentionTensors {
         q,
         k,
@@ -103,9 +87,9 @@ pub fn forward_with_counter<T: AttentionElem>(
         o: *o,
         lse: (&*lse).into(),
         sinks: None,
+        tile_counter: Some(counter.into()),
     };
-    let mut plan = p.plan(Target::of(g), &tensors, variant)?;
-    plan.set_tile_counter(counter.into())?;
+    let plan = p.plan(Target::of(g), &tensors, variant)?;
     // SAFETY: the tensors and the counter are borrowed for the call, which enqueues the launch;
     // O and LSE are borrowed mutably; the counter is the caller's, for this stream's launches.
     unsafe { plan.run(&OnStream { gpu: g, stream }) }

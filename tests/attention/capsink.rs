@@ -201,6 +201,7 @@ fn run_emulated(cc: &CapCase) -> TestResult {
         o: View::contiguous(o.view(), p.q_shape()),
         lse: lse.view(),
         sinks: sinks.as_mut().map(|s| s.view()),
+        tile_counter: None,
     };
     let what = format!("emulated {} (seed {})", cap_name(cc), cc.c.seed);
     let target = Target {
@@ -240,6 +241,7 @@ fn run_gpu<T: AttentionElem>(g: &Gpu, cc: &CapCase) -> TestResult {
             o: View::contiguous(&dout, p.q_shape()),
             lse: (&dlse).into(),
             sinks: dsinks.as_ref().map(DevView::from),
+            tile_counter: None,
         };
         let plan = p.plan(Target::of(g), &tensors, None)?;
         let kernel = plan.kernel().name.to_string();
@@ -382,6 +384,7 @@ fn rejects_bad_options() -> TestResult {
             o: View::contiguous(dev(4 << 40, qn), p.q_shape()),
             lse: devf(5 << 40, p.lse_len()),
             sinks: sinks.map(|n| devf(6 << 40, n)),
+            tile_counter: None,
         };
         p.plan(target, &t, variant)
             .map(|plan| plan.kernel().name.to_string())

@@ -113,6 +113,7 @@ fn value_dim_plans() -> TestResult {
         o: View::contiguous(o.view(), p.o_shape()),
         lse: lse.view(),
         sinks: None,
+        tile_counter: None,
     };
     let mma = p.clone().path(Path::MmaSync);
     for (what, p, target, want) in [

@@ -358,6 +358,7 @@ fn emulated_matches_dense() -> TestResult {
         o: View::contiguous(od.view(), p.q_shape()),
         lse: lsed.view(),
         sinks: None,
+        tile_counter: None,
     };
     let plan = p
         .plan(EMULATED, &tensors, None)

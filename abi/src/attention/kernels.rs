@@ -276,6 +276,19 @@ macro_rules! hopper_table {
                 HOPPER_VARIANTS[13].1,
                 Some(HOPPER_VARIANTS[13].0),
             ),
+            // The dynamic grid in f16 too: the plan's choice for short causal problems.
+            hopper(
+                "attention_fwd_hopper_f16_d64_hdyn",
+                Dtype::F16,
+                HOPPER_VARIANTS[12].1,
+                Some(HOPPER_VARIANTS[12].0),
+            ),
+            hopper(
+                "attention_fwd_hopper_f16_d128_hdyn",
+                Dtype::F16,
+                HOPPER_VARIANTS[13].1,
+                Some(HOPPER_VARIANTS[13].0),
+            ),
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_bf16_d", $d), Dtype::Bf16, $d),)*
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_f16_d", $d), Dtype::F16, $d),)*
         ]
@@ -283,10 +296,15 @@ macro_rules! hopper_table {
 }
 
 /// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
-/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`], then the
-/// `capsink` kernels.
-pub const HOPPER_KERNELS: [HopperKernel; 4 * HEAD_DIMS.len() + HOPPER_VARIANTS.len()] =
+/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`], the
+/// dynamic-grid variant's f16 kernels ([`HOPPER_F16_DYNAMIC`]), then the `capsink` kernels.
+pub const HOPPER_KERNELS: [HopperKernel;
+    4 * HEAD_DIMS.len() + HOPPER_VARIANTS.len() + HOPPER_F16_DYNAMIC] =
     crate::with_attention_head_dims!(hopper_table!());
+
+/// The f16 kernels of the dynamic-grid variant `hdyn` (D = 64 and 128), which the plan takes
+/// on short causal problems in either dtype.
+pub const HOPPER_F16_DYNAMIC: usize = 2;
 
 /// The `mma.sync` kernels of the head-dimension pairs of [`VALUE_DIMS`] (dense batches): per
 /// pair bf16, f16 ([`mma_value_config`]).
@@ -469,6 +487,18 @@ pub fn hopper_kernel(
         k.dtype == dtype
             && k.cfg.head_dim == head_dim
             && same_variant(k.variant, variant)
+            && !k.capsink
+    })
+}
+
+/// The Hopper kernel for `dtype` and head dimension `head_dim` whose persistent grid draws its
+/// tiles at run time ([`HopperGrid::Dynamic`]), if one was built.
+pub fn hopper_dynamic_kernel(dtype: Dtype, head_dim: u32) -> Option<&'static HopperKernel> {
+    const ALL: &[HopperKernel] = &HOPPER_KERNELS;
+    ALL.iter().find(|k| {
+        k.dtype == dtype
+            && k.cfg.head_dim == head_dim
+            && matches!(k.cfg.grid, HopperGrid::Dynamic)
             && !k.capsink
     })
 }

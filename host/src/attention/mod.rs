@@ -71,7 +71,7 @@ pub use fp8::{
 };
 /// The head dimensions the forward (and decoding) accept, and those the backward accepts.
 pub use kernel_abi::attention::{HEAD_DIMS, VALUE_DIMS};
-pub use plan::{AttentionPlan, AttentionTensors, Target};
+pub use plan::{AttentionPlan, AttentionTensors, DYNAMIC_GRID_KEY_ELEMS, Target};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };
@@ -91,7 +91,7 @@ pub use reference::{
     naive_varlen_same_precision_sinks, reference, reference_rows, reference_varlen,
     reference_varlen_with_sinks, reference_with_sinks,
 };
-pub use run::{forward, forward_variant, forward_with_sinks};
+pub use run::{forward, forward_variant, forward_with_counter, forward_with_sinks};
 pub use varlen::{
     AttentionVarlenPlan, AttentionVarlenProblem, AttentionVarlenTensors, CuSeqlens,
     DeviceCuSeqlens, forward_varlen, forward_varlen_with_sinks,

@@ -16,8 +16,8 @@ use crate::tensor_map::{MapDtype, MapSpec, MapSwizzle, TiledMap};
 use kernel_abi::attention::{
     AttentionParams, HOPPER_ATOM, HOPPER_BLOCK_M, HopperConfig, HopperGrid, HopperKernel,
     HopperParams, LogitOptions, MmaKernel, TileConfig, UNBOUNDED, hopper_capsink_kernel,
-    hopper_kernel, hopper_value_dim_kernel, hopper_variant, mma_capsink_kernel, mma_kernel,
-    mma_value_dim_kernel,
+    hopper_dynamic_kernel, hopper_kernel, hopper_value_dim_kernel, hopper_variant,
+    mma_capsink_kernel, mma_kernel, mma_value_dim_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
 
@@ -57,7 +57,18 @@ pub struct AttentionTensors<'a, T> {
     /// The sink logits `[heads_q]` f32, when the problem has sinks
     /// ([`AttentionProblem::sinks`]).
     pub sinks: Option<DevView<'a, f32>>,
+    /// A tile counter: one u32, zero before the launch and left zero by it. With one, a causal
+    /// problem of `seq_k * head_dim` below [`DYNAMIC_GRID_KEY_ELEMS`] takes the Hopper kernel
+    /// whose persistent grid draws its tiles from the counter at run time (where one was built:
+    /// D = 64 and 128), as does a tuning variant of that grid; elsewhere it goes unused.
+    pub tile_counter: Option<DevView<'a, u32>>,
 }
+
+/// The causal problems whose `seq_k * head_dim` is below this many elements take the dynamic
+/// grid when given a tile counter ([`AttentionTensors::tile_counter`]): there one block per
+/// multiprocessor that draws the next tile while finishing the last measured faster than one
+/// block per tile, and slower from this bound up (bench/NOTES.md).
+pub const DYNAMIC_GRID_KEY_ELEMS: usize = 1 << 19;
 
 impl<T> Clone for AttentionTensors<'_, T> {
     fn clone(&self) -> Self {
@@ -125,6 +136,7 @@ impl AttentionProblem {
             ));
         }
         check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
+        check_tile_counter(tensors.tile_counter.as_ref())?;
         let arch = target.arch;
         let d = self.head_dim as u32;
         if self.has_value_dim() {
@@ -174,12 +186,19 @@ impl AttentionProblem {
             }
         };
         if hopper {
-            let kernel = hopper_kernel(self.dtype, d, None).ok_or_else(|| {
-                Error::unsupported(
-                    "attention path Hopper",
-                    format!("no Hopper kernel for head dimension {d} (the mma.sync path has one)"),
-                )
-            })?;
+            let dynamic = (tensors.tile_counter.is_some() && self.prefers_dynamic_grid())
+                .then(|| hopper_dynamic_kernel(self.dtype, d))
+                .flatten();
+            let kernel = dynamic
+                .or_else(|| hopper_kernel(self.dtype, d, None))
+                .ok_or_else(|| {
+                    Error::unsupported(
+                        "attention path Hopper",
+                        format!(
+                            "no Hopper kernel for head dimension {d} (the mma.sync path has one)"
+                        ),
+                    )
+                })?;
             match self.hopper_plan(kernel, target, tensors) {
                 Ok(plan) => return Ok(plan),
                 Err(e) if self.path == Path::Hopper => return Err(e),
@@ -355,8 +374,13 @@ impl AttentionProblem {
             tile_map(self.dtype, &tensors.k, kernel.cfg.block_n)?,
             tile_map(self.dtype, &tensors.v, kernel.cfg.block_n)?,
         ];
+        let tile_counter = match tensors.tile_counter {
+            Some(c) if kernel.cfg.grid.scheduled() => c.addr() as *mut u32,
+            _ => std::ptr::null_mut(),
+        };
         let params = HopperParams {
             num_tiles: u32::try_from(tiles).expect("checked above"),
+            tile_counter,
             ..self.hopper_params(&tensors.o, &tensors.lse, tensors.sinks.as_ref())
         };
         Ok(AttentionPlan::Hopper {
@@ -369,6 +393,12 @@ impl AttentionProblem {
 }
 
 impl AttentionProblem {
+    /// Whether the problem runs faster on the dynamic grid than one block per tile: causal, with
+    /// `seq_k * head_dim` below [`DYNAMIC_GRID_KEY_ELEMS`].
+    pub fn prefers_dynamic_grid(&self) -> bool {
+        self.causal && self.seq_k.saturating_mul(self.head_dim) < DYNAMIC_GRID_KEY_ELEMS
+    }
+
     /// The Hopper kernels' parameters of this problem with O in `o`, LSE in `lse` and the sinks
     /// `sinks`: the tensor maps zero (encoded when the plan runs), `num_tiles` 0 (the caller's),
     /// no packed sequences, no tile counter.
@@ -406,6 +436,19 @@ impl AttentionProblem {
             o_scale: 1.0,
             tile_counter: std::ptr::null_mut(),
         }
+    }
+}
+
+/// Check a tile counter ([`AttentionTensors::tile_counter`]): one u32, 4-byte aligned.
+pub(in crate::attention) fn check_tile_counter(counter: Option<&DevView<'_, u32>>) -> Result<()> {
+    match counter {
+        Some(c) if c.len() != 1 => Err(Error::shape("tile counter", "1 element", c.len())),
+        Some(c) if !c.addr().is_multiple_of(4) => Err(Error::Misaligned {
+            what: "tile counter start".into(),
+            required: 4,
+            actual: c.addr() % 4,
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -530,34 +573,6 @@ impl AttentionPlan {
                 ..
             } => *Launch::new(&kernel.kernel, *grid, kernel.cfg, *params).config(),
         }
-    }
-
-    /// Give the plan of a kernel of [`HopperGrid::Dynamic`] the tile counter its blocks draw
-    /// their tiles from ([`HopperParams::tile_counter`]: one u32, zero, left zero by the launch;
-    /// [`AttentionPlan::run`] says for how long it must stay live and unshared). Without one the
-    /// blocks take their tiles in a static round-robin. An error on a plan of another kernel or
-    /// for a counter of another length.
-    pub fn set_tile_counter(&mut self, counter: DevView<'_, u32>) -> Result<()> {
-        let AttentionPlan::Hopper { kernel, params, .. } = self else {
-            return Err(Error::invalid(
-                "tile counter",
-                "the mma.sync path takes no tile counter",
-            ));
-        };
-        if !kernel.cfg.grid.scheduled() {
-            return Err(Error::invalid(
-                "tile counter",
-                format!(
-                    "kernel {} takes its tiles in a static order",
-                    kernel.kernel.info().name
-                ),
-            ));
-        }
-        if counter.len() != 1 {
-            return Err(Error::shape("tile counter", "1 element", counter.len()));
-        }
-        params.tile_counter = counter.addr() as *mut u32;
-        Ok(())
     }
 
     /// The Hopper path's launch with the tensor maps encoded (needs the driver); `None` on the

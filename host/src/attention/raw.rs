@@ -58,6 +58,10 @@ pub struct RawAttentionTensors<'t> {
     pub lse: &'t RawTensor,
     /// Attention sinks: `[heads_q]` f32 logits, one per query head, or `None`.
     pub sinks: Option<&'t RawTensor>,
+    /// A tile counter: `[1]` int32, zero (the kernel leaves it zero), used by no other launch
+    /// while this one runs; with one, short causal problems take the dynamic grid
+    /// ([`AttentionTensors::tile_counter`]); `None` for one block per query tile.
+    pub tile_counter: Option<&'t RawTensor>,
 }
 
 impl AttentionProblem {
@@ -109,7 +113,9 @@ pub fn plan_raw(
     problem.validate()?;
     let mut inputs = vec![("Q", tensors.q), ("K", tensors.k), ("V", tensors.v)];
     inputs.extend(tensors.sinks.map(|s| ("sinks", s)));
-    check_disjoint(&inputs, &[("O", tensors.o), ("LSE", tensors.lse)])?;
+    let mut outputs = vec![("O", tensors.o), ("LSE", tensors.lse)];
+    outputs.extend(tensors.tile_counter.map(|c| ("tile counter", c)));
+    check_disjoint(&inputs, &outputs)?;
     let plan = match dtype {
         Dtype::Bf16 => plan_typed::<bf16>(&problem, target, tensors),
         Dtype::F16 => plan_typed::<f16>(&problem, target, tensors),
@@ -166,6 +172,10 @@ fn plan_typed<T: AttentionElem + RawElem>(
                 .sinks
                 .map(|s| sinks_view(problem.heads_q, s))
                 .transpose()?,
+            tile_counter: t
+                .tile_counter
+                .map(|c| flat_view("tile counter", c, &[1]))
+                .transpose()?,
         },
         None,
     )
@@ -208,8 +218,8 @@ fn flat_view<'a, T: RawElem>(what: &str, t: &RawTensor, shape: &[usize]) -> Resu
 ///
 /// # Safety
 /// Each tensor's storage (`storage_ptr`, `storage_bytes`) is memory the caller owns, live
-/// until the launch has completed on `stream`; nothing else writes Q, K, V or accesses O and
-/// LSE until then.
+/// until the launch has completed on `stream`; nothing else writes Q, K, V or accesses O, LSE
+/// and the tile counter until then; the tile counter, if any, is zero.
 pub unsafe fn forward_raw(
     stream: &RawStream,
     options: &AttentionOptions,
@@ -229,10 +239,13 @@ pub unsafe fn forward_raw(
     if let Some(sinks) = tensors.sinks {
         sinks.check_memory("sinks", gpu)?;
     }
+    if let Some(counter) = tensors.tile_counter {
+        counter.check_memory("tile counter", gpu)?;
+    }
     // SAFETY: the plan checked every view against its storage, the storage is device memory
     // of the stream's device inside one allocation (checked above), live and not accessed by
-    // others until the launch completes (the caller's contract), and the outputs overlap
-    // neither the inputs nor each other (checked by the plan).
+    // others until the launch completes, the tile counter zero (the caller's contract), and the
+    // outputs overlap neither the inputs nor each other (checked by the plan).
     unsafe { plan.run(stream) }
 }
 

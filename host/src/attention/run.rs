@@ -1,5 +1,5 @@
 //! Running a plan: on any executor ([`AttentionPlan::run`]), or from `cust` buffers on a stream
-//! ([`forward`], [`forward_variant`]).
+//! ([`forward`], [`forward_with_counter`], [`forward_variant`]).
 
 use super::plan::{AttentionPlan, AttentionTensors, Target};
 use super::problem::{AttentionElem, AttentionProblem, View};
@@ -14,8 +14,9 @@ impl AttentionPlan {
     ///
     /// # Safety
     /// The tensors the plan was made for are live memory of `exec` for the whole run, and O and
-    /// LSE overlap neither each other nor the inputs; so is the tile counter of
-    /// [`AttentionPlan::set_tile_counter`], if given, and no other launch uses it meanwhile.
+    /// LSE overlap neither each other nor the inputs; so is the tile counter
+    /// ([`AttentionTensors::tile_counter`]), if given: zero, and used by no other launch
+    /// meanwhile.
     pub unsafe fn run(&self, exec: &impl Exec) -> Result<()> {
         match self {
             AttentionPlan::MmaSync { launch, .. } => {
@@ -42,7 +43,8 @@ impl AttentionPlan {
 /// Launch the forward pass on `stream` (asynchronous): O into `o`, LSE into `lse`.
 ///
 /// `o` is a view like Q's (it may have its own strides). The output must not overlap the
-/// inputs.
+/// inputs. One block per query tile on short causal problems: [`forward_with_counter`] runs
+/// them on the faster dynamic grid.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<T: AttentionElem>(
     gpu: &Gpu,
@@ -55,6 +57,31 @@ pub fn forward<T: AttentionElem>(
     lse: &mut DeviceBuffer<f32>,
 ) -> Result<()> {
     forward_variant(gpu, stream, problem, q, k, v, o, lse, None)
+}
+
+/// [`forward`] given a tile counter (one u32, zero; every launch leaves it zero), from which
+/// short causal problems draw their tiles ([`AttentionTensors::tile_counter`]). Launches that
+/// use one counter must not overlap: one counter per stream.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_with_counter<T: AttentionElem>(
+    gpu: &Gpu,
+    stream: &Stream,
+    problem: &AttentionProblem,
+    q: &View<T>,
+    k: &View<T>,
+    v: &View<T>,
+    o: &mut View<T>,
+    lse: &mut DeviceBuffer<f32>,
+    counter: &mut DeviceBuffer<u32>,
+) -> Result<()> {
+    let tensors = AttentionTensors {
+        tile_counter: Some((&*counter).into()),
+        ..tensors(q, k, v, o, lse, None)
+    };
+    let plan = problem.plan(Target::of(gpu), &tensors, None)?;
+    // SAFETY: as in `launch_forward`; the counter is borrowed mutably for the call, zero
+    // between the launches on its stream (the caller's contract, kept by every launch).
+    unsafe { plan.run(&OnStream { gpu, stream }) }
 }
 
 /// [`forward`] with one of the tuning variants (`kernel_abi::attention::TUNING_VARIANTS` or
@@ -104,17 +131,30 @@ fn launch_forward<T: AttentionElem>(
     sinks: Option<&DeviceBuffer<f32>>,
     variant: Option<&str>,
 ) -> Result<()> {
-    let tensors = AttentionTensors {
-        q: *q,
-        k: *k,
-        v: *v,
-        o: *o,
-        lse: (&*lse).into(),
-        sinks: sinks.map(Into::into),
-    };
+    let tensors = tensors(q, k, v, o, lse, sinks);
     let plan = problem.plan(Target::of(gpu), &tensors, variant)?;
     // SAFETY: the views and `lse` are borrowed for the whole call, which enqueues the launch;
     // `o` and `lse` are borrowed mutably (the caller keeps O apart from the inputs, as
     // documented).
     unsafe { plan.run(&OnStream { gpu, stream }) }
+}
+
+/// The tensors of a forward pass from `cust` buffers, without a tile counter.
+fn tensors<'a, T>(
+    q: &View<'a, T>,
+    k: &View<'a, T>,
+    v: &View<'a, T>,
+    o: &View<'a, T>,
+    lse: &'a DeviceBuffer<f32>,
+    sinks: Option<&'a DeviceBuffer<f32>>,
+) -> AttentionTensors<'a, T> {
+    AttentionTensors {
+        q: *q,
+        k: *k,
+        v: *v,
+        o: *o,
+        lse: lse.into(),
+        sinks: sinks.map(Into::into),
+        tile_counter: None,
+    }
 }

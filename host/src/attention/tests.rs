@@ -43,13 +43,37 @@ fn tensors<'a, T>(p: &AttentionProblem) -> AttentionTensors<'a, T> {
         o: View::contiguous(dev(4 << 40, n(p.o_shape())), p.o_shape()),
         lse: dev(5 << 40, p.lse_len()),
         sinks: p.sinks.then(|| dev(6 << 40, p.heads_q)),
+        tile_counter: None,
     }
 }
 
 fn plan(p: &AttentionProblem, arch: Arch, variant: Option<&str>) -> Result<AttentionPlan> {
+    plan_with_counter(p, arch, variant, None)
+}
+
+/// [`plan`] with the tile counter `counter` (address, length).
+fn plan_with_counter(
+    p: &AttentionProblem,
+    arch: Arch,
+    variant: Option<&str>,
+    counter: Option<(u64, usize)>,
+) -> Result<AttentionPlan> {
+    let counter = counter.map(|(addr, len)| dev(addr, len));
     match p.dtype {
-        Dtype::Bf16 => p.plan(target(arch), &tensors::<bf16>(p), variant),
-        Dtype::F16 => p.plan(target(arch), &tensors::<f16>(p), variant),
+        Dtype::Bf16 => {
+            let t = AttentionTensors {
+                tile_counter: counter,
+                ..tensors::<bf16>(p)
+            };
+            p.plan(target(arch), &t, variant)
+        }
+        Dtype::F16 => {
+            let t = AttentionTensors {
+                tile_counter: counter,
+                ..tensors::<f16>(p)
+            };
+            p.plan(target(arch), &t, variant)
+        }
     }
 }
 
@@ -98,6 +122,7 @@ fn every_entry_of_the_ptx_has_its_handle() {
             + 2 * (2 * HEAD_DIMS.len())
             + TUNING_VARIANTS.len()
             + HOPPER_VARIANTS.len()
+            + kernel_abi::attention::HOPPER_F16_DYNAMIC
             + BWD_KERNEL_COUNT
             + MMA_VARLEN_KERNELS.len()
             + HOPPER_VARLEN_KERNELS.len()
@@ -265,17 +290,19 @@ fn tuning_variants_by_name() {
         };
         assert_eq!((kernel.variant, kernel.cfg), (Some(name), cfg));
         check(&h, Arch::Sm90a);
-        for (p, arch) in [
-            (p.clone(), Arch::Sm80),
-            (
-                AttentionProblem::new(1, 100, 300, 2, 1, d, Dtype::F16),
-                Arch::Sm90a,
-            ),
-        ] {
-            assert!(matches!(
-                plan(&p, arch, Some(name)),
-                Err(Error::Unsupported { .. })
-            ));
+        assert!(matches!(
+            plan(&p, Arch::Sm80, Some(name)),
+            Err(Error::Unsupported { .. })
+        ));
+        // In f16 only the dynamic grid's variant is built (the plan's choice on short causal
+        // problems).
+        let f16 = AttentionProblem::new(1, 100, 300, 2, 1, d, Dtype::F16);
+        match plan(&f16, Arch::Sm90a, Some(name)) {
+            Ok(AttentionPlan::Hopper { kernel, .. }) if cfg.grid == HopperGrid::Dynamic => {
+                assert_eq!((kernel.dtype, kernel.cfg), (Dtype::F16, cfg));
+            }
+            Err(Error::Unsupported { .. }) if cfg.grid != HopperGrid::Dynamic => {}
+            _ => panic!("{name} (D {d}) in f16"),
         }
     }
     let p = AttentionProblem::new(1, 100, 300, 2, 1, 128, Dtype::Bf16);
@@ -359,26 +386,76 @@ fn hopper_grid_maps_and_parameters() {
     };
     assert_eq!(grid, (4, 1, 1));
 
-    // The dynamic grid's plan takes a tile counter of one element; the others take none.
-    let mut dynamic = plan(&causal, Arch::Sm90a, Some("hdyn")).unwrap();
-    check(&dynamic, Arch::Sm90a);
-    let counter = |plan: &AttentionPlan| match plan {
-        AttentionPlan::Hopper { params, .. } => params.tile_counter as u64,
-        AttentionPlan::MmaSync { .. } => panic!("not the Hopper path"),
+    // With a tile counter, short causal problems take the dynamic grid (either dtype, D = 64
+    // and 128), which gets the counter; other problems and kernels leave it unused.
+    let counted = |p: &AttentionProblem, arch, variant| match plan_with_counter(
+        p,
+        arch,
+        variant,
+        Some((9 << 40, 1)),
+    )
+    .unwrap()
+    {
+        AttentionPlan::Hopper {
+            kernel,
+            grid,
+            params,
+            ..
+        } => Some((kernel.kernel.info().name, grid, params.tile_counter as u64)),
+        AttentionPlan::MmaSync { .. } => None,
     };
-    assert_eq!(counter(&dynamic), 0);
-    dynamic.set_tile_counter(dev(9 << 40, 1)).unwrap();
-    assert_eq!(counter(&dynamic), 9 << 40);
-    let err = dynamic.set_tile_counter(dev(10 << 40, 2)).unwrap_err();
-    assert!(err.to_string().contains("tile counter"), "{err}");
-    assert_eq!(counter(&dynamic), 9 << 40, "unchanged by a refused counter");
-    for (arch, variant) in [
-        (Arch::Sm90a, None),
-        (Arch::Sm90a, Some("hstatic")),
-        (Arch::Sm80, None),
+    assert!(causal.prefers_dynamic_grid());
+    assert_eq!(
+        counted(&causal, Arch::Sm90a, None),
+        Some(("attention_fwd_hopper_bf16_d128_hdyn", (SMS, 1, 1), 9 << 40))
+    );
+    let f16_short = AttentionProblem::new(2, 1000, 1000, 4, 4, 64, Dtype::F16).causal();
+    assert_eq!(
+        counted(&f16_short, Arch::Sm90a, None),
+        Some(("attention_fwd_hopper_f16_d64_hdyn", (64, 1, 1), 9 << 40))
+    );
+    assert_eq!(
+        counted(&causal, Arch::Sm90a, Some("hdyn")),
+        Some(("attention_fwd_hopper_bf16_d128_hdyn", (SMS, 1, 1), 9 << 40))
+    );
+    // The bound: seq_k * D below 2^19.
+    let long = AttentionProblem::new(1, 4096, 4096, 2, 2, 128, Dtype::Bf16).causal();
+    assert!(!long.prefers_dynamic_grid());
+    let longer_d64 = AttentionProblem::new(1, 4095, 4095, 2, 2, 64, Dtype::Bf16).causal();
+    assert!(longer_d64.prefers_dynamic_grid());
+    let d256 = AttentionProblem::new(1, 1000, 1000, 2, 2, 256, Dtype::Bf16).causal();
+    for (p, variant, kernel) in [
+        (&p, None, "attention_fwd_hopper_bf16_d128"),
+        (&window, None, "attention_fwd_hopper_bf16_d128"),
+        (&long, None, "attention_fwd_hopper_bf16_d128"),
+        (&d256, None, "attention_fwd_hopper_bf16_d256"),
+        (
+            &causal,
+            Some("hstatic"),
+            "attention_fwd_hopper_bf16_d128_hstatic",
+        ),
     ] {
-        let mut other = plan(&causal, arch, variant).unwrap();
-        let err = other.set_tile_counter(dev(9 << 40, 1)).unwrap_err();
+        let (name, _, counter) = counted(p, Arch::Sm90a, variant).unwrap();
+        assert_eq!((name, counter), (kernel, 0), "{p:?} {variant:?}");
+    }
+    assert_eq!(counted(&causal, Arch::Sm80, None), None);
+    // Without a counter the dynamic grid's kernel takes its tiles in a static round-robin.
+    let AttentionPlan::Hopper { params, .. } = plan(&causal, Arch::Sm90a, Some("hdyn")).unwrap()
+    else {
+        panic!("not the Hopper path")
+    };
+    assert!(params.tile_counter.is_null());
+    let dynamic = plan_with_counter(&causal, Arch::Sm90a, None, Some((9 << 40, 1))).unwrap();
+    check(&dynamic, Arch::Sm90a);
+    // A counter of another length or alignment is refused, whatever the problem.
+    for (p, counter) in [
+        (&causal, (10 << 40, 2)),
+        (&p, (10 << 40, 0)),
+        (&causal, ((10 << 40) + 2, 1)),
+    ] {
+        let Err(err) = plan_with_counter(p, Arch::Sm90a, None, Some(counter)) else {
+            panic!("counter {counter:?} accepted");
+        };
         assert!(err.to_string().contains("tile counter"), "{err}");
     }
 

@@ -699,3 +699,24 @@ hopper_kernel!(
     m64n128k16_bf16_rs,
     fence_operands_64
 );
+// The dynamic grid's f16 kernels (the plan's choice for short causal problems).
+hopper_kernel!(
+    "attention_fwd_hopper_f16_d64_hdyn",
+    F16,
+    HOPPER_VARIANTS[12].1,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n64k16_f16_rs,
+    fence_operands_32
+);
+hopper_kernel!(
+    "attention_fwd_hopper_f16_d128_hdyn",
+    F16,
+    HOPPER_VARIANTS[13].1,
+    m64n128k16_f16_ss_zero,
+    m64n128k16_f16_ss,
+    fence_operands_64,
+    m64n128k16_f16_rs,
+    fence_operands_64
+);

@@ -37,6 +37,7 @@ fn plan_of(
             o,
             lse,
             sinks: None,
+            tile_counter: None,
         },
     )
 }
