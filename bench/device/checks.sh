@@ -143,9 +143,9 @@
 #       the variant (SDPA peers); DYN_STEPS picks among "tests san bench".
 #   auto the dynamic grid as the plan's choice for short causal problems given a tile counter
 #       (bf16 and f16, D 64 and 128): the dense Hopper GPU tests (each forward given a counter;
-#       the hdyn variant's among them), the packed ones, the CLI's, the reliability suite, the four
-#       sanitizers on f16 causal cases of the automatic choice, the Python attention checks
-#       (step py); then (step bench) kbench attention at D 64, 128, 256, S 1k-16k with the SDPA
+#       the hdyn variant's among them), the packed ones, the CLI's, the reliability suite's
+#       properties, concurrent streams and attention cases, the four sanitizers on f16 causal
+#       cases of the automatic choice, the Python attention checks (step py); then (step bench) kbench attention at D 64, 128, 256, S 1k-16k with the SDPA
 #       peers and the variant hnp (D 128, one block per tile), with the counter and then without
 #       (KBENCH_ATTENTION_TILE_COUNTER=0 into $OUT/nocounter, D 64 and 128); AUTO_STEPS picks
 #       among "tests san py bench".
@@ -851,10 +851,12 @@ if [ "$part" = auto ]; then
   steps=" ${AUTO_STEPS:-tests san py bench} "
   if [[ $steps == *" tests "* ]]; then
     TT=400 t hopper $B/bin/test-attention attention/hopper
-    grep -E "max \|O" $L/hopper.log | grep -E "f16_|causal" | head -60 > $OUT/auto-tests.txt
+    grep -E "^(b?f16)_d(64|128)_.*causal on|sq129_sk8192.*on sm" $L/hopper.log > $OUT/auto-tests.txt
     TT=400 t varlen $B/bin/test-attention attention_varlen/
     t cli $B/bin/test-cli gpu/
-    TT=300 t rel $B/bin/test-reliability
+    TT=300 t props $B/bin/test-reliability props_
+    t conc $B/bin/test-reliability concurrent
+    t attn_rel $B/bin/test-reliability _attention
   fi
   [[ $steps == *" san "* ]] && san_cases "${AUTOSAN:-attention/hopper/f16_d64_b2_sq700_sk700_h4x2_causal
     attention/hopper/f16_d128_b2_sq1023_sk1024_h4x2_causal}"
