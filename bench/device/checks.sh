@@ -149,6 +149,10 @@
 #       peers and the variant hnp (D 128, one block per tile), with the counter and then without
 #       (KBENCH_ATTENTION_TILE_COUNTER=0 into $OUT/nocounter, D 64 and 128); AUTO_STEPS picks
 #       among "tests san py bench".
+#   n192 the D = 64 forward in key steps of 192 (variant hn192): its GPU tests, the four
+#       sanitizers on two of its cases, then kbench attention at D 64, S 1k-16k, with the
+#       variant beside the default, both without a tile counter (SDPA peers); N192_STEPS
+#       picks among "tests san bench".
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -157,7 +161,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto
+#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto|n192
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -886,6 +890,31 @@ for k in sorted(a):
     v = a[k]; o = v.get('ours') or 0; p = n.get(k, {}).get('ours') or 0; cu = v.get('sdpa-cudnn') or 0
     hnp = v.get('ours-hnp') or 0
     print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} nocounter {p:6.1f} ({o/p if p else 0:.3f}) hnp {hnp:6.1f} cudnn {cu:6.1f} ({o/cu if cu else 0:.3f})")
+PY
+  fi
+fi
+if [ "$part" = n192 ]; then
+  steps=" ${N192_STEPS:-tests san bench} "
+  if [[ $steps == *" tests "* ]]; then
+    t n192 $B/bin/test-attention hopper_variant_hn192 --nocapture
+    grep -E "max \|O" $L/n192.log > $OUT/n192-tests.txt
+  fi
+  [[ $steps == *" san "* ]] && san_cases "${N192SAN:-attention/hopper_variant_hn192/bf16_d64_b2_sq1023_sk1024_h4x2_causal
+    attention/hopper_variant_hn192/bf16_d64_b1_sq500_sk700_h4x4_win64_32}"
+  if [[ $steps == *" bench "* ]]; then
+    s=$(date +%s); KBENCH_ATTENTION_TILE_COUNTER=0 KBENCH_ATTENTION_DIMS=64 KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384} KBENCH_ATTENTION_VARIANTS=${VARIANTS:-hn192,hpp64} timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT > $L/bench.log 2>&1
+    echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
+    grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
+    python3 - $OUT/attention.json >> $S <<'PY'
+import json, sys
+t = {}
+for r in json.load(open(sys.argv[1]))['rows']:
+    c = r['config']
+    if r['kernel'] == 'attention_fwd' and 'dv' not in c:
+        t.setdefault((c['d'], c['seq'], c['batch'], c['causal']), {})[r['impl']] = r['tflops']
+for k in sorted(t):
+    v = t[k]; o = v.get('ours'); n = v.get('ours-hn192') or 0; pp = v.get('ours-hpp64') or 0; cu = v.get('sdpa-cudnn') or 0
+    print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} hn192 {n:6.1f} ({n/o:.3f}) hpp64 {pp:6.1f} cudnn {cu:6.1f}")
 PY
   fi
 fi

@@ -258,7 +258,7 @@ pub const fn hopper_value_config_of(d: u32, dv: u32) -> HopperConfig {
 /// `attention_fwd_hopper_bf16_d{D}_{name}` and timed beside the default by the benchmark
 /// (`impl` = `ours-{name}`), so that [`hopper_config`] is chosen from measurements; "hgrid3"
 /// exists for the tests (many tiles per block).
-pub const HOPPER_VARIANTS: [(&str, HopperConfig); 14] = [
+pub const HOPPER_VARIANTS: [(&str, HopperConfig); 15] = [
     // The scaled softmax (scale first, maximum, exponentials; O rescaled every step).
     (
         "hscaled",
@@ -346,6 +346,15 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 14] = [
     // Tiles drawn at run time by a persistent grid, whatever the mask.
     ("hdyn", dynamic(64)),
     ("hdyn", dynamic(128)),
+    // D = 64 in key steps of 192 (FlashAttention-3's step there): a third fewer steps, each
+    // with its fixed costs (row maxima and sums across the quad, the rescale, the waits).
+    (
+        "hn192",
+        HopperConfig {
+            block_n: 192,
+            ..hopper_config_of(64)
+        },
+    ),
 ];
 
 /// The default configuration of head dimension `d` on the grid of [`HopperGrid::Dynamic`].

@@ -276,6 +276,12 @@ macro_rules! hopper_table {
                 HOPPER_VARIANTS[13].1,
                 Some(HOPPER_VARIANTS[13].0),
             ),
+            hopper(
+                "attention_fwd_hopper_bf16_d64_hn192",
+                Dtype::Bf16,
+                HOPPER_VARIANTS[14].1,
+                Some(HOPPER_VARIANTS[14].0),
+            ),
             // The dynamic grid in f16 too: the plan's choice for short causal problems.
             hopper(
                 "attention_fwd_hopper_f16_d64_hdyn",

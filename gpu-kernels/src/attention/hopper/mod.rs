@@ -699,6 +699,16 @@ hopper_kernel!(
     m64n128k16_bf16_rs,
     fence_operands_64
 );
+hopper_kernel!(
+    "attention_fwd_hopper_bf16_d64_hn192",
+    Bf16,
+    HOPPER_VARIANTS[14].1,
+    m64n192k16_bf16_ss_zero,
+    m64n192k16_bf16_ss,
+    fence_operands_96,
+    m64n64k16_bf16_rs,
+    fence_operands_32
+);
 // The dynamic grid's f16 kernels (the plan's choice for short causal problems).
 hopper_kernel!(
     "attention_fwd_hopper_f16_d64_hdyn",
