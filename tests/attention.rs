@@ -172,13 +172,16 @@ fn cases() -> Vec<Case> {
     let mut small = case(1, 129, 257, 2, 2, 128, Dtype::Bf16);
     small.range = 1e-20;
     v.push(small);
-    // Causal past the dynamic grid's bound (seq_k * D = 2^19): one block per query tile.
+    // Causal past the dynamic grid's bound (seq_k * D = 2^19): one block per query tile, in key
+    // steps of 192 (D = 64 from 8192 keys on).
     let mut long_keys = case(1, 129, 8192, 2, 1, 64, Dtype::Bf16);
     long_keys.p.causal = true;
     v.push(long_keys);
-    // f16 (causal ones on the dynamic grid, D = 64 and 128).
+    // f16 (causal ones on the dynamic grid, D = 64 and 128; D = 64 on 8200 keys in steps of
+    // 192, the last one partial).
     for (d, sq, sk, causal) in [
         (64, 1023, 1024, false),
+        (64, 200, 8200, false),
         (64, 700, 700, true),
         (128, 113, 203, true),
         (128, 1023, 1024, true),

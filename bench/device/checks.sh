@@ -141,14 +141,15 @@
 #       GPU tests with a tile counter, the dense Hopper and packed tests beside them, the four
 #       sanitizers on two of its cases, then kbench attention at D 64 and 128, S 1k-16k, with
 #       the variant (SDPA peers); DYN_STEPS picks among "tests san bench".
-#   auto the dynamic grid as the plan's choice for short causal problems given a tile counter
-#       (bf16 and f16, D 64 and 128): the dense Hopper GPU tests (each forward given a counter;
-#       the hdyn variant's among them), the packed ones, the CLI's, the reliability suite's
-#       properties, concurrent streams and attention cases, the four sanitizers on f16 causal
-#       cases of the automatic choice, the Python attention checks (step py); then (step bench) kbench attention at D 64, 128, 256, S 1k-16k with the SDPA
-#       peers and the variant hnp (D 128, one block per tile), with the counter and then without
-#       (KBENCH_ATTENTION_TILE_COUNTER=0 into $OUT/nocounter, D 64 and 128); AUTO_STEPS picks
-#       among "tests san py bench".
+#   auto the plan's choices by the problem (bf16 and f16): the dynamic grid for short causal
+#       problems given a tile counter (D 64 and 128), key steps of 192 on long keys (D 64):
+#       the dense Hopper GPU tests (each forward given a counter; the hdyn and hn192 variants'
+#       among them), the packed ones, the CLI's, the reliability suite's properties,
+#       concurrent streams and attention cases, the four sanitizers on f16 cases of the
+#       choices, the Python attention checks (step py); then (step bench) kbench attention at
+#       D 64, 128, 256, S 1k-16k with the SDPA peers and the variant hnp (D 128, one block per
+#       tile), with the counter and then without (KBENCH_ATTENTION_TILE_COUNTER=0 into
+#       $OUT/nocounter, D 64 and 128); AUTO_STEPS picks among "tests san py bench".
 #   n192 the D = 64 forward in key steps of 192 (variant hn192): its GPU tests, the four
 #       sanitizers on two of its cases, then kbench attention at D 64, S 1k-16k, with the
 #       variant beside the default, both without a tile counter (SDPA peers); N192_STEPS
@@ -855,7 +856,7 @@ if [ "$part" = auto ]; then
   steps=" ${AUTO_STEPS:-tests san py bench} "
   if [[ $steps == *" tests "* ]]; then
     TT=400 t hopper $B/bin/test-attention attention/hopper
-    grep -E "^(b?f16)_d(64|128)_.*causal on|sq129_sk8192.*on sm" $L/hopper.log > $OUT/auto-tests.txt
+    grep -E "^(b?f16)_d(64|128)_.*causal on|sk8192.*on sm|sk8200.*on sm" $L/hopper.log > $OUT/auto-tests.txt
     TT=400 t varlen $B/bin/test-attention attention_varlen/
     t cli $B/bin/test-cli gpu/
     TT=300 t props $B/bin/test-reliability props_
@@ -863,6 +864,7 @@ if [ "$part" = auto ]; then
     t attn_rel $B/bin/test-reliability _attention
   fi
   [[ $steps == *" san "* ]] && san_cases "${AUTOSAN:-attention/hopper/f16_d64_b2_sq700_sk700_h4x2_causal
+    attention/hopper/f16_d64_b2_sq200_sk8200_h4x2
     attention/hopper/f16_d128_b2_sq1023_sk1024_h4x2_causal}"
   [[ $steps == *" py "* ]] && py_attention /tmp/pyd9auto
   if [[ $steps == *" bench "* ]]; then

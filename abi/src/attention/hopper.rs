@@ -347,15 +347,20 @@ pub const HOPPER_VARIANTS: [(&str, HopperConfig); 15] = [
     ("hdyn", dynamic(64)),
     ("hdyn", dynamic(128)),
     // D = 64 in key steps of 192 (FlashAttention-3's step there): a third fewer steps, each
-    // with its fixed costs (row maxima and sums across the quad, the rescale, the waits).
+    // with its fixed costs (row maxima and sums across the quad, the rescale, the waits); the
+    // plan's choice on long keys.
     (
-        "hn192",
+        HOPPER_LONG_KEYS_VARIANT,
         HopperConfig {
             block_n: 192,
             ..hopper_config_of(64)
         },
     ),
 ];
+
+/// The variant of [`HOPPER_VARIANTS`] in longer key steps that the plan takes on long keys
+/// (built in both dtypes, D = 64).
+pub const HOPPER_LONG_KEYS_VARIANT: &str = "hn192";
 
 /// The default configuration of head dimension `d` on the grid of [`HopperGrid::Dynamic`].
 const fn dynamic(d: u32) -> HopperConfig {

@@ -282,7 +282,8 @@ macro_rules! hopper_table {
                 HOPPER_VARIANTS[14].1,
                 Some(HOPPER_VARIANTS[14].0),
             ),
-            // The dynamic grid in f16 too: the plan's choice for short causal problems.
+            // The dynamic grid and the long key steps in f16 too: the plan's choices by the
+            // problem.
             hopper(
                 "attention_fwd_hopper_f16_d64_hdyn",
                 Dtype::F16,
@@ -295,6 +296,12 @@ macro_rules! hopper_table {
                 HOPPER_VARIANTS[13].1,
                 Some(HOPPER_VARIANTS[13].0),
             ),
+            hopper(
+                "attention_fwd_hopper_f16_d64_hn192",
+                Dtype::F16,
+                HOPPER_VARIANTS[14].1,
+                Some(HOPPER_VARIANTS[14].0),
+            ),
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_bf16_d", $d), Dtype::Bf16, $d),)*
             $(hopper_capsink(concat!("attention_fwd_hopper_capsink_f16_d", $d), Dtype::F16, $d),)*
         ]
@@ -302,15 +309,17 @@ macro_rules! hopper_table {
 }
 
 /// The Hopper kernels (sm_90a only): the default configuration for each dtype and head
-/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`], the
-/// dynamic-grid variant's f16 kernels ([`HOPPER_F16_DYNAMIC`]), then the `capsink` kernels.
+/// dimension, then the tuning variants (bf16) in the order of [`HOPPER_VARIANTS`], the f16
+/// kernels of the variants the plan picks by the problem ([`HOPPER_F16_VARIANTS`]), then the
+/// `capsink` kernels.
 pub const HOPPER_KERNELS: [HopperKernel;
-    4 * HEAD_DIMS.len() + HOPPER_VARIANTS.len() + HOPPER_F16_DYNAMIC] =
+    4 * HEAD_DIMS.len() + HOPPER_VARIANTS.len() + HOPPER_F16_VARIANTS] =
     crate::with_attention_head_dims!(hopper_table!());
 
-/// The f16 kernels of the dynamic-grid variant `hdyn` (D = 64 and 128), which the plan takes
-/// on short causal problems in either dtype.
-pub const HOPPER_F16_DYNAMIC: usize = 2;
+/// The f16 kernels of the variants the plan picks by the problem in either dtype: the dynamic
+/// grid's (`hdyn`, D = 64 and 128; short causal problems) and the long key steps'
+/// ([`HOPPER_LONG_KEYS_VARIANT`], D = 64).
+pub const HOPPER_F16_VARIANTS: usize = 3;
 
 /// The `mma.sync` kernels of the head-dimension pairs of [`VALUE_DIMS`] (dense batches): per
 /// pair bf16, f16 ([`mma_value_config`]).

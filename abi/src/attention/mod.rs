@@ -16,7 +16,7 @@ mod varlen;
 pub use hopper::*;
 pub(crate) use kernels::mma_smem;
 pub use kernels::{
-    HOPPER_F16_DYNAMIC, HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HopperKernel, KERNELS,
+    HOPPER_F16_VARIANTS, HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HopperKernel, KERNELS,
     MMA_KERNELS, MMA_VALUE_DIM_KERNELS, MmaKernel, hopper_capsink_kernel, hopper_dynamic_kernel,
     hopper_kernel, hopper_value_dim_kernel, mma_capsink_kernel, mma_kernel, mma_value_dim_kernel,
 };

@@ -71,7 +71,9 @@ pub use fp8::{
 };
 /// The head dimensions the forward (and decoding) accept, and those the backward accepts.
 pub use kernel_abi::attention::{HEAD_DIMS, VALUE_DIMS};
-pub use plan::{AttentionPlan, AttentionTensors, DYNAMIC_GRID_KEY_ELEMS, Target};
+pub use plan::{
+    AttentionPlan, AttentionTensors, DYNAMIC_GRID_KEY_ELEMS, LONG_KEY_STEPS_KEYS, Target,
+};
 pub use problem::{
     AttentionElem, AttentionProblem, Dtype, Path, View, contiguous_strides, last_element,
 };

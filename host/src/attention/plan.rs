@@ -3,7 +3,10 @@
 //!
 //! The path: the Hopper kernels (TMA, wgmma) when the target has them and the problem's tensors
 //! fit a TMA tensor map ([`Path::Auto`]), else the `mma.sync` kernels; [`Path`] can force either.
-//! A tuning variant (by name, for benchmarks) picks its path by the table it comes from
+//! On the Hopper path the kernel follows the problem: the dynamic grid for short causal problems
+//! given a tile counter ([`DYNAMIC_GRID_KEY_ELEMS`]), longer key steps on long keys
+//! ([`LONG_KEY_STEPS_KEYS`]), else the default configuration of the head dimension. A tuning
+//! variant (by name, for benchmarks) picks its path by the table it comes from
 //! ([`kernel_abi::attention::HOPPER_VARIANTS`] or [`kernel_abi::attention::TUNING_VARIANTS`]).
 
 use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
@@ -14,10 +17,10 @@ use crate::launch::Launch;
 use crate::ptx::Arch;
 use crate::tensor_map::{MapDtype, MapSpec, MapSwizzle, TiledMap};
 use kernel_abi::attention::{
-    AttentionParams, HOPPER_ATOM, HOPPER_BLOCK_M, HopperConfig, HopperGrid, HopperKernel,
-    HopperParams, LogitOptions, MmaKernel, TileConfig, UNBOUNDED, hopper_capsink_kernel,
-    hopper_dynamic_kernel, hopper_kernel, hopper_value_dim_kernel, hopper_variant,
-    mma_capsink_kernel, mma_kernel, mma_value_dim_kernel,
+    AttentionParams, HOPPER_ATOM, HOPPER_BLOCK_M, HOPPER_LONG_KEYS_VARIANT, HopperConfig,
+    HopperGrid, HopperKernel, HopperParams, LogitOptions, MmaKernel, TileConfig, UNBOUNDED,
+    hopper_capsink_kernel, hopper_dynamic_kernel, hopper_kernel, hopper_value_dim_kernel,
+    hopper_variant, mma_capsink_kernel, mma_kernel, mma_value_dim_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
 
@@ -69,6 +72,12 @@ pub struct AttentionTensors<'a, T> {
 /// multiprocessor that draws the next tile while finishing the last measured faster than one
 /// block per tile, and slower from this bound up (bench/NOTES.md).
 pub const DYNAMIC_GRID_KEY_ELEMS: usize = 1 << 19;
+
+/// Problems with at least this many keys take the Hopper kernel in longer key steps where one
+/// was built ([`HOPPER_LONG_KEYS_VARIANT`]: D = 64, steps of 192 keys): faster there, slower on
+/// fewer keys, where the last step's unused keys and the diagonal's weigh more
+/// (bench/NOTES.md).
+pub const LONG_KEY_STEPS_KEYS: usize = 8192;
 
 impl<T> Clone for AttentionTensors<'_, T> {
     fn clone(&self) -> Self {
@@ -189,7 +198,11 @@ impl AttentionProblem {
             let dynamic = (tensors.tile_counter.is_some() && self.prefers_dynamic_grid())
                 .then(|| hopper_dynamic_kernel(self.dtype, d))
                 .flatten();
+            let long = (self.seq_k >= LONG_KEY_STEPS_KEYS)
+                .then(|| hopper_kernel(self.dtype, d, Some(HOPPER_LONG_KEYS_VARIANT)))
+                .flatten();
             let kernel = dynamic
+                .or(long)
                 .or_else(|| hopper_kernel(self.dtype, d, None))
                 .ok_or_else(|| {
                     Error::unsupported(

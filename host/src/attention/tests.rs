@@ -10,9 +10,9 @@ use crate::tensor_map::MapSpec;
 use half::{bf16, f16};
 use kernel_abi::attention::backward::BWD_KERNEL_COUNT;
 use kernel_abi::attention::{
-    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_VALUE_DIM_KERNELS, HOPPER_VARIANTS,
-    HOPPER_VARLEN_KERNELS, HopperGrid, KERNELS, MMA_KERNELS, MMA_VALUE_DIM_KERNELS,
-    MMA_VARLEN_KERNELS, TUNING_VARIANTS, UNBOUNDED, VALUE_DIMS,
+    HOPPER_BLOCK_M, HOPPER_KERNELS, HOPPER_LONG_KEYS_VARIANT, HOPPER_VALUE_DIM_KERNELS,
+    HOPPER_VARIANTS, HOPPER_VARLEN_KERNELS, HopperGrid, KERNELS, MMA_KERNELS,
+    MMA_VALUE_DIM_KERNELS, MMA_VARLEN_KERNELS, TUNING_VARIANTS, UNBOUNDED, VALUE_DIMS,
     hopper_bwd::HOPPER_BWD_KERNEL_COUNT, hopper_config, hopper_varlen_kernel, tile_config,
 };
 
@@ -122,7 +122,7 @@ fn every_entry_of_the_ptx_has_its_handle() {
             + 2 * (2 * HEAD_DIMS.len())
             + TUNING_VARIANTS.len()
             + HOPPER_VARIANTS.len()
-            + kernel_abi::attention::HOPPER_F16_DYNAMIC
+            + kernel_abi::attention::HOPPER_F16_VARIANTS
             + BWD_KERNEL_COUNT
             + MMA_VARLEN_KERNELS.len()
             + HOPPER_VARLEN_KERNELS.len()
@@ -294,14 +294,15 @@ fn tuning_variants_by_name() {
             plan(&p, Arch::Sm80, Some(name)),
             Err(Error::Unsupported { .. })
         ));
-        // In f16 only the dynamic grid's variant is built (the plan's choice on short causal
-        // problems).
+        // In f16 only the variants the plan picks by the problem are built: the dynamic grid
+        // and the long key steps.
         let f16 = AttentionProblem::new(1, 100, 300, 2, 1, d, Dtype::F16);
+        let picked = cfg.grid == HopperGrid::Dynamic || name == HOPPER_LONG_KEYS_VARIANT;
         match plan(&f16, Arch::Sm90a, Some(name)) {
-            Ok(AttentionPlan::Hopper { kernel, .. }) if cfg.grid == HopperGrid::Dynamic => {
+            Ok(AttentionPlan::Hopper { kernel, .. }) if picked => {
                 assert_eq!((kernel.dtype, kernel.cfg), (Dtype::F16, cfg));
             }
-            Err(Error::Unsupported { .. }) if cfg.grid != HopperGrid::Dynamic => {}
+            Err(Error::Unsupported { .. }) if !picked => {}
             _ => panic!("{name} (D {d}) in f16"),
         }
     }
@@ -439,6 +440,40 @@ fn hopper_grid_maps_and_parameters() {
         assert_eq!((name, counter), (kernel, 0), "{p:?} {variant:?}");
     }
     assert_eq!(counted(&causal, Arch::Sm80, None), None);
+    // Long keys at D = 64: steps of 192 keys (either dtype, with a counter or not, any mask);
+    // fewer keys or another head dimension: the default.
+    for (p, kernel) in [
+        (
+            AttentionProblem::new(1, 300, 8192, 2, 1, 64, Dtype::Bf16),
+            "attention_fwd_hopper_bf16_d64_hn192",
+        ),
+        (
+            AttentionProblem::new(1, 8192, 8192, 2, 1, 64, Dtype::F16).causal(),
+            "attention_fwd_hopper_f16_d64_hn192",
+        ),
+        (
+            AttentionProblem::new(1, 300, 8191, 2, 1, 64, Dtype::Bf16),
+            "attention_fwd_hopper_bf16_d64",
+        ),
+        (
+            AttentionProblem::new(1, 300, 8191, 2, 1, 64, Dtype::Bf16).causal(),
+            "attention_fwd_hopper_bf16_d64_hdyn",
+        ),
+        (
+            AttentionProblem::new(1, 300, 9000, 2, 1, 128, Dtype::Bf16),
+            "attention_fwd_hopper_bf16_d128",
+        ),
+    ] {
+        assert_eq!(counted(&p, Arch::Sm90a, None).unwrap().0, kernel, "{p:?}");
+        let h = plan(&p, Arch::Sm90a, None).unwrap();
+        let want = if kernel.ends_with("_hdyn") {
+            "attention_fwd_hopper_bf16_d64"
+        } else {
+            kernel
+        };
+        assert_eq!(h.kernel().name, want, "{p:?} without a counter");
+        check(&h, Arch::Sm90a);
+    }
     // Without a counter the dynamic grid's kernel takes its tiles in a static round-robin.
     let AttentionPlan::Hopper { params, .. } = plan(&causal, Arch::Sm90a, Some("hdyn")).unwrap()
     else {

@@ -709,7 +709,8 @@ hopper_kernel!(
     m64n64k16_bf16_rs,
     fence_operands_32
 );
-// The dynamic grid's f16 kernels (the plan's choice for short causal problems).
+// The f16 kernels of the variants the plan picks by the problem: the dynamic grid (short
+// causal problems), the long key steps.
 hopper_kernel!(
     "attention_fwd_hopper_f16_d64_hdyn",
     F16,
@@ -729,4 +730,14 @@ hopper_kernel!(
     fence_operands_64,
     m64n128k16_f16_rs,
     fence_operands_64
+);
+hopper_kernel!(
+    "attention_fwd_hopper_f16_d64_hn192",
+    F16,
+    HOPPER_VARIANTS[14].1,
+    m64n192k16_f16_ss_zero,
+    m64n192k16_f16_ss,
+    fence_operands_96,
+    m64n64k16_f16_rs,
+    fence_operands_32
 );
