@@ -20,7 +20,9 @@
 //! ([`Path::MmaSync`], and [`Path::Auto`] where the Hopper path cannot take the problem: no key
 //! row at all, or a view a tensor map cannot describe).
 
-use super::plan::{AttentionPlan, HOPPER_MAX_TILES, Target, check_sinks, packed_tile_map};
+use super::plan::{
+    AttentionPlan, HOPPER_MAX_TILES, Target, check_sinks, check_tile_counter, packed_tile_map,
+};
 use super::problem::{AttentionElem, AttentionProblem, Dtype, Path, View};
 use crate::error::{Error, Result};
 use crate::exec::{DevView, Exec, OnStream};
@@ -476,11 +478,7 @@ impl AttentionVarlenProblem {
             }
         }
         check_sinks(self.sinks, self.heads_q, tensors.sinks.as_ref())?;
-        if let Some(counter) = tensors.tile_counter
-            && counter.len() != 1
-        {
-            return Err(Error::shape("tile counter", 1, counter.len()));
-        }
+        check_tile_counter(tensors.tile_counter.as_ref())?;
         let dense = self.sequence(self.max_seqlen_q, self.max_seqlen_k);
         let hopper = match self.path {
             Path::Hopper if !target.arch.has_hopper_kernels() => {

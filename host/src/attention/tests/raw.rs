@@ -73,6 +73,48 @@ fn the_raw_plan_is_the_typed_plan() {
 }
 
 #[test]
+fn the_raw_tile_counter_is_checked_and_used() {
+    let p = AttentionProblem::new(2, 113, 203, 8, 2, 64, Dtype::Bf16).causal();
+    let [q, k, v, o, lse] = raw_tensors(&p);
+    let with = |counter: &RawTensor| {
+        plan_raw(
+            target(Arch::Sm90a),
+            &options(&p),
+            &RawAttentionTensors {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &o,
+                lse: &lse,
+                sinks: None,
+                tile_counter: Some(counter),
+            },
+        )
+    };
+    let (_, plan) = with(&RawTensor::contiguous(6 << 40, ElemType::I32, &[1])).unwrap();
+    assert_eq!(plan.kernel().name, "attention_fwd_hopper_bf16_d64_hdyn");
+    check(&plan, Arch::Sm90a);
+    for (what, counter) in [
+        (
+            "two elements",
+            RawTensor::contiguous(6 << 40, ElemType::I32, &[2]),
+        ),
+        (
+            "inside LSE",
+            RawTensor::contiguous(5 << 40, ElemType::I32, &[1]),
+        ),
+        (
+            "not int32",
+            RawTensor::contiguous(6 << 40, ElemType::Bf16, &[1]),
+        ),
+    ] {
+        let e = with(&counter).err();
+        assert!(e.is_some(), "a tile counter {what} accepted");
+        println!("tile counter {what}: {}", e.unwrap());
+    }
+}
+
+#[test]
 fn the_raw_plan_takes_the_value_head_dimension_from_v() {
     let p = AttentionProblem::new(2, 113, 203, 8, 2, 192, Dtype::Bf16)
         .causal()
