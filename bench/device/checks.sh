@@ -154,6 +154,9 @@
 #       sanitizers on two of its cases, then kbench attention at D 64, S 1k-16k, with the
 #       variant beside the default, both without a tile counter (SDPA peers); N192_STEPS
 #       picks among "tests san bench".
+#   ncu192 ncu on the D = 64 forward at 8191 keys (steps of 128) and 8192 (steps of 192), B 2
+#       H 32 bf16 non-causal, through the CLI: CLI timings, then SpeedOfLight, compute, warp
+#       state and scheduler sections with the XU and tensor pipes and the instructions issued.
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -162,7 +165,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto|n192
+#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto|n192|ncu192
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -919,6 +922,21 @@ for k in sorted(t):
     print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} hn192 {n:6.1f} ({n/o:.3f}) hpp64 {pp:6.1f} cudnn {cu:6.1f}")
 PY
   fi
+fi
+if [ "$part" = ncu192 ]; then
+  for s in 8191 8192; do
+    python3 - $s <<'PY'
+import sys, torch
+from safetensors.torch import save_file
+s = int(sys.argv[1]); torch.manual_seed(0)
+r = lambda: (torch.rand(2, s, 32, 64, device='cuda') * 2 - 1).to(torch.bfloat16)
+save_file({'q': r(), 'k': r(), 'v': r()}, f"/tmp/d64_{s}.st")
+PY
+    $CLI attention /tmp/d64_$s.st -o /tmp/d64_out.st --repeat 30 2>&1 | grep -i "median\|error\|kernel" | sed "s/^/D64 S$s B2 H32 /" >> $S
+    ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum -k regex:attention_fwd_hopper -c 1 $CLI attention /tmp/d64_$s.st -o /tmp/d64_out2.st > $OUT/ncu-d64-$s.txt 2>&1
+    echo "ncu S$s rc=$?" >> $S
+    grep -E "attention_fwd_hopper|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|pipe_xu|gmma_cycles|inst_executed.sum|Stall" $OUT/ncu-d64-$s.txt | head -24 | sed "s/^/S$s /" >> $S
+  done
 fi
 if [ "$part" = detw ]; then
   steps=${DETW_STEPS:-tests san times bench}
