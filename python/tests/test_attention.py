@@ -19,7 +19,7 @@ function in float64 (same mask semantics), per gradient G: max |G - ref| <= 2 ma
 tests/attention/backward.rs); then deterministic mode bitwise equal over repeated runs, packed
 QKV gradients, out.sum().backward(), bad input to the backward op.
 
-Then: packed QKV views, a side stream, a new thread, bad input (exceptions with the library's
+Then: packed QKV views, a side stream, a new thread, CUDA graph replays, bad input (exceptions with the library's
 message), torch.library's opcheck on both ops, torch.compile of the forward and of a training
 step (forward and backward).
 
@@ -266,6 +266,33 @@ def another_thread():
     assert "error" not in got, f"in a new thread: {got.get('error')!r}"
     assert torch.equal(got["out"], want)
     return None
+
+
+def cuda_graph():
+    """The forward captured in a CUDA graph and replayed on new inputs: short causal problems
+    draw their tiles from a counter the op allocates per call (captured, the graph's own,
+    zeroed by a captured memset on each replay). Every replay equals the eager call bitwise."""
+    lines = []
+    for b, s, h, d in ((4, 1024, 8, 64), (2, 2048, 8, 128)):
+        static = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capturing stream, as torch asks
+            flash_attn_func(*static, causal=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = flash_attn_func(*static, causal=True)
+        for i in range(3):
+            fresh = [torch.randn_like(t) for t in static]
+            for t, f in zip(static, fresh):
+                t.copy_(f)
+            graph.replay()
+            want = flash_attn_func(*fresh, causal=True)
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), f"B{b} S{s} D{d}: replay {i} differs from eager"
+        lines.append(f"B{b} S{s} H{h} D{d}")
+    return "3 replays each, causal: " + ", ".join(lines)
 
 
 def raises(exc, fn, contains=None):
@@ -679,6 +706,7 @@ def main():
     check("packed qkv views", packed_qkv)
     check("side stream", side_stream)
     check("another thread", another_thread)
+    check("CUDA graph replays", cuda_graph)
     check("bad inputs", bad_inputs)
     for c in BWD_CASES:
         check(backward_case_name(c), lambda c=c: run_backward_case(*c))
