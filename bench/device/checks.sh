@@ -239,6 +239,22 @@ san_cases() {
     done
   done
 }
+# The forward rows of kbench's attention results $1 (no value head dimension of their own), one
+# line per shape: ours, then each impl named after it with its ratio to ours.
+fwd_table() {
+  python3 - "$@" <<'PY'
+import json, sys
+t = {}
+for r in json.load(open(sys.argv[1]))['rows']:
+    c = r['config']
+    if r['kernel'] == 'attention_fwd' and 'dv' not in c:
+        t.setdefault((c['d'], c['seq'], c['batch'], c['causal']), {})[r['impl']] = r['tflops']
+for k in sorted(t):
+    v = t[k]; o = v.get('ours') or 0
+    cols = ' '.join(f"{i} {v.get(i) or 0:6.1f} ({(v.get(i) or 0) / o if o else 0:.3f})" for i in sys.argv[2:])
+    print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} {cols}")
+PY
+}
 # The Python attention tests (dense and softcap/sinks backward), the wheel installed under $1.
 py_attention() {
   local P=$1 f s
@@ -842,17 +858,7 @@ if [ "$part" = dyn ]; then
     s=$(date +%s); KBENCH_ATTENTION_DIMS=${DIMS:-64,128} KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384} KBENCH_ATTENTION_VARIANTS=${VARIANTS:-hdyn} timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT > $L/bench.log 2>&1
     echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
     grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
-    python3 - $OUT/attention.json >> $S <<'PY'
-import json, sys
-t = {}
-for r in json.load(open(sys.argv[1]))['rows']:
-    c = r['config']
-    if r['kernel'] == 'attention_fwd' and 'dv' not in c:
-        t.setdefault((c['d'], c['seq'], c['batch'], c['causal']), {})[r['impl']] = r['tflops']
-for k in sorted(t):
-    v = t[k]; o = v.get('ours'); dy = v.get('ours-hdyn'); cu = v.get('sdpa-cudnn')
-    print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} hdyn {dy or 0:6.1f} ({(dy or 0)/o:.3f}) cudnn {cu or 0:6.1f}")
-PY
+    fwd_table $OUT/attention.json ours-hdyn sdpa-cudnn >> $S
   fi
 fi
 if [ "$part" = auto ]; then
@@ -910,17 +916,7 @@ if [ "$part" = n192 ]; then
     s=$(date +%s); KBENCH_ATTENTION_TILE_COUNTER=0 KBENCH_ATTENTION_DIMS=64 KBENCH_ATTENTION_SEQS=${SEQS:-1024,2048,4096,8192,16384} KBENCH_ATTENTION_VARIANTS=${VARIANTS:-hn192,hpp64} timeout -k 5 ${T:-300} $B/bin/kbench attention --out $OUT > $L/bench.log 2>&1
     echo "bench rc=$? $(( $(date +%s)-s ))s" >> $S
     grep -i "note\|error\|MISMATCH" $L/bench.log | tail -5 >> $S
-    python3 - $OUT/attention.json >> $S <<'PY'
-import json, sys
-t = {}
-for r in json.load(open(sys.argv[1]))['rows']:
-    c = r['config']
-    if r['kernel'] == 'attention_fwd' and 'dv' not in c:
-        t.setdefault((c['d'], c['seq'], c['batch'], c['causal']), {})[r['impl']] = r['tflops']
-for k in sorted(t):
-    v = t[k]; o = v.get('ours'); n = v.get('ours-hn192') or 0; pp = v.get('ours-hpp64') or 0; cu = v.get('sdpa-cudnn') or 0
-    print(f"d{k[0]} s{k[1]} b{k[2]} {'causal' if k[3] else 'full  '} ours {o:6.1f} hn192 {n:6.1f} ({n/o:.3f}) hpp64 {pp:6.1f} cudnn {cu:6.1f}")
-PY
+    fwd_table $OUT/attention.json ours-hn192 ours-hpp64 sdpa-cudnn >> $S
   fi
 fi
 if [ "$part" = ncu192 ]; then
