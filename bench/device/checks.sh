@@ -157,6 +157,10 @@
 #   ncu192 ncu on the D = 64 forward at 8191 keys (steps of 128) and 8192 (steps of 192), B 2
 #       H 32 bf16 non-causal, through the CLI: CLI timings, then SpeedOfLight, compute, warp
 #       state and scheduler sections with the XU and tensor pipes and the instructions issued.
+#   ncudyn ncu on the D = 128 causal forward at S 16k (B 1, H 16) on the default grid (one block
+#       per tile) and on the dynamic grid (variant hdyn), through kbench: the same sections and
+#       metrics as ncu192, on the 71st launch of each kernel (kbench times the non-causal
+#       shape first, 60 launches: the 71st is causal).
 #   flab kbench gla (every configuration) with the fla peer, forward + backward through autograd:
 #       Triton's autotuning results of fla's kernels restored from
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
@@ -165,7 +169,7 @@
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto|n192|ncu192
+#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto|n192|ncu192|ncudyn
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -932,6 +936,14 @@ PY
     ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum -k regex:attention_fwd_hopper -c 1 $CLI attention /tmp/d64_$s.st -o /tmp/d64_out2.st > $OUT/ncu-d64-$s.txt 2>&1
     echo "ncu S$s rc=$?" >> $S
     grep -E "attention_fwd_hopper|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|pipe_xu|gmma_cycles|inst_executed.sum|Stall" $OUT/ncu-d64-$s.txt | head -24 | sed "s/^/S$s /" >> $S
+  done
+fi
+if [ "$part" = ncudyn ]; then
+  export KBENCH_ATTENTION_DIMS=128 KBENCH_ATTENTION_SEQS=16384 KBENCH_ATTENTION_VARIANTS=hdyn
+  for k in attention_fwd_hopper_bf16_d128 attention_fwd_hopper_bf16_d128_hdyn; do
+    timeout 300 ncu --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio -k regex:"^$k\$" --launch-skip 70 -c 1 $B/bin/kbench attention --out /tmp/ncudyn-$k > $OUT/ncu-$k.txt 2>&1
+    echo "ncu $k rc=$?" >> $S
+    grep -E "^  attention_fwd_hopper|Duration|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|pipe_xu|inst_executed.sum|stalled" $OUT/ncu-$k.txt | head -40 | sed "s/^/$k /" >> $S
   done
 fi
 if [ "$part" = detw ]; then
