@@ -44,6 +44,82 @@ pub(super) fn allowed(
     key < sk && (wl < 0 || key >= row + off - wl) && (wr < 0 || key <= row + off + wr)
 }
 
+/// The keys row `row` may attend: `lo ..= hi` (empty when `lo > hi`), the keys `j < seq_k`
+/// with [`allowed`]`(row, j, ..)`, clamped to `0 ..= seq_k - 1` (computed in i64: the sum of
+/// three values below 2^30 may leave i32). Masks on accumulators whose rows are queries.
+pub(super) fn key_range(
+    row: u32,
+    window_left: i32,
+    window_right: i32,
+    seq_k: i32,
+    offset: i32,
+) -> (i32, i32) {
+    let r = row as i64 + offset as i64;
+    let lo = if window_left >= 0 {
+        (r - window_left as i64).max(0)
+    } else {
+        0
+    };
+    let hi = if window_right >= 0 {
+        (r + window_right as i64).min(seq_k as i64 - 1)
+    } else {
+        seq_k as i64 - 1
+    };
+    // lo <= seq_k and hi >= -2^31 after the clamps: both fit i32 (hi only matters when
+    // compared with keys >= 0, so a very negative one is clamped to -1).
+    (lo.min(seq_k as i64) as i32, hi.max(-1) as i32)
+}
+
+/// The query rows that may attend key `key`: `lo ..= hi` (empty when `lo > hi`), the rows
+/// `i < seq_q` with [`allowed`]`(i, key, ..)` (none when `key >= seq_k`), clamped to `0 ..=
+/// seq_q - 1` (in i64, as [`key_range`]). Masks on accumulators whose rows are keys (the
+/// backward's `S^T`).
+#[inline(always)]
+pub(super) fn query_range(
+    key: i32,
+    seq_q: u32,
+    offset: i32,
+    window_left: i32,
+    window_right: i32,
+    seq_k: i32,
+) -> (i32, i32) {
+    // key <= i + offset + window_right and key >= i + offset - window_left, solved for i.
+    let r = key as i64 - offset as i64;
+    let lo = if window_right >= 0 {
+        (r - window_right as i64).max(0)
+    } else {
+        0
+    };
+    let hi = if window_left >= 0 {
+        (r + window_left as i64).min(seq_q as i64 - 1)
+    } else {
+        seq_q as i64 - 1
+    };
+    let hi = if key < seq_k { hi.max(-1) } else { -1 };
+    (lo.min(seq_q as i64) as i32, hi as i32)
+}
+
+/// Set to `fill` the entries of a thread's f32 `wgmma` accumulator fragment that lie outside
+/// their row's allowed columns. Entry `4 j + e` is in row `e / 2` of the thread's two (`g`, `g +
+/// 8` of its warp) and column `8 j + e % 2` counted from the thread's first (`2 t`); `lo[h] ..=
+/// hi[h]` are row `h`'s allowed columns on that count. Branch-free: two compares and a select
+/// per entry.
+#[inline(always)]
+pub(super) fn fill_outside<const SR: usize>(
+    s: &mut [f32; SR],
+    lo: [i32; 2],
+    hi: [i32; 2],
+    fill: f32,
+) {
+    for j in 0..SR / 4 {
+        for e in 0..4 {
+            let (h, c) = (e / 2, (8 * j + e % 2) as i32);
+            let allowed = c >= lo[h] && c <= hi[h];
+            s[4 * j + e] = if allowed { s[4 * j + e] } else { fill };
+        }
+    }
+}
+
 /// The `block_m`-row query blocks `mb_lo .. mb_lo + m_steps` whose rows may attend a key of
 /// `n0 .. n0 + keys` (`n0 + keys <= seq_k`): `(mb_lo, m_steps)`, `(0, 0)` when no row does.
 /// The walk of a backward block of keys over its query blocks.

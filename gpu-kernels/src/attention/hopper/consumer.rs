@@ -245,7 +245,7 @@ macro_rules! consume_tiles {
             let offset = seq_k as i64 - seq_q as i64;
             let range = |h: u32| {
                 let row = m0 + warp_row + g + 8 * h;
-                $crate::attention::hopper::mask::Rows::key_range(
+                $crate::attention::mask::key_range(
                     row,
                     $p.window_left,
                     $p.window_right,

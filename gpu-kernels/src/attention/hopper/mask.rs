@@ -2,6 +2,7 @@
 //! rows, whose allowed keys are computed once per tile as inclusive ranges ([`Rows`]), so that
 //! masking a step is two compares and a select per element.
 
+use super::super::mask;
 use kernel_abi::attention::HOPPER_BLOCK_M;
 
 /// Where a thread's accumulator rows are, and the masking parameters.
@@ -20,35 +21,6 @@ pub(super) struct Rows {
     pub(super) scale_log2: f32,
     /// `LogitOptions::softcap_scale` (read by the `capsink` kernels only).
     pub(super) softcap_scale: f32,
-}
-
-impl Rows {
-    /// The masking of row `row` (block-relative rows `m0 + row`): its allowed keys are
-    /// `j < seq_k`, `j >= row + offset - window_left`, `j <= row + offset + window_right`
-    /// (the window bounds when set), as an inclusive range clamped to `0 ..= seq_k - 1`
-    /// (computed in i64: the sum of three values below 2^30 may leave i32).
-    pub(super) fn key_range(
-        row: u32,
-        window_left: i32,
-        window_right: i32,
-        seq_k: i32,
-        offset: i32,
-    ) -> (i32, i32) {
-        let r = row as i64 + offset as i64;
-        let lo = if window_left >= 0 {
-            (r - window_left as i64).max(0)
-        } else {
-            0
-        };
-        let hi = if window_right >= 0 {
-            (r + window_right as i64).min(seq_k as i64 - 1)
-        } else {
-            seq_k as i64 - 1
-        };
-        // lo <= seq_k and hi >= -2^31 after the clamps: both fit i32 (hi only matters when
-        // compared with keys >= 0, so a very negative one is clamped to -1).
-        (lo.min(seq_k as i64) as i32, hi.max(-1) as i32)
-    }
 }
 
 /// Mask the logits of keys `n0 .. n0 + BN` (-inf outside each row's allowed range, only
@@ -74,17 +46,7 @@ pub(super) fn mask_step<const SR: usize, const BN: u32, const SCALE: bool>(
         let base = (n0 + 2 * r.t) as i32;
         let lo = [r.key_lo[0] - base, r.key_lo[1] - base];
         let hi = [r.key_hi[0] - base, r.key_hi[1] - base];
-        for j in 0..SR / 4 {
-            for e in 0..4 {
-                let (h, c) = (e / 2, (8 * j + e % 2) as i32);
-                let allowed = c >= lo[h] && c <= hi[h];
-                s[4 * j + e] = if allowed {
-                    s[4 * j + e]
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
-        }
+        mask::fill_outside(s, lo, hi, f32::NEG_INFINITY);
     }
     if SCALE {
         for x in s.iter_mut() {

@@ -276,20 +276,25 @@ pub(super) unsafe fn dq<
                 rows_past_end || mask::step_needs_mask::<WG_ROWS, BN>(wm0, n0, off32, wl, wr, sk32);
             for j in 0..NT {
                 for e in 0..4 {
-                    let h = e / 2;
-                    let i = row0 + 8 * h as u32;
-                    let key = (n0 + 8 * j as u32 + 2 * t + (e as u32 % 2)) as i32;
                     let x = 4 * j + e;
                     let (l, dx) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
-                    let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[h]));
-                    if needs_mask
-                        && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
-                    {
-                        pr = 0.0;
-                    }
+                    let pr = math::exp2(math::fma(l, scale_log2, -lse2[e / 2]));
                     // With `SOFTCAP`, P (1 - t^2): dS's factor (P itself feeds no product here).
                     s[x] = if SOFTCAP { pr * dx } else { pr };
                 }
+            }
+            if needs_mask {
+                // The keys each of the thread's rows may attend (none past `seq_q`), counted
+                // from its first column `n0 + 2 t`; P is 0 outside them.
+                let range = |h: u32| {
+                    let i = row0 + 8 * h;
+                    let (lo, hi) = mask::key_range(i, wl, wr, sk32, off32);
+                    let hi = if i < seq_q { hi } else { -1 };
+                    let base = (n0 + 2 * t) as i32;
+                    (lo - base, hi - base)
+                };
+                let ((lo0, hi0), (lo1, hi1)) = (range(0), range(1));
+                mask::fill_outside(&mut s, [lo0, lo1], [hi0, hi1], 0.0);
             }
             // SAFETY: whole warpgroup.
             unsafe { wgmma::wait_group::<0>() };

@@ -276,27 +276,31 @@ pub(super) unsafe fn wide<
             };
             let mut f = [1.0f32; WR];
             for j in 0..NTC {
-                let (seq_q, off32, sk32) = walk.mask_sizes_or((seq_q, off32, sk32));
                 let col = q0c + 8 * j as u32 + 2 * t;
                 // SAFETY: the stage's row values, published by `full` (waited for above); `col`
                 // even: 8-byte aligned.
                 let lse2: [f32; 2] = unsafe { smem::SmemValue::load(rows_s + 4 * col) };
                 for e in 0..4 {
-                    let key = (key0 + 8 * (e as u32 / 2)) as i32;
-                    let i = m0 + col + (e as u32 % 2);
                     let x = 4 * j + e;
                     let (l, factor) = logits::backward_logit::<SOFTCAP>(s[x], softcap_scale);
-                    let mut pr = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
-                    if needs_mask
-                        && !(i < seq_q && mask::allowed(i as i32, key, off32, wl, wr, sk32))
-                    {
-                        pr = 0.0;
-                    }
-                    s[x] = pr;
+                    s[x] = math::exp2(math::fma(l, scale_log2, -lse2[e % 2]));
                     if SOFTCAP {
                         f[x] = factor;
                     }
                 }
+            }
+            if needs_mask {
+                let (seq_q, off32, sk32) = walk.mask_sizes_or((seq_q, off32, sk32));
+                // The query columns each of the thread's keys may see, counted from its first
+                // column `m0 + q0c + 2 t`; P^T is 0 outside them.
+                let range = |h: u32| {
+                    let key = (key0 + 8 * h) as i32;
+                    let (lo, hi) = mask::query_range(key, seq_q, off32, wl, wr, sk32);
+                    let base = (m0 + q0c + 2 * t) as i32;
+                    (lo - base, hi - base)
+                };
+                let ((lo0, hi0), (lo1, hi1)) = (range(0), range(1));
+                mask::fill_outside(&mut s, [lo0, lo1], [hi0, hi1], 0.0);
             }
             // SAFETY: whole warpgroup, uniform control flow.
             unsafe { wgmma::wait_group::<0>() };
