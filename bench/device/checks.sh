@@ -166,10 +166,17 @@
 #       bench/results/sweeps/fla-autotune-h{100,200}.tgz first and saved (all of them) to
 #       $OUT/fla-autotune-h200.tgz after, also when the run is cut short, so that a later run
 #       tunes only what is new.
+#   pmask (steps tests san ab bench, PMASK_STEPS) the attention backward's GPU tests, props,
+#       negative controls, CLI; the four sanitizers on masked cases of every Hopper backward
+#       kernel (dK/dV/dQ at D 64 causal and D 128 window, the wide kernel causal, the dQ kernel
+#       at D 96, packed, softcap); CLI medians of attention-backward, both modes, causal and
+#       not, of this bundle against the bundle before it (extracted to /tmp/old/bundle by an
+#       earlier call on the same warm machine); the Python attention tests; then kbench
+#       attention-backward at D 64, 128, 256, S 4k-16k with its peers (FA4 under /tmp/fa4pkgs).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
 #   hdbench|ncu64|grid|fq|fqsan|fqb|ncufq|bwd96|wide|wideb|ord|nar|rows|e2e2|bwdhd|pad|pad2|fp8|
-#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto|n192|ncu192|ncudyn
+#   detw|hvb|vdim|vbwd|dec2|flab|dyn|auto|n192|ncu192|ncudyn|pmask
 set -u
 part=${1:-t}
 B=/tmp/b9/bundle
@@ -1114,6 +1121,41 @@ if [ "$part" = flab ]; then
   echo "fla autotune results saved: $(find $TC -name '*.autotune.json' | wc -l)" >> $S
   grep -E "peer " $L/bench-gla-fla.log | tail -20 >> $S
   sed -n '/^== table/,$p' $L/bench-gla-fla.log | grep -E "gla_fwd_bwd|gla_fwd " | grep -v "ours-" | tail -30 >> $S
+fi
+# CLI medians of attention-backward (--repeat 30), both modes, causal and not, of the bundle in
+# /tmp/old/bundle and of this one, alternating, on bwd_inputs' file for B $1, S $2, H $3, D $4.
+bwd_ab() {
+  local d=$4 c mode b cli
+  bwd_inputs "$@"
+  for c in "" "--causal"; do
+    for mode in "" "--deterministic"; do
+      for b in old new; do
+        cli=$CLI; [ $b = old ] && cli=/tmp/old/bundle/bin/kernels-cli
+        $cli attention-backward /tmp/attn_bwd_$d.st -o /tmp/ab.st --repeat 30 $c $mode 2>&1 |
+          grep -o "median.*" | sed "s/^/$b B$1 S$2 H$3 D$d ${c:-full} ${mode:-default} /" >> $S
+      done
+    done
+  done
+}
+if [ "$part" = pmask ]; then
+  steps=" ${PMASK_STEPS:-tests san ab py bench} "
+  if [[ $steps == *" tests "* ]]; then
+    bwd_tests
+    grep -h "deterministic backward.*runs" $L/bwd.log >> $S
+  fi
+  [[ $steps == *" san "* ]] && san_cases "${PMASKSAN:-attention_bwd/gpu/f16_d64_b2_sq113_sk203_h4x2_causal_atomic
+    attention_bwd/gpu/bf16_d128_b1_sq300_sk300_h2x2_win40_7_dlse_det
+    attention_bwd/gpu/bf16_d256_b2_sq113_sk203_h4x2_causal_atomic
+    attention_bwd/gpu/bf16_d96_b1_sq300_sk300_h2x2_win40_7_dlse_atomic
+    attention_varlen_bwd/gpu/bf16_d128_h4x2_lens113x203_0x7_1x1_239x17_5x0_causal_dlse_atomic
+    attention_capsink_bwd/auto/bf16_d128_b1_sq239_sk130_h4x2_causal_softcap20_atomic}"
+  if [[ $steps == *" ab "* ]]; then
+    bwd_ab 4 4096 32 64; bwd_ab 1 16384 32 64
+    bwd_ab 4 4096 16 128; bwd_ab 1 16384 16 128
+    bwd_ab 2 8192 8 256
+  fi
+  [[ $steps == *" py "* ]] && py_attention /tmp/pyd9pm
+  [[ $steps == *" bench "* ]] && T=${T:-560} bwd_bench ${DIMS:-64,128,256}
 fi
 tar -czf $OUT/logs-$part.tgz -C /tmp logs9-$part
 cat $S
