@@ -171,7 +171,8 @@
 #       kernel (dK/dV/dQ at D 64 causal and D 128 window, the wide kernel causal, the dQ kernel
 #       at D 96, packed, softcap); CLI medians of attention-backward, both modes, causal and
 #       not, of this bundle against the bundle before it (extracted to /tmp/old/bundle by an
-#       earlier call on the same warm machine); the Python attention tests; then kbench
+#       earlier call on the same warm machine); abbench: kbench attention-backward of both
+#       bundles without peers (D 64, 128, S 4k, 16k); the Python attention tests; then kbench
 #       attention-backward at D 64, 128, 256, S 4k-16k with its peers (FA4 under /tmp/fa4pkgs).
 # Usage, from the repository root with the bundle at target/bundle-pack/bundle.tar.xz (./x bundle):
 #   OUT=DIR bash bench/device/checks.sh t|vb|fla|hd|dec|cap|capb|capbsan|hvar|hvarsan|app|hdall|hdsan|
@@ -1153,6 +1154,17 @@ if [ "$part" = pmask ]; then
     bwd_ab 4 4096 32 64; bwd_ab 1 16384 32 64
     bwd_ab 4 4096 16 128; bwd_ab 1 16384 16 128
     bwd_ab 2 8192 8 256
+  fi
+  if [[ $steps == *" abbench "* ]]; then
+    # kbench attention-backward without peers, the bundle before (old/) then this one (new/).
+    for b in old new; do
+      kb=$B/bin/kbench; [ $b = old ] && kb=/tmp/old/bundle/bin/kbench
+      mkdir -p $OUT/$b; s=$(date +%s)
+      KBENCH_PEERS=0 KBENCH_ATTENTION_DIMS=${ABDIMS:-64,128} KBENCH_ATTENTION_SEQS=${ABSEQS:-4096,16384} \
+        timeout 280 $kb attention-backward --out $OUT/$b > $L/abbench-$b.log 2>&1
+      echo "abbench $b rc=$? $(( $(date +%s)-s ))s" >> $S
+      sed -n '/^== table/,$p' $L/abbench-$b.log | grep -E "attention_(fwd_)?bwd .* ours(-deterministic)? " | sed "s/^/$b /" >> $S
+    done
   fi
   [[ $steps == *" py "* ]] && py_attention /tmp/pyd9pm
   [[ $steps == *" bench "* ]] && T=${T:-560} bwd_bench ${DIMS:-64,128,256}
