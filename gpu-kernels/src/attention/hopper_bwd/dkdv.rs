@@ -536,13 +536,12 @@ unsafe fn stage_dq<const QR: usize>(cfg: &HopperBwdConfig, c: u32, dq: &[f32; QR
 ///
 /// Barrier protocol: the warp arrives on `DQ_EMPTY + c` once before the first step (the parts
 /// start free); at each step it syncs on `DQ_FULL + c` before lane 0 issues part `c`'s reduce;
-/// once lane 0 has waited for both reduces to have read their sources, the warp arrives on
-/// `DQ_EMPTY + c`, except after the last step (the consumers sync once per step). Lane 0 waits
-/// for every reduce to be performed before the block exits.
+/// once lane 0 has waited for both reduces to have read their sources (in order mode: to be
+/// performed), the warp arrives on `DQ_EMPTY + c`, except after the last step (the consumers
+/// sync once per step). Lane 0 waits for every reduce to be performed before the block exits.
 ///
 /// Order (deterministic mode, `dq_order` not null; [`DqOrder`]): lane 0 acquires the step's
-/// tiles before its first reduce of the step, and releases them once its reduces are performed
-/// (after the `DQ_EMPTY` arrivals: the consumers store the next parts meanwhile).
+/// tiles before its first reduce of the step, and releases them once its reduces are performed.
 ///
 /// # Safety
 /// Warp [`DQ_WRITER_WARP`] of the producer warpgroup of a dK/dV/dQ kernel calls it once, when
@@ -604,7 +603,14 @@ unsafe fn write_dq<const VARLEN: bool>(
             }
         }
         if lane == 0 {
-            tma::bulk_wait_group_read::<0>();
+            if ordered {
+                tma::bulk_wait_group::<0>();
+                fence::fence_proxy_async();
+                // SAFETY: as for the acquire above; this block's additions are performed.
+                unsafe { order.release(h, m0) };
+            } else {
+                tma::bulk_wait_group_read::<0>();
+            }
         }
         // SAFETY: every lane of the warp.
         unsafe { sync::sync_warp(warp::FULL_MASK) };
@@ -613,17 +619,6 @@ unsafe fn write_dq<const VARLEN: bool>(
                 // SAFETY: lane 0's wait above: the parts are read; one arrival per step.
                 unsafe { sync::named_arrive(DQ_EMPTY + c, DQ_SYNC_THREADS) };
             }
-        }
-        // In order mode the consumers store the next parts while the reduces complete.
-        if ordered {
-            if lane == 0 {
-                tma::bulk_wait_group::<0>();
-                fence::fence_proxy_async();
-                // SAFETY: as for the acquire above; this block's additions are performed.
-                unsafe { order.release(h, m0) };
-            }
-            // SAFETY: every lane of the warp (reconverged before the next step's barriers).
-            unsafe { sync::sync_warp(warp::FULL_MASK) };
         }
     }
     if lane == 0 {
