@@ -83,9 +83,10 @@
 //!   lanes' reads: racecheck reports that as a write-after-read hazard).
 //! - Within a step, four `wgmma` groups: S^T, dP^T, then dV once P^T is packed (S^T waited
 //!   for with `wait_group 1`, dP^T still running), then dK once dS^T is (`wait_group 1`: dV
-//!   may still run), with `FUSED` a fifth, dQ, issued while dK runs (after a `wait_group 1`
-//!   that retires dV, so that P^T's registers are free for dQ's; under a softcap after a
-//!   `wait_group 0` that also retires dK); `wait_group 0` ends the step.
+//!   may still run), with `FUSED` a fifth, dQ: without a softcap issued before dK (once the
+//!   `dS^T` buffer is published, dV possibly running), then a `wait_group 1` retires dV and
+//!   dQ and the consumer stages its dQ part while dK runs; under a softcap (more registers in
+//!   use) issued after a `wait_group 0` that retires dV and dK. `wait_group 0` ends the step.
 //! - `FUSED`, the `dS^T` buffers: step `i` writes buffer `i % 2`. Each consumer thread
 //!   stores its fragments, fences the async proxy and syncs on named barrier `DS_BARRIER`
 //!   (both consumers, 256 threads); then both issue their dQ products reading the buffer (the
@@ -347,46 +348,23 @@ pub(super) unsafe fn dkdv<
                 }
             }
             let mut da = pack_p::<E, SR, KQ>(&dp);
-            // dK += dS^T Q.
-            // SAFETY: as above.
-            unsafe {
-                wgmma::fence();
-                for kk in 0..KQ {
-                    let b = Descriptor::mn_major_sw128(qt + 2048 * kk as u32, cfg.block_bytes(BM));
-                    g_mma(&mut dk, da[kk], b);
-                }
-                wgmma::commit_group();
-            }
-            // dQ = dS K over the block's keys, while dK runs: both consumers' dS^T through
-            // this step's buffer. The consumer's part (`cfg.dq_part`): with 64-row steps
-            // columns `c D / 2 ..` of the step's rows, else every column of rows `64 c ..`
-            // (column block `c` of the buffer).
+            // dQ = dS K over the block's keys: both consumers' dS^T through this step's buffer.
+            // The consumer's part (`cfg.dq_part`): with 64-row steps columns `c D / 2 ..` of
+            // the step's rows, else every column of rows `64 c ..` (column block `c` of the
+            // buffer). Without a softcap dQ is issued before dK (while dV may still run) and
+            // staged while dK runs; under a softcap (more registers in use) after dK, once dV
+            // and dK are done.
+            let early_dq = FUSED && !SOFTCAP;
             let mut dq = [0.0f32; QR];
             let ds_buf = regs::opaque(base + cfg.ds_offset(step % 2));
-            if FUSED {
+            let issue_dq = |dq: &mut [f32; QR], da: &[[u32; 4]; KQ]| {
                 // SAFETY: the buffer's previous readers (step - 2's dQ products of both
                 // consumers) completed before their arrivals on the previous step's barrier.
-                unsafe { store_ds_t(ds_buf, cfg.block_bytes(BN), &da, c, g, t) };
+                unsafe { store_ds_t(ds_buf, cfg.block_bytes(BN), da, c, g, t) };
                 fence::fence_proxy_async_shared();
                 // SAFETY: both consumer warpgroups, every thread, once per step (the same
                 // number of steps in both).
                 unsafe { sync::named_sync(DS_BARRIER, CONSUMER_THREADS) };
-                // dV is done (dK may still run): P^T's registers are free for dQ's. Under a
-                // softcap (more registers in use) dK too, freeing dS^T's.
-                // SAFETY: whole warpgroup, uniform control flow.
-                unsafe {
-                    if SOFTCAP {
-                        wgmma::wait_group::<0>();
-                    } else {
-                        wgmma::wait_group::<1>();
-                    }
-                }
-                for kk in 0..KQ {
-                    wgmma::pin_fragment(&mut pa[kk]);
-                    if SOFTCAP {
-                        wgmma::pin_fragment(&mut da[kk]);
-                    }
-                }
                 let (ds_cols, n0) = if BM == HOPPER_DQ_TILE_ROWS {
                     (ds_buf, c * D / 2)
                 } else {
@@ -397,8 +375,8 @@ pub(super) unsafe fn dkdv<
                 let k_cols = regs::opaque(
                     k_s + (n0 / HOPPER_ATOM) * cfg.block_bytes(BN) + (n0 % HOPPER_ATOM) * 2,
                 );
-                // SAFETY: as above; the buffer was published by the barrier after each
-                // writer's proxy fence.
+                // SAFETY: whole warpgroup, uniform control flow; K is resident for the walk and
+                // the buffer was published by the barrier after each writer's proxy fence.
                 unsafe {
                     wgmma::fence();
                     for kk in 0..BN / 16 {
@@ -406,24 +384,59 @@ pub(super) unsafe fn dkdv<
                             Descriptor::mn_major_sw128(ds_cols + 2048 * kk, cfg.block_bytes(BN));
                         let b = Descriptor::mn_major_sw128(k_cols + 2048 * kk, cfg.block_bytes(BN));
                         if kk == 0 {
-                            (q_mma.first)(&mut dq, a, b);
+                            (q_mma.first)(dq, a, b);
                         } else {
-                            (q_mma.rest)(&mut dq, a, b);
+                            (q_mma.rest)(dq, a, b);
                         }
                     }
                     wgmma::commit_group();
                 }
+            };
+            if early_dq {
+                issue_dq(&mut dq, &da);
+            }
+            // dK += dS^T Q.
+            // SAFETY: as above.
+            unsafe {
+                wgmma::fence();
+                for kk in 0..KQ {
+                    let b = Descriptor::mn_major_sw128(qt + 2048 * kk as u32, cfg.block_bytes(BM));
+                    g_mma(&mut dk, da[kk], b);
+                }
+                wgmma::commit_group();
+            }
+            if FUSED && !early_dq {
+                // dV and dK are done: P^T's and dS^T's registers are free for dQ's.
+                // SAFETY: whole warpgroup, uniform control flow.
+                unsafe { wgmma::wait_group::<0>() };
+                for kk in 0..KQ {
+                    wgmma::pin_fragment(&mut pa[kk]);
+                    wgmma::pin_fragment(&mut da[kk]);
+                }
+                issue_dq(&mut dq, &da);
+            }
+            if early_dq {
+                // Groups complete in order: dV and dQ are done, dK may still run.
+                // SAFETY: whole warpgroup, uniform control flow.
+                unsafe { wgmma::wait_group::<1>() };
+                (q_mma.fence)(&mut dq);
+                for kk in 0..KQ {
+                    wgmma::pin_fragment(&mut pa[kk]);
+                }
+                // SAFETY: every thread of the consumer warpgroup, once per step, as the
+                // writer warp's steps.
+                unsafe { stage_dq::<QR>(cfg, c, &dq) };
             }
             // SAFETY: whole warpgroup, uniform control flow.
             unsafe { wgmma::wait_group::<0>() };
             g_fence(&mut dv);
             g_fence(&mut dk);
-            if FUSED {
+            if FUSED && !early_dq {
                 (q_mma.fence)(&mut dq);
             }
             for kk in 0..KQ {
-                // The products read the fragments until the wait above (P^T's, with `FUSED`,
-                // until the earlier one).
+                // The products read the fragments until the wait above (with `FUSED`, P^T's
+                // until the earlier one; under a softcap dS^T's too).
                 if !FUSED {
                     wgmma::pin_fragment(&mut pa[kk]);
                 }
@@ -435,7 +448,7 @@ pub(super) unsafe fn dkdv<
             // thread's reads of its row values were before; one arrival per consumer thread
             // and phase.
             unsafe { ring.empty(pos.stage).arrive() };
-            if FUSED {
+            if FUSED && !early_dq {
                 // SAFETY: every thread of the consumer warpgroup, once per step, as the
                 // writer warp's steps.
                 unsafe { stage_dq::<QR>(cfg, c, &dq) };
