@@ -7,8 +7,9 @@
 //! `j <= i + offset + window_right`; a negative bound is no bound, and `window_right = 0` is the
 //! causal mask. Masked logits are -inf (the softmax never forms `-inf - -inf`: see
 //! [`super::softmax`]). A step of keys that lies inside every row's window skips the mask
-//! ([`step_needs_mask`]). Sequence lengths and windows are kept below 2^30 by the host, so the
-//! sums below are exact in i32 unless noted.
+//! ([`step_needs_mask`]). The range helpers (`key_range`, `query_range`, `fill_outside`) serve
+//! the Hopper kernels and are compiled with them (sm_90a). Sequence lengths and windows are
+//! kept below 2^30 by the host, so the sums below are exact in i32 unless noted.
 
 /// Whether the key step `n0 .. n0 + BN` crosses, for some row of the query block
 /// `m0 .. m0 + BM`, a window edge or `seq_k` (else every logit of the step is allowed).
@@ -47,6 +48,7 @@ pub(super) fn allowed(
 /// The keys row `row` may attend: `lo ..= hi` (empty when `lo > hi`), the keys `j < seq_k`
 /// with [`allowed`]`(row, j, ..)`, clamped to `0 ..= seq_k - 1` (computed in i64: the sum of
 /// three values below 2^30 may leave i32). Masks on accumulators whose rows are queries.
+#[cfg(target_feature = "sm_90a")]
 pub(super) fn key_range(
     row: u32,
     window_left: i32,
@@ -74,6 +76,7 @@ pub(super) fn key_range(
 /// `i < seq_q` with [`allowed`]`(i, key, ..)` (none when `key >= seq_k`), clamped to `0 ..=
 /// seq_q - 1` (in i64, as [`key_range`]). Masks on accumulators whose rows are keys (the
 /// backward's `S^T`).
+#[cfg(target_feature = "sm_90a")]
 #[inline(always)]
 pub(super) fn query_range(
     key: i32,
@@ -104,6 +107,7 @@ pub(super) fn query_range(
 /// 8` of its warp) and column `8 j + e % 2` counted from the thread's first (`2 t`); `lo[h] ..=
 /// hi[h]` are row `h`'s allowed columns on that count. Branch-free: two compares and a select
 /// per entry.
+#[cfg(target_feature = "sm_90a")]
 #[inline(always)]
 pub(super) fn fill_outside<const SR: usize>(
     s: &mut [f32; SR],
