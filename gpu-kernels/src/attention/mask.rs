@@ -86,20 +86,10 @@ pub(super) fn query_range(
     window_right: i32,
     seq_k: i32,
 ) -> (i32, i32) {
-    // key <= i + offset + window_right and key >= i + offset - window_left, solved for i.
-    let r = key as i64 - offset as i64;
-    let lo = if window_right >= 0 {
-        (r - window_right as i64).max(0)
-    } else {
-        0
-    };
-    let hi = if window_left >= 0 {
-        (r + window_left as i64).min(seq_q as i64 - 1)
-    } else {
-        seq_q as i64 - 1
-    };
-    let hi = if key < seq_k { hi.max(-1) } else { -1 };
-    (lo.min(seq_q as i64) as i32, hi as i32)
+    // key <= i + offset + window_right and key >= i + offset - window_left, solved for i: the
+    // keys row `key` may attend at offset `-offset` with the windows exchanged.
+    let (lo, hi) = key_range(key as u32, window_right, window_left, seq_q as i32, -offset);
+    (lo, if key < seq_k { hi } else { -1 })
 }
 
 /// Set to `fill` the entries of a thread's f32 `wgmma` accumulator fragment that lie outside
