@@ -26,7 +26,9 @@
 //!   key blocks in descending order (block `x` the key block `nb - 1 - x` of `nb`), and each
 //!   tile of the accumulator receives its key blocks' contributions in that order, each one
 //!   waiting for its predecessor's through the tile's counter ([`dq_order_index`]). A block
-//!   only waits for blocks launched before it.
+//!   only waits for blocks launched before it. The grid interleaves the (key/value head,
+//!   sequence) pairs in launch order ([`dkdv_block`]) so that the chains of waits of blocks
+//!   launched together do not add up wave after wave.
 //!
 //! The kernels' module documentation (`gpu-kernels/src/attention/hopper_bwd/`) has the
 //! products and the barrier protocols.
@@ -100,6 +102,10 @@ pub struct HopperBwdParams {
     pub total_q: u32,
     /// Packed sequences: key rows of K, V, dK, dV.
     pub total_k: u32,
+    /// The (key/value head, sequence) pairs whose blocks the dK/dV grid interleaves in its
+    /// launch order ([`dkdv_block`]); 1: the grid's own indices. The deterministic mode's
+    /// ([`dq_order_group`]); the dQ kernel ignores it.
+    pub order_group: u32,
 }
 
 /// Rows per (sequence, head) of the tiled dQ accumulator: `seq_q` rounded up to whole tiles.
@@ -197,6 +203,49 @@ pub const fn dq_order_varlen_len(heads_q: usize, total_q: usize, batch: usize) -
 #[inline]
 pub const fn dq_order_index(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u32) -> u64 {
     dq_accum_tile_base(b, h, heads_q, seq_q, m0, 1) / HOPPER_DQ_TILE_ROWS as u64
+}
+
+/// The (key/value head, sequence) pairs the deterministic mode interleaves in the dK/dV grid's
+/// launch order ([`dkdv_block`]) for `key_blocks` blocks per pair, `pairs` pairs and
+/// `multiprocessors` SMs: enough pairs that the blocks launched together (one per SM) span
+/// about twice the SMs' worth of each pair's chain, at most `pairs`, at least 1.
+///
+/// Why: in deterministic mode key block `n` adds into a dQ tile only after key block `n + 1`
+/// has, so the blocks of a pair that start together go through their common tiles one after
+/// the other, each later by the time its predecessor's additions take. Launched pair after
+/// pair, the blocks that replace a finished wave's start together again, pairs at a time,
+/// and pay that staircase at every wave; interleaved, each pair gets a new block as its
+/// previous one frees an SM, and the chain's stagger carries over from wave to wave.
+#[inline]
+pub const fn dq_order_group(key_blocks: u32, pairs: u32, multiprocessors: u32) -> u32 {
+    let g = (2 * multiprocessors).div_ceil(if key_blocks == 0 { 1 } else { key_blocks });
+    let g = if g > pairs { pairs } else { g };
+    if g == 0 { 1 } else { g }
+}
+
+/// The (block `x`, pair `f`) that the block at grid position (`x`, pair `f`) takes, where the
+/// grid has `key_blocks` blocks per pair, `pairs` (key/value head, sequence) pairs (`f = head
+/// + heads_kv sequence`), and interleaves `group` pairs ([`dq_order_group`]; 1: the grid's own
+/// indices). The launch index `x + key_blocks f` is split into groups of `group` pairs (the
+/// last one smaller): the group's blocks take block 0 of each of its pairs, then block 1 of
+/// each, and so on. A bijection of the grid; within a pair, block `x` is launched after block
+/// `x - 1`, so the deterministic order still only waits for blocks launched before.
+#[inline]
+pub const fn dkdv_block(x: u32, f: u32, key_blocks: u32, pairs: u32, group: u32) -> (u32, u32) {
+    if group <= 1 {
+        return (x, f);
+    }
+    let i = x as u64 + key_blocks as u64 * f as u64;
+    let span = group as u64 * key_blocks as u64;
+    let (g, within) = (i / span, i % span);
+    let first = g * group as u64;
+    let left = pairs as u64 - first;
+    let width = if left < group as u64 {
+        left
+    } else {
+        group as u64
+    };
+    ((within / width) as u32, (first + within % width) as u32)
 }
 
 /// The tile row and column of the first element of the vector at element offset `4 f` of a dQ
@@ -887,3 +936,47 @@ const _: () = {
     assert!(HopperDqConfig { head_dim: 128 }.smem_bytes() <= 227 * 1024);
     assert!(HOPPER_DQ_BLOCK_M == 2 * 64 && HOPPER_DQ_BLOCK_N == 64);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every interleaving is a bijection of the grid in which each pair's block `x` is
+    /// launched after its block `x - 1`.
+    #[test]
+    fn dkdv_block_is_a_permutation_in_chain_order() {
+        for key_blocks in 1..=7u32 {
+            for pairs in 1..=11u32 {
+                for group in 0..=13u32 {
+                    let n = (key_blocks * pairs) as usize;
+                    // launched[f][x]: the launch index of the block taking (x, f).
+                    let mut launched = [[usize::MAX; 7]; 11];
+                    for i in 0..n {
+                        let (x, f) = (i as u32 % key_blocks, i as u32 / key_blocks);
+                        let (bx, bf) = dkdv_block(x, f, key_blocks, pairs, group);
+                        assert!(
+                            bx < key_blocks && bf < pairs,
+                            "{key_blocks} {pairs} {group}"
+                        );
+                        let slot = &mut launched[bf as usize][bx as usize];
+                        assert_eq!(*slot, usize::MAX, "taken twice");
+                        *slot = i;
+                    }
+                    for per_pair in &launched[..pairs as usize] {
+                        let per_pair = &per_pair[..key_blocks as usize];
+                        assert!(per_pair.windows(2).all(|w| w[0] < w[1]));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dq_order_group_spans_twice_the_sms() {
+        assert_eq!(dq_order_group(32, 128, 132), 9);
+        assert_eq!(dq_order_group(32, 4, 132), 4);
+        assert_eq!(dq_order_group(512, 16, 132), 1);
+        assert_eq!(dq_order_group(0, 0, 132), 1);
+        assert_eq!(dkdv_block(5, 3, 32, 128, 1), (5, 3));
+    }
+}

@@ -19,7 +19,8 @@
 //! # Tiling
 //! One block per `BN = 128` keys of one key/value head of one sequence (grid `(ceil(seq_k /
 //! 128), heads_kv, batch)`; in deterministic mode block `x` takes the key block `nb - 1 - x`
-//! of `nb`, see `Walk`); its K and V tiles are loaded once. The steps are, for each query
+//! of `nb` and the (head, sequence) pairs are interleaved in launch order, see `Walk` and
+//! `grid_position`); its K and V tiles are loaded once. The steps are, for each query
 //! head of the group in turn, the `BM`-row query blocks that may see a key of the block (causal
 //! and window bounds; the others are skipped), their Q and dO tiles streamed through a 2-stage
 //! ring. `BM` is 64, or 128 in the dK/dV/dQ kernel at D = 64 (`HopperBwdConfig::block_m`).

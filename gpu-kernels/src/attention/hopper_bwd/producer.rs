@@ -12,7 +12,7 @@ use crate::arch::mbarrier::{Mbarrier, RingPos};
 use crate::arch::tma::TensorMapPtr;
 use crate::arch::{atomic, fence, global, index, math, regs, smem, sync};
 use kernel_abi::attention::hopper_bwd::{
-    HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams,
+    HOPPER_BWD_STAGES as STAGES, HOPPER_DQ_TILE_ROWS, HopperBwdConfig, HopperBwdParams, dkdv_block,
     dq_accum_row0, dq_accum_rows, dq_accum_varlen_row0, dq_order_index,
 };
 use kernel_abi::attention::{HOPPER_ATOM, HOPPER_PRODUCER_REGS};
@@ -21,13 +21,38 @@ use kernel_abi::attention::{HOPPER_ATOM, HOPPER_PRODUCER_REGS};
 /// each).
 pub(super) const ROW_WRITERS: u32 = 32;
 
+/// This block's position in the dK/dV grid, `(x, key/value head, sequence)`: its block
+/// indices, with the (key/value head, sequence) pairs interleaved in launch order by groups of
+/// `order_group` ([`dkdv_block`]; the deterministic mode's).
+#[inline(always)]
+pub(super) fn grid_position(p: &HopperBwdParams) -> (u32, u32, u32) {
+    let (x, y, z) = (
+        index::block_idx_x(),
+        index::block_idx_y(),
+        index::block_idx_z(),
+    );
+    if p.order_group <= 1 {
+        return (x, y, z);
+    }
+    let heads_kv = index::grid_dim_y();
+    let pairs = heads_kv * index::grid_dim_z();
+    let (x, f) = dkdv_block(
+        x,
+        y + heads_kv * z,
+        index::grid_dim_x(),
+        pairs,
+        p.order_group,
+    );
+    (x, f % heads_kv, f / heads_kv)
+}
+
 /// The query blocks a block of keys visits, the same in every thread: for each query head of
 /// the key/value head's group in turn, the `block_m`-row query blocks that may see a key of
-/// the block (causal and window bounds). Block `x` of the grid takes key block `x`, or in
-/// deterministic mode (`dq_order` not null) key block `nb - 1 - x` of `nb`: the order in which
-/// the blocks of a head add into each dQ tile is then the order of their launch.
+/// the block (causal and window bounds). Block `x` ([`grid_position`]) takes key block `x`, or
+/// in deterministic mode (`dq_order` not null) key block `nb - 1 - x` of `nb`: the order in
+/// which the blocks of a head add into each dQ tile is then the order of their launch.
 ///
-/// `VARLEN` (packed sequences): the block's sequence `blockIdx.z` is located from
+/// `VARLEN` (packed sequences): the block's sequence (`grid_position`'s) is located from
 /// `cu_seqlens_*`, its bounds clamped into `0 ..= total_*` and its lengths to the longest
 /// (`base.seq_q`, `base.seq_k`, which size the grid and the preprocess's); the rows of its
 /// tensors and of its tiles in the accumulator come from there. A block past the sequence's
@@ -87,8 +112,8 @@ fn query_blocks(
 }
 
 impl<const VARLEN: bool> Walk<VARLEN> {
-    /// The walk of this block (`block_idx = (x, key/value head, sequence)`) in the kernel's
-    /// configuration (its keys per block and query rows per step).
+    /// The walk of this block (`grid_position = (x, key/value head, sequence)`) in the
+    /// kernel's configuration (its keys per block and query rows per step).
     ///
     /// # Safety
     /// Every thread of the block calls it once, at the kernel's start, in uniform control flow
@@ -98,10 +123,10 @@ impl<const VARLEN: bool> Walk<VARLEN> {
     #[inline(always)]
     pub unsafe fn of(p: &HopperBwdParams, cfg: &HopperBwdConfig) -> Self {
         let (block_n, block_m) = (cfg.block_n(), cfg.block_m);
+        let (x, head_kv, batch) = grid_position(p);
         let (seq_q, seq_k, q0, k0) = if VARLEN {
-            let batch = index::block_idx_z();
-            // SAFETY: `batch < base.batch` (the grid) and both arrays hold `batch + 1` entries
-            // (the caller's).
+            // SAFETY: `batch < base.batch` (the grid's z; `grid_position` permutes the grid)
+            // and both arrays hold `batch + 1` entries (the caller's).
             let (q0, q1, k0, k1) = unsafe {
                 (
                     *p.cu_seqlens_q.add(batch as usize),
@@ -122,7 +147,6 @@ impl<const VARLEN: bool> Walk<VARLEN> {
             (p.base.seq_q, p.base.seq_k, 0, 0)
         };
         let key_blocks = seq_k.div_ceil(block_n);
-        let x = index::block_idx_x();
         // A block past its sequence's key blocks keeps its own (keys past `seq_k`, no steps,
         // nothing stored) and runs through like any other: returning early costs the kernel's
         // register allocation more than the blocks cost.
@@ -139,7 +163,6 @@ impl<const VARLEN: bool> Walk<VARLEN> {
             query_blocks(p, seq_q, seq_k, n0, block_n, block_m)
         };
         let group = p.base.heads_q / p.base.heads_kv;
-        let (head_kv, batch) = (index::block_idx_y(), index::block_idx_z());
         // Packed sequences own disjoint accumulator tiles, so that no two sequences share an
         // order counter, when `cu_seqlens_q` is in order inside `0 ..= total_q`; contents out
         // of order could make blocks of two sequences wait on one counter for marks it never
@@ -284,7 +307,7 @@ impl<const VARLEN: bool> Walk<VARLEN> {
     #[inline(always)]
     fn packed_dk_dv_rows(&self, p: &HopperBwdParams) -> (u64, u64) {
         let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-        let (k0, head_kv) = (self.sequence(3) as u64, index::block_idx_y() as u64);
+        let (k0, head_kv) = (self.sequence(3) as u64, grid_position(p).1 as u64);
         (
             k0 * dk_st[1] + head_kv * dk_st[2],
             k0 * dv_st[1] + head_kv * dv_st[2],
@@ -340,8 +363,8 @@ fn load_sequence(at: u32, i: u32) -> u32 {
 /// holds `nb - n - 1`, the mark of key block `n + 1`, when that block adds into the step's tiles
 /// (its query blocks contain the step's: the key blocks that see a tile are consecutive); once
 /// its own additions are performed, it stores (release) `nb - n` in each. Key block `n + 1` is
-/// block `x - 1` of the grid (same head and sequence, [`Walk`]), launched before this one, and
-/// waits only for blocks launched before it: no cycle.
+/// block `x - 1` of the same head and sequence ([`Walk`], [`grid_position`]), launched before
+/// this one, and waits only for blocks launched before it: no cycle.
 #[derive(Clone, Copy)]
 pub(super) struct DqOrder<const VARLEN: bool> {
     /// The counters (one u32 per tile, zeroed by the preprocess), null in the default mode.
@@ -679,8 +702,10 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize, const VARLEN: bool>(
 ) {
     let t = index::lane_id() % 4;
     let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-    // From the block indices rather than the walk: nothing kept in registers across the steps.
-    let (head_kv, batch) = (index::block_idx_y() as u64, index::block_idx_z() as u64);
+    // From the block's position rather than the walk: nothing kept in registers across the
+    // steps.
+    let (_, head_kv, batch) = grid_position(p);
+    let (head_kv, batch) = (head_kv as u64, batch as u64);
     let (dk_base, dv_base) = if VARLEN {
         let (dk_off, dv_off) = walk.packed_dk_dv_rows(p);
         (

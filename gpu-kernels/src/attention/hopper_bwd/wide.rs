@@ -15,7 +15,7 @@
 //!
 //! # Tiling
 //! One block per `BN = 64` keys of one key/value head of one sequence (grid `(ceil(seq_k /
-//! 64), heads_kv, batch)`): dK and dV of 128 keys would need D f32 registers per thread each,
+//! 64), heads_kv, batch)`, positions as in `grid_position`): dK and dV of 128 keys would need D f32 registers per thread each,
 //! so both consumers cover the same 64 keys and split the columns instead. K and V are loaded
 //! once; the steps are the walk of [`Walk`] (64-row query blocks of every query head of the
 //! group), their Q and dO tiles through a 2-stage ring. Tiles are `D / 64` column blocks of

@@ -14,7 +14,8 @@ use kernel_abi::attention::backward::{
 };
 use kernel_abi::attention::hopper_bwd::{
     HOPPER_DQ_BLOCK_M, HOPPER_DQ_BLOCK_N, HopperBwdConfig, HopperBwdKernel, HopperBwdParams,
-    HopperBwdSplit, dq_accum_len, dq_order_len, hopper_bwd_kernel, hopper_bwd_padded_kernel,
+    HopperBwdSplit, dq_accum_len, dq_order_group, dq_order_len, hopper_bwd_kernel,
+    hopper_bwd_padded_kernel,
 };
 use kernel_abi::{Kernel, KernelDecl, TensorMap};
 
@@ -199,6 +200,9 @@ pub struct AttentionBackwardPlan {
     params: AttentionBwdParams,
     row_grid: (u32, u32, u32),
     dkdv_grid: (u32, u32, u32),
+    /// The deterministic mode's interleaving of the dK/dV grid's (key/value head, sequence)
+    /// pairs ([`dq_order_group`]), used where its dQ additions are ordered.
+    order_group: u32,
     dq_grid: (u32, u32, u32),
     delta_len: usize,
     dq_accum_len: usize,
@@ -545,6 +549,7 @@ impl AttentionProblem {
             params,
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
             dkdv_grid: (sk.div_ceil(block_n), hkv, b),
+            order_group: dq_order_group(sk.div_ceil(block_n), hkv * b, target.multiprocessors),
             dq_grid: (sq.div_ceil(dq_block_m), hq, b),
             delta_len: workspace.delta,
             dq_accum_len: workspace.dq_accum,
@@ -752,6 +757,7 @@ impl AttentionBackwardPlan {
                 cu_seqlens_k: std::ptr::null(),
                 total_q: 0,
                 total_k: 0,
+                order_group: if ordered { self.order_group } else { 1 },
             };
             let (main, cfg) = h.main();
             let dkdv = BwdLaunch::Hopper(Launch::new(main, self.dkdv_grid, cfg, hp));

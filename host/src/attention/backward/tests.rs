@@ -211,6 +211,12 @@ fn the_hopper_path_where_it_exists() {
             assert!(l.pre.params().dq_order.is_null());
             assert!(l.dkdv.params().dq_order.is_null());
         }
+        // The ordered mode interleaves every (head, sequence) pair of this small grid (2 key
+        // blocks of 6 pairs on 132 SMs); the default keeps the grid's indices.
+        let BwdLaunch::Hopper(h) = &l.dkdv else {
+            unreachable!()
+        };
+        assert_eq!(h.params().order_group, if deterministic { 6 } else { 1 });
         assert_eq!(l.pre.name(), k.pre.name);
         assert_eq!(l.dkdv.params().delta as u64, 20 << 40);
         // sm_80 has no Hopper kernels.

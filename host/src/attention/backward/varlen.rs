@@ -44,7 +44,7 @@ use kernel_abi::attention::backward::{
     ROW_BLOCK, bwd_varlen_kernels,
 };
 use kernel_abi::attention::hopper_bwd::{
-    HopperBwdParams, HopperDkdvq, dq_accum_varlen_len, dq_order_varlen_len,
+    HopperBwdParams, HopperDkdvq, dq_accum_varlen_len, dq_order_group, dq_order_varlen_len,
     hopper_bwd_varlen_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
@@ -184,6 +184,9 @@ pub struct AttentionVarlenBackwardPlan {
     params: AttentionBwdVarlenParams,
     row_grid: (u32, u32, u32),
     dkdv_grid: (u32, u32, u32),
+    /// The deterministic mode's interleaving of the dK/dV grid's (key/value head, sequence)
+    /// pairs ([`dq_order_group`]), used where its dQ additions are ordered.
+    order_group: u32,
     dq_grid: (u32, u32, u32),
     delta_len: usize,
     dq_accum_len: usize,
@@ -368,6 +371,7 @@ impl AttentionVarlenProblem {
             params,
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
             dkdv_grid: (sk.div_ceil(block_n), hkv, b),
+            order_group: dq_order_group(sk.div_ceil(block_n), hkv * b, target.multiprocessors),
             dq_grid: (sq.div_ceil(kernels.dq_tiles.block_m), hq, b),
             delta_len: workspace.delta,
             dq_accum_len: workspace.dq_accum,
@@ -533,6 +537,7 @@ impl AttentionVarlenBackwardPlan {
                 cu_seqlens_k: params.cu_seqlens_k,
                 total_q: params.total_q,
                 total_k: params.total_k,
+                order_group: if ordered { self.order_group } else { 1 },
             };
             let f = h.kernels;
             (

@@ -313,6 +313,11 @@ fn varlen_hopper_plan_kernels_grids_and_accumulator() {
             } else {
                 assert_eq!(order, 0);
             }
+            // The ordered mode interleaves every one of the 6 (head, sequence) pairs.
+            let VarlenBwdLaunch::Hopper(h) = &dkdv else {
+                unreachable!()
+            };
+            assert_eq!(h.params().order_group, if deterministic { 6 } else { 1 });
             assert_eq!(pre.params().base.dq_order as u64, order);
             assert_eq!(dq.params().base.dq_accum as u64, 21 << 40);
         }
