@@ -211,12 +211,30 @@ fn the_hopper_path_where_it_exists() {
             assert!(l.pre.params().dq_order.is_null());
             assert!(l.dkdv.params().dq_order.is_null());
         }
-        // The ordered mode interleaves every (head, sequence) pair of this small grid (2 key
-        // blocks of 6 pairs on 132 SMs); the default keeps the grid's indices.
-        let BwdLaunch::Hopper(h) = &l.dkdv else {
-            unreachable!()
+        // Causal: the grid keeps its order. Without a right bound the ordered mode interleaves
+        // every (head, sequence) pair of this small grid (2 key blocks of 6 pairs on 132 SMs);
+        // the default never does.
+        let group = |plan: &AttentionBackwardPlan| {
+            let l = plan.launches(&workspace(plan)).unwrap();
+            let BwdLaunch::Hopper(h) = &l.dkdv else {
+                unreachable!()
+            };
+            h.params().order_group
         };
-        assert_eq!(h.params().order_group, if deterministic { 6 } else { 1 });
+        assert_eq!(group(&plan), 1);
+        let mut full = p.clone();
+        full.causal = false;
+        assert_eq!(
+            group(&self::plan(&full, deterministic).unwrap()),
+            if deterministic { 6 } else { 1 }
+        );
+        full.window = (Some(40), None);
+        assert_eq!(
+            group(&self::plan(&full, deterministic).unwrap()),
+            if deterministic { 6 } else { 1 }
+        );
+        full.window = (None, Some(40));
+        assert_eq!(group(&self::plan(&full, deterministic).unwrap()), 1);
         assert_eq!(l.pre.name(), k.pre.name);
         assert_eq!(l.dkdv.params().delta as u64, 20 << 40);
         // sm_80 has no Hopper kernels.

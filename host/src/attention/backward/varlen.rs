@@ -28,7 +28,7 @@ use super::super::problem::{AttentionElem, Path, View};
 use super::super::varlen::{AttentionVarlenProblem, DeviceCuSeqlens, check_packed};
 use super::plan::{
     AttentionBackwardTensors, BackwardOptions, BackwardPath, BackwardWorkspace,
-    BackwardWorkspaceLens, check_outputs_apart, workspace_pointers,
+    BackwardWorkspaceLens, check_outputs_apart, order_group, workspace_pointers,
 };
 use crate::error::{Error, Result};
 use crate::exec::{DevView, Exec, OnStream};
@@ -44,7 +44,7 @@ use kernel_abi::attention::backward::{
     ROW_BLOCK, bwd_varlen_kernels,
 };
 use kernel_abi::attention::hopper_bwd::{
-    HopperBwdParams, HopperDkdvq, dq_accum_varlen_len, dq_order_group, dq_order_varlen_len,
+    HopperBwdParams, HopperDkdvq, dq_accum_varlen_len, dq_order_varlen_len,
     hopper_bwd_varlen_kernel,
 };
 use kernel_abi::{KernelDecl, TensorMap};
@@ -371,7 +371,7 @@ impl AttentionVarlenProblem {
             params,
             row_grid: (sq.div_ceil(ROW_BLOCK), hq, b),
             dkdv_grid: (sk.div_ceil(block_n), hkv, b),
-            order_group: dq_order_group(sk.div_ceil(block_n), hkv * b, target.multiprocessors),
+            order_group: order_group(right, sk.div_ceil(block_n), hkv * b, target),
             dq_grid: (sq.div_ceil(kernels.dq_tiles.block_m), hq, b),
             delta_len: workspace.delta,
             dq_accum_len: workspace.dq_accum,

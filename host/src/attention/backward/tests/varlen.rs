@@ -313,14 +313,25 @@ fn varlen_hopper_plan_kernels_grids_and_accumulator() {
             } else {
                 assert_eq!(order, 0);
             }
-            // The ordered mode interleaves every one of the 6 (head, sequence) pairs.
+            // Causal: the grid keeps its order (its interleaving: `order_group`'s tests).
             let VarlenBwdLaunch::Hopper(h) = &dkdv else {
                 unreachable!()
             };
-            assert_eq!(h.params().order_group, if deterministic { 6 } else { 1 });
+            assert_eq!(h.params().order_group, 1);
             assert_eq!(pre.params().base.dq_order as u64, order);
             assert_eq!(dq.params().base.dq_accum as u64, 21 << 40);
         }
+    }
+    // Without a causal mask the ordered mode interleaves the 6 (head, sequence) pairs of the
+    // grid's 2 key blocks each.
+    let p = varlen_problem(&[(113, 20), (0, 203), (7, 0)], 8, 2, 128);
+    for deterministic in [false, true] {
+        let plan = varlen_plan_on(Arch::Sm90a, &p, deterministic).unwrap();
+        let l = plan.launches(&varlen_workspace(&plan)).unwrap();
+        let Some(VarlenBwdLaunch::Hopper(h)) = &l.dkdv else {
+            unreachable!()
+        };
+        assert_eq!(h.params().order_group, if deterministic { 6 } else { 1 });
     }
 }
 
