@@ -218,6 +218,10 @@ pub const fn dq_order_index(b: u32, h: u32, heads_q: u32, seq_q: u32, m0: u32) -
 /// previous one frees an SM, and the chain's stagger carries over from wave to wave.
 #[inline]
 pub const fn dq_order_group(key_blocks: u32, pairs: u32, multiprocessors: u32) -> u32 {
+    // The kernels compute launch indices in u32 (`dkdv_block`): a larger grid keeps its order.
+    if key_blocks as u64 * pairs as u64 > u32::MAX as u64 {
+        return 1;
+    }
     let g = (2 * multiprocessors).div_ceil(if key_blocks == 0 { 1 } else { key_blocks });
     let g = if g > pairs { pairs } else { g };
     if g == 0 { 1 } else { g }
@@ -229,23 +233,20 @@ pub const fn dq_order_group(key_blocks: u32, pairs: u32, multiprocessors: u32) -
 /// indices). The launch index `x + key_blocks f` is split into groups of `group` pairs (the
 /// last one smaller): the group's blocks take block 0 of each of its pairs, then block 1 of
 /// each, and so on. A bijection of the grid; within a pair, block `x` is launched after block
-/// `x - 1`, so the deterministic order still only waits for blocks launched before.
+/// `x - 1`, so the deterministic order still only waits for blocks launched before. With
+/// `group > 1` the grid has at most `u32::MAX` blocks (u32 arithmetic, as the kernels').
 #[inline]
 pub const fn dkdv_block(x: u32, f: u32, key_blocks: u32, pairs: u32, group: u32) -> (u32, u32) {
     if group <= 1 {
         return (x, f);
     }
-    let i = x as u64 + key_blocks as u64 * f as u64;
-    let span = group as u64 * key_blocks as u64;
+    let i = x + key_blocks * f;
+    let span = group * key_blocks;
     let (g, within) = (i / span, i % span);
-    let first = g * group as u64;
-    let left = pairs as u64 - first;
-    let width = if left < group as u64 {
-        left
-    } else {
-        group as u64
-    };
-    ((within / width) as u32, (first + within % width) as u32)
+    let first = g * group;
+    let left = pairs - first;
+    let width = if left < group { left } else { group };
+    (within / width, first + within % width)
 }
 
 /// The tile row and column of the first element of the vector at element offset `4 f` of a dQ
@@ -431,8 +432,10 @@ impl HopperBwdConfig {
         1 + 2 * HOPPER_BWD_STAGES
     }
 
-    /// Offset of the block's sequence (the kernels over packed sequences): its query rows, key
-    /// rows, first query row and first key row (4 u32, 16-byte aligned), after the mbarriers.
+    /// Offset of the block's sequence and position, after the mbarriers (8 u32, 16-byte
+    /// aligned): the sequence's query rows, key rows, first query row and first key row (the
+    /// kernels over packed sequences), then the block's key/value head and sequence (its
+    /// position in the grid, [`dkdv_block`]) and two unused words.
     #[inline]
     pub const fn seq_offset(&self) -> u32 {
         crate::align_up((self.barriers_offset() + 8 * self.barriers()) as usize, 16) as u32
@@ -441,7 +444,7 @@ impl HopperBwdConfig {
     /// Dynamic shared memory of the kernel.
     #[inline]
     pub const fn smem_bytes(&self) -> usize {
-        crate::align_up((self.seq_offset() + 16) as usize, 16) + SMEM_ALIGN
+        crate::align_up((self.seq_offset() + 32) as usize, 16) + SMEM_ALIGN
     }
 
     /// The configuration of the dK/dV/dQ kernel.
@@ -977,6 +980,7 @@ mod tests {
         assert_eq!(dq_order_group(32, 4, 132), 4);
         assert_eq!(dq_order_group(512, 16, 132), 1);
         assert_eq!(dq_order_group(0, 0, 132), 1);
+        assert_eq!(dq_order_group(1 << 16, 1 << 16, 132), 1);
         assert_eq!(dkdv_block(5, 3, 32, 128, 1), (5, 3));
     }
 }

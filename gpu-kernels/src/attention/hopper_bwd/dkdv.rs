@@ -63,10 +63,11 @@
 //! # Barrier protocol
 //! - Start (`VARLEN`, deterministic mode): every thread checks some of the boundaries and
 //!   `sync_threads_or` gives the block whether any is out of order (`Walk::of`). Then thread 0
-//!   stores the sequence (`VARLEN`: `Walk::publish`) and initializes `kv_full` (count 1),
-//!   `full[s]` (count 33: thread 0's and the 32 lanes of warp 1's) and `empty[s]` (count 256:
-//!   one arrival per consumer thread), `fence.mbarrier_init`, then `sync_threads` publishes
-//!   them; the sequence's words are never written again.
+//!   stores the sequence (`VARLEN`) and the block's position (`Walk::publish`) and
+//!   initializes `kv_full` (count 1), `full[s]` (count 33: thread 0's and the 32 lanes of warp
+//!   1's) and `empty[s]` (count 256: one arrival per consumer thread), `fence.mbarrier_init`,
+//!   then `sync_threads` publishes them; the sequence's and position's words are never
+//!   written again.
 //!   The warpgroups never meet at a block barrier again. A block without steps (no query row
 //!   sees its keys) loads nothing and waits for nothing: it stores zero gradients.
 //! - `kv_full` (phase 0 only): the producer arrives expecting K's and V's bytes and issues
@@ -599,7 +600,7 @@ unsafe fn write_dq<const VARLEN: bool>(
                 let tile = if VARLEN {
                     (walk.accum_row0(p, h) + (m0 + row) as u64) * d as u64
                 } else {
-                    dq_accum_tile_base(walk.batch, h, heads_q, seq_q, m0 + row, d)
+                    dq_accum_tile_base(walk.batch(), h, heads_q, seq_q, m0 + row, d)
                 };
                 let dst = tile + within as u64;
                 // SAFETY: the part was published by the barrier above after each writer's

@@ -56,18 +56,19 @@ pub(super) fn grid_position(p: &HopperBwdParams) -> (u32, u32, u32) {
 /// `cu_seqlens_*`, its bounds clamped into `0 ..= total_*` and its lengths to the longest
 /// (`base.seq_q`, `base.seq_k`, which size the grid and the preprocess's); the rows of its
 /// tensors and of its tiles in the accumulator come from there. A block past the sequence's
-/// key blocks has no step and stores nothing. Thread 0 stores the sequence in shared
-/// memory ([`Walk::publish`]) and the roles read it from there where they use it, so that no
-/// register holds it across their loops (as the dense batches read the lengths from the
-/// parameters where they are used).
+/// key blocks has no step and stores nothing. Thread 0 stores the sequence (and, in every
+/// kernel, the block's key/value head and sequence) in shared memory ([`Walk::publish`]) and
+/// the roles read them from there where they use them, so that no register holds them across
+/// their loops (as the dense batches read the lengths from the parameters where they are
+/// used).
 #[derive(Clone, Copy)]
 pub(super) struct Walk<const VARLEN: bool> {
     /// First key of the block.
     pub n0: u32,
-    /// Key/value head.
-    pub head_kv: u32,
-    /// Sequence.
-    pub batch: u32,
+    /// The block's key/value head and sequence, for [`Walk::publish`]; read back from shared
+    /// memory after ([`Walk::head_kv`], [`Walk::batch`]), so that no role holds them in
+    /// registers (the producer warpgroup has few).
+    position: [u32; 2],
     /// The block's key block.
     pub key_block: u32,
     /// Key blocks of the sequence.
@@ -190,8 +191,7 @@ impl<const VARLEN: bool> Walk<VARLEN> {
         };
         Walk {
             n0,
-            head_kv,
-            batch,
+            position: [head_kv, batch],
             key_block,
             key_blocks,
             block_n,
@@ -206,17 +206,39 @@ impl<const VARLEN: bool> Walk<VARLEN> {
         }
     }
 
-    /// Thread 0 stores the sequence (`VARLEN`) for the roles to read ([`Walk::sequence`]).
+    /// Thread 0 stores the sequence (`VARLEN`) and the block's key/value head and sequence for
+    /// the roles to read ([`Walk::sequence`], [`Walk::position`]).
     ///
     /// # Safety
     /// Every thread calls it, before the barrier of [`Ring::init`] that publishes the store.
     #[inline(always)]
     pub unsafe fn publish(&self) {
-        if VARLEN && index::thread_idx_x() == 0 {
-            // SAFETY: the configuration's sequence words (16 bytes, 16-byte aligned), read
-            // only after the barrier that follows (the caller's).
-            unsafe { smem::SmemValue::store(self.seq_at, self.seq) };
+        if index::thread_idx_x() == 0 {
+            if VARLEN {
+                // SAFETY: the configuration's sequence words (16 bytes, 16-byte aligned), read
+                // only after the barrier that follows (the caller's).
+                unsafe { smem::SmemValue::store(self.seq_at, self.seq) };
+            }
+            // SAFETY: the configuration's position words (16 bytes after the sequence's,
+            // 16-byte aligned), read only after the barrier that follows (the caller's).
+            unsafe {
+                smem::SmemValue::store(self.seq_at + 16, [self.position[0], self.position[1], 0, 0])
+            };
         }
+    }
+
+    /// The block's key/value head ([`grid_position`]), from shared memory (after
+    /// [`Walk::publish`]'s barrier).
+    #[inline(always)]
+    pub fn head_kv(&self) -> u32 {
+        load_sequence(self.seq_at, 4)
+    }
+
+    /// The block's sequence ([`grid_position`]), from shared memory (after [`Walk::publish`]'s
+    /// barrier).
+    #[inline(always)]
+    pub fn batch(&self) -> u32 {
+        load_sequence(self.seq_at, 5)
     }
 
     /// Word `i` of the sequence `[seq_q, seq_k, q0, k0]` (`VARLEN`), from shared memory.
@@ -296,9 +318,9 @@ impl<const VARLEN: bool> Walk<VARLEN> {
     pub fn accum_row0(&self, p: &HopperBwdParams, h: u32) -> u64 {
         if VARLEN {
             let q0 = self.sequence(2);
-            dq_accum_varlen_row0(q0, self.batch, h, p.total_q, p.base.batch)
+            dq_accum_varlen_row0(q0, self.batch(), h, p.total_q, p.base.batch)
         } else {
-            dq_accum_row0(self.batch, h, p.base.heads_q, p.base.seq_q)
+            dq_accum_row0(self.batch(), h, p.base.heads_q, p.base.seq_q)
         }
     }
 
@@ -307,7 +329,7 @@ impl<const VARLEN: bool> Walk<VARLEN> {
     #[inline(always)]
     fn packed_dk_dv_rows(&self, p: &HopperBwdParams) -> (u64, u64) {
         let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-        let (k0, head_kv) = (self.sequence(3) as u64, grid_position(p).1 as u64);
+        let (k0, head_kv) = (self.sequence(3) as u64, self.head_kv() as u64);
         (
             k0 * dk_st[1] + head_kv * dk_st[2],
             k0 * dv_st[1] + head_kv * dv_st[2],
@@ -336,7 +358,7 @@ impl<const VARLEN: bool> Walk<VARLEN> {
     /// Step `s`'s query head.
     #[inline(always)]
     pub fn head(&self, s: u32) -> u32 {
-        self.head_kv * self.group + s / self.m_steps
+        self.head_kv() * self.group + s / self.m_steps
     }
 
     /// Step `s`'s first query row.
@@ -346,13 +368,13 @@ impl<const VARLEN: bool> Walk<VARLEN> {
     }
 }
 
-/// Word `i` of the sequence `[seq_q, seq_k, q0, k0]` published at `at` ([`Walk::publish`]),
+/// Word `i` of `[seq_q, seq_k, q0, k0, head_kv, batch]` published at `at` ([`Walk::publish`]),
 /// loaded where used (each call a load of its own) rather than held in registers (the
-/// producer warpgroup has few).
+/// producer warpgroup has few; the consumers' accumulators take the most).
 #[inline(always)]
 fn load_sequence(at: u32, i: u32) -> u32 {
     // SAFETY: stored by `Walk::publish` before the barrier of `Ring::init`, which every role
-    // passed before using the walk; never written again; `i < 4`: inside it.
+    // passed before using the walk; never written again; `i < 6`: inside the 8 words.
     unsafe { smem::load_volatile_u32(regs::opaque(at) + 4 * i) }
 }
 
@@ -374,13 +396,13 @@ pub(super) struct DqOrder<const VARLEN: bool> {
     next_steps: u32,
     /// This block's mark, `nb - n`.
     mark: u32,
-    batch: u32,
     heads_q: u32,
     /// Dense: the query rows.
     seq_q: u32,
     /// Query rows per step (a multiple of the tile's rows).
     block_m: u32,
-    /// `VARLEN`: the published sequence's address, the query rows and the sequences.
+    /// The published sequence's and position's address ([`Walk::publish`]); `VARLEN`: the
+    /// query rows and the sequences.
     seq_at: u32,
     total_q: u32,
     batches: u32,
@@ -400,7 +422,6 @@ impl<const VARLEN: bool> DqOrder<VARLEN> {
             next_lo,
             next_steps,
             mark: walk.key_blocks - walk.key_block,
-            batch: walk.batch,
             heads_q: p.base.heads_q,
             seq_q: p.base.seq_q,
             block_m: walk.block_m,
@@ -408,6 +429,12 @@ impl<const VARLEN: bool> DqOrder<VARLEN> {
             total_q: p.total_q,
             batches: p.base.batch,
         }
+    }
+
+    /// The block's sequence (published by [`Walk::publish`]).
+    #[inline(always)]
+    fn batch(&self) -> u32 {
+        load_sequence(self.seq_at, 5)
     }
 
     /// Whether the additions are ordered (deterministic mode).
@@ -421,10 +448,10 @@ impl<const VARLEN: bool> DqOrder<VARLEN> {
     fn counter(&self, h: u32, m: u32) -> *mut u32 {
         let i = if VARLEN {
             let q0 = load_sequence(self.seq_at, 2);
-            let row0 = dq_accum_varlen_row0(q0, self.batch, h, self.total_q, self.batches);
+            let row0 = dq_accum_varlen_row0(q0, self.batch(), h, self.total_q, self.batches);
             (row0 + m as u64) / HOPPER_DQ_TILE_ROWS as u64
         } else {
-            dq_order_index(self.batch, h, self.heads_q, self.seq_q, m)
+            dq_order_index(self.batch(), h, self.heads_q, self.seq_q, m)
         };
         self.counters.wrapping_add(i as usize)
     }
@@ -588,7 +615,7 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
     let [tmap_q, tmap_do, tmap_k, tmap_v] = tmaps;
     // SAFETY: the whole producer warpgroup executes this, uniformly (the caller's).
     unsafe { regs::decrease::<HOPPER_PRODUCER_REGS>() };
-    let (steps, batch) = (walk.steps, walk.batch as i32);
+    let steps = walk.steps;
     let cblocks = cfg.column_blocks();
     if index::thread_idx_x() == 0 && steps > 0 {
         let kv_full = ring.kv_full();
@@ -600,11 +627,11 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
             for cb in 0..cblocks {
                 let x = (cb * HOPPER_ATOM) as i32;
                 let at = cb * cfg.block_bytes(cfg.block_n());
-                let (h, n) = (walk.head_kv as i32, walk.n0 as i32);
+                let (h, n) = (walk.head_kv() as i32, walk.n0 as i32);
                 let (n, batch) = if VARLEN {
                     (walk.packed_k_row(walk.n0), 0)
                 } else {
-                    (n, batch)
+                    (n, walk.batch() as i32)
                 };
                 tmap_k.load_4d(ring.k() + at, x, h, n, batch, kv_full);
                 tmap_v.load_4d(ring.v() + at, x, h, n, batch, kv_full);
@@ -616,7 +643,7 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
             let (m0, batch) = if VARLEN {
                 (walk.packed_q_row(walk.m0(step)), 0)
             } else {
-                (m0, batch)
+                (m0, walk.batch() as i32)
             };
             // SAFETY: ring protocol (the kernels' docs): the stage is free once `empty`
             // completed its previous phase; `full` expects exactly the step's bytes; the
@@ -637,14 +664,16 @@ pub(super) unsafe fn produce<const VARLEN: bool>(
     if index::warp_id() == 1 && steps > 0 {
         let lane = index::lane_id();
         let dense_seq_q = p.base.seq_q;
-        let lse_rows = (walk.batch as u64 * p.base.heads_q as u64) * dense_seq_q as u64;
         for step in 0..steps {
             let pos = RingPos::<STAGES>::of(step);
             let (h, m0) = (walk.head(step), walk.m0(step));
             let (seq_q, row_base) = if VARLEN {
                 (walk.seq_q(p), walk.packed_lse_row0(p, h))
             } else {
-                (dense_seq_q, lse_rows + h as u64 * dense_seq_q as u64)
+                // The sequence read per step (shared memory): nothing 64-bit held across the
+                // loop in the producer's few registers.
+                let rows = walk.batch() as u64 * p.base.heads_q as u64 + h as u64;
+                (dense_seq_q, rows * dense_seq_q as u64)
             };
             let at = ring.rows(pos.stage);
             // SAFETY: ring protocol: the stage's row values are free once `empty` completed
@@ -702,9 +731,8 @@ pub(super) unsafe fn store_dk_dv<E: Elem, const DR: usize, const VARLEN: bool>(
 ) {
     let t = index::lane_id() % 4;
     let (dk_st, dv_st) = (p.base.dk_strides, p.base.dv_strides);
-    // From the block's position rather than the walk: nothing kept in registers across the
-    // steps.
-    let (_, head_kv, batch) = grid_position(p);
+    // From shared memory rather than the walk: nothing kept in registers across the steps.
+    let (head_kv, batch) = (walk.head_kv(), walk.batch());
     let (head_kv, batch) = (head_kv as u64, batch as u64);
     let (dk_base, dv_base) = if VARLEN {
         let (dk_off, dv_off) = walk.packed_dk_dv_rows(p);

@@ -50,7 +50,8 @@
 //! - Start: with `VARLEN` in deterministic mode every thread first checks some of the
 //!   boundaries and `sync_threads_or` gives the block whether any is out of order
 //!   ([`Walk::of`]: then the block adds without order, consumers and order warp alike). Then
-//!   ([`Walk::publish`], [`Ring::init`]) thread 0 stores the sequence (`VARLEN`), initializes
+//!   ([`Walk::publish`], [`Ring::init`]) thread 0 stores the sequence (`VARLEN`) and the
+//!   block's position, initializes
 //!   `kv_full` (count 1), `full[s]` (count 33: thread 0's and the 32 lanes of warp 1's) and
 //!   `empty[s]` (count 256: every consumer thread), `fence.mbarrier_init`, then
 //!   `sync_threads`. The warpgroups never meet at a block
@@ -169,7 +170,7 @@ pub(super) unsafe fn wide<
     let base = ring.base;
     // SAFETY: the parameters' contract (the caller's).
     let walk = unsafe { Walk::<VARLEN>::of(p, cfg) };
-    let (steps, n0, batch) = (walk.steps, walk.n0, walk.batch);
+    let (steps, n0) = (walk.steps, walk.n0);
     // Dense: the lengths of the parameters (packed sequences read theirs where used: `Walk`).
     let (seq_q, seq_k, heads_q) = (p.base.seq_q, p.base.seq_k, p.base.heads_q);
     let (wl, wr) = (p.base.window_left, p.base.window_right);
@@ -373,7 +374,7 @@ pub(super) unsafe fn wide<
             let tile = if VARLEN {
                 (walk.accum_row0(p, walk.head(step)) + m0 as u64) * D as u64
             } else {
-                dq_accum_tile_base(batch, walk.head(step), heads_q, seq_q, m0, D)
+                dq_accum_tile_base(walk.batch(), walk.head(step), heads_q, seq_q, m0, D)
             };
             let dst = p.base.dq_accum.wrapping_add(tile as usize);
             if ordered {

@@ -189,8 +189,8 @@ impl HopperDkdv {
 /// starts at the first query block, and the blocks of a pair launched together take their
 /// common tiles one after the other: interleaved. Under a causal mask or a right window each
 /// key block's walk starts a step after its predecessor's (already staggered) and the grid
-/// keeps its order: interleaving there moved the deterministic mode by -3% to +3% at D 64 to
-/// 256 on an H200 (`bench/NOTES.md`).
+/// keeps its order: interleaving there measured no better (`bench/NOTES.md`, "The
+/// deterministic grid interleaves its head pairs").
 pub(super) fn order_group(
     right: Option<usize>,
     key_blocks: u32,
