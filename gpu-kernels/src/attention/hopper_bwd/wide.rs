@@ -15,11 +15,11 @@
 //!
 //! # Tiling
 //! One block per `BN = 64` keys of one key/value head of one sequence (grid `(ceil(seq_k /
-//! 64), heads_kv, batch)`, positions as in `grid_position`): dK and dV of 128 keys would need D f32 registers per thread each,
-//! so both consumers cover the same 64 keys and split the columns instead. K and V are loaded
-//! once; the steps are the walk of [`Walk`] (64-row query blocks of every query head of the
-//! group), their Q and dO tiles through a 2-stage ring. Tiles are `D / 64` column blocks of
-//! 128-byte swizzled rows. Per step, consumer `c`:
+//! 64), heads_kv, batch)`, positions as in `grid_position`): dK and dV of 128 keys would need
+//! D f32 registers per thread each, so both consumers cover the same 64 keys and split the
+//! columns instead. K and V are loaded once; the steps are the walk of [`Walk`] (64-row query
+//! blocks of every query head of the group), their Q and dO tiles through a 2-stage ring.
+//! Tiles are `D / 64` column blocks of 128-byte swizzled rows. Per step, consumer `c`:
 //! - `S^T = K Q^T` and `dP^T = V dO^T` over its 32 queries `32 c ..` of the step
 //!   (`m64n32k16`, keys as M, both operands K-major);
 //! - `P^T = exp2(S^T scale_log2 - LSE log2 e)` (0 where masked or LSE = -inf) and `dS^T = P^T
